@@ -1,0 +1,517 @@
+/*
+ * manifest.c - encode, verify and decode snapshot manifests (contract in manifest.h,
+ * byte layout in docs/store-format.md).
+ *
+ * Decoding trusts nothing: the length in the header must equal the buffer's, the
+ * trailing XXH3-128 must match, then every field is read through a cursor that refuses
+ * to step past the end, every count is checked against the bytes left before anything
+ * is allocated for it, and the parsed tree goes through the same mf_check() that
+ * mf_encode() applies, so a manifest that decodes is one encode would have written.
+ */
+#include "fs/manifest.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+static const char mf_magic[8] = { 'M', 'L', 'F', 'S', 'M', 'A', 'N', 'F' };
+
+/* magic, version, flags, total length, time, name length */
+#define MF_HEADER_MIN (8 + 4 + 4 + 8 + 8 + 2 + 8)
+/* ids, type, name length, mode/uid/gid, times, size, target length, counts */
+#define MF_ENTRY_MIN (24 + 1 + 2 + 12 + 24 + 8 + 2 + 4 + 4 + 8)
+#define MF_XATTR_MIN (1 + 1 + 4)
+#define MF_BLOCK_WIRE (1 + 4 + MF_HASH_LEN)
+#define MF_TRAILER (24 + MF_HASH_LEN)
+
+/* ---- encoding ---- */
+
+struct wbuf {
+	unsigned char *p;
+	size_t len, cap;
+	int err;
+};
+
+static void w_bytes(struct wbuf *w, const void *src, size_t n)
+{
+	if (w->err || n == 0)
+		return;
+	if (w->len + n > w->cap) {
+		size_t cap = w->cap ? w->cap : 4096;
+		unsigned char *p;
+
+		while (cap < w->len + n)
+			cap *= 2;
+		p = realloc(w->p, cap);
+		if (!p) {
+			w->err = -ENOMEM;
+			return;
+		}
+		w->p = p;
+		w->cap = cap;
+	}
+	memcpy(w->p + w->len, src, n);
+	w->len += n;
+}
+
+static void w_le(struct wbuf *w, uint64_t v, int n)
+{
+	unsigned char b[8];
+
+	for (int i = 0; i < n; i++)
+		b[i] = (unsigned char)(v >> (8 * i));
+	w_bytes(w, b, n);
+}
+
+static void put_le64(unsigned char *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/* ---- decoding cursor: every read checks bounds; after one failure all reads fail ---- */
+
+struct rbuf {
+	const unsigned char *p;
+	size_t pos, len;
+	int err;
+};
+
+static uint64_t r_le(struct rbuf *r, int n)
+{
+	uint64_t v = 0;
+
+	if (r->err || r->len - r->pos < (size_t)n) {
+		r->err = -EINVAL;
+		return 0;
+	}
+	for (int i = 0; i < n; i++)
+		v |= (uint64_t)r->p[r->pos + i] << (8 * i);
+	r->pos += n;
+	return v;
+}
+
+static const void *r_bytes(struct rbuf *r, size_t n)
+{
+	const void *p;
+
+	if (r->err || r->len - r->pos < n) {
+		r->err = -EINVAL;
+		return NULL;
+	}
+	p = r->p + r->pos;
+	r->pos += n;
+	return p;
+}
+
+/* A NUL-terminated copy of n bytes that must not contain a NUL themselves. */
+static char *r_str(struct rbuf *r, size_t n)
+{
+	const char *src = r_bytes(r, n);
+	char *s;
+
+	if (!src)
+		return NULL;
+	if (memchr(src, 0, n)) {
+		r->err = -EINVAL;
+		return NULL;
+	}
+	s = malloc(n + 1);
+	if (!s) {
+		r->err = -ENOMEM;
+		return NULL;
+	}
+	memcpy(s, src, n);
+	s[n] = 0;
+	return s;
+}
+
+static size_t r_left(const struct rbuf *r)
+{
+	return r->err ? 0 : r->len - r->pos;
+}
+
+/* ---- tree rules (manifest.h), shared by encode and decode ---- */
+
+int mf_name_valid(const char *s, size_t len)
+{
+	if (len == 0 || len > MF_NAME_MAX)
+		return 0;
+	if (memchr(s, '/', len) || memchr(s, 0, len))
+		return 0;
+	if ((len == 1 && s[0] == '.') || (len == 2 && s[0] == '.' && s[1] == '.'))
+		return 0;
+	return 1;
+}
+
+long mf_find(const struct mf_manifest *m, uint64_t id)
+{
+	size_t lo = 0, hi = m->nentries;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (m->entries[mid].id == id)
+			return (long)mid;
+		if (m->entries[mid].id < id)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return -ENOENT;
+}
+
+static int mf_check_blocks(const struct mf_entry *e)
+{
+	static const uint8_t zero[MF_HASH_LEN];
+	uint64_t want;
+
+	if (e->type != MF_FILE || e->link) {
+		if (e->block_size || e->nblocks || e->blocks)
+			return -EINVAL;
+		return 0;
+	}
+	if (e->block_size == 0 || e->block_size > MF_BLOCK_SIZE_MAX)
+		return -EINVAL;
+	want = e->size / e->block_size + (e->size % e->block_size != 0);
+	if (e->nblocks != want || (e->nblocks && !e->blocks))
+		return -EINVAL;
+	for (uint64_t i = 0; i < e->nblocks; i++) {
+		const struct mf_block *b = &e->blocks[i];
+		uint64_t len = i + 1 < e->nblocks ? e->block_size
+						  : e->size - (e->nblocks - 1) * e->block_size;
+
+		if (b->len != len || (b->flags & ~MF_BLOCK_HOLE))
+			return -EINVAL;
+		if ((b->flags & MF_BLOCK_HOLE) && memcmp(b->hash, zero, MF_HASH_LEN))
+			return -EINVAL;
+	}
+	return 0;
+}
+
+static int mf_check_entry(const struct mf_manifest *m, size_t i)
+{
+	const struct mf_entry *e = &m->entries[i];
+	size_t nlen = e->name ? strlen(e->name) : 0;
+	long j;
+
+	if (e->type < MF_FILE || e->type > MF_SYMLINK)
+		return -EINVAL;
+	if (i == 0) {
+		if (e->id != 1 || e->parent || e->link || nlen || e->type != MF_DIR)
+			return -EINVAL;
+	} else {
+		if (e->id <= m->entries[i - 1].id || e->parent >= e->id)
+			return -EINVAL;
+		if (!e->name || !mf_name_valid(e->name, nlen))
+			return -EINVAL;
+		j = mf_find(m, e->parent);
+		if (j < 0 || m->entries[j].type != MF_DIR)
+			return -EINVAL;
+	}
+	if (e->link) {
+		if (e->type != MF_FILE || e->link >= e->id || e->nxattrs)
+			return -EINVAL;
+		j = mf_find(m, e->link);
+		if (j < 0 || m->entries[j].type != MF_FILE || m->entries[j].link)
+			return -EINVAL;
+	}
+	if (e->type == MF_SYMLINK) {
+		size_t tl = e->target ? strlen(e->target) : 0;
+
+		if (tl == 0 || tl > MF_TARGET_MAX)
+			return -EINVAL;
+	} else if (e->target) {
+		return -EINVAL;
+	}
+	if (e->nxattrs && !e->xattrs)
+		return -EINVAL;
+	for (uint32_t k = 0; k < e->nxattrs; k++) {
+		const struct mf_xattr *x = &e->xattrs[k];
+		size_t xl = x->name ? strlen(x->name) : 0;
+
+		if (xl == 0 || xl > MF_NAME_MAX || x->value_len > MF_XATTR_VALUE_MAX ||
+		    (x->value_len && !x->value))
+			return -EINVAL;
+	}
+	return mf_check_blocks(e);
+}
+
+static int mf_check(const struct mf_manifest *m)
+{
+	int rc;
+
+	if (!mf_name_valid(m->name, strnlen(m->name, sizeof(m->name))) ||
+	    strnlen(m->name, sizeof(m->name)) > MF_NAME_MAX || m->nentries == 0 || !m->entries)
+		return -EINVAL;
+	for (size_t i = 0; i < m->nentries; i++)
+		if ((rc = mf_check_entry(m, i)))
+			return rc;
+	return 0;
+}
+
+/* ---- public ---- */
+
+int mf_encode(const struct mf_manifest *m, void **buf, size_t *len)
+{
+	struct wbuf w = { 0 };
+	XXH128_canonical_t sum;
+	int rc;
+
+	if ((rc = mf_check(m)))
+		return rc;
+	w_bytes(&w, mf_magic, sizeof(mf_magic));
+	w_le(&w, MF_VERSION, 4);
+	w_le(&w, m->flags, 4);
+	w_le(&w, 0, 8);		/* total length, patched below */
+	w_le(&w, (uint64_t)m->time_ns, 8);
+	w_le(&w, strlen(m->name), 2);
+	w_bytes(&w, m->name, strlen(m->name));
+	w_le(&w, m->nentries, 8);
+	for (size_t i = 0; i < m->nentries; i++) {
+		const struct mf_entry *e = &m->entries[i];
+		size_t nl = e->name ? strlen(e->name) : 0;
+		size_t tl = e->target ? strlen(e->target) : 0;
+
+		w_le(&w, e->id, 8);
+		w_le(&w, e->parent, 8);
+		w_le(&w, e->link, 8);
+		w_le(&w, e->type, 1);
+		w_le(&w, nl, 2);
+		w_bytes(&w, e->name, nl);
+		w_le(&w, e->mode, 4);
+		w_le(&w, e->uid, 4);
+		w_le(&w, e->gid, 4);
+		w_le(&w, (uint64_t)e->atime_ns, 8);
+		w_le(&w, (uint64_t)e->mtime_ns, 8);
+		w_le(&w, (uint64_t)e->ctime_ns, 8);
+		w_le(&w, e->size, 8);
+		w_le(&w, tl, 2);
+		w_bytes(&w, e->target, tl);
+		w_le(&w, e->nxattrs, 4);
+		for (uint32_t k = 0; k < e->nxattrs; k++) {
+			const struct mf_xattr *x = &e->xattrs[k];
+
+			w_le(&w, strlen(x->name), 1);
+			w_bytes(&w, x->name, strlen(x->name));
+			w_le(&w, x->value_len, 4);
+			w_bytes(&w, x->value, x->value_len);
+		}
+		w_le(&w, e->block_size, 4);
+		w_le(&w, e->nblocks, 8);
+		for (uint64_t k = 0; k < e->nblocks; k++) {
+			w_le(&w, e->blocks[k].flags, 1);
+			w_le(&w, e->blocks[k].len, 4);
+			w_bytes(&w, e->blocks[k].hash, MF_HASH_LEN);
+		}
+	}
+	w_le(&w, m->files, 8);
+	w_le(&w, m->logical_bytes, 8);
+	w_le(&w, m->new_bytes, 8);
+	if (w.err) {
+		free(w.p);
+		return w.err;
+	}
+	put_le64(w.p + 16, w.len + MF_HASH_LEN);
+	XXH128_canonicalFromHash(&sum, XXH3_128bits(w.p, w.len));
+	w_bytes(&w, sum.digest, MF_HASH_LEN);
+	if (w.err) {
+		free(w.p);
+		return w.err;
+	}
+	*buf = w.p;
+	*len = w.len;
+	return 0;
+}
+
+static int mf_decode_entry(struct rbuf *r, struct mf_entry *e)
+{
+	size_t n;
+
+	e->id = r_le(r, 8);
+	e->parent = r_le(r, 8);
+	e->link = r_le(r, 8);
+	e->type = (uint8_t)r_le(r, 1);
+	n = r_le(r, 2);
+	e->name = r_str(r, n);
+	e->mode = (uint32_t)r_le(r, 4);
+	e->uid = (uint32_t)r_le(r, 4);
+	e->gid = (uint32_t)r_le(r, 4);
+	e->atime_ns = (int64_t)r_le(r, 8);
+	e->mtime_ns = (int64_t)r_le(r, 8);
+	e->ctime_ns = (int64_t)r_le(r, 8);
+	e->size = r_le(r, 8);
+	n = r_le(r, 2);
+	if (n)
+		e->target = r_str(r, n);
+	e->nxattrs = (uint32_t)r_le(r, 4);
+	if (r->err)
+		return r->err;
+	if (e->nxattrs > r_left(r) / MF_XATTR_MIN)
+		return -EINVAL;
+	if (e->nxattrs) {
+		e->xattrs = calloc(e->nxattrs, sizeof(*e->xattrs));
+		if (!e->xattrs) {
+			e->nxattrs = 0;
+			return -ENOMEM;
+		}
+	}
+	for (uint32_t k = 0; k < e->nxattrs; k++) {
+		struct mf_xattr *x = &e->xattrs[k];
+		const void *v;
+
+		x->name = r_str(r, r_le(r, 1));
+		x->value_len = (uint32_t)r_le(r, 4);
+		if (r->err)
+			return r->err;
+		if (x->value_len > MF_XATTR_VALUE_MAX)
+			return -EINVAL;
+		v = r_bytes(r, x->value_len);
+		if (!v)
+			return r->err;
+		if (x->value_len) {
+			x->value = malloc(x->value_len);
+			if (!x->value)
+				return -ENOMEM;
+			memcpy(x->value, v, x->value_len);
+		}
+	}
+	e->block_size = (uint32_t)r_le(r, 4);
+	e->nblocks = r_le(r, 8);
+	if (r->err)
+		return r->err;
+	if (e->nblocks > r_left(r) / MF_BLOCK_WIRE)
+		return -EINVAL;
+	if (e->nblocks) {
+		e->blocks = calloc(e->nblocks, sizeof(*e->blocks));
+		if (!e->blocks) {
+			e->nblocks = 0;
+			return -ENOMEM;
+		}
+	}
+	for (uint64_t k = 0; k < e->nblocks; k++) {
+		const void *h;
+
+		e->blocks[k].flags = (uint8_t)r_le(r, 1);
+		e->blocks[k].len = (uint32_t)r_le(r, 4);
+		h = r_bytes(r, MF_HASH_LEN);
+		if (!h)
+			return r->err;
+		memcpy(e->blocks[k].hash, h, MF_HASH_LEN);
+	}
+	return r->err;
+}
+
+int mf_decode(const void *buf, size_t len, struct mf_manifest **out)
+{
+	struct rbuf r = { .p = buf, .len = len };
+	XXH128_canonical_t sum;
+	struct mf_manifest *m;
+	const void *name;
+	size_t nlen;
+	int rc;
+
+	/* Length first: it makes every truncation a definite refusal, not a checksum bet. */
+	if (len < MF_HEADER_MIN + MF_TRAILER || memcmp(buf, mf_magic, sizeof(mf_magic)))
+		return -EINVAL;
+	r.pos = 16;
+	if (r_le(&r, 8) != len)
+		return -EINVAL;
+	XXH128_canonicalFromHash(&sum, XXH3_128bits(buf, len - MF_HASH_LEN));
+	if (memcmp(sum.digest, (const unsigned char *)buf + len - MF_HASH_LEN, MF_HASH_LEN))
+		return -EIO;
+	r.pos = 8;
+	if (r_le(&r, 4) != MF_VERSION)
+		return -EINVAL;
+	r.len = len - MF_HASH_LEN;	/* the checksum is not part of the body */
+
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	m->flags = (uint32_t)r_le(&r, 4);
+	(void)r_le(&r, 8);
+	m->time_ns = (int64_t)r_le(&r, 8);
+	nlen = r_le(&r, 2);
+	name = r_bytes(&r, nlen);
+	if (!name || nlen > MF_NAME_MAX || memchr(name, 0, nlen)) {
+		rc = -EINVAL;
+		goto fail;
+	}
+	memcpy(m->name, name, nlen);
+	m->nentries = r_le(&r, 8);
+	if (r.err || m->nentries == 0 || m->nentries > r_left(&r) / MF_ENTRY_MIN) {
+		rc = -EINVAL;
+		goto fail;
+	}
+	m->entries = calloc(m->nentries, sizeof(*m->entries));
+	if (!m->entries) {
+		m->nentries = 0;
+		rc = -ENOMEM;
+		goto fail;
+	}
+	for (size_t i = 0; i < m->nentries; i++)
+		if ((rc = mf_decode_entry(&r, &m->entries[i])))
+			goto fail;
+	m->files = r_le(&r, 8);
+	m->logical_bytes = r_le(&r, 8);
+	m->new_bytes = r_le(&r, 8);
+	if (r.err || r.pos != r.len || m->flags) {
+		rc = -EINVAL;
+		goto fail;
+	}
+	if ((rc = mf_check(m)))
+		goto fail;
+	*out = m;
+	return 0;
+fail:
+	mf_free(m);
+	return rc;
+}
+
+void mf_free(struct mf_manifest *m)
+{
+	if (!m)
+		return;
+	for (size_t i = 0; i < m->nentries; i++) {
+		struct mf_entry *e = &m->entries[i];
+
+		free(e->name);
+		free(e->target);
+		for (uint32_t k = 0; k < e->nxattrs; k++) {
+			free(e->xattrs[k].name);
+			free(e->xattrs[k].value);
+		}
+		free(e->xattrs);
+		free(e->blocks);
+	}
+	free(m->entries);
+	free(m);
+}
+
+int mf_path(const struct mf_manifest *m, size_t idx, char *buf, size_t size)
+{
+	size_t pos = size;
+	long i = (long)idx;
+
+	if (idx >= m->nentries || size == 0)
+		return -EINVAL;
+	/* Built back to front from the leaf; the tree rules bound the walk by the depth. */
+	buf[--pos] = 0;
+	while (i > 0) {
+		const struct mf_entry *e = &m->entries[i];
+		size_t nl = strlen(e->name);
+
+		if (pos < nl + (pos != size - 1))
+			return -ENAMETOOLONG;
+		if (pos != size - 1)
+			buf[--pos] = '/';
+		pos -= nl;
+		memcpy(buf + pos, e->name, nl);
+		i = mf_find(m, e->parent);
+		if (i < 0)
+			return -EINVAL;
+	}
+	memmove(buf, buf + pos, size - pos);
+	return (int)(size - pos - 1);
+}

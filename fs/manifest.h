@@ -1,0 +1,123 @@
+/*
+ * manifest.h - mf_: the binary manifest that describes one snapshot's tree.
+ *
+ * Contract: a manifest is the whole POSIX tree of MOUNT/ckpt at one instant: every entry
+ * with its metadata and, for a regular file, the list of content-addressed blocks that
+ * hold its bytes. mf_encode() turns the in-memory form into the on-disk bytes (layout in
+ * docs/store-format.md), mf_decode() checks and parses them. The encoding is
+ * little-endian, versioned, and ends with an XXH3-128 over everything before it, so a
+ * manifest is either verified whole or refused: mf_decode() bounds-checks every field
+ * and never reads past the buffer it is given.
+ *
+ * Thread safety: none of these functions keep state; a struct mf_manifest may be read
+ * by any number of threads at once and written by one.
+ * Blocking: none; pure memory work, O(size of the manifest) (mf_decode: O(n log n)).
+ *
+ * Ownership: a struct mf_manifest owns everything its pointers reach (entries, each
+ * entry's name, target, xattrs and blocks); mf_free() releases it all. mf_decode()
+ * hands over a new manifest built with malloc; a caller building one by hand must use
+ * malloc/calloc for every pointer too if it ever calls mf_free() on it, or free it
+ * itself. mf_encode() only borrows its input and hands over *buf (free() it).
+ *
+ * The tree (checked by mf_decode, expected by mf_encode; -EINVAL otherwise):
+ *   - entries[0] is the root: type MF_DIR, id 1, parent 0, empty name;
+ *   - ids strictly increase along the array and every parent id names an earlier
+ *     MF_DIR entry, so a parent always comes before its children (pre-order works);
+ *   - a name is 1..255 bytes without '/' or NUL and is not "." or "..";
+ *   - a hard link is an MF_FILE entry with link != 0: the id of an earlier MF_FILE entry
+ *     (itself not a link) whose inode it shares; it carries no blocks and no xattrs, and
+ *     its own metadata fields are ignored: the inode's are those of the target;
+ *   - a regular file of size S has block_size B (>0) and exactly ceil(S/B) blocks, all of
+ *     length B except the last; a hole block (MF_BLOCK_HOLE) has an all-zero hash and is
+ *     restored as a hole; other entries have no blocks and block_size 0;
+ *   - a symlink has a target of 1..4095 bytes without NUL; others have none.
+ */
+#ifndef MLFS_MANIFEST_H
+#define MLFS_MANIFEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MF_VERSION 1
+#define MF_HASH_LEN 16		/* XXH3-128, canonical (big-endian) byte order */
+#define MF_NAME_MAX 255
+#define MF_TARGET_MAX 4095
+#define MF_XATTR_VALUE_MAX 65536
+#define MF_BLOCK_SIZE_MAX (1u << 30)
+
+enum mf_type { MF_FILE = 1, MF_DIR = 2, MF_SYMLINK = 3 };
+
+#define MF_BLOCK_HOLE 0x1	/* never written / all zero: no object, restore as a hole */
+
+struct mf_block {
+	uint8_t hash[MF_HASH_LEN];	/* names STORE/objects/xx/<hex>; zero for a hole */
+	uint32_t len;			/* logical bytes of this block */
+	uint8_t flags;			/* MF_BLOCK_* */
+};
+
+struct mf_xattr {
+	char *name;		/* NUL-terminated, 1..255 bytes */
+	void *value;		/* value_len bytes, may be NULL when value_len is 0 */
+	uint32_t value_len;
+};
+
+struct mf_entry {
+	uint64_t id;
+	uint64_t parent;	/* 0 only for the root */
+	uint64_t link;		/* hard links: id of the earlier file sharing the inode, or 0 */
+	char *name;		/* NUL-terminated; "" for the root */
+	uint8_t type;		/* enum mf_type */
+	uint32_t mode;		/* permission and special bits (S_IFMT bits are ignored) */
+	uint32_t uid, gid;
+	int64_t atime_ns, mtime_ns, ctime_ns;
+	uint64_t size;
+	char *target;		/* symlinks only, else NULL */
+	uint32_t nxattrs;
+	struct mf_xattr *xattrs;
+	uint32_t block_size;	/* files only, else 0 */
+	uint64_t nblocks;
+	struct mf_block *blocks;
+};
+
+struct mf_manifest {
+	char name[MF_NAME_MAX + 1];	/* the snapshot's name */
+	int64_t time_ns;		/* creation time, CLOCK_REALTIME */
+	uint32_t flags;			/* reserved, 0 */
+	uint64_t nentries;
+	struct mf_entry *entries;
+	/* Summary figures, informational (list shows them; decode does not recount). */
+	uint64_t files;			/* regular files, hard links counted once */
+	uint64_t logical_bytes;		/* sum of file sizes */
+	uint64_t new_bytes;		/* bytes this snapshot added to the store */
+};
+
+/*
+ * Encode m. On success *buf (malloc'd, handed over) holds *len bytes and 0 is returned.
+ * -EINVAL if m breaks a rule above, -ENOMEM.
+ */
+int mf_encode(const struct mf_manifest *m, void **buf, size_t *len);
+
+/*
+ * Verify and parse len bytes at buf into a new manifest (*out, handed over).
+ * -EIO if the checksum does not match (damage), -EINVAL if the bytes are not a
+ * manifest, are truncated, of an unknown version, or break a rule above; -ENOMEM.
+ */
+int mf_decode(const void *buf, size_t len, struct mf_manifest **out);
+
+/* Release m and everything it owns. NULL is fine. */
+void mf_free(struct mf_manifest *m);
+
+/* Index of the entry with this id, or -ENOENT. Binary search: O(log n). */
+long mf_find(const struct mf_manifest *m, uint64_t id);
+
+/*
+ * Write entry idx's path relative to the root ("" for the root, "a/b/c") into
+ * buf[size]. Returns its length, -ENAMETOOLONG if it does not fit, -EINVAL.
+ * Costs O(depth * log n).
+ */
+int mf_path(const struct mf_manifest *m, size_t idx, char *buf, size_t size);
+
+/* 1 if s is a valid entry (or snapshot) name: 1..255 bytes, no '/', not "." or "..". */
+int mf_name_valid(const char *s, size_t len);
+
+#endif
