@@ -1,0 +1,1217 @@
+/*
+ * store.c - the durable snapshot store (contract in store.h, bytes in
+ * docs/store-format.md).
+ *
+ * Invariants (cited in the code as "invariant N"):
+ *  1. A file under a final object name objects/xx/<hex> is complete and durable: it was
+ *     written under a temporary name, flushed (syncfs) and only then renamed. It never
+ *     changes: a second rename over it carries the same bytes (content addressed).
+ *  2. A manifest under snaps/<name> is complete and names only objects that were
+ *     present and durable before it was published: commit step 1 syncs and checks them
+ *     all, step 2 writes and fsyncs it under a temporary name, step 3 renames it without
+ *     replacing and fsyncs snaps/. A name, once published, never changes content.
+ *  3. Locking: a session holds STORE/lock shared (flock) from its first put until its
+ *     commit or abort; gc holds it exclusive. gc therefore never runs while any snapshot
+ *     is in flight anywhere, and an object no published manifest names belongs to nobody.
+ *  4. Temporary files (names containing ".tmp.") live only inside a session; under the
+ *     exclusive lock each one is a crashed writer's leftover and gc removes it.
+ *  5. Delete removes only the manifest (then fsyncs snaps/); only gc removes objects, and
+ *     only unreferenced ones. No crash can leave a manifest naming a missing object.
+ *  6. After a failed fsync of a directory the handle is broken: the kernel may have
+ *     dropped what it failed to write, so nothing later may be built on it (as LMDB
+ *     marks its env unusable). Every write then fails with -EIO until reopened.
+ *  7. store_get_block() never reports success for bytes whose XXH3-128 differs from the
+ *     name asked for; a mismatch is -EIO and a log line naming the object's path.
+ *
+ * The life of a snapshot:
+ *
+ *   (none) --put--> WRITING --step 1: objects synced, all present--> OBJECTS_DURABLE
+ *     --step 2: snaps/.tmp.* fsynced--> STAGED --step 3: rename, fsync snaps/--> PUBLISHED
+ *   PUBLISHED --delete--> DELETED (objects unreferenced) --gc--> (none)
+ *   PUBLISHED --bit rot--> DAMAGED: ignored by list, refused by load, named by verify
+ *   WRITING..STAGED --abort, error, crash--> (none) + leftovers for gc (invariant 4)
+ */
+#include "fs/store.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <lz4.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "cache/log.h"
+
+#define OBJ_MAGIC "MLOB"
+#define OBJ_VERSION 1
+#define OBJ_RAW 0
+#define OBJ_LZ4 1
+#define OBJ_HDR 40	/* magic 4, version 1, flags 1, pad 2, lens 8, hash 16, csum 8 */
+#define FORMAT_TEXT "mlfs-store\nversion %d\n"
+#define MANIFEST_MAX (1ull << 32)	/* refuse to slurp anything larger as a manifest */
+
+struct store {
+	char *path;
+	int dirfd, objfd, snapfd, lockfd;
+	pthread_mutex_t mu;	/* guards everything below */
+	int session;		/* LOCK_SH held (invariant 3) */
+	int broken;		/* invariant 6 */
+	uint8_t (*pending)[STORE_HASH_LEN];	/* objects written as tmp, not yet renamed */
+	size_t npending, cap;
+	char token[48];		/* makes this handle's temporary names unique */
+	int (*hook)(void *arg, int step);
+	void *hook_arg;
+};
+
+/* ---- small helpers ---- */
+
+static void hex16(const uint8_t h[STORE_HASH_LEN], char out[33])
+{
+	static const char d[] = "0123456789abcdef";
+
+	for (int i = 0; i < STORE_HASH_LEN; i++) {
+		out[2 * i] = d[h[i] >> 4];
+		out[2 * i + 1] = d[h[i] & 15];
+	}
+	out[32] = 0;
+}
+
+void store_object_name(const uint8_t hash[STORE_HASH_LEN], char buf[48])
+{
+	char hex[33];
+
+	hex16(hash, hex);
+	snprintf(buf, 48, "objects/%.2s/%s", hex, hex);
+}
+
+static void tmp_object_name(const struct store *s, const uint8_t hash[STORE_HASH_LEN], char *buf,
+			    size_t size)
+{
+	char hex[33];
+
+	hex16(hash, hex);
+	snprintf(buf, size, "%.2s/%s.tmp.%s", hex, hex, s->token);
+}
+
+const char *store_path(const struct store *s)
+{
+	return s->path;
+}
+
+static void put_le(unsigned char *p, uint64_t v, int n)
+{
+	for (int i = 0; i < n; i++)
+		p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint64_t get_le(const unsigned char *p, int n)
+{
+	uint64_t v = 0;
+
+	for (int i = 0; i < n; i++)
+		v |= (uint64_t)p[i] << (8 * i);
+	return v;
+}
+
+static void hash128(const void *buf, size_t len, uint8_t out[STORE_HASH_LEN])
+{
+	XXH128_canonical_t c;
+
+	XXH128_canonicalFromHash(&c, XXH3_128bits(buf, len));
+	memcpy(out, c.digest, STORE_HASH_LEN);
+}
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+	const char *p = buf;
+
+	while (len) {
+		ssize_t n = write(fd, p, len);
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+static int read_all(int fd, void *buf, size_t len)
+{
+	char *p = buf;
+
+	while (len) {
+		ssize_t n = read(fd, p, len);
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (n == 0)
+			return -EIO;	/* shorter than its header says: damage */
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+/* fsync a directory; a failure breaks the handle (invariant 6). */
+static int sync_dir(struct store *s, int fd)
+{
+	if (fsync(fd) == 0)
+		return 0;
+	log_err("store: %s: fsync of a directory failed: %s; handle unusable until reopened",
+		s->path, strerror(errno));
+	s->broken = -EIO;
+	return -EIO;
+}
+
+/* Read a whole file relative to dirfd into a malloc'd buffer (handed over). */
+static int slurp(int dirfd, const char *name, void **buf, size_t *len)
+{
+	struct stat st;
+	void *p;
+	int fd, rc;
+
+	fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return -errno;
+	if (fstat(fd, &st)) {
+		rc = -errno;
+		goto out_close;
+	}
+	if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > MANIFEST_MAX) {
+		rc = -EINVAL;
+		goto out_close;
+	}
+	p = malloc(st.st_size ? (size_t)st.st_size : 1);
+	if (!p) {
+		rc = -ENOMEM;
+		goto out_close;
+	}
+	if ((rc = read_all(fd, p, (size_t)st.st_size))) {
+		free(p);
+		goto out_close;
+	}
+	*buf = p;
+	*len = (size_t)st.st_size;
+out_close:
+	close(fd);
+	return rc;
+}
+
+/* ---- open / close ---- */
+
+static int store_create(const char *dir)
+{
+	char buf[64];
+	int dfd, fd, rc = 0, n;
+
+	if (mkdir(dir, 0755) && errno != EEXIST)
+		return -errno;
+	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0)
+		return -errno;
+	if ((mkdirat(dfd, "objects", 0755) && errno != EEXIST) ||
+	    (mkdirat(dfd, "snaps", 0755) && errno != EEXIST)) {
+		rc = -errno;
+		goto out_close;
+	}
+	/* All 256 fan-out dirs up front: puts never create directories, so the only dirs
+	 * a commit must fsync are the ones it renamed objects into. */
+	for (int i = 0; i < 256; i++) {
+		snprintf(buf, sizeof(buf), "objects/%02x", i);
+		if (mkdirat(dfd, buf, 0755) && errno != EEXIST) {
+			rc = -errno;
+			goto out_close;
+		}
+	}
+	fd = openat(dfd, "lock", O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+	if (fd < 0) {
+		rc = -errno;
+		goto out_close;
+	}
+	close(fd);
+	/* FORMAT last, via tmp+rename: a dir with FORMAT is a whole store. */
+	fd = openat(dfd, "FORMAT.tmp", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0) {
+		rc = -errno;
+		goto out_close;
+	}
+	n = snprintf(buf, sizeof(buf), FORMAT_TEXT, STORE_FORMAT_VERSION);
+	rc = write_all(fd, buf, (size_t)n);
+	if (!rc && fsync(fd))
+		rc = -errno;
+	close(fd);
+	if (!rc && renameat(dfd, "FORMAT.tmp", dfd, "FORMAT"))
+		rc = -errno;
+	if (!rc && fsync(dfd))
+		rc = -errno;
+	if (rc)
+		unlinkat(dfd, "FORMAT.tmp", 0);
+out_close:
+	close(dfd);
+	return rc;
+}
+
+static int check_format(struct store *s)
+{
+	char buf[64], want[64];
+	void *p;
+	size_t len;
+	int rc, v;
+
+	rc = slurp(s->dirfd, "FORMAT", &p, &len);
+	if (rc == -ENOENT || rc == -EINVAL) {
+		log_err("store: %s: not an mlfs store (no FORMAT file)", s->path);
+		return -EINVAL;
+	}
+	if (rc)
+		return rc;
+	memset(buf, 0, sizeof(buf));
+	memcpy(buf, p, len < sizeof(buf) - 1 ? len : sizeof(buf) - 1);
+	free(p);
+	if (sscanf(buf, "mlfs-store\nversion %d\n", &v) != 1) {
+		log_err("store: %s: not an mlfs store (bad FORMAT file)", s->path);
+		return -EINVAL;
+	}
+	if (v != STORE_FORMAT_VERSION) {
+		log_err("store: %s: store format version %d, this mlfs reads %d", s->path, v,
+			STORE_FORMAT_VERSION);
+		return -EPROTONOSUPPORT;
+	}
+	snprintf(want, sizeof(want), FORMAT_TEXT, v);
+	if (len != strlen(want) || strcmp(buf, want)) {
+		log_err("store: %s: not an mlfs store (bad FORMAT file)", s->path);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+int store_open(const char *dir, int flags, struct store **out)
+{
+	static unsigned seq;
+	struct store *s;
+	struct timespec ts;
+	int rc;
+
+	if ((flags & STORE_CREATE) && (rc = store_create(dir)))
+		return rc;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	s->dirfd = s->objfd = s->snapfd = s->lockfd = -1;
+	pthread_mutex_init(&s->mu, NULL);
+	s->path = strdup(dir);
+	if (!s->path) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	s->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (s->dirfd < 0) {
+		rc = errno == ENOTDIR ? -EINVAL : -errno;
+		if (rc == -EINVAL)
+			log_err("store: %s: not an mlfs store (not a directory)", dir);
+		goto fail;
+	}
+	if ((rc = check_format(s)))
+		goto fail;
+	s->objfd = openat(s->dirfd, "objects", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	s->snapfd = openat(s->dirfd, "snaps", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	s->lockfd = openat(s->dirfd, "lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	if (s->objfd < 0 || s->snapfd < 0 || s->lockfd < 0) {
+		rc = -errno;
+		log_err("store: %s: damaged store layout: %s", dir, strerror(errno));
+		goto fail;
+	}
+	clock_gettime(CLOCK_REALTIME, &ts);
+	/* pid + handle number + time: unique among handles and hosts sharing the store. */
+	snprintf(s->token, sizeof(s->token), "%ld-%u-%llx", (long)getpid(),
+		 __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED),
+		 (unsigned long long)(ts.tv_sec * 1000000000ull + ts.tv_nsec));
+	*out = s;
+	return 0;
+fail:
+	store_close(s);
+	return rc;
+}
+
+void store_close(struct store *s)
+{
+	if (!s)
+		return;
+	if (s->session)
+		store_abort(s);
+	if (s->lockfd >= 0)
+		close(s->lockfd);
+	if (s->snapfd >= 0)
+		close(s->snapfd);
+	if (s->objfd >= 0)
+		close(s->objfd);
+	if (s->dirfd >= 0)
+		close(s->dirfd);
+	pthread_mutex_destroy(&s->mu);
+	free(s->pending);
+	free(s->path);
+	free(s);
+}
+
+void store_set_commit_hook(struct store *s, int (*hook)(void *arg, int step), void *arg)
+{
+	s->hook = hook;
+	s->hook_arg = arg;
+}
+
+int store_name_valid(const char *name)
+{
+	size_t len = strnlen(name, MF_NAME_MAX + 1);
+
+	if (len == 0 || len > MF_NAME_MAX || name[0] == '.' || strchr(name, '/') ||
+	    !strcmp(name, "latest"))
+		return -EINVAL;
+	for (size_t i = 0; i < len; i++)
+		if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f)
+			return -EINVAL;
+	return 0;
+}
+
+/* ---- sessions (invariant 3) ---- */
+
+/* Caller holds s->mu. May block while a gc holds the lock exclusive. */
+static int session_begin(struct store *s)
+{
+	if (s->broken)
+		return s->broken;
+	if (s->session)
+		return 0;
+	while (flock(s->lockfd, LOCK_SH)) {
+		if (errno != EINTR) {
+			log_err("store: %s: cannot lock: %s", s->path, strerror(errno));
+			return -errno;
+		}
+	}
+	s->session = 1;
+	return 0;
+}
+
+/* Caller holds s->mu. Removes temporary objects not yet renamed and drops the lock. */
+static void session_end(struct store *s)
+{
+	char tmp[128];
+
+	for (size_t i = 0; i < s->npending; i++) {
+		tmp_object_name(s, s->pending[i], tmp, sizeof(tmp));
+		unlinkat(s->objfd, tmp, 0);
+	}
+	s->npending = 0;
+	if (s->session)
+		flock(s->lockfd, LOCK_UN);
+	s->session = 0;
+}
+
+void store_abort(struct store *s)
+{
+	pthread_mutex_lock(&s->mu);
+	session_end(s);
+	pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- objects ---- */
+
+static int object_exists(struct store *s, const uint8_t hash[STORE_HASH_LEN])
+{
+	char name[48];
+	struct stat st;
+
+	store_object_name(hash, name);
+	return fstatat(s->objfd, name + 8, &st, AT_SYMLINK_NOFOLLOW) == 0;
+}
+
+int store_put_block(struct store *s, const void *buf, uint32_t len, uint8_t hash_out[STORE_HASH_LEN],
+		    uint64_t *new_bytes)
+{
+	unsigned char hdr[OBJ_HDR];
+	char tmp[128];
+	char *z = NULL;
+	const void *payload = buf;
+	uint32_t stored = len;
+	uint8_t flags = OBJ_RAW;
+	int fd, rc, bound, zl;
+
+	if (new_bytes)
+		*new_bytes = 0;
+	if (len == 0 || len > MF_BLOCK_SIZE_MAX)
+		return -EINVAL;
+	hash128(buf, len, hash_out);
+	pthread_mutex_lock(&s->mu);
+	rc = session_begin(s);
+	pthread_mutex_unlock(&s->mu);
+	if (rc)
+		return rc;
+	if (object_exists(s, hash_out))
+		return 0;	/* dedup: invariant 1 says it is whole */
+
+	bound = LZ4_compressBound((int)len);
+	z = bound > 0 ? malloc((size_t)bound) : NULL;
+	if (z) {
+		zl = LZ4_compress_default(buf, z, (int)len, bound);
+		/* Compress only when it saves at least 1/8: decompressing costs CPU on every
+		 * restore, and near-incompressible blocks (fp16 weights) gain nothing. */
+		if (zl > 0 && (uint32_t)zl <= len - len / 8) {
+			payload = z;
+			stored = (uint32_t)zl;
+			flags = OBJ_LZ4;
+		}
+	}
+	memcpy(hdr, OBJ_MAGIC, 4);
+	hdr[4] = OBJ_VERSION;
+	hdr[5] = flags;
+	put_le(hdr + 6, 0, 2);
+	put_le(hdr + 8, len, 4);
+	put_le(hdr + 12, stored, 4);
+	memcpy(hdr + 16, hash_out, STORE_HASH_LEN);
+	put_le(hdr + 32, XXH3_64bits(hdr, 32), 8);
+
+	tmp_object_name(s, hash_out, tmp, sizeof(tmp));
+	fd = openat(s->objfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0444);
+	if (fd < 0) {
+		/* EEXIST: this session already wrote it and it awaits the commit's rename. */
+		rc = errno == EEXIST ? 0 : -errno;
+		goto out_free;
+	}
+	rc = write_all(fd, hdr, OBJ_HDR);
+	if (!rc)
+		rc = write_all(fd, payload, stored);
+	if (close(fd) && !rc)
+		rc = -errno;	/* NFS reports a full server at close */
+	if (rc) {
+		unlinkat(s->objfd, tmp, 0);
+		goto out_free;
+	}
+	pthread_mutex_lock(&s->mu);
+	if (s->npending == s->cap) {
+		size_t cap = s->cap ? 2 * s->cap : 256;
+		void *p = realloc(s->pending, cap * STORE_HASH_LEN);
+
+		if (!p) {
+			pthread_mutex_unlock(&s->mu);
+			unlinkat(s->objfd, tmp, 0);
+			rc = -ENOMEM;
+			goto out_free;
+		}
+		s->pending = p;
+		s->cap = cap;
+	}
+	memcpy(s->pending[s->npending++], hash_out, STORE_HASH_LEN);
+	pthread_mutex_unlock(&s->mu);
+	if (new_bytes)
+		*new_bytes = OBJ_HDR + stored;
+out_free:
+	free(z);
+	return rc;
+}
+
+static int obj_damaged(const char *path, const char *why)
+{
+	log_err("store: damaged object %s: %s", path, why);
+	return -EIO;
+}
+
+int store_get_block(struct store *s, const uint8_t hash[STORE_HASH_LEN], void *buf, uint32_t len)
+{
+	unsigned char hdr[OBJ_HDR];
+	uint8_t sum[STORE_HASH_LEN];
+	char name[48], path[4200];
+	struct stat st;
+	uint32_t logical, stored;
+	char *z = NULL;
+	int fd, rc;
+
+	store_object_name(hash, name);
+	snprintf(path, sizeof(path), "%s/%s", s->path, name);
+	fd = openat(s->objfd, name + 8, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0) {
+		rc = -errno;
+		log_err("store: missing object %s: %s", path, strerror(errno));
+		return rc;
+	}
+	if (fstat(fd, &st)) {
+		rc = -errno;
+		goto out_close;
+	}
+	if (st.st_size < OBJ_HDR || read_all(fd, hdr, OBJ_HDR)) {
+		rc = obj_damaged(path, "short header");
+		goto out_close;
+	}
+	if (get_le(hdr + 32, 8) != XXH3_64bits(hdr, 32) || memcmp(hdr, OBJ_MAGIC, 4) ||
+	    hdr[4] != OBJ_VERSION || hdr[5] > OBJ_LZ4) {
+		rc = obj_damaged(path, "bad header");
+		goto out_close;
+	}
+	logical = (uint32_t)get_le(hdr + 8, 4);
+	stored = (uint32_t)get_le(hdr + 12, 4);
+	if (memcmp(hdr + 16, hash, STORE_HASH_LEN) || (uint64_t)st.st_size != OBJ_HDR + (uint64_t)stored ||
+	    logical > len || (hdr[5] == OBJ_RAW && stored != logical)) {
+		rc = obj_damaged(path, "header does not match its name, size or the caller's length");
+		goto out_close;
+	}
+	if (hdr[5] == OBJ_RAW) {
+		rc = read_all(fd, buf, logical);
+	} else {
+		z = malloc(stored ? stored : 1);
+		if (!z) {
+			rc = -ENOMEM;
+			goto out_close;
+		}
+		rc = read_all(fd, z, stored);
+		if (!rc && LZ4_decompress_safe(z, buf, (int)stored, (int)logical) != (int)logical)
+			rc = -EIO;
+	}
+	if (rc == -EIO) {
+		rc = obj_damaged(path, "payload does not decode");
+		goto out_free;
+	}
+	if (rc)
+		goto out_free;
+	hash128(buf, logical, sum);
+	if (memcmp(sum, hash, STORE_HASH_LEN)) {
+		rc = obj_damaged(path, "checksum mismatch");
+		goto out_free;
+	}
+	rc = (int)logical;
+out_free:
+	free(z);
+out_close:
+	close(fd);
+	return rc;
+}
+
+/* Commit step 1 (invariant 1). Caller holds s->mu. */
+static int sync_objects_locked(struct store *s)
+{
+	uint8_t touched[256] = { 0 };
+	char tmp[128], name[48];
+	int rc = 0;
+
+	if (s->broken)
+		return s->broken;
+	if (s->npending == 0)
+		return 0;
+	/* One flush for the whole batch; the objects are still under temporary names, so a
+	 * failure here leaves nothing half-published (session_end removes them). */
+	if (syncfs(s->objfd)) {
+		rc = -errno;
+		log_err("store: %s: syncfs: %s", s->path, strerror(errno));
+		return rc;
+	}
+	while (s->npending) {
+		const uint8_t *h = s->pending[s->npending - 1];
+
+		tmp_object_name(s, h, tmp, sizeof(tmp));
+		store_object_name(h, name);
+		if (renameat(s->objfd, tmp, s->objfd, name + 8)) {
+			rc = -errno;
+			log_err("store: %s: rename %s: %s", s->path, tmp, strerror(errno));
+			break;
+		}
+		touched[h[0]] = 1;
+		s->npending--;
+	}
+	for (int i = 0; i < 256; i++) {
+		int fd;
+
+		if (!touched[i])
+			continue;
+		snprintf(name, sizeof(name), "%02x", i);
+		fd = openat(s->objfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (fd < 0) {
+			s->broken = -EIO;
+			return -EIO;
+		}
+		if (sync_dir(s, fd)) {
+			close(fd);
+			return -EIO;
+		}
+		close(fd);
+	}
+	return rc;
+}
+
+int store_sync_objects(struct store *s)
+{
+	int rc;
+
+	pthread_mutex_lock(&s->mu);
+	rc = sync_objects_locked(s);
+	pthread_mutex_unlock(&s->mu);
+	return rc;
+}
+
+/* ---- commit ---- */
+
+static int commit_hook(struct store *s, int step)
+{
+	return s->hook ? s->hook(s->hook_arg, step) : 0;
+}
+
+/* Commit step 1b (invariant 2): a manifest may name only objects that are there now,
+ * under our shared lock, so gc cannot take them before the rename. One stat per block. */
+static int commit_check_objects(struct store *s, const struct mf_manifest *m)
+{
+	for (size_t i = 0; i < m->nentries; i++) {
+		const struct mf_entry *e = &m->entries[i];
+
+		for (uint64_t k = 0; k < e->nblocks; k++) {
+			char name[48];
+
+			if (e->blocks[k].flags & MF_BLOCK_HOLE || object_exists(s, e->blocks[k].hash))
+				continue;
+			store_object_name(e->blocks[k].hash, name);
+			log_err("store: %s: snapshot %s names %s, which the store lacks", s->path,
+				m->name, name);
+			return -ENOENT;
+		}
+	}
+	return 0;
+}
+
+/* Commit step 2: the manifest under a temporary name, fsynced. */
+static int commit_write_tmp(struct store *s, const char *tmp, const void *buf, size_t len)
+{
+	int fd, rc;
+
+	fd = openat(s->snapfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0444);
+	if (fd < 0)
+		return -errno;
+	rc = write_all(fd, buf, len);
+	if (!rc && fsync(fd))
+		rc = -errno;
+	if (close(fd) && !rc)
+		rc = -errno;
+	return rc;
+}
+
+/* Commit step 3: publish without replacing. renameat2 NOREPLACE where the filesystem has
+ * it; else link(2), which also fails with EEXIST (NFS, older kernels). */
+static int commit_publish(struct store *s, const char *tmp, const char *name)
+{
+	if (renameat2(s->snapfd, tmp, s->snapfd, name, RENAME_NOREPLACE) == 0)
+		return 0;
+	if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
+		return -errno;
+	if (linkat(s->snapfd, tmp, s->snapfd, name, 0))
+		return -errno;
+	unlinkat(s->snapfd, tmp, 0);
+	return 0;
+}
+
+int store_commit(struct store *s, const struct mf_manifest *m)
+{
+	char tmp[MF_NAME_MAX + 80];
+	struct stat st;
+	void *buf = NULL;
+	size_t len;
+	int rc, staged = 0;
+
+	pthread_mutex_lock(&s->mu);
+	if ((rc = store_name_valid(m->name)))
+		goto fail;
+	if (fstatat(s->snapfd, m->name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+		rc = -EEXIST;	/* early, before any work; step 3 re-checks atomically */
+		goto fail;
+	}
+	if ((rc = session_begin(s)))
+		goto fail;
+	snprintf(tmp, sizeof(tmp), ".tmp.%s.%s", m->name, s->token);
+
+	if ((rc = commit_hook(s, 1)))
+		goto fail;
+	if ((rc = sync_objects_locked(s)))
+		goto fail;
+	if ((rc = commit_check_objects(s, m)))
+		goto fail;
+	if ((rc = mf_encode(m, &buf, &len)))
+		goto fail;
+	if ((rc = commit_hook(s, 2)))
+		goto fail;
+	staged = 1;
+	if ((rc = commit_write_tmp(s, tmp, buf, len)))
+		goto fail;
+	if ((rc = commit_hook(s, 3)))
+		goto fail;
+	if ((rc = commit_publish(s, tmp, m->name)))
+		goto fail;
+	staged = 0;
+	if ((rc = sync_dir(s, s->snapfd)))
+		goto fail;
+
+	session_end(s);
+	pthread_mutex_unlock(&s->mu);
+	free(buf);
+	return 0;
+fail:
+	if (staged)
+		unlinkat(s->snapfd, tmp, 0);
+	session_end(s);
+	pthread_mutex_unlock(&s->mu);
+	free(buf);
+	if (rc != -EEXIST && rc != -EINVAL)
+		log_err("store: %s: commit of snapshot %s failed: %s", s->path, m->name, strerror(-rc));
+	return rc;
+}
+
+/* ---- manifests ---- */
+
+int store_load_manifest(struct store *s, const char *name, struct mf_manifest **out)
+{
+	void *buf;
+	size_t len;
+	int rc;
+
+	if ((rc = store_name_valid(name)))
+		return rc;
+	rc = slurp(s->snapfd, name, &buf, &len);
+	if (rc == -EINVAL)
+		rc = -EIO;	/* not a regular file or absurdly large: not what commit wrote */
+	if (rc) {
+		if (rc != -ENOENT)
+			log_err("store: %s/snaps/%s: %s", s->path, name, strerror(-rc));
+		return rc;
+	}
+	rc = mf_decode(buf, len, out);
+	free(buf);
+	if (rc == -ENOMEM)
+		return rc;
+	if (rc == 0 && strcmp((*out)->name, name)) {
+		mf_free(*out);
+		rc = -EINVAL;	/* a manifest copied under another name */
+	}
+	if (rc) {
+		log_err("store: damaged manifest %s/snaps/%s (%s); not used", s->path, name,
+			rc == -EIO ? "checksum mismatch" : "does not parse");
+		return -EIO;
+	}
+	return 0;
+}
+
+static int info_cmp(const void *a, const void *b)
+{
+	const struct store_snap_info *x = a, *y = b;
+
+	if (x->time_ns != y->time_ns)
+		return x->time_ns < y->time_ns ? -1 : 1;
+	return strcmp(x->name, y->name);
+}
+
+int store_list(struct store *s, int flags, struct store_snap_info **out, size_t *n)
+{
+	struct store_snap_info *v = NULL;
+	size_t nv = 0, cap = 0;
+	struct dirent *d;
+	DIR *dir;
+	int fd, rc = 0;
+
+	fd = dup(s->snapfd);
+	if (fd < 0)
+		return -errno;
+	dir = fdopendir(fd);
+	if (!dir) {
+		close(fd);
+		return -errno;
+	}
+	rewinddir(dir);
+	while ((d = readdir(dir))) {
+		struct mf_manifest *m;
+		struct store_snap_info *i;
+
+		if (d->d_name[0] == '.')
+			continue;	/* ., .. and temporary manifests (step 2, invariant 4) */
+		if (store_name_valid(d->d_name)) {
+			log_warn("store: ignoring stray file %s/snaps/%s", s->path, d->d_name);
+			continue;
+		}
+		rc = store_load_manifest(s, d->d_name, &m);
+		if (rc == -ENOENT) {
+			rc = 0;
+			continue;	/* deleted meanwhile */
+		}
+		if (rc && rc != -EIO)
+			goto out;
+		if (rc && !(flags & STORE_LIST_DAMAGED)) {
+			rc = 0;
+			continue;	/* already logged by store_load_manifest */
+		}
+		if (nv == cap) {
+			void *p;
+
+			cap = cap ? 2 * cap : 16;
+			p = realloc(v, cap * sizeof(*v));
+			if (!p) {
+				mf_free(rc ? NULL : m);
+				rc = -ENOMEM;
+				goto out;
+			}
+			v = p;
+		}
+		i = &v[nv++];
+		memset(i, 0, sizeof(*i));
+		snprintf(i->name, sizeof(i->name), "%s", d->d_name);
+		if (rc) {
+			i->state = STORE_SNAP_DAMAGED;
+			rc = 0;
+			continue;
+		}
+		i->time_ns = m->time_ns;
+		i->files = m->files;
+		i->logical_bytes = m->logical_bytes;
+		i->new_bytes = m->new_bytes;
+		mf_free(m);
+	}
+	if (nv)
+		qsort(v, nv, sizeof(*v), info_cmp);
+out:
+	closedir(dir);
+	if (rc) {
+		free(v);
+		return rc;
+	}
+	*out = v;
+	*n = nv;
+	return 0;
+}
+
+int store_latest(struct store *s, char *name)
+{
+	struct store_snap_info *v;
+	size_t n;
+	int rc;
+
+	if ((rc = store_list(s, 0, &v, &n)))
+		return rc;
+	if (n)
+		snprintf(name, MF_NAME_MAX + 1, "%s", v[n - 1].name);
+	free(v);
+	return n ? 0 : -ENOENT;
+}
+
+int store_delete(struct store *s, const char *name)
+{
+	int rc;
+
+	if ((rc = store_name_valid(name)))
+		return rc;
+	if (s->broken)
+		return s->broken;
+	/* Invariant 5: the manifest goes first and alone; its objects wait for gc. */
+	if (unlinkat(s->snapfd, name, 0))
+		return -errno;
+	return sync_dir(s, s->snapfd);
+}
+
+/* ---- a set of object hashes with an int per hash (gc: referenced; verify: status) ---- */
+
+struct hset {
+	uint8_t (*keys)[STORE_HASH_LEN];
+	int *vals;	/* 0 = empty slot */
+	size_t cap, n;
+};
+
+static uint64_t hset_slot(const uint8_t *h)
+{
+	return get_le(h, 8);	/* the keys are hashes already */
+}
+
+static int *hset_find(struct hset *t, const uint8_t h[STORE_HASH_LEN], int insert)
+{
+	size_t i;
+
+	if (insert && 2 * (t->n + 1) > t->cap) {
+		struct hset old = *t;
+
+		t->cap = old.cap ? 2 * old.cap : 1024;
+		t->keys = calloc(t->cap, STORE_HASH_LEN);
+		t->vals = calloc(t->cap, sizeof(int));
+		if (!t->keys || !t->vals) {
+			free(t->keys);
+			free(t->vals);
+			*t = old;
+			return NULL;
+		}
+		t->n = 0;
+		for (size_t j = 0; j < old.cap; j++)
+			if (old.vals[j])
+				*hset_find(t, old.keys[j], 1) = old.vals[j];
+		free(old.keys);
+		free(old.vals);
+	}
+	if (!t->cap)
+		return NULL;
+	for (i = hset_slot(h) & (t->cap - 1); t->vals[i]; i = (i + 1) & (t->cap - 1))
+		if (!memcmp(t->keys[i], h, STORE_HASH_LEN))
+			return &t->vals[i];
+	if (!insert)
+		return NULL;
+	memcpy(t->keys[i], h, STORE_HASH_LEN);
+	t->n++;
+	t->vals[i] = 1;
+	return &t->vals[i];
+}
+
+static void hset_free(struct hset *t)
+{
+	free(t->keys);
+	free(t->vals);
+}
+
+static int unhex(const char *s, uint8_t out[STORE_HASH_LEN])
+{
+	for (int i = 0; i < 2 * STORE_HASH_LEN; i++) {
+		int c = s[i], v;
+
+		if (c >= '0' && c <= '9')
+			v = c - '0';
+		else if (c >= 'a' && c <= 'f')
+			v = c - 'a' + 10;
+		else
+			return -EINVAL;
+		if (i & 1)
+			out[i / 2] |= (uint8_t)v;
+		else
+			out[i / 2] = (uint8_t)(v << 4);
+	}
+	return s[2 * STORE_HASH_LEN] ? -EINVAL : 0;
+}
+
+/* ---- gc ---- */
+
+/* Mark every object the published manifests name; remove stale temporary manifests. */
+static int gc_mark(struct store *s, struct hset *live)
+{
+	struct dirent *d;
+	DIR *dir;
+	int fd, rc = 0, removed = 0;
+
+	fd = dup(s->snapfd);
+	if (fd < 0)
+		return -errno;
+	dir = fdopendir(fd);
+	if (!dir) {
+		close(fd);
+		return -errno;
+	}
+	rewinddir(dir);
+	while (!rc && (d = readdir(dir))) {
+		struct mf_manifest *m;
+
+		if (!strcmp(d->d_name, ".") || !strcmp(d->d_name, ".."))
+			continue;
+		if (!strncmp(d->d_name, ".tmp.", 5)) {
+			/* invariant 4: no session is open, so this is a crashed commit's */
+			if (unlinkat(s->snapfd, d->d_name, 0) == 0)
+				removed = 1;
+			continue;
+		}
+		if (store_name_valid(d->d_name))
+			continue;
+		rc = store_load_manifest(s, d->d_name, &m);
+		if (rc == -EIO)
+			log_err("store: %s: gc refused: damaged manifest snaps/%s; verify, then "
+				"delete it", s->path, d->d_name);
+		if (rc)
+			break;
+		for (size_t i = 0; i < m->nentries && !rc; i++)
+			for (uint64_t k = 0; k < m->entries[i].nblocks && !rc; k++)
+				if (!(m->entries[i].blocks[k].flags & MF_BLOCK_HOLE) &&
+				    !hset_find(live, m->entries[i].blocks[k].hash, 1))
+					rc = -ENOMEM;
+		mf_free(m);
+	}
+	closedir(dir);
+	if (!rc && removed)
+		rc = sync_dir(s, s->snapfd);
+	return rc;
+}
+
+static int gc_sweep_dir(struct store *s, int i, struct hset *live, uint64_t *objs, uint64_t *bytes)
+{
+	char name[8];
+	struct dirent *d;
+	struct stat st;
+	DIR *dir;
+	int fd, rc = 0, removed = 0;
+
+	snprintf(name, sizeof(name), "%02x", i);
+	fd = openat(s->objfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -errno;
+	dir = fdopendir(fd);
+	if (!dir) {
+		close(fd);
+		return -errno;
+	}
+	while ((d = readdir(dir))) {
+		uint8_t h[STORE_HASH_LEN];
+		int tmp = strstr(d->d_name, ".tmp.") != NULL;
+
+		if (!tmp && (strlen(d->d_name) != 32 || unhex(d->d_name, h) || hset_find(live, h, 0)))
+			continue;	/* live, or not ours to touch */
+		if (fstatat(fd, d->d_name, &st, AT_SYMLINK_NOFOLLOW))
+			continue;
+		if (unlinkat(fd, d->d_name, 0)) {
+			rc = -errno;
+			break;
+		}
+		removed = 1;
+		*bytes += (uint64_t)st.st_size;
+		if (!tmp)
+			(*objs)++;
+	}
+	if (removed && fsync(dirfd(dir)))
+		rc = -errno;
+	closedir(dir);
+	return rc;
+}
+
+int store_gc(struct store *s, uint64_t *removed_objects, uint64_t *freed_bytes)
+{
+	struct hset live = { 0 };
+	uint64_t objs = 0, bytes = 0;
+	int rc = 0;
+
+	pthread_mutex_lock(&s->mu);
+	if (s->broken || s->session) {
+		rc = s->broken ? s->broken : -EBUSY;
+		goto out_unlock;
+	}
+	/* Invariant 3: exclusive, and without waiting so gc never stalls a snapshot. */
+	if (flock(s->lockfd, LOCK_EX | LOCK_NB)) {
+		rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
+		goto out_unlock;
+	}
+	if ((rc = gc_mark(s, &live)))
+		goto out_release;
+	for (int i = 0; i < 256 && !rc; i++)
+		rc = gc_sweep_dir(s, i, &live, &objs, &bytes);
+out_release:
+	flock(s->lockfd, LOCK_UN);
+out_unlock:
+	pthread_mutex_unlock(&s->mu);
+	hset_free(&live);
+	if (removed_objects)
+		*removed_objects = objs;
+	if (freed_bytes)
+		*freed_bytes = bytes;
+	return rc;
+}
+
+/* ---- verify ---- */
+
+struct verify_ctx {
+	struct store *s;
+	struct hset status;	/* 1 good, 2 damaged, 3 missing */
+	void *buf;
+	uint32_t buflen;
+	store_fault_fn fn;
+	void *arg;
+	int faults;
+};
+
+static int verify_block(struct verify_ctx *c, const struct mf_block *b)
+{
+	int *st = hset_find(&c->status, b->hash, 0), rc;
+
+	if (st)
+		return *st;
+	if (b->len > c->buflen) {
+		void *p = realloc(c->buf, b->len);
+
+		if (!p)
+			return -ENOMEM;
+		c->buf = p;
+		c->buflen = b->len;
+	}
+	rc = store_get_block(c->s, b->hash, c->buf, b->len);
+	st = hset_find(&c->status, b->hash, 1);
+	if (!st)
+		return -ENOMEM;
+	*st = rc == (int)b->len ? 1 : rc == -ENOENT ? 3 : 2;
+	if (*st != 1)
+		c->faults++;
+	return *st;
+}
+
+static int verify_one(struct verify_ctx *c, const char *name)
+{
+	struct store_fault f = { .snap = name };
+	struct mf_manifest *m;
+	char obj[MF_NAME_MAX + 8], path[4096], oname[48];
+	int rc;
+
+	rc = store_load_manifest(c->s, name, &m);
+	if (rc == -EIO) {
+		snprintf(obj, sizeof(obj), "snaps/%s", name);
+		f.object = obj;
+		f.error = -EIO;
+		c->faults++;
+		if (c->fn)
+			c->fn(c->arg, &f);
+		return 0;
+	}
+	if (rc)
+		return rc;
+	for (size_t i = 0; i < m->nentries; i++) {
+		const struct mf_entry *e = &m->entries[i];
+
+		for (uint64_t k = 0; k < e->nblocks; k++) {
+			if (e->blocks[k].flags & MF_BLOCK_HOLE)
+				continue;
+			rc = verify_block(c, &e->blocks[k]);
+			if (rc < 0)
+				goto out;
+			if (rc == 1 || !c->fn)
+				continue;
+			if (mf_path(m, i, path, sizeof(path)) < 0)
+				snprintf(path, sizeof(path), "(entry %llu)", (unsigned long long)e->id);
+			store_object_name(e->blocks[k].hash, oname);
+			f.object = oname;
+			f.file = path;
+			f.block = k;
+			f.error = rc == 3 ? -ENOENT : -EIO;
+			c->fn(c->arg, &f);
+		}
+	}
+	rc = 0;
+out:
+	mf_free(m);
+	return rc;
+}
+
+int store_verify(struct store *s, const char *name, store_fault_fn fn, void *arg)
+{
+	struct verify_ctx c = { .s = s, .fn = fn, .arg = arg };
+	struct store_snap_info *v = NULL;
+	size_t n = 0;
+	int rc = 0;
+
+	if (name) {
+		rc = verify_one(&c, name);
+	} else if (!(rc = store_list(s, STORE_LIST_DAMAGED, &v, &n))) {
+		for (size_t i = 0; i < n && !rc; i++)
+			rc = verify_one(&c, v[i].name);
+	}
+	free(v);
+	free(c.buf);
+	hset_free(&c.status);
+	return rc ? rc : c.faults;
+}

@@ -1,0 +1,175 @@
+/*
+ * store.h - store_: the durable snapshot store (-o store=DIR).
+ *
+ * Contract: a store is a directory on a durable disk or shared filesystem that outlives
+ * the VM. It holds immutable content-addressed objects (one per distinct block, named by
+ * the XXH3-128 of its logical bytes, lz4-compressed when that saves >= 1/8) and one
+ * manifest per snapshot (fs/manifest.h). Layout and byte formats: docs/store-format.md;
+ * invariants and the life of a snapshot: the top of fs/store.c.
+ *
+ * Writing a snapshot is a session: store_put_block() for every block the snapshot needs
+ * (blocks already stored cost a hash and a stat), then store_commit() with the manifest,
+ * or store_abort(). A snapshot is visible only once store_commit() returned 0; a crash
+ * or error at any point before that leaves earlier snapshots intact and only temporary
+ * files and unreferenced objects behind, which store_gc() removes.
+ *
+ * Durability cost: store_put_block() writes each new object under a temporary name
+ * without fsync; the commit makes them all durable at once with one syncfs(2) of the
+ * store's filesystem, renames them into place and fsyncs the object directories. That
+ * is one flush per snapshot instead of one per block (syncfs also flushes unrelated
+ * dirty data of that filesystem). An object becomes readable by store_get_block() at
+ * the commit (or store_sync_objects()), not at its put.
+ *
+ * Locking across processes and hosts: a session holds flock(STORE/lock, LOCK_SH) from
+ * its first put until commit/abort; store_gc() needs LOCK_EX and returns -EBUSY rather
+ * than wait. So two daemons may write snapshots into one store at once, and gc never
+ * deletes an object of an unpublished snapshot (fs/store.c invariant 3). On NFS, flock
+ * is carried as a whole-file POSIX lock by the client, so it holds across hosts.
+ *
+ * Thread safety: one struct store may be shared by threads. store_put_block() may run in
+ * many threads at once within a session; store_commit(), store_abort() and
+ * store_sync_objects() must not run concurrently with puts of the same handle (the
+ * persister calls them after its puts returned). store_get_block(), store_list(),
+ * store_load_manifest(), store_verify() are safe at any time. One session per handle at
+ * a time; open a second handle for a second concurrent snapshot.
+ * Blocking: everything here does file I/O on the store and may block (NFS: for long).
+ *
+ * Errors: -errno. -EIO with a log line naming the file for any checksum mismatch. After a
+ * failed fsync of a directory the handle is broken and every write returns -EIO (what
+ * reached the disk is unknown: fs/store.c invariant 6); close and reopen it.
+ */
+#ifndef MLFS_STORE_H
+#define MLFS_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fs/manifest.h"
+
+#define STORE_FORMAT_VERSION 1
+#define STORE_HASH_LEN MF_HASH_LEN
+
+/* store_open() flags */
+#define STORE_CREATE 0x1	/* make the store (and DIR itself) if DIR has no FORMAT */
+
+struct store;
+
+/*
+ * Open the store at dir; *out is handed over (store_close()). -ENOENT if dir does not
+ * exist (without STORE_CREATE), -EINVAL "not an mlfs store" (logged) if dir has no valid
+ * FORMAT file, -EPROTONOSUPPORT for a newer format version.
+ */
+int store_open(const char *dir, int flags, struct store **out);
+
+/* Abort an open session (store_abort()) and release s. NULL is fine. */
+void store_close(struct store *s);
+
+/*
+ * 0 if name may name a snapshot, else -EINVAL: empty, over 255 bytes, '/', a leading
+ * '.', control characters (bytes < 0x20 and 0x7f), and the reserved word "latest".
+ */
+int store_name_valid(const char *name);
+
+/*
+ * Store len bytes (1..MF_BLOCK_SIZE_MAX) as an object unless it is already stored;
+ * begins a session if none is open (may block on a running gc). hash_out receives its
+ * name; *new_bytes (may be NULL) the bytes this put added to the store: 0 when the
+ * object was already there or already put in this session. -ENOSPC/-EDQUOT leave no
+ * file behind.
+ */
+int store_put_block(struct store *s, const void *buf, uint32_t len, uint8_t hash_out[STORE_HASH_LEN],
+		    uint64_t *new_bytes);
+
+/*
+ * Read the object named hash into buf[len]; returns its logical length (<= len).
+ * -ENOENT if absent, -EIO (logged with the object's path) if it fails any check,
+ * including a logical length over len. Never leaves unverified bytes reported as good:
+ * on error buf's contents are unspecified.
+ */
+int store_get_block(struct store *s, const uint8_t hash[STORE_HASH_LEN], void *buf, uint32_t len);
+
+/* Commit step 1 alone: make every object put in this session durable and visible. */
+int store_sync_objects(struct store *s);
+
+/*
+ * Publish m under m->name (the commit protocol, fs/store.c): objects durable; every
+ * non-hole block m names present; manifest written under a temporary name and fsynced;
+ * renamed to snaps/<name> without replacing; snaps/ fsynced. Ends the session either
+ * way. -EEXIST if the name is taken, -EINVAL for a bad name or manifest, -ENOENT if m
+ * names an object the store lacks, -ENOSPC, -EIO.
+ */
+int store_commit(struct store *s, const struct mf_manifest *m);
+
+/* End the session without publishing: temporary objects removed, lock released. */
+void store_abort(struct store *s);
+
+/* Test hook: called at the start of commit step 1, 2 and 3; non-zero fails the commit. */
+void store_set_commit_hook(struct store *s, int (*hook)(void *arg, int step), void *arg);
+
+enum store_snap_state {
+	STORE_SNAP_COMPLETE = 0,	/* published, manifest verifies */
+	STORE_SNAP_DAMAGED = 1,		/* manifest fails its checksum or does not parse */
+};
+
+struct store_snap_info {
+	char name[MF_NAME_MAX + 1];
+	int64_t time_ns;
+	uint64_t files, logical_bytes, new_bytes;
+	int state;			/* enum store_snap_state */
+};
+
+#define STORE_LIST_DAMAGED 0x1	/* include damaged manifests (state DAMAGED, figures 0) */
+
+/*
+ * Published snapshots, oldest first (by time, then name), in *out (malloc'd, handed
+ * over; free()) with *n entries. Damaged manifests are logged and left out unless
+ * STORE_LIST_DAMAGED. Reads and checks every manifest: O(total manifest bytes).
+ */
+int store_list(struct store *s, int flags, struct store_snap_info **out, size_t *n);
+
+/* Name of the newest complete snapshot into name[MF_NAME_MAX + 1]; -ENOENT if none. */
+int store_latest(struct store *s, char *name);
+
+/*
+ * Read and verify snaps/<name>; *out handed over (mf_free()). -ENOENT, -EINVAL for a bad
+ * name, -EIO (logged) if the manifest is damaged: it is never returned.
+ */
+int store_load_manifest(struct store *s, const char *name, struct mf_manifest **out);
+
+/* Remove snaps/<name> and fsync snaps/; its objects go at the next gc. -ENOENT. */
+int store_delete(struct store *s, const char *name);
+
+/*
+ * Remove every object no published manifest names and every stale temporary file.
+ * Takes the exclusive lock without waiting: -EBUSY while any session is open. Refuses
+ * with -EIO (logged) if a manifest is damaged: its objects cannot be told apart.
+ * Reads all manifests and lists all object dirs: O(store).
+ */
+int store_gc(struct store *s, uint64_t *removed_objects, uint64_t *freed_bytes);
+
+struct store_fault {
+	const char *snap;	/* snapshot name */
+	const char *object;	/* store-relative path of the damaged object or manifest */
+	const char *file;	/* path in the snapshot using it; NULL for a manifest fault */
+	uint64_t block;		/* block index within that file */
+	int error;		/* -EIO damaged, -ENOENT missing */
+};
+
+typedef void (*store_fault_fn)(void *arg, const struct store_fault *f);
+
+/*
+ * Read every object of snapshot name (NULL: of all snapshots, damaged manifests
+ * included) and check every checksum. fn (may be NULL) is called once per damaged
+ * manifest and once per use of a damaged object by a file. Returns the number of faults
+ * (damaged manifests + distinct damaged objects), or -errno if it could not run.
+ * Reads each distinct object once.
+ */
+int store_verify(struct store *s, const char *name, store_fault_fn fn, void *arg);
+
+/* Store-relative object path "objects/xx/<32 hex>" for hash into buf[48]. */
+void store_object_name(const uint8_t hash[STORE_HASH_LEN], char buf[48]);
+
+/* The store's directory as given to store_open() (borrowed, lives as long as s). */
+const char *store_path(const struct store *s);
+
+#endif

@@ -1,0 +1,539 @@
+/*
+ * test_store.c - store_: object naming, dedup, verification, the commit protocol's order,
+ * gc, delete, names, damaged manifests and a full store (tmpfs, when run as root).
+ */
+#include "fs/store.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "tests/unit/test.h"
+
+#define BS 4096
+
+static char root[256];
+
+static void path_of(char *buf, size_t size, const char *dir, const char *rel)
+{
+	snprintf(buf, size, "%s/%s", dir, rel);
+}
+
+static int exists(const char *dir, const char *rel)
+{
+	char p[512];
+	struct stat st;
+
+	path_of(p, sizeof(p), dir, rel);
+	return stat(p, &st) == 0;
+}
+
+/* Count files in dir whose name contains needle (NULL: all but . and ..). */
+static int count_files(const char *dir, const char *needle)
+{
+	struct dirent *d;
+	DIR *dd = opendir(dir);
+	int n = 0;
+
+	if (!dd)
+		return -1;
+	while ((d = readdir(dd)))
+		if (strcmp(d->d_name, ".") && strcmp(d->d_name, "..") &&
+		    (!needle || strstr(d->d_name, needle)))
+			n++;
+	closedir(dd);
+	return n;
+}
+
+static int count_objects(const char *store, const char *needle)
+{
+	char p[512];
+	int n = 0;
+
+	for (int i = 0; i < 256; i++) {
+		snprintf(p, sizeof(p), "%s/objects/%02x", store, i);
+		n += count_files(p, needle);
+	}
+	return n;
+}
+
+static void fill(void *buf, size_t len, unsigned seed, int compressible)
+{
+	unsigned char *p = buf;
+
+	for (size_t i = 0; i < len; i++) {
+		seed = seed * 1103515245u + 12345u;
+		p[i] = compressible ? (unsigned char)(i / 64 + seed % 2) : (unsigned char)(seed >> 16);
+	}
+}
+
+/* A manifest: root with one file whose blocks are hashes[0..n). */
+static struct mf_manifest *one_file(const char *name, uint8_t (*hashes)[16], int n)
+{
+	struct mf_manifest *m = calloc(1, sizeof(*m));
+	struct mf_entry *e;
+
+	snprintf(m->name, sizeof(m->name), "%s", name);
+	m->time_ns = 1000;
+	m->nentries = 2;
+	m->entries = calloc(2, sizeof(*m->entries));
+	m->entries[0].id = 1;
+	m->entries[0].type = MF_DIR;
+	m->entries[0].name = strdup("");
+	e = &m->entries[1];
+	e->id = 2;
+	e->parent = 1;
+	e->type = MF_FILE;
+	e->name = strdup("model.pt");
+	e->size = (uint64_t)n * BS;
+	e->block_size = BS;
+	e->nblocks = (uint64_t)n;
+	e->blocks = calloc(n ? n : 1, sizeof(*e->blocks));
+	for (int i = 0; i < n; i++) {
+		memcpy(e->blocks[i].hash, hashes[i], 16);
+		e->blocks[i].len = BS;
+	}
+	m->files = 1;
+	m->logical_bytes = e->size;
+	return m;
+}
+
+static int commit_blocks(struct store *s, const char *name, const unsigned *seeds, int n)
+{
+	uint8_t h[16][16];
+	char buf[BS];
+	struct mf_manifest *m;
+	int rc;
+
+	for (int i = 0; i < n; i++) {
+		fill(buf, BS, seeds[i], 0);
+		if ((rc = store_put_block(s, buf, BS, h[i], NULL)))
+			return rc;
+	}
+	m = one_file(name, h, n);
+	rc = store_commit(s, m);
+	mf_free(m);
+	return rc;
+}
+
+static void test_open(void)
+{
+	char p[512];
+	struct store *s = NULL;
+	FILE *f;
+
+	path_of(p, sizeof(p), root, "nope");
+	EXPECT_EQ(store_open(p, 0, &s), -ENOENT);
+	path_of(p, sizeof(p), root, "empty");
+	mkdir(p, 0755);
+	EXPECT_EQ(store_open(p, 0, &s), -EINVAL);	/* not an mlfs store */
+	EXPECT_EQ(store_open(p, STORE_CREATE, &s), 0);
+	store_close(s);
+	s = NULL;
+	EXPECT_EQ(store_open(p, 0, &s), 0);
+	store_close(s);
+	path_of(p, sizeof(p), root, "empty/FORMAT");
+	f = fopen(p, "w");
+	fputs("mlfs-store\nversion 2\n", f);
+	fclose(f);
+	path_of(p, sizeof(p), root, "empty");
+	EXPECT_EQ(store_open(p, 0, &s), -EPROTONOSUPPORT);
+}
+
+static void test_objects(const char *dir)
+{
+	static char buf[BS], back[BS];
+	uint8_t h[16], h2[16];
+	char name[48], hex[33], p[512];
+	XXH128_canonical_t c;
+	struct stat st;
+	struct store *s;
+	uint64_t nb = 99;
+
+	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
+	/* Name = XXH3-128 of the logical bytes, canonical hex, under objects/<first byte>/. */
+	fill(buf, BS, 1, 1);
+	EXPECT_EQ(store_put_block(s, buf, BS, h, &nb), 0);
+	XXH128_canonicalFromHash(&c, XXH3_128bits(buf, BS));
+	EXPECT(!memcmp(h, c.digest, 16));
+	for (int i = 0; i < 16; i++)
+		sprintf(hex + 2 * i, "%02x", c.digest[i]);
+	store_object_name(h, name);
+	snprintf(p, sizeof(p), "objects/%.2s/%s", hex, hex);
+	EXPECT(!strcmp(name, p));
+	EXPECT(nb > 0 && nb < BS - BS / 8 + 40);	/* compressible: stored lz4 */
+	/* Invisible until commit step 1 (invariant 1), then under its final name. */
+	EXPECT(!exists(dir, name));
+	EXPECT_EQ(count_objects(dir, ".tmp."), 1);
+	EXPECT_EQ(store_put_block(s, buf, BS, h2, &nb), 0);	/* same session: dedup */
+	EXPECT_EQ(nb, 0);
+	EXPECT_EQ(store_sync_objects(s), 0);
+	EXPECT(exists(dir, name));
+	EXPECT_EQ(count_objects(dir, ".tmp."), 0);
+	path_of(p, sizeof(p), dir, name);
+	EXPECT(stat(p, &st) == 0 && st.st_size < BS);
+	EXPECT_EQ(store_get_block(s, h, back, BS), BS);
+	EXPECT(!memcmp(buf, back, BS));
+	EXPECT_EQ(store_put_block(s, buf, BS, h2, &nb), 0);	/* already stored: dedup */
+	EXPECT_EQ(nb, 0);
+	EXPECT_EQ(store_get_block(s, h, back, BS - 1), -EIO);	/* caller's buffer too small */
+
+	/* Incompressible: stored raw, header + payload. */
+	fill(buf, BS, 2, 0);
+	EXPECT_EQ(store_put_block(s, buf, BS, h2, &nb), 0);
+	EXPECT_EQ(nb, BS + 40);
+	EXPECT_EQ(store_sync_objects(s), 0);
+	EXPECT_EQ(store_get_block(s, h2, back, BS), BS);
+	EXPECT(!memcmp(buf, back, BS));
+	store_abort(s);
+	memset(h2, 0x5a, 16);
+	EXPECT_EQ(store_get_block(s, h2, back, BS), -ENOENT);
+	store_close(s);
+}
+
+/* A flipped byte anywhere in an object: -EIO on get, and verify names file and object. */
+struct faults {
+	int n;
+	char file[64], object[64];
+};
+
+static void on_fault(void *arg, const struct store_fault *f)
+{
+	struct faults *fs = arg;
+
+	fs->n++;
+	snprintf(fs->file, sizeof(fs->file), "%s", f->file ? f->file : "(manifest)");
+	snprintf(fs->object, sizeof(fs->object), "%s", f->object);
+}
+
+static void flip_byte(const char *path, off_t off)
+{
+	int fd = open(path, O_RDWR);
+	unsigned char c;
+
+	chmod(path, 0644);
+	EXPECT(pread(fd, &c, 1, off) == 1);
+	c ^= 0x10;
+	EXPECT(pwrite(fd, &c, 1, off) == 1);
+	close(fd);
+}
+
+static void test_damage(const char *dir)
+{
+	static char buf[BS];
+	static const unsigned seeds[] = { 11, 12 };
+	uint8_t h[16];
+	char name[48], p[512];
+	struct faults fs = { 0 };
+	struct store_snap_info *v;
+	struct mf_manifest *m;
+	struct store *s;
+	size_t n;
+
+	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
+	EXPECT_EQ(commit_blocks(s, "good", seeds, 2), 0);
+	EXPECT_EQ(store_verify(s, NULL, on_fault, &fs), 0);
+	EXPECT_EQ(fs.n, 0);
+	fill(buf, BS, 12, 0);
+	EXPECT_EQ(store_put_block(s, buf, BS, h, NULL), 0);
+	store_abort(s);
+	store_object_name(h, name);
+	path_of(p, sizeof(p), dir, name);
+	flip_byte(p, 40 + 1000);	/* in the payload */
+	EXPECT_EQ(store_get_block(s, h, buf, BS), -EIO);
+	EXPECT_EQ(store_verify(s, "good", on_fault, &fs), 1);
+	EXPECT_EQ(fs.n, 1);
+	EXPECT(!strcmp(fs.file, "model.pt"));
+	EXPECT(!strcmp(fs.object, name));
+	flip_byte(p, 40 + 1000);
+	EXPECT_EQ(store_get_block(s, h, buf, BS), BS);
+	flip_byte(p, 20);		/* in the header */
+	EXPECT_EQ(store_get_block(s, h, buf, BS), -EIO);
+	flip_byte(p, 20);
+
+	/* A damaged manifest: not listed, refused by load, counted by verify, stops gc. */
+	path_of(p, sizeof(p), dir, "snaps/good");
+	flip_byte(p, 30);
+	EXPECT_EQ(store_list(s, 0, &v, &n), 0);
+	EXPECT_EQ(n, 0);
+	free(v);
+	EXPECT_EQ(store_list(s, STORE_LIST_DAMAGED, &v, &n), 0);
+	EXPECT(n == 1 && v[0].state == STORE_SNAP_DAMAGED);
+	free(v);
+	EXPECT_EQ(store_load_manifest(s, "good", &m), -EIO);
+	fs.n = 0;
+	EXPECT_EQ(store_verify(s, NULL, on_fault, &fs), 1);
+	EXPECT(!strcmp(fs.object, "snaps/good") && !strcmp(fs.file, "(manifest)"));
+	EXPECT_EQ(store_gc(s, NULL, NULL), -EIO);
+	EXPECT_EQ(count_objects(dir, NULL), 2);	/* gc removed nothing */
+	EXPECT_EQ(store_delete(s, "good"), 0);
+	store_close(s);
+}
+
+/* The commit's steps run in order and nothing is visible before step 3's rename. */
+struct hook_state {
+	const char *dir;
+	const char *obj;
+	int steps, fail_at, seen_obj_at_2, manifest_before_3, tmp_at_3;
+};
+
+static int hook(void *arg, int step)
+{
+	struct hook_state *hs = arg;
+	char p[512];
+
+	hs->steps = hs->steps * 10 + step;
+	if (step == 2)
+		hs->seen_obj_at_2 = exists(hs->dir, hs->obj);
+	if (step == 3) {
+		path_of(p, sizeof(p), hs->dir, "snaps");
+		hs->manifest_before_3 = exists(hs->dir, "snaps/s1");
+		hs->tmp_at_3 = count_files(p, ".tmp.");
+	}
+	return step == hs->fail_at ? -EIO : 0;
+}
+
+static void test_commit(const char *dir)
+{
+	static char buf[BS];
+	uint8_t h[1][16];
+	char name[48], p[512], nm[300];
+	struct hook_state hs = { .dir = dir, .obj = name };
+	struct store_snap_info *v;
+	struct mf_manifest *m, *back;
+	struct store *s;
+	size_t n;
+	int fd;
+
+	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
+	fill(buf, BS, 21, 0);
+	EXPECT_EQ(store_put_block(s, buf, BS, h[0], NULL), 0);
+	store_object_name(h[0], name);
+	m = one_file("s1", h, 1);
+
+	/* A failure at step 3 leaves no manifest and no temporary file. */
+	store_set_commit_hook(s, hook, &hs);
+	hs.fail_at = 3;
+	EXPECT_EQ(store_commit(s, m), -EIO);
+	EXPECT_EQ(hs.steps, 123);
+	EXPECT(!exists(dir, "snaps/s1"));
+	path_of(p, sizeof(p), dir, "snaps");
+	EXPECT_EQ(count_files(p, NULL), 0);
+
+	/* The real commit: objects at final names by step 2; at step 3 only a tmp. */
+	hs.steps = 0;
+	hs.fail_at = 0;
+	EXPECT_EQ(store_commit(s, m), 0);
+	EXPECT_EQ(hs.steps, 123);
+	EXPECT_EQ(hs.seen_obj_at_2, 1);
+	EXPECT_EQ(hs.manifest_before_3, 0);
+	EXPECT_EQ(hs.tmp_at_3, 1);
+	EXPECT(exists(dir, "snaps/s1"));
+	EXPECT_EQ(count_files(p, ".tmp."), 0);
+	store_set_commit_hook(s, NULL, NULL);
+	EXPECT_EQ(store_load_manifest(s, "s1", &back), 0);
+	if (back)
+		EXPECT_EQ(back->entries[1].blocks[0].len, BS);
+	mf_free(back);
+
+	/* Names are never overwritten; a manifest naming a missing object is refused. */
+	EXPECT_EQ(store_commit(s, m), -EEXIST);
+	strcpy(m->name, "s2");
+	m->entries[1].blocks[0].hash[0] ^= 1;
+	EXPECT_EQ(store_commit(s, m), -ENOENT);
+	EXPECT(!exists(dir, "snaps/s2"));
+	mf_free(m);
+
+	/* A crashed commit's temporary manifest is not listed; gc removes it. */
+	path_of(p, sizeof(p), dir, "snaps/.tmp.s3.999-1-1");
+	fd = open(p, O_CREAT | O_WRONLY, 0644);
+	EXPECT(fd >= 0 && write(fd, "junk", 4) == 4);
+	close(fd);
+	EXPECT_EQ(store_list(s, STORE_LIST_DAMAGED, &v, &n), 0);
+	EXPECT(n == 1 && !strcmp(v[0].name, "s1") && v[0].files == 1 && v[0].logical_bytes == BS);
+	free(v);
+	EXPECT_EQ(store_latest(s, nm), 0);
+	EXPECT(!strcmp(nm, "s1"));
+	EXPECT_EQ(store_gc(s, NULL, NULL), 0);
+	EXPECT(!exists(dir, "snaps/.tmp.s3.999-1-1"));
+	EXPECT(exists(dir, "snaps/s1"));
+	store_close(s);
+}
+
+static void test_gc(const char *dir)
+{
+	static char buf[BS];
+	static const unsigned a[] = { 31, 32 }, b[] = { 32, 33 }, c[] = { 34 };
+	uint8_t h[16];
+	struct store *s, *s2;
+	uint64_t objs = 9, bytes = 9;
+
+	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
+	EXPECT_EQ(commit_blocks(s, "a", a, 2), 0);
+	EXPECT_EQ(commit_blocks(s, "b", b, 2), 0);
+	EXPECT_EQ(count_objects(dir, NULL), 3);	/* block 32 stored once */
+	/* An orphan: synced, then abandoned. */
+	fill(buf, BS, 99, 0);
+	EXPECT_EQ(store_put_block(s, buf, BS, h, NULL), 0);
+	EXPECT_EQ(store_sync_objects(s), 0);
+	store_abort(s);
+	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
+	EXPECT_EQ(objs, 1);
+	EXPECT_EQ(bytes, BS + 40);
+	EXPECT_EQ(count_objects(dir, NULL), 3);
+	EXPECT_EQ(store_get_block(s, h, buf, BS), -ENOENT);
+
+	/* gc never runs during a session, in this handle or another (invariant 3). */
+	EXPECT_EQ(store_open(dir, 0, &s2), 0);
+	fill(buf, BS, 100, 0);
+	EXPECT_EQ(store_put_block(s2, buf, BS, h, NULL), 0);
+	EXPECT_EQ(store_gc(s, &objs, &bytes), -EBUSY);
+	EXPECT_EQ(store_gc(s2, &objs, &bytes), -EBUSY);
+	EXPECT_EQ(commit_blocks(s2, "c", c, 1), 0);	/* ends s2's session */
+	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
+	EXPECT_EQ(objs, 1);				/* 100: put, never named */
+	store_close(s2);
+
+	/* Delete then gc: a's own block goes, the shared one stays. */
+	EXPECT_EQ(store_delete(s, "a"), 0);
+	EXPECT_EQ(store_delete(s, "a"), -ENOENT);
+	EXPECT(!exists(dir, "snaps/a"));
+	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
+	EXPECT_EQ(objs, 1);
+	EXPECT_EQ(count_objects(dir, NULL), 3);	/* 32, 33, 34 */
+	fill(buf, BS, 32, 0);
+	EXPECT_EQ(store_put_block(s, buf, BS, h, &objs), 0);
+	EXPECT_EQ(objs, 0);			/* still there: dedup */
+	store_abort(s);
+	EXPECT_EQ(store_verify(s, NULL, NULL, NULL), 0);
+	store_close(s);
+}
+
+static void test_names(const char *dir)
+{
+	char longname[300];
+	struct mf_manifest *m;
+	struct store *s;
+
+	memset(longname, 'x', 256);
+	longname[256] = 0;
+	EXPECT_EQ(store_name_valid("step-1000"), 0);
+	EXPECT_EQ(store_name_valid(longname + 1), 0);	/* 255 bytes */
+	EXPECT_EQ(store_name_valid(longname), -EINVAL);
+	EXPECT_EQ(store_name_valid(""), -EINVAL);
+	EXPECT_EQ(store_name_valid("."), -EINVAL);
+	EXPECT_EQ(store_name_valid(".."), -EINVAL);
+	EXPECT_EQ(store_name_valid(".hidden"), -EINVAL);
+	EXPECT_EQ(store_name_valid("a/b"), -EINVAL);
+	EXPECT_EQ(store_name_valid("a\nb"), -EINVAL);
+	EXPECT_EQ(store_name_valid("a\x7f"), -EINVAL);
+	EXPECT_EQ(store_name_valid("latest"), -EINVAL);
+	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
+	m = one_file(".x", NULL, 0);
+	EXPECT_EQ(store_commit(s, m), -EINVAL);
+	mf_free(m);
+	EXPECT_EQ(store_delete(s, "../FORMAT"), -EINVAL);
+	EXPECT(exists(dir, "FORMAT"));
+	store_close(s);
+}
+
+/* A full store fails cleanly: no temporary files, earlier snapshots intact. */
+static void test_full(const char *mnt)
+{
+	static char buf[BS];
+	static const unsigned seeds[] = { 41, 42, 43 };
+	char dir[512], filler[512], p[512];
+	struct mf_manifest *m;
+	struct store *s;
+	uint8_t h[16], hs[2][16];
+	int rc = 0, fd, i;
+
+	if (mkdir(mnt, 0755) || mount("tmpfs", mnt, "tmpfs", 0, "size=2m")) {
+		printf("test_store: skipping the full-store test (needs root to mount tmpfs)\n");
+		rmdir(mnt);
+		return;
+	}
+	path_of(dir, sizeof(dir), mnt, "store");
+	path_of(filler, sizeof(filler), mnt, "filler");
+	if ((rc = store_open(dir, STORE_CREATE, &s))) {
+		EXPECT_EQ(rc, 0);
+		goto out_umount;
+	}
+	EXPECT_EQ(commit_blocks(s, "before", seeds, 3), 0);
+
+	/* Full during puts. */
+	for (i = 0; i < 1000 && !rc; i++) {
+		fill(buf, BS, 1000 + i, 0);
+		rc = store_put_block(s, buf, BS, h, NULL);
+	}
+	EXPECT_EQ(rc, -ENOSPC);
+	store_abort(s);
+	EXPECT_EQ(count_objects(dir, ".tmp."), 0);
+
+	/* Full during the manifest write of step 2. */
+	for (i = 0; i < 2; i++) {
+		fill(buf, BS, 2000 + i, 0);
+		EXPECT_EQ(store_put_block(s, buf, BS, hs[i], NULL), 0);
+	}
+	fd = open(filler, O_CREAT | O_WRONLY, 0644);
+	while (write(fd, buf, BS) > 0)
+		;
+	close(fd);
+	m = one_file("after", hs, 2);
+	EXPECT_EQ(store_commit(s, m), -ENOSPC);
+	mf_free(m);
+	path_of(p, sizeof(p), dir, "snaps");
+	EXPECT_EQ(count_files(p, NULL), 1);	/* "before" only, no tmp */
+	EXPECT_EQ(count_objects(dir, ".tmp."), 0);
+
+	/* Earlier snapshot intact and readable. */
+	EXPECT_EQ(store_load_manifest(s, "before", &m), 0);
+	if (m) {
+		for (i = 0; i < 3; i++)
+			EXPECT_EQ(store_get_block(s, m->entries[1].blocks[i].hash, buf, BS), BS);
+		mf_free(m);
+	}
+	EXPECT_EQ(store_verify(s, NULL, NULL, NULL), 0);
+	unlink(filler);
+	/* And the store works again once there is room. */
+	EXPECT_EQ(commit_blocks(s, "after", seeds + 1, 2), 0);
+	store_close(s);
+out_umount:
+	EXPECT_EQ(umount(mnt), 0);
+	rmdir(mnt);
+}
+
+int main(void)
+{
+	char p[512], cmd[600];
+
+	snprintf(root, sizeof(root), "/tmp/test_store.XXXXXX");
+	if (!mkdtemp(root)) {
+		perror("mkdtemp");
+		return 1;
+	}
+	test_open();
+	path_of(p, sizeof(p), root, "objects");
+	test_objects(p);
+	path_of(p, sizeof(p), root, "damage");
+	test_damage(p);
+	path_of(p, sizeof(p), root, "commit");
+	test_commit(p);
+	path_of(p, sizeof(p), root, "gc");
+	test_gc(p);
+	path_of(p, sizeof(p), root, "names");
+	test_names(p);
+	path_of(p, sizeof(p), root, "mnt");
+	test_full(p);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+	if (system(cmd))
+		fprintf(stderr, "could not remove %s\n", root);
+	return test_summary();
+}
