@@ -1,0 +1,632 @@
+/*
+ * test_gov.c - the memory governor: parsers on files written to a temp dir, the pure
+ * controller on synthetic samples (step, ramp, oscillation, recovery, clamping, two
+ * daemons in one cgroup), and the threaded governor woken by a changed PSI file.
+ * Runs in well under a second; only the threaded test sleeps.
+ */
+#include "tiering/gov.h"
+
+#include "tests/unit/test.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MIB (1ull << 20)
+#define GIB (1ull << 30)
+
+static char tmp_dir[] = "/tmp/test_gov.XXXXXX";
+
+/* Writes text to dir/name by rename, as a changing procfs file appears to a reader. */
+static void put_file(const char *dir, const char *name, const char *text)
+{
+	char path[512], tmp[520];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	f = fopen(tmp, "w");
+	if (!f) {
+		perror(tmp);
+		exit(2);
+	}
+	fputs(text, f);
+	fclose(f);
+	if (rename(tmp, path) < 0) {
+		perror(path);
+		exit(2);
+	}
+}
+
+static void put_psi(const char *dir, uint64_t some_us, uint64_t full_us)
+{
+	char text[256];
+
+	snprintf(text, sizeof(text),
+		 "some avg10=1.50 avg60=0.25 avg300=0.00 total=%llu\n"
+		 "full avg10=0.50 avg60=0.00 avg300=0.00 total=%llu\n",
+		 (unsigned long long)some_us, (unsigned long long)full_us);
+	put_file(dir, "memory.pressure", text);
+}
+
+static char *sub_dir(const char *name)
+{
+	static char path[4][512];
+	static int n;
+	char *p = path[n++ & 3];
+
+	snprintf(p, sizeof(path[0]), "%s/%s", tmp_dir, name);
+	if (mkdir(p, 0700) < 0 && errno != EEXIST) {
+		perror(p);
+		exit(2);
+	}
+	return p;
+}
+
+static void test_parse_psi(void)
+{
+	char *d = sub_dir("psi"), path[600];
+	struct gov_sample s;
+
+	put_psi(d, 123456, 7890);
+	snprintf(path, sizeof(path), "%s/memory.pressure", d);
+	gov_sample_clear(&s);
+	EXPECT_EQ(gov_read_psi(path, &s), 0);
+	EXPECT_EQ(s.psi_valid, 1);
+	EXPECT_EQ(s.psi_some_total_us, 123456);
+	EXPECT_EQ(s.psi_full_total_us, 7890);
+	EXPECT(s.psi_some_avg10 > 1.49 && s.psi_some_avg10 < 1.51);
+	EXPECT(s.psi_full_avg10 > 0.49 && s.psi_full_avg10 < 0.51);
+	EXPECT(s.mem_available == GOV_NONE); /* other inputs untouched */
+
+	/* A file with no "full" line (as /proc/pressure/cpu on older kernels) still parses. */
+	put_file(d, "memory.pressure", "some avg10=0.00 avg60=0.00 avg300=0.00 total=42\n");
+	gov_sample_clear(&s);
+	EXPECT_EQ(gov_read_psi(path, &s), 0);
+	EXPECT_EQ(s.psi_some_total_us, 42);
+	EXPECT_EQ(s.psi_full_total_us, 0);
+
+	put_file(d, "memory.pressure", "garbage\n");
+	gov_sample_clear(&s);
+	EXPECT_EQ(gov_read_psi(path, &s), -EINVAL);
+	EXPECT_EQ(s.psi_valid, 0);
+	snprintf(path, sizeof(path), "%s/nonexistent", d);
+	EXPECT_EQ(gov_read_psi(path, &s), -ENOENT);
+}
+
+static void test_parse_meminfo(void)
+{
+	char *d = sub_dir("meminfo"), path[600];
+	struct gov_sample s;
+
+	put_file(d, "meminfo",
+		 "MemTotal:       16384000 kB\nMemFree:         1000 kB\n"
+		 "MemAvailable:    8192000 kB\nBuffers:           10 kB\n");
+	snprintf(path, sizeof(path), "%s/meminfo", d);
+	gov_sample_clear(&s);
+	EXPECT_EQ(gov_read_meminfo(path, &s), 0);
+	EXPECT_EQ(s.mem_total, 16384000ull * 1024);
+	EXPECT_EQ(s.mem_available, 8192000ull * 1024);
+
+	/* Before Linux 3.14 there is no MemAvailable: input unknown, not zero. */
+	put_file(d, "meminfo", "MemTotal:       1000 kB\nMemFree:         500 kB\n");
+	gov_sample_clear(&s);
+	EXPECT_EQ(gov_read_meminfo(path, &s), 0);
+	EXPECT_EQ(s.mem_total, 1000ull * 1024);
+	EXPECT(s.mem_available == GOV_NONE);
+
+	put_file(d, "meminfo", "MemFree: 5 kB\n");
+	EXPECT_EQ(gov_read_meminfo(path, &s), -EINVAL);
+	put_file(d, "meminfo", "MemTotal: 100 kB\nMemAvailable: lots kB\n");
+	EXPECT_EQ(gov_read_meminfo(path, &s), -EINVAL);
+}
+
+static void test_parse_cgroup_v2(void)
+{
+	char *d = sub_dir("cg2");
+	struct gov_sample s;
+
+	put_file(d, "memory.max", "max\n");
+	put_file(d, "memory.high", "max\n");
+	put_file(d, "memory.current", "1000000\n");
+	put_file(d, "memory.stat", "anon 500000\nfile 400000\ninactive_file 300000\n");
+	gov_sample_clear(&s);
+	EXPECT_EQ(gov_read_cgroup(d, &s), 0);
+	EXPECT_EQ(s.cg_version, 2);
+	EXPECT(s.cg_limit == GOV_NONE);
+	EXPECT_EQ(s.cg_usage, 700000); /* inactive page cache is not counted as used */
+
+	/* The lower of max and high is the limit that matters. */
+	put_file(d, "memory.max", "4294967296\n");
+	put_file(d, "memory.high", "2147483648\n");
+	EXPECT_EQ(gov_read_cgroup(d, &s), 0);
+	EXPECT_EQ(s.cg_limit, 2147483648ull);
+	put_file(d, "memory.high", "max\n");
+	EXPECT_EQ(gov_read_cgroup(d, &s), 0);
+	EXPECT_EQ(s.cg_limit, 4294967296ull);
+
+	put_file(d, "memory.current", "oops\n");
+	EXPECT_EQ(gov_read_cgroup(d, &s), -EINVAL);
+}
+
+static void test_parse_cgroup_v1(void)
+{
+	char *d = sub_dir("cg1"), *e = sub_dir("cg_empty");
+	struct gov_sample s;
+
+	put_file(d, "memory.limit_in_bytes", "9223372036854771712\n"); /* v1 "no limit" */
+	put_file(d, "memory.usage_in_bytes", "5000000\n");
+	put_file(d, "memory.stat", "cache 100\ninactive_file 7\ntotal_inactive_file 1000000\n");
+	gov_sample_clear(&s);
+	EXPECT_EQ(gov_read_cgroup(d, &s), 0);
+	EXPECT_EQ(s.cg_version, 1);
+	EXPECT(s.cg_limit == GOV_NONE);
+	EXPECT_EQ(s.cg_usage, 4000000); /* total_inactive_file, the whole subtree */
+
+	put_file(d, "memory.limit_in_bytes", "1073741824\n");
+	EXPECT_EQ(gov_read_cgroup(d, &s), 0);
+	EXPECT_EQ(s.cg_limit, GIB);
+
+	gov_sample_clear(&s);
+	EXPECT_EQ(gov_read_cgroup(e, &s), -ENOENT);
+	EXPECT_EQ(s.cg_version, 0);
+}
+
+/* ---- the controller on synthetic samples ---- */
+
+static void cfg_test(struct gov_config *c)
+{
+	gov_config_defaults(c);
+	c->mem_min = 64 * MIB;
+	c->mem_max = 4 * GIB; /* step = 4 GiB / 64 = 64 MiB */
+}
+
+/* A machine of 16 GiB: low watermark 2% = 327.68 MB, high twice that. */
+#define TOTAL (16 * GIB)
+#define LOW (TOTAL / 1000 * 20)
+#define HIGH (2 * LOW)
+
+static struct gov_sample mem_sample(uint64_t avail, uint64_t psi_us)
+{
+	struct gov_sample s;
+
+	gov_sample_clear(&s);
+	s.mem_total = TOTAL;
+	s.mem_available = avail;
+	s.psi_valid = 1;
+	s.psi_some_total_us = psi_us;
+	return s;
+}
+
+static void test_ctl_pressure_step(void)
+{
+	struct gov_config c;
+	struct gov_ctl ctl;
+	struct gov_sample s;
+	uint64_t t, b, psi = 0;
+
+	cfg_test(&c);
+	gov_ctl_init(&ctl, &c);
+	s = mem_sample(8 * GIB, psi);
+	EXPECT_EQ(gov_ctl_step(&ctl, &s, 0, 0), 4 * GIB); /* plenty free: starts at max */
+	for (t = 250; t <= 1000; t += 250)
+		EXPECT_EQ(gov_ctl_step(&ctl, &s, 4 * GIB, t), 4 * GIB);
+
+	/* 100 ms stall in 250 ms: cut by beta at once, relative to what is held. */
+	psi += 100000;
+	s = mem_sample(8 * GIB, psi);
+	b = gov_ctl_step(&ctl, &s, 4 * GIB, 1250);
+	EXPECT_EQ(b, (uint64_t)((double)(4 * GIB) * 0.7));
+	EXPECT_EQ(ctl.cuts, 1);
+	/* Still stalling 250 ms later, but within the cut gap: no compounding. */
+	psi += 100000;
+	s = mem_sample(8 * GIB, psi);
+	EXPECT_EQ(gov_ctl_step(&ctl, &s, 4 * GIB, 1500), b);
+	/* A second later the pressure is still there: cut again from the smaller of the
+	 * budget and the resident bytes. */
+	psi += 100000;
+	s = mem_sample(8 * GIB, psi);
+	EXPECT_EQ(gov_ctl_step(&ctl, &s, 2 * GIB, 2250), (uint64_t)((double)(2 * GIB) * 0.7));
+	/* A counter that went backwards (cgroup recreated) is no stall. */
+	s = mem_sample(8 * GIB, 5);
+	b = ctl.budget;
+	EXPECT_EQ(gov_ctl_step(&ctl, &s, b, 3500), b); /* past the cut gap */
+	psi = 5;
+	/* A stall under 10% is not pressure. */
+	psi += 20000;
+	s = mem_sample(8 * GIB, psi);
+	b = ctl.budget;
+	EXPECT_EQ(gov_ctl_step(&ctl, &s, b, 4000), b);
+
+	/* A budget far above resident: the cut is from resident (cutting the budget to
+	 * 0.7 of itself would free nothing). */
+	gov_ctl_init(&ctl, &c);
+	s = mem_sample(8 * GIB, 0);
+	gov_ctl_step(&ctl, &s, 0, 0);
+	s.psi_triggered = 1; /* a trigger counts as pressure without a delta */
+	EXPECT_EQ(gov_ctl_step(&ctl, &s, GIB, 10), (uint64_t)((double)GIB * 0.7));
+
+	/* MemAvailable of zero: deficit LOW; cut at least enough to restore it. */
+	gov_ctl_init(&ctl, &c);
+	s = mem_sample(8 * GIB, 0);
+	gov_ctl_step(&ctl, &s, 0, 0);
+	s = mem_sample(0, 0);
+	EXPECT_EQ(gov_ctl_step(&ctl, &s, GIB, 250), GIB - LOW);
+	EXPECT(ctl.budget < (uint64_t)((double)GIB * 0.7));
+
+	/* The same from a cgroup: 2 GiB limit, 10 MiB headroom, low watermark 64 MiB. */
+	gov_ctl_init(&ctl, &c);
+	gov_sample_clear(&s);
+	s.cg_version = 2;
+	s.cg_limit = 2 * GIB;
+	s.cg_usage = 0;
+	EXPECT_EQ(gov_ctl_step(&ctl, &s, 0, 0), 2 * GIB - 128 * MIB); /* room: limit - high */
+	s.cg_usage = 2 * GIB - 10 * MIB;
+	/* 128 MiB held: 0.7 of it would leave the cgroup short; restoring the watermark
+	 * needs 54 MiB back. */
+	EXPECT_EQ(gov_ctl_step(&ctl, &s, 128 * MIB, 250), 128 * MIB - 54 * MIB);
+}
+
+/* Other load ramps up 64 MiB per sample; mlfs's resident follows its budget. */
+static void test_ctl_ramp(void)
+{
+	struct gov_config c;
+	struct gov_ctl ctl;
+	struct gov_sample s;
+	uint64_t other = 8 * GIB, res = 0, b = 0, prev = UINT64_MAX, t = 0, last_other = 0;
+	int increases = 0, under_low = 0;
+
+	cfg_test(&c);
+	gov_ctl_init(&ctl, &c);
+	for (t = 0; other < TOTAL - 512 * MIB; t += 250, other += 64 * MIB) {
+		s = mem_sample(TOTAL - other - res, 0);
+		b = gov_ctl_step(&ctl, &s, res, t);
+		res = b;
+		if (b > prev)
+			increases++;
+		if (TOTAL - other - res < LOW)
+			under_low++;
+		prev = b;
+		last_other = other;
+	}
+	EXPECT_EQ(under_low, 0); /* every sample restored the low watermark at once */
+	EXPECT(ctl.cuts > 0);
+	/* A cut of 30% may free more than the ramp takes before hold_ms ends, so the
+	 * budget may grow back in between, but only after a cut and within free memory. */
+	EXPECT(increases <= (int)ctl.cuts);
+	EXPECT(b <= TOTAL - last_other - LOW);
+	EXPECT(b >= c.mem_min);
+}
+
+static int direction_changes(const uint64_t *b, int n)
+{
+	int i, dir = 0, d, changes = 0;
+
+	for (i = 1; i < n; i++) {
+		d = b[i] > b[i - 1] ? 1 : b[i] < b[i - 1] ? -1 : 0;
+		if (d && dir && d != dir)
+			changes++;
+		if (d)
+			dir = d;
+	}
+	return changes;
+}
+
+static void test_ctl_oscillation(void)
+{
+	enum { N = 400 };
+	static uint64_t hist[N];
+	struct gov_config c;
+	struct gov_ctl ctl;
+	struct gov_sample s;
+	uint64_t psi = 0, res = 0, other;
+	int i, changed_late = 0;
+
+	/* Open loop: a stall every other sample for 20 s. Never grows; at most one cut per
+	 * cut gap; ends at mem_min. */
+	cfg_test(&c);
+	gov_ctl_init(&ctl, &c);
+	for (i = 0; i < 80; i++) {
+		psi += (i & 1) ? 100000 : 0;
+		s = mem_sample(8 * GIB, psi);
+		hist[i] = gov_ctl_step(&ctl, &s, 4 * GIB, (uint64_t)i * 250);
+	}
+	EXPECT_EQ(ctl.grows, 0);
+	EXPECT_EQ(direction_changes(hist, 80), 0);
+	EXPECT(ctl.cuts <= 21);
+	EXPECT_EQ(hist[79], c.mem_min);
+
+	/* Closed loop: other load jumps by +-300 MiB every sample around 11 GiB, mlfs's
+	 * resident follows its budget. The budget finds a level and stays there. */
+	gov_ctl_init(&ctl, &c);
+	for (i = 0; i < N; i++) {
+		other = 11 * GIB + ((i & 1) ? 300 * MIB : 0) - 150 * MIB;
+		s = mem_sample(TOTAL > other + res ? TOTAL - other - res : 0, 0);
+		hist[i] = gov_ctl_step(&ctl, &s, res, (uint64_t)i * 250);
+		res = hist[i];
+	}
+	EXPECT(direction_changes(hist, N) <= 4);
+	for (i = N / 2; i < N; i++)
+		changed_late += hist[i] != hist[i - 1];
+	EXPECT_EQ(changed_late, 0);
+	/* Settled inside the band: free at the low points between the two watermarks. */
+	other = 11 * GIB + 150 * MIB;
+	EXPECT(TOTAL - other - res >= LOW);
+	EXPECT(TOTAL - other - res < HIGH + 300 * MIB);
+}
+
+static void test_ctl_recovery(void)
+{
+	struct gov_config c;
+	struct gov_ctl ctl;
+	struct gov_sample s;
+	uint64_t t, b, b0, step = 4 * GIB / 64;
+	int n, grows_early = 0;
+
+	cfg_test(&c);
+	gov_ctl_init(&ctl, &c);
+	s = mem_sample(8 * GIB, 0);
+	gov_ctl_step(&ctl, &s, 0, 0);
+	s = mem_sample(8 * GIB, 1000000);
+	b0 = gov_ctl_step(&ctl, &s, 4 * GIB, 1000); /* cut */
+	EXPECT(b0 < 4 * GIB);
+	/* Calm from here on; nothing grows for hold_ms (2 s) after the pressure. */
+	for (t = 1250; t < 3000; t += 250)
+		grows_early += gov_ctl_step(&ctl, &s, ctl.budget, t) != b0;
+	EXPECT_EQ(grows_early, 0);
+	/* Then one step per sample up to mem_max, never past it. */
+	b = b0;
+	for (n = 0; n < 100 && b < 4 * GIB; n++, t += 250) {
+		uint64_t nb = gov_ctl_step(&ctl, &s, b, t);
+
+		EXPECT(nb == b + step || nb == 4 * GIB);
+		b = nb;
+	}
+	EXPECT_EQ(b, 4 * GIB);
+	EXPECT_EQ(n, (int)((4 * GIB - b0 + step - 1) / step));
+	EXPECT_EQ(gov_ctl_step(&ctl, &s, b, t), 4 * GIB);
+}
+
+static void test_ctl_clamp(void)
+{
+	struct gov_config c;
+	struct gov_ctl ctl;
+	struct gov_sample s;
+	uint64_t t, b = 0, min_seen = UINT64_MAX, psi = 0;
+
+	cfg_test(&c);
+	gov_ctl_init(&ctl, &c);
+	for (t = 0; t < 30000; t += 250) {
+		psi += 250000; /* fully stalled */
+		s = mem_sample(0, psi);
+		b = gov_ctl_step(&ctl, &s, b ? b : 4 * GIB, t);
+		if (b < min_seen)
+			min_seen = b;
+	}
+	EXPECT_EQ(min_seen, 64 * MIB);
+	EXPECT_EQ(b, 64 * MIB);
+
+	/* Growth never past what free memory allows: 10 MiB above the high watermark. */
+	gov_ctl_init(&ctl, &c);
+	s = mem_sample(HIGH - MIB, 0);
+	EXPECT_EQ(gov_ctl_step(&ctl, &s, 100 * MIB, 0), 100 * MIB); /* starts at resident */
+	s = mem_sample(HIGH + 10 * MIB, 0);
+	EXPECT_EQ(gov_ctl_step(&ctl, &s, 100 * MIB, 250), 110 * MIB); /* not + 64 MiB */
+	s = mem_sample(HIGH, 0); /* resident grew into it */
+	EXPECT_EQ(gov_ctl_step(&ctl, &s, 110 * MIB, 500), 110 * MIB);
+	s = mem_sample(HIGH + 10 * MIB, 0);
+	EXPECT_EQ(gov_ctl_step(&ctl, &s, 100 * MIB, 750), 110 * MIB);
+	s = mem_sample(LOW + MIB, 0); /* between the watermarks: hold, no cut */
+	EXPECT_EQ(gov_ctl_step(&ctl, &s, 110 * MIB, 1000), 110 * MIB);
+	EXPECT_EQ(ctl.cuts, 0);
+	/* Resident above the budget (a spill still running) and free between the
+	 * watermarks: the budget holds rather than follow resident back up. */
+	EXPECT_EQ(gov_ctl_step(&ctl, &s, 300 * MIB, 5000), 110 * MIB);
+
+	/* Unlimited room grows to mem_max and stops there. */
+	gov_ctl_init(&ctl, &c);
+	gov_sample_clear(&s);
+	for (t = 0; t < 60000; t += 250)
+		b = gov_ctl_step(&ctl, &s, b, t);
+	EXPECT_EQ(b, 4 * GIB);
+}
+
+/* Two daemons in one cgroup v2 of 8 GiB, other load 2 GiB with a 300 MiB burst for 1 s
+ * every 10 s (a data loader's batch). A starts with nearly everything, B with mem_min. */
+static void test_ctl_two_daemons(void)
+{
+	struct gov_config c;
+	struct gov_ctl a, b;
+	struct gov_sample s;
+	uint64_t ra = 0, rb = 0, ba, bb, other, t;
+	double start_ratio, diff;
+	int i;
+
+	gov_config_defaults(&c);
+	c.mem_min = 64 * MIB;
+	c.mem_max = 6 * GIB;
+	gov_ctl_init(&a, &c);
+	gov_ctl_init(&b, &c);
+	gov_sample_clear(&s);
+	s.cg_version = 2;
+	s.cg_limit = 8 * GIB;
+	s.cg_usage = 2 * GIB;
+	ra = gov_ctl_step(&a, &s, 0, 0);
+	s.cg_usage = 2 * GIB + ra;
+	rb = gov_ctl_step(&b, &s, 0, 0);
+	start_ratio = (double)ra / (double)rb;
+	EXPECT(start_ratio > 10);
+	for (i = 1; i < 2400; i++) {
+		t = (uint64_t)i * 250;
+		other = 2 * GIB + (i % 40 < 4 ? 300 * MIB : 0);
+		s.cg_usage = ra + rb + other;
+		ba = gov_ctl_step(&a, &s, ra, t);
+		bb = gov_ctl_step(&b, &s, rb, t);
+		ra = ba;
+		rb = bb;
+	}
+	diff = (double)(ra > rb ? ra - rb : rb - ra) / (double)(ra > rb ? ra : rb);
+	printf("two daemons: start %.1f:1, end %llu and %llu MiB (%.1f%% apart)\n", start_ratio,
+	       (unsigned long long)(ra / MIB), (unsigned long long)(rb / MIB), diff * 100);
+	EXPECT(diff < 0.25);
+	/* And together they use the cgroup: not both starved at mem_min. */
+	EXPECT(ra + rb > 4 * GIB);
+	EXPECT(ra + rb + 2 * GIB <= 8 * GIB);
+}
+
+/* ---- the threaded governor ---- */
+
+static _Atomic uint64_t cb_budget, cb_calls;
+static uint64_t resident_now = GIB;
+
+static uint64_t fake_resident(void *arg)
+{
+	return *(uint64_t *)arg;
+}
+
+static void fake_budget(void *arg, uint64_t budget)
+{
+	atomic_store(&cb_budget, budget);
+	atomic_fetch_add(&cb_calls, 1);
+}
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void test_thread(void)
+{
+	char *d = sub_dir("thread"), psi[600], mi[600], cg[600];
+	struct gov_config c;
+	struct gov_inputs in;
+	struct gov *g = NULL;
+	uint64_t t0, waited;
+	int rc;
+
+	put_psi(d, 1000, 500);
+	put_file(d, "meminfo", "MemTotal: 16777216 kB\nMemAvailable: 8388608 kB\n");
+	snprintf(psi, sizeof(psi), "%s/memory.pressure", d);
+	snprintf(mi, sizeof(mi), "%s/meminfo", d);
+	snprintf(cg, sizeof(cg), "%s/cg", d);
+	mkdir(cg, 0700);
+	put_file(cg, "memory.max", "max\n");
+	put_file(cg, "memory.high", "max\n");
+	put_file(cg, "memory.current", "0\n");
+
+	gov_config_defaults(&c);
+	c.mem_min = 64 * MIB;
+	c.mem_max = GIB;
+	c.psi_path = psi;
+	c.meminfo_path = mi;
+	c.cgroup_path = cg;
+	c.interval_ms = 50;
+	rc = gov_new(&c, fake_resident, fake_budget, &resident_now, &g);
+	EXPECT_EQ(rc, 0);
+	if (rc)
+		return;
+	EXPECT_EQ(gov_budget(g), GIB);
+	usleep(120 * 1000);
+	EXPECT_EQ(gov_budget(g), GIB);
+
+	put_psi(d, 1000 + 5000000, 600);
+	t0 = now_ms();
+	while (gov_budget(g) == GIB && now_ms() - t0 < 2000)
+		usleep(1000);
+	waited = now_ms() - t0;
+	printf("threaded governor: cut %llu ms after the PSI file changed\n",
+	       (unsigned long long)waited);
+	EXPECT(waited < 300);
+	EXPECT_EQ(gov_budget(g), (uint64_t)((double)GIB * 0.7));
+	usleep(5000); /* the callback follows the atomic store */
+	EXPECT_EQ(atomic_load(&cb_budget), gov_budget(g));
+	EXPECT(atomic_load(&cb_calls) >= 1);
+	gov_get_inputs(g, &in);
+	EXPECT_EQ(in.psi_some_total_us, 1000 + 5000000);
+	EXPECT_EQ(in.mem_available, 8388608ull * 1024);
+	EXPECT_EQ(in.cg_version, 2);
+	EXPECT(in.cg_limit == GOV_NONE);
+	EXPECT(in.cuts >= 1);
+	EXPECT_EQ(in.psi_trigger, 0); /* a plain file takes no trigger */
+	EXPECT_EQ(in.mem_max, GIB);
+	gov_free(g);
+	/* The trigger was not written into the plain file. */
+	{
+		struct gov_sample s;
+
+		gov_sample_clear(&s);
+		EXPECT_EQ(gov_read_psi(psi, &s), 0);
+	}
+
+	/* Explicit paths that do not work are errors. */
+	c.cgroup_path = "/nonexistent/cgroup";
+	g = (struct gov *)&c;
+	EXPECT_EQ(gov_new(&c, NULL, NULL, NULL, &g), -ENOENT);
+	EXPECT(g == NULL);
+	c.cgroup_path = sub_dir("cg_empty");
+	EXPECT_EQ(gov_new(&c, NULL, NULL, NULL, &g), -ENOENT);
+	c.cgroup_path = cg;
+	c.psi_path = mi; /* not a PSI file */
+	EXPECT_EQ(gov_new(&c, NULL, NULL, NULL, &g), -EINVAL);
+	c.psi_path = psi;
+	c.mem_min = 2 * GIB;
+	EXPECT_EQ(gov_new(&c, NULL, NULL, NULL, &g), -EINVAL);
+}
+
+/* The real machine with every default: starts, gives a budget in range, stops. */
+static void test_real_defaults(void)
+{
+	struct gov_config c;
+	struct gov_inputs in;
+	struct gov *g = NULL;
+	int rc;
+
+	gov_config_defaults(&c);
+	rc = gov_new(&c, NULL, NULL, NULL, &g);
+	EXPECT_EQ(rc, 0);
+	if (rc)
+		return;
+	gov_get_inputs(g, &in);
+	EXPECT(in.mem_max > 0 && in.mem_max <= in.mem_total / 2);
+	EXPECT(gov_budget(g) >= in.mem_min && gov_budget(g) <= in.mem_max);
+	printf("real machine: budget %llu of %llu MiB, PSI trigger %s\n",
+	       (unsigned long long)(gov_budget(g) / MIB), (unsigned long long)(in.mem_max / MIB),
+	       in.psi_trigger ? "armed" : "not armed");
+	gov_free(g);
+}
+
+int main(void)
+{
+	char cmd[600];
+
+	if (!mkdtemp(tmp_dir)) {
+		perror("mkdtemp");
+		return 2;
+	}
+	test_parse_psi();
+	test_parse_meminfo();
+	test_parse_cgroup_v2();
+	test_parse_cgroup_v1();
+	test_ctl_pressure_step();
+	test_ctl_ramp();
+	test_ctl_oscillation();
+	test_ctl_recovery();
+	test_ctl_clamp();
+	test_ctl_two_daemons();
+	test_thread();
+	test_real_defaults();
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp_dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "could not remove %s\n", tmp_dir);
+	return test_summary();
+}
