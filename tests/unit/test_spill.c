@@ -1,0 +1,523 @@
+/*
+ * test_spill.c - unit tests for tiering/spill.c: lz4 and raw round trips, the hint, the
+ * free-space map (full, release, reuse, coalescing), 256 writes and reads in flight,
+ * corrupted and short spill blocks, a filesystem write error, buffered mode on tmpfs.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "tests/unit/test.h"
+#include "tiering/spill.h"
+#include "tiering/uring.h"
+
+#define KIB 1024u
+#define MIB (1024u * 1024u)
+
+static struct uring *ring;
+
+static uint64_t rnd_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rnd(void)
+{
+	rnd_state ^= rnd_state << 13;
+	rnd_state ^= rnd_state >> 7;
+	rnd_state ^= rnd_state << 17;
+	return rnd_state;
+}
+
+static void fill_random(void *p, size_t n)
+{
+	unsigned char *b = p;
+
+	for (size_t i = 0; i < n; i++)
+		b[i] = (unsigned char)rnd();
+}
+
+/* Text-like bytes that lz4 shrinks well but that are not all the same. */
+static void fill_compressible(void *p, size_t n, unsigned seed)
+{
+	static const char words[] = "tensor epoch batch shard sample gradient ";
+	char *b = p;
+
+	for (size_t i = 0; i < n; i++)
+		b[i] = words[(i + seed) % (sizeof(words) - 1)];
+	for (size_t i = 0; i < n; i += 997)
+		b[i] = (char)(seed + i);
+}
+
+static struct spill *open_spill(const char *dir, uint64_t max_bytes, int buffered)
+{
+	struct spill_config cfg = { .dir = dir, .max_bytes = max_bytes, .buffered = buffered };
+	struct spill *s = NULL;
+
+	EXPECT_EQ(spill_new(&cfg, ring, &s), 0);
+	return s;
+}
+
+static int all_zero(const unsigned char *b, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (b[i])
+			return 0;
+	return 1;
+}
+
+static void round_trip(struct spill *s, const char *dir)
+{
+	uint32_t len = MIB;
+	char *in = malloc(len), *out = malloc(len);
+	struct spill_stats st;
+	struct spill_loc loc;
+	uint64_t csum;
+
+	/* Compressible: stored lz4, smaller on disk. */
+	fill_compressible(in, len, 1);
+	csum = XXH3_64bits(in, len);
+	EXPECT_EQ(spill_write_sync(s, in, len, 0, &loc), 0);
+	EXPECT(loc.flags & SPILL_LZ4);
+	EXPECT(loc.disk_len < len);
+	EXPECT_EQ(loc.disk_len % 4096, 0);
+	EXPECT_EQ(loc.len, len);
+	memset(out, 0xaa, len);
+	EXPECT_EQ(spill_read_sync(s, &loc, out, len, csum), 0);
+	EXPECT(memcmp(in, out, len) == 0);
+	spill_get_stats(s, &st);
+	EXPECT_EQ(st.logical_bytes, len);
+	EXPECT_EQ(st.disk_bytes, loc.disk_len);
+	/* A wrong checksum is -EIO and leaves no bytes behind. */
+	EXPECT_EQ(spill_read_sync(s, &loc, out, len, csum + 1), -EIO);
+	EXPECT(all_zero((unsigned char *)out, len));
+	EXPECT_EQ(spill_read_sync(s, &loc, out, len - 1, csum), -EINVAL);
+	spill_release(s, &loc);
+
+	/* Random bytes, length not a multiple of 4 KiB: stored raw, rounded up. */
+	len = MIB + 100;
+	in = realloc(in, len);
+	out = realloc(out, len);
+	fill_random(in, len);
+	csum = XXH3_64bits(in, len);
+	EXPECT_EQ(spill_write_sync(s, in, len, 0, &loc), 0);
+	EXPECT_EQ(loc.flags & SPILL_LZ4, 0);
+	EXPECT_EQ(loc.disk_len, MIB + 4096);
+	EXPECT_EQ(spill_read_sync(s, &loc, out, len, csum), 0);
+	EXPECT(memcmp(in, out, len) == 0);
+	spill_release(s, &loc);
+
+	/* The hint skips lz4 even for compressible bytes. */
+	fill_compressible(in, len, 2);
+	csum = XXH3_64bits(in, len);
+	EXPECT_EQ(spill_write_sync(s, in, len, SPILL_HINT_INCOMPRESSIBLE, &loc), 0);
+	EXPECT_EQ(loc.flags & SPILL_LZ4, 0);
+	EXPECT_EQ(loc.disk_len, MIB + 4096);
+	memset(out, 0, len);
+	EXPECT_EQ(spill_read_sync(s, &loc, out, len, csum), 0);
+	EXPECT(memcmp(in, out, len) == 0);
+	spill_release(s, &loc);
+
+	/* A tiny block works and never compresses into the same 4 KiB. */
+	EXPECT_EQ(spill_write_sync(s, "x", 1, 0, &loc), 0);
+	EXPECT_EQ(loc.disk_len, 4096);
+	EXPECT_EQ(spill_read_sync(s, &loc, out, 1, XXH3_64bits("x", 1)), 0);
+	EXPECT_EQ(out[0], 'x');
+	spill_release(s, &loc);
+	/* 4 KiB that lz4 shrinks by far more than 1/8 still take one unit: stored raw. */
+	fill_compressible(in, 4096, 5);
+	EXPECT_EQ(spill_write_sync(s, in, 4096, 0, &loc), 0);
+	EXPECT_EQ(loc.flags & SPILL_LZ4, 0);
+	EXPECT_EQ(loc.disk_len, 4096);
+	spill_release(s, &loc);
+
+	spill_get_stats(s, &st);
+	EXPECT_EQ(st.logical_bytes, 0);
+	EXPECT_EQ(st.disk_bytes, 0);
+	EXPECT_EQ(st.writes, 5);
+	EXPECT_EQ(st.reads, 4);
+	EXPECT_EQ(st.csum_errors, 1);
+	printf("round trip in %s: %s\n", dir, st.direct_io ? "O_DIRECT" : "buffered");
+	free(in);
+	free(out);
+}
+
+static void test_round_trip(void)
+{
+	struct spill *s = open_spill("/tmp", 0, 0);
+	struct spill_stats st;
+
+	spill_get_stats(s, &st);
+	EXPECT_EQ(st.direct_io, 1); /* ext4 takes O_DIRECT */
+	EXPECT_EQ(st.capacity, 0);
+	round_trip(s, "/tmp");
+	spill_free(s);
+}
+
+static void test_buffered(void)
+{
+	struct spill *s = open_spill("/dev/shm", 0, 1);
+	struct spill_stats st;
+
+	spill_get_stats(s, &st);
+	EXPECT_EQ(st.direct_io, 0);
+	round_trip(s, "/dev/shm (forced buffered)");
+	spill_free(s);
+	/* Without forcing: whatever this kernel's tmpfs allows must work too. */
+	s = open_spill("/dev/shm", 0, 0);
+	round_trip(s, "/dev/shm");
+	spill_free(s);
+}
+
+static void test_space_map(void)
+{
+	const uint32_t blk = 16 * KIB;
+	struct spill *s = open_spill("/tmp", 16 * 4096 + 100, 0);
+	struct spill_loc loc[4], l2, big;
+	struct spill_stats st;
+	char *buf = malloc(64 * KIB);
+	char *out = malloc(64 * KIB);
+
+	fill_random(buf, 64 * KIB);
+	spill_get_stats(s, &st);
+	EXPECT_EQ(st.capacity, 64 * KIB); /* rounded down to 4 KiB */
+	for (int i = 0; i < 4; i++) {
+		EXPECT_EQ(spill_write_sync(s, buf + i, blk, 0, &loc[i]), 0);
+		EXPECT_EQ(loc[i].off, (uint64_t)i * blk);
+	}
+	EXPECT_EQ(spill_write_sync(s, buf, blk, 0, &l2), -ENOSPC);
+	EXPECT_EQ(spill_write_sync(s, buf, 1, 0, &l2), -ENOSPC);
+
+	/* A released extent is reused. */
+	spill_release(s, &loc[1]);
+	EXPECT_EQ(spill_write_sync(s, buf + 100, blk, 0, &l2), 0);
+	EXPECT_EQ(l2.off, blk);
+	EXPECT_EQ(spill_read_sync(s, &l2, out, blk, XXH3_64bits(buf + 100, blk)), 0);
+	EXPECT(memcmp(out, buf + 100, blk) == 0);
+	/* The neighbours still hold their bytes. */
+	EXPECT_EQ(spill_read_sync(s, &loc[2], out, blk, XXH3_64bits(buf + 2, blk)), 0);
+
+	/* Two adjacent released extents coalesce into one that fits a double block. */
+	spill_release(s, &l2);
+	spill_release(s, &loc[2]);
+	EXPECT_EQ(spill_write_sync(s, buf, 2 * blk, 0, &big), 0);
+	EXPECT_EQ(big.off, blk);
+	EXPECT_EQ(spill_write_sync(s, buf, 4096, 0, &l2), -ENOSPC);
+
+	/* A double release is ignored, not counted twice. */
+	spill_release(s, &big);
+	spill_release(s, &big);
+	spill_get_stats(s, &st);
+	EXPECT_EQ(st.disk_bytes, 2 * blk);
+
+	/* Releasing everything folds back to an empty file: the whole capacity fits. */
+	spill_release(s, &loc[0]);
+	spill_release(s, &loc[3]);
+	spill_get_stats(s, &st);
+	EXPECT_EQ(st.disk_bytes, 0);
+	EXPECT_EQ(spill_write_sync(s, buf, 64 * KIB, 0, &big), 0);
+	EXPECT_EQ(big.off, 0);
+	EXPECT_EQ(spill_read_sync(s, &big, out, 64 * KIB, XXH3_64bits(buf, 64 * KIB)), 0);
+	spill_release(s, &big);
+
+	/* Three-way coalescing: free A and C, then B between them; then the end of the
+	 * file folds back, so a block of the whole capacity fits again. */
+	for (int i = 0; i < 4; i++)
+		EXPECT_EQ(spill_write_sync(s, buf, blk, 0, &loc[i]), 0);
+	spill_release(s, &loc[0]);
+	spill_release(s, &loc[2]);
+	spill_release(s, &loc[1]);
+	EXPECT_EQ(spill_write_sync(s, buf, 3 * blk, 0, &big), 0);
+	EXPECT_EQ(big.off, 0);
+	spill_release(s, &big);
+	spill_release(s, &loc[3]);
+	EXPECT_EQ(spill_write_sync(s, buf, 3 * blk, 0, &big), 0);
+	spill_release(s, &big); /* the end of the file folds back: nothing stays free */
+	EXPECT_EQ(spill_write_sync(s, buf, 4 * blk, 0, &big), 0);
+	EXPECT_EQ(big.off, 0);
+	spill_release(s, &big);
+	spill_free(s);
+
+	/* Freed space at the end of the file rejoins the unused tail (invariant 3), so a
+	 * block larger than any freed extent still fits. */
+	s = open_spill("/tmp", 64 * KIB, 0);
+	EXPECT_EQ(spill_write_sync(s, buf, 3 * blk, 0, &big), 0);
+	spill_release(s, &big);
+	EXPECT_EQ(spill_write_sync(s, buf, 4 * blk, 0, &big), 0);
+	spill_release(s, &big);
+	spill_free(s);
+	free(buf);
+	free(out);
+}
+
+#define NBLOCKS 256
+#define NTHREADS 4
+#define BLK (64 * KIB)
+
+struct conc {
+	struct spill *s;
+	char *data[NBLOCKS];
+	char *back[NBLOCKS];
+	struct spill_loc loc[NBLOCKS];
+	int rc[NBLOCKS];
+	atomic_int done;
+};
+
+struct conc_arg {
+	struct conc *c;
+	int i;
+};
+
+static struct conc_arg args[NBLOCKS];
+
+static void conc_done(void *p, int rc, const struct spill_loc *loc)
+{
+	struct conc_arg *a = p;
+
+	a->c->rc[a->i] = rc;
+	if (loc)
+		a->c->loc[a->i] = *loc;
+	atomic_fetch_add(&a->c->done, 1);
+}
+
+static void *conc_writer(void *p)
+{
+	struct conc *c = ((struct conc_arg *)p)->c;
+	int t = ((struct conc_arg *)p)->i;
+
+	for (int i = t; i < NBLOCKS; i += NTHREADS)
+		if (spill_write(c->s, c->data[i], BLK, 0, conc_done, &args[i]) < 0) {
+			c->rc[i] = -1;
+			atomic_fetch_add(&c->done, 1);
+		}
+	return NULL;
+}
+
+static int wait_done(atomic_int *done, int n)
+{
+	for (int ms = 0; ms < 10000; ms++) {
+		if (atomic_load(done) == n)
+			return 1;
+		usleep(1000);
+	}
+	return 0;
+}
+
+static void test_concurrent(const char *dir, int buffered)
+{
+	static struct conc c;
+	pthread_t th[NTHREADS];
+	struct conc_arg targ[NTHREADS];
+	int bad_rc = 0, bad_bytes = 0, lz4 = 0;
+
+	memset(&c, 0, sizeof(c));
+	c.s = open_spill(dir, 0, buffered);
+	for (int i = 0; i < NBLOCKS; i++) {
+		c.data[i] = malloc(BLK);
+		c.back[i] = malloc(BLK);
+		if (i % 2)
+			fill_random(c.data[i], BLK);
+		else
+			fill_compressible(c.data[i], BLK, (unsigned)i);
+		args[i] = (struct conc_arg){ &c, i };
+	}
+	for (int t = 0; t < NTHREADS; t++) {
+		targ[t] = (struct conc_arg){ &c, t };
+		pthread_create(&th[t], NULL, conc_writer, &targ[t]);
+	}
+	for (int t = 0; t < NTHREADS; t++)
+		pthread_join(th[t], NULL);
+	EXPECT(wait_done(&c.done, NBLOCKS));
+	for (int i = 0; i < NBLOCKS; i++) {
+		bad_rc += c.rc[i] != 0;
+		lz4 += !!(c.loc[i].flags & SPILL_LZ4);
+	}
+	EXPECT_EQ(bad_rc, 0);
+	EXPECT_EQ(lz4, NBLOCKS / 2);
+
+	/* All reads in flight at once, from this thread. */
+	atomic_store(&c.done, 0);
+	for (int i = 0; i < NBLOCKS; i++)
+		if (spill_read(c.s, &c.loc[i], c.back[i], BLK, XXH3_64bits(c.data[i], BLK),
+			       conc_done, &args[i]) < 0) {
+			c.rc[i] = -1;
+			atomic_fetch_add(&c.done, 1);
+		}
+	EXPECT(wait_done(&c.done, NBLOCKS));
+	bad_rc = 0;
+	for (int i = 0; i < NBLOCKS; i++) {
+		bad_rc += c.rc[i] != 0;
+		bad_bytes += memcmp(c.data[i], c.back[i], BLK) != 0;
+		spill_release(c.s, &c.loc[i]);
+		free(c.data[i]);
+		free(c.back[i]);
+	}
+	EXPECT_EQ(bad_rc, 0);
+	EXPECT_EQ(bad_bytes, 0);
+	spill_free(c.s);
+}
+
+/* Overwrites 4 KiB of the spill file at off with garbage. The fd may be O_DIRECT, hence
+ * the aligned buffer. */
+static void corrupt(struct spill *s, uint64_t off)
+{
+	void *junk = NULL;
+
+	EXPECT_EQ(posix_memalign(&junk, 4096, 4096), 0);
+	fill_random(junk, 4096);
+	EXPECT_EQ(pwrite(spill_debug_fd(s), junk, 4096, (off_t)off), 4096);
+	free(junk);
+}
+
+static void test_corrupt(void)
+{
+	struct spill *s = open_spill("/tmp", 0, 0);
+	const uint32_t len = 256 * KIB;
+	char *rin = malloc(len), *zin = malloc(len), *out = malloc(len);
+	struct spill_loc raw, hdr, body, beyond;
+	struct spill_stats st;
+
+	fill_random(rin, len);
+	/* Half random, so the lz4 body spans several 4 KiB units. */
+	fill_compressible(zin, len, 4);
+	fill_random(zin + len / 2, len / 2);
+	EXPECT_EQ(spill_write_sync(s, rin, len, 0, &raw), 0);
+	EXPECT_EQ(spill_write_sync(s, zin, len, 0, &hdr), 0);
+	EXPECT_EQ(spill_write_sync(s, zin, len, 0, &body), 0);
+	EXPECT(hdr.flags & SPILL_LZ4);
+	EXPECT(body.disk_len > 4096);
+	EXPECT_EQ(spill_read_sync(s, &raw, out, len, XXH3_64bits(rin, len)), 0);
+	EXPECT_EQ(spill_read_sync(s, &hdr, out, len, XXH3_64bits(zin, len)), 0);
+	EXPECT(memcmp(zin, out, len) == 0);
+
+	/* Raw block, garbage in its middle. */
+	corrupt(s, raw.off + 8192);
+	memset(out, 0x55, len);
+	EXPECT_EQ(spill_read_sync(s, &raw, out, len, XXH3_64bits(rin, len)), -EIO);
+	EXPECT(all_zero((unsigned char *)out, len));
+	/* lz4 block, garbage over its header; another, garbage over compressed bytes. */
+	corrupt(s, hdr.off);
+	memset(out, 0x55, len);
+	EXPECT_EQ(spill_read_sync(s, &hdr, out, len, XXH3_64bits(zin, len)), -EIO);
+	EXPECT(all_zero((unsigned char *)out, len));
+	corrupt(s, body.off + 4096);
+	memset(out, 0x55, len);
+	EXPECT_EQ(spill_read_sync(s, &body, out, len, XXH3_64bits(zin, len)), -EIO);
+	EXPECT(all_zero((unsigned char *)out, len));
+
+	/* A loc past the end of the file reads short: -EIO as well. */
+	beyond = (struct spill_loc){ .off = 1ull << 30, .disk_len = 4096, .len = 4096 };
+	EXPECT_EQ(spill_read_sync(s, &beyond, out, 4096, 0), -EIO);
+
+	spill_get_stats(s, &st);
+	EXPECT_EQ(st.csum_errors, 3);
+	EXPECT_EQ(st.read_errors, 1);
+	EXPECT_EQ(st.reads, 2);
+	spill_free(s);
+	free(rin);
+	free(zin);
+	free(out);
+}
+
+/* A filesystem error on write (EFBIG from RLIMIT_FSIZE) reaches the callback, and the
+ * space is released. */
+static void test_write_error(void)
+{
+	struct spill *s = open_spill("/tmp", 0, 0);
+	struct rlimit old, lim;
+	struct spill_loc a, b;
+	struct spill_stats st;
+	char *buf = malloc(MIB);
+	int rc;
+
+	fill_random(buf, MIB);
+	signal(SIGXFSZ, SIG_IGN);
+	getrlimit(RLIMIT_FSIZE, &old);
+	lim = old;
+	lim.rlim_cur = MIB;
+	setrlimit(RLIMIT_FSIZE, &lim);
+	EXPECT_EQ(spill_write_sync(s, buf, MIB, 0, &a), 0);
+	rc = spill_write_sync(s, buf, MIB, 0, &b);
+	setrlimit(RLIMIT_FSIZE, &old);
+	EXPECT_EQ(rc, -EFBIG);
+	spill_get_stats(s, &st);
+	EXPECT_EQ(st.write_errors, 1);
+	EXPECT_EQ(st.disk_bytes, MIB);
+	/* The failed extent was released: the next write takes its place. */
+	EXPECT_EQ(spill_write_sync(s, buf, MIB, 0, &b), 0);
+	EXPECT_EQ(b.off, MIB);
+	spill_free(s);
+	free(buf);
+}
+
+/* Pages of the spill file's [off, off+len) that sit in the page cache. */
+static int resident_pages(struct spill *s, uint64_t off, size_t len)
+{
+	size_t n = (len + 4095) / 4096;
+	unsigned char vec[n];
+	void *p = mmap(NULL, len, PROT_READ, MAP_SHARED, spill_debug_fd(s), (off_t)off);
+	int count = 0;
+
+	if (p == MAP_FAILED)
+		return -1;
+	if (mincore(p, len, vec) < 0)
+		count = -1;
+	for (size_t i = 0; count >= 0 && i < n; i++)
+		count += vec[i] & 1;
+	munmap(p, len);
+	return count;
+}
+
+/* Spilled bytes do not stay in RAM: O_DIRECT never caches them; buffered mode drops them
+ * after writing and after reading. /tmp is a disk filesystem, unlike tmpfs, where the
+ * page cache is the storage. */
+static void test_page_cache(int buffered)
+{
+	struct spill *s = open_spill("/tmp", 0, buffered);
+	char *buf = malloc(MIB), *out = malloc(MIB);
+	struct spill_loc loc;
+	int n = -1;
+
+	fill_random(buf, MIB);
+	EXPECT_EQ(spill_write_sync(s, buf, MIB, 0, &loc), 0);
+	EXPECT_EQ(resident_pages(s, loc.off, loc.disk_len), 0);
+	EXPECT_EQ(spill_read_sync(s, &loc, out, MIB, XXH3_64bits(buf, MIB)), 0);
+	/* The drop after a read trails its callback. */
+	for (int i = 0; i < 1000 && (n = resident_pages(s, loc.off, loc.disk_len)) != 0; i++)
+		usleep(1000);
+	EXPECT_EQ(n, 0);
+	spill_free(s);
+	free(buf);
+	free(out);
+}
+
+int main(void)
+{
+	struct timespec t0, t1;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	if (uring_new(64, &ring) < 0) {
+		fprintf(stderr, "no io_uring\n");
+		return 1;
+	}
+	test_round_trip();
+	test_buffered();
+	test_space_map();
+	test_concurrent("/tmp", 0);
+	test_concurrent("/dev/shm", 1);
+	test_corrupt();
+	test_write_error();
+	test_page_cache(0);
+	test_page_cache(1);
+	uring_free(ring);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	printf("test_spill: %.2f s\n", (double)(t1.tv_sec - t0.tv_sec) +
+					     (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
+	return test_summary();
+}
