@@ -8,7 +8,7 @@
  * Submission: callers prepare SQEs; only the completion thread calls io_uring_submit
  * (uring.h says why). It submits everything pending, marks itself idle and sleeps in
  * io_uring_wait_cqe, both under u->lock, so a caller either prepared its SQE before that
- * submit or sees u->idle and writes the eventfd. An IORING_OP_READ of that eventfd is
+ * submit or sees u->sleeping and writes the eventfd. An IORING_OP_READ of that eventfd is
  * kept armed in the ring (the "kick"); its completion wakes the thread, which submits
  * the batch that has gathered meanwhile. Nothing prepared is ever left unsubmitted.
  *
@@ -24,6 +24,7 @@
 #include <liburing.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -36,6 +37,9 @@ enum uring_kind { URING_READ, URING_WRITE, URING_SYNC_RANGE, URING_FADVISE };
 
 /* Retries of -EAGAIN/-EINTR per operation before the error is reported. */
 #define URING_MAX_RETRIES 16
+
+/* How soon the thread tries again when the kernel refused a submission. */
+#define URING_RETRY_NS 10000000
 
 struct uring_op {
 	enum uring_kind kind;
@@ -90,14 +94,19 @@ static void uring_submit_locked(struct uring *u)
 			u->unsubmitted -= (unsigned)rc < u->unsubmitted ? (unsigned)rc : u->unsubmitted;
 			continue;
 		}
+		if (rc == 0) { /* liburing holds nothing unsubmitted: it is the truth */
+			u->unsubmitted = 0;
+			return;
+		}
 		/* -EAGAIN/-EBUSY: the kernel is short of memory or CQ room for a moment;
 		 * the SQEs stay queued, so trying again is safe. */
-		if ((rc == -EAGAIN || rc == -EBUSY || rc == -EINTR || rc == 0) && ++tries < 1000) {
+		if ((rc == -EAGAIN || rc == -EBUSY || rc == -EINTR) && ++tries < 100) {
 			sched_yield();
 			continue;
 		}
-		log_err("uring: io_uring_submit failed: %d; %u operations stay queued until the "
-			"next submission", rc, u->unsubmitted);
+		/* The thread comes back every URING_RETRY_NS while this lasts. */
+		log_err("uring: io_uring_submit failed: %d; %u operations wait for the next try",
+			rc, u->unsubmitted);
 		return;
 	}
 }
@@ -247,11 +256,16 @@ static void uring_arm_kick(struct uring *u)
 static void *uring_thread(void *p)
 {
 	struct uring *u = p;
+	sigset_t all;
 
+	/* Signals (the daemon's SIGTERM) belong to other threads, not to the one that
+	 * every completion waits on. */
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL);
 	for (;;) {
 		struct io_uring_cqe *cqe;
 		struct uring_op *op;
-		int rc, res;
+		int rc, res, stuck;
 
 		pthread_mutex_lock(&u->lock);
 		if (u->exiting && !u->kick_armed) {
@@ -263,12 +277,19 @@ static void *uring_thread(void *p)
 		uring_submit_locked(u);
 		if (u->sq_waiters)
 			pthread_cond_broadcast(&u->sq_space);
+		stuck = u->unsubmitted > 0;
 		atomic_store(&u->sleeping, 1);
 		pthread_mutex_unlock(&u->lock);
 
-		rc = io_uring_wait_cqe(&u->ring, &cqe);
+		if (stuck) {
+			struct __kernel_timespec ts = { .tv_nsec = URING_RETRY_NS };
+
+			rc = io_uring_wait_cqe_timeout(&u->ring, &cqe, &ts);
+		} else {
+			rc = io_uring_wait_cqe(&u->ring, &cqe);
+		}
 		atomic_store(&u->sleeping, 0);
-		if (rc == -EINTR || rc == -EAGAIN)
+		if (rc == -EINTR || rc == -EAGAIN || rc == -ETIME)
 			continue;
 		if (rc < 0) {
 			log_err("uring: io_uring_wait_cqe failed: %d", rc);
