@@ -56,8 +56,8 @@ struct store;
 
 /*
  * Open the store at dir; *out is handed over (store_close()). -ENOENT if dir does not
- * exist (without STORE_CREATE), -EINVAL "not an mlfs store" (logged) if dir has no valid
- * FORMAT file, -EPROTONOSUPPORT for a newer format version.
+ * exist (without STORE_CREATE), -EINVAL "not an mlfs store" if dir has no valid FORMAT
+ * file, -EPROTONOSUPPORT for another format version. Not logged: the caller says it.
  */
 int store_open(const char *dir, int flags, struct store **out);
 

@@ -1,0 +1,641 @@
+/*
+ * snap_offline.c - mlfs-snap's offline subcommands (contract in snap_offline.h).
+ */
+#include "tools/snap_offline.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fs/manifest.h"
+#include "fs/store.h"
+
+const char snap_offline_usage[] =
+	"       mlfs-snap list --store DIR [--json]\n"
+	"       mlfs-snap restore --store DIR NAME|latest --to DIR\n"
+	"       mlfs-snap verify --store DIR [NAME]\n"
+	"       mlfs-snap gc --store DIR\n"
+	"       mlfs-snap delete --store DIR NAME\n";
+
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static void say(const char *fmt, ...)
+{
+	char line[1024];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "mlfs-snap: %s\n", line);
+}
+
+static int open_store(const char *dir, struct store **s)
+{
+	int rc = store_open(dir, 0, s);
+
+	if (rc == -EINVAL)
+		say("%s: not an mlfs store", dir);
+	else if (rc == -EPROTONOSUPPORT)
+		say("%s: store format version not supported by this mlfs-snap", dir);
+	else if (rc)
+		say("%s: %s", dir, strerror(-rc));
+	return rc;
+}
+
+/* NAME or "latest" -> a loaded, verified manifest; says why not. */
+static int load(struct store *s, const char *dir, const char *name, struct mf_manifest **m)
+{
+	char latest[MF_NAME_MAX + 1];
+	int rc;
+
+	if (!strcmp(name, "latest")) {
+		rc = store_latest(s, latest);
+		if (rc == -ENOENT)
+			say("%s: no snapshots", dir);
+		else if (rc)
+			say("%s: %s", dir, strerror(-rc));
+		if (rc)
+			return rc;
+		name = latest;
+	} else if (store_name_valid(name)) {
+		say("invalid snapshot name '%s'", name);
+		return -EINVAL;
+	}
+	rc = store_load_manifest(s, name, m);
+	if (rc == -ENOENT)
+		say("%s: no snapshot named '%s'", dir, name);
+	else if (rc == -EIO)
+		say("snapshot '%s' is damaged (manifest checksum mismatch); not used", name);
+	else if (rc)
+		say("snapshot '%s': %s", name, strerror(-rc));
+	return rc;
+}
+
+/* ---- list ---- */
+
+static void fmt_time(int64_t ns, char *buf, size_t size)
+{
+	time_t t = (time_t)(ns / 1000000000);
+	struct tm tm;
+
+	gmtime_r(&t, &tm);
+	strftime(buf, size, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
+static void fmt_bytes(uint64_t b, char *buf, size_t size)
+{
+	static const char *const unit[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB" };
+	double v = (double)b;
+	int u = 0;
+
+	while (v >= 1024 && u < 5) {
+		v /= 1024;
+		u++;
+	}
+	if (u == 0)
+		snprintf(buf, size, "%" PRIu64 " B", b);
+	else
+		snprintf(buf, size, "%.1f %s", v, unit[u]);
+}
+
+static void json_str(const char *s)
+{
+	putchar('"');
+	for (; *s; s++) {
+		if (*s == '"' || *s == '\\')
+			putchar('\\');
+		putchar(*s);	/* control characters never reach here: store_name_valid */
+	}
+	putchar('"');
+}
+
+int snap_list(const char *store_dir, int json)
+{
+	struct store_snap_info *v;
+	struct store *s;
+	size_t n;
+	int rc;
+
+	if (open_store(store_dir, &s))
+		return 1;
+	rc = store_list(s, STORE_LIST_DAMAGED, &v, &n);
+	store_close(s);
+	if (rc) {
+		say("%s: %s", store_dir, strerror(-rc));
+		return 1;
+	}
+	if (json)
+		putchar('[');
+	else
+		printf("%-24s %-20s %8s %12s %12s %s\n", "NAME", "TIME", "FILES", "LOGICAL", "NEW",
+		       "STATE");
+	for (size_t i = 0; i < n; i++) {
+		const struct store_snap_info *x = &v[i];
+		const char *state = x->state == STORE_SNAP_DAMAGED ? "damaged" : "complete";
+		char t[32], lb[32], nb[32];
+
+		fmt_time(x->time_ns, t, sizeof(t));
+		if (json) {
+			printf("%s\n {\"name\": ", i ? "," : "");
+			json_str(x->name);
+			printf(", \"time\": \"%s\", \"time_ns\": %" PRId64 ", \"files\": %" PRIu64
+			       ", \"logical_bytes\": %" PRIu64 ", \"new_bytes\": %" PRIu64
+			       ", \"state\": \"%s\"}",
+			       x->state ? "" : t, x->time_ns, x->files, x->logical_bytes, x->new_bytes,
+			       state);
+			continue;
+		}
+		fmt_bytes(x->logical_bytes, lb, sizeof(lb));
+		fmt_bytes(x->new_bytes, nb, sizeof(nb));
+		if (x->state == STORE_SNAP_DAMAGED)
+			printf("%-24s %-20s %8s %12s %12s %s\n", x->name, "-", "-", "-", "-", state);
+		else
+			printf("%-24s %-20s %8" PRIu64 " %12s %12s %s\n", x->name, t, x->files, lb, nb,
+			       state);
+	}
+	if (json)
+		printf("%s]\n", n ? "\n" : "");
+	free(v);
+	return 0;
+}
+
+/* ---- restore ---- */
+
+struct restore {
+	struct store *s;
+	const struct mf_manifest *m;
+	const char *stage;
+	char **paths;		/* per entry, under stage */
+	unsigned char *bad;	/* per entry: left out because of damage */
+	void *buf;
+	int damaged, xattr_warned;
+};
+
+static int restore_file(struct restore *r, size_t i)
+{
+	const struct mf_entry *e = &r->m->entries[i];
+	const char *p = r->paths[i];
+	int fd, rc = 0;
+
+	fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		say("%s: %s", p, strerror(errno));
+		return -errno;
+	}
+	for (uint64_t k = 0; k < e->nblocks; k++) {
+		const struct mf_block *b = &e->blocks[k];
+		char obj[48];
+		int n;
+
+		if (b->flags & MF_BLOCK_HOLE)
+			continue;	/* ftruncate below leaves it a hole */
+		n = store_get_block(r->s, b->hash, r->buf, b->len);
+		if (n != (int)b->len) {
+			/* Never leave a file with wrong or missing bytes looking complete. */
+			store_object_name(b->hash, obj);
+			say("damaged: %s (block %" PRIu64 ", %s: %s); left out", p + strlen(r->stage) + 1,
+			    k, obj, n == -ENOENT ? "missing" : "checksum mismatch");
+			close(fd);
+			unlink(p);
+			r->bad[i] = 1;
+			r->damaged++;
+			return 0;
+		}
+		if (pwrite(fd, r->buf, b->len, (off_t)(k * e->block_size)) != (ssize_t)b->len) {
+			rc = errno ? -errno : -EIO;
+			say("%s: %s", p, strerror(-rc));
+			goto out_close;
+		}
+	}
+	if (ftruncate(fd, (off_t)e->size)) {
+		rc = -errno;
+		say("%s: %s", p, strerror(errno));
+	}
+out_close:
+	close(fd);
+	return rc;
+}
+
+static void restore_xattrs(struct restore *r, size_t i)
+{
+	const struct mf_entry *e = &r->m->entries[i];
+
+	for (uint32_t k = 0; k < e->nxattrs; k++) {
+		if (!lsetxattr(r->paths[i], e->xattrs[k].name, e->xattrs[k].value ? e->xattrs[k].value : "",
+			       e->xattrs[k].value_len, 0) || r->xattr_warned)
+			continue;
+		/* Not fatal: the target filesystem may lack xattrs; the bytes are what matter. */
+		say("warning: %s: xattr %s: %s (further xattr errors not shown)", r->paths[i],
+		    e->xattrs[k].name, strerror(errno));
+		r->xattr_warned = 1;
+	}
+}
+
+/* Pass 1, parents first: create every entry and write every file's bytes. */
+static int restore_create(struct restore *r)
+{
+	int rc;
+
+	restore_xattrs(r, 0);
+	for (size_t i = 1; i < r->m->nentries; i++) {
+		const struct mf_entry *e = &r->m->entries[i];
+		long t;
+
+		if (r->bad[mf_find(r->m, e->parent)]) {
+			r->bad[i] = 1;	/* its parent could not be made */
+			continue;
+		}
+		switch (e->type) {
+		case MF_DIR:
+			if (mkdir(r->paths[i], 0700)) {
+				say("%s: %s", r->paths[i], strerror(errno));
+				return -errno;
+			}
+			break;
+		case MF_SYMLINK:
+			if (symlink(e->target, r->paths[i])) {
+				say("%s: %s", r->paths[i], strerror(errno));
+				return -errno;
+			}
+			break;
+		default:
+			if (!e->link) {
+				if ((rc = restore_file(r, i)))
+					return rc;
+				break;
+			}
+			t = mf_find(r->m, e->link);
+			if (r->bad[t]) {
+				r->bad[i] = 1;	/* the inode it shares was left out */
+				say("damaged: %s (hard link to %s); left out",
+				    r->paths[i] + strlen(r->stage) + 1, r->paths[t] + strlen(r->stage) + 1);
+				r->damaged++;
+				continue;
+			}
+			if (link(r->paths[t], r->paths[i])) {
+				say("%s: %s", r->paths[i], strerror(errno));
+				return -errno;
+			}
+			continue;	/* the inode's metadata is the target's */
+		}
+		if (!r->bad[i])
+			restore_xattrs(r, i);
+	}
+	return 0;
+}
+
+/* Pass 2, children first: owners, modes and times, so that writing a child cannot bump a
+ * restored directory mtime and a read-only directory is made so only once it is full. */
+static int restore_meta(struct restore *r)
+{
+	int root = geteuid() == 0;
+
+	for (size_t i = r->m->nentries; i-- > 0;) {
+		const struct mf_entry *e = &r->m->entries[i];
+		struct timespec ts[2] = {
+			{ .tv_sec = e->atime_ns / 1000000000, .tv_nsec = e->atime_ns % 1000000000 },
+			{ .tv_sec = e->mtime_ns / 1000000000, .tv_nsec = e->mtime_ns % 1000000000 },
+		};
+
+		if (r->bad[i] || e->link)
+			continue;
+		for (int k = 0; k < 2; k++)
+			if (ts[k].tv_nsec < 0) {
+				ts[k].tv_nsec += 1000000000;
+				ts[k].tv_sec--;
+			}
+		/* Owners only as root; chown before chmod, which it would undo for setuid. */
+		if (root && lchown(r->paths[i], e->uid, e->gid)) {
+			say("%s: chown: %s", r->paths[i], strerror(errno));
+			return -errno;
+		}
+		if (e->type != MF_SYMLINK && chmod(r->paths[i], e->mode & 07777)) {
+			say("%s: chmod: %s", r->paths[i], strerror(errno));
+			return -errno;
+		}
+		if (utimensat(AT_FDCWD, r->paths[i], ts, AT_SYMLINK_NOFOLLOW)) {
+			say("%s: times: %s", r->paths[i], strerror(errno));
+			return -errno;
+		}
+	}
+	return 0;
+}
+
+static int restore_paths(struct restore *r)
+{
+	char rel[4096];
+	size_t n = r->m->nentries;
+
+	r->paths = calloc(n, sizeof(*r->paths));
+	r->bad = calloc(n, 1);
+	if (!r->paths || !r->bad)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		int len = mf_path(r->m, i, rel, sizeof(rel));
+
+		if (len < 0)
+			return len;
+		if (asprintf(&r->paths[i], "%s%s%s", r->stage, len ? "/" : "", rel) < 0)
+			return -ENOMEM;
+	}
+	return 0;
+}
+
+static int target_ok(const char *to)
+{
+	struct stat st;
+	struct dirent *d;
+	DIR *dir;
+	int empty = 1;
+
+	if (lstat(to, &st)) {
+		if (errno == ENOENT)
+			return 0;
+		say("%s: %s", to, strerror(errno));
+		return -errno;
+	}
+	if (!S_ISDIR(st.st_mode) || !(dir = opendir(to))) {
+		say("%s: exists and is not an empty directory", to);
+		return -EEXIST;
+	}
+	while ((d = readdir(dir)))
+		if (strcmp(d->d_name, ".") && strcmp(d->d_name, ".."))
+			empty = 0;
+	closedir(dir);
+	if (!empty) {
+		say("%s: exists and is not an empty directory", to);
+		return -EEXIST;
+	}
+	return 0;
+}
+
+static uint32_t max_block(const struct mf_manifest *m)
+{
+	uint32_t b = 1;
+
+	for (size_t i = 0; i < m->nentries; i++)
+		if (m->entries[i].block_size > b)
+			b = m->entries[i].block_size;
+	return b;
+}
+
+int snap_restore(const char *store_dir, const char *name, const char *to)
+{
+	struct restore r = { 0 };
+	struct mf_manifest *m = NULL;
+	char *stage = NULL, *slash, *parent = NULL;
+	int rc, status = 1, fd;
+
+	if (open_store(store_dir, &r.s))
+		return 1;
+	if (load(r.s, store_dir, name, &m) || target_ok(to))
+		goto out;
+	/* A sibling, so the final rename stays within one filesystem. */
+	if (asprintf(&stage, "%s.mlfs-restore.%ld", to, (long)getpid()) < 0)
+		goto out;
+	if (mkdir(stage, 0700)) {
+		say("%s: %s", stage, strerror(errno));
+		goto out;
+	}
+	r.m = m;
+	r.stage = stage;
+	r.buf = malloc(max_block(m));
+	if (!r.buf || (rc = restore_paths(&r))) {
+		say("out of memory");
+		goto out_partial;
+	}
+	if ((rc = restore_create(&r)) || (rc = restore_meta(&r)))
+		goto out_partial;
+	if (r.damaged) {
+		say("restore of '%s' incomplete: %d damaged file(s) left out; partial tree in %s",
+		    m->name, r.damaged, stage);
+		goto out;
+	}
+	/* Durable before it appears under its name: one flush for the whole tree. */
+	fd = open(stage, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	rc = fd < 0 || syncfs(fd) ? -errno : 0;
+	if (fd >= 0)
+		close(fd);
+	if (rc || rename(stage, to)) {
+		say("%s: %s", to, strerror(rc ? -rc : errno));
+		goto out_partial;
+	}
+	parent = strdup(to);
+	slash = parent ? strrchr(parent, '/') : NULL;
+	if (slash)
+		*(slash == parent ? slash + 1 : slash) = 0;
+	fd = open(slash ? parent : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd >= 0) {
+		fsync(fd);
+		close(fd);
+	}
+	printf("restored '%s' to %s: %" PRIu64 " files, %" PRIu64 " bytes\n", m->name, to, m->files,
+	       m->logical_bytes);
+	status = 0;
+	goto out;
+out_partial:
+	say("restore of '%s' failed; partial tree left in %s", m->name, stage);
+out:
+	if (r.paths)
+		for (size_t i = 0; i < m->nentries; i++)
+			free(r.paths[i]);
+	free(r.paths);
+	free(r.bad);
+	free(r.buf);
+	free(parent);
+	free(stage);
+	mf_free(m);
+	store_close(r.s);
+	return status;
+}
+
+/* ---- verify, gc, delete ---- */
+
+static void print_fault(void *arg, const struct store_fault *f)
+{
+	if (f->file)
+		printf("%s: damaged: %s (block %" PRIu64 ", %s: %s)\n", f->snap, f->file, f->block,
+		       f->object, f->error == -ENOENT ? "missing" : "checksum mismatch");
+	else
+		printf("%s: damaged manifest: %s\n", f->snap, f->object);
+}
+
+int snap_verify(const char *store_dir, const char *name)
+{
+	struct store *s;
+	char latest[MF_NAME_MAX + 1];
+	int rc;
+
+	if (open_store(store_dir, &s))
+		return 1;
+	if (name && !strcmp(name, "latest")) {
+		if ((rc = store_latest(s, latest))) {
+			say("%s: %s", store_dir, rc == -ENOENT ? "no snapshots" : strerror(-rc));
+			store_close(s);
+			return 1;
+		}
+		name = latest;
+	}
+	if (name && store_name_valid(name)) {
+		say("invalid snapshot name '%s'", name);
+		store_close(s);
+		return 2;
+	}
+	rc = store_verify(s, name, print_fault, NULL);
+	store_close(s);
+	if (rc == -ENOENT) {
+		say("%s: no snapshot named '%s'", store_dir, name);
+		return 1;
+	}
+	if (rc < 0) {
+		say("verify: %s", strerror(-rc));
+		return 1;
+	}
+	if (rc > 0) {
+		say("verify: %d fault(s) in %s", rc, store_dir);
+		return 1;
+	}
+	printf("%s: every object and manifest verified\n", name ? name : store_dir);
+	return 0;
+}
+
+int snap_gc(const char *store_dir)
+{
+	struct store *s;
+	uint64_t objs = 0, bytes = 0;
+	char b[32];
+	int rc;
+
+	if (open_store(store_dir, &s))
+		return 1;
+	rc = store_gc(s, &objs, &bytes);
+	store_close(s);
+	if (rc == -EBUSY) {
+		say("%s: a snapshot is being written; gc not run, try again later", store_dir);
+		return 1;
+	}
+	if (rc == -EIO) {
+		say("%s: gc refused: a manifest is damaged (see verify; delete it first)", store_dir);
+		return 1;
+	}
+	if (rc) {
+		say("gc: %s", strerror(-rc));
+		return 1;
+	}
+	fmt_bytes(bytes, b, sizeof(b));
+	printf("removed %" PRIu64 " objects, freed %s\n", objs, b);
+	return 0;
+}
+
+int snap_delete(const char *store_dir, const char *name)
+{
+	struct store *s;
+	int rc;
+
+	if (store_name_valid(name)) {
+		say("invalid snapshot name '%s'", name);
+		return 2;
+	}
+	if (open_store(store_dir, &s))
+		return 1;
+	rc = store_delete(s, name);
+	store_close(s);
+	if (rc == -ENOENT) {
+		say("%s: no snapshot named '%s'", store_dir, name);
+		return 1;
+	}
+	if (rc) {
+		say("delete '%s': %s", name, strerror(-rc));
+		return 1;
+	}
+	printf("deleted '%s' (its blocks are freed by gc)\n", name);
+	return 0;
+}
+
+/* ---- argument parsing ---- */
+
+static const char *const subcmds[] = { "list", "restore", "verify", "gc", "delete" };
+
+int snap_offline_wants(int argc, char **argv)
+{
+	int known = 0;
+
+	if (argc < 1)
+		return 0;
+	for (size_t i = 0; i < sizeof(subcmds) / sizeof(subcmds[0]); i++)
+		known |= !strcmp(argv[0], subcmds[i]);
+	for (int i = 1; known && i < argc; i++)
+		if (!strcmp(argv[i], "--store") || !strncmp(argv[i], "--store=", 8))
+			return 1;
+	return 0;
+}
+
+static int usage(const char *why)
+{
+	say("%s", why);
+	fprintf(stderr, "usage:\n%s", snap_offline_usage);
+	return 2;
+}
+
+int snap_offline_main(int argc, char **argv)
+{
+	const char *store = NULL, *to = NULL, *pos[2] = { NULL, NULL };
+	const char *cmd = argc > 0 ? argv[0] : "";
+	int json = 0, npos = 0;
+
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+
+		if (!strcmp(a, "--store") || !strcmp(a, "--to")) {
+			if (i + 1 >= argc)
+				return usage("option needs a directory");
+			*(a[2] == 's' ? &store : &to) = argv[++i];
+		} else if (!strncmp(a, "--store=", 8)) {
+			store = a + 8;
+		} else if (!strncmp(a, "--to=", 5)) {
+			to = a + 5;
+		} else if (!strcmp(a, "--json")) {
+			json = 1;
+		} else if (a[0] == '-' && a[1]) {
+			char why[300];
+
+			snprintf(why, sizeof(why), "unknown option '%s'", a);
+			return usage(why);
+		} else if (npos < 2) {
+			pos[npos++] = a;
+		} else {
+			return usage("too many arguments");
+		}
+	}
+	if (!store || !*store)
+		return usage("--store DIR is required");
+	if ((to && strcmp(cmd, "restore")) || (json && strcmp(cmd, "list")))
+		return usage("option not valid for this subcommand");
+	if (!strcmp(cmd, "list") && npos == 0)
+		return snap_list(store, json);
+	if (!strcmp(cmd, "restore")) {
+		if (npos != 1 || !to || !*to)
+			return usage("restore needs NAME|latest and --to DIR");
+		return snap_restore(store, pos[0], to);
+	}
+	if (!strcmp(cmd, "verify") && npos <= 1)
+		return snap_verify(store, pos[0]);
+	if (!strcmp(cmd, "gc") && npos == 0)
+		return snap_gc(store);
+	if (!strcmp(cmd, "delete")) {
+		if (npos != 1)
+			return usage("delete needs a snapshot NAME");
+		return snap_delete(store, pos[0]);
+	}
+	return usage("unknown subcommand or wrong arguments");
+}
