@@ -38,6 +38,7 @@
  */
 #include "tiering/spill.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/magic.h>
@@ -103,6 +104,7 @@ static uint64_t spill_round_up(uint64_t n)
 /* First fit over the free map, else the end of the used part. O(nfree). */
 static int space_alloc(struct spill *s, uint64_t len, uint64_t *off)
 {
+	assert(len > 0 && len % SPILL_UNIT == 0); /* invariant 2 */
 	for (size_t i = 0; i < s->nfree; i++) {
 		struct spill_ext *e = &s->free_map[i];
 
@@ -384,7 +386,8 @@ static void spill_read_dropped(void *arg, int res)
 	spill_put_inflight(arg);
 }
 
-/* Returns 0 with buf filled and verified, or -EIO (invariant 5). */
+/* Returns 0 with buf filled and verified; -EIO for a short read, bad lz4 data or a
+ * checksum mismatch (invariant 5); the read's own -errno otherwise. */
 static int spill_check(struct spill_op *op, int res)
 {
 	const struct spill_loc *loc = &op->loc;
@@ -471,7 +474,8 @@ int spill_read(struct spill *s, const struct spill_loc *loc, void *buf, uint32_t
 	struct spill_op *op;
 	int rc;
 
-	if (!done || len != loc->len || len == 0 || loc->disk_len % SPILL_UNIT ||
+	if (!done || len != loc->len || len == 0 || len > SPILL_MAX_LEN ||
+	    loc->disk_len % SPILL_UNIT ||
 	    loc->off % SPILL_UNIT || loc->disk_len == 0 ||
 	    (!(loc->flags & SPILL_LZ4) && loc->disk_len < len))
 		return -EINVAL;
