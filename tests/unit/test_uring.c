@@ -104,7 +104,8 @@ static void test_many_threads(void)
 	int fd = tmp_fd(), wrong = 0;
 	char *buf;
 
-	/* A 4-entry ring against 8 threads x 200 ops exercises waiting for space. */
+	/* A 4-entry ring against 8 threads x 200 ops exercises waiting for space. The
+	 * threads exit with writes still in flight: those must not be cancelled. */
 	EXPECT_EQ(uring_new(4, &u), 0);
 	for (int t = 0; t < NTHREADS; t++) {
 		c[t] = (struct ctx){ u, fd, t, &completed, &bad };
@@ -132,9 +133,51 @@ static void test_many_threads(void)
 	close(fd);
 }
 
+/* Many small synchronous reads from several threads: each one finds the completion
+ * thread asleep or awake at a random moment, so a lost wakeup would hang (alarm). */
+struct storm {
+	struct uring *u;
+	int fd;
+	atomic_int *bad;
+};
+
+static void *storm_reader(void *p)
+{
+	struct storm *st = p;
+	char b[16];
+
+	for (int i = 0; i < 3000; i++)
+		if (uring_read_sync(st->u, st->fd, b, sizeof(b), (i % 100) * 16) != sizeof(b))
+			atomic_fetch_add(st->bad, 1);
+	return NULL;
+}
+
+static void test_wakeup_storm(void)
+{
+	pthread_t th[NTHREADS];
+	atomic_int bad = 0;
+	struct storm st;
+	char buf[1600] = { 0 };
+	int fd = tmp_fd();
+
+	EXPECT_EQ(pwrite(fd, buf, sizeof(buf), 0), sizeof(buf));
+	st.fd = fd;
+	st.bad = &bad;
+	EXPECT_EQ(uring_new(16, &st.u), 0);
+	for (int t = 0; t < NTHREADS; t++)
+		pthread_create(&th[t], NULL, storm_reader, &st);
+	for (int t = 0; t < NTHREADS; t++)
+		pthread_join(th[t], NULL);
+	EXPECT_EQ(atomic_load(&bad), 0);
+	uring_free(st.u);
+	close(fd);
+}
+
 int main(void)
 {
+	alarm(30); /* a hang is a failure: no summary line */
 	test_sync_round_trip();
 	test_many_threads();
+	test_wakeup_storm();
 	return test_summary();
 }
