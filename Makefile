@@ -1,0 +1,104 @@
+# mlfs: hand-written Makefile (STYLE.md 12).
+#   make            build bin/mlfs, bin/mlfs-snap, bin/mlfs-stat
+#   make DEBUG=1    the same with ASan and UBSan
+#   make test       install missing Debian packages, build, run C unit tests and pytest
+#   make demo       install missing packages, build, run the demo job
+#   make bench      install missing packages, build, run the benchmarks
+#   make install PREFIX=/usr/local [DESTDIR=...]
+#   V=1             print full command lines
+
+CC ?= cc
+CFLAGS ?= -O2 -g
+PREFIX ?= /usr/local
+PYTHON ?= /usr/bin/python3
+PKGS := fuse3 liburing liblz4 libxxhash
+
+override CFLAGS += -std=gnu11 -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
+	-Wmissing-prototypes -Wno-unused-parameter -D_GNU_SOURCE -pthread -I. -MMD -MP \
+	$(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+override LDLIBS += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -pthread
+
+ifeq ($(DEBUG),1)
+B := build/debug
+override CFLAGS += -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+override LDFLAGS += -fsanitize=address,undefined
+else
+B := build/release
+endif
+
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
+
+# Every .c in cache/, tiering/ and fs/ (but fs/main.c) goes into one static library that
+# the daemon, the tools and the unit tests link against.
+LIB_SRCS := $(sort $(wildcard cache/*.c tiering/*.c) $(filter-out fs/main.c,$(wildcard fs/*.c)))
+LIB_OBJS := $(LIB_SRCS:%.c=$(B)/%.o)
+LIB := $(B)/libmlfs.a
+BINS := bin/mlfs bin/mlfs-snap bin/mlfs-stat
+UNIT_SRCS := $(sort $(wildcard tests/unit/test_*.c))
+UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(B)/tests/%)
+MAN := $(wildcard man/*.1 man/*.8)
+
+.PHONY: all deps test unit integration demo bench install clean
+all: $(BINS)
+
+$(B)/%.o: %.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC  $<")
+	$(Q)$(CC) $(CFLAGS) -c -o $@ $<
+
+$(LIB): $(LIB_OBJS)
+	$(Q)rm -f $@ && $(AR) rcs $@ $^
+
+bin/mlfs: $(B)/fs/main.o $(LIB)
+bin/mlfs-snap: $(B)/tools/mlfs-snap.o $(patsubst %.c,$(B)/%.o,$(wildcard tools/snap_*.c)) $(LIB)
+bin/mlfs-stat: $(B)/tools/mlfs-stat.o $(LIB)
+$(BINS):
+	@mkdir -p bin
+	@$(if $(Q),echo "  LD  $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(B)/tests/%: $(B)/tests/unit/%.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+deps:
+	$(Q)scripts/deps.sh build
+
+# Unit tests: one program per module, each prints "N passed, N failed"; the last line is
+# the total over all of them.
+unit: $(UNIT_BINS)
+	$(Q)scripts/run-unit.sh $(UNIT_BINS)
+
+integration: $(BINS)
+	$(Q)$(PYTHON) -m pytest -q tests/integration $(PYTEST_ARGS)
+
+test:
+	$(Q)scripts/deps.sh test
+	$(Q)$(MAKE) --no-print-directory all $(UNIT_BINS)
+	$(Q)$(MAKE) --no-print-directory unit
+	$(Q)$(MAKE) --no-print-directory integration
+
+demo:
+	$(Q)scripts/deps.sh test
+	$(Q)$(MAKE) --no-print-directory all
+	$(Q)$(PYTHON) scripts/demo.py
+
+bench:
+	$(Q)scripts/deps.sh bench
+	$(Q)$(MAKE) --no-print-directory all
+	$(Q)bench/run.sh $(BENCH_ARGS)
+
+install: $(BINS)
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man8
+	install -m 755 $(BINS) $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 $(filter %.1,$(MAN)) $(DESTDIR)$(PREFIX)/share/man/man1/
+	install -m 644 $(filter %.8,$(MAN)) $(DESTDIR)$(PREFIX)/share/man/man8/
+
+clean:
+	rm -rf build bin
+
+-include $(shell find build -name '*.d' 2>/dev/null)

@@ -1,0 +1,557 @@
+/*
+ * bcache.c - sharded, reference-counted block cache (contract in bcache.h).
+ *
+ * Layout: BC_SHARDS shards, each a mutex, a chained hash table of data blocks and two
+ * lists (data, ckpt) in insertion order. A block lives in the shard its key (data) or
+ * address (ckpt) hashes to, for its whole life.
+ *
+ * Invariants
+ * 1. mem_bytes == sum of b->cap over blocks with b->buf != NULL; it changes only where
+ *    a buffer is allocated, grown or freed.
+ * 2. A hashed data block holds one reference owned by the cache; it is unhashed (and
+ *    that reference dropped) under the shard lock.
+ * 3. b->buf is modified in place only between bc_write_begin and bc_write_end, which
+ *    succeed only while the caller's reference is the only one and no I/O is in flight;
+ *    eviction (BC_IO) and writing (BC_WRITING) exclude each other under the shard lock.
+ * 4. A block on a shard list is alive: the list does not hold a reference, so the last
+ *    bc_block_put unlinks it under the shard lock before freeing.
+ */
+#include "cache/bcache.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "cache/log.h"
+
+#define BC_SHARDS 64
+#define BC_BUCKETS_MIN 1024
+
+struct bc_list {
+	struct bc_block *head, *tail;
+};
+
+struct bc_shard {
+	pthread_mutex_t mu;
+	struct bc_block **buckets;
+	size_t nbuckets, nhashed;
+	struct bc_list lists[2]; /* by enum bc_class, oldest first */
+} __attribute__((aligned(64)));
+
+struct bc {
+	uint32_t block_size;
+	_Atomic uint64_t budget;
+	_Atomic uint64_t mem_bytes;
+	_Atomic uint64_t blocks[2], resident[2];
+	_Atomic uint64_t hits, misses, not_admitted, dirty_bytes;
+	struct bc_shard shards[BC_SHARDS];
+};
+
+static uint64_t bc_key_hash(const struct bc_fid *fid, uint64_t index)
+{
+	uint64_t h = fid->hi ^ (fid->lo * 0x9e3779b97f4a7c15ull) ^ (index * 0xc2b2ae3d27d4eb4full);
+
+	h ^= h >> 29;
+	h *= 0xbf58476d1ce4e5b9ull;
+	return h ^ (h >> 32);
+}
+
+static void bc_list_push(struct bc_list *l, struct bc_block *b)
+{
+	b->lnext = NULL;
+	b->lprev = l->tail;
+	if (l->tail)
+		l->tail->lnext = b;
+	else
+		l->head = b;
+	l->tail = b;
+}
+
+static void bc_list_del(struct bc_list *l, struct bc_block *b)
+{
+	if (b->lprev)
+		b->lprev->lnext = b->lnext;
+	else
+		l->head = b->lnext;
+	if (b->lnext)
+		b->lnext->lprev = b->lprev;
+	else
+		l->tail = b->lprev;
+	b->lprev = b->lnext = NULL;
+}
+
+int bc_new(uint32_t block_size, uint64_t budget, struct bc **out)
+{
+	struct bc *bc;
+	int i;
+
+	if (block_size < BC_BLOCK_MIN || block_size > BC_BLOCK_MAX ||
+	    (block_size & (block_size - 1)))
+		return -EINVAL;
+	bc = calloc(1, sizeof(*bc));
+	if (!bc)
+		return -ENOMEM;
+	bc->block_size = block_size;
+	bc->budget = budget;
+	for (i = 0; i < BC_SHARDS; i++) {
+		struct bc_shard *s = &bc->shards[i];
+
+		pthread_mutex_init(&s->mu, NULL);
+		s->nbuckets = BC_BUCKETS_MIN;
+		s->buckets = calloc(s->nbuckets, sizeof(*s->buckets));
+		if (!s->buckets)
+			goto out_free;
+	}
+	*out = bc;
+	return 0;
+
+out_free:
+	while (i-- > 0)
+		free(bc->shards[i].buckets);
+	free(bc);
+	return -ENOMEM;
+}
+
+static void bc_buf_free(struct bc *bc, struct bc_block *b)
+{
+	if (!b->buf)
+		return;
+	free(b->buf);
+	b->buf = NULL;
+	atomic_fetch_sub(&bc->mem_bytes, b->cap);
+	atomic_fetch_sub(&bc->resident[b->cls], 1);
+	if (b->cls == BC_CKPT && !(b->flags & BC_STORED))
+		atomic_fetch_sub(&bc->dirty_bytes, b->cap);
+}
+
+/* Allocates b->buf of cap bytes (invariant 1). Buffers are plain malloc: the daemon sets
+ * M_MMAP_THRESHOLD so that block-sized buffers are their own mappings and go back to the
+ * kernel at once when freed, which keeps RSS equal to what mem_bytes says. */
+static int bc_buf_alloc(struct bc *bc, struct bc_block *b, uint32_t cap, bool zero)
+{
+	b->buf = zero ? calloc(1, cap ? cap : 1) : malloc(cap ? cap : 1);
+	if (!b->buf)
+		return -ENOMEM;
+	b->cap = cap;
+	atomic_fetch_add(&bc->mem_bytes, cap);
+	atomic_fetch_add(&bc->resident[b->cls], 1);
+	if (b->cls == BC_CKPT && !(b->flags & BC_STORED))
+		atomic_fetch_add(&bc->dirty_bytes, cap);
+	return 0;
+}
+
+void bc_free(struct bc *bc)
+{
+	int i;
+
+	if (!bc)
+		return;
+	for (i = 0; i < BC_SHARDS; i++) {
+		struct bc_shard *s = &bc->shards[i];
+		size_t j;
+
+		/* Only hashed data blocks are the cache's own; ckpt blocks belong to their
+		 * file maps, which the namespace frees before the cache. */
+		for (j = 0; j < s->nbuckets; j++) {
+			struct bc_block *b = s->buckets[j], *n;
+
+			for (; b; b = n) {
+				n = b->hnext;
+				bc_buf_free(bc, b);
+				free(b);
+			}
+		}
+		free(s->buckets);
+		pthread_mutex_destroy(&s->mu);
+	}
+	free(bc);
+}
+
+uint32_t bc_block_size(const struct bc *bc)
+{
+	return bc->block_size;
+}
+
+void bc_set_budget(struct bc *bc, uint64_t budget)
+{
+	atomic_store(&bc->budget, budget);
+}
+
+uint64_t bc_budget(const struct bc *bc)
+{
+	return atomic_load(&bc->budget);
+}
+
+uint64_t bc_mem_bytes(const struct bc *bc)
+{
+	return atomic_load(&bc->mem_bytes);
+}
+
+void bc_get_stats(struct bc *bc, struct bc_stats *st)
+{
+	st->mem_bytes = atomic_load(&bc->mem_bytes);
+	st->budget = atomic_load(&bc->budget);
+	st->block_size = bc->block_size;
+	st->data_blocks = atomic_load(&bc->blocks[BC_DATA]);
+	st->ckpt_blocks = atomic_load(&bc->blocks[BC_CKPT]);
+	st->data_resident = atomic_load(&bc->resident[BC_DATA]);
+	st->ckpt_resident = atomic_load(&bc->resident[BC_CKPT]);
+	st->hits = atomic_load(&bc->hits);
+	st->misses = atomic_load(&bc->misses);
+	st->not_admitted = atomic_load(&bc->not_admitted);
+	st->dirty_bytes = atomic_load(&bc->dirty_bytes);
+}
+
+static struct bc_shard *bc_shard_of(struct bc *bc, struct bc_block *b)
+{
+	return &bc->shards[b->shard];
+}
+
+struct bc_block *bc_block_new(struct bc *bc, enum bc_class cls, uint32_t cap)
+{
+	struct bc_block *b = calloc(1, sizeof(*b));
+
+	if (!b)
+		return NULL;
+	b->cls = cls;
+	atomic_init(&b->ref, 1);
+	if (bc_buf_alloc(bc, b, cap, cls == BC_CKPT)) {
+		free(b);
+		return NULL;
+	}
+	b->len = cls == BC_DATA ? cap : 0;
+	atomic_fetch_add(&bc->blocks[cls], 1);
+	if (cls == BC_CKPT) {
+		struct bc_shard *s;
+
+		b->flags = BC_CSUM_STALE;
+		b->shard = (uint8_t)(((uintptr_t)b >> 6) % BC_SHARDS);
+		s = bc_shard_of(bc, b);
+		pthread_mutex_lock(&s->mu);
+		bc_list_push(&s->lists[BC_CKPT], b);
+		pthread_mutex_unlock(&s->mu);
+	}
+	return b;
+}
+
+static void bc_block_destroy(struct bc *bc, struct bc_block *b)
+{
+	bc_buf_free(bc, b);
+	atomic_fetch_sub(&bc->blocks[b->cls], 1);
+	free(b);
+}
+
+bool bc_block_put(struct bc *bc, struct bc_block *b)
+{
+	struct bc_shard *s;
+
+	if (atomic_fetch_sub_explicit(&b->ref, 1, memory_order_acq_rel) != 1)
+		return false;
+	/* Last reference: a hashed block never gets here (the cache holds one), so only
+	 * list membership remains to undo (invariant 4). */
+	assert(!(b->flags & BC_HASHED));
+	if (b->cls == BC_CKPT) { /* ckpt blocks stay on their list for life */
+		s = bc_shard_of(bc, b);
+		pthread_mutex_lock(&s->mu);
+		bc_list_del(&s->lists[b->cls], b);
+		pthread_mutex_unlock(&s->mu);
+	}
+	bc_block_destroy(bc, b);
+	return true;
+}
+
+static struct bc_block **bc_bucket(struct bc_shard *s, uint64_t h)
+{
+	return &s->buckets[(h / BC_SHARDS) & (s->nbuckets - 1)];
+}
+
+static struct bc_block *bc_find_locked(struct bc_shard *s, uint64_t h, const struct bc_fid *fid,
+				       uint64_t index)
+{
+	struct bc_block *b;
+
+	for (b = *bc_bucket(s, h); b; b = b->hnext)
+		if (b->index == index && b->fid.lo == fid->lo && b->fid.hi == fid->hi)
+			return b;
+	return NULL;
+}
+
+/* Doubles a shard's table when it averages two blocks a bucket: amortized O(1). A
+ * failed allocation just leaves longer chains. */
+static void bc_grow_locked(struct bc_shard *s)
+{
+	size_t n = s->nbuckets * 2, i;
+	struct bc_block **nb = calloc(n, sizeof(*nb));
+
+	if (!nb)
+		return;
+	for (i = 0; i < s->nbuckets; i++) {
+		struct bc_block *b = s->buckets[i], *next;
+
+		for (; b; b = next) {
+			uint64_t h = bc_key_hash(&b->fid, b->index);
+			struct bc_block **slot = &nb[(h / BC_SHARDS) & (n - 1)];
+
+			next = b->hnext;
+			b->hnext = *slot;
+			*slot = b;
+		}
+	}
+	free(s->buckets);
+	s->buckets = nb;
+	s->nbuckets = n;
+}
+
+struct bc_block *bc_lookup(struct bc *bc, const struct bc_fid *fid, uint64_t index)
+{
+	uint64_t h = bc_key_hash(fid, index);
+	struct bc_shard *s = &bc->shards[h % BC_SHARDS];
+	struct bc_block *b;
+
+	pthread_mutex_lock(&s->mu);
+	b = bc_find_locked(s, h, fid, index);
+	if (b)
+		bc_block_get(b);
+	pthread_mutex_unlock(&s->mu);
+	atomic_fetch_add_explicit(b && b->buf ? &bc->hits : &bc->misses, 1, memory_order_relaxed);
+	return b;
+}
+
+struct bc_block *bc_insert(struct bc *bc, struct bc_block *b, const struct bc_fid *fid,
+			   uint64_t index)
+{
+	uint64_t h = bc_key_hash(fid, index);
+	struct bc_shard *s = &bc->shards[h % BC_SHARDS];
+	struct bc_block *old;
+
+	/* Admission before the lock: the budget test is advisory under concurrency (a few
+	 * blocks over at most, one per racing thread), and the tier manager trims. */
+	if (atomic_load(&bc->mem_bytes) > atomic_load(&bc->budget)) {
+		atomic_fetch_add_explicit(&bc->not_admitted, 1, memory_order_relaxed);
+		return b;
+	}
+	b->fid = *fid;
+	b->index = index;
+	b->shard = (uint8_t)(h % BC_SHARDS);
+	pthread_mutex_lock(&s->mu);
+	old = bc_find_locked(s, h, fid, index);
+	if (old) {
+		bc_block_get(old);
+		pthread_mutex_unlock(&s->mu);
+		bc_block_put(bc, b);
+		return old;
+	}
+	struct bc_block **slot = bc_bucket(s, h);
+
+	b->hnext = *slot;
+	*slot = b;
+	b->flags |= BC_HASHED;
+	bc_block_get(b); /* the cache's reference (invariant 2) */
+	bc_list_push(&s->lists[BC_DATA], b);
+	if (++s->nhashed > 2 * s->nbuckets)
+		bc_grow_locked(s);
+	pthread_mutex_unlock(&s->mu);
+	return b;
+}
+
+/* Unhashes b (invariant 2) and returns the cache's reference for the caller to put
+ * after dropping the lock. */
+static void bc_unhash_locked(struct bc_shard *s, struct bc_block *b)
+{
+	struct bc_block **pp = bc_bucket(s, bc_key_hash(&b->fid, b->index));
+
+	while (*pp != b)
+		pp = &(*pp)->hnext;
+	*pp = b->hnext;
+	b->hnext = NULL;
+	b->flags &= ~BC_HASHED;
+	s->nhashed--;
+	bc_list_del(&s->lists[BC_DATA], b);
+}
+
+void bc_drop_fid(struct bc *bc, const struct bc_fid *fid)
+{
+	int i;
+
+	for (i = 0; i < BC_SHARDS; i++) {
+		struct bc_shard *s = &bc->shards[i];
+		struct bc_block *b, *next, *dead = NULL;
+
+		pthread_mutex_lock(&s->mu);
+		for (b = s->lists[BC_DATA].head; b; b = next) {
+			next = b->lnext;
+			if (b->fid.hi != fid->hi || b->fid.lo != fid->lo)
+				continue;
+			bc_unhash_locked(s, b);
+			b->hnext = dead;
+			dead = b;
+		}
+		pthread_mutex_unlock(&s->mu);
+		for (; dead; dead = next) {
+			next = dead->hnext;
+			dead->hnext = NULL;
+			bc_block_put(bc, dead);
+		}
+	}
+}
+
+int bc_write_begin(struct bc *bc, struct bc_block *b)
+{
+	struct bc_shard *s = bc_shard_of(bc, b);
+	int rc = 0;
+
+	pthread_mutex_lock(&s->mu);
+	if (atomic_load(&b->ref) != 1 || (b->flags & (BC_IO | BC_WRITING)) || !b->buf)
+		rc = -EBUSY;
+	else
+		b->flags |= BC_WRITING;
+	pthread_mutex_unlock(&s->mu);
+	return rc;
+}
+
+void bc_write_end(struct bc *bc, struct bc_block *b)
+{
+	struct bc_shard *s = bc_shard_of(bc, b);
+	bool was_stored;
+
+	pthread_mutex_lock(&s->mu);
+	was_stored = b->flags & BC_STORED;
+	/* The spill copy and the store object no longer match the buffer. */
+	b->flags &= ~(BC_WRITING | BC_STORED | BC_SPILLED);
+	b->flags |= BC_CSUM_STALE;
+	pthread_mutex_unlock(&s->mu);
+	if (was_stored)
+		atomic_fetch_add(&bc->dirty_bytes, b->cap);
+}
+
+int bc_block_reserve(struct bc *bc, struct bc_block *b, uint32_t cap)
+{
+	void *nb;
+
+	assert(b->flags & BC_WRITING);
+	if (cap <= b->cap)
+		return 0;
+	if (cap > bc->block_size)
+		cap = bc->block_size;
+	nb = realloc(b->buf, cap);
+	if (!nb)
+		return -ENOMEM;
+	memset((char *)nb + b->cap, 0, cap - b->cap);
+	atomic_fetch_add(&bc->mem_bytes, cap - b->cap);
+	if (!(b->flags & BC_STORED))
+		atomic_fetch_add(&bc->dirty_bytes, cap - b->cap);
+	b->buf = nb;
+	b->cap = cap;
+	return 0;
+}
+
+struct bc_block *bc_block_clone(struct bc *bc, const struct bc_block *b, uint32_t cap)
+{
+	struct bc_block *c;
+
+	if (cap < b->len)
+		cap = b->len;
+	c = bc_block_new(bc, BC_CKPT, cap);
+	if (!c)
+		return NULL;
+	memcpy(c->buf, b->buf, b->len);
+	c->len = b->len;
+	return c;
+}
+
+void bc_block_seal(struct bc *bc, struct bc_block *b)
+{
+	struct bc_shard *s = bc_shard_of(bc, b);
+	uint64_t csum;
+
+	if (!(b->flags & BC_CSUM_STALE))
+		return;
+	/* Hash outside the lock: the caller's reference plus the rule that shared blocks
+	 * are never written in place (invariant 3) keep the bytes still. */
+	csum = XXH3_64bits(b->buf, b->len);
+	pthread_mutex_lock(&s->mu);
+	b->csum = csum;
+	b->flags &= ~BC_CSUM_STALE;
+	pthread_mutex_unlock(&s->mu);
+}
+
+unsigned bc_pick_victims(struct bc *bc, struct bc_block **out, unsigned max, int cls)
+{
+	unsigned n = 0, i, start = (unsigned)(atomic_load(&bc->misses) % BC_SHARDS);
+
+	/* Round robin over shards from a moving start, oldest first within a shard: for
+	 * data that is FIFO, which is as good as any order for shuffled epochs and costs
+	 * nothing on a hit. */
+	for (i = 0; i < BC_SHARDS && n < max; i++) {
+		struct bc_shard *s = &bc->shards[(start + i) % BC_SHARDS];
+		struct bc_block *b;
+
+		pthread_mutex_lock(&s->mu);
+		for (b = s->lists[cls].head; b && n < max; b = b->lnext) {
+			if (!b->buf || (b->flags & (BC_IO | BC_WRITING)))
+				continue;
+			b->flags |= BC_IO;
+			bc_block_get(b);
+			out[n++] = b;
+		}
+		pthread_mutex_unlock(&s->mu);
+	}
+	return n;
+}
+
+void bc_evict_done(struct bc *bc, struct bc_block *b, bool release)
+{
+	struct bc_shard *s = bc_shard_of(bc, b);
+	bool unhashed = false, free_buf = false;
+
+	pthread_mutex_lock(&s->mu);
+	b->flags &= ~BC_IO;
+	/* Our reference plus the owner's (the cache's or a file map's): anything more is a
+	 * reader using the buffer right now, so keep it. */
+	if (release && atomic_load(&b->ref) == 2) {
+		if (b->flags & (BC_SPILLED | BC_STORED)) {
+			free_buf = true;
+		} else if (b->flags & BC_HASHED) {
+			bc_unhash_locked(s, b);
+			unhashed = true;
+		}
+	}
+	if (free_buf) {
+		/* Keep the block on its list: it is now a non-resident entry. */
+		bc_buf_free(bc, b);
+	}
+	pthread_mutex_unlock(&s->mu);
+	if (unhashed)
+		bc_block_put(bc, b);
+	bc_block_put(bc, b);
+}
+
+int bc_reload_begin(struct bc *bc, struct bc_block *b)
+{
+	struct bc_shard *s = bc_shard_of(bc, b);
+	int rc = 0;
+
+	pthread_mutex_lock(&s->mu);
+	if (b->buf)
+		rc = -EEXIST;
+	else if (b->flags & BC_IO)
+		rc = -EBUSY;
+	else if ((rc = bc_buf_alloc(bc, b, b->len, false)) == 0)
+		b->flags |= BC_IO;
+	pthread_mutex_unlock(&s->mu);
+	return rc;
+}
+
+void bc_reload_end(struct bc *bc, struct bc_block *b, bool ok)
+{
+	struct bc_shard *s = bc_shard_of(bc, b);
+
+	pthread_mutex_lock(&s->mu);
+	b->flags &= ~BC_IO;
+	if (!ok)
+		bc_buf_free(bc, b);
+	pthread_mutex_unlock(&s->mu);
+}

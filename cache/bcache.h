@@ -1,0 +1,146 @@
+/*
+ * bcache.h - the block cache: every byte of file content mlfs holds in memory.
+ *
+ * Contract
+ * - A file's content is a sequence of fixed-size blocks (block_size, a power of two,
+ *   64 KiB..8 MiB); a block's buffer holds `len` bytes, the last one of a file may be
+ *   short. Each buffer is counted exactly in mem_bytes from allocation to free, so the
+ *   figure mlfs-stat shows is the daemon's real block memory.
+ * - Two classes of blocks:
+ *     data  immutable copies of SOURCE blocks, found by key (file id, block index) in a
+ *           sharded hash table; the cache holds one reference to each cached block.
+ *     ckpt  content of MOUNT/ckpt files; owned by file block maps (and frozen snapshot
+ *           maps), never hashed. The cache tracks them only to spill them.
+ * - Reference counts: every pointer to a block that outlives a lock is a counted
+ *   reference (bc_block_get/bc_block_put). The buffer of a block whose count is above
+ *   one is never modified in place: a writer copies it first (copy on write), which is
+ *   what makes snapshots and concurrent readers safe.
+ * - Each block carries an XXH3-64 checksum of its `len` bytes, taken when it enters the
+ *   cache (data) or when it stops changing (ckpt: see BC_CSUM_STALE). It is verified when
+ *   the block comes back from disk or the store, never on a memory hit.
+ * - Admission (data blocks): once mem_bytes would pass the budget, a miss is served but
+ *   not cached and nothing is replaced. On a shuffled epoch over a dataset larger than
+ *   the budget this keeps a hit rate of about budget/dataset, where LRU would thrash.
+ *
+ * Thread safety: every function may be called from any thread. Blocks are spread over
+ * shards by key (data) or address (ckpt); each shard has its own mutex, held only for
+ * pointer work, never across I/O or a copy of block contents.
+ */
+#ifndef MLFS_BCACHE_H
+#define MLFS_BCACHE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define BC_BLOCK_MIN (64u << 10)
+#define BC_BLOCK_MAX (8u << 20)
+#define BC_BLOCK_DEFAULT (1u << 20)
+
+enum bc_class { BC_DATA = 0, BC_CKPT = 1 };
+
+/* Block flags (b->flags, changed only under the block's shard lock). */
+enum {
+	BC_HASHED = 1u << 0,	   /* data block in the hash table (holds the cache's ref) */
+	BC_WRITING = 1u << 1,	   /* a ckpt writer is modifying the buffer in place */
+	BC_CSUM_STALE = 1u << 2,   /* ckpt buffer changed since csum was taken */
+	BC_SPILLED = 1u << 3,	   /* a valid copy lives at loc in the spill tier */
+	BC_IO = 1u << 4,	   /* a spill or reload of this block is in flight */
+	BC_INCOMPRESSIBLE = 1u << 5, /* an earlier spill did not compress: don't try again */
+	BC_STORED = 1u << 6,	   /* ckpt: an identical object is in the snapshot store */
+};
+
+/* File identity for data blocks: 128 bits derived from the source file's device,
+ * inode, size and mtime, so a file that changes underneath gets a new id and can never
+ * be served from the old one's blocks. Ckpt blocks have no key. */
+struct bc_fid {
+	uint64_t hi, lo;
+};
+
+struct bc_block {
+	struct bc_block *hnext;		/* hash chain (data) */
+	struct bc_block *lprev, *lnext; /* shard list in eviction order */
+	struct bc_fid fid;		/* data: owner file */
+	uint64_t index;			/* data: block number within the file */
+	uint64_t csum;			/* XXH3-64 of buf[0..len) (see BC_CSUM_STALE) */
+	void *buf;			/* NULL while not resident in memory */
+	atomic_uint ref;
+	uint32_t len;			/* logical bytes */
+	uint32_t cap;			/* bytes allocated for buf, counted in mem_bytes */
+	uint16_t flags;
+	uint8_t cls;			/* enum bc_class */
+	uint8_t shard;
+	uint32_t spill_len, spill_flags; /* valid while BC_SPILLED: where the spill tier */
+	uint64_t spill_off;		/* keeps its copy (a struct spill_loc, unpacked) */
+	uint8_t obj[16];		/* valid while BC_STORED: store object name */
+};
+
+struct bc_stats {
+	uint64_t mem_bytes, budget, block_size;
+	uint64_t data_blocks, ckpt_blocks;   /* blocks existing, resident or not */
+	uint64_t data_resident, ckpt_resident;
+	uint64_t hits, misses, not_admitted;
+	uint64_t dirty_bytes;		     /* ckpt bytes resident and not in the store */
+};
+
+struct bc;
+
+int bc_new(uint32_t block_size, uint64_t budget, struct bc **out);
+void bc_free(struct bc *bc);
+uint32_t bc_block_size(const struct bc *bc);
+void bc_set_budget(struct bc *bc, uint64_t budget);
+uint64_t bc_budget(const struct bc *bc);
+uint64_t bc_mem_bytes(const struct bc *bc);
+void bc_get_stats(struct bc *bc, struct bc_stats *st);
+
+/* A new block with a buffer of `cap` bytes (zeroed for ckpt), len 0 for ckpt, `cap`
+ * for data; one reference, handed to the caller. Ckpt blocks are tracked for spilling
+ * from here on. NULL when memory is short. */
+struct bc_block *bc_block_new(struct bc *bc, enum bc_class cls, uint32_t cap);
+static inline void bc_block_get(struct bc_block *b)
+{
+	atomic_fetch_add_explicit(&b->ref, 1, memory_order_relaxed);
+}
+/* Drops one reference; true when it was the last and the block is gone. */
+bool bc_block_put(struct bc *bc, struct bc_block *b);
+
+/* Data blocks. bc_lookup returns a counted reference to a cached block, or NULL (a
+ * miss); it counts a hit or a miss. The block may be non-resident (spilled): the caller
+ * then reloads it with bc_reload. */
+struct bc_block *bc_lookup(struct bc *bc, const struct bc_fid *fid, uint64_t index);
+/* Offers a freshly read data block b (csum set) for caching under (fid, index). Returns
+ * a counted reference the caller must put: an existing block under that key (b is then
+ * put), or b itself, cached when the budget admits it. Never fails. */
+struct bc_block *bc_insert(struct bc *bc, struct bc_block *b, const struct bc_fid *fid,
+			   uint64_t index);
+/* Drops every cached block of fid (the source file changed). Scans every shard: O(all
+ * blocks), run only when a change is detected. */
+void bc_drop_fid(struct bc *bc, const struct bc_fid *fid);
+
+/* Ckpt blocks. bc_write_begin returns 0 when the caller, which must hold the only
+ * reference that a file map owns plus the file's write lock, may modify b->buf in place;
+ * -EBUSY when it must copy instead (someone else holds a reference or I/O is in
+ * flight). bc_write_end marks the checksum stale and the block dirty. bc_block_resize
+ * grows the buffer of a block being written (in place: caller holds BC_WRITING). */
+int bc_write_begin(struct bc *bc, struct bc_block *b);
+void bc_write_end(struct bc *bc, struct bc_block *b);
+int bc_block_reserve(struct bc *bc, struct bc_block *b, uint32_t cap);
+/* A private copy of b (same len and bytes, cap at least `cap`), for copy on write.
+ * b must be resident. NULL on ENOMEM. */
+struct bc_block *bc_block_clone(struct bc *bc, const struct bc_block *b, uint32_t cap);
+/* Makes sure b->csum matches b->buf (computes it if stale). Caller holds a reference
+ * and b is resident and not being written. */
+void bc_block_seal(struct bc *bc, struct bc_block *b);
+
+/* Tiering hooks (used by tiering/tier.c). bc_pick_victims fills out[] with up to max
+ * resident blocks to evict, in policy order, each with a counted reference and BC_IO
+ * set so no writer modifies it meanwhile; bc_evict_done clears BC_IO and, when
+ * `release` is true and nobody else holds the block, frees its buffer (the block stays,
+ * non-resident, if it has a copy elsewhere; a data block with none is unhashed). */
+unsigned bc_pick_victims(struct bc *bc, struct bc_block **out, unsigned max, int cls);
+void bc_evict_done(struct bc *bc, struct bc_block *b, bool release);
+/* Gives a non-resident block a buffer again (filled by the caller); 0 or -ENOMEM. */
+int bc_reload_begin(struct bc *bc, struct bc_block *b);
+void bc_reload_end(struct bc *bc, struct bc_block *b, bool ok);
+
+#endif

@@ -1,0 +1,46 @@
+#include "cache/log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static int log_debug_on;
+static int log_syslog_on;
+
+void log_set_debug(int on)
+{
+	log_debug_on = on;
+}
+
+void log_to_syslog(void)
+{
+	openlog("mlfs", LOG_PID, LOG_DAEMON);
+	log_syslog_on = 1;
+}
+
+void log_msg(int level, const char *fmt, ...)
+{
+	static const char *const names[] = { "emerg", "alert", "crit", "error",
+					     "warning", "notice", "info", "debug" };
+	char line[1024];
+	va_list ap;
+	int n;
+
+	if (level == LOG_DEBUG && !log_debug_on)
+		return;
+	va_start(ap, fmt);
+	if (log_syslog_on) {
+		vsyslog(level, fmt, ap);
+		va_end(ap);
+		return;
+	}
+	n = snprintf(line, sizeof(line), "mlfs[%d]: %s: ", (int)getpid(), names[level & 7]);
+	vsnprintf(line + n, sizeof(line) - n - 1, fmt, ap);
+	va_end(ap);
+	n = strlen(line);
+	line[n++] = '\n';
+	/* One write per line so concurrent threads never interleave inside a line. */
+	if (write(STDERR_FILENO, line, n) < 0)
+		return;
+}

@@ -1,0 +1,23 @@
+/*
+ * log.h - one-line diagnostics for every mlfs module.
+ *
+ * Contract: log_msg() writes one line "mlfs[pid]: LEVEL: message" to stderr, or to
+ * syslog (LOG_DAEMON) once log_to_syslog() was called (the daemon does so when it
+ * detaches). Thread safe: each line is written with a single call. Never blocks on
+ * anything but the write itself. LOG_DEBUG lines appear only after log_set_debug(1).
+ */
+#ifndef MLFS_LOG_H
+#define MLFS_LOG_H
+
+#include <syslog.h>
+
+void log_set_debug(int on);
+void log_to_syslog(void);
+void log_msg(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define log_err(...) log_msg(LOG_ERR, __VA_ARGS__)
+#define log_warn(...) log_msg(LOG_WARNING, __VA_ARGS__)
+#define log_info(...) log_msg(LOG_INFO, __VA_ARGS__)
+#define log_debug(...) log_msg(LOG_DEBUG, __VA_ARGS__)
+
+#endif

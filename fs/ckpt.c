@@ -1,0 +1,1183 @@
+/*
+ * ckpt.c - MOUNT/ckpt, the in-memory POSIX tree (contract in ckpt.h).
+ *
+ * Invariants
+ * 1. Names: every directory entry is in ns->names (hashed by directory and name) and on
+ *    its directory's list, or in neither; both change only under ns->mu.
+ * 2. An inode is freed exactly when nlink, nlookup and nopen are all zero (ckpt_maybe_free,
+ *    under ns->mu). A directory's nlink is 2 + its subdirectories while it has a name,
+ *    0 once removed.
+ * 3. A file's content (blocks[], size) changes only under its rwlock held for writing,
+ *    and size also under ns->mu so that getattr reads it consistently.
+ * 4. blocks[i] == NULL for i >= DIV_ROUND_UP(size, block_size): truncation drops them.
+ *    Bytes of a block past b->len read as zeros whatever its buffer holds there; a write
+ *    that starts past b->len zeroes the gap first.
+ * 5. A block referenced by anyone but this file (a snapshot, a reader replying) is never
+ *    written in place: bc_write_begin refuses and the writer copies it (bcache inv. 3).
+ */
+#include "fs/ckpt.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/xattr.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "cache/bcache.h"
+#include "cache/log.h"
+
+/* Attribute and entry timeout for MOUNT/ckpt. Every change of the tree goes through this
+ * kernel, which updates its own caches, so a long timeout is safe; 1 s bounds how long a
+ * restore (which swaps the tree behind the kernel's back and then invalidates) could be
+ * seen late if an invalidation were lost. */
+#define CKPT_TIMEOUT 1.0
+#define CKPT_XATTR_MAX (64u << 10) /* one value, as ext4 with ea_inode */
+#define CKPT_XATTR_TOTAL (1u << 20) /* all of one inode's xattrs */
+
+struct ckpt_xattr {
+	struct ckpt_xattr *next;
+	char *name;
+	void *value;
+	size_t size;
+};
+
+struct ckpt_dirent {
+	struct ckpt_dirent *hnext;	   /* ns->names chain */
+	struct ckpt_dirent *prev, *next; /* dir's list, in creation order */
+	struct ckpt_inode *dir, *ino;
+	uint16_t namelen;
+	char name[];
+};
+
+struct ckpt_inode {
+	struct mlfs_node hdr;
+	pthread_rwlock_t lock; /* content: invariant 3 */
+	mode_t mode;
+	uid_t uid;
+	gid_t gid;
+	uint32_t nlink;
+	dev_t rdev;
+	uint64_t size;
+	struct timespec atime, mtime, ctime;
+	uint64_t nlookup;
+	uint32_t nopen;
+	struct ckpt_xattr *xattrs;
+	size_t xattr_bytes;
+	/* directories */
+	struct ckpt_inode *parent;
+	struct ckpt_dirent *head, *tail;
+	uint64_t nentries;
+	/* regular files */
+	struct bc_block **blocks;
+	uint64_t nblocks; /* slots allocated in blocks[] */
+	/* symlinks */
+	char *target;
+};
+
+struct ckpt_dir { /* an open directory stream: a copy of the listing */
+	size_t n, cap;
+	struct ckpt_dent_copy {
+		uint64_t st_ino;
+		mode_t type;
+		char *name;
+	} *ents;
+	int filled;
+};
+
+struct ckpt_ns {
+	struct mlfs *m;
+	struct bc *bc;
+	uint32_t bs;
+	pthread_mutex_t mu;
+	struct ckpt_dirent **names;
+	size_t nbuckets, nnames;
+	struct ckpt_inode *root;
+	uint64_t ninodes;
+};
+
+static _Atomic uint64_t ckpt_next_ino = 1ull << 40; /* apart from MOUNT/data's numbers */
+
+double ckpt_timeout(void)
+{
+	return CKPT_TIMEOUT;
+}
+
+static struct timespec ckpt_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return ts;
+}
+
+static uint64_t ckpt_name_hash(const struct ckpt_inode *dir, const char *name, size_t len)
+{
+	return XXH3_64bits_withSeed(name, len, (uintptr_t)dir);
+}
+
+static struct ckpt_inode *ckpt_inode_new(struct ckpt_ns *ns, mode_t mode, uid_t uid, gid_t gid)
+{
+	struct ckpt_inode *ino = calloc(1, sizeof(*ino));
+
+	if (!ino)
+		return NULL;
+	ino->hdr.kind = MLFS_CKPT;
+	ino->hdr.st_ino = atomic_fetch_add(&ckpt_next_ino, 1);
+	pthread_rwlock_init(&ino->lock, NULL);
+	ino->mode = mode;
+	ino->uid = uid;
+	ino->gid = gid;
+	ino->atime = ino->mtime = ino->ctime = ckpt_now();
+	ns->ninodes++;
+	return ino;
+}
+
+static void ckpt_inode_destroy(struct ckpt_ns *ns, struct ckpt_inode *ino)
+{
+	struct ckpt_xattr *x, *next;
+	uint64_t i;
+
+	for (i = 0; i < ino->nblocks; i++)
+		if (ino->blocks[i])
+			bc_block_put(ns->bc, ino->blocks[i]);
+	free(ino->blocks);
+	for (x = ino->xattrs; x; x = next) {
+		next = x->next;
+		free(x->name);
+		free(x->value);
+		free(x);
+	}
+	free(ino->target);
+	pthread_rwlock_destroy(&ino->lock);
+	ns->ninodes--;
+	free(ino);
+}
+
+/* Invariant 2. Called under ns->mu. */
+static void ckpt_maybe_free(struct ckpt_ns *ns, struct ckpt_inode *ino)
+{
+	if (ino->nlink == 0 && ino->nlookup == 0 && ino->nopen == 0 && ino != ns->root)
+		ckpt_inode_destroy(ns, ino);
+}
+
+int ckpt_ns_new(struct mlfs *m, struct ckpt_ns **out)
+{
+	struct ckpt_ns *ns = calloc(1, sizeof(*ns));
+
+	if (!ns)
+		return -ENOMEM;
+	ns->m = m;
+	ns->bc = m->bc;
+	ns->bs = bc_block_size(m->bc);
+	pthread_mutex_init(&ns->mu, NULL);
+	ns->nbuckets = 1024;
+	ns->names = calloc(ns->nbuckets, sizeof(*ns->names));
+	ns->root = ns->names ? ckpt_inode_new(ns, S_IFDIR | 0755, m->owner, getgid()) : NULL;
+	if (!ns->root) {
+		free(ns->names);
+		free(ns);
+		return -ENOMEM;
+	}
+	ns->root->hdr.st_ino = 3;
+	ns->root->nlink = 2;
+	ns->root->parent = ns->root;
+	*out = ns;
+	return 0;
+}
+
+static void ckpt_free_tree(struct ckpt_ns *ns, struct ckpt_inode *dir)
+{
+	struct ckpt_dirent *d, *next;
+
+	for (d = dir->head; d; d = next) {
+		next = d->next;
+		if (S_ISDIR(d->ino->mode))
+			ckpt_free_tree(ns, d->ino);
+		if (--d->ino->nlink == 0 || S_ISDIR(d->ino->mode))
+			ckpt_inode_destroy(ns, d->ino);
+		free(d);
+	}
+	dir->head = dir->tail = NULL;
+}
+
+void ckpt_ns_free(struct ckpt_ns *ns)
+{
+	if (!ns)
+		return;
+	/* At unmount the kernel has forgotten every inode and closed every file, so what
+	 * is left is exactly the named tree. */
+	ckpt_free_tree(ns, ns->root);
+	ckpt_inode_destroy(ns, ns->root);
+	free(ns->names);
+	pthread_mutex_destroy(&ns->mu);
+	free(ns);
+}
+
+struct ckpt_inode *ckpt_root(struct ckpt_ns *ns)
+{
+	return ns->root;
+}
+
+static void ckpt_stat_locked(const struct ckpt_ns *ns, const struct ckpt_inode *ino,
+			     struct stat *st)
+{
+	uint64_t i, nb = 0;
+
+	memset(st, 0, sizeof(*st));
+	st->st_ino = ino->hdr.st_ino;
+	st->st_mode = ino->mode;
+	st->st_nlink = ino->nlink;
+	st->st_uid = ino->uid;
+	st->st_gid = ino->gid;
+	st->st_rdev = ino->rdev;
+	st->st_size = ino->size;
+	st->st_blksize = ns->bs;
+	if (S_ISREG(ino->mode)) {
+		/* Allocated 512-byte units, as du expects: holes cost nothing. */
+		for (i = 0; i < ino->nblocks; i++)
+			if (ino->blocks[i])
+				nb += (ino->blocks[i]->len + 511) / 512;
+	} else if (S_ISDIR(ino->mode)) {
+		nb = 8;
+	}
+	st->st_blocks = nb;
+	st->st_atim = ino->atime;
+	st->st_mtim = ino->mtime;
+	st->st_ctim = ino->ctime;
+}
+
+static void ckpt_entry_locked(struct ckpt_ns *ns, struct ckpt_inode *ino,
+			      struct fuse_entry_param *e)
+{
+	memset(e, 0, sizeof(*e));
+	ino->nlookup++;
+	e->ino = (fuse_ino_t)ino;
+	e->attr_timeout = e->entry_timeout = CKPT_TIMEOUT;
+	ckpt_stat_locked(ns, ino, &e->attr);
+}
+
+static struct ckpt_dirent *ckpt_find_locked(struct ckpt_ns *ns, const struct ckpt_inode *dir,
+					    const char *name)
+{
+	size_t len = strlen(name);
+	struct ckpt_dirent *d = ns->names[ckpt_name_hash(dir, name, len) & (ns->nbuckets - 1)];
+
+	for (; d; d = d->hnext)
+		if (d->dir == dir && d->namelen == len && !memcmp(d->name, name, len))
+			return d;
+	return NULL;
+}
+
+static void ckpt_grow_names_locked(struct ckpt_ns *ns)
+{
+	size_t n = ns->nbuckets * 2, i;
+	struct ckpt_dirent **nb = calloc(n, sizeof(*nb));
+
+	if (!nb)
+		return;
+	for (i = 0; i < ns->nbuckets; i++) {
+		struct ckpt_dirent *d = ns->names[i], *next;
+
+		for (; d; d = next) {
+			size_t j = ckpt_name_hash(d->dir, d->name, d->namelen) & (n - 1);
+
+			next = d->hnext;
+			d->hnext = nb[j];
+			nb[j] = d;
+		}
+	}
+	free(ns->names);
+	ns->names = nb;
+	ns->nbuckets = n;
+}
+
+/* Adds name -> ino to dir (invariant 1); does not touch nlink. */
+static int ckpt_link_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
+			    struct ckpt_inode *ino)
+{
+	size_t len = strlen(name);
+	struct ckpt_dirent *d = malloc(sizeof(*d) + len + 1), **slot;
+
+	if (!d)
+		return -ENOMEM;
+	d->dir = dir;
+	d->ino = ino;
+	d->namelen = (uint16_t)len;
+	memcpy(d->name, name, len + 1);
+	slot = &ns->names[ckpt_name_hash(dir, name, len) & (ns->nbuckets - 1)];
+	d->hnext = *slot;
+	*slot = d;
+	d->next = NULL;
+	d->prev = dir->tail;
+	if (dir->tail)
+		dir->tail->next = d;
+	else
+		dir->head = d;
+	dir->tail = d;
+	dir->nentries++;
+	if (++ns->nnames > 2 * ns->nbuckets)
+		ckpt_grow_names_locked(ns);
+	return 0;
+}
+
+/* Removes dirent d from its directory (invariant 1) and frees it. */
+static void ckpt_unlink_locked(struct ckpt_ns *ns, struct ckpt_dirent *d)
+{
+	struct ckpt_dirent **pp =
+		&ns->names[ckpt_name_hash(d->dir, d->name, d->namelen) & (ns->nbuckets - 1)];
+
+	while (*pp != d)
+		pp = &(*pp)->hnext;
+	*pp = d->hnext;
+	if (d->prev)
+		d->prev->next = d->next;
+	else
+		d->dir->head = d->next;
+	if (d->next)
+		d->next->prev = d->prev;
+	else
+		d->dir->tail = d->prev;
+	d->dir->nentries--;
+	ns->nnames--;
+	free(d);
+}
+
+static int ckpt_check_name(const char *name)
+{
+	if (strlen(name) > NAME_MAX)
+		return -ENAMETOOLONG;
+	return 0;
+}
+
+int ckpt_lookup(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
+		struct fuse_entry_param *e)
+{
+	struct ckpt_dirent *d;
+	int rc = 0;
+
+	if ((rc = ckpt_check_name(name)))
+		return rc;
+	pthread_mutex_lock(&ns->mu);
+	if (!S_ISDIR(dir->mode))
+		rc = -ENOTDIR;
+	else if (!(d = ckpt_find_locked(ns, dir, name)))
+		rc = -ENOENT;
+	else
+		ckpt_entry_locked(ns, d->ino, e);
+	pthread_mutex_unlock(&ns->mu);
+	return rc;
+}
+
+void ckpt_forget(struct ckpt_ns *ns, struct ckpt_inode *ino, uint64_t nlookup)
+{
+	pthread_mutex_lock(&ns->mu);
+	assert(ino->nlookup >= nlookup);
+	ino->nlookup -= nlookup;
+	ckpt_maybe_free(ns, ino);
+	pthread_mutex_unlock(&ns->mu);
+}
+
+int ckpt_getattr(struct ckpt_ns *ns, struct ckpt_inode *ino, struct stat *st)
+{
+	pthread_mutex_lock(&ns->mu);
+	ckpt_stat_locked(ns, ino, st);
+	pthread_mutex_unlock(&ns->mu);
+	return 0;
+}
+
+/* Makes blocks[] hold at least n slots. Under the inode's write lock. */
+static int ckpt_blocks_reserve(struct ckpt_inode *ino, uint64_t n)
+{
+	uint64_t cap = ino->nblocks ? ino->nblocks : 4;
+	struct bc_block **nb;
+
+	if (n <= ino->nblocks)
+		return 0;
+	while (cap < n)
+		cap *= 2;
+	nb = realloc(ino->blocks, cap * sizeof(*nb));
+	if (!nb)
+		return -ENOMEM;
+	memset(nb + ino->nblocks, 0, (cap - ino->nblocks) * sizeof(*nb));
+	ino->blocks = nb;
+	ino->nblocks = cap;
+	return 0;
+}
+
+/* Gets blocks[idx] ready to be modified in place with room for cap bytes: allocated if
+ * a hole, copied if shared (invariant 5), resident. Returns it with BC_WRITING set;
+ * the caller ends with bc_write_end. Under the inode's write lock. */
+static int ckpt_block_for_write(struct ckpt_ns *ns, struct ckpt_inode *ino, uint64_t idx,
+				uint32_t cap, struct bc_block **out)
+{
+	struct bc_block *b = ino->blocks[idx], *c;
+	int rc;
+
+	/* Buffers grow by doubling from 4 KiB so a small file costs a page, not a block,
+	 * and a file written sequentially reallocates each block only a few times. */
+	uint32_t want = 4096;
+
+	while (want < cap)
+		want *= 2;
+	if (want > ns->bs)
+		want = ns->bs;
+	if (!b) {
+		b = bc_block_new(ns->bc, BC_CKPT, want);
+		if (!b)
+			return -ENOMEM;
+		ino->blocks[idx] = b;
+	} else if (!b->buf) {
+		return -EIO; /* non-resident ckpt blocks come with the tiering work */
+	}
+	if (bc_write_begin(ns->bc, b) == -EBUSY) {
+		c = bc_block_clone(ns->bc, b, want);
+		if (!c)
+			return -ENOMEM;
+		bc_block_put(ns->bc, b);
+		ino->blocks[idx] = b = c;
+		rc = bc_write_begin(ns->bc, b);
+		assert(rc == 0);
+	}
+	if ((rc = bc_block_reserve(ns->bc, b, want))) {
+		bc_write_end(ns->bc, b);
+		return rc;
+	}
+	*out = b;
+	return 0;
+}
+
+/* Sets the content size to size (invariant 4). Under the inode's write lock. */
+static int ckpt_truncate_locked(struct ckpt_ns *ns, struct ckpt_inode *ino, uint64_t size)
+{
+	uint64_t keep = (size + ns->bs - 1) / ns->bs, i;
+	uint32_t tail = size % ns->bs;
+	struct bc_block *b;
+	int rc;
+
+	for (i = keep; i < ino->nblocks; i++) {
+		if (ino->blocks[i]) {
+			bc_block_put(ns->bc, ino->blocks[i]);
+			ino->blocks[i] = NULL;
+		}
+	}
+	/* A partial last block keeps only the bytes before the new end. */
+	if (tail && keep && keep - 1 < ino->nblocks && (b = ino->blocks[keep - 1]) &&
+	    b->len > tail) {
+		if ((rc = ckpt_block_for_write(ns, ino, keep - 1, tail, &b)))
+			return rc;
+		b->len = tail;
+		bc_write_end(ns->bc, b);
+	}
+	pthread_mutex_lock(&ns->mu);
+	ino->size = size;
+	ino->mtime = ino->ctime = ckpt_now();
+	pthread_mutex_unlock(&ns->mu);
+	return 0;
+}
+
+int ckpt_setattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct stat *attr,
+		 int to_set, struct stat *out)
+{
+	struct timespec now = ckpt_now();
+	int rc = 0;
+
+	if (to_set & FUSE_SET_ATTR_SIZE) {
+		if (S_ISDIR(ino->mode))
+			return -EISDIR;
+		if (!S_ISREG(ino->mode))
+			return -EINVAL;
+		if ((uint64_t)attr->st_size > (uint64_t)ns->bs * UINT32_MAX)
+			return -EFBIG;
+		pthread_rwlock_wrlock(&ino->lock);
+		rc = ckpt_truncate_locked(ns, ino, attr->st_size);
+		pthread_rwlock_unlock(&ino->lock);
+		if (rc)
+			return rc;
+	}
+	pthread_mutex_lock(&ns->mu);
+	/* The kernel checked the caller's rights and already folded setgid clearing into
+	 * the mode (setattr_prepare under default_permissions). */
+	if (to_set & FUSE_SET_ATTR_MODE)
+		ino->mode = (ino->mode & S_IFMT) | (attr->st_mode & 07777);
+	if (to_set & FUSE_SET_ATTR_UID)
+		ino->uid = attr->st_uid;
+	if (to_set & FUSE_SET_ATTR_GID)
+		ino->gid = attr->st_gid;
+	if (to_set & FUSE_SET_ATTR_ATIME_NOW)
+		ino->atime = now;
+	else if (to_set & FUSE_SET_ATTR_ATIME)
+		ino->atime = attr->st_atim;
+	if (to_set & FUSE_SET_ATTR_MTIME_NOW)
+		ino->mtime = now;
+	else if (to_set & FUSE_SET_ATTR_MTIME)
+		ino->mtime = attr->st_mtim;
+	if (to_set & FUSE_SET_ATTR_CTIME)
+		ino->ctime = attr->st_ctim;
+	else
+		ino->ctime = now;
+	ckpt_stat_locked(ns, ino, out);
+	pthread_mutex_unlock(&ns->mu);
+	return 0;
+}
+
+/* Shared by mknod, mkdir and symlink: a new inode named name in dir. */
+static int ckpt_create_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
+			      mode_t mode, const struct ckpt_ctx *c, struct ckpt_inode **out)
+{
+	struct ckpt_inode *ino;
+	gid_t gid = c->gid;
+	int rc;
+
+	if (!S_ISDIR(dir->mode) || dir->nlink == 0)
+		return dir->nlink == 0 ? -ENOENT : -ENOTDIR;
+	if (ckpt_find_locked(ns, dir, name))
+		return -EEXIST;
+	/* BSD group semantics in a setgid directory, as ext4: the group is inherited, and
+	 * a new directory is setgid too. */
+	if (dir->mode & S_ISGID) {
+		gid = dir->gid;
+		if (S_ISDIR(mode))
+			mode |= S_ISGID;
+	}
+	ino = ckpt_inode_new(ns, mode, c->uid, gid);
+	if (!ino)
+		return -ENOMEM;
+	if ((rc = ckpt_link_locked(ns, dir, name, ino))) {
+		ckpt_inode_destroy(ns, ino);
+		return rc;
+	}
+	ino->nlink = 1;
+	dir->mtime = dir->ctime = ino->ctime;
+	*out = ino;
+	return 0;
+}
+
+int ckpt_mknod(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name, mode_t mode,
+	       dev_t rdev, const struct ckpt_ctx *c, struct fuse_entry_param *e)
+{
+	struct ckpt_inode *ino;
+	int rc;
+
+	if ((rc = ckpt_check_name(name)))
+		return rc;
+	if (!S_ISREG(mode) && !S_ISFIFO(mode) && !S_ISSOCK(mode) && !S_ISCHR(mode) &&
+	    !S_ISBLK(mode))
+		return -EINVAL;
+	pthread_mutex_lock(&ns->mu);
+	if (!(rc = ckpt_create_locked(ns, dir, name, mode, c, &ino))) {
+		ino->rdev = rdev;
+		ckpt_entry_locked(ns, ino, e);
+	}
+	pthread_mutex_unlock(&ns->mu);
+	return rc;
+}
+
+int ckpt_mkdir(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name, mode_t mode,
+	       const struct ckpt_ctx *c, struct fuse_entry_param *e)
+{
+	struct ckpt_inode *ino;
+	int rc;
+
+	if ((rc = ckpt_check_name(name)))
+		return rc;
+	pthread_mutex_lock(&ns->mu);
+	if (!(rc = ckpt_create_locked(ns, dir, name, S_IFDIR | (mode & 07777), c, &ino))) {
+		ino->nlink = 2;
+		ino->parent = dir;
+		dir->nlink++;
+		ckpt_entry_locked(ns, ino, e);
+	}
+	pthread_mutex_unlock(&ns->mu);
+	return rc;
+}
+
+int ckpt_symlink(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
+		 const char *target, const struct ckpt_ctx *c, struct fuse_entry_param *e)
+{
+	struct ckpt_inode *ino;
+	char *t;
+	int rc;
+
+	if ((rc = ckpt_check_name(name)))
+		return rc;
+	if (strlen(target) >= PATH_MAX)
+		return -ENAMETOOLONG;
+	t = strdup(target);
+	if (!t)
+		return -ENOMEM;
+	pthread_mutex_lock(&ns->mu);
+	if (!(rc = ckpt_create_locked(ns, dir, name, S_IFLNK | 0777, c, &ino))) {
+		ino->target = t;
+		ino->size = strlen(t);
+		t = NULL;
+		ckpt_entry_locked(ns, ino, e);
+	}
+	pthread_mutex_unlock(&ns->mu);
+	free(t);
+	return rc;
+}
+
+int ckpt_link(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_inode *dir,
+	      const char *name, struct fuse_entry_param *e)
+{
+	int rc;
+
+	if ((rc = ckpt_check_name(name)))
+		return rc;
+	pthread_mutex_lock(&ns->mu);
+	if (S_ISDIR(ino->mode))
+		rc = -EPERM;
+	else if (!S_ISDIR(dir->mode))
+		rc = -ENOTDIR;
+	else if (dir->nlink == 0 || ino->nlink == 0)
+		rc = -ENOENT;
+	else if (ino->nlink >= 65000)
+		rc = -EMLINK; /* ext4's EXT4_LINK_MAX */
+	else if (ckpt_find_locked(ns, dir, name))
+		rc = -EEXIST;
+	else if (!(rc = ckpt_link_locked(ns, dir, name, ino))) {
+		ino->nlink++;
+		ino->ctime = dir->mtime = dir->ctime = ckpt_now();
+		ckpt_entry_locked(ns, ino, e);
+	}
+	pthread_mutex_unlock(&ns->mu);
+	return rc;
+}
+
+/* Drops one name of ino (nlink) and frees it if that was all (invariant 2). */
+static void ckpt_drop_name_locked(struct ckpt_ns *ns, struct ckpt_inode *ino,
+				  struct timespec now)
+{
+	if (S_ISDIR(ino->mode)) {
+		ino->nlink = 0;
+		ino->parent->nlink--;
+	} else {
+		ino->nlink--;
+	}
+	ino->ctime = now;
+	ckpt_maybe_free(ns, ino);
+}
+
+int ckpt_unlink(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name)
+{
+	struct timespec now = ckpt_now();
+	struct ckpt_dirent *d;
+	struct ckpt_inode *ino;
+	int rc = 0;
+
+	pthread_mutex_lock(&ns->mu);
+	if (!S_ISDIR(dir->mode))
+		rc = -ENOTDIR;
+	else if (!(d = ckpt_find_locked(ns, dir, name)))
+		rc = -ENOENT;
+	else if (S_ISDIR(d->ino->mode))
+		rc = -EISDIR;
+	if (!rc) {
+		ino = d->ino;
+		ckpt_unlink_locked(ns, d);
+		dir->mtime = dir->ctime = now;
+		ckpt_drop_name_locked(ns, ino, now);
+	}
+	pthread_mutex_unlock(&ns->mu);
+	return rc;
+}
+
+int ckpt_rmdir(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name)
+{
+	struct timespec now = ckpt_now();
+	struct ckpt_dirent *d;
+	struct ckpt_inode *ino;
+	int rc = 0;
+
+	if (!strcmp(name, "."))
+		return -EINVAL;
+	if (!strcmp(name, ".."))
+		return -ENOTEMPTY;
+	pthread_mutex_lock(&ns->mu);
+	if (!S_ISDIR(dir->mode))
+		rc = -ENOTDIR;
+	else if (!(d = ckpt_find_locked(ns, dir, name)))
+		rc = -ENOENT;
+	else if (!S_ISDIR(d->ino->mode))
+		rc = -ENOTDIR;
+	else if (d->ino->nentries)
+		rc = -ENOTEMPTY;
+	if (!rc) {
+		ino = d->ino;
+		ckpt_unlink_locked(ns, d);
+		dir->mtime = dir->ctime = now;
+		ckpt_drop_name_locked(ns, ino, now);
+	}
+	pthread_mutex_unlock(&ns->mu);
+	return rc;
+}
+
+/* True if dir is a or lies below a. */
+static int ckpt_is_under_locked(const struct ckpt_ns *ns, const struct ckpt_inode *dir,
+				const struct ckpt_inode *a)
+{
+	for (;; dir = dir->parent) {
+		if (dir == a)
+			return 1;
+		if (dir == ns->root || !dir->parent || dir->nlink == 0)
+			return 0;
+	}
+}
+
+static void ckpt_move_dir_locked(struct ckpt_inode *ino, struct ckpt_inode *from,
+				 struct ckpt_inode *to)
+{
+	if (!S_ISDIR(ino->mode) || from == to)
+		return;
+	from->nlink--;
+	to->nlink++;
+	ino->parent = to;
+}
+
+int ckpt_rename(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
+		struct ckpt_inode *newdir, const char *newname, unsigned flags)
+{
+	struct timespec now = ckpt_now();
+	struct ckpt_dirent *src, *dst;
+	struct ckpt_inode *ino, *victim;
+	int rc = 0;
+
+	if ((rc = ckpt_check_name(newname)))
+		return rc;
+	if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE))
+		return -EINVAL;
+	if ((flags & RENAME_NOREPLACE) && (flags & RENAME_EXCHANGE))
+		return -EINVAL;
+	pthread_mutex_lock(&ns->mu);
+	if (!S_ISDIR(dir->mode) || !S_ISDIR(newdir->mode)) {
+		rc = -ENOTDIR;
+		goto out;
+	}
+	if (!(src = ckpt_find_locked(ns, dir, name))) {
+		rc = -ENOENT;
+		goto out;
+	}
+	ino = src->ino;
+	dst = ckpt_find_locked(ns, newdir, newname);
+	victim = dst ? dst->ino : NULL;
+	if (flags & RENAME_EXCHANGE) {
+		if (!dst) {
+			rc = -ENOENT;
+			goto out;
+		}
+		if ((S_ISDIR(ino->mode) && ckpt_is_under_locked(ns, newdir, ino)) ||
+		    (S_ISDIR(victim->mode) && ckpt_is_under_locked(ns, dir, victim))) {
+			rc = -EINVAL;
+			goto out;
+		}
+		src->ino = victim;
+		dst->ino = ino;
+		ckpt_move_dir_locked(ino, dir, newdir);
+		ckpt_move_dir_locked(victim, newdir, dir);
+		ino->ctime = victim->ctime = now;
+		dir->mtime = dir->ctime = newdir->mtime = newdir->ctime = now;
+		goto out;
+	}
+	if (victim == ino)
+		goto out; /* two names of one inode: POSIX says do nothing */
+	if (dst && (flags & RENAME_NOREPLACE)) {
+		rc = -EEXIST;
+		goto out;
+	}
+	if (S_ISDIR(ino->mode) && ckpt_is_under_locked(ns, newdir, ino)) {
+		rc = -EINVAL;
+		goto out;
+	}
+	if (victim) {
+		if (S_ISDIR(ino->mode) && !S_ISDIR(victim->mode)) {
+			rc = -ENOTDIR;
+			goto out;
+		}
+		if (!S_ISDIR(ino->mode) && S_ISDIR(victim->mode)) {
+			rc = -EISDIR;
+			goto out;
+		}
+		if (S_ISDIR(victim->mode) && victim->nentries) {
+			rc = -ENOTEMPTY;
+			goto out;
+		}
+	}
+	/* Link the new name before dropping anything, so ENOMEM leaves all as it was. */
+	if (victim) {
+		dst->ino = ino;
+	} else if ((rc = ckpt_link_locked(ns, newdir, newname, ino))) {
+		goto out;
+	}
+	ckpt_unlink_locked(ns, src);
+	ckpt_move_dir_locked(ino, dir, newdir);
+	ino->ctime = now;
+	dir->mtime = dir->ctime = newdir->mtime = newdir->ctime = now;
+	if (victim)
+		ckpt_drop_name_locked(ns, victim, now);
+out:
+	pthread_mutex_unlock(&ns->mu);
+	return rc;
+}
+
+int ckpt_readlink(struct ckpt_ns *ns, struct ckpt_inode *ino, char *buf, size_t size)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&ns->mu);
+	if (!S_ISLNK(ino->mode))
+		rc = -EINVAL;
+	else
+		snprintf(buf, size, "%s", ino->target);
+	pthread_mutex_unlock(&ns->mu);
+	return rc;
+}
+
+int ckpt_statfs(struct ckpt_ns *ns, struct statvfs *sv)
+{
+	uint64_t total = ns->m->cfg.mem_max + ns->m->cfg.spill_max;
+	uint64_t used = bc_mem_bytes(ns->bc);
+
+	/* Capacity is what the tiers may hold: memory up to mem_max plus spill_max. */
+	memset(sv, 0, sizeof(*sv));
+	sv->f_bsize = sv->f_frsize = 4096;
+	sv->f_blocks = total / 4096;
+	sv->f_bfree = sv->f_bavail = used < total ? (total - used) / 4096 : 0;
+	pthread_mutex_lock(&ns->mu);
+	sv->f_files = ns->ninodes + (1u << 20);
+	sv->f_ffree = sv->f_favail = 1u << 20;
+	pthread_mutex_unlock(&ns->mu);
+	sv->f_namemax = NAME_MAX;
+	return 0;
+}
+
+int ckpt_open(struct ckpt_ns *ns, struct ckpt_inode *ino, int flags)
+{
+	pthread_mutex_lock(&ns->mu);
+	ino->nopen++;
+	pthread_mutex_unlock(&ns->mu);
+	return 0;
+}
+
+void ckpt_release(struct ckpt_ns *ns, struct ckpt_inode *ino)
+{
+	pthread_mutex_lock(&ns->mu);
+	assert(ino->nopen > 0);
+	ino->nopen--;
+	ckpt_maybe_free(ns, ino);
+	pthread_mutex_unlock(&ns->mu);
+}
+
+int ckpt_read(struct ckpt_ns *ns, struct ckpt_inode *ino, size_t size, off_t off,
+	      struct mlfs_seg *segs)
+{
+	uint64_t end;
+	int n = 0;
+
+	pthread_rwlock_rdlock(&ino->lock);
+	if ((uint64_t)off >= ino->size)
+		goto out;
+	end = ino->size - off < size ? ino->size : off + size;
+	while ((uint64_t)off < end) {
+		uint64_t idx = off / ns->bs;
+		uint32_t boff = off % ns->bs, len = ns->bs - boff;
+		struct bc_block *b = idx < ino->nblocks ? ino->blocks[idx] : NULL;
+
+		if (len > end - off)
+			len = end - off;
+		if (b && !b->buf) {
+			/* Non-resident ckpt blocks come with the tiering work. */
+			while (n-- > 0)
+				if (segs[n].b)
+					bc_block_put(ns->bc, segs[n].b);
+			pthread_rwlock_unlock(&ino->lock);
+			return -EIO;
+		}
+		if (b && boff < b->len) {
+			uint32_t have = b->len - boff < len ? b->len - boff : len;
+
+			bc_block_get(b);
+			segs[n++] = (struct mlfs_seg){ .b = b, .off = boff, .len = have };
+			off += have;
+			len -= have;
+		}
+		if (len) { /* hole, or past the block's len: zeros (invariant 4) */
+			segs[n++] = (struct mlfs_seg){ .b = NULL, .off = 0, .len = len };
+			off += len;
+		}
+	}
+out:
+	pthread_rwlock_unlock(&ino->lock);
+	return n;
+}
+
+int ckpt_write(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *buf, size_t size,
+	       off_t off)
+{
+	uint64_t end = off + size, pos = off;
+	int rc = 0;
+
+	if (end > (uint64_t)ns->bs * UINT32_MAX)
+		return -EFBIG;
+	pthread_rwlock_wrlock(&ino->lock);
+	if ((rc = ckpt_blocks_reserve(ino, (end + ns->bs - 1) / ns->bs)))
+		goto out;
+	while (pos < end) {
+		uint64_t idx = pos / ns->bs;
+		uint32_t boff = pos % ns->bs, len = ns->bs - boff;
+		struct bc_block *b;
+
+		if (len > end - pos)
+			len = end - pos;
+		if ((rc = ckpt_block_for_write(ns, ino, idx, boff + len, &b)))
+			break;
+		if (boff > b->len) /* invariant 4: the gap reads as zeros */
+			memset((char *)b->buf + b->len, 0, boff - b->len);
+		memcpy((char *)b->buf + boff, buf + (pos - off), len);
+		if (boff + len > b->len)
+			b->len = boff + len;
+		bc_write_end(ns->bc, b);
+		pos += len;
+	}
+	if (pos > (uint64_t)off) {
+		pthread_mutex_lock(&ns->mu);
+		if (pos > ino->size)
+			ino->size = pos;
+		ino->mtime = ino->ctime = ckpt_now();
+		pthread_mutex_unlock(&ns->mu);
+	}
+out:
+	pthread_rwlock_unlock(&ino->lock);
+	/* A short write is reported as such; the kernel retries the rest. */
+	return pos > (uint64_t)off ? (int)(pos - off) : rc;
+}
+
+static struct ckpt_xattr **ckpt_xattr_find_locked(struct ckpt_inode *ino, const char *name)
+{
+	struct ckpt_xattr **pp;
+
+	for (pp = &ino->xattrs; *pp; pp = &(*pp)->next)
+		if (!strcmp((*pp)->name, name))
+			return pp;
+	return NULL;
+}
+
+int ckpt_setxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name,
+		  const char *value, size_t size, int flags)
+{
+	struct ckpt_xattr **pp, *x;
+	void *v;
+	int rc = 0;
+
+	if (strlen(name) > XATTR_NAME_MAX || !*name)
+		return strlen(name) ? -ERANGE : -EINVAL;
+	if (size > CKPT_XATTR_MAX)
+		return -E2BIG;
+	v = malloc(size ? size : 1);
+	if (!v)
+		return -ENOMEM;
+	memcpy(v, value, size);
+	pthread_mutex_lock(&ns->mu);
+	pp = ckpt_xattr_find_locked(ino, name);
+	if (pp && (flags & XATTR_CREATE)) {
+		rc = -EEXIST;
+	} else if (!pp && (flags & XATTR_REPLACE)) {
+		rc = -ENODATA;
+	} else if (ino->xattr_bytes + size + strlen(name) -
+			   (pp ? (*pp)->size + strlen(name) : 0) > CKPT_XATTR_TOTAL) {
+		rc = -ENOSPC;
+	} else if (pp) {
+		x = *pp;
+		ino->xattr_bytes += size - x->size;
+		free(x->value);
+		x->value = v;
+		x->size = size;
+		v = NULL;
+	} else if ((x = calloc(1, sizeof(*x))) && (x->name = strdup(name))) {
+		x->value = v;
+		x->size = size;
+		x->next = ino->xattrs;
+		ino->xattrs = x;
+		ino->xattr_bytes += size + strlen(name);
+		v = NULL;
+	} else {
+		free(x);
+		rc = -ENOMEM;
+	}
+	if (!rc)
+		ino->ctime = ckpt_now();
+	pthread_mutex_unlock(&ns->mu);
+	free(v);
+	return rc;
+}
+
+int ckpt_getxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name, void *buf,
+		  size_t size)
+{
+	struct ckpt_xattr **pp;
+	int rc;
+
+	pthread_mutex_lock(&ns->mu);
+	pp = ckpt_xattr_find_locked(ino, name);
+	if (!pp) {
+		rc = -ENODATA;
+	} else if (size == 0) {
+		rc = (int)(*pp)->size;
+	} else if (size < (*pp)->size) {
+		rc = -ERANGE;
+	} else {
+		memcpy(buf, (*pp)->value, (*pp)->size);
+		rc = (int)(*pp)->size;
+	}
+	pthread_mutex_unlock(&ns->mu);
+	return rc;
+}
+
+int ckpt_listxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, char *buf, size_t size)
+{
+	struct ckpt_xattr *x;
+	size_t need = 0;
+
+	pthread_mutex_lock(&ns->mu);
+	for (x = ino->xattrs; x; x = x->next)
+		need += strlen(x->name) + 1;
+	if (size && need > size) {
+		pthread_mutex_unlock(&ns->mu);
+		return -ERANGE;
+	}
+	if (size) {
+		char *p = buf;
+
+		for (x = ino->xattrs; x; x = x->next)
+			p = stpcpy(p, x->name) + 1;
+	}
+	pthread_mutex_unlock(&ns->mu);
+	return (int)need;
+}
+
+int ckpt_removexattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name)
+{
+	struct ckpt_xattr **pp, *x;
+	int rc = 0;
+
+	pthread_mutex_lock(&ns->mu);
+	pp = ckpt_xattr_find_locked(ino, name);
+	if (!pp) {
+		rc = -ENODATA;
+	} else {
+		x = *pp;
+		*pp = x->next;
+		ino->xattr_bytes -= x->size + strlen(x->name);
+		ino->ctime = ckpt_now();
+		free(x->name);
+		free(x->value);
+		free(x);
+	}
+	pthread_mutex_unlock(&ns->mu);
+	return rc;
+}
+
+static void ckpt_dir_clear(struct ckpt_dir *d)
+{
+	size_t i;
+
+	for (i = 0; i < d->n; i++)
+		free(d->ents[i].name);
+	d->n = 0;
+	d->filled = 0;
+}
+
+/* Copies dir's listing into d: cost O(entries) per open or rewind, which makes every
+ * later readdir call O(its batch) however large the directory. */
+static int ckpt_dir_fill(struct ckpt_ns *ns, struct ckpt_inode *dir, struct ckpt_dir *d)
+{
+	struct ckpt_dirent *e;
+	int rc = 0;
+
+	ckpt_dir_clear(d);
+	pthread_mutex_lock(&ns->mu);
+	if (d->cap < dir->nentries + 2) {
+		size_t cap = dir->nentries + 2;
+		void *p = realloc(d->ents, cap * sizeof(*d->ents));
+
+		if (!p) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		d->ents = p;
+		d->cap = cap;
+	}
+	d->ents[d->n++] = (struct ckpt_dent_copy){ dir->hdr.st_ino, S_IFDIR, strdup(".") };
+	d->ents[d->n++] = (struct ckpt_dent_copy){ dir->parent->hdr.st_ino, S_IFDIR, strdup("..") };
+	for (e = dir->head; e; e = e->next)
+		d->ents[d->n++] = (struct ckpt_dent_copy){ e->ino->hdr.st_ino,
+							   e->ino->mode & S_IFMT, strdup(e->name) };
+	d->filled = 1;
+	for (size_t i = 0; i < d->n; i++)
+		if (!d->ents[i].name)
+			rc = -ENOMEM;
+out:
+	pthread_mutex_unlock(&ns->mu);
+	return rc;
+}
+
+int ckpt_opendir(struct ckpt_ns *ns, struct ckpt_inode *dir, struct ckpt_dir **out)
+{
+	struct ckpt_dir *d = calloc(1, sizeof(*d));
+
+	if (!d)
+		return -ENOMEM;
+	*out = d;
+	return 0;
+}
+
+int ckpt_readdir(struct ckpt_ns *ns, fuse_req_t req, struct ckpt_inode *dir,
+		 struct ckpt_dir *d, char *buf, size_t size, off_t off, int plus)
+{
+	size_t used = 0, i;
+	int rc;
+
+	/* Offset 0 after the stream was read is a rewinddir(): list the directory as it
+	 * is now, as POSIX asks. Offsets are index + 1 into the copy. */
+	if (!d->filled || off == 0) {
+		if ((rc = ckpt_dir_fill(ns, dir, d)))
+			return rc;
+	}
+	for (i = off; i < d->n; i++) {
+		struct fuse_entry_param e = { 0 };
+		const char *name = d->ents[i].name;
+		size_t need;
+
+		if (plus) {
+			if (i < 2) {
+				e.attr.st_ino = d->ents[i].st_ino;
+				e.attr.st_mode = d->ents[i].type;
+			} else if (ckpt_lookup(ns, dir, name, &e)) {
+				continue; /* removed since the copy was made */
+			}
+			need = fuse_add_direntry_plus(req, buf + used, size - used, name, &e, i + 1);
+			if (need > size - used && i >= 2)
+				ckpt_forget(ns, (struct ckpt_inode *)e.ino, 1);
+		} else {
+			struct stat st = { .st_ino = d->ents[i].st_ino, .st_mode = d->ents[i].type };
+
+			need = fuse_add_direntry(req, buf + used, size - used, name, &st, i + 1);
+		}
+		if (need > size - used)
+			break;
+		used += need;
+	}
+	return (int)used;
+}
+
+void ckpt_releasedir(struct ckpt_ns *ns, struct ckpt_dir *d)
+{
+	ckpt_dir_clear(d);
+	free(d->ents);
+	free(d);
+}

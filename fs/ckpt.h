@@ -1,0 +1,91 @@
+/*
+ * ckpt.h - MOUNT/ckpt: the read-write POSIX tree that holds checkpoints in memory.
+ *
+ * Contract
+ * - Semantics are ext4's, as far as a FUSE server decides them: the kernel (mounted with
+ *   default_permissions) checks access, sticky dirs and setattr rights before a request
+ *   reaches us; we give new inodes the caller's uid/gid (the kernel has applied the
+ *   umask), inherit a setgid directory's group, keep nlink, times and sizes as ext4 does,
+ *   and return ext4's errno for every refusal.
+ * - File content is an array of counted block references (cache/bcache.h); a hole is a
+ *   NULL entry or the part of a block past its len, and reads as zeros. A block shared
+ *   with a snapshot or a reader is copied before it is written (copy on write).
+ * - Inodes live while they have a name (nlink), a kernel lookup reference or an open
+ *   file; an unlinked file stays readable and writable until its last close.
+ * - Every function returns 0 or a count on success and -errno on failure.
+ *
+ * Thread safety: any thread. One namespace mutex covers names, attributes and xattrs
+ * (pointer work only); each inode's rwlock covers its content and is held across the
+ * copy of write data, never across disk I/O.
+ */
+#ifndef MLFS_CKPT_H
+#define MLFS_CKPT_H
+
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include "fs/mlfs.h"
+
+struct ckpt_inode;
+struct ckpt_dir;
+
+struct ckpt_ctx { /* who is asking: from fuse_req_ctx() */
+	uid_t uid;
+	gid_t gid;
+};
+
+int ckpt_ns_new(struct mlfs *m, struct ckpt_ns **out);
+void ckpt_ns_free(struct ckpt_ns *ns);
+/* MOUNT/ckpt itself; never freed. Borrowed. */
+struct ckpt_inode *ckpt_root(struct ckpt_ns *ns);
+double ckpt_timeout(void);
+
+int ckpt_lookup(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
+		struct fuse_entry_param *e);
+void ckpt_forget(struct ckpt_ns *ns, struct ckpt_inode *ino, uint64_t nlookup);
+int ckpt_getattr(struct ckpt_ns *ns, struct ckpt_inode *ino, struct stat *st);
+/* to_set: FUSE_SET_ATTR_* bits. Size changes take the inode's content lock. */
+int ckpt_setattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct stat *attr,
+		 int to_set, struct stat *out);
+
+/* Creating names: each fills e and takes a lookup reference on the new inode. */
+int ckpt_mknod(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name, mode_t mode,
+	       dev_t rdev, const struct ckpt_ctx *c, struct fuse_entry_param *e);
+int ckpt_mkdir(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name, mode_t mode,
+	       const struct ckpt_ctx *c, struct fuse_entry_param *e);
+int ckpt_symlink(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
+		 const char *target, const struct ckpt_ctx *c, struct fuse_entry_param *e);
+int ckpt_link(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_inode *dir,
+	      const char *name, struct fuse_entry_param *e);
+int ckpt_unlink(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name);
+int ckpt_rmdir(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name);
+/* flags: 0, RENAME_NOREPLACE or RENAME_EXCHANGE. */
+int ckpt_rename(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
+		struct ckpt_inode *newdir, const char *newname, unsigned flags);
+int ckpt_readlink(struct ckpt_ns *ns, struct ckpt_inode *ino, char *buf, size_t size);
+int ckpt_statfs(struct ckpt_ns *ns, struct statvfs *sv);
+
+/* Open files: the open count keeps an unlinked inode alive until ckpt_release. */
+int ckpt_open(struct ckpt_ns *ns, struct ckpt_inode *ino, int flags);
+void ckpt_release(struct ckpt_ns *ns, struct ckpt_inode *ino);
+/* Like data_read: segs with counted references, NULL b for zeros; the count. */
+int ckpt_read(struct ckpt_ns *ns, struct ckpt_inode *ino, size_t size, off_t off,
+	      struct mlfs_seg *segs);
+/* Returns bytes written (all of size) or -errno (-ENOSPC, -ENOMEM, -EFBIG). */
+int ckpt_write(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *buf, size_t size,
+	       off_t off);
+
+int ckpt_setxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name,
+		  const char *value, size_t size, int flags);
+int ckpt_getxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name, void *buf,
+		  size_t size);
+int ckpt_listxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, char *buf, size_t size);
+int ckpt_removexattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name);
+
+/* Directory streams list the entries as of the open (or of a rewind to offset 0). */
+int ckpt_opendir(struct ckpt_ns *ns, struct ckpt_inode *dir, struct ckpt_dir **out);
+int ckpt_readdir(struct ckpt_ns *ns, fuse_req_t req, struct ckpt_inode *dir,
+		 struct ckpt_dir *d, char *buf, size_t size, off_t off, int plus);
+void ckpt_releasedir(struct ckpt_ns *ns, struct ckpt_dir *d);
+
+#endif

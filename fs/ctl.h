@@ -1,0 +1,58 @@
+/*
+ * ctl.h - the control channel between the daemon and mlfs-snap / mlfs-stat.
+ *
+ * Contract
+ * - The daemon listens on a Unix stream socket, mode 0600, owned by the user who
+ *   mounted, in /run/mlfs (root) or $XDG_RUNTIME_DIR/mlfs or /tmp/mlfs-UID (others, a
+ *   0700 directory). Nobody else can connect; the server also checks SO_PEERCRED and
+ *   answers EPERM to anyone but root and that user.
+ * - The tools find the socket from the mount point: getxattr(MOUNT, MLFS_CTL_XATTR)
+ *   on the mount root returns its path.
+ * - Protocol, one request per connection: the client sends its arguments joined by
+ *   '\t' and ended by '\n' (arguments never contain either: snapshot names refuse
+ *   control characters). The server answers lines: "out TEXT" (any number, streamed:
+ *   progress arrives while the command runs), then exactly one of "ok" or
+ *   "err ERRNO MESSAGE".
+ * - Each connection is served on its own thread, so a long command (take --wait) does
+ *   not hold up mlfs-stat.
+ */
+#ifndef MLFS_CTL_H
+#define MLFS_CTL_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+#define MLFS_CTL_XATTR "user.mlfs.control"
+#define CTL_MAX_ARGS 16
+
+struct mlfs;
+struct ctl;
+struct ctl_req;
+
+/* A command handler: 0 or -errno; ctl_out() streams output lines, ctl_fail() sets the
+ * message that goes with an error. Runs on the connection's thread; may block. */
+typedef int (*ctl_fn)(struct mlfs *m, struct ctl_req *r, int argc, char **argv);
+
+/* Binds the socket (before the daemon forks: the fd survives); no thread yet. */
+int ctl_new(struct mlfs *m, struct ctl **out);
+int ctl_register(struct ctl *c, const char *cmd, ctl_fn fn);
+/* Starts the accept thread (after the fork). */
+int ctl_start(struct ctl *c);
+/* Stops accepting, waits for running commands, removes the socket. */
+void ctl_free(struct ctl *c);
+/* The socket's path; borrowed, lives as long as c. */
+const char *ctl_path(const struct ctl *c);
+
+void ctl_out(struct ctl_req *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void ctl_fail(struct ctl_req *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+uid_t ctl_peer_uid(const struct ctl_req *r);
+
+/* Client side. ctl_connect finds and connects to the daemon of mountpoint: fd or
+ * -errno (-ENOTCONN "not an mlfs mount", -EACCES/-EPERM not allowed). ctl_call sends
+ * argv and calls out() for each "out" line; returns 0, or the daemon's -errno with its
+ * message in msg. */
+int ctl_connect(const char *mountpoint);
+int ctl_call(int fd, int argc, const char *const *argv,
+	     void (*out)(void *arg, const char *line), void *arg, char *msg, size_t msglen);
+
+#endif

@@ -1,0 +1,608 @@
+/*
+ * data.c - MOUNT/data, the read-only view of SOURCE (contract in data.h).
+ *
+ * Invariants
+ * 1. A node is in the table from its first lookup until its lookup count and child
+ *    count are both zero; then it is unlinked and freed under ns->mu, and its parent's
+ *    child count drops (which may free the parent in turn).
+ * 2. n->fid is the id of the source file as of the last lookup or open that saw it;
+ *    blocks cached under any other id of the same node were dropped when it changed.
+ * 3. Paths handed to the *at() calls are relative to ns->src_fd and never start with
+ *    '/': a name from the kernel has no '/', so a lookup cannot leave SOURCE.
+ */
+#include "fs/data.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/statvfs.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "cache/bcache.h"
+#include "cache/log.h"
+
+struct data_node {
+	struct mlfs_node hdr;
+	struct data_node *parent; /* NULL for the root */
+	struct data_node *hnext;
+	struct bc_fid fid;	  /* invariant 2 */
+	uint64_t nlookup;
+	uint32_t nchild;
+	uint16_t namelen;
+	char name[];
+};
+
+struct data_file {
+	int fd;
+	struct bc_fid fid;
+	uint64_t size;
+	struct data_node *n;
+};
+
+struct data_dir {
+	DIR *dp;
+	off_t offset;
+	struct dirent *entry; /* read but not yet returned (buffer was full) */
+};
+
+struct data_ns {
+	struct mlfs *m;
+	int src_fd;
+	char *src_path;
+	pthread_mutex_t mu;
+	struct data_node **buckets;
+	size_t nbuckets, nnodes;
+	struct data_node *root;
+};
+
+static _Atomic uint64_t data_next_ino = 16;
+
+static uint64_t data_name_hash(const struct data_node *parent, const char *name, size_t len)
+{
+	return XXH3_64bits_withSeed(name, len, (uintptr_t)parent);
+}
+
+static struct bc_fid data_fid_of(const struct stat *st)
+{
+	uint64_t key[5] = { st->st_dev, st->st_ino, (uint64_t)st->st_size,
+			    (uint64_t)st->st_mtim.tv_sec, (uint64_t)st->st_mtim.tv_nsec };
+	XXH128_hash_t h = XXH3_128bits(key, sizeof(key));
+
+	return (struct bc_fid){ .hi = h.high64, .lo = h.low64 };
+}
+
+int data_ns_new(struct mlfs *m, const char *source, struct data_ns **out)
+{
+	struct data_ns *ns = calloc(1, sizeof(*ns));
+	struct stat st;
+	int rc = -ENOMEM;
+
+	if (!ns)
+		return -ENOMEM;
+	ns->m = m;
+	ns->nbuckets = 4096;
+	ns->buckets = calloc(ns->nbuckets, sizeof(*ns->buckets));
+	ns->root = calloc(1, sizeof(*ns->root) + 1);
+	ns->src_path = strdup(source);
+	if (!ns->buckets || !ns->root || !ns->src_path)
+		goto out_free;
+	ns->src_fd = open(source, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (ns->src_fd < 0) {
+		rc = -errno;
+		goto out_free;
+	}
+	if (fstat(ns->src_fd, &st) < 0) {
+		rc = -errno;
+		goto out_close;
+	}
+	pthread_mutex_init(&ns->mu, NULL);
+	ns->root->hdr.kind = MLFS_DATA;
+	ns->root->hdr.st_ino = 2;
+	ns->root->fid = data_fid_of(&st);
+	ns->root->nlookup = 1; /* pinned: the mount root's entry */
+	*out = ns;
+	return 0;
+
+out_close:
+	close(ns->src_fd);
+out_free:
+	free(ns->src_path);
+	free(ns->root);
+	free(ns->buckets);
+	free(ns);
+	return rc;
+}
+
+void data_ns_free(struct data_ns *ns)
+{
+	size_t i;
+
+	if (!ns)
+		return;
+	for (i = 0; i < ns->nbuckets; i++) {
+		struct data_node *n = ns->buckets[i], *next;
+
+		for (; n; n = next) {
+			next = n->hnext;
+			free(n);
+		}
+	}
+	free(ns->buckets);
+	free(ns->root);
+	free(ns->src_path);
+	close(ns->src_fd);
+	pthread_mutex_destroy(&ns->mu);
+	free(ns);
+}
+
+struct data_node *data_root(struct data_ns *ns)
+{
+	return ns->root;
+}
+
+uint64_t data_nodes(struct data_ns *ns)
+{
+	uint64_t n;
+
+	pthread_mutex_lock(&ns->mu);
+	n = ns->nnodes;
+	pthread_mutex_unlock(&ns->mu);
+	return n;
+}
+
+/* Writes n's path relative to SOURCE into buf ("." for the root); -ENAMETOOLONG if it
+ * does not fit. Reads only immutable fields (parent, name), so no lock is needed while
+ * the caller holds a reference on n (which pins its ancestors, invariant 1). */
+static int data_path(const struct data_node *n, char *buf, size_t size)
+{
+	size_t pos = size - 1;
+
+	buf[pos] = '\0';
+	if (!n->parent) {
+		if (size < 2)
+			return -ENAMETOOLONG;
+		strcpy(buf, ".");
+		return 0;
+	}
+	for (; n->parent; n = n->parent) {
+		if ((size_t)n->namelen + 1 > pos)
+			return -ENAMETOOLONG;
+		pos -= n->namelen;
+		memcpy(buf + pos, n->name, n->namelen);
+		if (n->parent->parent)
+			buf[--pos] = '/';
+	}
+	memmove(buf, buf + pos, size - pos);
+	return 0;
+}
+
+static void data_fill_attr(const struct data_node *n, struct stat *st)
+{
+	st->st_ino = n->hdr.st_ino;
+	/* Read-only: whatever SOURCE says, nobody may write through the mount. */
+	st->st_mode &= ~(S_IWUSR | S_IWGRP | S_IWOTH);
+}
+
+static void data_grow_locked(struct data_ns *ns)
+{
+	size_t n = ns->nbuckets * 2, i;
+	struct data_node **nb = calloc(n, sizeof(*nb));
+
+	if (!nb)
+		return; /* longer chains, still correct */
+	for (i = 0; i < ns->nbuckets; i++) {
+		struct data_node *x = ns->buckets[i], *next;
+
+		for (; x; x = next) {
+			size_t j = data_name_hash(x->parent, x->name, x->namelen) & (n - 1);
+
+			next = x->hnext;
+			x->hnext = nb[j];
+			nb[j] = x;
+		}
+	}
+	free(ns->buckets);
+	ns->buckets = nb;
+	ns->nbuckets = n;
+}
+
+/* Finds or makes the node for (parent, name) and takes one lookup reference. */
+static struct data_node *data_node_get(struct data_ns *ns, struct data_node *parent,
+				       const char *name, const struct stat *st)
+{
+	size_t len = strlen(name);
+	uint64_t h = data_name_hash(parent, name, len);
+	struct data_node *n, **slot;
+
+	pthread_mutex_lock(&ns->mu);
+	slot = &ns->buckets[h & (ns->nbuckets - 1)];
+	for (n = *slot; n; n = n->hnext)
+		if (n->parent == parent && n->namelen == len && !memcmp(n->name, name, len))
+			break;
+	if (!n) {
+		n = malloc(sizeof(*n) + len + 1);
+		if (!n)
+			goto out;
+		n->hdr.kind = MLFS_DATA;
+		n->hdr.pad = 0;
+		n->hdr.st_ino = atomic_fetch_add(&data_next_ino, 1);
+		n->parent = parent;
+		n->fid = data_fid_of(st);
+		n->nlookup = 0;
+		n->nchild = 0;
+		n->namelen = (uint16_t)len;
+		memcpy(n->name, name, len + 1);
+		n->hnext = *slot;
+		*slot = n;
+		parent->nchild++;
+		if (++ns->nnodes > 2 * ns->nbuckets)
+			data_grow_locked(ns);
+	}
+	n->nlookup++;
+out:
+	pthread_mutex_unlock(&ns->mu);
+	return n;
+}
+
+int data_lookup(struct data_ns *ns, struct data_node *parent, const char *name,
+		struct fuse_entry_param *e)
+{
+	char path[PATH_MAX];
+	size_t plen;
+	struct data_node *n;
+	int rc;
+
+	if (strlen(name) > NAME_MAX)
+		return -ENAMETOOLONG;
+	if ((rc = data_path(parent, path, sizeof(path))))
+		return rc;
+	plen = strlen(path);
+	if (plen + 1 + strlen(name) + 1 > sizeof(path))
+		return -ENAMETOOLONG;
+	if (parent->parent)
+		path[plen++] = '/';
+	else
+		plen = 0; /* "." + "/name" is just "name" */
+	strcpy(path + plen, name);
+	if (fstatat(ns->src_fd, path, &e->attr, AT_SYMLINK_NOFOLLOW) < 0)
+		return -errno;
+	n = data_node_get(ns, parent, name, &e->attr);
+	if (!n)
+		return -ENOMEM;
+	e->ino = (fuse_ino_t)n;
+	data_fill_attr(n, &e->attr);
+	e->attr_timeout = e->entry_timeout = ns->m->cfg.data_timeout;
+	return 0;
+}
+
+static void data_unref_locked(struct data_ns *ns, struct data_node *n)
+{
+	while (n->parent && n->nlookup == 0 && n->nchild == 0) {
+		struct data_node *parent = n->parent, **pp;
+		size_t h = data_name_hash(parent, n->name, n->namelen) & (ns->nbuckets - 1);
+
+		for (pp = &ns->buckets[h]; *pp != n; pp = &(*pp)->hnext)
+			;
+		*pp = n->hnext;
+		ns->nnodes--;
+		free(n);
+		parent->nchild--;
+		n = parent;
+	}
+}
+
+void data_forget(struct data_ns *ns, struct data_node *n, uint64_t nlookup)
+{
+	pthread_mutex_lock(&ns->mu);
+	assert(n->nlookup >= nlookup);
+	n->nlookup -= nlookup;
+	data_unref_locked(ns, n);
+	pthread_mutex_unlock(&ns->mu);
+}
+
+int data_getattr(struct data_ns *ns, struct data_node *n, struct stat *st)
+{
+	char path[PATH_MAX];
+	int rc;
+
+	if ((rc = data_path(n, path, sizeof(path))))
+		return rc;
+	if (fstatat(ns->src_fd, path, st, AT_SYMLINK_NOFOLLOW) < 0)
+		return -errno;
+	data_fill_attr(n, st);
+	return 0;
+}
+
+int data_readlink(struct data_ns *ns, struct data_node *n, char *buf, size_t size)
+{
+	char path[PATH_MAX];
+	ssize_t len;
+	int rc;
+
+	if ((rc = data_path(n, path, sizeof(path))))
+		return rc;
+	len = readlinkat(ns->src_fd, path, buf, size - 1);
+	if (len < 0)
+		return -errno;
+	buf[len] = '\0';
+	return 0;
+}
+
+int data_statfs(struct data_ns *ns, struct statvfs *sv)
+{
+	return fstatvfs(ns->src_fd, sv) < 0 ? -errno : 0;
+}
+
+/* Absolute path of n for the xattr calls, which have no *at() form. */
+static int data_abs_path(struct data_ns *ns, struct data_node *n, char *buf, size_t size)
+{
+	char rel[PATH_MAX];
+	int rc;
+
+	if ((rc = data_path(n, rel, sizeof(rel))))
+		return rc;
+	if ((size_t)snprintf(buf, size, "%s/%s", ns->src_path, rel) >= size)
+		return -ENAMETOOLONG;
+	return 0;
+}
+
+int data_getxattr(struct data_ns *ns, struct data_node *n, const char *name, void *buf,
+		  size_t size)
+{
+	char path[PATH_MAX];
+	ssize_t len;
+	int rc;
+
+	if ((rc = data_abs_path(ns, n, path, sizeof(path))))
+		return rc;
+	len = lgetxattr(path, name, buf, size);
+	return len < 0 ? -errno : (int)len;
+}
+
+int data_listxattr(struct data_ns *ns, struct data_node *n, char *buf, size_t size)
+{
+	char path[PATH_MAX];
+	ssize_t len;
+	int rc;
+
+	if ((rc = data_abs_path(ns, n, path, sizeof(path))))
+		return rc;
+	len = llistxattr(path, buf, size);
+	return len < 0 ? -errno : (int)len;
+}
+
+int data_open(struct data_ns *ns, struct data_node *n, struct fuse_file_info *fi,
+	      struct data_file **out)
+{
+	char path[PATH_MAX];
+	struct data_file *f;
+	struct bc_fid old;
+	struct stat st;
+	int rc;
+
+	if ((rc = data_path(n, path, sizeof(path))))
+		return rc;
+	f = calloc(1, sizeof(*f));
+	if (!f)
+		return -ENOMEM;
+	f->fd = openat(ns->src_fd, path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (f->fd < 0) {
+		rc = -errno;
+		goto out_free;
+	}
+	if (fstat(f->fd, &st) < 0) {
+		rc = -errno;
+		goto out_close;
+	}
+	/* The source is read in whole blocks in our own order: the kernel's readahead on
+	 * it would only read what we already asked for. */
+	posix_fadvise(f->fd, 0, 0, POSIX_FADV_RANDOM);
+	f->fid = data_fid_of(&st);
+	f->size = st.st_size;
+	f->n = n;
+	pthread_mutex_lock(&ns->mu);
+	old = n->fid;
+	n->fid = f->fid;
+	pthread_mutex_unlock(&ns->mu);
+	/*
+	 * keep_cache: the kernel page cache keeps this file's pages across opens, so a warm
+	 * epoch is served at page-cache speed without a request reaching us. It is safe
+	 * because the dataset only changes by whole-file replacement or rewrite, which
+	 * changes size or mtime: then the fid changes, the pages are invalidated by opening
+	 * without keep_cache, and the old blocks are dropped (invariant 2).
+	 */
+	if (old.hi == f->fid.hi && old.lo == f->fid.lo) {
+		fi->keep_cache = 1;
+	} else {
+		log_debug("data: %s changed underneath, dropping its cached blocks", path);
+		bc_drop_fid(ns->m->bc, &old);
+		fi->keep_cache = 0;
+	}
+	*out = f;
+	return 0;
+
+out_close:
+	close(f->fd);
+out_free:
+	free(f);
+	return rc;
+}
+
+void data_release(struct data_ns *ns, struct data_file *f)
+{
+	close(f->fd);
+	free(f);
+}
+
+/* Reads block idx of f from SOURCE into a new block; counted reference or -errno. The
+ * source is read with pread in the calling FUSE worker, holding no lock. */
+static int data_fill(struct data_ns *ns, struct data_file *f, uint64_t idx,
+		     struct bc_block **out)
+{
+	uint32_t bs = bc_block_size(ns->m->bc);
+	uint64_t off = idx * bs;
+	uint32_t want = f->size - off < bs ? (uint32_t)(f->size - off) : bs;
+	struct bc_block *b = bc_block_new(ns->m->bc, BC_DATA, want);
+	uint32_t got = 0;
+
+	if (!b)
+		return -ENOMEM;
+	while (got < want) {
+		ssize_t r = pread(f->fd, (char *)b->buf + got, want - got, off + got);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) {
+			int rc = r < 0 ? -errno : -EIO;
+
+			atomic_fetch_add(&ns->m->st.source_errors, 1);
+			log_err("data: read of block %llu of %s failed: %s (source %s)",
+				(unsigned long long)idx, f->n->name,
+				r < 0 ? strerror(errno) : "file shrank underneath", ns->src_path);
+			bc_block_put(ns->m->bc, b);
+			return rc;
+		}
+		got += r;
+	}
+	atomic_fetch_add(&ns->m->st.source_bytes_read, got);
+	atomic_fetch_add(&ns->m->st.source_reads, 1);
+	b->len = got;
+	b->csum = XXH3_64bits(b->buf, got);
+	*out = bc_insert(ns->m->bc, b, &f->fid, idx);
+	return 0;
+}
+
+int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
+	      struct mlfs_seg *segs)
+{
+	uint32_t bs = bc_block_size(ns->m->bc);
+	uint64_t end;
+	int n = 0, rc;
+
+	if ((uint64_t)off >= f->size)
+		return 0;
+	end = f->size - off < size ? f->size : off + size;
+	while ((uint64_t)off < end) {
+		uint64_t idx = off / bs;
+		uint32_t boff = off % bs, len = bs - boff;
+		struct bc_block *b = bc_lookup(ns->m->bc, &f->fid, idx);
+
+		if (b && !b->buf) {
+			/* Cached but not resident (spilled): until the reload path exists,
+			 * SOURCE is the copy to go back to. */
+			bc_block_put(ns->m->bc, b);
+			b = NULL;
+		}
+		if (!b && (rc = data_fill(ns, f, idx, &b)))
+			goto fail;
+		if (len > end - off)
+			len = end - off;
+		if (boff + len > b->len) { /* the file shrank underneath since open */
+			bc_block_put(ns->m->bc, b);
+			rc = -EIO;
+			goto fail;
+		}
+		segs[n++] = (struct mlfs_seg){ .b = b, .off = boff, .len = len };
+		off += len;
+	}
+	return n;
+
+fail:
+	while (n-- > 0)
+		bc_block_put(ns->m->bc, segs[n].b);
+	return rc;
+}
+
+int data_opendir(struct data_ns *ns, struct data_node *n, struct data_dir **out)
+{
+	char path[PATH_MAX];
+	struct data_dir *d;
+	int fd, rc;
+
+	if ((rc = data_path(n, path, sizeof(path))))
+		return rc;
+	d = calloc(1, sizeof(*d));
+	if (!d)
+		return -ENOMEM;
+	fd = openat(ns->src_fd, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0 || !(d->dp = fdopendir(fd))) {
+		rc = -errno;
+		if (fd >= 0)
+			close(fd);
+		free(d);
+		return rc;
+	}
+	*out = d;
+	return 0;
+}
+
+int data_readdir(struct data_ns *ns, fuse_req_t req, struct data_node *parent,
+		 struct data_dir *d, char *buf, size_t size, off_t off, int plus)
+{
+	size_t used = 0;
+
+	/* Offsets are telldir() cookies of SOURCE's own directory stream, so a stream
+	 * resumed at any offset lists what SOURCE lists, as passthrough does. */
+	if (off != d->offset) {
+		seekdir(d->dp, off);
+		d->entry = NULL;
+		d->offset = off;
+	}
+	for (;;) {
+		struct stat st = { 0 };
+		struct fuse_entry_param e = { 0 };
+		size_t need;
+
+		if (!d->entry) {
+			errno = 0;
+			d->entry = readdir(d->dp);
+			if (!d->entry) {
+				if (errno && !used)
+					return -errno;
+				break;
+			}
+		}
+		off_t next = telldir(d->dp);
+		const char *name = d->entry->d_name;
+
+		if (plus) {
+			/* "." and ".." go without attributes (ino 0): the kernel has them. */
+			int dot = !strcmp(name, ".") || !strcmp(name, "..");
+
+			if (dot) {
+				e.attr.st_ino = d->entry->d_ino;
+				e.attr.st_mode = DTTOIF(d->entry->d_type);
+			} else if (data_lookup(ns, parent, name, &e)) {
+				d->entry = NULL; /* vanished since readdir: leave it out */
+				d->offset = next;
+				continue;
+			}
+			need = fuse_add_direntry_plus(req, buf + used, size - used, name, &e, next);
+			if (need > size - used && !dot)
+				data_forget(ns, (struct data_node *)e.ino, 1);
+		} else {
+			st.st_ino = d->entry->d_ino;
+			st.st_mode = DTTOIF(d->entry->d_type);
+			need = fuse_add_direntry(req, buf + used, size - used, name, &st, next);
+		}
+		if (need > size - used)
+			break;
+		used += need;
+		d->entry = NULL;
+		d->offset = next;
+	}
+	return (int)used;
+}
+
+void data_releasedir(struct data_ns *ns, struct data_dir *d)
+{
+	closedir(d->dp);
+	free(d);
+}

@@ -1,0 +1,67 @@
+/*
+ * data.h - MOUNT/data: the read-only view of SOURCE.
+ *
+ * Contract
+ * - Nothing of SOURCE is read at mount: a node exists only for a name the kernel looked
+ *   up, keyed by (parent node, name), and goes when the kernel forgets it. A node is a
+ *   parent pointer, a name and a file id; paths are rebuilt by walking parents, so no
+ *   file descriptor is held per node (a 10-million-file dataset costs no fds).
+ * - File content is served from the block cache (cache/bcache.h); a miss reads the whole
+ *   block from SOURCE. The file id (struct bc_fid) hashes the source file's device,
+ *   inode, size and mtime: a file changed underneath gets a new id at its next open and
+ *   its old blocks are dropped, so no stale byte is ever served from the cache.
+ * - Every write-like operation is the caller's to refuse (EROFS); nothing here writes.
+ * - Functions return 0 or a count on success and -errno on failure.
+ *
+ * Thread safety: all functions may be called from any FUSE worker. The node table has
+ * one mutex, held for pointer work only; source I/O happens with no lock held.
+ */
+#ifndef MLFS_DATA_H
+#define MLFS_DATA_H
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include "fs/mlfs.h"
+
+struct data_node;
+struct data_file;
+struct data_dir;
+
+int data_ns_new(struct mlfs *m, const char *source, struct data_ns **out);
+void data_ns_free(struct data_ns *ns);
+/* The node of SOURCE itself (MOUNT/data); never forgotten. Borrowed. */
+struct data_node *data_root(struct data_ns *ns);
+/* Number of nodes alive (looked up and not forgotten). */
+uint64_t data_nodes(struct data_ns *ns);
+
+/* Looks name up in parent and fills e; takes one lookup reference on success. */
+int data_lookup(struct data_ns *ns, struct data_node *parent, const char *name,
+		struct fuse_entry_param *e);
+void data_forget(struct data_ns *ns, struct data_node *n, uint64_t nlookup);
+int data_getattr(struct data_ns *ns, struct data_node *n, struct stat *st);
+int data_readlink(struct data_ns *ns, struct data_node *n, char *buf, size_t size);
+int data_statfs(struct data_ns *ns, struct statvfs *sv);
+int data_getxattr(struct data_ns *ns, struct data_node *n, const char *name, void *buf,
+		  size_t size);
+int data_listxattr(struct data_ns *ns, struct data_node *n, char *buf, size_t size);
+
+/* Open files: *out is handed to the caller until data_release. */
+int data_open(struct data_ns *ns, struct data_node *n, struct fuse_file_info *fi,
+	      struct data_file **out);
+void data_release(struct data_ns *ns, struct data_file *f);
+/* Fills segs with the blocks covering [off, off+size) clipped to the file's size; each
+ * seg holds a counted block reference. Returns the number of segs; may block on SOURCE
+ * (no lock held). */
+int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
+	      struct mlfs_seg *segs);
+
+/* Directory streams. data_readdir adds entries with fuse_add_direntry[_plus] to buf
+ * (size bytes) from offset off and returns the bytes used; with plus, each entry added
+ * takes a lookup reference, as the kernel expects. */
+int data_opendir(struct data_ns *ns, struct data_node *n, struct data_dir **out);
+int data_readdir(struct data_ns *ns, fuse_req_t req, struct data_node *parent,
+		 struct data_dir *d, char *buf, size_t size, off_t off, int plus);
+void data_releasedir(struct data_ns *ns, struct data_dir *d);
+
+#endif

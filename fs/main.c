@@ -1,0 +1,392 @@
+/*
+ * main.c - `mlfs [OPTIONS] SOURCE MOUNTPOINT`: parse, check, mount, serve, clean up.
+ *
+ * Everything that can be wrong with the arguments is checked before the mount, so a bad
+ * invocation prints one line and leaves no mount behind. Without -f the daemon forks
+ * after the mount is made (fuse_daemonize), and the parent exits only once the child is
+ * ready: the next line of a script can use the mount.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <malloc.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/sysinfo.h>
+#include <unistd.h>
+
+#include "cache/bcache.h"
+#include "cache/log.h"
+#include "fs/ckpt.h"
+#include "fs/ctl.h"
+#include "fs/data.h"
+#include "fs/mlfs.h"
+
+/* Attribute and entry timeout for MOUNT/data. The dataset is immutable while a job
+ * reads it; a long timeout lets the kernel answer stat() and path walks itself, which
+ * is what keeps a 100k-file stat pass near native speed. A file changed underneath is
+ * still caught at its next open (data.c, invariant 2). */
+#define MLFS_DATA_TIMEOUT 3600.0
+#define MLFS_THREADS_DEFAULT 4
+
+struct mlfs_opts {
+	char *store, *spill, *restore, *pressure_file, *meminfo_file, *cgroup;
+	char *mem_max, *mem_min, *block_size, *spill_max, *data_timeout, *threads;
+	char *preempt_deadline;
+	int show_help, show_version, foreground, debug;
+};
+
+#define OPT(t, p) { t, offsetof(struct mlfs_opts, p), 1 }
+static const struct fuse_opt mlfs_opt_spec[] = {
+	OPT("store=%s", store),
+	OPT("spill=%s", spill),
+	OPT("restore=%s", restore),
+	OPT("pressure_file=%s", pressure_file),
+	OPT("meminfo_file=%s", meminfo_file),
+	OPT("cgroup=%s", cgroup),
+	OPT("mem_max=%s", mem_max),
+	OPT("mem_min=%s", mem_min),
+	OPT("block_size=%s", block_size),
+	OPT("spill_max=%s", spill_max),
+	OPT("data_timeout=%s", data_timeout),
+	OPT("threads=%s", threads),
+	OPT("preempt_deadline=%s", preempt_deadline),
+	OPT("-h", show_help),
+	OPT("--help", show_help),
+	OPT("-V", show_version),
+	OPT("--version", show_version),
+	OPT("-f", foreground),
+	OPT("-d", debug),
+	OPT("debug", debug),
+	FUSE_OPT_END
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+"usage: mlfs [-f] [-d] [-o OPTION[,OPTION...]] SOURCE MOUNTPOINT\n"
+"\n"
+"Mounts SOURCE (a dataset directory) read-only at MOUNTPOINT/data, block-cached in a\n"
+"memory tier that follows memory pressure, and a read-write checkpoint tree at\n"
+"MOUNTPOINT/ckpt whose snapshots (mlfs-snap) are durable in the store.\n"
+"\n"
+"  -f                     stay in the foreground\n"
+"  -d, -o debug           debug output (implies -f)\n"
+"  -h, --help             this help\n"
+"  -V, --version          version\n"
+"  -o store=DIR           snapshot store (durable disk or shared filesystem)\n"
+"  -o spill=DIR           spill directory on local disk for the disk tier\n"
+"  -o spill_max=SIZE      most bytes the spill tier may use (default: until full)\n"
+"  -o mem_max=SIZE        upper bound of the memory budget (default: half of RAM)\n"
+"  -o mem_min=SIZE        lower bound of the memory budget (default: 64M)\n"
+"  -o block_size=SIZE     cache block size, power of two, 64K..8M (default: 1M)\n"
+"  -o cgroup=DIR          memory cgroup (v1 or v2) whose limit and usage to follow\n"
+"  -o pressure_file=PATH  PSI file (default /proc/pressure/memory)\n"
+"  -o meminfo_file=PATH   meminfo file (default /proc/meminfo)\n"
+"  -o restore=NAME|latest restore this snapshot into MOUNTPOINT/ckpt at start-up\n"
+"  -o preempt_deadline=S  seconds to persist on SIGTERM before unmounting (default 25)\n"
+"  -o threads=N           most FUSE worker threads (default %d)\n"
+"  -o data_timeout=S      kernel attribute cache time for MOUNTPOINT/data (default %.0f)\n"
+"  -o allow_other         let other users in (with default_permissions, always on)\n"
+"SIZE takes K, M, G or T (powers of 1024). See mlfs(8).\n",
+		MLFS_THREADS_DEFAULT, MLFS_DATA_TIMEOUT);
+}
+
+static int die(const char *fmt, const char *arg, const char *why)
+{
+	fprintf(stderr, "mlfs: ");
+	fprintf(stderr, fmt, arg, why);
+	fputc('\n', stderr);
+	return 1;
+}
+
+static int parse_size_opt(const char *name, const char *val, uint64_t *out)
+{
+	if (val && mlfs_parse_size(val, out)) {
+		fprintf(stderr, "mlfs: bad size for %s: '%s' (a number with K, M, G or T)\n",
+			name, val);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* A mount point that is already one (its device differs from its parent's, or it is
+ * the same inode as its parent: /) would stack a second mount: refuse. */
+static int check_mountpoint(const char *mnt)
+{
+	char parent[PATH_MAX + 4];
+	struct stat st, pst;
+
+	if (stat(mnt, &st) < 0)
+		return die("mount point %s: %s", mnt, strerror(errno));
+	if (!S_ISDIR(st.st_mode))
+		return die("mount point %s: %s", mnt, "not a directory");
+	snprintf(parent, sizeof(parent), "%s/..", mnt);
+	if (stat(parent, &pst) < 0)
+		return die("mount point %s: %s", mnt, strerror(errno));
+	if (st.st_dev != pst.st_dev || st.st_ino == pst.st_ino)
+		return die("mount point %s is busy: %s", mnt, "something is already mounted there");
+	return 0;
+}
+
+/* One line naming the role of the path ("source", "spill", "store") and what is wrong. */
+static int check_dir(const char *what, const char *path, int writable)
+{
+	const char *why = NULL;
+	struct stat st;
+
+	if (stat(path, &st) < 0)
+		why = strerror(errno);
+	else if (!S_ISDIR(st.st_mode))
+		why = "not a directory";
+	else if (access(path, writable ? R_OK | W_OK | X_OK : R_OK | X_OK) < 0)
+		why = strerror(errno);
+	if (!why)
+		return 0;
+	fprintf(stderr, "mlfs: %s %s: %s\n", what, path, why);
+	return 1;
+}
+
+static int build_config(struct mlfs_opts *o, const char *src, const char *mnt,
+			struct mlfs_config *c)
+{
+	struct sysinfo si;
+	uint64_t bs = BC_BLOCK_DEFAULT, v;
+	char *end;
+
+	memset(c, 0, sizeof(*c));
+	c->source = realpath(src, NULL);
+	if (!c->source)
+		return check_dir("source", src, 0);
+	if (check_dir("source", c->source, 0))
+		return 1;
+	c->mountpoint = realpath(mnt, NULL);
+	if (!c->mountpoint)
+		return die("mount point %s: %s", mnt, strerror(errno));
+	if (check_mountpoint(c->mountpoint))
+		return 1;
+	if (o->spill && check_dir("spill", o->spill, 1))
+		return 1;
+	if (o->store && check_dir("store", o->store, 1))
+		return 1;
+	c->spill = o->spill ? realpath(o->spill, NULL) : NULL;
+	c->store = o->store ? realpath(o->store, NULL) : NULL;
+	c->restore = o->restore;
+	c->pressure_file = o->pressure_file;
+	c->meminfo_file = o->meminfo_file;
+	c->cgroup = o->cgroup;
+	sysinfo(&si);
+	c->mem_max = (uint64_t)si.totalram * si.mem_unit / 2;
+	c->mem_min = 64ull << 20;
+	if (parse_size_opt("mem_max", o->mem_max, &c->mem_max) ||
+	    parse_size_opt("mem_min", o->mem_min, &c->mem_min) ||
+	    parse_size_opt("spill_max", o->spill_max, &c->spill_max) ||
+	    parse_size_opt("block_size", o->block_size, &bs))
+		return 1;
+	if (bs < BC_BLOCK_MIN || bs > BC_BLOCK_MAX || (bs & (bs - 1))) {
+		fprintf(stderr, "mlfs: bad block_size '%s': a power of two from 64K to 8M\n",
+			o->block_size);
+		return 1;
+	}
+	c->block_size = (uint32_t)bs;
+	if (c->mem_min > c->mem_max) {
+		fprintf(stderr, "mlfs: mem_min (%s) is larger than mem_max (%s)\n",
+			o->mem_min ? o->mem_min : "64M", o->mem_max ? o->mem_max : "default");
+		return 1;
+	}
+	c->threads = MLFS_THREADS_DEFAULT;
+	if (o->threads) {
+		v = strtoull(o->threads, &end, 10);
+		if (*end || v < 1 || v > 256) {
+			fprintf(stderr, "mlfs: bad threads '%s': a number from 1 to 256\n", o->threads);
+			return 1;
+		}
+		c->threads = (unsigned)v;
+	}
+	c->data_timeout = MLFS_DATA_TIMEOUT;
+	if (o->data_timeout) {
+		c->data_timeout = strtod(o->data_timeout, &end);
+		if (*end || c->data_timeout < 0) {
+			fprintf(stderr, "mlfs: bad data_timeout '%s': seconds, 0 or more\n",
+				o->data_timeout);
+			return 1;
+		}
+	}
+	c->preempt_deadline = 25;
+	if (o->preempt_deadline) {
+		v = strtoull(o->preempt_deadline, &end, 10);
+		if (*end || v < 1 || v > 3600) {
+			fprintf(stderr, "mlfs: bad preempt_deadline '%s': seconds, 1 to 3600\n",
+				o->preempt_deadline);
+			return 1;
+		}
+		c->preempt_deadline = (int)v;
+	}
+	c->foreground = o->foreground || o->debug;
+	c->debug = o->debug;
+	return 0;
+}
+
+static int ctl_stats(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
+{
+	char buf[8192];
+	int prom = argc > 1 && !strcmp(argv[1], "prom");
+	char *line, *save;
+
+	if (prom)
+		mlfs_stats_prom(m, buf, sizeof(buf));
+	else
+		mlfs_stats_json(m, buf, sizeof(buf));
+	for (line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
+		ctl_out(r, "%s", line);
+	return 0;
+}
+
+static int mlfs_start(struct mlfs *m)
+{
+	int rc;
+
+	if ((rc = bc_new(m->cfg.block_size, m->cfg.mem_max, &m->bc)))
+		return rc;
+	if ((rc = data_ns_new(m, m->cfg.source, &m->data)))
+		return rc;
+	if ((rc = ckpt_ns_new(m, &m->ckpt)))
+		return rc;
+	if ((rc = ctl_new(m, &m->ctl)))
+		return rc;
+	ctl_register(m->ctl, "stats", ctl_stats);
+	return 0;
+}
+
+static void mlfs_stop(struct mlfs *m)
+{
+	ctl_free(m->ctl);
+	ckpt_ns_free(m->ckpt);
+	data_ns_free(m->data);
+	bc_free(m->bc);
+}
+
+int main(int argc, char **argv)
+{
+	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
+	struct mlfs_opts o = { 0 };
+	struct fuse_loop_config *lc = NULL;
+	struct fuse_session *se;
+	struct mlfs m = { 0 };
+	char *src = NULL, *mnt = NULL, fsname[PATH_MAX + 16];
+	int rc = 1, i;
+
+	/* Block buffers are malloc'd; with a fixed mmap threshold every buffer of 64 KiB or
+	 * more is its own mapping and returns to the kernel when freed, so RSS falls when
+	 * the governor shrinks the cache (glibc's adaptive threshold would keep it). */
+	mallopt(M_MMAP_THRESHOLD, 64 << 10);
+	if (fuse_opt_parse(&args, &o, mlfs_opt_spec, NULL) < 0)
+		return 1;
+	if (o.show_help) {
+		usage(stdout);
+		return 0;
+	}
+	if (o.show_version) {
+		printf("mlfs %s (libfuse %s)\n", MLFS_VERSION, fuse_pkgversion());
+		return 0;
+	}
+	/* The two positional arguments: the first non-option ones after the program. */
+	for (i = 1; i < args.argc; i++) {
+		if (args.argv[i][0] == '-') {
+			if (!strcmp(args.argv[i], "-o"))
+				i++;
+			continue;
+		}
+		if (!src)
+			src = args.argv[i];
+		else if (!mnt)
+			mnt = args.argv[i];
+		else
+			return die("unexpected argument '%s'%s", args.argv[i], " (see mlfs --help)");
+	}
+	if (!src || !mnt) {
+		fprintf(stderr, "mlfs: missing %s (usage: mlfs [-o OPTIONS] SOURCE MOUNTPOINT)\n",
+			!src ? "SOURCE and MOUNTPOINT" : "MOUNTPOINT");
+		return 1;
+	}
+	if (build_config(&o, src, mnt, &m.cfg))
+		return 1;
+	/* Rebuild the library's arguments: program name, our fixed options, and what the
+	 * user gave that is not ours (fuse_opt_parse left those in args). */
+	struct fuse_args fargs = FUSE_ARGS_INIT(0, NULL);
+
+	fuse_opt_add_arg(&fargs, argv[0]);
+	/* fsname shows SOURCE in /proc/mounts and df; libfuse splits options at commas
+	 * unless escaped with a backslash. */
+	{
+		size_t n = snprintf(fsname, sizeof(fsname), "-ofsname=");
+		const char *p;
+
+		for (p = m.cfg.source; *p && n + 3 < sizeof(fsname); p++) {
+			if (*p == ',' || *p == '\\')
+				fsname[n++] = '\\';
+			fsname[n++] = *p;
+		}
+		fsname[n] = '\0';
+	}
+	fuse_opt_add_arg(&fargs, fsname);
+	fuse_opt_add_arg(&fargs, "-osubtype=mlfs,default_permissions");
+	for (i = 1; i < args.argc; i++) {
+		if (args.argv[i] == src || args.argv[i] == mnt)
+			continue;
+		fuse_opt_add_arg(&fargs, args.argv[i]);
+	}
+	if (m.cfg.debug) {
+		fuse_opt_add_arg(&fargs, "-odebug");
+		log_set_debug(1);
+	}
+	m.owner = geteuid();
+	m.started_ns = mlfs_now_ns();
+	m.mounted_at = time(NULL);
+	mlfs_g = &m;
+	if ((rc = mlfs_start(&m))) {
+		fprintf(stderr, "mlfs: cannot start: %s\n", strerror(-rc));
+		rc = 1;
+		goto out_stop;
+	}
+	rc = 1;
+	se = fuse_session_new(&fargs, &mlfs_ops, sizeof(mlfs_ops), &m);
+	if (!se)
+		goto out_stop; /* libfuse printed why (an unknown option, say) */
+	m.se = se;
+	if (fuse_set_signal_handlers(se))
+		goto out_destroy;
+	if (fuse_session_mount(se, m.cfg.mountpoint)) {
+		fprintf(stderr, "mlfs: cannot mount on %s\n", m.cfg.mountpoint);
+		goto out_signals;
+	}
+	if (fuse_daemonize(m.cfg.foreground))
+		goto out_unmount;
+	if (!m.cfg.foreground)
+		log_to_syslog();
+	if (ctl_start(m.ctl))
+		goto out_unmount;
+	lc = fuse_loop_cfg_create();
+	fuse_loop_cfg_set_clone_fd(lc, 1);
+	fuse_loop_cfg_set_max_threads(lc, m.cfg.threads);
+	fuse_loop_cfg_set_idle_threads(lc, m.cfg.threads);
+	rc = fuse_session_loop_mt(se, lc) ? 1 : 0;
+	fuse_loop_cfg_destroy(lc);
+out_unmount:
+	fuse_session_unmount(se);
+out_signals:
+	fuse_remove_signal_handlers(se);
+out_destroy:
+	fuse_session_destroy(se);
+out_stop:
+	mlfs_stop(&m);
+	fuse_opt_free_args(&fargs);
+	fuse_opt_free_args(&args);
+	free((char *)m.cfg.source);
+	free((char *)m.cfg.mountpoint);
+	free((char *)m.cfg.spill);
+	free((char *)m.cfg.store);
+	return rc;
+}

@@ -1,0 +1,98 @@
+/*
+ * mlfs.h - the daemon: its configuration, its shared state and the node header that
+ * every inode of the mount starts with.
+ *
+ * Node ids: FUSE ino 1 is the mount root; every other ino is the address of a node
+ * (a struct data_node or struct ckpt_inode), valid while the kernel holds a lookup
+ * reference on it (it only names nodes it has looked up). This saves an ino table and
+ * a lookup per request. The st_ino users see is node->st_ino, a small counter.
+ *
+ * Thread safety: struct mlfs is built before the FUSE loop starts and is read-only
+ * after, but for the atomic counters and the objects that lock themselves.
+ */
+#ifndef MLFS_MLFS_H
+#define MLFS_MLFS_H
+
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <time.h>
+
+#define MLFS_VERSION "0.1.0"
+
+enum mlfs_kind { MLFS_ROOT = 0x526f6f74, MLFS_DATA = 0x44617461, MLFS_CKPT = 0x436b7074 };
+
+/* First member of every node type. */
+struct mlfs_node {
+	uint32_t kind; /* enum mlfs_kind: also a magic number checked in debug builds */
+	uint32_t pad;
+	uint64_t st_ino;
+};
+
+struct mlfs_config {
+	const char *source;	/* absolute path of SOURCE */
+	const char *mountpoint; /* absolute path */
+	const char *store;	/* snapshot store dir, or NULL */
+	const char *spill;	/* spill dir, or NULL: no disk tier */
+	const char *restore;	/* snapshot to restore at start-up, or NULL */
+	const char *pressure_file, *meminfo_file, *cgroup;
+	uint64_t mem_max, mem_min, spill_max;
+	uint32_t block_size;
+	unsigned threads;	/* max FUSE worker threads */
+	double data_timeout;	/* entry/attr timeout for MOUNT/data, seconds */
+	int foreground, debug;
+	int preempt_deadline;	/* seconds */
+};
+
+struct mlfs_stats {
+	_Atomic uint64_t source_bytes_read, source_reads, source_errors;
+	_Atomic uint64_t bytes_served, read_ops, write_ops, bytes_written;
+	_Atomic uint64_t csum_errors;
+};
+
+/* One piece of a read reply: len bytes at off in block b (a counted reference the
+ * replier puts), or len zero bytes when b is NULL (a hole). A read of at most
+ * MLFS_MAX_REQ bytes spans at most MLFS_SEG_MAX pieces. */
+#define MLFS_MAX_REQ (1u << 20)
+#define MLFS_SEG_MAX (2 * (MLFS_MAX_REQ / (64u << 10)) + 4)
+struct mlfs_seg {
+	struct bc_block *b;
+	uint32_t off, len;
+};
+extern const char mlfs_zeros[];
+
+struct bc;
+struct data_ns;
+struct ckpt_ns;
+struct ctl;
+
+struct mlfs {
+	struct mlfs_config cfg;
+	struct fuse_session *se;
+	struct bc *bc;
+	struct data_ns *data;
+	struct ckpt_ns *ckpt;
+	struct ctl *ctl;
+	struct mlfs_stats st;
+	uid_t owner;		/* the user who mounted: may control snapshots */
+	uint64_t started_ns;	/* CLOCK_MONOTONIC, for uptime */
+	time_t mounted_at;	/* wall clock, for the mount root's times */
+};
+
+/* Process-wide: one mount per daemon. Set once before the loop starts. */
+extern struct mlfs *mlfs_g;
+
+uint64_t mlfs_now_ns(void);
+/* Parses "123", "64K", "1M", "2G", "1T" (powers of 1024) into *out; -EINVAL on anything
+ * else or on overflow. */
+int mlfs_parse_size(const char *s, uint64_t *out);
+/* Current figures as one JSON object (stats.c). Writes at most len bytes; returns the
+ * length it needed, like snprintf. */
+int mlfs_stats_json(struct mlfs *m, char *buf, size_t len);
+int mlfs_stats_prom(struct mlfs *m, char *buf, size_t len);
+
+/* The FUSE operation table (ops.c). */
+extern const struct fuse_lowlevel_ops mlfs_ops;
+
+#endif

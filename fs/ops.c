@@ -1,0 +1,715 @@
+/*
+ * ops.c - the FUSE low-level request handlers.
+ *
+ * Each handler resolves the node, calls the namespace that owns it (data.c, ckpt.c) or
+ * answers for the mount root itself, and replies exactly once; helpers return -errno
+ * and the only conversion is here, fuse_reply_err(req, -rc) (STYLE.md 4).
+ *
+ * The mount root holds two fixed directories, data and ckpt, and cannot be changed:
+ * creating, removing or renaming anything in it gives EROFS. So does every write-like
+ * request on MOUNT/data, and every rename or link between the two trees.
+ */
+#include <alloca.h>
+#include <assert.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include "cache/bcache.h"
+#include "cache/log.h"
+#include "fs/ckpt.h"
+#include "fs/ctl.h"
+#include "fs/data.h"
+#include "fs/mlfs.h"
+
+/* Zeros for holes in replies: BSS, so never-written pages map the shared zero page
+ * and cost no memory. */
+const char mlfs_zeros[BC_BLOCK_MAX];
+
+/* Root entries are named "data" and "ckpt"; their "inode numbers" are 2 and 3. */
+static struct mlfs_node mlfs_root_node = { .kind = MLFS_ROOT, .st_ino = 1 };
+
+static struct mlfs *mlfs_of(fuse_req_t req)
+{
+	return fuse_req_userdata(req);
+}
+
+static struct mlfs_node *node_of(fuse_ino_t ino)
+{
+	struct mlfs_node *n = ino == FUSE_ROOT_ID ? &mlfs_root_node : (struct mlfs_node *)ino;
+
+	assert(n->kind == MLFS_ROOT || n->kind == MLFS_DATA || n->kind == MLFS_CKPT);
+	return n;
+}
+
+static void reply_rc(fuse_req_t req, int rc)
+{
+	fuse_reply_err(req, rc < 0 ? -rc : 0);
+}
+
+static void root_stat(struct mlfs *m, struct stat *st)
+{
+	memset(st, 0, sizeof(*st));
+	st->st_ino = 1;
+	st->st_mode = S_IFDIR | 0555;
+	st->st_nlink = 4;
+	st->st_uid = m->owner;
+	st->st_gid = getgid();
+	st->st_atim.tv_sec = st->st_mtim.tv_sec = st->st_ctim.tv_sec = m->mounted_at;
+}
+
+static void mlfs_op_init(void *userdata, struct fuse_conn_info *conn)
+{
+	struct mlfs *m = userdata;
+
+	/*
+	 * - 1 MiB requests: max_write follows the library's buffer (1 MiB + header); reads
+	 *   are bounded by the same max_pages. Larger requests mean fewer round trips.
+	 * - readdirplus (auto): a listing hands the kernel attributes, so `ls -l`, find and
+	 *   a data loader's scandir+stat do not pay one lookup per entry.
+	 * - async reads let the kernel keep several reads of one file in flight.
+	 * - No writeback cache for MOUNT/ckpt: writes reach us when write() returns, so a
+	 *   snapshot taken after close() sees every byte (the mlfs-snap contract).
+	 */
+	if (conn->capable & FUSE_CAP_READDIRPLUS)
+		conn->want |= FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO;
+	if (conn->capable & FUSE_CAP_ASYNC_READ)
+		conn->want |= FUSE_CAP_ASYNC_READ;
+	conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+	if (conn->capable & FUSE_CAP_SPLICE_MOVE)
+		conn->want &= ~FUSE_CAP_SPLICE_MOVE;
+	conn->max_write = MLFS_MAX_REQ;
+	conn->max_readahead = MLFS_MAX_REQ;
+	conn->max_background = 64;
+	conn->congestion_threshold = 48;
+	log_info("mounted %s on %s (block %u KiB, mem_max %llu MiB)", m->cfg.source,
+		 m->cfg.mountpoint, m->cfg.block_size >> 10,
+		 (unsigned long long)(m->cfg.mem_max >> 20));
+}
+
+static void mlfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct mlfs *m = mlfs_of(req);
+	struct mlfs_node *p = node_of(parent);
+	struct fuse_entry_param e = { 0 };
+	int rc;
+
+	switch (p->kind) {
+	case MLFS_ROOT:
+		if (!strcmp(name, "data")) {
+			rc = data_getattr(m->data, data_root(m->data), &e.attr);
+			e.ino = (fuse_ino_t)data_root(m->data);
+			e.attr_timeout = e.entry_timeout = m->cfg.data_timeout;
+		} else if (!strcmp(name, "ckpt")) {
+			rc = ckpt_getattr(m->ckpt, ckpt_root(m->ckpt), &e.attr);
+			e.ino = (fuse_ino_t)ckpt_root(m->ckpt);
+			e.attr_timeout = e.entry_timeout = ckpt_timeout();
+		} else {
+			rc = -ENOENT;
+		}
+		break;
+	case MLFS_DATA:
+		rc = data_lookup(m->data, (struct data_node *)p, name, &e);
+		break;
+	default:
+		rc = ckpt_lookup(m->ckpt, (struct ckpt_inode *)p, name, &e);
+		break;
+	}
+	if (rc)
+		reply_rc(req, rc);
+	else
+		fuse_reply_entry(req, &e);
+}
+
+/* The two roots of the trees are never freed, so their lookup counts are not kept. */
+static void forget_one(struct mlfs *m, fuse_ino_t ino, uint64_t nlookup)
+{
+	struct mlfs_node *n = node_of(ino);
+
+	if (n->kind == MLFS_DATA && n != (struct mlfs_node *)data_root(m->data))
+		data_forget(m->data, (struct data_node *)n, nlookup);
+	else if (n->kind == MLFS_CKPT && n != (struct mlfs_node *)ckpt_root(m->ckpt))
+		ckpt_forget(m->ckpt, (struct ckpt_inode *)n, nlookup);
+}
+
+static void mlfs_op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
+{
+	forget_one(mlfs_of(req), ino, nlookup);
+	fuse_reply_none(req);
+}
+
+static void mlfs_op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *fd)
+{
+	size_t i;
+
+	for (i = 0; i < count; i++)
+		forget_one(mlfs_of(req), fd[i].ino, fd[i].nlookup);
+	fuse_reply_none(req);
+}
+
+static void mlfs_op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct mlfs *m = mlfs_of(req);
+	struct mlfs_node *n = node_of(ino);
+	struct stat st;
+	double timeout = ckpt_timeout();
+	int rc = 0;
+
+	if (n->kind == MLFS_ROOT) {
+		root_stat(m, &st);
+		timeout = 3600;
+	} else if (n->kind == MLFS_DATA) {
+		rc = data_getattr(m->data, (struct data_node *)n, &st);
+		timeout = m->cfg.data_timeout;
+	} else {
+		rc = ckpt_getattr(m->ckpt, (struct ckpt_inode *)n, &st);
+	}
+	if (rc)
+		reply_rc(req, rc);
+	else
+		fuse_reply_attr(req, &st, timeout);
+}
+
+static void mlfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
+			    struct fuse_file_info *fi)
+{
+	struct mlfs *m = mlfs_of(req);
+	struct mlfs_node *n = node_of(ino);
+	struct stat st;
+	int rc;
+
+	if (n->kind != MLFS_CKPT)
+		return reply_rc(req, -EROFS);
+	rc = ckpt_setattr(m->ckpt, (struct ckpt_inode *)n, attr, to_set, &st);
+	if (rc)
+		reply_rc(req, rc);
+	else
+		fuse_reply_attr(req, &st, ckpt_timeout());
+}
+
+static void mlfs_op_readlink(fuse_req_t req, fuse_ino_t ino)
+{
+	struct mlfs *m = mlfs_of(req);
+	struct mlfs_node *n = node_of(ino);
+	char buf[PATH_MAX + 1];
+	int rc = -EINVAL;
+
+	if (n->kind == MLFS_DATA)
+		rc = data_readlink(m->data, (struct data_node *)n, buf, sizeof(buf));
+	else if (n->kind == MLFS_CKPT)
+		rc = ckpt_readlink(m->ckpt, (struct ckpt_inode *)n, buf, sizeof(buf));
+	if (rc)
+		reply_rc(req, rc);
+	else
+		fuse_reply_readlink(req, buf);
+}
+
+static struct ckpt_ctx ctx_of(fuse_req_t req)
+{
+	const struct fuse_ctx *c = fuse_req_ctx(req);
+
+	return (struct ckpt_ctx){ .uid = c->uid, .gid = c->gid };
+}
+
+/* mknod, mkdir, symlink and create: only in MOUNT/ckpt. */
+static int ckpt_parent(fuse_ino_t parent, struct ckpt_inode **out)
+{
+	struct mlfs_node *p = node_of(parent);
+
+	if (p->kind != MLFS_CKPT)
+		return -EROFS;
+	*out = (struct ckpt_inode *)p;
+	return 0;
+}
+
+static void reply_entry_rc(fuse_req_t req, int rc, const struct fuse_entry_param *e)
+{
+	if (rc)
+		reply_rc(req, rc);
+	else
+		fuse_reply_entry(req, e);
+}
+
+static void mlfs_op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
+			  dev_t rdev)
+{
+	struct ckpt_ctx c = ctx_of(req);
+	struct fuse_entry_param e;
+	struct ckpt_inode *dir;
+	int rc = ckpt_parent(parent, &dir);
+
+	if (!rc)
+		rc = ckpt_mknod(mlfs_of(req)->ckpt, dir, name, mode, rdev, &c, &e);
+	reply_entry_rc(req, rc, &e);
+}
+
+static void mlfs_op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
+{
+	struct ckpt_ctx c = ctx_of(req);
+	struct fuse_entry_param e;
+	struct ckpt_inode *dir;
+	int rc = ckpt_parent(parent, &dir);
+
+	if (!rc)
+		rc = ckpt_mkdir(mlfs_of(req)->ckpt, dir, name, mode, &c, &e);
+	reply_entry_rc(req, rc, &e);
+}
+
+static void mlfs_op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent,
+			    const char *name)
+{
+	struct ckpt_ctx c = ctx_of(req);
+	struct fuse_entry_param e;
+	struct ckpt_inode *dir;
+	int rc = ckpt_parent(parent, &dir);
+
+	if (!rc)
+		rc = ckpt_symlink(mlfs_of(req)->ckpt, dir, name, link, &c, &e);
+	reply_entry_rc(req, rc, &e);
+}
+
+static void mlfs_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
+			 const char *newname)
+{
+	struct mlfs_node *n = node_of(ino);
+	struct fuse_entry_param e;
+	struct ckpt_inode *dir;
+	int rc = ckpt_parent(newparent, &dir);
+
+	if (!rc && n->kind != MLFS_CKPT)
+		rc = n->kind == MLFS_DATA ? -EXDEV : -EPERM;
+	if (!rc)
+		rc = ckpt_link(mlfs_of(req)->ckpt, (struct ckpt_inode *)n, dir, newname, &e);
+	reply_entry_rc(req, rc, &e);
+}
+
+static void mlfs_op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct ckpt_inode *dir;
+	int rc = ckpt_parent(parent, &dir);
+
+	if (!rc)
+		rc = ckpt_unlink(mlfs_of(req)->ckpt, dir, name);
+	reply_rc(req, rc);
+}
+
+static void mlfs_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct ckpt_inode *dir;
+	int rc = ckpt_parent(parent, &dir);
+
+	if (!rc)
+		rc = ckpt_rmdir(mlfs_of(req)->ckpt, dir, name);
+	reply_rc(req, rc);
+}
+
+static void mlfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
+			   fuse_ino_t newparent, const char *newname, unsigned int flags)
+{
+	struct ckpt_inode *dir, *newdir;
+	int rc = ckpt_parent(parent, &dir);
+
+	if (!rc)
+		rc = ckpt_parent(newparent, &newdir);
+	if (!rc)
+		rc = ckpt_rename(mlfs_of(req)->ckpt, dir, name, newdir, newname, flags);
+	reply_rc(req, rc);
+}
+
+static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct mlfs *m = mlfs_of(req);
+	struct mlfs_node *n = node_of(ino);
+	struct data_file *f;
+	int rc;
+
+	if (n->kind == MLFS_DATA) {
+		if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC))
+			return reply_rc(req, -EROFS);
+		if ((rc = data_open(m->data, (struct data_node *)n, fi, &f)))
+			return reply_rc(req, rc);
+		fi->fh = (uint64_t)f;
+	} else if (n->kind == MLFS_CKPT) {
+		ckpt_open(m->ckpt, (struct ckpt_inode *)n, fi->flags);
+		/* Every change goes through this kernel, so its cached pages stay true;
+		 * a restore swaps in new inodes, never old pages. */
+		fi->keep_cache = 1;
+	} else {
+		return reply_rc(req, -EISDIR);
+	}
+	if (fuse_reply_open(req, fi) == -ENOENT) {
+		/* The opener was interrupted: undo, as nobody will release this. */
+		if (n->kind == MLFS_DATA)
+			data_release(m->data, f);
+		else
+			ckpt_release(m->ckpt, (struct ckpt_inode *)n);
+	}
+}
+
+static void mlfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
+			   struct fuse_file_info *fi)
+{
+	struct mlfs *m = mlfs_of(req);
+	struct ckpt_ctx c = ctx_of(req);
+	struct fuse_entry_param e;
+	struct ckpt_inode *dir;
+	int rc = ckpt_parent(parent, &dir);
+
+	if (!rc)
+		rc = ckpt_mknod(m->ckpt, dir, name, S_IFREG | (mode & 07777), 0, &c, &e);
+	if (rc)
+		return reply_rc(req, rc);
+	ckpt_open(m->ckpt, (struct ckpt_inode *)e.ino, fi->flags);
+	fi->keep_cache = 1;
+	if (fuse_reply_create(req, &e, fi) == -ENOENT) {
+		ckpt_release(m->ckpt, (struct ckpt_inode *)e.ino);
+		ckpt_forget(m->ckpt, (struct ckpt_inode *)e.ino, 1);
+	}
+}
+
+static void mlfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct mlfs *m = mlfs_of(req);
+	struct mlfs_node *n = node_of(ino);
+
+	if (n->kind == MLFS_DATA)
+		data_release(m->data, (struct data_file *)fi->fh);
+	else if (n->kind == MLFS_CKPT)
+		ckpt_release(m->ckpt, (struct ckpt_inode *)n);
+	fuse_reply_err(req, 0);
+}
+
+/* Replies with the pieces in segs (a gather list: libfuse writes them to the kernel in
+ * one writev, with no copy of ours) and drops their references. */
+static void reply_segs(fuse_req_t req, struct mlfs *m, struct mlfs_seg *segs, int n)
+{
+	/* buf[] is the bufvec's trailing array, sized here for n pieces. */
+	struct fuse_bufvec *bv = alloca(sizeof(*bv) + n * sizeof(struct fuse_buf));
+	size_t total = 0;
+	int i;
+
+	memset(bv, 0, sizeof(*bv));
+	bv->count = n;
+	for (i = 0; i < n; i++) {
+		struct fuse_buf *fb = &bv->buf[i];
+
+		memset(fb, 0, sizeof(*fb));
+		fb->mem = segs[i].b ? (char *)segs[i].b->buf + segs[i].off : (char *)mlfs_zeros;
+		fb->size = segs[i].len;
+		total += segs[i].len;
+	}
+	if (n == 0)
+		bv->count = 1; /* one empty piece: the reply to a read at end of file */
+	fuse_reply_data(req, bv, FUSE_BUF_NO_SPLICE);
+	atomic_fetch_add_explicit(&m->st.bytes_served, total, memory_order_relaxed);
+	for (i = 0; i < n; i++)
+		if (segs[i].b)
+			bc_block_put(m->bc, segs[i].b);
+}
+
+static void mlfs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+			 struct fuse_file_info *fi)
+{
+	struct mlfs *m = mlfs_of(req);
+	struct mlfs_node *n = node_of(ino);
+	struct mlfs_seg segs[MLFS_SEG_MAX];
+	int cnt;
+
+	/* The kernel never asks for more than max_pages (1 MiB with 4 KiB pages); a
+	 * shorter reply would read as end of file, so refuse instead of clipping. */
+	if (size > MLFS_MAX_REQ)
+		return reply_rc(req, -EINVAL);
+	atomic_fetch_add_explicit(&m->st.read_ops, 1, memory_order_relaxed);
+	if (n->kind == MLFS_DATA)
+		cnt = data_read(m->data, (struct data_file *)fi->fh, size, off, segs);
+	else
+		cnt = ckpt_read(m->ckpt, (struct ckpt_inode *)n, size, off, segs);
+	if (cnt < 0)
+		reply_rc(req, cnt);
+	else
+		reply_segs(req, m, segs, cnt);
+}
+
+static void mlfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size,
+			  off_t off, struct fuse_file_info *fi)
+{
+	struct mlfs *m = mlfs_of(req);
+	struct mlfs_node *n = node_of(ino);
+	int rc;
+
+	if (n->kind != MLFS_CKPT)
+		return reply_rc(req, -EROFS);
+	rc = ckpt_write(m->ckpt, (struct ckpt_inode *)n, buf, size, off);
+	if (rc < 0)
+		return reply_rc(req, rc);
+	atomic_fetch_add_explicit(&m->st.write_ops, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&m->st.bytes_written, rc, memory_order_relaxed);
+	fuse_reply_write(req, rc);
+}
+
+/*
+ * fsync and flush: the content of MOUNT/ckpt is in this daemon's memory (and spill)
+ * once write() has returned; it becomes durable only in a snapshot (mlfs-snap take
+ * --wait). That is the documented rule (mlfs.8, NOTES), so there is nothing to do.
+ */
+static void mlfs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	fuse_reply_err(req, 0);
+}
+
+static void mlfs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
+			  struct fuse_file_info *fi)
+{
+	fuse_reply_err(req, 0);
+}
+
+struct root_dir { /* placeholder handle for the mount root's stream */
+	int unused;
+};
+
+static void mlfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct mlfs *m = mlfs_of(req);
+	struct mlfs_node *n = node_of(ino);
+	int rc = 0;
+
+	if (n->kind == MLFS_DATA) {
+		struct data_dir *d;
+
+		if (!(rc = data_opendir(m->data, (struct data_node *)n, &d)))
+			fi->fh = (uint64_t)d;
+	} else if (n->kind == MLFS_CKPT) {
+		struct ckpt_dir *d;
+
+		if (!(rc = ckpt_opendir(m->ckpt, (struct ckpt_inode *)n, &d)))
+			fi->fh = (uint64_t)d;
+	}
+	if (rc)
+		return reply_rc(req, rc);
+	/* A listing of SOURCE may be cached by the kernel across opens: the dataset does
+	 * not change while a job reads it. Not so for MOUNT/ckpt. */
+	fi->cache_readdir = n->kind == MLFS_DATA;
+	fi->keep_cache = n->kind == MLFS_DATA;
+	fuse_reply_open(req, fi);
+}
+
+static int root_readdir(fuse_req_t req, char *buf, size_t size, off_t off, int plus)
+{
+	static const char *const names[] = { ".", "..", "data", "ckpt" };
+	struct mlfs *m = mlfs_of(req);
+	size_t used = 0;
+	int i;
+
+	for (i = off; i < 4; i++) {
+		struct fuse_entry_param e = { 0 };
+		size_t need;
+
+		e.attr.st_mode = S_IFDIR;
+		e.attr.st_ino = i < 2 ? 1 : i;
+		if (plus) {
+			if (i == 2 && !data_getattr(m->data, data_root(m->data), &e.attr)) {
+				e.ino = (fuse_ino_t)data_root(m->data);
+			} else if (i == 3 && !ckpt_getattr(m->ckpt, ckpt_root(m->ckpt), &e.attr)) {
+				e.ino = (fuse_ino_t)ckpt_root(m->ckpt);
+			}
+			e.attr_timeout = e.entry_timeout = i == 3 ? ckpt_timeout()
+								  : m->cfg.data_timeout;
+			need = fuse_add_direntry_plus(req, buf + used, size - used, names[i], &e,
+						      i + 1);
+		} else {
+			need = fuse_add_direntry(req, buf + used, size - used, names[i], &e.attr,
+						 i + 1);
+		}
+		if (need > size - used)
+			break;
+		used += need;
+	}
+	return (int)used;
+}
+
+static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		       struct fuse_file_info *fi, int plus)
+{
+	struct mlfs *m = mlfs_of(req);
+	struct mlfs_node *n = node_of(ino);
+	char *buf = malloc(size);
+	int rc;
+
+	if (!buf)
+		return reply_rc(req, -ENOMEM);
+	if (n->kind == MLFS_ROOT)
+		rc = root_readdir(req, buf, size, off, plus);
+	else if (n->kind == MLFS_DATA)
+		rc = data_readdir(m->data, req, (struct data_node *)n, (struct data_dir *)fi->fh,
+				  buf, size, off, plus);
+	else
+		rc = ckpt_readdir(m->ckpt, req, (struct ckpt_inode *)n, (struct ckpt_dir *)fi->fh,
+				  buf, size, off, plus);
+	if (rc < 0)
+		reply_rc(req, rc);
+	else
+		fuse_reply_buf(req, buf, rc);
+	free(buf);
+}
+
+static void mlfs_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+			    struct fuse_file_info *fi)
+{
+	do_readdir(req, ino, size, off, fi, 0);
+}
+
+static void mlfs_op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+				struct fuse_file_info *fi)
+{
+	do_readdir(req, ino, size, off, fi, 1);
+}
+
+static void mlfs_op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct mlfs *m = mlfs_of(req);
+	struct mlfs_node *n = node_of(ino);
+
+	if (n->kind == MLFS_DATA)
+		data_releasedir(m->data, (struct data_dir *)fi->fh);
+	else if (n->kind == MLFS_CKPT)
+		ckpt_releasedir(m->ckpt, (struct ckpt_dir *)fi->fh);
+	fuse_reply_err(req, 0);
+}
+
+static void mlfs_op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync,
+			     struct fuse_file_info *fi)
+{
+	fuse_reply_err(req, 0);
+}
+
+static void mlfs_op_statfs(fuse_req_t req, fuse_ino_t ino)
+{
+	struct mlfs *m = mlfs_of(req);
+	struct mlfs_node *n = node_of(ino);
+	struct statvfs sv;
+	int rc;
+
+	if (n->kind == MLFS_DATA)
+		rc = data_statfs(m->data, &sv);
+	else
+		rc = ckpt_statfs(m->ckpt, &sv);
+	if (rc)
+		reply_rc(req, rc);
+	else
+		fuse_reply_statfs(req, &sv);
+}
+
+static void mlfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
+			     const char *value, size_t size, int flags)
+{
+	struct mlfs_node *n = node_of(ino);
+
+	if (n->kind != MLFS_CKPT)
+		return reply_rc(req, -EROFS);
+	reply_rc(req, ckpt_setxattr(mlfs_of(req)->ckpt, (struct ckpt_inode *)n, name, value,
+				    size, flags));
+}
+
+/* Replies to getxattr/listxattr: the size when asked for it, the bytes otherwise. */
+static void reply_xattr(fuse_req_t req, int rc, size_t size, const void *buf)
+{
+	if (rc < 0)
+		reply_rc(req, rc);
+	else if (size == 0)
+		fuse_reply_xattr(req, rc);
+	else
+		fuse_reply_buf(req, buf, rc);
+}
+
+static void mlfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
+{
+	struct mlfs *m = mlfs_of(req);
+	struct mlfs_node *n = node_of(ino);
+	char *buf = NULL;
+	int rc;
+
+	if (size && !(buf = malloc(size)))
+		return reply_rc(req, -ENOMEM);
+	if (n->kind == MLFS_ROOT) {
+		/* How mlfs-snap and mlfs-stat find this daemon from the mount point. */
+		const char *path = ctl_path(m->ctl);
+
+		if (strcmp(name, MLFS_CTL_XATTR) || !path)
+			rc = -ENODATA;
+		else if (size && size < strlen(path))
+			rc = -ERANGE;
+		else
+			rc = (int)strlen(path);
+		if (rc > 0 && size)
+			memcpy(buf, path, rc);
+	} else if (n->kind == MLFS_DATA) {
+		rc = data_getxattr(m->data, (struct data_node *)n, name, buf, size);
+	} else {
+		rc = ckpt_getxattr(m->ckpt, (struct ckpt_inode *)n, name, buf, size);
+	}
+	reply_xattr(req, rc, size, buf);
+	free(buf);
+}
+
+static void mlfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
+{
+	struct mlfs *m = mlfs_of(req);
+	struct mlfs_node *n = node_of(ino);
+	char *buf = NULL;
+	int rc = 0;
+
+	if (size && !(buf = malloc(size)))
+		return reply_rc(req, -ENOMEM);
+	if (n->kind == MLFS_DATA)
+		rc = data_listxattr(m->data, (struct data_node *)n, buf, size);
+	else if (n->kind == MLFS_CKPT)
+		rc = ckpt_listxattr(m->ckpt, (struct ckpt_inode *)n, buf, size);
+	reply_xattr(req, rc, size, buf);
+	free(buf);
+}
+
+static void mlfs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
+{
+	struct mlfs_node *n = node_of(ino);
+
+	if (n->kind != MLFS_CKPT)
+		return reply_rc(req, -EROFS);
+	reply_rc(req, ckpt_removexattr(mlfs_of(req)->ckpt, (struct ckpt_inode *)n, name));
+}
+
+const struct fuse_lowlevel_ops mlfs_ops = {
+	.init = mlfs_op_init,
+	.lookup = mlfs_op_lookup,
+	.forget = mlfs_op_forget,
+	.forget_multi = mlfs_op_forget_multi,
+	.getattr = mlfs_op_getattr,
+	.setattr = mlfs_op_setattr,
+	.readlink = mlfs_op_readlink,
+	.mknod = mlfs_op_mknod,
+	.mkdir = mlfs_op_mkdir,
+	.symlink = mlfs_op_symlink,
+	.link = mlfs_op_link,
+	.unlink = mlfs_op_unlink,
+	.rmdir = mlfs_op_rmdir,
+	.rename = mlfs_op_rename,
+	.open = mlfs_op_open,
+	.create = mlfs_op_create,
+	.release = mlfs_op_release,
+	.read = mlfs_op_read,
+	.write = mlfs_op_write,
+	.flush = mlfs_op_flush,
+	.fsync = mlfs_op_fsync,
+	.opendir = mlfs_op_opendir,
+	.readdir = mlfs_op_readdir,
+	.readdirplus = mlfs_op_readdirplus,
+	.releasedir = mlfs_op_releasedir,
+	.fsyncdir = mlfs_op_fsyncdir,
+	.statfs = mlfs_op_statfs,
+	.setxattr = mlfs_op_setxattr,
+	.getxattr = mlfs_op_getxattr,
+	.listxattr = mlfs_op_listxattr,
+	.removexattr = mlfs_op_removexattr,
+};

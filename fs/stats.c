@@ -1,0 +1,159 @@
+/*
+ * stats.c - the daemon's live figures, as JSON (mlfs-stat --json) and as Prometheus
+ * text (mlfs-stat --prom), and small helpers shared by the daemon and the tools.
+ *
+ * Every figure is read from its owner's counters at the moment of the call; nothing is
+ * cached here. Fields of features that are not active (no spill dir) are present and 0.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cache/bcache.h"
+#include "fs/data.h"
+#include "fs/mlfs.h"
+
+struct mlfs *mlfs_g;
+
+uint64_t mlfs_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
+}
+
+int mlfs_parse_size(const char *s, uint64_t *out)
+{
+	unsigned long long v;
+	char *end;
+	int shift = 0;
+
+	if (!s || !*s || *s == '-')
+		return -EINVAL;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno || end == s)
+		return -EINVAL;
+	switch (*end) {
+	case 'k': case 'K': shift = 10; end++; break;
+	case 'm': case 'M': shift = 20; end++; break;
+	case 'g': case 'G': shift = 30; end++; break;
+	case 't': case 'T': shift = 40; end++; break;
+	case '\0': break;
+	default: return -EINVAL;
+	}
+	if ((*end == 'i' || *end == 'I') && shift)
+		end++;
+	if ((*end == 'b' || *end == 'B') && (shift || end == s))
+		end++;
+	if (*end || (shift && v > (UINT64_MAX >> shift)))
+		return -EINVAL;
+	*out = (uint64_t)v << shift;
+	return 0;
+}
+
+/* The daemon's resident set, from /proc/self/statm, so that mlfs-stat shows beside
+ * mem_bytes what the kernel charges us. */
+static uint64_t stats_rss(void)
+{
+	unsigned long size, resident;
+	FILE *f = fopen("/proc/self/statm", "r");
+	int ok;
+
+	if (!f)
+		return 0;
+	ok = fscanf(f, "%lu %lu", &size, &resident) == 2;
+	fclose(f);
+	return ok ? (uint64_t)resident * sysconf(_SC_PAGESIZE) : 0;
+}
+
+struct stats_field {
+	const char *name, *help;
+	uint64_t value;
+};
+
+/* Collects every figure once, in a fixed order, for both output formats. */
+static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
+{
+	struct bc_stats bs;
+	int n = 0;
+
+	bc_get_stats(m->bc, &bs);
+#define F(nm, hp, v)                                                   \
+	do {                                                           \
+		if (n < max)                                           \
+			f[n++] = (struct stats_field){ nm, hp, (uint64_t)(v) }; \
+	} while (0)
+	F("pid", "daemon process id", getpid());
+	F("uptime_s", "seconds since mount", (mlfs_now_ns() - m->started_ns) / 1000000000ull);
+	F("block_size", "block size in bytes", bs.block_size);
+	F("mem_bytes", "bytes of block buffers resident in memory", bs.mem_bytes);
+	F("mem_budget", "current memory budget set by the governor", bs.budget);
+	F("mem_max", "upper bound of the budget", m->cfg.mem_max);
+	F("mem_min", "lower bound of the budget", m->cfg.mem_min);
+	F("rss_bytes", "resident set size of the daemon", stats_rss());
+	F("data_blocks", "data blocks cached (resident or spilled)", bs.data_blocks);
+	F("data_resident", "data blocks resident in memory", bs.data_resident);
+	F("ckpt_blocks", "checkpoint blocks (resident or spilled)", bs.ckpt_blocks);
+	F("ckpt_resident", "checkpoint blocks resident in memory", bs.ckpt_resident);
+	F("dirty_bytes", "checkpoint bytes in memory not yet in the store", bs.dirty_bytes);
+	F("hits", "data block lookups served from memory", bs.hits);
+	F("misses", "data block lookups not in memory", bs.misses);
+	F("not_admitted", "misses not cached because the budget was full", bs.not_admitted);
+	F("source_bytes_read", "bytes read from SOURCE", atomic_load(&m->st.source_bytes_read));
+	F("source_reads", "block reads from SOURCE", atomic_load(&m->st.source_reads));
+	F("source_errors", "failed reads from SOURCE", atomic_load(&m->st.source_errors));
+	F("bytes_served", "bytes returned by read requests", atomic_load(&m->st.bytes_served));
+	F("read_ops", "read requests", atomic_load(&m->st.read_ops));
+	F("write_ops", "write requests", atomic_load(&m->st.write_ops));
+	F("bytes_written", "bytes written to MOUNT/ckpt", atomic_load(&m->st.bytes_written));
+	F("csum_errors", "blocks whose checksum did not verify", atomic_load(&m->st.csum_errors));
+	F("data_nodes", "MOUNT/data names the kernel holds", data_nodes(m->data));
+	F("spilled_bytes", "logical bytes of blocks in the spill tier", 0);
+	F("spilled_disk_bytes", "bytes the spill tier uses on disk", 0);
+	F("spill_ops", "blocks written to the spill tier", 0);
+	F("reload_ops", "blocks read back from the spill tier", 0);
+#undef F
+	return n;
+}
+
+int mlfs_stats_json(struct mlfs *m, char *buf, size_t len)
+{
+	struct stats_field f[64];
+	int n = stats_collect(m, f, 64), i;
+	size_t pos = 0;
+
+#define PUT(...)                                                              \
+	do {                                                                  \
+		int w_ = snprintf(buf + (pos < len ? pos : len), pos < len ? len - pos : 0, \
+				  __VA_ARGS__);                               \
+		pos += w_ > 0 ? w_ : 0;                                       \
+	} while (0)
+	PUT("{\"version\":\"%s\",\"source\":\"%s\",\"mountpoint\":\"%s\"", MLFS_VERSION,
+	    m->cfg.source, m->cfg.mountpoint);
+	for (i = 0; i < n; i++)
+		PUT(",\"%s\":%" PRIu64, f[i].name, f[i].value);
+	PUT("}");
+#undef PUT
+	return (int)pos;
+}
+
+int mlfs_stats_prom(struct mlfs *m, char *buf, size_t len)
+{
+	struct stats_field f[64];
+	int n = stats_collect(m, f, 64), i;
+	size_t pos = 0;
+
+	for (i = 0; i < n; i++) {
+		int w = snprintf(buf + (pos < len ? pos : len), pos < len ? len - pos : 0,
+				 "# HELP mlfs_%s %s\n# TYPE mlfs_%s gauge\nmlfs_%s %" PRIu64 "\n",
+				 f[i].name, f[i].help, f[i].name, f[i].name, f[i].value);
+		pos += w > 0 ? w : 0;
+	}
+	return (int)pos;
+}

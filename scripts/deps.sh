@@ -1,0 +1,27 @@
+#!/bin/sh
+# Install the Debian packages mlfs needs to build, test, demo and bench, if any
+# are missing. Idempotent and quiet when everything is already there.
+# Usage: scripts/deps.sh [build|test|bench]   (each level includes the ones before)
+set -eu
+level=${1:-build}
+pkgs="build-essential pkg-config libfuse3-dev fuse3 liburing-dev liblz4-dev libxxhash-dev"
+case $level in
+build) ;;
+test) pkgs="$pkgs python3 python3-pytest python3-numpy stress-ng e2fsprogs util-linux kmod" ;;
+bench) pkgs="$pkgs python3 python3-pytest python3-numpy python3-matplotlib stress-ng fio mergerfs bindfs e2fsprogs util-linux" ;;
+*) echo "deps.sh: unknown level '$level' (build, test or bench)" >&2; exit 2 ;;
+esac
+missing=""
+for p in $pkgs; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+if [ "$(id -u)" != 0 ]; then
+	echo "deps.sh: missing Debian packages:$missing; install them as root (apt-get install$missing)" >&2
+	exit 1
+fi
+echo "deps.sh: installing$missing"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+# shellcheck disable=SC2086
+apt-get install -y -qq --no-install-recommends $missing >/dev/null
