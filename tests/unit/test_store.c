@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -283,6 +284,7 @@ struct hook_state {
 	const char *dir;
 	const char *obj;
 	int steps, fail_at, seen_obj_at_2, manifest_before_3, tmp_at_3;
+	const char *race;	/* at step 3, another writer publishes this name */
 };
 
 static int hook(void *arg, int step)
@@ -297,6 +299,14 @@ static int hook(void *arg, int step)
 		path_of(p, sizeof(p), hs->dir, "snaps");
 		hs->manifest_before_3 = exists(hs->dir, "snaps/s1");
 		hs->tmp_at_3 = count_files(p, ".tmp.");
+	}
+	if (step == 3 && hs->race) {
+		FILE *f;
+
+		path_of(p, sizeof(p), hs->dir, hs->race);
+		f = fopen(p, "w");
+		fputs("theirs", f);
+		fclose(f);
 	}
 	return step == hs->fail_at ? -EIO : 0;
 }
@@ -344,8 +354,21 @@ static void test_commit(const char *dir)
 		EXPECT_EQ(back->entries[1].blocks[0].len, BS);
 	mf_free(back);
 
-	/* Names are never overwritten; a manifest naming a missing object is refused. */
+	/* Names are never overwritten, even when another writer wins the race between our
+	 * early check and step 3; a manifest naming a missing object is refused. */
 	EXPECT_EQ(store_commit(s, m), -EEXIST);
+	strcpy(m->name, "raced");
+	hs.race = "snaps/raced";
+	store_set_commit_hook(s, hook, &hs);
+	EXPECT_EQ(store_commit(s, m), -EEXIST);
+	store_set_commit_hook(s, NULL, NULL);
+	path_of(p, sizeof(p), dir, "snaps/raced");
+	fd = open(p, O_RDONLY);
+	EXPECT(fd >= 0 && read(fd, nm, sizeof(nm)) == 6 && !memcmp(nm, "theirs", 6));
+	close(fd);
+	unlink(p);
+	path_of(p, sizeof(p), dir, "snaps");
+	EXPECT_EQ(count_files(p, ".tmp."), 0);
 	strcpy(m->name, "s2");
 	m->entries[1].blocks[0].hash[0] ^= 1;
 	EXPECT_EQ(store_commit(s, m), -ENOENT);
@@ -445,6 +468,62 @@ static void test_names(const char *dir)
 	store_close(s);
 }
 
+/* Many threads putting overlapping blocks into one session: each object stored once. */
+struct put_arg {
+	struct store *s;
+	int id, errors;
+	uint64_t new_bytes;
+	uint8_t h[8][16];
+};
+
+static void *put_thread(void *p)
+{
+	struct put_arg *a = p;
+	char buf[BS];
+
+	for (int i = 0; i < 64; i++) {
+		uint64_t nb;
+		int k = (i + a->id) % 8;
+
+		fill(buf, BS, 500 + k, 0);
+		if (store_put_block(a->s, buf, BS, a->h[k], &nb))
+			a->errors++;
+		a->new_bytes += nb;
+	}
+	return NULL;
+}
+
+static void test_threads(const char *dir)
+{
+	struct put_arg a[4];
+	pthread_t t[4];
+	struct mf_manifest *m;
+	struct store *s;
+	uint64_t total = 0;
+	int errors = 0;
+
+	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
+	for (int i = 0; i < 4; i++) {
+		memset(&a[i], 0, sizeof(a[i]));
+		a[i].s = s;
+		a[i].id = i;
+		pthread_create(&t[i], NULL, put_thread, &a[i]);
+	}
+	for (int i = 0; i < 4; i++) {
+		pthread_join(t[i], NULL);
+		total += a[i].new_bytes;
+		errors += a[i].errors;
+	}
+	EXPECT_EQ(errors, 0);
+	EXPECT_EQ(total, 8 * (BS + 40));	/* each of the 8 blocks counted once */
+	m = one_file("threads", a[0].h, 8);
+	EXPECT_EQ(store_commit(s, m), 0);
+	mf_free(m);
+	EXPECT_EQ(count_objects(dir, NULL), 8);
+	EXPECT_EQ(store_verify(s, "threads", NULL, NULL), 0);
+	store_close(s);
+}
+
 /* A full store fails cleanly: no temporary files, earlier snapshots intact. */
 static void test_full(const char *mnt)
 {
@@ -531,6 +610,8 @@ int main(void)
 	test_gc(p);
 	path_of(p, sizeof(p), root, "names");
 	test_names(p);
+	path_of(p, sizeof(p), root, "threads");
+	test_threads(p);
 	path_of(p, sizeof(p), root, "mnt");
 	test_full(p);
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
