@@ -513,6 +513,7 @@ out_free:
 	return rc;
 }
 
+/* Invariant 7: every refusal of an object's bytes goes through here. */
 static int obj_damaged(const char *path, const char *why)
 {
 	log_err("store: damaged object %s: %s", path, why);
@@ -726,6 +727,8 @@ int store_commit(struct store *s, const struct mf_manifest *m)
 		goto fail;
 	snprintf(tmp, sizeof(tmp), ".tmp.%s.%s", m->name, s->token);
 
+	/* The commit protocol, invariant 2: each step starts only once the one before is
+	 * durable; a failure anywhere publishes nothing. */
 	if ((rc = commit_hook(s, 1)))
 		goto fail;
 	if ((rc = sync_objects_locked(s)))
@@ -1068,6 +1071,8 @@ static int gc_sweep_dir(struct store *s, int i, struct hset *live, uint64_t *obj
 		if (!tmp)
 			(*objs)++;
 	}
+	/* Not invariant 6: an unlink that does not last only brings back an unreferenced
+	 * object, which the next gc removes again. */
 	if (removed && fsync(dirfd(dir)))
 		rc = -errno;
 	closedir(dir);
