@@ -36,6 +36,7 @@ struct bc_list {
 
 struct bc_shard {
 	pthread_mutex_t mu;
+	pthread_cond_t cv; /* a block of this shard left BC_IO */
 	struct bc_block **buckets;
 	size_t nbuckets, nhashed;
 	struct bc_list lists[2]; /* by enum bc_class, oldest first */
@@ -47,6 +48,7 @@ struct bc {
 	_Atomic uint64_t mem_bytes;
 	_Atomic uint64_t blocks[2], resident[2];
 	_Atomic uint64_t hits, misses, not_admitted, dirty_bytes;
+	struct bc_backing backing;
 	struct bc_shard shards[BC_SHARDS];
 };
 
@@ -100,6 +102,7 @@ int bc_new(uint32_t block_size, uint64_t budget, struct bc **out)
 		struct bc_shard *s = &bc->shards[i];
 
 		pthread_mutex_init(&s->mu, NULL);
+		pthread_cond_init(&s->cv, NULL);
 		s->nbuckets = BC_BUCKETS_MIN;
 		s->buckets = calloc(s->nbuckets, sizeof(*s->buckets));
 		if (!s->buckets)
@@ -166,6 +169,7 @@ void bc_free(struct bc *bc)
 		}
 		free(s->buckets);
 		pthread_mutex_destroy(&s->mu);
+		pthread_cond_destroy(&s->cv);
 	}
 	free(bc);
 }
@@ -239,6 +243,10 @@ struct bc_block *bc_block_new(struct bc *bc, enum bc_class cls, uint32_t cap)
 
 static void bc_block_destroy(struct bc *bc, struct bc_block *b)
 {
+	if ((b->flags & BC_SPILLED) && bc->backing.unspill) {
+		b->flags &= ~BC_SPILLED;
+		bc->backing.unspill(bc->backing.arg, b);
+	}
 	bc_buf_free(bc, b);
 	atomic_fetch_sub(&bc->blocks[b->cls], 1);
 	free(b);
@@ -415,16 +423,19 @@ int bc_write_begin(struct bc *bc, struct bc_block *b)
 void bc_write_end(struct bc *bc, struct bc_block *b)
 {
 	struct bc_shard *s = bc_shard_of(bc, b);
-	bool was_stored;
+	bool was_stored, was_spilled;
 
 	pthread_mutex_lock(&s->mu);
 	was_stored = b->flags & BC_STORED;
+	was_spilled = b->flags & BC_SPILLED;
 	/* The spill copy and the store object no longer match the buffer. */
 	b->flags &= ~(BC_WRITING | BC_STORED | BC_SPILLED);
 	b->flags |= BC_CSUM_STALE;
 	pthread_mutex_unlock(&s->mu);
 	if (was_stored)
 		atomic_fetch_add(&bc->dirty_bytes, b->cap);
+	if (was_spilled && bc->backing.unspill)
+		bc->backing.unspill(bc->backing.arg, b);
 }
 
 int bc_block_reserve(struct bc *bc, struct bc_block *b, uint32_t cap)
@@ -523,35 +534,55 @@ void bc_evict_done(struct bc *bc, struct bc_block *b, bool release)
 		/* Keep the block on its list: it is now a non-resident entry. */
 		bc_buf_free(bc, b);
 	}
+	pthread_cond_broadcast(&s->cv);
 	pthread_mutex_unlock(&s->mu);
 	if (unhashed)
 		bc_block_put(bc, b);
 	bc_block_put(bc, b);
 }
 
-int bc_reload_begin(struct bc *bc, struct bc_block *b)
+void bc_set_backing(struct bc *bc, const struct bc_backing *bk)
 {
-	struct bc_shard *s = bc_shard_of(bc, b);
-	int rc = 0;
-
-	pthread_mutex_lock(&s->mu);
-	if (b->buf)
-		rc = -EEXIST;
-	else if (b->flags & BC_IO)
-		rc = -EBUSY;
-	else if ((rc = bc_buf_alloc(bc, b, b->len, false)) == 0)
-		b->flags |= BC_IO;
-	pthread_mutex_unlock(&s->mu);
-	return rc;
+	bc->backing = *bk;
 }
 
-void bc_reload_end(struct bc *bc, struct bc_block *b, bool ok)
+int bc_block_load(struct bc *bc, struct bc_block *b)
 {
 	struct bc_shard *s = bc_shard_of(bc, b);
+	void *buf;
+	int rc;
+
+	pthread_mutex_lock(&s->mu);
+	/* BC_IO is an eviction or another load: either ends with buf decided. */
+	while ((b->flags & BC_IO) && !b->buf)
+		pthread_cond_wait(&s->cv, &s->mu);
+	if (b->buf) {
+		pthread_mutex_unlock(&s->mu);
+		return 0;
+	}
+	if (!(b->flags & (BC_SPILLED | BC_STORED)) || !bc->backing.load) {
+		pthread_mutex_unlock(&s->mu);
+		return -EIO; /* no copy anywhere: cannot happen for a block still referenced */
+	}
+	b->flags |= BC_IO;
+	pthread_mutex_unlock(&s->mu);
+
+	buf = malloc(b->len ? b->len : 1);
+	rc = buf ? bc->backing.load(bc->backing.arg, b, buf) : -ENOMEM;
 
 	pthread_mutex_lock(&s->mu);
 	b->flags &= ~BC_IO;
-	if (!ok)
-		bc_buf_free(bc, b);
+	if (!rc) {
+		b->buf = buf;
+		b->cap = b->len;
+		atomic_fetch_add(&bc->mem_bytes, b->cap);
+		atomic_fetch_add(&bc->resident[b->cls], 1);
+		if (b->cls == BC_CKPT && !(b->flags & BC_STORED))
+			atomic_fetch_add(&bc->dirty_bytes, b->cap);
+		buf = NULL;
+	}
+	pthread_cond_broadcast(&s->cv);
 	pthread_mutex_unlock(&s->mu);
+	free(buf);
+	return rc;
 }

@@ -106,7 +106,7 @@ bool bc_block_put(struct bc *bc, struct bc_block *b);
 
 /* Data blocks. bc_lookup returns a counted reference to a cached block, or NULL (a
  * miss); it counts a hit or a miss. The block may be non-resident (spilled): the caller
- * then reloads it with bc_reload. */
+ * then makes it resident with bc_block_load. */
 struct bc_block *bc_lookup(struct bc *bc, const struct bc_fid *fid, uint64_t index);
 /* Offers a freshly read data block b (csum set) for caching under (fid, index). Returns
  * a counted reference the caller must put: an existing block under that key (b is then
@@ -139,8 +139,24 @@ void bc_block_seal(struct bc *bc, struct bc_block *b);
  * non-resident, if it has a copy elsewhere; a data block with none is unhashed). */
 unsigned bc_pick_victims(struct bc *bc, struct bc_block **out, unsigned max, int cls);
 void bc_evict_done(struct bc *bc, struct bc_block *b, bool release);
-/* Gives a non-resident block a buffer again (filled by the caller); 0 or -ENOMEM. */
-int bc_reload_begin(struct bc *bc, struct bc_block *b);
-void bc_reload_end(struct bc *bc, struct bc_block *b, bool ok);
+/*
+ * Non-resident blocks. The daemon names one backing that knows where a block's bytes
+ * are when its buffer is gone (the spill tier for BC_SPILLED, the snapshot store for
+ * BC_STORED). bc_block_load makes b resident: 0 once b->buf holds b->len bytes that
+ * match b->csum (the backing verifies), -errno otherwise (-EIO on a checksum mismatch,
+ * which the backing logs). Concurrent loads of one block wait for the first; a load
+ * waits for an eviction in flight to finish. The caller holds a reference on b and must
+ * not hold a lock that other FUSE requests need: this blocks on disk I/O.
+ */
+struct bc_backing {
+	/* Fill buf (b->len bytes) from wherever b's bytes are; runs with no lock held. */
+	int (*load)(void *arg, struct bc_block *b, void *buf);
+	/* b's spilled copy is no longer wanted (b is being freed, or was rewritten):
+	 * release its spill space. Called with no lock held, BC_SPILLED already clear. */
+	void (*unspill)(void *arg, struct bc_block *b);
+	void *arg;
+};
+void bc_set_backing(struct bc *bc, const struct bc_backing *bk);
+int bc_block_load(struct bc *bc, struct bc_block *b);
 
 #endif

@@ -432,13 +432,18 @@ static int ckpt_block_for_write(struct ckpt_ns *ns, struct ckpt_inode *ino, uint
 		if (!b)
 			return -ENOMEM;
 		ino->blocks[idx] = b;
-	} else if (!b->buf) {
-		return -EIO; /* non-resident ckpt blocks come with the tiering work */
 	}
 	if (bc_write_begin(ns->bc, b) == -EBUSY) {
-		c = bc_block_clone(ns->bc, b, want);
+		/* Shared, evicting or not resident: copy it. Our own reference pins the
+		 * buffer against an eviction finishing meanwhile, and the load (a no-op
+		 * when resident) settles that race under the shard lock. Loading under
+		 * the inode's write lock holds up only this file. */
+		bc_block_get(b);
+		rc = bc_block_load(ns->bc, b);
+		c = rc ? NULL : bc_block_clone(ns->bc, b, want);
+		bc_block_put(ns->bc, b);
 		if (!c)
-			return -ENOMEM;
+			return rc ? rc : -ENOMEM;
 		bc_block_put(ns->bc, b);
 		ino->blocks[idx] = b = c;
 		rc = bc_write_begin(ns->bc, b);
@@ -877,7 +882,7 @@ int ckpt_read(struct ckpt_ns *ns, struct ckpt_inode *ino, size_t size, off_t off
 	      struct mlfs_seg *segs)
 {
 	uint64_t end;
-	int n = 0;
+	int n = 0, i, rc;
 
 	pthread_rwlock_rdlock(&ino->lock);
 	if ((uint64_t)off >= ino->size)
@@ -890,14 +895,6 @@ int ckpt_read(struct ckpt_ns *ns, struct ckpt_inode *ino, size_t size, off_t off
 
 		if (len > end - off)
 			len = end - off;
-		if (b && !b->buf) {
-			/* Non-resident ckpt blocks come with the tiering work. */
-			while (n-- > 0)
-				if (segs[n].b)
-					bc_block_put(ns->bc, segs[n].b);
-			pthread_rwlock_unlock(&ino->lock);
-			return -EIO;
-		}
 		if (b && boff < b->len) {
 			uint32_t have = b->len - boff < len ? b->len - boff : len;
 
@@ -913,6 +910,18 @@ int ckpt_read(struct ckpt_ns *ns, struct ckpt_inode *ino, size_t size, off_t off
 	}
 out:
 	pthread_rwlock_unlock(&ino->lock);
+	/* Blocks that are spilled or only in the store are loaded after the inode lock is
+	 * dropped: our references keep them, and their bytes cannot change (a writer
+	 * would copy a block we hold, invariant 5). bc_block_load also settles, under the
+	 * shard lock, a race with an eviction that freed a buffer before our reference. */
+	for (i = 0; i < n; i++) {
+		if (segs[i].b && (rc = bc_block_load(ns->bc, segs[i].b))) {
+			for (i = 0; i < n; i++)
+				if (segs[i].b)
+					bc_block_put(ns->bc, segs[i].b);
+			return rc;
+		}
+	}
 	return n;
 }
 

@@ -494,9 +494,9 @@ int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
 		uint32_t boff = off % bs, len = bs - boff;
 		struct bc_block *b = bc_lookup(ns->m->bc, &f->fid, idx);
 
-		if (b && !b->buf) {
-			/* Cached but not resident (spilled): until the reload path exists,
-			 * SOURCE is the copy to go back to. */
+		if (b && !b->buf && bc_block_load(ns->m->bc, b)) {
+			/* The spilled copy is lost or damaged (logged by the loader): SOURCE
+			 * still has the block, so read it again from there. */
 			bc_block_put(ns->m->bc, b);
 			b = NULL;
 		}
