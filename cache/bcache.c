@@ -1,9 +1,10 @@
 /*
  * bcache.c - sharded, reference-counted block cache (contract in bcache.h).
  *
- * Layout: BC_SHARDS shards, each a mutex, a chained hash table of data blocks and two
- * lists (data, ckpt) in insertion order. A block lives in the shard its key (data) or
- * address (ckpt) hashes to, for its whole life.
+ * Layout: BC_SHARDS shards, each a mutex, a chained hash table of data blocks and, per
+ * class, two lists: resident blocks in eviction order and non-resident ones in the order
+ * they left memory. A block lives in the shard its key (data) or address (ckpt) hashes
+ * to, for its whole life.
  *
  * Invariants
  * 1. mem_bytes == sum of b->cap over blocks with b->buf != NULL; it changes only where
@@ -15,6 +16,8 @@
  *    eviction (BC_IO) and writing (BC_WRITING) exclude each other under the shard lock.
  * 4. A block on a shard list is alive: the list does not hold a reference, so the last
  *    bc_block_put unlinks it under the shard lock before freeing.
+ * 5. A listed block is on lists[cls][b->buf == NULL] (bc_list_of): every change of
+ *    b->buf between NULL and non-NULL moves it, under the shard lock.
  */
 #include "cache/bcache.h"
 
@@ -23,6 +26,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <xxhash.h>
 
 #include "cache/log.h"
@@ -39,7 +43,7 @@ struct bc_shard {
 	pthread_cond_t cv; /* a block of this shard left BC_IO */
 	struct bc_block **buckets;
 	size_t nbuckets, nhashed;
-	struct bc_list lists[2]; /* by enum bc_class, oldest first */
+	struct bc_list lists[2][2]; /* [enum bc_class][non-resident], invariant 5 */
 } __attribute__((aligned(64)));
 
 struct bc {
@@ -48,6 +52,7 @@ struct bc {
 	_Atomic uint64_t mem_bytes;
 	_Atomic uint64_t blocks[2], resident[2];
 	_Atomic uint64_t hits, misses, not_admitted, dirty_bytes;
+	_Atomic uint64_t src_ns_per_mib; /* EWMA, bc_source_ns_per_mib */
 	struct bc_backing backing;
 	struct bc_shard shards[BC_SHARDS];
 };
@@ -61,6 +66,14 @@ static uint64_t bc_key_hash(const struct bc_fid *fid, uint64_t index)
 	return h ^ (h >> 32);
 }
 
+static uint64_t bc_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 static void bc_list_push(struct bc_list *l, struct bc_block *b)
 {
 	b->lnext = NULL;
@@ -70,6 +83,17 @@ static void bc_list_push(struct bc_list *l, struct bc_block *b)
 	else
 		l->head = b;
 	l->tail = b;
+}
+
+static void bc_list_push_head(struct bc_list *l, struct bc_block *b)
+{
+	b->lprev = NULL;
+	b->lnext = l->head;
+	if (l->head)
+		l->head->lprev = b;
+	else
+		l->tail = b;
+	l->head = b;
 }
 
 static void bc_list_del(struct bc_list *l, struct bc_block *b)
@@ -214,6 +238,12 @@ static struct bc_shard *bc_shard_of(struct bc *bc, struct bc_block *b)
 	return &bc->shards[b->shard];
 }
 
+/* The list b belongs on now (invariant 5). */
+static struct bc_list *bc_list_of(struct bc_shard *s, const struct bc_block *b)
+{
+	return &s->lists[b->cls][b->buf == NULL];
+}
+
 struct bc_block *bc_block_new(struct bc *bc, enum bc_class cls, uint32_t cap)
 {
 	struct bc_block *b = calloc(1, sizeof(*b));
@@ -227,6 +257,8 @@ struct bc_block *bc_block_new(struct bc *bc, enum bc_class cls, uint32_t cap)
 		return NULL;
 	}
 	b->len = cls == BC_DATA ? cap : 0;
+	if (cls == BC_DATA)
+		b->born_ns = bc_now_ns(); /* the caller reads SOURCE into it now */
 	atomic_fetch_add(&bc->blocks[cls], 1);
 	if (cls == BC_CKPT) {
 		struct bc_shard *s;
@@ -235,7 +267,7 @@ struct bc_block *bc_block_new(struct bc *bc, enum bc_class cls, uint32_t cap)
 		b->shard = (uint8_t)(((uintptr_t)b >> 6) % BC_SHARDS);
 		s = bc_shard_of(bc, b);
 		pthread_mutex_lock(&s->mu);
-		bc_list_push(&s->lists[BC_CKPT], b);
+		bc_list_push(bc_list_of(s, b), b);
 		pthread_mutex_unlock(&s->mu);
 	}
 	return b;
@@ -264,7 +296,7 @@ bool bc_block_put(struct bc *bc, struct bc_block *b)
 	if (b->cls == BC_CKPT) { /* ckpt blocks stay on their list for life */
 		s = bc_shard_of(bc, b);
 		pthread_mutex_lock(&s->mu);
-		bc_list_del(&s->lists[b->cls], b);
+		bc_list_del(bc_list_of(s, b), b);
 		pthread_mutex_unlock(&s->mu);
 	}
 	bc_block_destroy(bc, b);
@@ -334,7 +366,16 @@ struct bc_block *bc_insert(struct bc *bc, struct bc_block *b, const struct bc_fi
 	uint64_t h = bc_key_hash(fid, index);
 	struct bc_shard *s = &bc->shards[h % BC_SHARDS];
 	struct bc_block *old;
+	uint64_t took = bc_now_ns() - b->born_ns, avg, sample;
 
+	/* SOURCE cost sample: the time since bc_block_new was data.c's pread. The racy
+	 * read-modify-write may lose a sample under concurrency; it is an estimate. */
+	if (b->len) {
+		sample = (uint64_t)((double)took * (double)(1u << 20) / (double)b->len);
+		avg = atomic_load_explicit(&bc->src_ns_per_mib, memory_order_relaxed);
+		avg = avg ? avg - avg / 8 + sample / 8 : sample;
+		atomic_store_explicit(&bc->src_ns_per_mib, avg, memory_order_relaxed);
+	}
 	/* Admission before the lock: the budget test is advisory under concurrency (a few
 	 * blocks over at most, one per racing thread), and the tier manager trims. */
 	if (atomic_load(&bc->mem_bytes) > atomic_load(&bc->budget)) {
@@ -358,7 +399,7 @@ struct bc_block *bc_insert(struct bc *bc, struct bc_block *b, const struct bc_fi
 	*slot = b;
 	b->flags |= BC_HASHED;
 	bc_block_get(b); /* the cache's reference (invariant 2) */
-	bc_list_push(&s->lists[BC_DATA], b);
+	bc_list_push(bc_list_of(s, b), b);
 	if (++s->nhashed > 2 * s->nbuckets)
 		bc_grow_locked(s);
 	pthread_mutex_unlock(&s->mu);
@@ -377,7 +418,7 @@ static void bc_unhash_locked(struct bc_shard *s, struct bc_block *b)
 	b->hnext = NULL;
 	b->flags &= ~BC_HASHED;
 	s->nhashed--;
-	bc_list_del(&s->lists[BC_DATA], b);
+	bc_list_del(bc_list_of(s, b), b);
 }
 
 void bc_drop_fid(struct bc *bc, const struct bc_fid *fid)
@@ -387,15 +428,18 @@ void bc_drop_fid(struct bc *bc, const struct bc_fid *fid)
 	for (i = 0; i < BC_SHARDS; i++) {
 		struct bc_shard *s = &bc->shards[i];
 		struct bc_block *b, *next, *dead = NULL;
+		int nr;
 
 		pthread_mutex_lock(&s->mu);
-		for (b = s->lists[BC_DATA].head; b; b = next) {
-			next = b->lnext;
-			if (b->fid.hi != fid->hi || b->fid.lo != fid->lo)
-				continue;
-			bc_unhash_locked(s, b);
-			b->hnext = dead;
-			dead = b;
+		for (nr = 0; nr < 2; nr++) {
+			for (b = s->lists[BC_DATA][nr].head; b; b = next) {
+				next = b->lnext;
+				if (b->fid.hi != fid->hi || b->fid.lo != fid->lo)
+					continue;
+				bc_unhash_locked(s, b);
+				b->hnext = dead;
+				dead = b;
+			}
 		}
 		pthread_mutex_unlock(&s->mu);
 		for (; dead; dead = next) {
@@ -428,8 +472,9 @@ void bc_write_end(struct bc *bc, struct bc_block *b)
 	pthread_mutex_lock(&s->mu);
 	was_stored = b->flags & BC_STORED;
 	was_spilled = b->flags & BC_SPILLED;
-	/* The spill copy and the store object no longer match the buffer. */
-	b->flags &= ~(BC_WRITING | BC_STORED | BC_SPILLED);
+	/* The spill copy and the store object no longer match the buffer, and the new
+	 * bytes may compress where the old did not. */
+	b->flags &= ~(BC_WRITING | BC_STORED | BC_SPILLED | BC_INCOMPRESSIBLE);
 	b->flags |= BC_CSUM_STALE;
 	pthread_mutex_unlock(&s->mu);
 	if (was_stored)
@@ -489,20 +534,26 @@ void bc_block_seal(struct bc *bc, struct bc_block *b)
 	pthread_mutex_unlock(&s->mu);
 }
 
-unsigned bc_pick_victims(struct bc *bc, struct bc_block **out, unsigned max, int cls)
+unsigned bc_pick_victims(struct bc *bc, struct bc_block **out, unsigned max, int cls,
+			 enum bc_pick kind)
 {
 	unsigned n = 0, i, start = (unsigned)(atomic_load(&bc->misses) % BC_SHARDS);
 
 	/* Round robin over shards from a moving start, oldest first within a shard: for
 	 * data that is FIFO, which is as good as any order for shuffled epochs and costs
-	 * nothing on a hit. */
+	 * nothing on a hit. A block someone besides its owner holds is skipped: its
+	 * buffer could not be freed (bc_evict_done), so writing it out would be wasted. */
 	for (i = 0; i < BC_SHARDS && n < max; i++) {
 		struct bc_shard *s = &bc->shards[(start + i) % BC_SHARDS];
 		struct bc_block *b;
 
 		pthread_mutex_lock(&s->mu);
-		for (b = s->lists[cls].head; b && n < max; b = b->lnext) {
-			if (!b->buf || (b->flags & (BC_IO | BC_WRITING)))
+		for (b = s->lists[cls][0].head; b && n < max; b = b->lnext) {
+			bool copy = b->flags & (BC_SPILLED | BC_STORED);
+
+			if ((b->flags & (BC_IO | BC_WRITING)) || atomic_load(&b->ref) != 1)
+				continue;
+			if ((kind == BC_PICK_COPY && !copy) || (kind == BC_PICK_NOCOPY && copy))
 				continue;
 			b->flags |= BC_IO;
 			bc_block_get(b);
@@ -513,32 +564,83 @@ unsigned bc_pick_victims(struct bc *bc, struct bc_block **out, unsigned max, int
 	return n;
 }
 
-void bc_evict_done(struct bc *bc, struct bc_block *b, bool release)
+void bc_set_spilled(struct bc *bc, struct bc_block *b, uint64_t off, uint32_t disk_len,
+		    uint32_t flags, bool incompressible)
 {
 	struct bc_shard *s = bc_shard_of(bc, b);
-	bool unhashed = false, free_buf = false;
+
+	pthread_mutex_lock(&s->mu);
+	assert(b->flags & BC_IO);
+	b->spill_off = off;
+	b->spill_disk = disk_len;
+	b->spill_len = b->len;
+	b->spill_flags = flags;
+	b->flags |= BC_SPILLED;
+	if (incompressible)
+		b->flags |= BC_INCOMPRESSIBLE;
+	pthread_mutex_unlock(&s->mu);
+}
+
+uint64_t bc_evict_done(struct bc *bc, struct bc_block *b, bool release)
+{
+	struct bc_shard *s = bc_shard_of(bc, b);
+	bool unhashed = false;
+	uint64_t freed = 0;
 
 	pthread_mutex_lock(&s->mu);
 	b->flags &= ~BC_IO;
 	/* Our reference plus the owner's (the cache's or a file map's): anything more is a
 	 * reader using the buffer right now, so keep it. */
-	if (release && atomic_load(&b->ref) == 2) {
+	if (release && atomic_load(&b->ref) == 2 && b->buf) {
 		if (b->flags & (BC_SPILLED | BC_STORED)) {
-			free_buf = true;
+			/* Stays listed as a non-resident entry (invariant 5). */
+			freed = b->cap;
+			bc_list_del(bc_list_of(s, b), b);
+			bc_buf_free(bc, b);
+			bc_list_push(bc_list_of(s, b), b);
 		} else if (b->flags & BC_HASHED) {
+			freed = b->cap; /* by the last put below */
 			bc_unhash_locked(s, b);
 			unhashed = true;
 		}
-	}
-	if (free_buf) {
-		/* Keep the block on its list: it is now a non-resident entry. */
-		bc_buf_free(bc, b);
 	}
 	pthread_cond_broadcast(&s->cv);
 	pthread_mutex_unlock(&s->mu);
 	if (unhashed)
 		bc_block_put(bc, b);
 	bc_block_put(bc, b);
+	return freed;
+}
+
+unsigned bc_pick_reload(struct bc *bc, struct bc_block **out, unsigned max, int cls,
+			bool dirty_only)
+{
+	unsigned n = 0, i;
+
+	/* Most recently evicted first within a shard (the non-resident list's tail); shards
+	 * round robin so one shard's history does not crowd the others out. */
+	for (i = 0; i < BC_SHARDS && n < max; i++) {
+		struct bc_shard *s = &bc->shards[i];
+		struct bc_block *b;
+
+		pthread_mutex_lock(&s->mu);
+		for (b = s->lists[cls][1].tail; b && n < max; b = b->lprev) {
+			if ((b->flags & BC_IO) || !(b->flags & BC_SPILLED))
+				continue;
+			if (dirty_only && (b->flags & BC_STORED))
+				continue;
+			b->flags |= BC_IO;
+			bc_block_get(b);
+			out[n++] = b;
+		}
+		pthread_mutex_unlock(&s->mu);
+	}
+	return n;
+}
+
+uint64_t bc_source_ns_per_mib(const struct bc *bc)
+{
+	return atomic_load_explicit(&bc->src_ns_per_mib, memory_order_relaxed);
 }
 
 void bc_set_backing(struct bc *bc, const struct bc_backing *bk)
@@ -546,43 +648,78 @@ void bc_set_backing(struct bc *bc, const struct bc_backing *bk)
 	bc->backing = *bk;
 }
 
-int bc_block_load(struct bc *bc, struct bc_block *b)
+int bc_load_begin(struct bc *bc, struct bc_block *b, bool wait)
 {
 	struct bc_shard *s = bc_shard_of(bc, b);
-	void *buf;
-	int rc;
+	int rc = 0;
 
 	pthread_mutex_lock(&s->mu);
 	/* BC_IO is an eviction or another load: either ends with buf decided. */
-	while ((b->flags & BC_IO) && !b->buf)
+	while ((b->flags & BC_IO) && !b->buf && wait)
 		pthread_cond_wait(&s->cv, &s->mu);
-	if (b->buf) {
-		pthread_mutex_unlock(&s->mu);
-		return 0;
-	}
-	if (!(b->flags & (BC_SPILLED | BC_STORED)) || !bc->backing.load) {
-		pthread_mutex_unlock(&s->mu);
-		return -EIO; /* no copy anywhere: cannot happen for a block still referenced */
-	}
-	b->flags |= BC_IO;
+	if (b->buf)
+		rc = 1;
+	else if (b->flags & BC_IO)
+		rc = -EAGAIN;
+	else if (!(b->flags & (BC_SPILLED | BC_STORED)))
+		rc = -EIO; /* no copy anywhere: cannot happen for a block still referenced */
+	else
+		b->flags |= BC_IO;
 	pthread_mutex_unlock(&s->mu);
+	return rc;
+}
 
-	buf = malloc(b->len ? b->len : 1);
-	rc = buf ? bc->backing.load(bc->backing.arg, b, buf) : -ENOMEM;
+void bc_load_end(struct bc *bc, struct bc_block *b, void *buf, int rc)
+{
+	struct bc_shard *s = bc_shard_of(bc, b);
+	bool unhashed = false;
 
 	pthread_mutex_lock(&s->mu);
 	b->flags &= ~BC_IO;
 	if (!rc) {
+		bc_list_del(bc_list_of(s, b), b);
 		b->buf = buf;
 		b->cap = b->len;
 		atomic_fetch_add(&bc->mem_bytes, b->cap);
 		atomic_fetch_add(&bc->resident[b->cls], 1);
 		if (b->cls == BC_CKPT && !(b->flags & BC_STORED))
 			atomic_fetch_add(&bc->dirty_bytes, b->cap);
+		/* Over budget, this block came back for one reader, not to stay: put it
+		 * where the next trim looks first, and its copy makes that free. What the
+		 * cache already holds stays (the epoch policy in bcache.h). */
+		if (atomic_load(&bc->mem_bytes) > atomic_load(&bc->budget))
+			bc_list_push_head(bc_list_of(s, b), b);
+		else
+			bc_list_push(bc_list_of(s, b), b);
 		buf = NULL;
+	} else if (rc != -ECANCELED && b->cls == BC_DATA && (b->flags & BC_HASHED)) {
+		/* The copy is bad or unreadable: forget the block, so that the reader's
+		 * fallback to SOURCE caches a fresh one; the last put releases the copy. */
+		bc_unhash_locked(s, b);
+		unhashed = true;
 	}
 	pthread_cond_broadcast(&s->cv);
 	pthread_mutex_unlock(&s->mu);
 	free(buf);
+	if (unhashed)
+		bc_block_put(bc, b);
+}
+
+int bc_block_load(struct bc *bc, struct bc_block *b)
+{
+	void *buf;
+	int rc;
+
+	rc = bc_load_begin(bc, b, true);
+	if (rc)
+		return rc > 0 ? 0 : rc;
+	buf = malloc(b->len ? b->len : 1);
+	if (!buf)
+		rc = -ENOMEM;
+	else if (!bc->backing.load)
+		rc = -EIO;
+	else
+		rc = bc->backing.load(bc->backing.arg, b, buf);
+	bc_load_end(bc, b, buf, rc);
 	return rc;
 }

@@ -70,9 +70,13 @@ struct bc_block {
 	uint16_t flags;
 	uint8_t cls;			/* enum bc_class */
 	uint8_t shard;
-	uint32_t spill_len, spill_flags; /* valid while BC_SPILLED: where the spill tier */
-	uint64_t spill_off;		/* keeps its copy (a struct spill_loc, unpacked) */
+	/* Valid while BC_SPILLED: where the spill tier keeps the copy (a struct spill_loc,
+	 * unpacked; spill_len is the logical length the copy was written with). Written
+	 * only by the tier under the shard lock (bc_set_spilled). */
+	uint64_t spill_off;
+	uint32_t spill_disk, spill_len, spill_flags;
 	uint8_t obj[16];		/* valid while BC_STORED: store object name */
+	uint64_t born_ns;		/* data: when its SOURCE read began (cost estimate) */
 };
 
 struct bc_stats {
@@ -132,13 +136,50 @@ struct bc_block *bc_block_clone(struct bc *bc, const struct bc_block *b, uint32_
  * and b is resident and not being written. */
 void bc_block_seal(struct bc *bc, struct bc_block *b);
 
-/* Tiering hooks (used by tiering/tier.c). bc_pick_victims fills out[] with up to max
- * resident blocks to evict, in policy order, each with a counted reference and BC_IO
- * set so no writer modifies it meanwhile; bc_evict_done clears BC_IO and, when
- * `release` is true and nobody else holds the block, frees its buffer (the block stays,
- * non-resident, if it has a copy elsewhere; a data block with none is unhashed). */
-unsigned bc_pick_victims(struct bc *bc, struct bc_block **out, unsigned max, int cls);
-void bc_evict_done(struct bc *bc, struct bc_block *b, bool release);
+/*
+ * Tiering hooks (used by tiering/tier.c).
+ *
+ * Each shard keeps, per class, a list of resident blocks (oldest first; a block loaded
+ * while the cache is over budget goes to the head, so it is the first to go again) and
+ * a list of non-resident ones (in the order they left memory).
+ *
+ * bc_pick_victims fills out[] with up to max resident blocks of class cls, oldest first,
+ * that only their owner holds (the cache for data, a file map for ckpt) and that have a
+ * copy elsewhere (BC_PICK_COPY: BC_SPILLED or BC_STORED), none (BC_PICK_NOCOPY), or
+ * either (BC_PICK_ANY). Each comes with a counted reference and BC_IO set, so no writer
+ * modifies it meanwhile. Cost: walks the resident list of each shard until max are
+ * found; blocks of the other kind are skipped, not counted.
+ * bc_set_spilled records where the spill tier put a block being evicted (BC_SPILLED).
+ * bc_evict_done clears BC_IO and, when `release` is true and nobody else holds the
+ * block, frees its buffer (the block stays, non-resident, if it has a copy elsewhere; a
+ * data block with none is unhashed: dropped). It puts the picker's reference; returns
+ * the bytes freed (0 when the block stayed resident).
+ */
+enum bc_pick { BC_PICK_ANY = 0, BC_PICK_COPY = 1, BC_PICK_NOCOPY = 2 };
+unsigned bc_pick_victims(struct bc *bc, struct bc_block **out, unsigned max, int cls,
+			 enum bc_pick kind);
+void bc_set_spilled(struct bc *bc, struct bc_block *b, uint64_t off, uint32_t disk_len,
+		    uint32_t flags, bool incompressible);
+uint64_t bc_evict_done(struct bc *bc, struct bc_block *b, bool release);
+/* Up to max non-resident BC_SPILLED blocks of class cls, most recently evicted first,
+ * for background reload; with `dirty_only`, only those not BC_STORED. Each comes with a
+ * counted reference and BC_IO set: finish each with bc_load_end. */
+unsigned bc_pick_reload(struct bc *bc, struct bc_block **out, unsigned max, int cls,
+			bool dirty_only);
+/* SOURCE read cost: an average (EWMA, 1/8 weight per sample) of nanoseconds per MiB
+ * from a data block's bc_block_new to its bc_insert, the time data.c spends in pread.
+ * 0 before the first sample. */
+uint64_t bc_source_ns_per_mib(const struct bc *bc);
+/* Snapshot store links. bc_block_new_stored returns a new non-resident ckpt block
+ * (one reference, handed over) whose len bytes are the store object obj: what a
+ * restored file starts with; its first read loads it through the backing.
+ * bc_block_set_stored records, after a snapshot commit, that b's bytes are object obj:
+ * b is then clean (droppable under pressure, not written again by the next snapshot).
+ * b must be shared with the committed snapshot's map or otherwise unchanged since it
+ * was sealed, which copy on write guarantees (bcache invariant 3). */
+struct bc_block *bc_block_new_stored(struct bc *bc, uint32_t len, const uint8_t obj[16]);
+void bc_block_set_stored(struct bc *bc, struct bc_block *b, const uint8_t obj[16]);
+
 /*
  * Non-resident blocks. The daemon names one backing that knows where a block's bytes
  * are when its buffer is gone (the spill tier for BC_SPILLED, the snapshot store for
@@ -158,5 +199,14 @@ struct bc_backing {
 };
 void bc_set_backing(struct bc *bc, const struct bc_backing *bk);
 int bc_block_load(struct bc *bc, struct bc_block *b);
+/* The two halves of bc_block_load, for loaders that do not wait (background reload).
+ * bc_load_begin: 1 if b is resident (nothing to do), 0 if the caller now loads it (BC_IO
+ * set: it must end with bc_load_end), -EAGAIN when another load or an eviction is in
+ * flight and !wait, -EIO when b has no copy anywhere. bc_load_end installs buf (b->len
+ * bytes, malloc'd, handed over) when rc is 0, else frees it; a hashed data block whose
+ * copy failed is unhashed and its spill copy released, so the next read goes to SOURCE.
+ * rc -ECANCELED: the load was never tried; b stays as it was. */
+int bc_load_begin(struct bc *bc, struct bc_block *b, bool wait);
+void bc_load_end(struct bc *bc, struct bc_block *b, void *buf, int rc);
 
 #endif

@@ -1,0 +1,910 @@
+/*
+ * tier.c - the tier manager (contract: tier.h): evicts blocks when mem_bytes passes the
+ * budget, reloads them when it grows, and backs bc_block_load with the spill tier.
+ *
+ * Policy (the order DESIGN.md asks for; each rule says why)
+ *   A. A resident block that already has a copy (BC_SPILLED: reloaded and unchanged, or
+ *      BC_STORED) only has its buffer freed: no I/O now, and a later read pays the same
+ *      reload it would have paid anyway. Blocks loaded while over budget sit at the head
+ *      of their list (bcache.c), so they go first and the blocks the cache holds stay:
+ *      that is what keeps a shuffled epoch's hit rate near budget/dataset.
+ *   D. A clean data block without a copy is dropped when SOURCE gives it back cheaply,
+ *      else spilled. "Cheaply": src <= 2 x reload, where src is the measured average
+ *      SOURCE read time per MiB (bc_source_ns_per_mib, data.c's pread) and reload the
+ *      measured average time per MiB of on-demand spill reads (TIER_RELOAD_PRIOR_NS
+ *      until the first one). A spill costs a write now and a read later, and a write
+ *      costs about what a read does on the spill device, so dropping wins whenever one
+ *      SOURCE read is no dearer than two spill transfers; it also saves the disk space.
+ *      A page-cache-hot local SOURCE is dropped; a network or throttled one (200 MB/s is
+ *      5 ms/MiB against about 1 ms/MiB for NVMe) is spilled. Without a spill tier, or
+ *      while it is full or failing, clean data is always dropped.
+ *   S. Checkpoint blocks already in the store: rule A (dropped, the store has them).
+ *   K. Dirty checkpoint blocks are spilled, never dropped; when the spill tier is absent,
+ *      full or failing they stay in memory (invariant 2) and tier_admit_write makes new
+ *      checkpoint writes wait, then fail with ENOSPC.
+ *   Classes are taken in this order each round: data (A and D, oldest first), then
+ *   checkpoint blocks with a copy, then dirty ones; a round stops as soon as the bytes
+ *   freed or in flight cover the excess.
+ *   Reload (the budget grew): dirty checkpoint blocks first (their only copy is on the
+ *   spill disk, and the job reads its checkpoints back or snapshots them), then data
+ *   blocks, most recently spilled first (within a shard: the youngest evictees are the
+ *   likeliest to be read again by a job with any locality; for a shuffled epoch every
+ *   order is equal). Refill stops HEADROOM under the budget so it never triggers a trim.
+ *
+ * Invariants (cited in the code)
+ *  1. The tier evicts a block only while holding a counted reference with BC_IO set
+ *     (bc_pick_victims); every picked block ends in exactly one bc_evict_done, on the
+ *     tier thread or in its spill callback.
+ *  2. A dirty checkpoint block leaves memory only after bc_set_spilled recorded a copy
+ *     that the spill engine reported on disk (spill.c invariant 4). It is never dropped:
+ *     on ENOSPC or an I/O error it stays resident.
+ *  3. Spill space is released exactly once: by tier_unspill when bcache clears
+ *     BC_SPILLED (the block is freed or rewritten), or by the spill engine itself when a
+ *     write fails. The location is read from the block, whose spill fields do not change
+ *     while BC_SPILLED is set.
+ *  4. Bytes reach a reader only after spill_read verified their checksum (spill.c
+ *     invariant 5). When it fails, a stored checkpoint block is fetched from the store; a
+ *     data block is unhashed by bc_load_end and the reader re-reads SOURCE; a dirty
+ *     checkpoint block gives EIO. Never wrong bytes.
+ *  5. t->inflight counts spill writes and background reads whose callback has not ended;
+ *     tier_free waits for 0. t->inflight_bytes, the buffers of blocks being spilled,
+ *     count as already gone when a round sizes its batch, so one cut is not answered
+ *     twice.
+ *  6. While t->full (the spill tier said ENOSPC) no spill is tried until space is
+ *     released or TIER_FULL_RETRY_MS passed; a success clears it. Admission of checkpoint
+ *     writes (tier_admit_write) follows t->full, not the retry timer.
+ *  7. t->mu is a leaf lock: no bcache, spill or governor call is made while holding it
+ *     (bcache calls tier_unspill with its own locks released, from any thread).
+ *
+ * State of a block, as the tier sees it:
+ *
+ *                 pick (BC_IO, inv. 1)         spill ok: bc_set_spilled
+ *   RESIDENT ---------------------------> EVICTING ----------------------+
+ *    ^  ^  |                               |  |  drop (rule D, clean)    |  evict_done
+ *    |  |  | ckpt write: copy released     |  +---------> gone           v
+ *    |  |  | (inv. 3)                      |                     RESIDENT+COPY
+ *    |  |  +------------<------------------+ keep (K, errors)       |  pick, rule A
+ *    |  +------------------------ RESIDENT+COPY <--- load ok --+     v
+ *    |                                                         +-- SPILLED (not resident)
+ *    +------ write after load ------------------------------------------- |
+ *                                        load failed: data unhashed (inv. 4) -> gone
+ */
+#include "tiering/tier.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cache/bcache.h"
+#include "cache/log.h"
+#include "tiering/spill.h"
+#include "tiering/uring.h"
+
+#define TIER_RING_ENTRIES 64u
+/* malloc_trim(0) is considered after this many bytes were freed since the last check,
+ * and called when RSS exceeds mem_bytes plus the start-up baseline by TIER_TRIM_SLACK. */
+#define TIER_TRIM_AFTER (32ull << 20)
+#define TIER_TRIM_SLACK (32ull << 20)
+
+struct tier {
+	struct bc *bc;		/* borrowed */
+	struct uring *u;	/* NULL without a spill dir */
+	struct spill *sp;	/* NULL without a spill dir */
+	struct gov *gov;	/* NULL without a governor */
+	struct tier_config cfg;
+	tier_store_load_fn store_load;
+	void *store_arg;
+	uint32_t bs;
+	uint64_t rss_base;	/* RSS minus mem_bytes at start */
+	pthread_t thread;
+
+	pthread_mutex_t mu;	/* everything below; invariant 7 */
+	pthread_cond_t cv;	/* the thread: wake-ups, completions */
+	pthread_cond_t idle_cv;	/* tier_settle */
+	pthread_cond_t admit_cv; /* tier_admit_write */
+	bool stop, kick, idle;
+	unsigned inflight;	/* invariant 5 */
+	uint64_t inflight_bytes;
+	bool full;		/* invariant 6 */
+	uint64_t full_ms, fail_until_ms;
+	uint64_t cut_ns;	/* last cut not yet answered (0: none) */
+	bool want_response, want_settle;
+	uint64_t freed_since_trim;
+
+	/* Counters, read by tier_get_stats without the lock. */
+	_Atomic uint64_t spill_ops, reload_ops, bg_reload_ops, spill_errors, drops, frees;
+	_Atomic uint64_t kept, enospc, admit_waits, admit_enospc, malloc_trims;
+	_Atomic uint64_t reload_ns_per_mib, response_us, settle_us;
+};
+
+/* One spill write or background reload in flight (its callback frees it). */
+struct tier_op {
+	struct tier *t;
+	struct bc_block *b;
+	void *buf;	/* reload: the new buffer, handed to bc_load_end */
+	uint32_t cap;	/* spill: bytes counted in inflight_bytes */
+};
+
+static uint64_t tier_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t tier_now_ms(void)
+{
+	return tier_now_ns() / 1000000ull;
+}
+
+static void tier_deadline(struct timespec *ts, unsigned ms)
+{
+	clock_gettime(CLOCK_MONOTONIC, ts);
+	ts->tv_sec += ms / 1000;
+	ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (ts->tv_nsec >= 1000000000L) {
+		ts->tv_sec++;
+		ts->tv_nsec -= 1000000000L;
+	}
+}
+
+static uint64_t tier_rss(void)
+{
+	unsigned long size, resident;
+	FILE *f = fopen("/proc/self/statm", "r");
+	int ok;
+
+	if (!f)
+		return 0;
+	ok = fscanf(f, "%lu %lu", &size, &resident) == 2;
+	fclose(f);
+	return ok ? (uint64_t)resident * (uint64_t)sysconf(_SC_PAGESIZE) : 0;
+}
+
+static void tier_loc_of(const struct bc_block *b, struct spill_loc *loc)
+{
+	loc->off = b->spill_off;
+	loc->disk_len = b->spill_disk;
+	loc->len = b->spill_len;
+	loc->flags = b->spill_flags;
+}
+
+static void tier_ewma(_Atomic uint64_t *avg, uint64_t ns, uint32_t len)
+{
+	uint64_t sample, old;
+
+	if (!len)
+		return;
+	sample = (uint64_t)((double)ns * (double)(1u << 20) / (double)len);
+	old = atomic_load_explicit(avg, memory_order_relaxed);
+	atomic_store_explicit(avg, old ? old - old / 8 + sample / 8 : sample,
+			      memory_order_relaxed);
+}
+
+/* Bytes over the budget not yet covered by spills in flight (invariant 5). */
+static uint64_t tier_excess(struct tier *t)
+{
+	uint64_t mem = bc_mem_bytes(t->bc), budget = bc_budget(t->bc), pending;
+
+	pthread_mutex_lock(&t->mu);
+	pending = t->inflight_bytes;
+	pthread_mutex_unlock(&t->mu);
+	return mem > budget + pending ? mem - budget - pending : 0;
+}
+
+/* Whether a spill may be tried now (invariant 6, and the backoff after an I/O error). */
+static bool tier_can_spill(struct tier *t)
+{
+	uint64_t now = tier_now_ms();
+	bool ok;
+
+	if (!t->sp)
+		return false;
+	pthread_mutex_lock(&t->mu);
+	ok = (!t->full || now >= t->full_ms + TIER_FULL_RETRY_MS) && now >= t->fail_until_ms;
+	pthread_mutex_unlock(&t->mu);
+	return ok;
+}
+
+static void tier_note_enospc(struct tier *t)
+{
+	bool first;
+
+	atomic_fetch_add(&t->enospc, 1);
+	pthread_mutex_lock(&t->mu);
+	first = !t->full;
+	t->full = true;
+	t->full_ms = tier_now_ms();
+	pthread_mutex_unlock(&t->mu);
+	if (first)
+		log_warn("tier: spill dir %s is full: dropping clean blocks, keeping dirty ones "
+			 "in memory", t->cfg.spill_dir);
+}
+
+/* Rule D. */
+static bool tier_drop_data(struct tier *t)
+{
+	uint64_t src, rel;
+
+	if (t->cfg.drop == TIER_DROP_ALWAYS || !tier_can_spill(t))
+		return true;
+	if (t->cfg.drop == TIER_DROP_NEVER)
+		return false;
+	src = bc_source_ns_per_mib(t->bc);
+	rel = atomic_load_explicit(&t->reload_ns_per_mib, memory_order_relaxed);
+	if (!rel)
+		rel = TIER_RELOAD_PRIOR_NS;
+	return src && src <= 2 * rel;
+}
+
+/* ---- spill writes ---- */
+
+static void tier_op_done(struct tier *t, uint32_t cap)
+{
+	pthread_mutex_lock(&t->mu);
+	assert(t->inflight > 0); /* invariant 5 */
+	t->inflight--;
+	t->inflight_bytes -= cap;
+	pthread_cond_broadcast(&t->cv);
+	pthread_mutex_unlock(&t->mu);
+}
+
+static void tier_freed(struct tier *t, uint64_t bytes)
+{
+	if (!bytes)
+		return;
+	pthread_mutex_lock(&t->mu);
+	t->freed_since_trim += bytes;
+	pthread_cond_broadcast(&t->admit_cv);
+	pthread_mutex_unlock(&t->mu);
+}
+
+/* Spill completion, on the ring's thread: must not block (uring.h). */
+static void tier_spill_done(void *arg, int rc, const struct spill_loc *loc)
+{
+	struct tier_op *op = arg;
+	struct tier *t = op->t;
+	struct bc_block *b = op->b;
+	uint64_t freed;
+
+	if (!rc) {
+		/* Invariant 2: the copy is on disk before the buffer can go. */
+		bc_set_spilled(t->bc, b, loc->off, loc->disk_len, loc->flags,
+			       !(loc->flags & SPILL_LZ4));
+		atomic_fetch_add(&t->spill_ops, 1);
+		pthread_mutex_lock(&t->mu);
+		if (t->full) { /* invariant 6: there is room again */
+			t->full = false;
+			pthread_cond_broadcast(&t->admit_cv);
+		}
+		pthread_mutex_unlock(&t->mu);
+		tier_freed(t, bc_evict_done(t->bc, b, true));
+	} else {
+		/* spill.c logged it and released the space. Clean data can still go (SOURCE
+		 * has it); a dirty checkpoint block stays (invariant 2). */
+		if (rc == -ENOSPC) {
+			tier_note_enospc(t);
+		} else {
+			atomic_fetch_add(&t->spill_errors, 1);
+			pthread_mutex_lock(&t->mu);
+			t->fail_until_ms = tier_now_ms() + TIER_FAIL_BACKOFF_MS;
+			pthread_mutex_unlock(&t->mu);
+		}
+		if (b->cls == BC_DATA) {
+			freed = bc_evict_done(t->bc, b, true);
+			if (freed)
+				atomic_fetch_add(&t->drops, 1);
+			tier_freed(t, freed);
+		} else {
+			atomic_fetch_add(&t->kept, 1);
+			bc_evict_done(t->bc, b, false);
+		}
+	}
+	tier_op_done(t, op->cap);
+	free(op);
+}
+
+/* Waits for a slot (at most cfg.inflight in flight) and counts one. false if stopping. */
+static bool tier_slot(struct tier *t, uint32_t cap)
+{
+	pthread_mutex_lock(&t->mu);
+	while (t->inflight >= t->cfg.inflight && !t->stop)
+		pthread_cond_wait(&t->cv, &t->mu);
+	if (t->stop) {
+		pthread_mutex_unlock(&t->mu);
+		return false;
+	}
+	t->inflight++;
+	t->inflight_bytes += cap;
+	pthread_mutex_unlock(&t->mu);
+	return true;
+}
+
+/* Submits b (picked, BC_IO) for spilling. 0: the callback will finish it (inv. 1). */
+static int tier_spill_submit(struct tier *t, struct bc_block *b)
+{
+	struct tier_op *op;
+	unsigned hints = (b->flags & BC_INCOMPRESSIBLE) ? SPILL_HINT_INCOMPRESSIBLE : 0;
+	int rc;
+
+	if (!b->len)
+		return -EINVAL; /* nothing to spill: an empty checkpoint block stays */
+	op = calloc(1, sizeof(*op));
+	if (!op)
+		return -ENOMEM;
+	op->t = t;
+	op->b = b;
+	op->cap = b->cap;
+	if (!tier_slot(t, op->cap)) {
+		free(op);
+		return -ESHUTDOWN;
+	}
+	/* Copies (and maybe compresses) b->buf before it returns: 0.1-2 ms per MiB here. */
+	rc = spill_write(t->sp, b->buf, b->len, hints, tier_spill_done, op);
+	if (rc) {
+		tier_op_done(t, op->cap);
+		free(op);
+	}
+	return rc;
+}
+
+/* Evicts one picked block by the policy; returns the bytes it freed or put in flight. */
+static uint64_t tier_evict_one(struct tier *t, struct bc_block *b)
+{
+	uint64_t freed, cap = b->cap;
+	int rc;
+
+	/* The copy flags are stable enough to decide on: BC_IO keeps writers off
+	 * (invariant 1); a store marking the block stored meanwhile only costs a spill. */
+	if (b->flags & (BC_SPILLED | BC_STORED)) { /* rules A and S */
+		freed = bc_evict_done(t->bc, b, true);
+		if (freed)
+			atomic_fetch_add(&t->frees, 1);
+		tier_freed(t, freed);
+		return freed;
+	}
+	if (b->cls == BC_DATA && tier_drop_data(t)) { /* rule D: drop */
+		freed = bc_evict_done(t->bc, b, true);
+		if (freed)
+			atomic_fetch_add(&t->drops, 1);
+		tier_freed(t, freed);
+		return freed;
+	}
+	if (!tier_can_spill(t)) { /* rule K: no room, keep (invariant 2) */
+		atomic_fetch_add(&t->kept, 1);
+		bc_evict_done(t->bc, b, false);
+		return 0;
+	}
+	if (b->cls == BC_CKPT)
+		bc_block_seal(t->bc, b); /* the checksum the reload verifies */
+	rc = tier_spill_submit(t, b);
+	if (!rc)
+		return cap;
+	if (rc == -ENOSPC)
+		tier_note_enospc(t);
+	else if (rc != -ESHUTDOWN && rc != -EINVAL)
+		atomic_fetch_add(&t->spill_errors, 1);
+	if (b->cls == BC_DATA && rc != -ESHUTDOWN) {
+		freed = bc_evict_done(t->bc, b, true);
+		if (freed)
+			atomic_fetch_add(&t->drops, 1);
+		tier_freed(t, freed);
+		return freed;
+	}
+	atomic_fetch_add(&t->kept, 1);
+	bc_evict_done(t->bc, b, false);
+	return 0;
+}
+
+/* One round over the classes in policy order. Returns whether anything was evicted or
+ * put in flight, so that the caller stops when the rest can only be kept. */
+static bool tier_trim_round(struct tier *t)
+{
+	static const struct { int cls; enum bc_pick kind; } phases[] = {
+		{ BC_DATA, BC_PICK_ANY },	/* rules A and D, FIFO */
+		{ BC_CKPT, BC_PICK_COPY },	/* rules A and S */
+		{ BC_CKPT, BC_PICK_NOCOPY },	/* rule K */
+	};
+	struct bc_block *v[256];
+	uint64_t excess = tier_excess(t), got;
+	bool progress = false;
+	unsigned p, i, n, want;
+
+	for (p = 0; p < sizeof(phases) / sizeof(phases[0]) && excess; p++) {
+		want = (unsigned)(excess / t->bs + 1);
+		if (want > t->cfg.batch)
+			want = t->cfg.batch;
+		n = bc_pick_victims(t->bc, v, want, phases[p].cls, phases[p].kind);
+		for (i = 0; i < n; i++) {
+			got = tier_evict_one(t, v[i]);
+			if (got)
+				progress = true;
+			excess = excess > got ? excess - got : 0;
+		}
+		if (progress) {
+			pthread_mutex_lock(&t->mu);
+			if (t->want_response) { /* the first batch after a cut is under way */
+				t->want_response = false;
+				atomic_store(&t->response_us, (tier_now_ns() - t->cut_ns) / 1000);
+			}
+			pthread_mutex_unlock(&t->mu);
+		}
+	}
+	return progress;
+}
+
+/* Trims until the excess is covered or nothing more can go. Returns whether it did
+ * anything. Each round picks at most cfg.batch blocks per class. */
+static bool tier_trim(struct tier *t)
+{
+	bool any = false;
+
+	while (tier_excess(t) && tier_trim_round(t)) {
+		any = true;
+		pthread_mutex_lock(&t->mu);
+		if (t->stop) {
+			pthread_mutex_unlock(&t->mu);
+			break;
+		}
+		pthread_mutex_unlock(&t->mu);
+	}
+	return any;
+}
+
+/* Gives freed heap memory back when RSS does not follow mem_bytes: block buffers of 64 KiB
+ * or more are their own mappings (M_MMAP_THRESHOLD), but checkpoint buffers start at 4 KiB
+ * on the heap and the spill bounce buffers come and go. Reads /proc/self/statm (~10 us);
+ * malloc_trim walks the arenas (about a millisecond per GiB of heap). */
+static void tier_maybe_trim_heap(struct tier *t)
+{
+	uint64_t freed, rss;
+
+	pthread_mutex_lock(&t->mu);
+	freed = t->freed_since_trim;
+	if (freed >= TIER_TRIM_AFTER)
+		t->freed_since_trim = 0;
+	pthread_mutex_unlock(&t->mu);
+	if (freed < TIER_TRIM_AFTER)
+		return;
+	rss = tier_rss();
+	if (rss > bc_mem_bytes(t->bc) + t->rss_base + TIER_TRIM_SLACK) {
+		malloc_trim(0);
+		atomic_fetch_add(&t->malloc_trims, 1);
+	}
+}
+
+/* ---- reloads ---- */
+
+static void tier_reload_done(void *arg, int rc, const struct spill_loc *loc)
+{
+	struct tier_op *op = arg;
+	struct tier *t = op->t;
+	struct bc_block *b = op->b;
+
+	if (rc) {
+		/* spill.c logged offset and lengths; name the block. Invariant 4. */
+		atomic_fetch_add(&t->spill_errors, 1);
+		log_err("tier: background reload of a %s block failed: %s%s",
+			b->cls == BC_DATA ? "data" : "checkpoint", strerror(-rc),
+			b->cls == BC_DATA ? " (it will be re-read from SOURCE)" : "");
+	} else {
+		atomic_fetch_add(&t->reload_ops, 1);
+		atomic_fetch_add(&t->bg_reload_ops, 1);
+	}
+	bc_load_end(t->bc, b, op->buf, rc);
+	bc_block_put(t->bc, b);
+	tier_op_done(t, 0);
+	free(op);
+}
+
+/* Brings spilled blocks back while there is room under budget - headroom. Returns
+ * whether it started any. */
+static bool tier_refill(struct tier *t)
+{
+	struct bc_block *v[64];
+	uint64_t budget = bc_budget(t->bc), headroom, room, mem;
+	unsigned i, n = 0, max;
+	int pass;
+	bool any = false;
+
+	if (!t->sp)
+		return false;
+	/* HEADROOM: 1/16 of the budget or four blocks, so admissions and a reload burst
+	 * do not push mem_bytes straight back over the budget. */
+	headroom = budget / 16 > 4ull * t->bs ? budget / 16 : 4ull * t->bs;
+	for (pass = 0; pass < 2; pass++) {
+		pthread_mutex_lock(&t->mu);
+		mem = bc_mem_bytes(t->bc) + (uint64_t)t->inflight * t->bs;
+		pthread_mutex_unlock(&t->mu);
+		if (mem + headroom >= budget)
+			break;
+		room = budget - headroom - mem;
+		max = (unsigned)(room / t->bs);
+		if (max > t->cfg.inflight)
+			max = t->cfg.inflight;
+		if (!max)
+			break;
+		/* Pass 0: dirty checkpoint blocks; pass 1: data, most recently spilled first. */
+		n = bc_pick_reload(t->bc, v, max, pass == 0 ? BC_CKPT : BC_DATA, pass == 0);
+		for (i = 0; i < n; i++) {
+			struct bc_block *b = v[i];
+			struct tier_op *op = calloc(1, sizeof(*op));
+			struct spill_loc loc;
+			int rc = -ENOMEM;
+
+			if (op) {
+				op->t = t;
+				op->b = b;
+				op->buf = malloc(b->len ? b->len : 1);
+			}
+			if (op && op->buf && tier_slot(t, 0)) {
+				tier_loc_of(b, &loc);
+				rc = spill_read(t->sp, &loc, op->buf, b->len, b->csum,
+						tier_reload_done, op);
+				if (!rc) {
+					any = true;
+					continue;
+				}
+				tier_op_done(t, 0);
+			}
+			/* Not started: leave the block as it was (still spilled). */
+			if (op)
+				free(op->buf);
+			free(op);
+			bc_load_end(t->bc, b, NULL, -ECANCELED);
+			bc_block_put(t->bc, b);
+		}
+		if (n == max)
+			break; /* more of this kind may wait; the next loop iteration goes on */
+	}
+	return any;
+}
+
+/* ---- the thread ---- */
+
+static void *tier_thread(void *arg)
+{
+	struct tier *t = arg;
+	struct timespec ts;
+	bool busy;
+
+	pthread_mutex_lock(&t->mu);
+	while (!t->stop) {
+		t->kick = false;
+		pthread_mutex_unlock(&t->mu);
+		busy = tier_trim(t);
+		tier_maybe_trim_heap(t);
+		if (!tier_excess(t) && bc_mem_bytes(t->bc) <= bc_budget(t->bc))
+			busy |= tier_refill(t);
+		pthread_mutex_lock(&t->mu);
+		if (t->want_settle && bc_mem_bytes(t->bc) <= bc_budget(t->bc)) {
+			t->want_settle = false;
+			atomic_store(&t->settle_us, (tier_now_ns() - t->cut_ns) / 1000);
+		}
+		if (t->stop)
+			break;
+		if (busy || t->kick)
+			continue;
+		if (!t->inflight) {
+			t->idle = true;
+			pthread_cond_broadcast(&t->idle_cv);
+		}
+		tier_deadline(&ts, TIER_INTERVAL_MS);
+		pthread_cond_timedwait(&t->cv, &t->mu, &ts);
+	}
+	pthread_mutex_unlock(&t->mu);
+	return NULL;
+}
+
+static void tier_wake_locked(struct tier *t)
+{
+	t->kick = true;
+	t->idle = false;
+	pthread_cond_broadcast(&t->cv);
+}
+
+/* ---- the backing (bcache.h) ---- */
+
+/* bc_block_load's loader: b has BC_IO set by bc_load_begin, so its spill fields are
+ * stable (invariant 3). Blocks this thread on one spill read. */
+static int tier_load(void *arg, struct bc_block *b, void *buf)
+{
+	struct tier *t = arg;
+	struct spill_loc loc;
+	uint64_t t0;
+	int rc = -EIO;
+
+	if ((b->flags & BC_SPILLED) && t->sp) {
+		tier_loc_of(b, &loc);
+		assert(loc.len == b->len);
+		t0 = tier_now_ns();
+		rc = spill_read_sync(t->sp, &loc, buf, b->len, b->csum);
+		if (!rc) {
+			tier_ewma(&t->reload_ns_per_mib, tier_now_ns() - t0, b->len);
+			atomic_fetch_add(&t->reload_ops, 1);
+			return 0;
+		}
+		/* Invariant 4: spill.c logged offset and lengths; name the block here. */
+		atomic_fetch_add(&t->spill_errors, 1);
+		if (b->cls == BC_DATA)
+			log_err("tier: spilled copy of data block %" PRIu64 " of file %016" PRIx64
+				"%016" PRIx64 " unreadable (%s); re-reading it from SOURCE",
+				b->index, b->fid.hi, b->fid.lo, strerror(-rc));
+		else
+			log_err("tier: spilled copy of checkpoint block %p unreadable (%s)%s",
+				(void *)b, strerror(-rc),
+				(b->flags & BC_STORED) && t->store_load ? "; fetching it from the store" :
+									  "");
+	}
+	if ((b->flags & BC_STORED) && t->store_load)
+		rc = t->store_load(t->store_arg, b, buf);
+	return rc;
+}
+
+/* bcache cleared BC_SPILLED (block freed or rewritten): invariant 3. */
+static void tier_unspill(void *arg, struct bc_block *b)
+{
+	struct tier *t = arg;
+	struct spill_loc loc;
+
+	if (!t->sp)
+		return;
+	tier_loc_of(b, &loc);
+	spill_release(t->sp, &loc);
+	pthread_mutex_lock(&t->mu);
+	if (t->full) { /* invariant 6: room again */
+		t->full = false;
+		pthread_cond_broadcast(&t->admit_cv);
+		tier_wake_locked(t);
+	}
+	pthread_mutex_unlock(&t->mu);
+}
+
+/* ---- public ---- */
+
+static uint64_t tier_resident_cb(void *arg)
+{
+	struct tier *t = arg;
+
+	return bc_mem_bytes(t->bc);
+}
+
+static void tier_budget_cb(void *arg, uint64_t budget)
+{
+	tier_set_budget(arg, budget);
+}
+
+void tier_set_budget(struct tier *t, uint64_t budget)
+{
+	uint64_t old = bc_budget(t->bc);
+
+	bc_set_budget(t->bc, budget);
+	pthread_mutex_lock(&t->mu);
+	if (budget < old && bc_mem_bytes(t->bc) > budget) {
+		/* The response time the issue asks for (100 ms) starts here. */
+		t->cut_ns = tier_now_ns();
+		t->want_response = t->want_settle = true;
+	}
+	tier_wake_locked(t);
+	pthread_cond_broadcast(&t->admit_cv);
+	pthread_mutex_unlock(&t->mu);
+}
+
+void tier_config_defaults(struct tier_config *c)
+{
+	memset(c, 0, sizeof(*c));
+	gov_config_defaults(&c->gov);
+	c->use_gov = 1;
+	c->drop = TIER_DROP_AUTO;
+	c->batch = TIER_DEF_BATCH;
+	c->inflight = TIER_DEF_INFLIGHT;
+}
+
+int tier_new(const struct tier_config *c, struct bc *bc, struct tier **out)
+{
+	struct spill_config sc = { 0 };
+	struct bc_backing bk;
+	pthread_condattr_t ca;
+	struct tier *t;
+	int rc;
+
+	*out = NULL;
+	t = calloc(1, sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	t->cfg = *c;
+	if (!t->cfg.batch)
+		t->cfg.batch = TIER_DEF_BATCH;
+	if (t->cfg.batch > 256)
+		t->cfg.batch = 256; /* the pick array in tier_trim_round */
+	if (!t->cfg.inflight)
+		t->cfg.inflight = TIER_DEF_INFLIGHT;
+	t->cfg.spill_dir = NULL;
+	if (c->spill_dir && !(t->cfg.spill_dir = strdup(c->spill_dir))) {
+		rc = -ENOMEM;
+		goto out_free;
+	}
+	t->bc = bc;
+	t->bs = bc_block_size(bc);
+	pthread_mutex_init(&t->mu, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&t->cv, &ca);
+	pthread_cond_init(&t->idle_cv, &ca);
+	pthread_cond_init(&t->admit_cv, &ca);
+	pthread_condattr_destroy(&ca);
+	if (c->spill_dir) {
+		if ((rc = uring_new(TIER_RING_ENTRIES, &t->u))) {
+			log_err("tier: io_uring: %s", strerror(-rc));
+			goto out_sync;
+		}
+		sc.dir = c->spill_dir;
+		sc.max_bytes = c->spill_max;
+		sc.buffered = c->spill_buffered;
+		if ((rc = spill_new(&sc, t->u, &t->sp))) {
+			log_err("tier: spill dir %s: %s", c->spill_dir, strerror(-rc));
+			goto out_uring;
+		}
+	}
+	bk = (struct bc_backing){ .load = tier_load, .unspill = tier_unspill, .arg = t };
+	bc_set_backing(bc, &bk);
+	t->rss_base = tier_rss();
+	if (t->rss_base > bc_mem_bytes(bc))
+		t->rss_base -= bc_mem_bytes(bc);
+	if (c->use_gov) {
+		if ((rc = gov_new(&c->gov, tier_resident_cb, tier_budget_cb, t, &t->gov)))
+			goto out_backing;
+		bc_set_budget(bc, gov_budget(t->gov));
+	}
+	if ((rc = -pthread_create(&t->thread, NULL, tier_thread, t))) {
+		log_err("tier: thread: %s", strerror(-rc));
+		goto out_gov;
+	}
+	log_info("tier: budget %" PRIu64 " MiB, spill %s%s", bc_budget(bc) >> 20,
+		 c->spill_dir ? c->spill_dir : "none (clean data is dropped, checkpoints stay)",
+		 c->use_gov ? "" : ", no governor");
+	*out = t;
+	return 0;
+
+out_gov:
+	gov_free(t->gov);
+out_backing:
+	bc_set_backing(bc, &(struct bc_backing){ 0 });
+	spill_free(t->sp);
+out_uring:
+	uring_free(t->u);
+out_sync:
+	pthread_cond_destroy(&t->admit_cv);
+	pthread_cond_destroy(&t->idle_cv);
+	pthread_cond_destroy(&t->cv);
+	pthread_mutex_destroy(&t->mu);
+	free((char *)t->cfg.spill_dir);
+out_free:
+	free(t);
+	return rc;
+}
+
+void tier_free(struct tier *t)
+{
+	if (!t)
+		return;
+	gov_free(t->gov); /* no budget callbacks after this */
+	pthread_mutex_lock(&t->mu);
+	t->stop = true;
+	pthread_cond_broadcast(&t->cv);
+	pthread_cond_broadcast(&t->admit_cv);
+	pthread_mutex_unlock(&t->mu);
+	pthread_join(t->thread, NULL);
+	/* Invariant 5: callbacks put their references and touch t until they end. */
+	pthread_mutex_lock(&t->mu);
+	while (t->inflight)
+		pthread_cond_wait(&t->cv, &t->mu);
+	pthread_mutex_unlock(&t->mu);
+	bc_set_backing(t->bc, &(struct bc_backing){ 0 });
+	spill_free(t->sp);
+	uring_free(t->u);
+	pthread_cond_destroy(&t->admit_cv);
+	pthread_cond_destroy(&t->idle_cv);
+	pthread_cond_destroy(&t->cv);
+	pthread_mutex_destroy(&t->mu);
+	free((char *)t->cfg.spill_dir);
+	free(t);
+}
+
+int tier_settle(struct tier *t, unsigned timeout_ms)
+{
+	struct timespec ts;
+	int rc = 0;
+
+	tier_deadline(&ts, timeout_ms);
+	pthread_mutex_lock(&t->mu);
+	tier_wake_locked(t);
+	while (!t->idle && rc == 0)
+		rc = pthread_cond_timedwait(&t->idle_cv, &t->mu, &ts);
+	rc = t->idle ? 0 : -ETIMEDOUT;
+	pthread_mutex_unlock(&t->mu);
+	return rc;
+}
+
+/* Whether a checkpoint write must wait: the spill tier cannot take dirty blocks
+ * (invariant 6, or failing) and memory is over budget. Under t->mu. */
+static bool tier_blocked_locked(struct tier *t, size_t size)
+{
+	bool cannot = t->full || tier_now_ms() < t->fail_until_ms;
+
+	return cannot && bc_mem_bytes(t->bc) + size > bc_budget(t->bc);
+}
+
+int tier_admit_write(struct tier *t, size_t size)
+{
+	struct timespec ts;
+	bool blocked;
+
+	if (!t || !t->sp)
+		return 0;
+	pthread_mutex_lock(&t->mu);
+	blocked = tier_blocked_locked(t, size);
+	if (blocked) {
+		atomic_fetch_add(&t->admit_waits, 1);
+		tier_wake_locked(t); /* a trim may drop clean blocks and make room */
+		tier_deadline(&ts, TIER_ADMIT_WAIT_MS);
+		while ((blocked = tier_blocked_locked(t, size)) && !t->stop &&
+		       pthread_cond_timedwait(&t->admit_cv, &t->mu, &ts) == 0)
+			;
+		blocked = tier_blocked_locked(t, size);
+	}
+	pthread_mutex_unlock(&t->mu);
+	if (blocked)
+		atomic_fetch_add(&t->admit_enospc, 1);
+	return blocked ? -ENOSPC : 0;
+}
+
+void tier_set_store_loader(struct tier *t, tier_store_load_fn fn, void *arg)
+{
+	t->store_load = fn;
+	t->store_arg = arg;
+}
+
+void tier_get_stats(struct tier *t, struct tier_stats *st)
+{
+	struct spill_stats ss = { 0 };
+
+	memset(st, 0, sizeof(*st));
+	if (t->sp)
+		spill_get_stats(t->sp, &ss);
+	st->spilled_bytes = ss.logical_bytes;
+	st->spilled_disk_bytes = ss.disk_bytes;
+	st->spill_capacity = ss.capacity;
+	st->direct_io = ss.direct_io;
+	st->spill_ops = atomic_load(&t->spill_ops);
+	st->reload_ops = atomic_load(&t->reload_ops);
+	st->bg_reload_ops = atomic_load(&t->bg_reload_ops);
+	st->spill_errors = atomic_load(&t->spill_errors);
+	st->drops = atomic_load(&t->drops);
+	st->frees = atomic_load(&t->frees);
+	st->kept = atomic_load(&t->kept);
+	st->enospc = atomic_load(&t->enospc);
+	st->admit_waits = atomic_load(&t->admit_waits);
+	st->admit_enospc = atomic_load(&t->admit_enospc);
+	st->malloc_trims = atomic_load(&t->malloc_trims);
+	st->src_ns_per_mib = bc_source_ns_per_mib(t->bc);
+	st->reload_ns_per_mib = atomic_load(&t->reload_ns_per_mib);
+	st->response_us = atomic_load(&t->response_us);
+	st->settle_us = atomic_load(&t->settle_us);
+	pthread_mutex_lock(&t->mu);
+	st->spill_full = t->full;
+	pthread_mutex_unlock(&t->mu);
+	if (t->gov) {
+		st->have_gov = 1;
+		gov_get_inputs(t->gov, &st->gov);
+	}
+}

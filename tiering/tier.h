@@ -1,0 +1,132 @@
+/*
+ * tier.h - the tier manager: keeps the block cache's memory under the governor's budget
+ * by dropping and spilling blocks, and brings spilled blocks back when the budget grows
+ * (DESIGN.md "Tiers and blocks", "The memory governor").
+ *
+ * Contract
+ * - Purpose: tier_new() wires the pieces: an io_uring and a spill file (-o spill=DIR),
+ *   the governor (whose budget it applies to the cache with bc_set_budget), and one tier
+ *   thread. Whenever mem_bytes exceeds the budget the thread evicts blocks in batches,
+ *   in this order (tier.c, "Policy"): resident blocks that already have a copy (free),
+ *   clean data blocks (dropped when SOURCE gives them back about as fast as a spill round
+ *   trip, else spilled), checkpoint blocks already in the store (dropped), dirty
+ *   checkpoint blocks (spilled, never dropped). It also serves as the cache's backing
+ *   (bc_set_backing): a read of a spilled block reloads it from the spill file.
+ * - Without a spill dir the governor still runs, clean data blocks are dropped and
+ *   checkpoint blocks not in the store stay in memory whatever the budget.
+ * - Thread safety: every function may be called from any thread between tier_new() and
+ *   tier_free(); tier_free() must not race with any of them.
+ * - What blocks: tier_admit_write() may wait up to TIER_ADMIT_WAIT_MS; tier_settle()
+ *   waits for the thread. The backing's load waits for one spill read (io_uring) and
+ *   must be called without locks other FUSE requests need (bcache.h says so too).
+ *   Nothing else waits on I/O.
+ * - Ownership: tier_new() copies the config and its strings; bc is borrowed and must
+ *   outlive the tier. tier_free() waits for every spill and reload in flight, then
+ *   detaches the backing: spilled blocks that still exist afterwards cannot be loaded.
+ * - Errors: 0 or -errno.
+ */
+#ifndef MLFS_TIER_H
+#define MLFS_TIER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tiering/gov.h"
+
+struct bc;
+struct bc_block;
+struct tier;
+
+/* How clean data blocks leave memory: AUTO decides per block from measured costs (tier.c
+ * "Policy", rule D); DROP always drops; SPILL always spills while the spill tier has
+ * room. The daemon reads MLFS_TIER_DROP=auto|always|never for tests and benchmarks. */
+enum tier_drop { TIER_DROP_AUTO = 0, TIER_DROP_ALWAYS = 1, TIER_DROP_NEVER = 2 };
+
+struct tier_config {
+	const char *spill_dir;	/* NULL: no disk tier */
+	uint64_t spill_max;	/* bytes, 0 = until the filesystem is full */
+	int spill_buffered;	/* 1: no O_DIRECT (spill.h) */
+	int use_gov;		/* 0: no governor; the budget moves only by tier_set_budget */
+	struct gov_config gov;	/* used when use_gov */
+	enum tier_drop drop;
+	unsigned batch;		/* blocks picked per round, default TIER_DEF_BATCH */
+	unsigned inflight;	/* spill writes or reloads in flight, TIER_DEF_INFLIGHT */
+};
+
+/*
+ * Defaults and why.
+ * BATCH 32: one pick takes each shard lock once; 32 MiB of 1 MiB blocks per round is a
+ *   third of a typical cut and keeps a round under 50 ms of lz4 on the tier thread.
+ * INFLIGHT 16: enough writes in flight to keep an NVMe queue busy (16 x 1 MiB), few
+ *   enough that the bounce buffers (spill.c copies each block) stay at 16 MiB.
+ * ADMIT_WAIT 2000 ms: a checkpoint write waits this long for spill space or budget when
+ *   the spill dir is full and memory is over budget, then fails with ENOSPC.
+ * FULL_RETRY 1000 ms: after ENOSPC from the spill dir, try spilling again this often (or
+ *   at once when spill space is released).
+ * FAIL_BACKOFF 1000 ms: after a spill write I/O error, stop spilling this long.
+ * RELOAD_PRIOR 1 ms/MiB: the reload cost assumed before any spill I/O was timed (an
+ *   NVMe read of 1 MiB plus its checksum).
+ * INTERVAL 250 ms: the thread rechecks mem_bytes against the budget this often without
+ *   a wake-up (loads of spilled blocks raise mem_bytes without waking it).
+ */
+#define TIER_DEF_BATCH 32u
+#define TIER_DEF_INFLIGHT 16u
+#define TIER_ADMIT_WAIT_MS 2000u
+#define TIER_FULL_RETRY_MS 1000u
+#define TIER_FAIL_BACKOFF_MS 1000u
+#define TIER_RELOAD_PRIOR_NS (1000000ull)
+#define TIER_INTERVAL_MS 250u
+
+/* Fills the defaults above, gov defaults (gov_config_defaults), use_gov = 1. */
+void tier_config_defaults(struct tier_config *c);
+
+/* Creates the ring and spill file (when c->spill_dir), the governor (when c->use_gov)
+ * and the thread; sets the cache's backing and its budget. Returns 0 and *out (handed
+ * over: tier_free) or -errno with a log line. */
+int tier_new(const struct tier_config *c, struct bc *bc, struct tier **out);
+/* Stops the governor and the thread, waits for I/O in flight, detaches the backing,
+ * frees. NULL is a no-op. */
+void tier_free(struct tier *t);
+
+/* Sets the budget (what the governor's callback does) and wakes the thread. */
+void tier_set_budget(struct tier *t, uint64_t budget);
+/* Wakes the thread and waits until it is idle: nothing in flight, mem_bytes at or under
+ * the budget or nothing more it can evict, background reloads done. Returns 0, or
+ * -ETIMEDOUT after timeout_ms. For tests and the benchmark's measurements. */
+int tier_settle(struct tier *t, unsigned timeout_ms);
+
+/* Called at the top of every MOUNT/ckpt write of `size` bytes. 0 at once unless the spill
+ * tier is full (or failing) and memory is over budget; then waits up to
+ * TIER_ADMIT_WAIT_MS for either to change and returns -ENOSPC if neither did. Dirty
+ * checkpoint bytes are never dropped, so this is where a full disk becomes the writer's
+ * error instead of lost data. t NULL: 0. */
+int tier_admit_write(struct tier *t, size_t size);
+
+/* The snapshot store's loader for blocks that are BC_STORED and not BC_SPILLED (or whose
+ * spill copy failed): fills buf with b->len verified bytes or returns -errno. Runs with
+ * no lock held, on the thread of bc_block_load. Set once, before blocks are stored. */
+typedef int (*tier_store_load_fn)(void *arg, struct bc_block *b, void *buf);
+void tier_set_store_loader(struct tier *t, tier_store_load_fn fn, void *arg);
+
+struct tier_stats {
+	uint64_t spilled_bytes, spilled_disk_bytes, spill_capacity; /* spill.h figures */
+	uint64_t spill_ops;	/* blocks written to the spill tier */
+	uint64_t reload_ops;	/* blocks read back (on demand and background) */
+	uint64_t bg_reload_ops;	/* of which by the background refill */
+	uint64_t spill_errors;	/* write, read and checksum failures of the spill tier */
+	uint64_t drops;		/* clean blocks evicted without a copy written */
+	uint64_t frees;		/* resident blocks evicted whose copy already existed */
+	uint64_t kept;		/* evictions refused: dirty block, no spill room */
+	uint64_t enospc;	/* times the spill tier said ENOSPC */
+	uint64_t admit_waits, admit_enospc; /* tier_admit_write waits and failures */
+	uint64_t malloc_trims;	/* malloc_trim(0) calls after large frees */
+	uint64_t src_ns_per_mib, reload_ns_per_mib; /* rule D inputs, ns per MiB */
+	uint64_t response_us;	/* last budget cut -> first eviction batch submitted */
+	uint64_t settle_us;	/* last budget cut -> mem_bytes at or under the budget */
+	int spill_full, direct_io;
+	int have_gov;
+	struct gov_inputs gov;	/* when have_gov */
+};
+void tier_get_stats(struct tier *t, struct tier_stats *st);
+
+#endif
