@@ -1,0 +1,570 @@
+"""mlfs-snap: take / list / restore / delete / verify / gc through the daemon and offline.
+
+Every test runs its own daemon(s) on one store (snap_util.SnapEnv); remounts use a fresh
+spill dir, as a job restarting on a new VM would.
+"""
+import os
+import random
+import signal
+import time
+
+import pytest
+
+import mlfs_util as U
+import snap_util as S
+from snap_util import snapenv  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.daemon
+MiB = 1 << 20
+BLOCK = MiB
+
+
+def rng_for(name):
+    return random.Random(f"{U.SEED}-{name}")
+
+
+def write(path, data, mode=None):
+    with open(path, "wb") as f:
+        f.write(data)
+    if mode is not None:
+        os.chmod(path, mode)
+
+
+def build_rich_tree(root, rng):
+    """Modes, nested dirs, block-boundary sizes, a compressible file, symlinks, hard links,
+    xattrs (files and dirs), sparse files, awkward names, explicit mtimes."""
+    os.makedirs(os.path.join(root, "d1", "d2", "d3"))
+    os.mkdir(os.path.join(root, "private"), 0o700)
+    os.chmod(os.path.join(root, "private"), 0o700)
+    os.mkdir(os.path.join(root, "grp"))
+    os.chmod(os.path.join(root, "grp"), 0o2750)
+    sizes = {"empty": 0, "one": 1, "block-1": BLOCK - 1, "block": BLOCK, "block+1": BLOCK + 1,
+             "d1/three-and-half": 3 * BLOCK + BLOCK // 2, "d1/d2/d3/deep": 4096}
+    for i, (rel, n) in enumerate(sorted(sizes.items())):
+        write(os.path.join(root, rel), rng.randbytes(n), mode=[0o644, 0o600, 0o755, 0o444,
+                                                               0o640, 0o711, 0o664][i % 7])
+    write(os.path.join(root, "text.log"), b"step 1000 loss 0.123456\n" * 100_000)  # lz4 pays
+    write(os.path.join(root, "private", "key"), rng.randbytes(100), mode=0o600)
+    # hard links: one inode, three names in three dirs
+    write(os.path.join(root, "hl-a"), rng.randbytes(BLOCK + 17))
+    os.link(os.path.join(root, "hl-a"), os.path.join(root, "d1", "hl-b"))
+    os.link(os.path.join(root, "hl-a"), os.path.join(root, "d1", "d2", "hl-c"))
+    # symlinks
+    os.symlink("one", os.path.join(root, "ln-rel"))
+    os.symlink("/etc/hostname", os.path.join(root, "ln-abs"))
+    os.symlink("no/such/thing", os.path.join(root, "ln-dangling"))
+    os.symlink("d1/d2", os.path.join(root, "ln-dir"))
+    # xattrs
+    x = os.path.join(root, "xattr.bin")
+    write(x, rng.randbytes(300))
+    os.setxattr(x, "user.bin", b"a\x00b\xffc")
+    os.setxattr(x, "user.empty", b"")
+    os.setxattr(x, "user.big", rng.randbytes(4000))
+    os.setxattr(os.path.join(root, "d1"), "user.dirtag", b"dir")
+    # sparse: hole, data, hole to the end; and a file that is only a hole
+    sp = os.path.join(root, "sparse")
+    with open(sp, "wb") as f:
+        f.seek(3 * BLOCK + 10)
+        f.write(rng.randbytes(5000))
+        f.truncate(8 * BLOCK)
+    with open(os.path.join(root, "all-hole"), "wb") as f:
+        f.truncate(4 * BLOCK)
+    # names
+    write(os.path.join(root, "with space"), b"s")
+    write(os.path.join(root, "ünïcödé-日本"), b"u")
+    write(os.path.join(root, "N" * 255), b"long")
+    # times (after every write: a write bumps mtime)
+    for i, rel in enumerate(sorted(sizes) + ["hl-a", "xattr.bin", "sparse", "text.log"]):
+        os.utime(os.path.join(root, rel), ns=(1_600_000_000_000_000_000 + i,
+                                              1_600_000_000_123_456_789 + i * 1_000_000_007))
+
+
+def assert_sparse_export(path, size):
+    """The offline export restores hole blocks as holes (docs/store-format.md)."""
+    st = os.stat(path)
+    assert st.st_size == size
+    assert st.st_blocks * 512 < size // 2, \
+        f"{path}: {st.st_blocks * 512} bytes allocated for a sparse {size}-byte file"
+
+
+def test_round_trip_byte_exact(snapenv):
+    env = snapenv()
+    d = env.mount()
+    build_rich_tree(d.ckpt, rng_for("rich"))
+    want = S.read_tree(d.ckpt)
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+
+    lst = S.list_json(env.mnt)
+    assert lst["s1"]["state"] == "durable", lst
+    off = S.list_json(env.store, store=True)
+    assert off["s1"]["state"] == "complete", off
+    # Regular inodes counted once (hard links are one file).
+    inodes = {e.get("links", (rel,)) for rel, e in want.items() if e["type"] == "f"}
+    assert off["s1"]["files"] == len(inodes), off["s1"]
+
+    out = env.path("export")
+    r = S.export(env.store, "s1", out)
+    assert r.ok, repr(r)
+    S.assert_tree_equal(S.read_tree(out), want, "offline export of s1")
+    assert_sparse_export(os.path.join(out, "sparse"), 8 * BLOCK)
+    assert_sparse_export(os.path.join(out, "all-hole"), 4 * BLOCK)
+
+    # Change everything, then restore on the same mount.
+    c = d.ckpt
+    write(os.path.join(c, "one"), b"changed")
+    os.unlink(os.path.join(c, "block"))
+    write(os.path.join(c, "new-file"), b"new")
+    os.chmod(os.path.join(c, "private"), 0o755)
+    os.removexattr(os.path.join(c, "xattr.bin"), "user.bin")
+    os.unlink(os.path.join(c, "d1", "hl-b"))
+    os.unlink(os.path.join(c, "ln-rel"))
+    os.symlink("elsewhere", os.path.join(c, "ln-rel"))
+    with open(os.path.join(c, "sparse"), "r+b") as f:
+        f.seek(BLOCK)
+        f.write(b"fill")
+    S.snap_ok("restore", env.mnt, "s1")
+    S.assert_tree_equal(S.read_tree(d.ckpt), want, "online restore of s1 (same mount)")
+
+    # A new VM: fresh spill dir, same store; blocks come from the store.
+    env.unmount(d)
+    d = env.mount()
+    S.snap_ok("restore", env.mnt, "s1")
+    S.assert_tree_equal(S.read_tree(d.ckpt), want, "online restore of s1 after remount")
+    env.unmount(d)
+    d = env.mount(opts="restore=latest")
+    S.assert_tree_equal(S.read_tree(d.ckpt), want, "-o restore=latest")
+    env.unmount(d)
+    d = env.mount(opts="restore=s1")
+    S.assert_tree_equal(S.read_tree(d.ckpt), want, "-o restore=s1")
+    r = S.snap("verify", "--store", env.store)
+    assert r.ok, repr(r)
+
+
+def test_take_returns_before_persist_and_list_states(snapenv):
+    """take without --wait returns once frozen (pending, then durable); --wait once
+    durable; both list online and offline."""
+    env = snapenv()
+    d = env.mount()
+    rng = rng_for("states")
+    for i in range(48):
+        write(os.path.join(d.ckpt, f"f{i}"), rng.randbytes(2 * MiB))
+    r = S.snap_ok("take", env.mnt, "fast")
+    e = S.list_json(env.mnt)["fast"]
+    assert e["state"] in ("pending", "durable"), e
+    assert r.secs < 2.0, f"take without --wait of 96 MiB took {r.secs:.2f} s"
+    S.wait_durable(env.mnt, "fast")
+    assert "fast" in S.list_json(env.store, store=True)
+    r = S.snap_ok("take", env.mnt, "slow", "--wait")
+    e = S.list_json(env.mnt)["slow"]
+    assert e["state"] == "durable", e
+    assert S.list_json(env.store, store=True)["slow"]["state"] == "complete"
+    for name in ("fast", "slow"):
+        e = S.list_json(env.mnt)[name]
+        assert e["logical_bytes"] == 96 * MiB and e["files"] == 48, e
+    # plain list prints a header and one line per snapshot
+    r = S.snap_ok("list", env.mnt)
+    assert "fast" in r.out and "slow" in r.out, r.out
+    r = S.snap_ok("list", "--store", env.store)
+    assert "fast" in r.out and "slow" in r.out, r.out
+
+
+def test_writes_after_take_are_not_in_snapshot(snapenv):
+    env = snapenv()
+    d = env.mount()
+    rng = rng_for("cow")
+    c = d.ckpt
+    os.mkdir(os.path.join(c, "sub"))
+    for i in range(16):
+        write(os.path.join(c, f"w{i}"), rng.randbytes(3 * MiB + i))
+    write(os.path.join(c, "sub", "gone"), rng.randbytes(MiB))
+    write(os.path.join(c, "moved"), rng.randbytes(1000))
+    want = S.read_tree(c)
+    S.snap_ok("take", env.mnt, "cow")
+    # Immediately, while the persister works: overwrite, append, truncate, unlink,
+    # rename, chmod, new files; through a handle opened before take too.
+    for i in range(16):
+        p = os.path.join(c, f"w{i}")
+        with open(p, "r+b") as f:
+            f.seek(rng.randrange(3 * MiB))
+            f.write(rng.randbytes(BLOCK + 7))
+            if i % 3 == 0:
+                f.truncate(MiB // 2)
+            elif i % 3 == 1:
+                f.seek(0, os.SEEK_END)
+                f.write(b"appended")
+    os.unlink(os.path.join(c, "sub", "gone"))
+    os.rename(os.path.join(c, "moved"), os.path.join(c, "sub", "moved2"))
+    os.chmod(os.path.join(c, "w3"), 0o600)
+    write(os.path.join(c, "late"), b"after take")
+    after = S.read_tree(c)
+    S.wait_durable(env.mnt, "cow")
+    out = env.path("export")
+    assert S.export(env.store, "cow", out).ok
+    S.assert_tree_equal(S.read_tree(out), want, "export of 'cow'")
+    # The live tree kept the later writes.
+    S.assert_tree_equal(S.read_tree(c), after, "MNT/ckpt after the persist")
+    S.snap_ok("restore", env.mnt, "cow")
+    S.assert_tree_equal(S.read_tree(c), want, "online restore of 'cow'")
+
+
+def test_write_through_handle_open_across_take(snapenv):
+    """Bytes written and flushed (fsync) through a handle before take are in; what the
+    same handle writes after take is not."""
+    env = snapenv()
+    d = env.mount()
+    p = os.path.join(d.ckpt, "open.bin")
+    rng = rng_for("open")
+    a, b = rng.randbytes(2 * MiB), rng.randbytes(2 * MiB)
+    with open(p, "wb") as f:
+        f.write(a)
+        f.flush()
+        os.fsync(f.fileno())
+        S.snap_ok("take", env.mnt, "mid")
+        f.write(b)
+    S.wait_durable(env.mnt, "mid")
+    out = env.path("export")
+    assert S.export(env.store, "mid", out).ok
+    with open(os.path.join(out, "open.bin"), "rb") as f:
+        U.assert_bytes(f.read(), a, "file written before take (open handle)")
+
+
+def test_file_closed_before_take_is_in(snapenv):
+    """Back to back: write+close file i, take c<i> (no --wait), next file. Snapshot c<i>
+    has files 0..i exactly and not i+1."""
+    env = snapenv()
+    d = env.mount()
+    rng = rng_for("closed")
+    datas = []
+    for i in range(12):
+        data = rng.randbytes(rng.choice([1, 4096, BLOCK - 1, BLOCK + 1, 2 * MiB + 3]))
+        datas.append(data)
+        write(os.path.join(d.ckpt, f"f{i:02d}"), data)
+        S.snap_ok("take", env.mnt, f"c{i:02d}")
+    for i in range(12):
+        S.wait_durable(env.mnt, f"c{i:02d}")
+        out = env.path(f"export-{i}")
+        assert S.export(env.store, f"c{i:02d}", out).ok
+        want = {f"f{k:02d}": datas[k] for k in range(i + 1)}
+        got = S.read_tree(out, content="bytes", mtime=False, xattrs=False)
+        S.assert_tree_equal(got, S.model_tree(want), f"snapshot c{i:02d}")
+
+
+def test_dedup_second_take_of_unchanged_tree(snapenv):
+    env = snapenv()
+    d = env.mount()
+    rng = rng_for("dedup")
+    nfiles, fsize = 64, 4 * MiB   # 256 MiB
+    for i in range(nfiles):
+        write(os.path.join(d.ckpt, f"t{i:02d}"), rng.randbytes(fsize))
+    total = nfiles * fsize
+    S.snap_ok("take", env.mnt, "d1", "--wait")
+    b1 = S.store_bytes(env.store)
+    S.snap_ok("take", env.mnt, "d2", "--wait")
+    b2 = S.store_bytes(env.store)
+    lst = S.list_json(env.store, store=True)
+    assert lst["d1"]["logical_bytes"] == total, lst["d1"]
+    assert lst["d1"]["new_bytes"] >= total, lst["d1"]   # random bytes: stored raw + headers
+    assert lst["d2"]["logical_bytes"] == total, lst["d2"]
+    assert lst["d2"]["new_bytes"] < total / 100, \
+        f"second take of an unchanged tree stored {lst['d2']['new_bytes']} new bytes"
+    assert b2 - b1 < total / 100, f"objects/ grew by {b2 - b1} bytes on an unchanged take"
+    # One changed block stores about one block.
+    with open(os.path.join(d.ckpt, "t07"), "r+b") as f:
+        f.seek(2 * BLOCK + 5)
+        f.write(b"x")
+    S.snap_ok("take", env.mnt, "d3", "--wait")
+    nb = S.list_json(env.mnt)["d3"]["new_bytes"]
+    assert BLOCK <= nb < BLOCK + total / 1000, f"one changed block: new_bytes {nb}"
+    onl = S.list_json(env.mnt)
+    assert onl["d2"]["new_bytes"] == lst["d2"]["new_bytes"], (onl["d2"], lst["d2"])
+    r = S.snap("verify", "--store", env.store)
+    assert r.ok, repr(r)
+
+
+BAD_NAMES = {
+    "empty": "",
+    "slash": "a/b",
+    "dotdot": "..",
+    "dotdot-prefix": "../x",
+    "dot": ".",
+    "ctrl-1": "a\x01b",
+    "tab": "a\tb",
+    "newline": "a\nb",
+    "del": "a\x7fb",
+    "escape": "\x1b[31m",
+    "256-bytes": "x" * 256,
+    "256-bytes-utf8": "é" * 128,
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_NAMES))
+def test_bad_names_refused(snapenv, case):
+    env = snapenv()
+    d = env.mount()
+    write(os.path.join(d.ckpt, "a"), b"a" * 1000)
+    S.snap_ok("take", env.mnt, "good", "--wait")
+    write(os.path.join(d.ckpt, "a"), b"b" * 1000)
+    name = BAD_NAMES[case]
+    before_store = S.store_files(env.store)
+    before_list = S.list_json(env.mnt)
+    before_tree = S.read_tree(d.ckpt)
+    for argv in (["take", env.mnt, name], ["take", env.mnt, name, "--wait"],
+                 ["restore", env.mnt, name], ["delete", env.mnt, name]):
+        r = S.snap(*argv)
+        S.assert_clean_failure(r, f"mlfs-snap {argv[0]} {name!r}")
+    for argv in (["restore", "--store", env.store, name, "--to", env.path("x")],
+                 ["delete", "--store", env.store, name]):
+        r = S.snap(*argv)
+        S.assert_clean_failure(r, f"mlfs-snap {argv[0]} --store {name!r}")
+    assert not os.path.exists(env.path("x"))
+    time.sleep(0.2)
+    assert S.list_json(env.mnt) == before_list
+    assert S.store_files(env.store) == before_store, "a refused name changed the store"
+    S.assert_tree_equal(S.read_tree(d.ckpt), before_tree, "MNT/ckpt after a refused name")
+
+
+def test_longest_name_and_existing_name(snapenv):
+    env = snapenv()
+    d = env.mount()
+    write(os.path.join(d.ckpt, "a"), b"first")
+    name = "n" * 255
+    S.snap_ok("take", env.mnt, name, "--wait")
+    assert S.list_json(env.store, store=True)[name]["state"] == "complete"
+    write(os.path.join(d.ckpt, "a"), b"second")
+    before = S.store_files(env.store)
+    r = S.snap("take", env.mnt, name, "--wait")
+    S.assert_clean_failure(r, "take of an existing name")
+    r = S.snap("take", env.mnt, name)
+    S.assert_clean_failure(r, "take (no --wait) of an existing name")
+    time.sleep(0.2)
+    assert S.store_files(env.store) == before
+    S.snap_ok("restore", env.mnt, name)
+    with open(os.path.join(d.ckpt, "a"), "rb") as f:
+        assert f.read() == b"first"
+
+
+def test_restore_of_missing_name(snapenv):
+    env = snapenv()
+    d = env.mount()
+    write(os.path.join(d.ckpt, "a"), b"snap")
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    write(os.path.join(d.ckpt, "a"), b"live")
+    tree = S.read_tree(d.ckpt)
+    store = S.store_files(env.store)
+    S.assert_clean_failure(S.snap("restore", env.mnt, "nope"), "restore MNT nope")
+    S.assert_clean_failure(S.snap("delete", env.mnt, "nope"), "delete MNT nope")
+    S.assert_clean_failure(S.snap("restore", "--store", env.store, "nope", "--to",
+                                  env.path("x")), "restore --store nope")
+    S.assert_clean_failure(S.snap("verify", "--store", env.store, "nope"), "verify nope")
+    assert not os.path.exists(env.path("x"))
+    S.assert_tree_equal(S.read_tree(d.ckpt), tree, "MNT/ckpt after a failed restore")
+    assert S.store_files(env.store) == store
+    # 'latest' on a store without snapshots
+    env2 = snapenv("snap-empty-")
+    d2 = env2.mount()
+    write(os.path.join(d2.ckpt, "x"), b"x")
+    S.assert_clean_failure(S.snap("restore", env2.mnt, "latest"), "restore latest, none")
+    with open(os.path.join(d2.ckpt, "x"), "rb") as f:
+        assert f.read() == b"x"
+
+
+def test_not_a_store(snapenv):
+    env = snapenv()
+    junk = env.path("junk")
+    os.mkdir(junk)
+    with open(os.path.join(junk, "FORMAT"), "w") as f:
+        f.write("something else\n")
+    empty = env.path("empty")
+    os.mkdir(empty)
+    for dirpath in (junk, empty, env.path("missing")):
+        before = S.store_files(dirpath) if os.path.exists(dirpath) else None
+        for argv in (["list", "--store", dirpath], ["list", "--store", dirpath, "--json"],
+                     ["verify", "--store", dirpath], ["gc", "--store", dirpath],
+                     ["delete", "--store", dirpath, "x"],
+                     ["restore", "--store", dirpath, "latest", "--to", env.path("to")]):
+            S.assert_clean_failure(S.snap(*argv), f"{argv} on a non-store")
+        assert not os.path.exists(env.path("to"))
+        if before is not None:
+            assert S.store_files(dirpath) == before, f"{dirpath} changed"
+
+
+def test_damaged_manifest(snapenv):
+    env = snapenv()
+    d = env.mount()
+    write(os.path.join(d.ckpt, "a"), b"one" * 1000)
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    write(os.path.join(d.ckpt, "a"), b"two" * 1000)
+    S.snap_ok("take", env.mnt, "s2", "--wait")
+    env.unmount(d)
+    p = os.path.join(env.store, "snaps", "s2")
+    with open(p, "r+b") as f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(size // 2)
+        b = f.read(1)
+        f.seek(size // 2)
+        f.write(bytes([b[0] ^ 0x10]))
+    lst = S.list_json(env.store, store=True)
+    assert "s2" not in lst or lst["s2"]["state"] == "damaged", lst
+    assert lst["s1"]["state"] == "complete"
+    r = S.snap("verify", "--store", env.store)
+    assert r.rc == 1 and "s2" in r.out + r.err, repr(r)
+    S.assert_clean_failure(S.snap("restore", "--store", env.store, "s2", "--to",
+                                  env.path("x")), "offline restore of a damaged manifest")
+    assert not os.path.exists(env.path("x"))
+    before = S.store_files(env.store)
+    r = S.snap("gc", "--store", env.store)
+    assert r.rc != 0, f"gc ran with a damaged manifest: {r!r}"
+    assert S.store_files(env.store) == before
+
+    d = env.mount()
+    write(os.path.join(d.ckpt, "live"), b"live")
+    tree = S.read_tree(d.ckpt)
+    S.assert_clean_failure(S.snap("restore", env.mnt, "s2"), "restore of a damaged manifest")
+    S.assert_tree_equal(S.read_tree(d.ckpt), tree, "MNT/ckpt after refused restore")
+    onl = S.list_json(env.mnt)
+    assert "s2" not in onl or onl["s2"]["state"] not in ("durable", "pending"), onl
+    S.snap_ok("restore", env.mnt, "latest")   # skips the damaged one
+    with open(os.path.join(d.ckpt, "a"), "rb") as f:
+        assert f.read() == b"one" * 1000
+    env.unmount(d)
+    d = env.mount(opts="restore=latest")
+    with open(os.path.join(d.ckpt, "a"), "rb") as f:
+        assert f.read() == b"one" * 1000
+    env.unmount(d)
+    S.snap_ok("delete", "--store", env.store, "s2")
+    S.snap_ok("gc", "--store", env.store)
+    S.snap_ok("verify", "--store", env.store)
+
+
+def test_delete_and_gc(snapenv):
+    env = snapenv()
+    d = env.mount()
+    rng = rng_for("delete")
+    trees = {}
+    for name in ("a", "b", "c"):
+        write(os.path.join(d.ckpt, f"only-{name}"), rng.randbytes(3 * MiB))
+        write(os.path.join(d.ckpt, "shared"), b"shared" * 10000)
+        trees[name] = S.read_tree(d.ckpt)
+        S.snap_ok("take", env.mnt, name, "--wait")
+    before = S.store_bytes(env.store)
+    S.snap_ok("delete", env.mnt, "b")
+    assert "b" not in S.list_json(env.mnt)
+    assert "b" not in S.list_json(env.store, store=True)
+    assert "b" not in S.snaps_in_store(env.store)
+    S.assert_clean_failure(S.snap("restore", env.mnt, "b"), "restore of a deleted snapshot")
+    # c still holds only-b's blocks (the tree grows), so gc frees nothing yet
+    os.unlink(os.path.join(d.ckpt, "only-b"))
+    S.snap_ok("take", env.mnt, "d", "--wait")
+    S.snap_ok("delete", env.mnt, "c")
+    # While mounted, the daemon holds the store's lock shared: offline gc must refuse
+    # (nothing removed), gc MOUNT runs in the daemon.
+    files = S.store_files(env.store)
+    r = S.snap("gc", "--store", env.store)
+    S.assert_clean_failure(r, "offline gc while a daemon has the store")
+    assert S.store_files(env.store) == files
+    S.snap_ok("gc", env.mnt)
+    after = S.store_bytes(env.store)
+    assert after <= before - 3 * MiB, f"gc freed {before - after} bytes, want >= 3 MiB"
+    S.snap_ok("verify", "--store", env.store)
+    out = env.path("export-a")
+    assert S.export(env.store, "a", out).ok
+    S.assert_tree_equal(S.read_tree(out), trees["a"], "export of a after gc")
+    S.snap_ok("restore", env.mnt, "a")
+    S.assert_tree_equal(S.read_tree(d.ckpt), trees["a"], "restore of a after gc")
+
+
+def test_other_user_gets_eperm(snapenv):
+    env = snapenv()
+    os.chmod(env.mnt, 0o755)
+    d = env.mount(opts="allow_other")
+    write(os.path.join(d.ckpt, "a"), b"owner's")
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    write(os.path.join(d.ckpt, "a"), b"changed")
+    tree = S.read_tree(d.ckpt)
+    store = S.store_files(env.store)
+    for argv in (["take", env.mnt, "evil"], ["take", env.mnt, "evil", "--wait"],
+                 ["restore", env.mnt, "s1"], ["restore", env.mnt, "latest"],
+                 ["delete", env.mnt, "s1"], ["list", env.mnt]):
+        r = S.snap(*argv, as_nobody=True)
+        assert isinstance(r.rc, int) and r.rc != 0, f"as uid {S.NOBODY}: {r!r}"
+        assert "ermission" in r.err or "EPERM" in r.err or "not permitted" in r.err, \
+            f"as uid {S.NOBODY}: want a permission error: {r!r}"
+    time.sleep(0.2)
+    assert set(S.list_json(env.mnt)) == {"s1"}
+    assert S.store_files(env.store) == store
+    S.assert_tree_equal(S.read_tree(d.ckpt), tree, "MNT/ckpt after refused commands")
+
+
+# ---------------------------------------------------------------- SIGTERM
+
+def test_sigterm_takes_emergency_snapshot(snapenv):
+    env = snapenv()
+    d = env.mount(foreground=True, opts="preempt_deadline=20")
+    rng = rng_for("sigterm")
+    write(os.path.join(d.ckpt, "a"), rng.randbytes(3 * MiB))
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    t1 = S.read_tree(d.ckpt)
+    write(os.path.join(d.ckpt, "a"), rng.randbytes(3 * MiB))
+    write(os.path.join(d.ckpt, "b"), rng.randbytes(5 * MiB))
+    t2 = S.read_tree(d.ckpt)
+    start = time.monotonic()
+    os.kill(d.pid, signal.SIGTERM)
+    rc = env.wait_exit(d, 30)
+    took = time.monotonic() - start
+    assert rc == 0, f"daemon exit {rc} after SIGTERM:\n{d.output()}"
+    assert took < 20 + 2, f"SIGTERM to exit: {took:.1f} s (deadline 20 s)"
+    lst = S.list_json(env.store, store=True)
+    new = sorted(set(lst) - {"s1"})
+    assert len(new) == 1, f"want one emergency snapshot, store has {lst}"
+    out = env.path("export")
+    assert S.export(env.store, new[0], out).ok
+    S.assert_tree_equal(S.read_tree(out), t2, f"emergency snapshot {new[0]}")
+    out1 = env.path("export-s1")
+    assert S.export(env.store, "s1", out1).ok
+    S.assert_tree_equal(S.read_tree(out1), t1, "s1 after SIGTERM")
+    S.snap_ok("verify", "--store", env.store)
+    # A restart with restore=latest gets the emergency snapshot.
+    d = env.mount(opts="restore=latest")
+    S.assert_tree_equal(S.read_tree(d.ckpt), t2, "restore=latest after SIGTERM")
+    # Unchanged since the snapshot it was restored from: neither a clean unmount nor
+    # SIGTERM takes another.
+    env.unmount(d)
+    assert set(S.list_json(env.store, store=True)) == set(lst), \
+        "clean unmount of a tree unchanged since its restore took a snapshot"
+    d = env.mount(foreground=True, opts="restore=latest")
+    os.kill(d.pid, signal.SIGTERM)
+    assert env.wait_exit(d, 30) == 0, d.output()
+    assert set(S.list_json(env.store, store=True)) == set(lst), \
+        "SIGTERM with MNT/ckpt unchanged since the last snapshot took another"
+    # Changed, then a clean unmount: the final rule takes one (unmount-<time>).
+    d = env.mount(opts="restore=latest")
+    write(os.path.join(d.ckpt, "c"), b"written before a clean unmount")
+    t3 = S.read_tree(d.ckpt)
+    env.unmount(d)
+    lst3 = S.list_json(env.store, store=True)
+    new = sorted(set(lst3) - set(lst))
+    assert len(new) == 1, f"clean unmount of a changed tree: store has {lst3}"
+    d = env.mount(opts="restore=latest")
+    S.assert_tree_equal(S.read_tree(d.ckpt), t3, f"final snapshot {new[0]}")
+
+
+def test_sigterm_persists_pending_snapshots(snapenv):
+    env = snapenv()
+    d = env.mount(foreground=True)
+    rng = rng_for("pending")
+    trees = {}
+    for i in range(3):
+        for k in range(8):
+            write(os.path.join(d.ckpt, f"f{k}"), rng.randbytes(4 * MiB))
+        trees[f"p{i}"] = S.read_tree(d.ckpt)
+        S.snap_ok("take", env.mnt, f"p{i}")
+    os.kill(d.pid, signal.SIGTERM)
+    assert env.wait_exit(d, 30) == 0, d.output()
+    lst = S.list_json(env.store, store=True)
+    # Nothing changed after p2: no emergency snapshot is needed (one would equal p2).
+    for name, tree in trees.items():
+        assert lst.get(name, {}).get("state") == "complete", f"{name} not persisted: {lst}"
+        out = env.path(f"export-{name}")
+        assert S.export(env.store, name, out).ok
+        S.assert_tree_equal(S.read_tree(out), tree, f"pending snapshot {name} after SIGTERM")
+    S.snap_ok("verify", "--store", env.store)
