@@ -268,7 +268,8 @@ class W2(Workload):
     def check(self, root):
         files = image_files(self.spec)
         pick = [p for p, _ in random.Random(7).sample(files, 20)]
-        return (sum(s for _, s in files),
+        r = fsbench("read", root, self.lst(-2), self.spec["n_readers"])
+        return (r["files"], r["bytes"],
                 sample_digest(root, pick, [(0, 64 * KIB), (64 * KIB, 200 * KIB)]))
 
 
@@ -415,7 +416,8 @@ def cmd_run(args):
             log(f"WARNING: mlfs-stat failed: {e}")
 
     for t in live:
-        res["cpu"][t["name"]] = {"cpu_s": 0.0, "bytes": 0}
+        if t.get("pid"):
+            res["cpu"][t["name"]] = {"cpu_s": 0.0, "bytes": 0}
     for rnd in range(args.rounds):
         k = rnd % len(live)
         order = live[k:] + live[:k]
@@ -427,7 +429,7 @@ def cmd_run(args):
             c1 = cpu_seconds(t.get("pid"))
             if c0 is not None:
                 res["cpu"][t["name"]]["cpu_s"] += c1 - c0
-            res["cpu"][t["name"]]["bytes"] += r["bytes"]
+                res["cpu"][t["name"]]["bytes"] += r["bytes"]
             for key, v in r.items():
                 if key.startswith("w"):
                     res["values"].setdefault(key, {}).setdefault(t["name"], []).append(v)
@@ -578,7 +580,7 @@ def cmd_report(args):
             if n == "native":
                 cells.append("(kernel)")
             elif not c:
-                cells.append(status.get(n, "—"))
+                cells.append("n/a (no pid)" if status.get(n) == "ok" else status.get(n, "—"))
             else:
                 cells.append(f"{c['cpu_s'] / (c['bytes'] / GIB):.3f}" if c["bytes"] else "—")
         lines.append(f"| {label} | CPU s/GiB | " + " | ".join(cells) + " | — | lower is better |")
@@ -593,7 +595,7 @@ def cmd_report(args):
             if n == "native":
                 cells.append("—")
             elif not m:
-                cells.append(status.get(n, "—"))
+                cells.append("n/a (no pid)" if status.get(n) == "ok" else status.get(n, "—"))
             elif n == "mlfs" and m.get("mem_bytes") is not None:
                 per = (m["rss"] - m["mem_bytes"]) / m["files"]
                 net = ""
@@ -609,7 +611,8 @@ def cmd_report(args):
         if m and m.get("mem_bytes") is not None:
             per = (m["rss"] - m["mem_bytes"]) / m["files"]
             goal = f"< 300 B/file {'PASS' if per < 300 else 'FAIL'}"
-        nf = runs[wn]["mem"] and next(iter(runs[wn]["mem"].values()))["files"]
+        nf = {"w2": "n_img", "w4": "meta_files"}[wn]
+        nf = SPECS[meta["spec"]][nf]
         lines.append(f"| daemon memory after {wn} ({nf:,} files) | RSS − mem_bytes | "
                      + " | ".join(cells) + f" | — | {goal} |")
 

@@ -15,7 +15,7 @@ PY=${PYTHON:-/usr/bin/python3}
 MLFS=${MLFS:-$TOP/bin/mlfs}            # override to bench another build
 MLFS_STAT=${MLFS_STAT:-$(dirname "$MLFS")/mlfs-stat}
 WORK=$BENCH/work
-MNTROOT=$WORK/mnt
+MNTROOT=$WORK/mnt/datapath
 STATE=$WORK/mounts.active   # "name mnt pid" per live mount, for the trap
 
 spec=full rounds="" only="" out="" mlfs_mem=4G
