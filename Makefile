@@ -16,7 +16,7 @@ PKGS := fuse3 liburing liblz4 libxxhash
 override CFLAGS += -std=gnu11 -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
 	-Wmissing-prototypes -Wno-unused-parameter -D_GNU_SOURCE -pthread -I. -MMD -MP \
 	$(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-override LDLIBS += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -pthread
+override LDLIBS += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -pthread -lm
 
 ifeq ($(DEBUG),1)
 B := build/debug

@@ -643,9 +643,53 @@ uint64_t bc_source_ns_per_mib(const struct bc *bc)
 	return atomic_load_explicit(&bc->src_ns_per_mib, memory_order_relaxed);
 }
 
+struct bc_block *bc_block_new_stored(struct bc *bc, uint32_t len, const uint8_t obj[16])
+{
+	struct bc_block *b = calloc(1, sizeof(*b));
+	struct bc_shard *s;
+
+	if (!b)
+		return NULL;
+	b->cls = BC_CKPT;
+	atomic_init(&b->ref, 1);
+	b->len = len;
+	b->flags = BC_STORED | BC_CSUM_STALE;
+	memcpy(b->obj, obj, sizeof(b->obj));
+	b->shard = (uint8_t)(((uintptr_t)b >> 6) % BC_SHARDS);
+	atomic_fetch_add(&bc->blocks[BC_CKPT], 1);
+	s = bc_shard_of(bc, b);
+	pthread_mutex_lock(&s->mu);
+	bc_list_push(bc_list_of(s, b), b);
+	pthread_mutex_unlock(&s->mu);
+	return b;
+}
+
+void bc_block_set_stored(struct bc *bc, struct bc_block *b, const uint8_t obj[16])
+{
+	struct bc_shard *s = bc_shard_of(bc, b);
+
+	pthread_mutex_lock(&s->mu);
+	if (!(b->flags & (BC_STORED | BC_WRITING))) {
+		memcpy(b->obj, obj, sizeof(b->obj));
+		b->flags |= BC_STORED;
+		if (b->buf)
+			atomic_fetch_sub(&bc->dirty_bytes, b->cap);
+	}
+	pthread_mutex_unlock(&s->mu);
+}
+
 void bc_set_backing(struct bc *bc, const struct bc_backing *bk)
 {
 	bc->backing = *bk;
+}
+
+static void bc_clear_flag(struct bc *bc, struct bc_block *b, unsigned flag)
+{
+	struct bc_shard *s = bc_shard_of(bc, b);
+
+	pthread_mutex_lock(&s->mu);
+	b->flags &= ~flag;
+	pthread_mutex_unlock(&s->mu);
 }
 
 int bc_load_begin(struct bc *bc, struct bc_block *b, bool wait)
@@ -720,6 +764,13 @@ int bc_block_load(struct bc *bc, struct bc_block *b)
 		rc = -EIO;
 	else
 		rc = bc->backing.load(bc->backing.arg, b, buf);
+	/* A block restored from the store has no XXH3-64 yet (the store verified its own
+	 * XXH3-128): take it now, outside the lock, so a later spill can be checked.
+	 * BC_IO (ours) keeps writers away, so the flag cannot change meanwhile. */
+	if (!rc && (b->flags & BC_CSUM_STALE)) {
+		b->csum = XXH3_64bits(buf, b->len);
+		bc_clear_flag(bc, b, BC_CSUM_STALE);
+	}
 	bc_load_end(bc, b, buf, rc);
 	return rc;
 }

@@ -19,6 +19,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -31,6 +32,7 @@
 
 #include "cache/bcache.h"
 #include "cache/log.h"
+#include "fs/manifest.h"
 
 /* Attribute and entry timeout for MOUNT/ckpt. Every change of the tree goes through this
  * kernel, which updates its own caches, so a long timeout is safe; 1 s bounds how long a
@@ -78,6 +80,9 @@ struct ckpt_inode {
 	uint64_t nblocks; /* slots allocated in blocks[] */
 	/* symlinks */
 	char *target;
+	/* ckpt_freeze's scratch (under ns->mu): this inode's entry id in the freeze
+	 * numbered freeze_epoch, so a second name of it becomes a hard link. */
+	uint64_t freeze_epoch, freeze_id;
 };
 
 struct ckpt_dir { /* an open directory stream: a copy of the listing */
@@ -99,7 +104,14 @@ struct ckpt_ns {
 	size_t nbuckets, nnames;
 	struct ckpt_inode *root;
 	uint64_t ninodes;
+	uint64_t freeze_epoch;
+	_Atomic uint64_t gen; /* bumped by every change: ckpt_generation() */
 };
+
+static void ckpt_changed(struct ckpt_ns *ns)
+{
+	atomic_fetch_add_explicit(&ns->gen, 1, memory_order_relaxed);
+}
 
 static _Atomic uint64_t ckpt_next_ino = 1ull << 40; /* apart from MOUNT/data's numbers */
 
@@ -482,6 +494,7 @@ static int ckpt_truncate_locked(struct ckpt_ns *ns, struct ckpt_inode *ino, uint
 	pthread_mutex_lock(&ns->mu);
 	ino->size = size;
 	ino->mtime = ino->ctime = ckpt_now();
+	ckpt_changed(ns);
 	pthread_mutex_unlock(&ns->mu);
 	return 0;
 }
@@ -526,6 +539,7 @@ int ckpt_setattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct stat *
 		ino->ctime = attr->st_ctim;
 	else
 		ino->ctime = now;
+	ckpt_changed(ns);
 	ckpt_stat_locked(ns, ino, out);
 	pthread_mutex_unlock(&ns->mu);
 	return 0;
@@ -559,6 +573,7 @@ static int ckpt_create_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, const 
 	}
 	ino->nlink = 1;
 	dir->mtime = dir->ctime = ino->ctime;
+	ckpt_changed(ns);
 	*out = ino;
 	return 0;
 }
@@ -649,6 +664,7 @@ int ckpt_link(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_inode *dir
 	else if (!(rc = ckpt_link_locked(ns, dir, name, ino))) {
 		ino->nlink++;
 		ino->ctime = dir->mtime = dir->ctime = ckpt_now();
+		ckpt_changed(ns);
 		ckpt_entry_locked(ns, ino, e);
 	}
 	pthread_mutex_unlock(&ns->mu);
@@ -666,6 +682,7 @@ static void ckpt_drop_name_locked(struct ckpt_ns *ns, struct ckpt_inode *ino,
 		ino->nlink--;
 	}
 	ino->ctime = now;
+	ckpt_changed(ns);
 	ckpt_maybe_free(ns, ino);
 }
 
@@ -787,6 +804,7 @@ int ckpt_rename(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
 		ckpt_move_dir_locked(victim, newdir, dir);
 		ino->ctime = victim->ctime = now;
 		dir->mtime = dir->ctime = newdir->mtime = newdir->ctime = now;
+		ckpt_changed(ns);
 		goto out;
 	}
 	if (victim == ino)
@@ -823,6 +841,7 @@ int ckpt_rename(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
 	ckpt_move_dir_locked(ino, dir, newdir);
 	ino->ctime = now;
 	dir->mtime = dir->ctime = newdir->mtime = newdir->ctime = now;
+	ckpt_changed(ns);
 	if (victim)
 		ckpt_drop_name_locked(ns, victim, now);
 out:
@@ -863,6 +882,17 @@ int ckpt_statfs(struct ckpt_ns *ns, struct statvfs *sv)
 
 int ckpt_open(struct ckpt_ns *ns, struct ckpt_inode *ino, int flags)
 {
+	int rc = 0;
+
+	/* libfuse asks for atomic O_TRUNC: the kernel passes the flag instead of a
+	 * separate setattr, and the kernel has checked write permission already. */
+	if ((flags & O_TRUNC) && S_ISREG(ino->mode) && (flags & O_ACCMODE) != O_RDONLY) {
+		pthread_rwlock_wrlock(&ino->lock);
+		rc = ckpt_truncate_locked(ns, ino, 0);
+		pthread_rwlock_unlock(&ino->lock);
+		if (rc)
+			return rc;
+	}
 	pthread_mutex_lock(&ns->mu);
 	ino->nopen++;
 	pthread_mutex_unlock(&ns->mu);
@@ -958,6 +988,7 @@ int ckpt_write(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *buf, size
 		if (pos > ino->size)
 			ino->size = pos;
 		ino->mtime = ino->ctime = ckpt_now();
+		ckpt_changed(ns);
 		pthread_mutex_unlock(&ns->mu);
 	}
 out:
@@ -1018,8 +1049,10 @@ int ckpt_setxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name,
 		free(x);
 		rc = -ENOMEM;
 	}
-	if (!rc)
+	if (!rc) {
 		ino->ctime = ckpt_now();
+		ckpt_changed(ns);
+	}
 	pthread_mutex_unlock(&ns->mu);
 	free(v);
 	return rc;
@@ -1083,6 +1116,7 @@ int ckpt_removexattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *nam
 		*pp = x->next;
 		ino->xattr_bytes -= x->size + strlen(x->name);
 		ino->ctime = ckpt_now();
+		ckpt_changed(ns);
 		free(x->name);
 		free(x->value);
 		free(x);
@@ -1189,4 +1223,413 @@ void ckpt_releasedir(struct ckpt_ns *ns, struct ckpt_dir *d)
 	ckpt_dir_clear(d);
 	free(d->ents);
 	free(d);
+}
+
+/* ---- snapshots: freeze and restore ---- */
+
+uint64_t ckpt_generation(struct ckpt_ns *ns)
+{
+	return atomic_load(&ns->gen);
+}
+
+static int64_t ckpt_ns_of(struct timespec ts)
+{
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static struct timespec ckpt_ts_of(int64_t ns)
+{
+	struct timespec ts = { .tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000 };
+
+	if (ts.tv_nsec < 0) {
+		ts.tv_sec--;
+		ts.tv_nsec += 1000000000;
+	}
+	return ts;
+}
+
+struct ckpt_fz { /* a freeze being built */
+	struct ckpt_frozen *f;
+	size_t cap;
+};
+
+void ckpt_frozen_free(struct ckpt_ns *ns, struct ckpt_frozen *f)
+{
+	uint64_t i, j;
+
+	if (!f)
+		return;
+	for (i = 0; f->mf && i < f->mf->nentries; i++) {
+		if (!f->blocks[i])
+			continue;
+		for (j = 0; j < f->mf->entries[i].nblocks; j++)
+			if (f->blocks[i][j])
+				bc_block_put(ns->bc, f->blocks[i][j]);
+		free(f->blocks[i]);
+	}
+	free(f->blocks);
+	mf_free(f->mf);
+	free(f);
+}
+
+/* Appends the entry for ino (named name under parent_id) and, for a directory, its
+ * subtree in pre-order. -EAGAIN when a file's content lock is taken: the caller drops
+ * ns->mu and starts over, so a writer that waits for ns->mu while holding its file's
+ * lock can finish (lock order: inode lock, then ns->mu). Under ns->mu. */
+static int ckpt_freeze_locked(struct ckpt_ns *ns, struct ckpt_fz *z, struct ckpt_inode *ino,
+			      const char *name, uint64_t parent_id)
+{
+	struct mf_manifest *mf = z->f->mf;
+	struct mf_entry *e;
+	struct ckpt_dirent *d;
+	struct ckpt_xattr *x;
+	uint64_t id, i;
+	int rc;
+
+	if (mf->nentries == z->cap) {
+		size_t cap = z->cap ? 2 * z->cap : 64;
+		void *ne = realloc(mf->entries, cap * sizeof(*mf->entries));
+
+		if (ne)
+			mf->entries = ne;
+		void *nb = ne ? realloc(z->f->blocks, cap * sizeof(*z->f->blocks)) : NULL;
+
+		if (!nb)
+			return -ENOMEM;
+		z->f->blocks = nb;
+		z->cap = cap;
+	}
+	id = mf->nentries + 1;
+	e = &mf->entries[mf->nentries];
+	memset(e, 0, sizeof(*e));
+	z->f->blocks[mf->nentries] = NULL;
+	mf->nentries++;
+	e->id = id;
+	e->parent = parent_id;
+	if (!(e->name = strdup(name)))
+		return -ENOMEM;
+	e->mode = ino->mode & 07777;
+	e->uid = ino->uid;
+	e->gid = ino->gid;
+	e->atime_ns = ckpt_ns_of(ino->atime);
+	e->mtime_ns = ckpt_ns_of(ino->mtime);
+	e->ctime_ns = ckpt_ns_of(ino->ctime);
+	if (S_ISDIR(ino->mode)) {
+		e->type = MF_DIR;
+	} else if (S_ISLNK(ino->mode)) {
+		e->type = MF_SYMLINK;
+		e->size = ino->size;
+		if (!(e->target = strdup(ino->target)))
+			return -ENOMEM;
+	} else if (S_ISREG(ino->mode)) {
+		e->type = MF_FILE;
+		if (ino->freeze_epoch == ns->freeze_epoch) {
+			e->link = ino->freeze_id; /* a second name of a file already frozen */
+			return 0;
+		}
+		ino->freeze_epoch = ns->freeze_epoch;
+		ino->freeze_id = id;
+		mf->files++;
+	} else {
+		/* FIFOs, sockets and device nodes have no place in a checkpoint store
+		 * format that names files, dirs and symlinks: they are left out. */
+		mf->nentries--;
+		free(e->name);
+		return 0;
+	}
+	for (x = ino->xattrs; x; x = x->next)
+		e->nxattrs++;
+	if (e->nxattrs && !(e->xattrs = calloc(e->nxattrs, sizeof(*e->xattrs))))
+		return -ENOMEM;
+	for (i = 0, x = ino->xattrs; x; x = x->next, i++) {
+		e->xattrs[i].name = strdup(x->name);
+		e->xattrs[i].value = malloc(x->size ? x->size : 1);
+		e->xattrs[i].value_len = (uint32_t)x->size;
+		if (!e->xattrs[i].name || !e->xattrs[i].value)
+			return -ENOMEM;
+		memcpy(e->xattrs[i].value, x->value, x->size);
+	}
+	if (e->type == MF_FILE) {
+		struct bc_block **bl;
+
+		if (pthread_rwlock_tryrdlock(&ino->lock))
+			return -EAGAIN;
+		e->size = ino->size;
+		e->block_size = ns->bs;
+		e->nblocks = (ino->size + ns->bs - 1) / ns->bs;
+		mf->logical_bytes += ino->size;
+		e->blocks = calloc(e->nblocks ? e->nblocks : 1, sizeof(*e->blocks));
+		bl = calloc(e->nblocks ? e->nblocks : 1, sizeof(*bl));
+		z->f->blocks[mf->nentries - 1] = bl;
+		if (!e->blocks || !bl) {
+			pthread_rwlock_unlock(&ino->lock);
+			return -ENOMEM;
+		}
+		for (i = 0; i < e->nblocks; i++) {
+			struct bc_block *b = i < ino->nblocks ? ino->blocks[i] : NULL;
+
+			e->blocks[i].len = i + 1 < e->nblocks ? ns->bs
+							     : (uint32_t)(e->size - i * ns->bs);
+			if (!b || b->len == 0) {
+				e->blocks[i].flags = MF_BLOCK_HOLE;
+				continue;
+			}
+			bc_block_get(b); /* from here on, writers copy it (invariant 5) */
+			bl[i] = b;
+			z->f->bytes += b->len;
+		}
+		pthread_rwlock_unlock(&ino->lock);
+	}
+	if (e->type != MF_DIR)
+		return 0;
+	for (d = ino->head; d; d = d->next)
+		if ((rc = ckpt_freeze_locked(ns, z, d->ino, d->name, id)))
+			return rc;
+	return 0;
+}
+
+int ckpt_freeze(struct ckpt_ns *ns, const char *name, struct ckpt_frozen **out)
+{
+	struct ckpt_fz z;
+	unsigned attempt;
+	int rc;
+
+	for (attempt = 0;; attempt++) {
+		memset(&z, 0, sizeof(z));
+		z.f = calloc(1, sizeof(*z.f));
+		if (!z.f || !(z.f->mf = calloc(1, sizeof(*z.f->mf)))) {
+			free(z.f);
+			return -ENOMEM;
+		}
+		snprintf(z.f->mf->name, sizeof(z.f->mf->name), "%s", name);
+		z.f->mf->time_ns = ckpt_ns_of(ckpt_now());
+		pthread_mutex_lock(&ns->mu);
+		ns->freeze_epoch++;
+		z.f->gen = atomic_load(&ns->gen);
+		rc = ckpt_freeze_locked(ns, &z, ns->root, "", 0);
+		pthread_mutex_unlock(&ns->mu);
+		if (rc != -EAGAIN)
+			break;
+		ckpt_frozen_free(ns, z.f);
+		/* A write is mid-copy in some file: let it finish. Writers hold a file
+		 * lock for one request (at most 1 MiB of memcpy), so this ends fast. */
+		usleep(attempt < 10 ? 50 : 1000);
+	}
+	if (rc) {
+		ckpt_frozen_free(ns, z.f);
+		return rc;
+	}
+	*out = z.f;
+	return 0;
+}
+
+/* Builds an inode for manifest entry e (its content: non-resident stored blocks). */
+static struct ckpt_inode *ckpt_inode_from(struct ckpt_ns *ns, const struct mf_entry *e)
+{
+	static const mode_t types[] = { [MF_FILE] = S_IFREG, [MF_DIR] = S_IFDIR,
+					[MF_SYMLINK] = S_IFLNK };
+	struct ckpt_inode *ino = ckpt_inode_new(ns, types[e->type] | (e->mode & 07777), e->uid,
+						e->gid);
+	uint32_t i;
+
+	if (!ino)
+		return NULL;
+	ino->atime = ckpt_ts_of(e->atime_ns);
+	ino->mtime = ckpt_ts_of(e->mtime_ns);
+	ino->ctime = ckpt_ts_of(e->ctime_ns);
+	ino->size = e->size;
+	if (e->type == MF_SYMLINK && !(ino->target = strdup(e->target ? e->target : "")))
+		goto fail;
+	for (i = 0; i < e->nxattrs; i++) {
+		struct ckpt_xattr *x = calloc(1, sizeof(*x));
+
+		if (!x)
+			goto fail;
+		x->next = ino->xattrs;
+		ino->xattrs = x;
+		x->name = strdup(e->xattrs[i].name);
+		x->value = malloc(e->xattrs[i].value_len ? e->xattrs[i].value_len : 1);
+		if (!x->name || !x->value)
+			goto fail;
+		memcpy(x->value, e->xattrs[i].value, e->xattrs[i].value_len);
+		x->size = e->xattrs[i].value_len;
+		ino->xattr_bytes += x->size + strlen(x->name);
+	}
+	if (e->type == MF_FILE && e->nblocks) {
+		/* A manifest written with another block size is read through this one's
+		 * block map only if the sizes agree: refuse otherwise (the caller says so). */
+		if (e->block_size != ns->bs || ckpt_blocks_reserve(ino, e->nblocks))
+			goto fail;
+		for (uint64_t j = 0; j < e->nblocks; j++) {
+			if (e->blocks[j].flags & MF_BLOCK_HOLE)
+				continue;
+			ino->blocks[j] = bc_block_new_stored(ns->bc, e->blocks[j].len,
+							     e->blocks[j].hash);
+			if (!ino->blocks[j])
+				goto fail;
+		}
+	}
+	return ino;
+fail:
+	ckpt_inode_destroy(ns, ino);
+	return NULL;
+}
+
+/* Drops every name under dir, depth first, as unlink and rmdir would (inodes still
+ * open or looked up live on until released). Under ns->mu. */
+static void ckpt_drop_tree_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, struct timespec now)
+{
+	while (dir->head) {
+		struct ckpt_dirent *d = dir->head;
+		struct ckpt_inode *ino = d->ino;
+
+		if (S_ISDIR(ino->mode))
+			ckpt_drop_tree_locked(ns, ino, now);
+		ckpt_unlink_locked(ns, d);
+		ckpt_drop_name_locked(ns, ino, now);
+	}
+}
+
+int ckpt_restore(struct ckpt_ns *ns, const struct mf_manifest *mf, char ***old, size_t *nold)
+{
+	struct ckpt_inode **inos = calloc(mf->nentries ? mf->nentries : 1, sizeof(*inos));
+	struct timespec now = ckpt_now();
+	struct ckpt_dirent *d;
+	char **names = NULL;
+	size_t n = 0, i;
+	int rc = 0;
+
+	if (!inos)
+		return -ENOMEM;
+	if (!mf->nentries || mf->entries[0].type != MF_DIR) {
+		free(inos);
+		return -EINVAL;
+	}
+	/* Build the new inodes outside the lock: allocation only. The root entry's
+	 * attributes go to MOUNT/ckpt itself below. */
+	for (i = 1; i < mf->nentries && !rc; i++) {
+		const struct mf_entry *e = &mf->entries[i];
+
+		if (e->link)
+			continue;
+		if (!(inos[i] = ckpt_inode_from(ns, e)))
+			rc = -ENOMEM;
+	}
+	pthread_mutex_lock(&ns->mu);
+	if (rc)
+		goto out_free_new;
+	for (i = 1; i < mf->nentries; i++) {
+		const struct mf_entry *e = &mf->entries[i];
+		long pi = mf_find(mf, e->parent), li;
+		struct ckpt_inode *parent = pi == 0 ? ns->root : pi > 0 ? inos[pi] : NULL;
+
+		if (e->link) {
+			li = mf_find(mf, e->link);
+			inos[i] = li > 0 ? inos[li] : NULL;
+		}
+		if (!parent || !inos[i]) {
+			rc = -EINVAL;
+			break;
+		}
+	}
+	if (rc)
+		goto out_free_new;
+	/* The swap: from here on nothing fails but allocation of names, and the old tree
+	 * goes first so that the new names never meet old ones. */
+	for (d = ns->root->head; d; d = d->next)
+		n++;
+	names = calloc(n ? n : 1, sizeof(*names));
+	for (i = 0, d = ns->root->head; names && d; d = d->next)
+		names[i++] = strdup(d->name);
+	ckpt_drop_tree_locked(ns, ns->root, now);
+	for (i = 1; i < mf->nentries; i++) {
+		const struct mf_entry *e = &mf->entries[i];
+		long pi = mf_find(mf, e->parent);
+		struct ckpt_inode *parent = pi == 0 ? ns->root : inos[pi], *ino = inos[i];
+
+		if (ckpt_link_locked(ns, parent, e->name, ino)) {
+			rc = -ENOMEM; /* the tree is partial: say so loudly, keep serving */
+			log_err("ckpt: restore of %s ran out of memory after the swap", mf->name);
+			continue;
+		}
+		if (e->type == MF_DIR) {
+			ino->nlink = 2;
+			ino->parent = parent;
+			parent->nlink++;
+		} else {
+			ino->nlink++;
+		}
+	}
+	ns->root->mode = S_IFDIR | (mf->entries[0].mode & 07777);
+	ns->root->uid = mf->entries[0].uid;
+	ns->root->gid = mf->entries[0].gid;
+	ns->root->mtime = ckpt_ts_of(mf->entries[0].mtime_ns);
+	ns->root->ctime = now;
+	ckpt_changed(ns);
+	pthread_mutex_unlock(&ns->mu);
+	free(inos);
+	*old = names;
+	*nold = names ? n : 0;
+	return rc;
+
+out_free_new:
+	pthread_mutex_unlock(&ns->mu);
+	for (i = 1; i < mf->nentries; i++)
+		if (inos[i] && !mf->entries[i].link)
+			ckpt_inode_destroy(ns, inos[i]);
+	free(inos);
+	return rc;
+}
+
+/* Collects b->obj of every non-resident stored block reachable from dir. */
+static int ckpt_stored_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, uint8_t (**v)[16],
+			      size_t *n, size_t *cap)
+{
+	struct ckpt_dirent *d;
+	int rc;
+
+	for (d = dir->head; d; d = d->next) {
+		struct ckpt_inode *ino = d->ino;
+
+		if (S_ISDIR(ino->mode) && (rc = ckpt_stored_locked(ns, ino, v, n, cap)))
+			return rc;
+		if (!S_ISREG(ino->mode))
+			continue;
+		for (uint64_t j = 0; j < ino->nblocks; j++) {
+			struct bc_block *b = ino->blocks[j];
+
+			/* Any stored block may be dropped from memory at any time: keep
+			 * them all, resident or not. */
+			if (!b || !(b->flags & BC_STORED))
+				continue;
+			if (*n == *cap) {
+				size_t nc = *cap ? 2 * *cap : 256;
+				void *p = realloc(*v, nc * sizeof(**v));
+
+				if (!p)
+					return -ENOMEM;
+				*v = p;
+				*cap = nc;
+			}
+			memcpy((*v)[(*n)++], b->obj, 16);
+		}
+	}
+	return 0;
+}
+
+int ckpt_stored_objects(struct ckpt_ns *ns, uint8_t (**out)[16], size_t *n)
+{
+	size_t cap = 0;
+	int rc;
+
+	*out = NULL;
+	*n = 0;
+	pthread_mutex_lock(&ns->mu);
+	rc = ckpt_stored_locked(ns, ns->root, out, n, &cap);
+	pthread_mutex_unlock(&ns->mu);
+	if (rc) {
+		free(*out);
+		*out = NULL;
+	}
+	return rc;
 }

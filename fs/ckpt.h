@@ -82,6 +82,37 @@ int ckpt_getxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name, 
 int ckpt_listxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, char *buf, size_t size);
 int ckpt_removexattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name);
 
+/*
+ * Snapshots. ckpt_freeze captures the whole tree at one instant: every write() that
+ * returned before the call is in it, none that starts after. It copies names and
+ * attributes into a manifest (fs/manifest.h: ids in pre-order, hard links as links,
+ * block hashes left empty for the persister) and takes a reference on every block,
+ * so later writes copy instead of changing what was frozen. Pointer work only:
+ * O(inodes + blocks), milliseconds for gigabytes. The frozen tree is handed over.
+ */
+struct mf_manifest;
+struct ckpt_frozen {
+	struct mf_manifest *mf;
+	struct bc_block ***blocks; /* blocks[i][j]: entry i's block j, counted, NULL a hole */
+	uint64_t bytes;		   /* bytes held in those blocks */
+	uint64_t gen;		   /* ckpt_generation() at the freeze */
+};
+int ckpt_freeze(struct ckpt_ns *ns, const char *name, struct ckpt_frozen **out);
+void ckpt_frozen_free(struct ckpt_ns *ns, struct ckpt_frozen *f);
+/* Counts changes to the tree; equal values mean nothing changed in between. */
+uint64_t ckpt_generation(struct ckpt_ns *ns);
+/*
+ * Makes the tree the manifest's, in one step under the namespace lock: no reader sees
+ * a mix. File blocks start non-resident, as store objects (bc_block_new_stored), and
+ * load on first read. Files open in the old tree stay readable until closed. The names
+ * that were in MOUNT/ckpt before are returned (*old, *nold: handed over, free each and
+ * the array) so the caller can tell the kernel to forget them.
+ */
+int ckpt_restore(struct ckpt_ns *ns, const struct mf_manifest *mf, char ***old, size_t *nold);
+/* Store objects the live tree reads from but does not hold in memory or spill: what an
+ * online gc must keep. *out is handed over (free). */
+int ckpt_stored_objects(struct ckpt_ns *ns, uint8_t (**out)[16], size_t *n);
+
 /* Directory streams list the entries as of the open (or of a rewind to offset 0). */
 int ckpt_opendir(struct ckpt_ns *ns, struct ckpt_inode *dir, struct ckpt_dir **out);
 int ckpt_readdir(struct ckpt_ns *ns, fuse_req_t req, struct ckpt_inode *dir,

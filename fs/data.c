@@ -183,11 +183,11 @@ static int data_path(const struct data_node *n, char *buf, size_t size)
 	return 0;
 }
 
+/* Modes are SOURCE's own, as on a read-only mount: a write that the permission bits
+ * would allow is refused with EROFS by the handler, the errno ext4 mounted ro gives. */
 static void data_fill_attr(const struct data_node *n, struct stat *st)
 {
 	st->st_ino = n->hdr.st_ino;
-	/* Read-only: whatever SOURCE says, nobody may write through the mount. */
-	st->st_mode &= ~(S_IWUSR | S_IWGRP | S_IWOTH);
 }
 
 static void data_grow_locked(struct data_ns *ns)

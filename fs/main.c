@@ -7,6 +7,7 @@
  * ready: the next line of a script can use the mount.
  */
 #include <errno.h>
+#include <signal.h>
 #include <limits.h>
 #include <malloc.h>
 #include <stddef.h>
@@ -23,6 +24,7 @@
 #include "fs/ctl.h"
 #include "fs/data.h"
 #include "fs/mlfs.h"
+#include "fs/snapd.h"
 
 /* Attribute and entry timeout for MOUNT/data. The dataset is immutable while a job
  * reads it; a long timeout lets the kernel answer stat() and path walks itself, which
@@ -34,7 +36,7 @@
 struct mlfs_opts {
 	char *store, *spill, *restore, *pressure_file, *meminfo_file, *cgroup;
 	char *mem_max, *mem_min, *block_size, *spill_max, *data_timeout, *threads;
-	char *preempt_deadline;
+	char *preempt_deadline, *autosnap, *keep, *mtbf;
 	int show_help, show_version, foreground, debug;
 };
 
@@ -53,6 +55,9 @@ static const struct fuse_opt mlfs_opt_spec[] = {
 	OPT("data_timeout=%s", data_timeout),
 	OPT("threads=%s", threads),
 	OPT("preempt_deadline=%s", preempt_deadline),
+	OPT("autosnap=%s", autosnap),
+	OPT("keep=%s", keep),
+	OPT("mtbf=%s", mtbf),
 	OPT("-h", show_help),
 	OPT("--help", show_help),
 	OPT("-V", show_version),
@@ -86,7 +91,11 @@ static void usage(FILE *f)
 "  -o pressure_file=PATH  PSI file (default /proc/pressure/memory)\n"
 "  -o meminfo_file=PATH   meminfo file (default /proc/meminfo)\n"
 "  -o restore=NAME|latest restore this snapshot into MOUNTPOINT/ckpt at start-up\n"
-"  -o preempt_deadline=S  seconds to persist on SIGTERM before unmounting (default 25)\n"
+"  -o preempt_deadline=S  seconds to persist on SIGTERM before exiting (default 25)\n"
+"  -o autosnap=TIME|auto  take a snapshot of a changed MOUNTPOINT/ckpt every TIME\n"
+"                         (90s, 10m, 2h); auto: the Young/Daly interval from mtbf\n"
+"  -o keep=N              keep the N newest automatic snapshots (default: all)\n"
+"  -o mtbf=TIME           mean time between failures for autosnap=auto (default 1h)\n"
 "  -o threads=N           most FUSE worker threads (default %d)\n"
 "  -o data_timeout=S      kernel attribute cache time for MOUNTPOINT/data (default %.0f)\n"
 "  -o allow_other         let other users in (with default_permissions, always on)\n"
@@ -224,6 +233,38 @@ static int build_config(struct mlfs_opts *o, const char *src, const char *mnt,
 		}
 		c->preempt_deadline = (int)v;
 	}
+	c->mtbf_s = 3600;
+	if (o->mtbf) {
+		if (mlfs_parse_time(o->mtbf, &c->mtbf_s) || c->mtbf_s < 1) {
+			fprintf(stderr, "mlfs: bad mtbf '%s': a duration such as 3600, 90m, 6h\n",
+				o->mtbf);
+			return 1;
+		}
+		c->mtbf_given = 1;
+	}
+	if (o->autosnap) {
+		if (!strcmp(o->autosnap, "auto")) {
+			c->autosnap_auto = 1;
+		} else if (mlfs_parse_time(o->autosnap, &c->autosnap_s) || c->autosnap_s < 1) {
+			fprintf(stderr, "mlfs: bad autosnap '%s': a duration (90s, 10m, 2h) or auto\n",
+				o->autosnap);
+			return 1;
+		}
+	}
+	if (o->keep) {
+		v = strtoull(o->keep, &end, 10);
+		if (*end || !*o->keep || v < 1 || v > 100000) {
+			fprintf(stderr, "mlfs: bad keep '%s': a number of snapshots, 1 or more\n",
+				o->keep);
+			return 1;
+		}
+		c->keep = (unsigned)v;
+	}
+	if (!c->store && (o->restore || o->autosnap || o->keep)) {
+		fprintf(stderr, "mlfs: -o %s needs -o store=DIR\n",
+			o->restore ? "restore" : o->autosnap ? "autosnap" : "keep");
+		return 1;
+	}
 	c->foreground = o->foreground || o->debug;
 	c->debug = o->debug;
 	return 0;
@@ -244,6 +285,18 @@ static int ctl_stats(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 	return 0;
 }
 
+/* SIGTERM is how a cloud's preemption notice reaches a VM's services: remember it, so
+ * that the final snapshot runs against preempt_deadline, and end the loop as libfuse's
+ * own handler does. */
+static volatile sig_atomic_t mlfs_sigterm;
+
+static void mlfs_on_sigterm(int sig)
+{
+	mlfs_sigterm = 1;
+	if (mlfs_g && mlfs_g->se)
+		fuse_session_exit(mlfs_g->se);
+}
+
 static int mlfs_start(struct mlfs *m)
 {
 	int rc;
@@ -257,12 +310,20 @@ static int mlfs_start(struct mlfs *m)
 	if ((rc = ctl_new(m, &m->ctl)))
 		return rc;
 	ctl_register(m->ctl, "stats", ctl_stats);
+	if (m->cfg.store) {
+		if ((rc = snapd_new(m, &m->snapd)))
+			return rc;
+		/* Blocks of a restored tree load from the store. */
+		bc_set_backing(m->bc, &(struct bc_backing){ .load = snapd_load_block,
+							    .arg = m->snapd });
+	}
 	return 0;
 }
 
 static void mlfs_stop(struct mlfs *m)
 {
 	ctl_free(m->ctl);
+	snapd_free(m->snapd);
 	ckpt_ns_free(m->ckpt);
 	data_ns_free(m->data);
 	bc_free(m->bc);
@@ -358,6 +419,12 @@ int main(int argc, char **argv)
 	m.se = se;
 	if (fuse_set_signal_handlers(se))
 		goto out_destroy;
+	{
+		struct sigaction sa = { .sa_handler = mlfs_on_sigterm };
+
+		sigemptyset(&sa.sa_mask);
+		sigaction(SIGTERM, &sa, NULL);
+	}
 	if (fuse_session_mount(se, m.cfg.mountpoint)) {
 		fprintf(stderr, "mlfs: cannot mount on %s\n", m.cfg.mountpoint);
 		goto out_signals;
@@ -368,12 +435,26 @@ int main(int argc, char **argv)
 		log_to_syslog();
 	if (ctl_start(m.ctl))
 		goto out_unmount;
+	if (m.snapd && snapd_start(m.snapd))
+		goto out_unmount;
 	lc = fuse_loop_cfg_create();
 	fuse_loop_cfg_set_clone_fd(lc, 1);
 	fuse_loop_cfg_set_max_threads(lc, m.cfg.threads);
 	fuse_loop_cfg_set_idle_threads(lc, m.cfg.threads);
 	rc = fuse_session_loop_mt(se, lc) ? 1 : 0;
 	fuse_loop_cfg_destroy(lc);
+	/* The final rule (snapd.h): unmounted first, so the tree no longer changes, then
+	 * one last snapshot if it changed, persisted with everything pending. */
+	fuse_session_unmount(se);
+	if (m.snapd) {
+		int r = snapd_finish(m.snapd, mlfs_sigterm ? "preempt" : "unmount",
+				     mlfs_sigterm ? m.cfg.preempt_deadline : 0);
+
+		if (r == -ETIMEDOUT)
+			_exit(1); /* the persister may still hold the store: leave now */
+		if (r)
+			rc = 1;
+	}
 out_unmount:
 	fuse_session_unmount(se);
 out_signals:

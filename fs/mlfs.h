@@ -43,6 +43,11 @@ struct mlfs_config {
 	double data_timeout;	/* entry/attr timeout for MOUNT/data, seconds */
 	int foreground, debug;
 	int preempt_deadline;	/* seconds */
+	double autosnap_s;	/* -o autosnap=INTERVAL: seconds, 0 = off */
+	int autosnap_auto;	/* -o autosnap=auto: the Young/Daly interval */
+	unsigned keep;		/* -o keep=N: automatic snapshots kept, 0 = all */
+	double mtbf_s;		/* -o mtbf=TIME */
+	int mtbf_given;
 };
 
 struct mlfs_stats {
@@ -66,6 +71,7 @@ struct bc;
 struct data_ns;
 struct ckpt_ns;
 struct ctl;
+struct snapd;
 
 struct mlfs {
 	struct mlfs_config cfg;
@@ -74,6 +80,7 @@ struct mlfs {
 	struct data_ns *data;
 	struct ckpt_ns *ckpt;
 	struct ctl *ctl;
+	struct snapd *snapd;	/* NULL without -o store */
 	struct mlfs_stats st;
 	uid_t owner;		/* the user who mounted: may control snapshots */
 	uint64_t started_ns;	/* CLOCK_MONOTONIC, for uptime */
@@ -87,6 +94,8 @@ uint64_t mlfs_now_ns(void);
 /* Parses "123", "64K", "1M", "2G", "1T" (powers of 1024) into *out; -EINVAL on anything
  * else or on overflow. */
 int mlfs_parse_size(const char *s, uint64_t *out);
+/* Parses a duration "90", "90s", "10m", "2h", "1d" into seconds; -EINVAL otherwise. */
+int mlfs_parse_time(const char *s, double *out);
 /* Current figures as one JSON object (stats.c). Writes at most len bytes; returns the
  * length it needed, like snprintf. */
 int mlfs_stats_json(struct mlfs *m, char *buf, size_t len);

@@ -54,7 +54,7 @@ static void root_stat(struct mlfs *m, struct stat *st)
 {
 	memset(st, 0, sizeof(*st));
 	st->st_ino = 1;
-	st->st_mode = S_IFDIR | 0555;
+	st->st_mode = S_IFDIR | 0755; /* writable bits so writes get EROFS, not EACCES */
 	st->st_nlink = 4;
 	st->st_uid = m->owner;
 	st->st_gid = getgid();
@@ -333,7 +333,8 @@ static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 			return reply_rc(req, rc);
 		fi->fh = (uint64_t)f;
 	} else if (n->kind == MLFS_CKPT) {
-		ckpt_open(m->ckpt, (struct ckpt_inode *)n, fi->flags);
+		if ((rc = ckpt_open(m->ckpt, (struct ckpt_inode *)n, fi->flags)))
+			return reply_rc(req, rc);
 		/* Every change goes through this kernel, so its cached pages stay true;
 		 * a restore swaps in new inodes, never old pages. */
 		fi->keep_cache = 1;

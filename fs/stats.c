@@ -57,6 +57,31 @@ int mlfs_parse_size(const char *s, uint64_t *out)
 	return 0;
 }
 
+int mlfs_parse_time(const char *s, double *out)
+{
+	double v, mul = 1;
+	char *end;
+
+	if (!s || !*s || *s == '-')
+		return -EINVAL;
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno || end == s || v < 0)
+		return -EINVAL;
+	switch (*end) {
+	case 's': mul = 1; end++; break;
+	case 'm': mul = 60; end++; break;
+	case 'h': mul = 3600; end++; break;
+	case 'd': mul = 86400; end++; break;
+	case '\0': break;
+	default: return -EINVAL;
+	}
+	if (*end)
+		return -EINVAL;
+	*out = v * mul;
+	return 0;
+}
+
 /* The daemon's resident set, from /proc/self/statm, so that mlfs-stat shows beside
  * mem_bytes what the kernel charges us. */
 static uint64_t stats_rss(void)

@@ -1081,6 +1081,12 @@ static int gc_sweep_dir(struct store *s, int i, struct hset *live, uint64_t *obj
 
 int store_gc(struct store *s, uint64_t *removed_objects, uint64_t *freed_bytes)
 {
+	return store_gc_keep(s, NULL, 0, removed_objects, freed_bytes);
+}
+
+int store_gc_keep(struct store *s, const uint8_t (*keep)[STORE_HASH_LEN], size_t nkeep,
+		  uint64_t *removed_objects, uint64_t *freed_bytes)
+{
 	struct hset live = { 0 };
 	uint64_t objs = 0, bytes = 0;
 	int rc = 0;
@@ -1097,6 +1103,12 @@ int store_gc(struct store *s, uint64_t *removed_objects, uint64_t *freed_bytes)
 	}
 	if ((rc = gc_mark(s, &live)))
 		goto out_release;
+	for (size_t k = 0; k < nkeep; k++) {
+		if (!hset_find(&live, keep[k], 1)) {
+			rc = -ENOMEM;
+			goto out_release;
+		}
+	}
 	for (int i = 0; i < 256 && !rc; i++)
 		rc = gc_sweep_dir(s, i, &live, &objs, &bytes);
 out_release:

@@ -146,6 +146,10 @@ int store_delete(struct store *s, const char *name);
  * Reads all manifests and lists all object dirs: O(store).
  */
 int store_gc(struct store *s, uint64_t *removed_objects, uint64_t *freed_bytes);
+/* store_gc that also keeps the nkeep objects named in keep: a daemon's live tree may
+ * still read objects of snapshots since deleted (a lazily restored tree). */
+int store_gc_keep(struct store *s, const uint8_t (*keep)[STORE_HASH_LEN], size_t nkeep,
+		  uint64_t *removed_objects, uint64_t *freed_bytes);
 
 struct store_fault {
 	const char *snap;	/* snapshot name */

@@ -7,12 +7,14 @@
  * the caller is root or the user who mounted.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "fs/ctl.h"
+#include "fs/store.h"
 #include "tools/snap_offline.h"
 
 static const char usage_text[] =
@@ -20,12 +22,55 @@ static const char usage_text[] =
 	"       mlfs-snap list MOUNT [--json]\n"
 	"       mlfs-snap restore MOUNT NAME|latest\n"
 	"       mlfs-snap delete MOUNT NAME\n"
-	"       mlfs-snap advise MOUNT\n";
+	"       mlfs-snap advise MOUNT\n"
+	"       mlfs-snap gc MOUNT\n";
 
 static void usage(FILE *f)
 {
 	fputs(usage_text, f);
 	fputs(snap_offline_usage, f);
+}
+
+struct list_rows {
+	struct store_snap_info *v;
+	const char **states;
+	size_t n, cap;
+};
+
+/* "snap NAME TIME_NS FILES LOGICAL NEW STATE", tab separated (fs/snapd.c ctl_list). */
+static void collect_row(void *arg, const char *line)
+{
+	struct list_rows *r = arg;
+	struct store_snap_info *x;
+	char state[32];
+
+	if (strncmp(line, "snap\t", 5))
+		return;
+	if (r->n == r->cap) {
+		size_t cap = r->cap ? 2 * r->cap : 16;
+		void *v = realloc(r->v, cap * sizeof(*r->v));
+		void *st = v ? realloc(r->states, cap * sizeof(*r->states)) : NULL;
+
+		if (v)
+			r->v = v;
+		if (!st)
+			return;
+		r->states = st;
+		r->cap = cap;
+	}
+	x = &r->v[r->n];
+	memset(x, 0, sizeof(*x));
+	const char *p = line + 5, *tab = strchr(p, '\t');
+
+	if (!tab || (size_t)(tab - p) > MF_NAME_MAX)
+		return;
+	memcpy(x->name, p, tab - p);
+	if (sscanf(tab + 1, "%" SCNd64 "\t%" SCNu64 "\t%" SCNu64 "\t%" SCNu64 "\t%31s",
+		   &x->time_ns, &x->files, &x->logical_bytes, &x->new_bytes, state) != 5)
+		return;
+	r->states[r->n] = strdup(state);
+	if (r->states[r->n])
+		r->n++;
 }
 
 static void print_line(void *arg, const char *line)
@@ -39,8 +84,10 @@ static void print_line(void *arg, const char *line)
 	puts(line);
 }
 
-/* Sends argv (the subcommand and its arguments, mount point removed) to mnt's daemon. */
-static int online(const char *mnt, int argc, const char **argv)
+/* Sends argv (the subcommand and its arguments, mount point removed) to mnt's daemon;
+ * out() gets each output line. */
+static int online(const char *mnt, int argc, const char **argv,
+		  void (*out)(void *arg, const char *line), void *arg)
 {
 	char msg[512] = "";
 	int fd = ctl_connect(mnt), rc;
@@ -56,7 +103,7 @@ static int online(const char *mnt, int argc, const char **argv)
 			fprintf(stderr, "mlfs-snap: %s: %s\n", mnt, strerror(-fd));
 		return 1;
 	}
-	rc = ctl_call(fd, argc, argv, print_line, NULL, msg, sizeof(msg));
+	rc = ctl_call(fd, argc, argv, out, arg, msg, sizeof(msg));
 	close(fd);
 	if (isatty(STDERR_FILENO))
 		fprintf(stderr, "\r\033[K");
@@ -88,10 +135,27 @@ int main(int argc, char **argv)
 	}
 	/* "snap-<cmd>" then the arguments after the mount point. */
 	static char cmd[64];
+	int json = 0, rc;
 
 	snprintf(cmd, sizeof(cmd), "snap-%s", argv[1]);
 	args[n++] = cmd;
-	for (i = 3; i < argc; i++)
-		args[n++] = argv[i];
-	return online(argv[2], n, args);
+	for (i = 3; i < argc; i++) {
+		if (!strcmp(argv[1], "list") && !strcmp(argv[i], "--json"))
+			json = 1;
+		else
+			args[n++] = argv[i];
+	}
+	if (strcmp(argv[1], "list"))
+		return online(argv[2], n, args, print_line, NULL);
+
+	struct list_rows rows = { 0 };
+
+	rc = online(argv[2], n, args, collect_row, &rows);
+	if (!rc)
+		snap_print_list(rows.v, rows.states, rows.n, json);
+	for (size_t k = 0; k < rows.n; k++)
+		free((char *)rows.states[k]);
+	free(rows.states);
+	free(rows.v);
+	return rc;
 }

@@ -119,6 +119,44 @@ static void json_str(const char *s)
 	putchar('"');
 }
 
+void snap_print_list(const struct store_snap_info *v, const char *const *states, size_t n,
+		     int json)
+{
+	if (json)
+		putchar('[');
+	else
+		printf("%-24s %-20s %8s %12s %12s %s\n", "NAME", "TIME", "FILES", "LOGICAL", "NEW",
+		       "STATE");
+	for (size_t i = 0; i < n; i++) {
+		const struct store_snap_info *x = &v[i];
+		const char *state = states ? states[i]
+				    : x->state == STORE_SNAP_DAMAGED ? "damaged" : "durable";
+		int damaged = !strcmp(state, "damaged");
+		char t[32], lb[32], nb[32];
+
+		fmt_time(x->time_ns, t, sizeof(t));
+		if (json) {
+			printf("%s\n {\"name\": ", i ? "," : "");
+			json_str(x->name);
+			printf(", \"time\": \"%s\", \"time_ns\": %" PRId64 ", \"files\": %" PRIu64
+			       ", \"logical_bytes\": %" PRIu64 ", \"new_bytes\": %" PRIu64
+			       ", \"state\": \"%s\"}",
+			       damaged ? "" : t, x->time_ns, x->files, x->logical_bytes, x->new_bytes,
+			       state);
+			continue;
+		}
+		fmt_bytes(x->logical_bytes, lb, sizeof(lb));
+		fmt_bytes(x->new_bytes, nb, sizeof(nb));
+		if (damaged)
+			printf("%-24s %-20s %8s %12s %12s %s\n", x->name, "-", "-", "-", "-", state);
+		else
+			printf("%-24s %-20s %8" PRIu64 " %12s %12s %s\n", x->name, t, x->files, lb, nb,
+			       state);
+	}
+	if (json)
+		printf("%s]\n", n ? "\n" : "");
+}
+
 int snap_list(const char *store_dir, int json)
 {
 	struct store_snap_info *v;
@@ -134,37 +172,7 @@ int snap_list(const char *store_dir, int json)
 		say("%s: %s", store_dir, strerror(-rc));
 		return 1;
 	}
-	if (json)
-		putchar('[');
-	else
-		printf("%-24s %-20s %8s %12s %12s %s\n", "NAME", "TIME", "FILES", "LOGICAL", "NEW",
-		       "STATE");
-	for (size_t i = 0; i < n; i++) {
-		const struct store_snap_info *x = &v[i];
-		const char *state = x->state == STORE_SNAP_DAMAGED ? "damaged" : "complete";
-		char t[32], lb[32], nb[32];
-
-		fmt_time(x->time_ns, t, sizeof(t));
-		if (json) {
-			printf("%s\n {\"name\": ", i ? "," : "");
-			json_str(x->name);
-			printf(", \"time\": \"%s\", \"time_ns\": %" PRId64 ", \"files\": %" PRIu64
-			       ", \"logical_bytes\": %" PRIu64 ", \"new_bytes\": %" PRIu64
-			       ", \"state\": \"%s\"}",
-			       x->state ? "" : t, x->time_ns, x->files, x->logical_bytes, x->new_bytes,
-			       state);
-			continue;
-		}
-		fmt_bytes(x->logical_bytes, lb, sizeof(lb));
-		fmt_bytes(x->new_bytes, nb, sizeof(nb));
-		if (x->state == STORE_SNAP_DAMAGED)
-			printf("%-24s %-20s %8s %12s %12s %s\n", x->name, "-", "-", "-", "-", state);
-		else
-			printf("%-24s %-20s %8" PRIu64 " %12s %12s %s\n", x->name, t, x->files, lb, nb,
-			       state);
-	}
-	if (json)
-		printf("%s]\n", n ? "\n" : "");
+	snap_print_list(v, NULL, n, json);
 	free(v);
 	return 0;
 }

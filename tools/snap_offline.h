@@ -23,6 +23,8 @@
 #ifndef MLFS_SNAP_OFFLINE_H
 #define MLFS_SNAP_OFFLINE_H
 
+#include <stddef.h>
+
 /*
  * 1 if argv (argv[0] = the subcommand) asks for an offline subcommand, i.e. names one
  * of the five above and carries --store: mlfs-snap then calls snap_offline_main().
@@ -38,6 +40,12 @@ int snap_restore(const char *store_dir, const char *name, const char *to);
 int snap_verify(const char *store_dir, const char *name);
 int snap_gc(const char *store_dir);
 int snap_delete(const char *store_dir, const char *name);
+
+/* Prints snapshots as `list` does (a table, or JSON with --json). states[i] names the
+ * state of v[i] ("durable", "pending", "damaged", ...); NULL: from v[i].state. */
+struct store_snap_info;
+void snap_print_list(const struct store_snap_info *v, const char *const *states, size_t n,
+		     int json);
 
 /* The usage lines of the offline subcommands, for mlfs-snap's help. */
 extern const char snap_offline_usage[];

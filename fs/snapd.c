@@ -1,0 +1,856 @@
+/*
+ * snapd.c - snapshots in the daemon (contract in snapd.h).
+ *
+ * The life of a snapshot here (the store's own states are in fs/store.c):
+ *
+ *   take ──freeze──> PENDING (queued, frozen tree holds block refs)
+ *                       │ persister: put every block, store_commit
+ *                       ├──ok──> DURABLE (blocks marked stored; refs dropped)
+ *                       └──err─> FAILED (reported to waiters, logged; store_abort)
+ *
+ * Invariants
+ * 1. A job is DURABLE only after store_commit returned 0: list, take --wait and the
+ *    final rule all read this one state.
+ * 2. The frozen tree is never written: its blocks are shared with the live tree, whose
+ *    writers copy them (ckpt.c invariant 5). So the bytes put are the bytes frozen.
+ * 3. A block is marked stored (bc_block_set_stored) only after the commit that names
+ *    its object, so a block dropped from memory is always in a published snapshot.
+ * 4. The persister is the only thread in a store session; gc and delete run between
+ *    jobs, under sd->store_mu, never inside one.
+ */
+#include "fs/snapd.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "cache/bcache.h"
+#include "cache/log.h"
+#include "fs/ckpt.h"
+#include "fs/ctl.h"
+#include "fs/manifest.h"
+#include "fs/mlfs.h"
+#include "fs/store.h"
+
+enum snapd_state { JOB_PENDING, JOB_DURABLE, JOB_FAILED };
+
+struct snapd_job {
+	struct snapd_job *next;
+	char name[MF_NAME_MAX + 1];
+	struct ckpt_frozen *fz;
+	int state, rc;
+	int automatic; /* an autosnap: subject to keep=N */
+	uint64_t total, done, new_bytes, files, logical;
+	int64_t time_ns;
+	int waiters;
+};
+
+struct snapd {
+	struct mlfs *m;
+	struct store *st;
+	int pin_fd;		  /* shared lock on STORE/lock while mounted */
+	pthread_mutex_t store_mu; /* invariant 4 */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct snapd_job *jobs;	  /* oldest first: pending ones, then finished ones */
+	pthread_t persister, autosnap;
+	int started, stopping;
+	uint64_t last_gen;	  /* ckpt generation of the last freeze */
+	int have_last;
+	double delta_s;		  /* last measured persist time */
+	uint64_t delta_bytes;
+};
+
+static void snapd_time_name(char *buf, size_t len, const char *prefix)
+{
+	time_t t = time(NULL);
+	struct tm tm;
+
+	gmtime_r(&t, &tm);
+	snprintf(buf, len, "%s-", prefix);
+	strftime(buf + strlen(buf), len - strlen(buf), "%Y%m%dT%H%M%SZ", &tm);
+}
+
+int snapd_load_block(void *arg, struct bc_block *b, void *buf)
+{
+	struct snapd *sd = arg;
+	int rc = store_get_block(sd->st, b->obj, buf, b->len);
+
+	if (rc >= 0 && (uint32_t)rc != b->len)
+		rc = -EIO;
+	if (rc < 0) {
+		char name[48];
+
+		store_object_name(b->obj, name);
+		log_err("snap: block of a restored file could not be read from the store "
+			"(objects/%s): %s", name, strerror(-rc));
+		atomic_fetch_add(&sd->m->st.csum_errors, rc == -EIO);
+		return rc == -ENOENT ? -EIO : rc;
+	}
+	return 0;
+}
+
+/* Puts block j of entry e (its frozen block b) into the store and fills the manifest's
+ * hash. The block is pinned by our own reference while its buffer is read. */
+static int snapd_put_block(struct snapd *sd, struct mf_block *mb, struct bc_block *b,
+			   int trust_stored, uint64_t *new_bytes)
+{
+	struct bc *bc = sd->m->bc;
+	void *pad = NULL;
+	const void *src;
+	int rc;
+
+	if (trust_stored && (b->flags & BC_STORED)) {
+		memcpy(mb->hash, b->obj, sizeof(mb->hash)); /* unchanged since a snapshot */
+		return 0;
+	}
+	bc_block_get(b);
+	if ((rc = bc_block_load(bc, b)))
+		goto out;
+	src = b->buf;
+	if (b->len < mb->len) {
+		/* The block's tail was never written: zeros (ckpt.c invariant 4). Objects
+		 * always hold a block's whole logical length. */
+		pad = calloc(1, mb->len);
+		if (!pad) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		memcpy(pad, b->buf, b->len);
+		src = pad;
+	}
+	rc = store_put_block(sd->st, src, mb->len, mb->hash, new_bytes);
+out:
+	free(pad);
+	bc_block_put(bc, b);
+	return rc;
+}
+
+/* Steps of one persist, in order; the first failure ends it (store_abort). */
+static int snapd_persist(struct snapd *sd, struct snapd_job *job, int trust_stored)
+{
+	struct mf_manifest *mf = job->fz->mf;
+	uint64_t i, j, nb;
+	int rc;
+
+	job->new_bytes = 0;
+	job->done = 0;
+	for (i = 0; i < mf->nentries; i++) {
+		struct mf_entry *e = &mf->entries[i];
+
+		for (j = 0; job->fz->blocks[i] && j < e->nblocks; j++) {
+			struct bc_block *b = job->fz->blocks[i][j];
+
+			if (!b)
+				continue;
+			nb = 0;
+			if ((rc = snapd_put_block(sd, &e->blocks[j], b, trust_stored, &nb)))
+				return rc;
+			job->new_bytes += nb;
+			pthread_mutex_lock(&sd->mu);
+			job->done += e->blocks[j].len;
+			pthread_mutex_unlock(&sd->mu);
+		}
+	}
+	mf->new_bytes = job->new_bytes;
+	return store_commit(sd->st, mf);
+}
+
+/* Marks every block of a committed job stored (invariant 3). */
+static void snapd_mark_stored(struct snapd *sd, struct snapd_job *job)
+{
+	struct mf_manifest *mf = job->fz->mf;
+
+	for (uint64_t i = 0; i < mf->nentries; i++)
+		for (uint64_t j = 0; job->fz->blocks[i] && j < mf->entries[i].nblocks; j++)
+			if (job->fz->blocks[i][j])
+				bc_block_set_stored(sd->m->bc, job->fz->blocks[i][j],
+						    mf->entries[i].blocks[j].hash);
+}
+
+static void snapd_retention(struct snapd *sd);
+
+static void snapd_run_job(struct snapd *sd, struct snapd_job *job)
+{
+	uint64_t t0 = mlfs_now_ns();
+	int rc;
+
+	pthread_mutex_lock(&sd->store_mu);
+	rc = snapd_persist(sd, job, 1);
+	if (rc == -ENOENT) {
+		/* An object we knew as stored is gone (a gc after its snapshot was deleted):
+		 * put everything again rather than trust memory. */
+		store_abort(sd->st);
+		log_warn("snap: %s: an object thought stored is missing; writing all blocks",
+			 job->name);
+		rc = snapd_persist(sd, job, 0);
+	}
+	if (rc)
+		store_abort(sd->st);
+	else
+		snapd_mark_stored(sd, job);
+	pthread_mutex_unlock(&sd->store_mu);
+
+	double secs = (mlfs_now_ns() - t0) / 1e9;
+
+	if (rc)
+		log_err("snap: persist of %s failed: %s; earlier snapshots are intact", job->name,
+			strerror(-rc));
+	else
+		log_info("snap: %s durable: %" PRIu64 " files, %" PRIu64 " bytes, %" PRIu64
+			 " new, %.2f s", job->name, job->files, job->logical, job->new_bytes, secs);
+	pthread_mutex_lock(&sd->mu);
+	job->state = rc ? JOB_FAILED : JOB_DURABLE;
+	job->rc = rc;
+	if (!rc) {
+		sd->delta_s = secs;
+		sd->delta_bytes = job->total;
+	}
+	ckpt_frozen_free(sd->m->ckpt, job->fz);
+	job->fz = NULL;
+	pthread_cond_broadcast(&sd->cv);
+	pthread_mutex_unlock(&sd->mu);
+	if (!rc && job->automatic)
+		snapd_retention(sd);
+}
+
+/* Finished jobs nobody waits for are forgotten; the store remembers durable ones. */
+static void snapd_reap_locked(struct snapd *sd)
+{
+	struct snapd_job **pp = &sd->jobs;
+
+	while (*pp) {
+		struct snapd_job *j = *pp;
+
+		if (j->state != JOB_PENDING && !j->waiters) {
+			*pp = j->next;
+			free(j);
+		} else {
+			pp = &j->next;
+		}
+	}
+}
+
+static void *snapd_persister(void *arg)
+{
+	struct snapd *sd = arg;
+
+	pthread_mutex_lock(&sd->mu);
+	for (;;) {
+		struct snapd_job *job;
+
+		for (job = sd->jobs; job && job->state != JOB_PENDING; job = job->next)
+			;
+		if (!job) {
+			if (sd->stopping)
+				break;
+			pthread_cond_wait(&sd->cv, &sd->mu);
+			continue;
+		}
+		pthread_mutex_unlock(&sd->mu);
+		snapd_run_job(sd, job);
+		pthread_mutex_lock(&sd->mu);
+		snapd_reap_locked(sd);
+	}
+	pthread_mutex_unlock(&sd->mu);
+	return NULL;
+}
+
+static int snapd_name_taken_locked(struct snapd *sd, const char *name)
+{
+	char path[PATH_MAX];
+	struct stat st;
+
+	for (struct snapd_job *j = sd->jobs; j; j = j->next)
+		if (j->state == JOB_PENDING && !strcmp(j->name, name))
+			return 1;
+	snprintf(path, sizeof(path), "%s/snaps/%s", store_path(sd->st), name);
+	return stat(path, &st) == 0;
+}
+
+/* Freezes MOUNT/ckpt as snapshot name and queues it. *out is the job, held for the
+ * caller (job->waiters) until snapd_wait or snapd_release. */
+static int snapd_take(struct snapd *sd, const char *name, int automatic,
+		      struct snapd_job **out)
+{
+	struct snapd_job *job;
+	int rc;
+
+	if ((rc = store_name_valid(name)))
+		return rc;
+	job = calloc(1, sizeof(*job));
+	if (!job)
+		return -ENOMEM;
+	snprintf(job->name, sizeof(job->name), "%s", name);
+	job->automatic = automatic;
+	pthread_mutex_lock(&sd->mu);
+	if (snapd_name_taken_locked(sd, name)) {
+		pthread_mutex_unlock(&sd->mu);
+		free(job);
+		return -EEXIST;
+	}
+	/* Freeze under sd->mu so two takes cannot interleave their order in the queue;
+	 * the freeze itself is pointer work (ckpt.h). */
+	rc = ckpt_freeze(sd->m->ckpt, name, &job->fz);
+	if (rc) {
+		pthread_mutex_unlock(&sd->mu);
+		free(job);
+		return rc;
+	}
+	job->total = job->fz->bytes;
+	job->files = job->fz->mf->files;
+	job->logical = job->fz->mf->logical_bytes;
+	job->time_ns = job->fz->mf->time_ns;
+	job->waiters = 1; /* the caller's: snapd_wait or snapd_release drops it */
+	sd->last_gen = job->fz->gen;
+	sd->have_last = 1;
+	struct snapd_job **pp = &sd->jobs;
+
+	while (*pp)
+		pp = &(*pp)->next;
+	*pp = job;
+	pthread_cond_broadcast(&sd->cv);
+	pthread_mutex_unlock(&sd->mu);
+	*out = job;
+	return 0;
+}
+
+/* Waits for job to leave PENDING, until deadline_ns (0: forever); calls progress every
+ * 200 ms meanwhile. Drops the caller's waiter count. Returns the job's result. */
+static int snapd_wait(struct snapd *sd, struct snapd_job *job, uint64_t deadline_ns,
+		      void (*progress)(void *arg, uint64_t done, uint64_t total), void *arg)
+{
+	int rc;
+
+	pthread_mutex_lock(&sd->mu);
+	while (job->state == JOB_PENDING) {
+		struct timespec ts;
+		uint64_t done = job->done, total = job->total;
+
+		if (deadline_ns && mlfs_now_ns() >= deadline_ns) {
+			job->waiters--;
+			pthread_mutex_unlock(&sd->mu);
+			return -ETIMEDOUT;
+		}
+		if (progress) {
+			pthread_mutex_unlock(&sd->mu);
+			progress(arg, done, total);
+			pthread_mutex_lock(&sd->mu);
+		}
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 200000000;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&sd->cv, &sd->mu, &ts);
+	}
+	rc = job->rc;
+	job->waiters--;
+	snapd_reap_locked(sd);
+	pthread_mutex_unlock(&sd->mu);
+	return rc;
+}
+
+static void snapd_release(struct snapd *sd, struct snapd_job *job)
+{
+	pthread_mutex_lock(&sd->mu);
+	job->waiters--;
+	snapd_reap_locked(sd);
+	pthread_mutex_unlock(&sd->mu);
+}
+
+static void ctl_progress(void *arg, uint64_t done, uint64_t total)
+{
+	ctl_out(arg, "progress %.1f%% of %.1f MiB persisted", total ? 100.0 * done / total : 100.0,
+		total / 1048576.0);
+}
+
+static struct snapd *snapd_of(struct mlfs *m);
+
+static int ctl_take(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
+{
+	struct snapd *sd = snapd_of(m);
+	struct snapd_job *job;
+	int wait = 0, i, rc;
+	const char *name = NULL;
+
+	for (i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--wait"))
+			wait = 1;
+		else if (!name)
+			name = argv[i];
+		else
+			return ctl_fail(r, "take: unexpected argument '%s'", argv[i]), -EINVAL;
+	}
+	if (!name)
+		return ctl_fail(r, "take: a snapshot NAME is needed"), -EINVAL;
+	if ((rc = snapd_take(sd, name, 0, &job))) {
+		if (rc == -EINVAL)
+			ctl_fail(r, "take: bad snapshot name (no '/', no leading '.', no control "
+				    "characters, at most 255 bytes, not 'latest')");
+		else if (rc == -EEXIST)
+			ctl_fail(r, "take: a snapshot named '%s' exists already", name);
+		else
+			ctl_fail(r, "take: %s", strerror(-rc));
+		return rc;
+	}
+	ctl_out(r, "taken %s: %" PRIu64 " files, %" PRIu64 " bytes frozen", name, job->files,
+		job->logical);
+	if (!wait) {
+		snapd_release(sd, job);
+		return 0;
+	}
+	rc = snapd_wait(sd, job, 0, ctl_progress, r);
+	if (rc)
+		return ctl_fail(r, "take: persist of '%s' failed: %s", name, strerror(-rc)), rc;
+	ctl_out(r, "durable %s", name);
+	return 0;
+}
+
+static int ctl_list(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
+{
+	struct snapd *sd = snapd_of(m);
+	struct store_snap_info *v;
+	size_t n;
+	int rc;
+
+	struct snapd_job *j;
+	size_t k;
+
+	pthread_mutex_lock(&sd->store_mu);
+	rc = store_list(sd->st, STORE_LIST_DAMAGED, &v, &n);
+	pthread_mutex_unlock(&sd->store_mu);
+	if (rc)
+		return ctl_fail(r, "list: %s", strerror(-rc)), rc;
+	/* One record a line: NAME TIME_NS FILES LOGICAL NEW STATE, tab separated; the
+	 * client prints them as the offline list does. */
+	for (size_t i = 0; i < n; i++)
+		ctl_out(r, "snap\t%s\t%" PRId64 "\t%" PRIu64 "\t%" PRIu64 "\t%" PRIu64 "\t%s",
+			v[i].name, v[i].time_ns, v[i].files, v[i].logical_bytes, v[i].new_bytes,
+			v[i].state == STORE_SNAP_DAMAGED ? "damaged" : "durable");
+	/* Jobs still pending after the store was read; one that committed just before
+	 * is in the store's list already and is not shown twice. */
+	pthread_mutex_lock(&sd->mu);
+	for (j = sd->jobs; j; j = j->next) {
+		int listed = 0;
+
+		for (k = 0; k < n; k++)
+			listed |= !strcmp(v[k].name, j->name);
+		if (j->state == JOB_PENDING && !listed)
+			ctl_out(r, "snap\t%s\t%" PRId64 "\t%" PRIu64 "\t%" PRIu64 "\t%" PRIu64
+				   "\tpending", j->name, j->time_ns, j->files, j->logical,
+				j->new_bytes);
+	}
+	pthread_mutex_unlock(&sd->mu);
+	free(v);
+	return 0;
+}
+
+/* Restores name (or "latest") into MOUNT/ckpt; tells the kernel to forget the old
+ * names when mounted. */
+static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t msglen)
+{
+	char name[MF_NAME_MAX + 1], **old = NULL;
+	struct mf_manifest *mf = NULL;
+	size_t nold = 0, i;
+	int rc;
+
+	pthread_mutex_lock(&sd->store_mu);
+	if (!strcmp(want, "latest"))
+		rc = store_latest(sd->st, name);
+	else
+		rc = store_name_valid(want) ? -EINVAL
+					    : (snprintf(name, sizeof(name), "%s", want), 0);
+	if (!rc)
+		rc = store_load_manifest(sd->st, name, &mf);
+	pthread_mutex_unlock(&sd->store_mu);
+	if (rc) {
+		snprintf(msg, msglen, rc == -ENOENT ? "no snapshot '%s' in %s"
+				      : rc == -EIO ? "snapshot '%s' in %s is damaged (see verify)"
+				      : rc == -EINVAL ? "bad snapshot name '%s' (store %s)"
+				      : "cannot read snapshot '%s' in %s",
+			 want, store_path(sd->st));
+		return rc;
+	}
+	rc = ckpt_restore(sd->m->ckpt, mf, &old, &nold);
+	if (rc == -EINVAL)
+		snprintf(msg, msglen, "snapshot '%s' does not fit this mount (block size %u)",
+			 name, sd->m->cfg.block_size);
+	else if (rc)
+		snprintf(msg, msglen, "restore of '%s': %s", name, strerror(-rc));
+	else
+		snprintf(msg, msglen, "restored %s: %" PRIu64 " files, %" PRIu64 " bytes", name,
+			 mf->files, mf->logical_bytes);
+	if (!rc) {
+		pthread_mutex_lock(&sd->mu);
+		sd->last_gen = ckpt_generation(sd->m->ckpt);
+		sd->have_last = 1;
+		pthread_mutex_unlock(&sd->mu);
+	}
+	mf_free(mf);
+	/* The kernel may hold the old names and their attributes: drop them. Done with
+	 * no lock held (the kernel may call back into us). */
+	for (i = 0; i < nold; i++) {
+		if (sd->m->se && old[i])
+			fuse_lowlevel_notify_inval_entry(sd->m->se,
+							 (fuse_ino_t)ckpt_root(sd->m->ckpt),
+							 old[i], strlen(old[i]));
+		free(old[i]);
+	}
+	free(old);
+	if (sd->m->se)
+		fuse_lowlevel_notify_inval_inode(sd->m->se, (fuse_ino_t)ckpt_root(sd->m->ckpt), 0, 0);
+	return rc;
+}
+
+static int ctl_restore(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
+{
+	char msg[512];
+	int rc;
+
+	if (argc != 2)
+		return ctl_fail(r, "restore: one NAME (or latest) is needed"), -EINVAL;
+	rc = snapd_restore(snapd_of(m), argv[1], msg, sizeof(msg));
+	if (rc)
+		return ctl_fail(r, "restore: %s", msg), rc;
+	ctl_out(r, "%s", msg);
+	return 0;
+}
+
+static int ctl_delete(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
+{
+	struct snapd *sd = snapd_of(m);
+	int rc;
+
+	if (argc != 2)
+		return ctl_fail(r, "delete: one NAME is needed"), -EINVAL;
+	if (store_name_valid(argv[1]))
+		return ctl_fail(r, "delete: bad snapshot name '%s'", argv[1]), -EINVAL;
+	pthread_mutex_lock(&sd->mu);
+	for (struct snapd_job *j = sd->jobs; j; j = j->next) {
+		if (j->state == JOB_PENDING && !strcmp(j->name, argv[1])) {
+			pthread_mutex_unlock(&sd->mu);
+			return ctl_fail(r, "delete: '%s' is still being persisted", argv[1]), -EBUSY;
+		}
+	}
+	pthread_mutex_unlock(&sd->mu);
+	pthread_mutex_lock(&sd->store_mu);
+	rc = store_delete(sd->st, argv[1]);
+	pthread_mutex_unlock(&sd->store_mu);
+	if (rc == -ENOENT)
+		return ctl_fail(r, "delete: no snapshot '%s'", argv[1]), rc;
+	if (rc)
+		return ctl_fail(r, "delete: %s", strerror(-rc)), rc;
+	ctl_out(r, "deleted %s (its objects go at the next gc)", argv[1]);
+	return 0;
+}
+
+/* gc keeping the objects the live tree reads: invariant 4 (between jobs) and our own
+ * shared pin released for the duration, since gc needs the lock exclusive. */
+static int snapd_gc(struct snapd *sd, uint64_t *objs, uint64_t *bytes)
+{
+	uint8_t (*keep)[16] = NULL;
+	size_t n = 0;
+	int rc;
+
+	pthread_mutex_lock(&sd->store_mu);
+	rc = ckpt_stored_objects(sd->m->ckpt, &keep, &n);
+	if (!rc) {
+		flock(sd->pin_fd, LOCK_UN);
+		rc = store_gc_keep(sd->st, (const uint8_t (*)[16])keep, n, objs, bytes);
+		flock(sd->pin_fd, LOCK_SH);
+	}
+	pthread_mutex_unlock(&sd->store_mu);
+	free(keep);
+	return rc;
+}
+
+static int ctl_gc(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
+{
+	uint64_t objs = 0, bytes = 0;
+	int rc = snapd_gc(snapd_of(m), &objs, &bytes);
+
+	if (rc == -EBUSY)
+		return ctl_fail(r, "gc: the store is in use (a snapshot being written, or another "
+				   "daemon's tree); try again later"), rc;
+	if (rc)
+		return ctl_fail(r, "gc: %s", strerror(-rc)), rc;
+	ctl_out(r, "gc: removed %" PRIu64 " objects, %" PRIu64 " bytes", objs, bytes);
+	return 0;
+}
+
+/* The Young/Daly interval sqrt(2 * delta * MTBF): delta is the last measured persist
+ * time; before any, an estimate from the bytes a snapshot would hold now at a modest
+ * 200 MB/s, plus a second. */
+static double snapd_interval(struct snapd *sd, double *delta, int *measured)
+{
+	struct bc_stats bs;
+
+	pthread_mutex_lock(&sd->mu);
+	*measured = sd->delta_s > 0;
+	*delta = sd->delta_s;
+	pthread_mutex_unlock(&sd->mu);
+	if (!*measured) {
+		bc_get_stats(sd->m->bc, &bs);
+		*delta = 1.0 + (double)(bs.ckpt_blocks * bs.block_size) / 200e6;
+	}
+	return sqrt(2.0 * *delta * sd->m->cfg.mtbf_s);
+}
+
+static int ctl_advise(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
+{
+	struct snapd *sd = snapd_of(m);
+	double delta, iv;
+	int measured;
+
+	iv = snapd_interval(sd, &delta, &measured);
+	ctl_out(r, "interval %.0f s (Young/Daly: sqrt(2 * delta * MTBF))", iv);
+	ctl_out(r, "delta    %.2f s (%s)", delta,
+		measured ? "the last snapshot's measured persist time"
+			 : "estimated: no snapshot persisted yet");
+	ctl_out(r, "mtbf     %.0f s (-o mtbf%s)", m->cfg.mtbf_s,
+		m->cfg.mtbf_given ? "" : ", default");
+	if (m->cfg.autosnap_auto)
+		ctl_out(r, "autosnap auto: snapshots are taken at this interval");
+	else if (m->cfg.autosnap_s > 0)
+		ctl_out(r, "autosnap every %.0f s (fixed by -o autosnap)", m->cfg.autosnap_s);
+	else
+		ctl_out(r, "autosnap off (-o autosnap=auto to follow this advice)");
+	return 0;
+}
+
+/* keep=N: the oldest automatic snapshots beyond N go, then their objects (gc). */
+static void snapd_retention(struct snapd *sd)
+{
+	struct store_snap_info *v;
+	size_t n, nauto = 0, i;
+	unsigned keep = sd->m->cfg.keep;
+
+	if (!keep)
+		return;
+	pthread_mutex_lock(&sd->store_mu);
+	if (store_list(sd->st, 0, &v, &n)) {
+		pthread_mutex_unlock(&sd->store_mu);
+		return;
+	}
+	for (i = 0; i < n; i++)
+		nauto += !strncmp(v[i].name, "auto-", 5);
+	for (i = 0; i < n && nauto > keep; i++) { /* store_list is oldest first */
+		if (strncmp(v[i].name, "auto-", 5))
+			continue;
+		if (!store_delete(sd->st, v[i].name))
+			log_info("snap: keep=%u: deleted %s", keep, v[i].name);
+		nauto--;
+	}
+	pthread_mutex_unlock(&sd->store_mu);
+	free(v);
+	uint64_t objs, bytes;
+
+	if (!snapd_gc(sd, &objs, &bytes) && objs)
+		log_info("snap: gc removed %" PRIu64 " objects (%" PRIu64 " bytes)", objs, bytes);
+}
+
+static void *snapd_autosnap(void *arg)
+{
+	struct snapd *sd = arg;
+	struct mlfs *m = sd->m;
+
+	for (;;) {
+		double delta, iv = m->cfg.autosnap_s;
+		struct timespec ts;
+		int measured, rc;
+		char name[64];
+
+		if (m->cfg.autosnap_auto)
+			iv = snapd_interval(sd, &delta, &measured);
+		if (iv < 1)
+			iv = 1;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_sec += (time_t)iv;
+		pthread_mutex_lock(&sd->mu);
+		while (!sd->stopping && pthread_cond_timedwait(&sd->cv, &sd->mu, &ts) != ETIMEDOUT)
+			;
+		int stop = sd->stopping;
+		int changed = !sd->have_last || ckpt_generation(m->ckpt) != sd->last_gen;
+
+		pthread_mutex_unlock(&sd->mu);
+		if (stop)
+			break;
+		if (!changed)
+			continue;
+		snapd_time_name(name, sizeof(name), "auto");
+		struct snapd_job *job;
+
+		if ((rc = snapd_take(sd, name, 1, &job)))
+			log_err("snap: autosnap %s: %s", name, strerror(-rc));
+		else
+			snapd_release(sd, job);
+	}
+	return NULL;
+}
+
+static struct snapd *snapd_the; /* one mount per daemon: see mlfs.h */
+
+static struct snapd *snapd_of(struct mlfs *m)
+{
+	return snapd_the;
+}
+
+int snapd_new(struct mlfs *m, struct snapd **out)
+{
+	char path[PATH_MAX], msg[512];
+	struct snapd *sd = calloc(1, sizeof(*sd));
+	int rc;
+
+	if (!sd)
+		return -ENOMEM;
+	sd->m = m;
+	sd->pin_fd = -1;
+	pthread_mutex_init(&sd->mu, NULL);
+	pthread_mutex_init(&sd->store_mu, NULL);
+	pthread_cond_init(&sd->cv, NULL);
+	if ((rc = store_open(m->cfg.store, STORE_CREATE, &sd->st))) {
+		fprintf(stderr, "mlfs: store %s: %s\n", m->cfg.store,
+			rc == -EINVAL ? "not an mlfs store (no valid FORMAT file)"
+			: rc == -EPROTONOSUPPORT ? "made by another mlfs version" : strerror(-rc));
+		goto out_free;
+	}
+	snprintf(path, sizeof(path), "%s/lock", store_path(sd->st));
+	sd->pin_fd = open(path, O_RDWR | O_CLOEXEC);
+	if (sd->pin_fd < 0 || flock(sd->pin_fd, LOCK_SH)) {
+		rc = -errno;
+		fprintf(stderr, "mlfs: store %s: cannot lock: %s\n", m->cfg.store, strerror(-rc));
+		goto out_close;
+	}
+	snapd_the = sd;
+	if (m->cfg.restore) {
+		rc = snapd_restore(sd, m->cfg.restore, msg, sizeof(msg));
+		if (rc == -ENOENT && !strcmp(m->cfg.restore, "latest")) {
+			log_info("restore=latest: the store %s has no snapshot yet; starting empty",
+				 m->cfg.store);
+		} else if (rc) {
+			fprintf(stderr, "mlfs: restore=%s: %s\n", m->cfg.restore, msg);
+			goto out_close;
+		} else {
+			log_info("%s", msg);
+		}
+	}
+	ctl_register(m->ctl, "snap-take", ctl_take);
+	ctl_register(m->ctl, "snap-list", ctl_list);
+	ctl_register(m->ctl, "snap-restore", ctl_restore);
+	ctl_register(m->ctl, "snap-delete", ctl_delete);
+	ctl_register(m->ctl, "snap-gc", ctl_gc);
+	ctl_register(m->ctl, "snap-advise", ctl_advise);
+	*out = sd;
+	return 0;
+
+out_close:
+	snapd_the = NULL;
+	if (sd->pin_fd >= 0)
+		close(sd->pin_fd);
+	store_close(sd->st);
+out_free:
+	free(sd);
+	return rc ? rc : -EIO;
+}
+
+int snapd_start(struct snapd *sd)
+{
+	int rc = pthread_create(&sd->persister, NULL, snapd_persister, sd);
+
+	if (rc)
+		return -rc;
+	sd->started = 1;
+	if (sd->m->cfg.autosnap_s > 0 || sd->m->cfg.autosnap_auto) {
+		if ((rc = pthread_create(&sd->autosnap, NULL, snapd_autosnap, sd)))
+			return -rc;
+		sd->started = 2;
+	}
+	return 0;
+}
+
+int snapd_finish(struct snapd *sd, const char *why, int deadline_s)
+{
+	uint64_t deadline = deadline_s ? mlfs_now_ns() + (uint64_t)deadline_s * 1000000000ull : 0;
+	struct snapd_job *job = NULL, *last = NULL;
+	char name[64];
+	int changed, rc = 0;
+
+	pthread_mutex_lock(&sd->mu);
+	changed = !sd->have_last || ckpt_generation(sd->m->ckpt) != sd->last_gen;
+	/* An empty tree that never held anything has nothing to save. */
+	if (!sd->have_last && ckpt_generation(sd->m->ckpt) == 0)
+		changed = 0;
+	pthread_mutex_unlock(&sd->mu);
+	if (changed) {
+		snapd_time_name(name, sizeof(name), why);
+		rc = snapd_take(sd, name, 0, &job);
+		if (rc)
+			log_err("snap: %s: final snapshot %s not taken: %s", why, name, strerror(-rc));
+	}
+	/* Wait for everything queued, in order: the last job finishes last. */
+	pthread_mutex_lock(&sd->mu);
+	for (struct snapd_job *j = sd->jobs; j; j = j->next)
+		if (j->state == JOB_PENDING)
+			last = j;
+	if (last && last != job)
+		last->waiters++;
+	pthread_mutex_unlock(&sd->mu);
+	if (job) {
+		rc = snapd_wait(sd, job, deadline, NULL, NULL);
+		log_info("snap: %s: final snapshot %s %s", why, name,
+			 rc ? strerror(-rc) : "durable");
+	}
+	if (last && last != job) {
+		int r2 = snapd_wait(sd, last, deadline, NULL, NULL);
+
+		rc = rc ? rc : r2;
+	}
+	if (rc == -ETIMEDOUT)
+		log_err("snap: %s: the %d s deadline passed before everything was persisted; "
+			"snapshots not yet durable are lost, durable ones are intact", why,
+			deadline_s);
+	else if (!changed && !rc)
+		log_info("snap: %s: nothing changed since the last snapshot", why);
+	return rc;
+}
+
+void snapd_free(struct snapd *sd)
+{
+	if (!sd)
+		return;
+	pthread_mutex_lock(&sd->mu);
+	sd->stopping = 1;
+	pthread_cond_broadcast(&sd->cv);
+	pthread_mutex_unlock(&sd->mu);
+	if (sd->started >= 2)
+		pthread_join(sd->autosnap, NULL);
+	/* The persister finishes the job it is in (snapd_finish waited, or its deadline
+	 * passed: then the process exits right after and the job dies unpublished). */
+	if (sd->started)
+		pthread_join(sd->persister, NULL);
+	while (sd->jobs) {
+		struct snapd_job *j = sd->jobs;
+
+		sd->jobs = j->next;
+		ckpt_frozen_free(sd->m->ckpt, j->fz);
+		free(j);
+	}
+	if (sd->pin_fd >= 0)
+		close(sd->pin_fd);
+	store_close(sd->st);
+	snapd_the = NULL;
+	free(sd);
+}

@@ -1,0 +1,51 @@
+/*
+ * snapd.h - the daemon's side of snapshots: take, persist, list, restore, delete, gc,
+ * preemption and periodic insurance snapshots. (mlfs-snap is the client; fs/store.h is
+ * the durable store; fs/ckpt.h freezes and restores the tree.)
+ *
+ * Contract
+ * - take freezes MOUNT/ckpt copy on write (milliseconds, whatever its size) and queues
+ *   the frozen tree for the persister thread; `take --wait` returns once the store's
+ *   commit protocol has published it (fs/store.h). A snapshot is "pending" until then,
+ *   "durable" after; one whose persist failed is reported and dropped, never listed as
+ *   durable. Persists run one at a time, in the order taken.
+ * - restore swaps MOUNT/ckpt to a snapshot's tree at once; blocks come from the store on
+ *   first read, verified (snapd_load_block is the block cache's loader for them).
+ * - The final rule (mlfs.8 NOTES): when the daemon stops, on SIGTERM or a clean unmount,
+ *   and MOUNT/ckpt changed since the last snapshot, it takes one more snapshot (named
+ *   preempt-<UTC time> or unmount-<UTC time>) and persists everything pending: within
+ *   preempt_deadline seconds on SIGTERM, to the end on unmount. Without a store there is
+ *   nothing durable: MOUNT/ckpt lives and dies with the daemon.
+ * - While mounted with a store, the daemon holds a shared lock on it (STORE/lock), so an
+ *   offline `mlfs-snap gc --store` elsewhere gets EBUSY instead of deleting objects that
+ *   a lazily restored tree still reads; `mlfs-snap gc MOUNT` runs gc in the daemon,
+ *   which keeps those objects.
+ *
+ * Thread safety: all entry points from any thread. Blocking: take --wait, restore,
+ * delete, gc and snapd_finish do store I/O; the persister thread does the bulk.
+ */
+#ifndef MLFS_SNAPD_H
+#define MLFS_SNAPD_H
+
+#include <stdint.h>
+
+struct mlfs;
+struct snapd;
+struct bc_block;
+
+/* Opens (creating if new) the store at m->cfg.store and registers the snap-* control
+ * commands; with -o restore, restores that snapshot ("latest": the newest, or an empty
+ * tree with a log line if the store has none). No thread is started yet. */
+int snapd_new(struct mlfs *m, struct snapd **out);
+/* Starts the persister (and autosnap) threads: after the daemon forked. */
+int snapd_start(struct snapd *sd);
+/* The final rule above. why is "preempt" or "unmount"; deadline_s 0 waits to the end.
+ * Returns 0 when everything taken is durable, -ETIMEDOUT or the persist's -errno. */
+int snapd_finish(struct snapd *sd, const char *why, int deadline_s);
+void snapd_free(struct snapd *sd);
+
+/* Loads a BC_STORED block's bytes from the store into buf (b->len bytes), verified:
+ * the block cache's loader for blocks that are only in the store. */
+int snapd_load_block(void *sd, struct bc_block *b, void *buf);
+
+#endif
