@@ -114,7 +114,7 @@ struct tier {
 	unsigned inflight;	/* invariant 5 */
 	uint64_t inflight_bytes;
 	bool full;		/* invariant 6 */
-	uint64_t full_ms, fail_until_ms;
+	uint64_t full_ms, fail_until_ms, full_said_ms;
 	uint64_t cut_ns;	/* last cut not yet answered (0: none) */
 	bool want_response, want_settle;
 	uint64_t freed_since_trim;
@@ -217,15 +217,18 @@ static bool tier_can_spill(struct tier *t)
 
 static void tier_note_enospc(struct tier *t)
 {
-	bool first;
+	bool say;
 
 	atomic_fetch_add(&t->enospc, 1);
 	pthread_mutex_lock(&t->mu);
-	first = !t->full;
+	/* One line per episode, and at most one per 10 s while it flaps. */
+	say = !t->full && (!t->full_said_ms || tier_now_ms() >= t->full_said_ms + 10000);
+	if (say)
+		t->full_said_ms = tier_now_ms();
 	t->full = true;
 	t->full_ms = tier_now_ms();
 	pthread_mutex_unlock(&t->mu);
-	if (first)
+	if (say)
 		log_warn("tier: spill dir %s is full: dropping clean blocks, keeping dirty ones "
 			 "in memory", t->cfg.spill_dir);
 }
@@ -907,4 +910,9 @@ void tier_get_stats(struct tier *t, struct tier_stats *st)
 		st->have_gov = 1;
 		gov_get_inputs(t->gov, &st->gov);
 	}
+}
+
+int tier_debug_spill_fd(struct tier *t)
+{
+	return t->sp ? spill_debug_fd(t->sp) : -1;
 }

@@ -129,4 +129,7 @@ struct tier_stats {
 };
 void tier_get_stats(struct tier *t, struct tier_stats *st);
 
+/* Test only: the spill file's descriptor (spill_debug_fd), -1 without a spill tier. */
+int tier_debug_spill_fd(struct tier *t);
+
 #endif

@@ -1,0 +1,450 @@
+/*
+ * test_tier.c - unit tests for tiering/tier.c with a real block cache and a spill dir in
+ * /tmp (no FUSE, no governor: the test moves the budget): the trim loop brings mem_bytes
+ * under the budget in policy order (data before checkpoints, dirty checkpoints spilled,
+ * never dropped), spilled blocks reload byte-exact through bc_block_load, the background
+ * refill brings dirty checkpoint blocks back first, a corrupted spill copy is -EIO (data
+ * unhashed for the caller's SOURCE fallback, a stored checkpoint block fetched from the
+ * store), and a full spill dir keeps dirty blocks resident and makes writes fail ENOSPC.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "cache/bcache.h"
+#include "tests/unit/test.h"
+#include "tiering/tier.h"
+
+#define BS (64u << 10)
+#define BIG (1ull << 30)
+
+static char spill_dir[] = "/tmp/test_tier.XXXXXX";
+
+/* Deterministic contents: block (cls, file, idx) always holds the same bytes; even data
+ * blocks compress, the rest are random (incompressible, like JPEG). */
+static void fill(void *p, size_t n, uint64_t seed, int compressible)
+{
+	uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+	unsigned char *b = p;
+
+	for (size_t i = 0; i < n; i++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		b[i] = compressible ? (unsigned char)("epoch tensor batch "[i % 19] + (i % 4096 == 0))
+				    : (unsigned char)x;
+	}
+	if (compressible)
+		memcpy(b, &seed, sizeof(seed));
+}
+
+static uint64_t data_seed(uint64_t idx)
+{
+	return 1000 + idx;
+}
+
+static uint64_t ckpt_seed(unsigned i)
+{
+	return 500000 + i;
+}
+
+static const struct bc_fid fid1 = { .hi = 0x1234, .lo = 0x5678 };
+
+static void add_data(struct bc *bc, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++) {
+		struct bc_block *b = bc_block_new(bc, BC_DATA, BS), *r;
+
+		fill(b->buf, BS, data_seed(i), i % 2 == 0);
+		b->csum = XXH3_64bits(b->buf, BS);
+		r = bc_insert(bc, b, &fid1, i);
+		EXPECT(r == b);
+		bc_block_put(bc, r); /* the cache keeps its own reference */
+	}
+}
+
+/* Checkpoint blocks as a file map would own them: the caller keeps the one reference. */
+static void add_ckpt(struct bc *bc, struct bc_block **ck, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++) {
+		ck[i] = bc_block_new(bc, BC_CKPT, BS);
+		EXPECT_EQ(bc_write_begin(bc, ck[i]), 0);
+		fill(ck[i]->buf, BS, ckpt_seed(i), 0);
+		ck[i]->len = BS;
+		bc_write_end(bc, ck[i]);
+	}
+}
+
+/* 0 if data block idx reads back byte-exact, -ENOENT if the cache forgot it, or the
+ * load's -errno. */
+static int check_data(struct bc *bc, uint64_t idx)
+{
+	static char want[BS];
+	struct bc_block *b = bc_lookup(bc, &fid1, idx);
+	int rc;
+
+	if (!b)
+		return -ENOENT;
+	rc = bc_block_load(bc, b);
+	if (!rc) {
+		fill(want, BS, data_seed(idx), idx % 2 == 0);
+		rc = b->len == BS && !memcmp(b->buf, want, BS) ? 0 : -EBADMSG;
+	}
+	bc_block_put(bc, b);
+	return rc;
+}
+
+static int check_ckpt(struct bc *bc, struct bc_block *b, unsigned i)
+{
+	static char want[BS];
+	int rc;
+
+	bc_block_get(b); /* as ckpt_read does: our reference pins the buffer */
+	rc = bc_block_load(bc, b);
+	if (!rc) {
+		fill(want, BS, ckpt_seed(i), 0);
+		rc = b->len == BS && !memcmp(b->buf, want, BS) ? 0 : -EBADMSG;
+	}
+	bc_block_put(bc, b);
+	return rc;
+}
+
+static struct tier *make_tier(struct bc *bc, uint64_t spill_max, enum tier_drop drop)
+{
+	struct tier_config c;
+	struct tier *t = NULL;
+
+	tier_config_defaults(&c);
+	c.use_gov = 0;
+	c.spill_dir = spill_dir;
+	c.spill_max = spill_max;
+	c.drop = drop;
+	EXPECT_EQ(tier_new(&c, bc, &t), 0);
+	return t;
+}
+
+static struct bc_stats cstats(struct bc *bc)
+{
+	struct bc_stats st;
+
+	bc_get_stats(bc, &st);
+	return st;
+}
+
+static struct tier_stats tstats(struct tier *t)
+{
+	struct tier_stats st;
+
+	tier_get_stats(t, &st);
+	return st;
+}
+
+/* Trim in policy order, reload on demand, rule A frees, background refill. */
+static void test_trim_and_reload(void)
+{
+	struct bc *bc;
+	struct bc_block *ck[16];
+	struct tier *t;
+	uint64_t mem;
+	unsigned i;
+	int bad = 0;
+
+	EXPECT_EQ(bc_new(BS, BIG, &bc), 0);
+	t = make_tier(bc, 0, TIER_DROP_NEVER);
+	add_data(bc, 64);
+	add_ckpt(bc, ck, 16);
+	mem = bc_mem_bytes(bc);
+	EXPECT_EQ(mem, 80ull * BS);
+
+	/* Half the data must go: data leaves first, checkpoints stay (policy order). */
+	tier_set_budget(t, mem - 32ull * BS);
+	EXPECT_EQ(tier_settle(t, 5000), 0);
+	EXPECT(bc_mem_bytes(bc) <= bc_budget(bc));
+	EXPECT_EQ(cstats(bc).ckpt_resident, 16);
+	EXPECT_EQ(cstats(bc).data_blocks, 64); /* spilled, not dropped (drop=never) */
+	EXPECT(tstats(t).spill_ops >= 32);
+	EXPECT(tstats(t).spilled_bytes >= 32ull * BS);
+	/* Half of them compress: less on disk than logical. */
+	EXPECT(tstats(t).spilled_disk_bytes < tstats(t).spilled_bytes);
+
+	/* Everything but 8 blocks must go: dirty checkpoints are spilled, never dropped. */
+	tier_set_budget(t, 8ull * BS);
+	EXPECT_EQ(tier_settle(t, 5000), 0);
+	EXPECT(bc_mem_bytes(bc) <= 8ull * BS);
+	EXPECT_EQ(cstats(bc).ckpt_blocks, 16);
+	EXPECT(cstats(bc).ckpt_resident < 16);
+	for (i = 0; i < 16; i++)
+		EXPECT(ck[i]->buf || (ck[i]->flags & BC_SPILLED));
+
+	/* Every byte back through bc_block_load. */
+	for (i = 0; i < 64; i++)
+		bad += check_data(bc, i) != 0;
+	for (i = 0; i < 16; i++)
+		bad += check_ckpt(bc, ck[i], i) != 0;
+	EXPECT_EQ(bad, 0);
+	EXPECT(tstats(t).reload_ops >= 40);
+	EXPECT_EQ(tstats(t).spill_errors, 0);
+
+	/* The reloads pushed mem_bytes over; their copies make trimming free (rule A). */
+	EXPECT_EQ(tier_settle(t, 5000), 0);
+	EXPECT(bc_mem_bytes(bc) <= 8ull * BS);
+	EXPECT(tstats(t).frees > 0);
+
+	/* Budget grows: the background refill brings everything back. */
+	tier_set_budget(t, BIG);
+	EXPECT_EQ(tier_settle(t, 5000), 0);
+	EXPECT_EQ(cstats(bc).data_resident, 64);
+	EXPECT_EQ(cstats(bc).ckpt_resident, 16);
+	EXPECT(tstats(t).bg_reload_ops > 0);
+	bad = 0;
+	for (i = 0; i < 64; i++)
+		bad += check_data(bc, i) != 0;
+	for (i = 0; i < 16; i++)
+		bad += check_ckpt(bc, ck[i], i) != 0;
+	EXPECT_EQ(bad, 0);
+	/* A cut answered: the first batch started well within 100 ms. */
+	EXPECT(tstats(t).response_us < 100000);
+
+	for (i = 0; i < 16; i++)
+		bc_block_put(bc, ck[i]);
+	tier_free(t);
+	bc_free(bc);
+}
+
+/* Refill order: dirty checkpoint blocks before data. */
+static void test_reload_order(void)
+{
+	struct bc *bc;
+	struct bc_block *ck[16];
+	struct tier *t;
+	unsigned i;
+
+	EXPECT_EQ(bc_new(BS, BIG, &bc), 0);
+	t = make_tier(bc, 0, TIER_DROP_NEVER);
+	add_data(bc, 32);
+	add_ckpt(bc, ck, 16);
+	tier_set_budget(t, 0);
+	EXPECT_EQ(tier_settle(t, 5000), 0);
+	EXPECT_EQ(bc_mem_bytes(bc), 0);
+	/* Room for the 16 checkpoint blocks and 2 more over the 4-block headroom. */
+	tier_set_budget(t, 22ull * BS);
+	EXPECT_EQ(tier_settle(t, 5000), 0);
+	EXPECT_EQ(cstats(bc).ckpt_resident, 16);
+	EXPECT(cstats(bc).data_resident <= 2);
+	EXPECT(bc_mem_bytes(bc) <= 22ull * BS);
+	for (i = 0; i < 16; i++)
+		bc_block_put(bc, ck[i]);
+	tier_free(t);
+	bc_free(bc);
+}
+
+/* drop=always: clean data is dropped (gone from the cache), dirty checkpoints spilled. */
+static void test_drop(void)
+{
+	struct bc *bc;
+	struct bc_block *ck[8];
+	struct tier *t;
+	unsigned i;
+	int bad = 0;
+
+	EXPECT_EQ(bc_new(BS, BIG, &bc), 0);
+	t = make_tier(bc, 0, TIER_DROP_ALWAYS);
+	add_data(bc, 32);
+	add_ckpt(bc, ck, 8);
+	tier_set_budget(t, 0);
+	EXPECT_EQ(tier_settle(t, 5000), 0);
+	EXPECT_EQ(bc_mem_bytes(bc), 0);
+	EXPECT_EQ(cstats(bc).data_blocks, 0);
+	EXPECT_EQ(tstats(t).drops, 32);
+	EXPECT_EQ(tstats(t).spill_ops, 8);
+	EXPECT_EQ(check_data(bc, 5), -ENOENT); /* data.c would read SOURCE */
+	for (i = 0; i < 8; i++)
+		bad += check_ckpt(bc, ck[i], i) != 0;
+	EXPECT_EQ(bad, 0);
+	for (i = 0; i < 8; i++)
+		bc_block_put(bc, ck[i]);
+	tier_free(t);
+	bc_free(bc);
+}
+
+static int store_calls;
+
+/* The store's loader stand-in: it knows checkpoint block 2's bytes. */
+static int fake_store_load(void *arg, struct bc_block *b, void *buf)
+{
+	store_calls++;
+	fill(buf, b->len, ckpt_seed(2), 0);
+	return XXH3_64bits(buf, b->len) == b->csum ? 0 : -EIO;
+}
+
+static void corrupt(struct tier *t, uint64_t off)
+{
+	void *junk = NULL;
+
+	EXPECT_EQ(posix_memalign(&junk, 4096, 4096), 0);
+	memset(junk, 0xa5, 4096);
+	EXPECT_EQ(pwrite(tier_debug_spill_fd(t), junk, 4096, (off_t)off), 4096);
+	free(junk);
+}
+
+/* A corrupted spill copy is -EIO, never wrong bytes. */
+static void test_corrupt(void)
+{
+	struct bc *bc;
+	struct bc_block *ck[4], *b;
+	struct tier *t;
+
+	EXPECT_EQ(bc_new(BS, BIG, &bc), 0);
+	t = make_tier(bc, 0, TIER_DROP_NEVER);
+	tier_set_store_loader(t, fake_store_load, NULL);
+	add_data(bc, 8);
+	add_ckpt(bc, ck, 4);
+	tier_set_budget(t, 0);
+	EXPECT_EQ(tier_settle(t, 5000), 0);
+	EXPECT_EQ(bc_mem_bytes(bc), 0);
+
+	/* Data: -EIO, and the block is forgotten so the reader's SOURCE fallback caches a
+	 * fresh one. */
+	b = bc_lookup(bc, &fid1, 3);
+	EXPECT(b && (b->flags & BC_SPILLED));
+	corrupt(t, b->spill_off);
+	EXPECT_EQ(bc_block_load(bc, b), -EIO);
+	EXPECT(b->buf == NULL);
+	bc_block_put(bc, b);
+	EXPECT_EQ(check_data(bc, 3), -ENOENT);
+	EXPECT_EQ(check_data(bc, 4), 0);
+
+	/* A dirty checkpoint block: -EIO, stays non-resident, never wrong bytes. */
+	corrupt(t, ck[1]->spill_off);
+	EXPECT_EQ(check_ckpt(bc, ck[1], 1), -EIO);
+	EXPECT(ck[1]->buf == NULL);
+	/* A stored one: fetched from the store instead. The tier thread is idle (mem 0 is
+	 * under budget 0's trim condition), so setting the flag here races nothing. */
+	ck[2]->flags |= BC_STORED;
+	corrupt(t, ck[2]->spill_off);
+	EXPECT_EQ(check_ckpt(bc, ck[2], 2), 0);
+	EXPECT_EQ(store_calls, 1);
+	EXPECT_EQ(check_ckpt(bc, ck[0], 0), 0);
+	EXPECT(tstats(t).spill_errors >= 3);
+
+	for (unsigned i = 0; i < 4; i++)
+		bc_block_put(bc, ck[i]);
+	tier_free(t);
+	bc_free(bc);
+}
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Spill dir full: clean data dropped, dirty checkpoints kept in memory, writes refused
+ * with ENOSPC after a bounded wait, admitted again once space is released. */
+static void test_enospc(void)
+{
+	struct bc *bc;
+	struct bc_block *ck[16];
+	struct tier *t;
+	uint64_t t0;
+	unsigned i, spilled = 0, resident = 0;
+	int bad = 0;
+
+	EXPECT_EQ(bc_new(BS, BIG, &bc), 0);
+	/* Room for 4 random blocks; data is dropped, so the room goes to checkpoints. */
+	t = make_tier(bc, 4ull * BS, TIER_DROP_ALWAYS);
+	add_ckpt(bc, ck, 16);
+	add_data(bc, 8);
+	EXPECT_EQ(tier_admit_write(t, BS), 0); /* not full yet */
+	tier_set_budget(t, 0);
+	EXPECT_EQ(tier_settle(t, 5000), 0);
+	EXPECT(tstats(t).enospc > 0);
+	EXPECT(tstats(t).spill_full);
+	EXPECT(tstats(t).kept > 0);
+	EXPECT_EQ(cstats(bc).ckpt_blocks, 16);
+	for (i = 0; i < 16; i++) {
+		spilled += !ck[i]->buf;
+		resident += !!ck[i]->buf;
+		bad += check_ckpt(bc, ck[i], i) != 0;
+	}
+	EXPECT(spilled >= 1 && spilled <= 4);
+	EXPECT(resident >= 12);
+	EXPECT_EQ(cstats(bc).data_blocks, 0);
+	EXPECT_EQ(bad, 0);
+	for (i = 0; i < 8; i++) {
+		int rc = check_data(bc, i);
+
+		bad += rc != 0 && rc != -ENOENT; /* cached right, or dropped: never wrong */
+	}
+	EXPECT_EQ(bad, 0);
+
+	t0 = now_ms();
+	EXPECT_EQ(tier_admit_write(t, BS), -ENOSPC);
+	EXPECT(now_ms() - t0 >= TIER_ADMIT_WAIT_MS - 50);
+	EXPECT_EQ(tstats(t).admit_enospc, 1);
+
+	/* A spilled block freed (a file deleted): space comes back, writes are admitted. */
+	for (i = 0; i < 16; i++) {
+		if (ck[i]->flags & BC_SPILLED) {
+			bc_block_put(bc, ck[i]);
+			ck[i] = NULL;
+			break;
+		}
+	}
+	EXPECT(i < 16);
+	EXPECT_EQ(tier_admit_write(t, BS), 0);
+
+	for (i = 0; i < 16; i++)
+		if (ck[i])
+			bc_block_put(bc, ck[i]);
+	tier_free(t);
+	bc_free(bc);
+}
+
+/* No spill dir: clean data dropped, dirty checkpoints stay, writes never refused. */
+static void test_no_spill(void)
+{
+	struct tier_config c;
+	struct bc *bc;
+	struct bc_block *ck[4];
+	struct tier *t = NULL;
+	unsigned i;
+
+	EXPECT_EQ(bc_new(BS, BIG, &bc), 0);
+	tier_config_defaults(&c);
+	c.use_gov = 0;
+	EXPECT_EQ(tier_new(&c, bc, &t), 0);
+	add_data(bc, 16);
+	add_ckpt(bc, ck, 4);
+	tier_set_budget(t, 0);
+	EXPECT_EQ(tier_settle(t, 5000), 0);
+	EXPECT_EQ(cstats(bc).data_blocks, 0);
+	EXPECT_EQ(cstats(bc).ckpt_resident, 4);
+	EXPECT_EQ(tier_admit_write(t, BS), 0);
+	for (i = 0; i < 4; i++)
+		bc_block_put(bc, ck[i]);
+	tier_free(t);
+	bc_free(bc);
+}
+
+int main(void)
+{
+	if (!mkdtemp(spill_dir)) {
+		perror("mkdtemp");
+		return 1;
+	}
+	test_trim_and_reload();
+	test_reload_order();
+	test_drop();
+	test_corrupt();
+	test_enospc();
+	test_no_spill();
+	rmdir(spill_dir);
+	return test_summary();
+}
