@@ -1,0 +1,409 @@
+#!/usr/bin/python3
+"""Pressure response benchmark (issue 3): how fast mlfs gives memory back to a co-located job.
+
+Setup per repeat: a v1 memory cgroup of limit L holds mlfs (started in it, -o cgroup=it,
+mem_max close to L). The dataset (on local disk) is read once through MNT/data to fill the
+memory tier; page caches are dropped; then a hog in the same cgroup allocates X in steps
+(touching every page), holds it, and exits. Every 50 ms we sample mlfs-stat (budget,
+mem_bytes, spilled_bytes, spill/reload ops, rss), the hog's RSS and the cgroup's usage.
+
+Reported per repeat, times relative to the hog's first allocation:
+  first cut    first sample with budget below its pre-hog value
+  first spill  first sample with spill_ops or spilled_bytes above their pre-hog value
+  release X    first sample with mem_bytes <= pre-hog mem_bytes - X   (goal: within 5 s)
+  OOM          whether the hog (or mlfs) was OOM-killed                (goal: never)
+  recovery     from the hog's exit until mem_bytes is back to 90% of its pre-hog value
+Medians over the repeats go in the table; the PNG plots every repeat over time.
+
+bench/tiering.sh runs this (it owns the cleanup trap); `--help` lists the knobs.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tiering_common import (GIB, KIB, MIB, Mlfs, S, cg_create, cg_destroy, cg_int,  # noqa: E402
+                            cg_oom_kills, drop_caches, fmt_size, log, machine_info, md_table,
+                            parse_size, proc_rss, size_opt, spawn_in)
+
+PY = "/usr/bin/python3"
+SPECS = {
+    "full": dict(limit="3G", mem_max="2816M", hog="1G", step="64M", step_ms=200, hold=8.0,
+                 recover=15.0, repeats=3, file_size="64M"),
+    "quick": dict(limit="1G", mem_max="768M", hog="256M", step="32M", step_ms=100, hold=4.0,
+                  recover=6.0, repeats=1, file_size="16M"),
+}
+SAMPLE_S = 0.05
+
+
+# ------------------------------------------------------------------ the hog
+
+def hog_main(total, step, step_ms, hold):
+    """Allocate total bytes in steps (each page touched), hold, exit. Prints JSON events
+    with CLOCK_MONOTONIC times (comparable across processes)."""
+    import numpy as np
+    keep = []
+
+    def ev(name):
+        print(json.dumps({"ev": name, "t": time.monotonic()}), flush=True)
+    ev("alloc_start")
+    done = 0
+    while done < total:
+        n = min(step, total - done)
+        a = np.empty(n, dtype=np.uint8)
+        a[::4096] = 1
+        keep.append(a)
+        done += n
+        if done < total:
+            time.sleep(step_ms / 1000.0)
+    ev("alloc_done")
+    time.sleep(hold)
+    ev("exit")
+
+
+# ------------------------------------------------------------------ dataset
+
+def gen_dataset(src, total, file_size):
+    marker = src + ".complete.json"
+    want = {"total": total, "file_size": file_size, "v": 1}
+    try:
+        with open(marker) as f:
+            if json.load(f) == want:
+                return
+    except (OSError, ValueError):
+        pass
+    log("pressure: generating %s dataset in %s" % (fmt_size(total), src))
+    shutil.rmtree(src, ignore_errors=True)
+    os.makedirs(src)
+    n = (total + file_size - 1) // file_size
+    for i in range(n):
+        with open(os.path.join(src, "shard-%04d.bin" % i), "wb") as f:
+            left = file_size
+            while left:
+                k = min(left, 8 * MIB)
+                f.write(os.urandom(k))
+                left -= k
+    os.sync()
+    with open(marker, "w") as f:
+        json.dump(want, f)
+
+
+# ------------------------------------------------------------------ one repeat
+
+class Sampler(threading.Thread):
+    def __init__(self, m, cg):
+        super().__init__(daemon=True)
+        self.m, self.cg = m, cg
+        self.hog_pid = None
+        self.samples = []
+        self.stop_ev = threading.Event()
+
+    def run(self):
+        nxt = time.monotonic()
+        while not self.stop_ev.is_set():
+            t = time.monotonic()
+            st = self.m.stat(timeout=1.0) if self.m.alive() else None
+            self.samples.append({
+                "t": t,
+                "budget": S(st, "mem_budget"), "mem": S(st, "mem_bytes"),
+                "spilled": S(st, "spilled_bytes"), "spilled_disk": S(st, "spilled_disk_bytes"),
+                "spill_ops": S(st, "spill_ops"), "reload_ops": S(st, "reload_ops"),
+                "mlfs_rss": proc_rss(self.m.pid) if self.m.alive() else 0,
+                "hog_rss": proc_rss(self.hog_pid) if self.hog_pid else 0,
+                "cg_usage": cg_int(self.cg, "memory.usage_in_bytes") or 0,
+                "ok": st is not None,
+            })
+            nxt += SAMPLE_S
+            d = nxt - time.monotonic()
+            if d > 0:
+                self.stop_ev.wait(d)
+            else:
+                nxt = time.monotonic()
+
+    def last(self, key, n=5):
+        vals = [s[key] for s in self.samples[-n:]]
+        return statistics.median(vals) if vals else 0
+
+
+def read_all(root):
+    buf = bytearray(MIB)
+    total = 0
+    for name in sorted(os.listdir(root)):
+        with open(os.path.join(root, name), "rb", buffering=0) as f:
+            while True:
+                k = f.readinto(buf)
+                if not k:
+                    break
+                total += k
+    return total
+
+
+def one_repeat(a, rep, src, rundir):
+    L, mem_max, X = parse_size(a.limit), parse_size(a.mem_max), parse_size(a.hog)
+    cg = cg_create("memory", "pressure", [("memory.limit_in_bytes", L)])
+    spill = os.path.join(a.work, "spill-pressure")
+    shutil.rmtree(spill, ignore_errors=True)
+    os.makedirs(spill)
+    mnt = os.path.join(a.work, "mnt", "pressure")
+    m = hog = sampler = None
+    res = {"repeat": rep}
+    try:
+        drop_caches(3)
+        m = Mlfs(a.mlfs, a.mlfs_stat, src, mnt,
+                 ["spill=" + spill, "mem_max=" + size_opt(mem_max), "cgroup=" + cg],
+                 cgroups=[cg], logpath=os.path.join(rundir, "mlfs-pressure-%d.log" % rep))
+        sampler = Sampler(m, cg)
+        sampler.start()
+        t_fill = time.monotonic()
+        nbytes = read_all(m.data)
+        res["fill_s"] = time.monotonic() - t_fill
+        res["fill_bytes"] = nbytes
+        # Let the tier settle (mem_bytes unchanged for 1 s, at most 20 s), then drop the
+        # source pages the fill left in the cgroup so every repeat starts alike.
+        t_end = time.monotonic() + 20
+        while time.monotonic() < t_end:
+            time.sleep(1.0)
+            recent = [s["mem"] for s in sampler.samples[-20:]]
+            if recent and max(recent) == min(recent):
+                break
+        drop_caches(1)
+        time.sleep(1.0)
+        base = {k: sampler.last(k) for k in ("mem", "budget", "spilled", "spill_ops", "cg_usage", "mlfs_rss")}
+        res["base"] = base
+        log("pressure #%d: filled %s in %.1f s; mem_bytes %s, budget %s, cgroup usage %s of %s"
+            % (rep, fmt_size(nbytes), res["fill_s"], fmt_size(base["mem"]), fmt_size(base["budget"]),
+               fmt_size(base["cg_usage"]), fmt_size(L)))
+        if not m.alive():
+            raise RuntimeError("mlfs died while filling (exit %s)" % m.proc.returncode)
+        oom0 = cg_oom_kills(cg)
+        hog = spawn_in([cg], [PY, os.path.abspath(__file__), "_hog", str(X), str(parse_size(a.step)),
+                              str(a.step_ms), str(a.hold)], stdout=subprocess.PIPE, text=True)
+        sampler.hog_pid = hog.pid
+        events = {}
+        t_hog = time.monotonic()
+        for line in hog.stdout:
+            try:
+                e = json.loads(line)
+                events[e["ev"]] = e["t"]
+            except ValueError:
+                pass
+        hog.wait()
+        t_exit = time.monotonic()
+        events.setdefault("alloc_start", t_hog)
+        events["exited"] = t_exit
+        res["hog_rc"] = hog.returncode
+        sampler.hog_pid = None
+        time.sleep(a.recover)
+        res["oom_kills"] = cg_oom_kills(cg) - oom0
+        res["mlfs_alive"] = m.alive()
+        res["mlfs_rc"] = m.proc.returncode
+    finally:
+        if sampler:
+            sampler.stop_ev.set()
+            sampler.join()
+        if hog and hog.poll() is None:
+            hog.kill()
+            hog.wait()
+        if m:
+            m.stop()
+        cg_destroy(cg)
+    res["events"] = events
+    res["samples"] = sampler.samples
+    analyse(res, X)
+    return res
+
+
+def first(samples, t0, pred):
+    for s in samples:
+        if s["t"] >= t0 and pred(s):
+            return s["t"] - t0
+    return None
+
+
+def analyse(res, X):
+    smp, ev, base = res["samples"], res["events"], res["base"]
+    t0 = ev["alloc_start"]
+    t_exit = ev.get("exit", ev["exited"])
+    during = [s for s in smp if t0 <= s["t"] <= t_exit]
+    res["ramp_s"] = (ev["alloc_done"] - t0) if "alloc_done" in ev else None
+    res["first_cut_s"] = first(smp, t0, lambda s: s["ok"] and s["budget"] < base["budget"] * 0.99)
+    res["first_spill_s"] = first(smp, t0, lambda s: s["spill_ops"] > base["spill_ops"] or
+                                 s["spilled"] > base["spilled"])
+    res["release_x_s"] = first(smp, t0, lambda s: s["ok"] and s["mem"] <= base["mem"] - X)
+    res["max_drop"] = base["mem"] - min((s["mem"] for s in during if s["ok"]), default=base["mem"])
+    res["max_spilled"] = max((s["spilled"] for s in smp), default=0)
+    res["hog_peak_rss"] = max((s["hog_rss"] for s in smp), default=0)
+    res["hog_oom"] = res["hog_rc"] == -9
+    res["mlfs_oom"] = not res["mlfs_alive"]
+    res["recovery_s"] = first(smp, ev["exited"], lambda s: s["ok"] and s["mem"] >= 0.9 * base["mem"])
+    res["budget_recovery_s"] = first(smp, ev["exited"], lambda s: s["ok"] and s["budget"] >= 0.9 * base["budget"])
+    after = [s for s in smp if s["t"] >= ev["exited"]]
+    res["end_mem"] = after[-1]["mem"] if after else 0
+    res["end_reload_ops"] = after[-1]["reload_ops"] if after else 0
+
+
+# ------------------------------------------------------------------ report
+
+def fs(v, unit="s", none="never"):
+    return none if v is None else ("%.2f %s" % (v, unit))
+
+
+def median_or_none(vals):
+    vals = [v for v in vals if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def report(a, results, info, out, rundir):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    X = parse_size(a.hog)
+    os.makedirs(out, exist_ok=True)
+    # raw figures (samples thinned to 4 decimals) beside the table
+    with open(os.path.join(out, "tiering-pressure.json"), "w") as f:
+        json.dump({"info": info, "params": vars(a), "results": results}, f, indent=None,
+                  default=lambda o: round(o, 4) if isinstance(o, float) else str(o))
+
+    rows = []
+    for r in results:
+        rows.append([r["repeat"], fmt_size(r["base"]["mem"]), fmt_size(r["base"]["budget"]),
+                     fs(r["ramp_s"]), fs(r["first_cut_s"]), fs(r["first_spill_s"]),
+                     fs(r["release_x_s"], none="never (max drop %s)" % fmt_size(r["max_drop"])),
+                     fmt_size(r["max_spilled"]),
+                     "yes" if r["hog_oom"] else "no",
+                     "KILLED" if r["mlfs_oom"] else "alive",
+                     fs(r["recovery_s"], none="> %.0f s" % a.recover),
+                     fs(r["budget_recovery_s"], none="> %.0f s" % a.recover)])
+    n = len(results)
+    med = ["**median**", fmt_size(statistics.median(r["base"]["mem"] for r in results)),
+           fmt_size(statistics.median(r["base"]["budget"] for r in results)),
+           fs(median_or_none([r["ramp_s"] for r in results])),
+           fs(median_or_none([r["first_cut_s"] for r in results])),
+           fs(median_or_none([r["first_spill_s"] for r in results])),
+           fs(median_or_none([r["release_x_s"] for r in results])) +
+           ("" if all(r["release_x_s"] is not None for r in results) else
+            " (%d of %d never)" % (sum(r["release_x_s"] is None for r in results), n)),
+           fmt_size(statistics.median(r["max_spilled"] for r in results)),
+           "%d of %d" % (sum(r["hog_oom"] for r in results), n),
+           "%d of %d killed" % (sum(r["mlfs_oom"] for r in results), n),
+           fs(median_or_none([r["recovery_s"] for r in results]), none="> %.0f s" % a.recover),
+           fs(median_or_none([r["budget_recovery_s"] for r in results]), none="> %.0f s" % a.recover)]
+    table = md_table(["run", "mem_bytes before", "budget before", "hog ramp", "first budget cut",
+                      "first spill", "release X", "max spilled", "hog OOM-killed", "mlfs",
+                      "recovery (mem_bytes 90%)", "budget recovery"], rows + [med])
+
+    rel = median_or_none([r["release_x_s"] for r in results])
+    ok_release = all(r["release_x_s"] is not None and r["release_x_s"] <= 5.0 for r in results)
+    ok_oom = not any(r["hog_oom"] or r["mlfs_oom"] for r in results)
+    engine = any(r["max_spilled"] > 0 or r["first_spill_s"] is not None for r in results)
+    goals = [
+        "- mem_bytes down by X = %s within 5 s of the hog's first allocation, every run: **%s**%s"
+        % (fmt_size(X), "met" if ok_release else "NOT met",
+           "" if rel is None else " (median %.2f s)" % rel),
+        "- no OOM kill in the cgroup: **%s**" % ("met" if ok_oom else "NOT met"),
+        "- spill seen: **%s**" % ("yes" if engine else
+                                  "no (spilled_bytes and spill_ops stayed 0: the spill engine did not act)"),
+    ]
+    md = ["# Tiering benchmark: pressure response",
+          "",
+          "Generated by `bench/tiering.sh%s` (bench/tiering_pressure.py). Raw samples: "
+          "tiering-pressure.json; plot: tiering-pressure.png." % (" --quick" if a.spec == "quick" else ""),
+          "",
+          "Machine: %s, %s RAM, kernel %s; spill dir on %s; mlfs %s; %s." %
+          (info["host_cpu"], info["memory"], info["kernel"], info["disk"], info["mlfs"], info["date"]),
+          "",
+          "Setup: v1 memory cgroup, limit L = %s; mlfs started in it with `-o cgroup=<it>,mem_max=%s,"
+          "spill=/var/tmp/...`; dataset %s of %s random (incompressible) files on local disk, read "
+          "once through MNT/data to fill the memory tier, then page caches dropped. A hog in the "
+          "same cgroup allocates X = %s in %s steps every %d ms (every page touched), holds it "
+          "%.0f s and exits; sampled every %d ms. %d repeat(s), each on a fresh mount and cgroup." %
+          (fmt_size(parse_size(a.limit)), a.mem_max, fmt_size(results[0]["fill_bytes"]), a.file_size,
+           fmt_size(X), a.step, a.step_ms, a.hold, int(SAMPLE_S * 1000), n),
+          "",
+          "Times are from the hog's first allocation (recoveries: from its exit). "
+          "release X = first sample with mem_bytes <= (mem_bytes before) - X.",
+          "",
+          table,
+          "",
+          "Goals (issue 3):",
+          *goals,
+          ""]
+    with open(os.path.join(out, "tiering-pressure.md"), "w") as f:
+        f.write("\n".join(md))
+
+    fig, axes = plt.subplots(n, 1, figsize=(11, 3.6 * n), sharex=True, squeeze=False)
+    for ax, r in zip(axes[:, 0], results):
+        t0 = r["events"]["alloc_start"]
+        smp = [s for s in r["samples"] if s["t"] >= t0 - 3]
+        t = [s["t"] - t0 for s in smp]
+        # mlfs figures only where mlfs-stat answered (gaps where the daemon was dead or stuck)
+        g = lambda k: [s[k] / GIB if s["ok"] or k in ("hog_rss", "cg_usage") else float("nan")  # noqa: E731
+                       for s in smp]
+        ax.plot(t, g("budget"), label="mlfs budget", lw=2)
+        ax.plot(t, g("mem"), label="mlfs mem_bytes", lw=2)
+        ax.plot(t, g("spilled"), label="mlfs spilled_bytes", lw=2)
+        ax.plot(t, g("hog_rss"), label="hog RSS", lw=2)
+        ax.plot(t, g("mlfs_rss"), label="mlfs RSS", lw=1, ls=":")
+        ax.plot(t, g("cg_usage"), label="cgroup usage", lw=1, ls="--", color="grey")
+        ax.axhline(parse_size(a.limit) / GIB, color="black", lw=0.8, ls="-.", label="cgroup limit")
+        for k, lab, c in (("alloc_start", "hog starts", "red"), ("alloc_done", "hog allocated", "orange"),
+                          ("exited", "hog exits", "green")):
+            if k in r["events"]:
+                ax.axvline(r["events"][k] - t0, color=c, lw=0.8, ls="--")
+        ax.set_ylabel("GiB")
+        ax.set_title("repeat %d: X = %s%s%s" % (r["repeat"], fmt_size(X),
+                     ", hog OOM-killed" if r["hog_oom"] else "", ", mlfs KILLED" if r["mlfs_oom"] else ""),
+                     fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=8, ncol=4, loc="lower left")
+    axes[-1, 0].set_xlabel("seconds from the hog's first allocation (red: hog starts, orange: allocated, green: exits)")
+    fig.suptitle("mlfs pressure response (L = %s, mem_max = %s)" % (a.limit, a.mem_max))
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "tiering-pressure.png"), dpi=90)
+    plt.close(fig)
+    print("\n".join(md))
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "_hog":
+        hog_main(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]))
+        return
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--spec", choices=SPECS, default="full")
+    p.add_argument("--work", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--mlfs", required=True)
+    p.add_argument("--mlfs-stat", required=True)
+    for k, v in SPECS["full"].items():
+        p.add_argument("--" + k.replace("_", "-"), type=type(v), default=None)
+    a = p.parse_args()
+    for k, v in SPECS[a.spec].items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    rundir = os.path.join(a.work, "runs", time.strftime("%Y%m%d-%H%M%S") + "-pressure-" + a.spec)
+    os.makedirs(rundir, exist_ok=True)
+    src = os.path.join(a.work, "pressure-src-" + a.spec)
+    gen_dataset(src, int(parse_size(a.mem_max) * 1.05), parse_size(a.file_size))
+    info = machine_info(a.mlfs)
+    results = []
+    for rep in range(1, a.repeats + 1):
+        r = one_repeat(a, rep, src, rundir)
+        log("pressure #%d: first cut %s, first spill %s, release X %s (max drop %s), hog %s, mlfs %s, "
+            "recovery %s" % (rep, fs(r["first_cut_s"]), fs(r["first_spill_s"]), fs(r["release_x_s"]),
+                             fmt_size(r["max_drop"]), "OOM-killed" if r["hog_oom"] else "rc %s" % r["hog_rc"],
+                             "alive" if r["mlfs_alive"] else "KILLED (rc %s)" % r["mlfs_rc"],
+                             fs(r["recovery_s"])))
+        results.append(r)
+    report(a, results, info, a.out, rundir)
+
+
+if __name__ == "__main__":
+    main()
