@@ -33,6 +33,7 @@
 #include "cache/bcache.h"
 #include "cache/log.h"
 #include "fs/manifest.h"
+#include "tiering/tier.h"
 
 /* Attribute and entry timeout for MOUNT/ckpt. Every change of the tree goes through this
  * kernel, which updates its own caches, so a long timeout is safe; 1 s bounds how long a
@@ -103,7 +104,7 @@ struct ckpt_ns {
 	struct ckpt_dirent **names;
 	size_t nbuckets, nnames;
 	struct ckpt_inode *root;
-	uint64_t ninodes;
+	_Atomic uint64_t ninodes; /* changed outside ns->mu too (restore builds inodes unlocked) */
 	uint64_t freeze_epoch;
 	_Atomic uint64_t gen; /* bumped by every change: ckpt_generation() */
 };
@@ -961,6 +962,9 @@ int ckpt_write(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *buf, size
 	uint64_t end = off + size, pos = off;
 	int rc = 0;
 
+	/* Spill dir full and memory over budget: wait, then ENOSPC (tier.h). */
+	if ((rc = tier_admit_write(ns->m->tier, size)))
+		return rc;
 	if (end > (uint64_t)ns->bs * UINT32_MAX)
 		return -EFBIG;
 	pthread_rwlock_wrlock(&ino->lock);

@@ -25,6 +25,7 @@
 #include "fs/data.h"
 #include "fs/mlfs.h"
 #include "fs/snapd.h"
+#include "tiering/tier.h"
 
 /* Attribute and entry timeout for MOUNT/data. The dataset is immutable while a job
  * reads it; a long timeout lets the kernel answer stat() and path walks itself, which
@@ -272,7 +273,7 @@ static int build_config(struct mlfs_opts *o, const char *src, const char *mnt,
 
 static int ctl_stats(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 {
-	char buf[8192];
+	char buf[32768]; /* the Prometheus text of ~70 figures is ~9 KiB */
 	int prom = argc > 1 && !strcmp(argv[1], "prom");
 	char *line, *save;
 
@@ -297,11 +298,38 @@ static void mlfs_on_sigterm(int sig)
 		fuse_session_exit(mlfs_g->se);
 }
 
+/* The tier manager's configuration from the mount options. MLFS_TIER_DROP=always|never
+ * overrides rule D of tiering/tier.c (tests and benchmarks that need spills from a
+ * page-cache-hot SOURCE, or none). */
+static void mlfs_tier_config(const struct mlfs_config *c, struct tier_config *tc)
+{
+	const char *drop = getenv("MLFS_TIER_DROP");
+
+	tier_config_defaults(tc);
+	tc->spill_dir = c->spill;
+	tc->spill_max = c->spill_max;
+	tc->gov.mem_min = c->mem_min;
+	tc->gov.mem_max = c->mem_max;
+	if (c->pressure_file)
+		tc->gov.psi_path = c->pressure_file;
+	if (c->meminfo_file)
+		tc->gov.meminfo_path = c->meminfo_file;
+	tc->gov.cgroup_path = c->cgroup;
+	if (drop && !strcmp(drop, "always"))
+		tc->drop = TIER_DROP_ALWAYS;
+	else if (drop && !strcmp(drop, "never"))
+		tc->drop = TIER_DROP_NEVER;
+}
+
 static int mlfs_start(struct mlfs *m)
 {
+	struct tier_config tc;
 	int rc;
 
 	if ((rc = bc_new(m->cfg.block_size, m->cfg.mem_max, &m->bc)))
+		return rc;
+	mlfs_tier_config(&m->cfg, &tc);
+	if ((rc = tier_new(&tc, m->bc, &m->tier)))
 		return rc;
 	if ((rc = data_ns_new(m, m->cfg.source, &m->data)))
 		return rc;
@@ -313,9 +341,9 @@ static int mlfs_start(struct mlfs *m)
 	if (m->cfg.store) {
 		if ((rc = snapd_new(m, &m->snapd)))
 			return rc;
-		/* Blocks of a restored tree load from the store. */
-		bc_set_backing(m->bc, &(struct bc_backing){ .load = snapd_load_block,
-							    .arg = m->snapd });
+		/* Blocks of a restored tree, and stored blocks whose spill copy failed,
+		 * load from the store; the tier is the cache's backing and asks it. */
+		tier_set_store_loader(m->tier, snapd_load_block, m->snapd);
 	}
 	return 0;
 }
@@ -326,6 +354,9 @@ static void mlfs_stop(struct mlfs *m)
 	snapd_free(m->snapd);
 	ckpt_ns_free(m->ckpt);
 	data_ns_free(m->data);
+	/* After everything that may load or free spilled blocks (the final snapshot, the
+	 * namespaces), before the cache its callbacks touch. */
+	tier_free(m->tier);
 	bc_free(m->bc);
 }
 
@@ -433,7 +464,8 @@ int main(int argc, char **argv)
 		goto out_unmount;
 	if (!m.cfg.foreground)
 		log_to_syslog();
-	if (ctl_start(m.ctl))
+	/* The tier's threads (governor, io_uring, tier) after the fork, as ctl's. */
+	if (tier_start(m.tier) || ctl_start(m.ctl))
 		goto out_unmount;
 	if (m.snapd && snapd_start(m.snapd))
 		goto out_unmount;

@@ -72,6 +72,7 @@ struct data_ns;
 struct ckpt_ns;
 struct ctl;
 struct snapd;
+struct tier;
 
 struct mlfs {
 	struct mlfs_config cfg;
@@ -81,6 +82,7 @@ struct mlfs {
 	struct ckpt_ns *ckpt;
 	struct ctl *ctl;
 	struct snapd *snapd;	/* NULL without -o store */
+	struct tier *tier;	/* governor, spill and reload (tiering/tier.h) */
 	struct mlfs_stats st;
 	uid_t owner;		/* the user who mounted: may control snapshots */
 	uint64_t started_ns;	/* CLOCK_MONOTONIC, for uptime */

@@ -16,6 +16,7 @@
 #include "cache/bcache.h"
 #include "fs/data.h"
 #include "fs/mlfs.h"
+#include "tiering/tier.h"
 
 struct mlfs *mlfs_g;
 
@@ -97,6 +98,8 @@ static uint64_t stats_rss(void)
 	return ok ? (uint64_t)resident * sysconf(_SC_PAGESIZE) : 0;
 }
 
+#define STATS_MAX 96
+
 struct stats_field {
 	const char *name, *help;
 	uint64_t value;
@@ -106,6 +109,7 @@ struct stats_field {
 static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 {
 	struct bc_stats bs;
+	struct tier_stats ts;
 	int n = 0;
 
 	bc_get_stats(m->bc, &bs);
@@ -139,18 +143,52 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 	F("bytes_written", "bytes written to MOUNT/ckpt", atomic_load(&m->st.bytes_written));
 	F("csum_errors", "blocks whose checksum did not verify", atomic_load(&m->st.csum_errors));
 	F("data_nodes", "MOUNT/data names the kernel holds", data_nodes(m->data));
-	F("spilled_bytes", "logical bytes of blocks in the spill tier", 0);
-	F("spilled_disk_bytes", "bytes the spill tier uses on disk", 0);
-	F("spill_ops", "blocks written to the spill tier", 0);
-	F("reload_ops", "blocks read back from the spill tier", 0);
+	tier_get_stats(m->tier, &ts);
+	F("spilled_bytes", "logical bytes of blocks in the spill tier", ts.spilled_bytes);
+	F("spilled_disk_bytes", "bytes the spill tier uses on disk", ts.spilled_disk_bytes);
+	F("spill_capacity", "spill_max in bytes, 0 = until the filesystem is full",
+	  ts.spill_capacity);
+	F("spill_full", "1 while the spill dir is full (ENOSPC)", ts.spill_full);
+	F("spill_ops", "blocks written to the spill tier", ts.spill_ops);
+	F("reload_ops", "blocks read back from the spill tier", ts.reload_ops);
+	F("bg_reload_ops", "of which by the background refill", ts.bg_reload_ops);
+	F("spill_errors", "spill write, read and checksum failures", ts.spill_errors);
+	F("spill_enospc", "times the spill tier said ENOSPC", ts.enospc);
+	F("drops", "clean blocks evicted without writing a copy", ts.drops);
+	F("frees", "blocks evicted whose copy already existed", ts.frees);
+	F("kept", "evictions refused: dirty block and no spill room", ts.kept);
+	F("write_waits", "checkpoint writes that waited for spill room", ts.admit_waits);
+	F("write_enospc", "checkpoint writes refused with ENOSPC", ts.admit_enospc);
+	F("malloc_trims", "malloc_trim calls after large frees", ts.malloc_trims);
+	F("source_ns_per_mib", "average SOURCE read time per MiB, ns", ts.src_ns_per_mib);
+	F("reload_ns_per_mib", "average spill reload time per MiB, ns", ts.reload_ns_per_mib);
+	F("response_us", "last budget cut to first eviction batch, us", ts.response_us);
+	F("settle_us", "last budget cut to mem_bytes under budget, us", ts.settle_us);
+	/* Unknown or unlimited inputs (GOV_NONE) show as 0. */
+#define G(v) ((v) == GOV_NONE ? 0 : (v))
+	F("psi_some_avg10", "PSI memory some avg10, percent x 100",
+	  (uint64_t)(ts.gov.psi_some_avg10 * 100 + 0.5));
+	F("psi_full_avg10", "PSI memory full avg10, percent x 100",
+	  (uint64_t)(ts.gov.psi_full_avg10 * 100 + 0.5));
+	F("psi_some_total_us", "PSI memory some stall total, us", G(ts.gov.psi_some_total_us));
+	F("psi_trigger", "1 if a PSI trigger wakes the governor", ts.gov.psi_trigger);
+	F("mem_total", "MemTotal, bytes", G(ts.gov.mem_total));
+	F("mem_available", "MemAvailable, bytes", G(ts.gov.mem_available));
+	F("cgroup_version", "memory cgroup followed: 0 none, 1 or 2", ts.gov.cg_version);
+	F("cgroup_limit", "its limit, bytes (0 = none)", G(ts.gov.cg_limit));
+	F("cgroup_usage", "its usage less inactive page cache, bytes", G(ts.gov.cg_usage));
+	F("budget_cuts", "times the governor cut the budget", ts.gov.cuts);
+	F("budget_grows", "times the governor grew the budget", ts.gov.grows);
+	F("gov_samples", "governor samples taken", ts.gov.samples);
+#undef G
 #undef F
 	return n;
 }
 
 int mlfs_stats_json(struct mlfs *m, char *buf, size_t len)
 {
-	struct stats_field f[64];
-	int n = stats_collect(m, f, 64), i;
+	struct stats_field f[STATS_MAX];
+	int n = stats_collect(m, f, STATS_MAX), i;
 	size_t pos = 0;
 
 #define PUT(...)                                                              \
@@ -170,8 +208,8 @@ int mlfs_stats_json(struct mlfs *m, char *buf, size_t len)
 
 int mlfs_stats_prom(struct mlfs *m, char *buf, size_t len)
 {
-	struct stats_field f[64];
-	int n = stats_collect(m, f, 64), i;
+	struct stats_field f[STATS_MAX];
+	int n = stats_collect(m, f, STATS_MAX), i;
 	size_t pos = 0;
 
 	for (i = 0; i < n; i++) {

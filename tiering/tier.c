@@ -110,7 +110,7 @@ struct tier {
 	pthread_cond_t cv;	/* the thread: wake-ups, completions */
 	pthread_cond_t idle_cv;	/* tier_settle */
 	pthread_cond_t admit_cv; /* tier_admit_write */
-	bool stop, kick, idle;
+	bool started, stop, kick, idle;
 	unsigned inflight;	/* invariant 5 */
 	uint64_t inflight_bytes;
 	bool full;		/* invariant 6 */
@@ -408,6 +408,17 @@ static uint64_t tier_evict_one(struct tier *t, struct bc_block *b)
 	return 0;
 }
 
+/* The first eviction after a cut is under way (freed, or its write submitted). */
+static void tier_note_response(struct tier *t)
+{
+	pthread_mutex_lock(&t->mu);
+	if (t->want_response) {
+		t->want_response = false;
+		atomic_store(&t->response_us, (tier_now_ns() - t->cut_ns) / 1000);
+	}
+	pthread_mutex_unlock(&t->mu);
+}
+
 /* One round over the classes in policy order. Returns whether anything was evicted or
  * put in flight, so that the caller stops when the rest can only be kept. */
 static bool tier_trim_round(struct tier *t)
@@ -429,17 +440,11 @@ static bool tier_trim_round(struct tier *t)
 		n = bc_pick_victims(t->bc, v, want, phases[p].cls, phases[p].kind);
 		for (i = 0; i < n; i++) {
 			got = tier_evict_one(t, v[i]);
+			if (got && !progress)
+				tier_note_response(t);
 			if (got)
 				progress = true;
 			excess = excess > got ? excess - got : 0;
-		}
-		if (progress) {
-			pthread_mutex_lock(&t->mu);
-			if (t->want_response) { /* the first batch after a cut is under way */
-				t->want_response = false;
-				atomic_store(&t->response_us, (tier_now_ns() - t->cut_ns) / 1000);
-			}
-			pthread_mutex_unlock(&t->mu);
 		}
 	}
 	return progress;
@@ -712,15 +717,49 @@ void tier_config_defaults(struct tier_config *c)
 	c->inflight = TIER_DEF_INFLIGHT;
 }
 
+static int tier_dup(const char **dst, const char *src)
+{
+	*dst = NULL;
+	if (src && !(*dst = strdup(src)))
+		return -ENOMEM;
+	return 0;
+}
+
+/* Checks before the mount what tier_start would trip on after it: an explicit input
+ * path the governor cannot parse, a spill dir we cannot write. */
+static int tier_check(const struct tier_config *c)
+{
+	struct gov_sample s;
+	int rc = 0;
+
+	gov_sample_clear(&s);
+	if (c->spill_dir && access(c->spill_dir, W_OK | X_OK) < 0) {
+		rc = -errno;
+		log_err("tier: spill dir %s: %s", c->spill_dir, strerror(-rc));
+		return rc;
+	}
+	if (!c->use_gov)
+		return 0;
+	if (c->gov.cgroup_path && (rc = gov_read_cgroup(c->gov.cgroup_path, &s)))
+		log_err("tier: cgroup %s: %s", c->gov.cgroup_path, strerror(-rc));
+	else if (c->gov.psi_path && strcmp(c->gov.psi_path, GOV_PSI_PATH) &&
+		 (rc = gov_read_psi(c->gov.psi_path, &s)))
+		log_err("tier: pressure file %s: %s", c->gov.psi_path, strerror(-rc));
+	else if (c->gov.meminfo_path && strcmp(c->gov.meminfo_path, GOV_MEMINFO_PATH) &&
+		 (rc = gov_read_meminfo(c->gov.meminfo_path, &s)))
+		log_err("tier: meminfo file %s: %s", c->gov.meminfo_path, strerror(-rc));
+	return rc;
+}
+
 int tier_new(const struct tier_config *c, struct bc *bc, struct tier **out)
 {
-	struct spill_config sc = { 0 };
-	struct bc_backing bk;
 	pthread_condattr_t ca;
 	struct tier *t;
 	int rc;
 
 	*out = NULL;
+	if ((rc = tier_check(c)))
+		return rc;
 	t = calloc(1, sizeof(*t));
 	if (!t)
 		return -ENOMEM;
@@ -731,11 +770,12 @@ int tier_new(const struct tier_config *c, struct bc *bc, struct tier **out)
 		t->cfg.batch = 256; /* the pick array in tier_trim_round */
 	if (!t->cfg.inflight)
 		t->cfg.inflight = TIER_DEF_INFLIGHT;
-	t->cfg.spill_dir = NULL;
-	if (c->spill_dir && !(t->cfg.spill_dir = strdup(c->spill_dir))) {
-		rc = -ENOMEM;
+	/* Our own copies: tier_start may run long after the caller's strings are gone. */
+	if ((rc = tier_dup(&t->cfg.spill_dir, c->spill_dir)) ||
+	    (rc = tier_dup(&t->cfg.gov.psi_path, c->gov.psi_path)) ||
+	    (rc = tier_dup(&t->cfg.gov.meminfo_path, c->gov.meminfo_path)) ||
+	    (rc = tier_dup(&t->cfg.gov.cgroup_path, c->gov.cgroup_path)))
 		goto out_free;
-	}
 	t->bc = bc;
 	t->bs = bc_block_size(bc);
 	pthread_mutex_init(&t->mu, NULL);
@@ -745,54 +785,69 @@ int tier_new(const struct tier_config *c, struct bc *bc, struct tier **out)
 	pthread_cond_init(&t->idle_cv, &ca);
 	pthread_cond_init(&t->admit_cv, &ca);
 	pthread_condattr_destroy(&ca);
-	if (c->spill_dir) {
+	*out = t;
+	return 0;
+
+out_free:
+	free((char *)t->cfg.spill_dir);
+	free((char *)t->cfg.gov.psi_path);
+	free((char *)t->cfg.gov.meminfo_path);
+	free((char *)t->cfg.gov.cgroup_path);
+	free(t);
+	return rc;
+}
+
+int tier_start(struct tier *t)
+{
+	struct spill_config sc = { 0 };
+	struct bc_backing bk;
+	int rc;
+
+	assert(!t->started);
+	if (t->cfg.spill_dir) {
 		if ((rc = uring_new(TIER_RING_ENTRIES, &t->u))) {
 			log_err("tier: io_uring: %s", strerror(-rc));
-			goto out_sync;
+			return rc;
 		}
-		sc.dir = c->spill_dir;
-		sc.max_bytes = c->spill_max;
-		sc.buffered = c->spill_buffered;
+		sc.dir = t->cfg.spill_dir;
+		sc.max_bytes = t->cfg.spill_max;
+		sc.buffered = t->cfg.spill_buffered;
 		if ((rc = spill_new(&sc, t->u, &t->sp))) {
-			log_err("tier: spill dir %s: %s", c->spill_dir, strerror(-rc));
+			log_err("tier: spill dir %s: %s", t->cfg.spill_dir, strerror(-rc));
 			goto out_uring;
 		}
 	}
 	bk = (struct bc_backing){ .load = tier_load, .unspill = tier_unspill, .arg = t };
-	bc_set_backing(bc, &bk);
+	bc_set_backing(t->bc, &bk);
 	t->rss_base = tier_rss();
-	if (t->rss_base > bc_mem_bytes(bc))
-		t->rss_base -= bc_mem_bytes(bc);
-	if (c->use_gov) {
-		if ((rc = gov_new(&c->gov, tier_resident_cb, tier_budget_cb, t, &t->gov)))
+	if (t->rss_base > bc_mem_bytes(t->bc))
+		t->rss_base -= bc_mem_bytes(t->bc);
+	if (t->cfg.use_gov) {
+		if ((rc = gov_new(&t->cfg.gov, tier_resident_cb, tier_budget_cb, t, &t->gov)))
 			goto out_backing;
-		bc_set_budget(bc, gov_budget(t->gov));
+		bc_set_budget(t->bc, gov_budget(t->gov));
 	}
 	if ((rc = -pthread_create(&t->thread, NULL, tier_thread, t))) {
 		log_err("tier: thread: %s", strerror(-rc));
 		goto out_gov;
 	}
-	log_info("tier: budget %" PRIu64 " MiB, spill %s%s", bc_budget(bc) >> 20,
-		 c->spill_dir ? c->spill_dir : "none (clean data is dropped, checkpoints stay)",
-		 c->use_gov ? "" : ", no governor");
-	*out = t;
+	t->started = true;
+	log_info("tier: budget %" PRIu64 " MiB, spill %s%s", bc_budget(t->bc) >> 20,
+		 t->cfg.spill_dir ? t->cfg.spill_dir :
+				    "none (clean data is dropped, checkpoints stay)",
+		 t->cfg.use_gov ? "" : ", no governor");
 	return 0;
 
 out_gov:
 	gov_free(t->gov);
+	t->gov = NULL;
 out_backing:
-	bc_set_backing(bc, &(struct bc_backing){ 0 });
+	bc_set_backing(t->bc, &(struct bc_backing){ 0 });
 	spill_free(t->sp);
+	t->sp = NULL;
 out_uring:
 	uring_free(t->u);
-out_sync:
-	pthread_cond_destroy(&t->admit_cv);
-	pthread_cond_destroy(&t->idle_cv);
-	pthread_cond_destroy(&t->cv);
-	pthread_mutex_destroy(&t->mu);
-	free((char *)t->cfg.spill_dir);
-out_free:
-	free(t);
+	t->u = NULL;
 	return rc;
 }
 
@@ -800,26 +855,31 @@ void tier_free(struct tier *t)
 {
 	if (!t)
 		return;
-	gov_free(t->gov); /* no budget callbacks after this */
-	pthread_mutex_lock(&t->mu);
-	t->stop = true;
-	pthread_cond_broadcast(&t->cv);
-	pthread_cond_broadcast(&t->admit_cv);
-	pthread_mutex_unlock(&t->mu);
-	pthread_join(t->thread, NULL);
-	/* Invariant 5: callbacks put their references and touch t until they end. */
-	pthread_mutex_lock(&t->mu);
-	while (t->inflight)
-		pthread_cond_wait(&t->cv, &t->mu);
-	pthread_mutex_unlock(&t->mu);
-	bc_set_backing(t->bc, &(struct bc_backing){ 0 });
-	spill_free(t->sp);
-	uring_free(t->u);
+	if (t->started) {
+		gov_free(t->gov); /* no budget callbacks after this */
+		pthread_mutex_lock(&t->mu);
+		t->stop = true;
+		pthread_cond_broadcast(&t->cv);
+		pthread_cond_broadcast(&t->admit_cv);
+		pthread_mutex_unlock(&t->mu);
+		pthread_join(t->thread, NULL);
+		/* Invariant 5: callbacks put their references and touch t until they end. */
+		pthread_mutex_lock(&t->mu);
+		while (t->inflight)
+			pthread_cond_wait(&t->cv, &t->mu);
+		pthread_mutex_unlock(&t->mu);
+		bc_set_backing(t->bc, &(struct bc_backing){ 0 });
+		spill_free(t->sp);
+		uring_free(t->u);
+	}
 	pthread_cond_destroy(&t->admit_cv);
 	pthread_cond_destroy(&t->idle_cv);
 	pthread_cond_destroy(&t->cv);
 	pthread_mutex_destroy(&t->mu);
 	free((char *)t->cfg.spill_dir);
+	free((char *)t->cfg.gov.psi_path);
+	free((char *)t->cfg.gov.meminfo_path);
+	free((char *)t->cfg.gov.cgroup_path);
 	free(t);
 }
 
@@ -828,6 +888,8 @@ int tier_settle(struct tier *t, unsigned timeout_ms)
 	struct timespec ts;
 	int rc = 0;
 
+	if (!t->started)
+		return -EINVAL;
 	tier_deadline(&ts, timeout_ms);
 	pthread_mutex_lock(&t->mu);
 	tier_wake_locked(t);
@@ -882,6 +944,8 @@ void tier_get_stats(struct tier *t, struct tier_stats *st)
 	struct spill_stats ss = { 0 };
 
 	memset(st, 0, sizeof(*st));
+	if (!t)
+		return;
 	if (t->sp)
 		spill_get_stats(t->sp, &ss);
 	st->spilled_bytes = ss.logical_bytes;

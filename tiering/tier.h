@@ -4,7 +4,7 @@
  * (DESIGN.md "Tiers and blocks", "The memory governor").
  *
  * Contract
- * - Purpose: tier_new() wires the pieces: an io_uring and a spill file (-o spill=DIR),
+ * - Purpose: tier_new() and tier_start() wire the pieces: an io_uring and a spill file (-o spill=DIR),
  *   the governor (whose budget it applies to the cache with bc_set_budget), and one tier
  *   thread. Whenever mem_bytes exceeds the budget the thread evicts blocks in batches,
  *   in this order (tier.c, "Policy"): resident blocks that already have a copy (free),
@@ -80,12 +80,16 @@ struct tier_config {
 /* Fills the defaults above, gov defaults (gov_config_defaults), use_gov = 1. */
 void tier_config_defaults(struct tier_config *c);
 
-/* Creates the ring and spill file (when c->spill_dir), the governor (when c->use_gov)
- * and the thread; sets the cache's backing and its budget. Returns 0 and *out (handed
- * over: tier_free) or -errno with a log line. */
+/* Checks the config (spill dir writable, explicit governor inputs readable) and
+ * allocates; starts no thread, so a daemon can call it before it forks. Returns 0 and
+ * *out (handed over: tier_free) or -errno with a log line. */
 int tier_new(const struct tier_config *c, struct bc *bc, struct tier **out);
+/* Creates the ring and spill file (when spill_dir), the governor (when use_gov) and the
+ * thread; sets the cache's backing and its budget. Once, after any fork (threads do not
+ * survive fuse_daemonize). 0 or -errno with a log line; on failure nothing runs. */
+int tier_start(struct tier *t);
 /* Stops the governor and the thread, waits for I/O in flight, detaches the backing,
- * frees. NULL is a no-op. */
+ * frees. Started or not; NULL is a no-op. */
 void tier_free(struct tier *t);
 
 /* Sets the budget (what the governor's callback does) and wakes the thread. */
@@ -127,6 +131,7 @@ struct tier_stats {
 	int have_gov;
 	struct gov_inputs gov;	/* when have_gov */
 };
+/* t NULL: all zeros. */
 void tier_get_stats(struct tier *t, struct tier_stats *st);
 
 /* Test only: the spill file's descriptor (spill_debug_fd), -1 without a spill tier. */

@@ -124,6 +124,7 @@ static struct tier *make_tier(struct bc *bc, uint64_t spill_max, enum tier_drop 
 	c.spill_max = spill_max;
 	c.drop = drop;
 	EXPECT_EQ(tier_new(&c, bc, &t), 0);
+	EXPECT_EQ(tier_start(t), 0);
 	return t;
 }
 
@@ -420,6 +421,7 @@ static void test_no_spill(void)
 	tier_config_defaults(&c);
 	c.use_gov = 0;
 	EXPECT_EQ(tier_new(&c, bc, &t), 0);
+	EXPECT_EQ(tier_start(t), 0);
 	add_data(bc, 16);
 	add_ckpt(bc, ck, 4);
 	tier_set_budget(t, 0);
