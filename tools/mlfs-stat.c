@@ -81,34 +81,59 @@ static void human(char *out, size_t len, uint64_t v)
 	snprintf(out, len, u ? "%.1f %s" : "%.0f %s", d, units[u]);
 }
 
+/* Rows of the people view, in groups; bytes are shown with units. */
+static const struct row {
+	const char *key;
+	int bytes;
+} people_rows[] = {
+	{ "mem_bytes", 1 }, { "mem_budget", 1 }, { "mem_min", 1 }, { "mem_max", 1 },
+	{ "rss_bytes", 1 }, { "dirty_bytes", 1 }, { NULL, 0 },
+	{ "data_blocks", 0 }, { "data_resident", 0 }, { "ckpt_blocks", 0 },
+	{ "ckpt_resident", 0 }, { "hits", 0 }, { "misses", 0 }, { "not_admitted", 0 },
+	{ "source_bytes_read", 1 }, { "bytes_served", 1 }, { "bytes_written", 1 },
+	{ "csum_errors", 0 }, { "data_nodes", 0 }, { NULL, 0 },
+	{ "spilled_bytes", 1 }, { "spilled_disk_bytes", 1 }, { "spill_capacity", 1 },
+	{ "spill_full", 0 }, { "spill_ops", 0 }, { "reload_ops", 0 }, { "bg_reload_ops", 0 },
+	{ "drops", 0 }, { "frees", 0 }, { "kept", 0 }, { "spill_errors", 0 },
+	{ "spill_enospc", 0 }, { "write_waits", 0 }, { "write_enospc", 0 },
+	{ "source_ns_per_mib", 0 }, { "reload_ns_per_mib", 0 }, { "response_us", 0 },
+	{ "settle_us", 0 }, { NULL, 0 },
+	{ "mem_total", 1 }, { "mem_available", 1 }, { "cgroup_version", 0 },
+	{ "cgroup_limit", 1 }, { "cgroup_usage", 1 }, { "psi_trigger", 0 },
+	{ "budget_cuts", 0 }, { "budget_grows", 0 },
+};
+
 static void print_people(const char *mnt, const char *j)
 {
-	static const struct { const char *key; int bytes; } rows[] = {
-		{ "mem_bytes", 1 }, { "mem_budget", 1 }, { "mem_min", 1 }, { "mem_max", 1 },
-		{ "rss_bytes", 1 }, { "dirty_bytes", 1 }, { "data_blocks", 0 },
-		{ "data_resident", 0 }, { "ckpt_blocks", 0 }, { "ckpt_resident", 0 },
-		{ "hits", 0 }, { "misses", 0 }, { "not_admitted", 0 },
-		{ "source_bytes_read", 1 }, { "bytes_served", 1 }, { "bytes_written", 1 },
-		{ "spilled_bytes", 1 }, { "spilled_disk_bytes", 1 }, { "spill_ops", 0 },
-		{ "reload_ops", 0 }, { "csum_errors", 0 }, { "data_nodes", 0 },
-	};
 	uint64_t hits = field(j, "hits"), misses = field(j, "misses");
+	uint64_t sl = field(j, "spilled_bytes"), sd = field(j, "spilled_disk_bytes");
 	char v[32];
 	size_t i;
 
 	printf("mlfs on %s (pid %" PRIu64 ", up %" PRIu64 " s)\n", mnt, field(j, "pid"),
 	       field(j, "uptime_s"));
-	for (i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
-		uint64_t x = field(j, rows[i].key);
+	for (i = 0; i < sizeof(people_rows) / sizeof(people_rows[0]); i++) {
+		const struct row *r = &people_rows[i];
+		uint64_t x;
 
-		if (rows[i].bytes)
+		if (!r->key) {
+			putchar('\n');
+			continue;
+		}
+		x = field(j, r->key);
+		if (r->bytes)
 			human(v, sizeof(v), x);
 		else
 			snprintf(v, sizeof(v), "%" PRIu64, x);
-		printf("  %-20s %s\n", rows[i].key, v);
+		printf("  %-20s %s\n", r->key, v);
 	}
+	/* PSI avg10 comes as percent x 100 (integers only in the daemon's JSON). */
+	printf("  %-20s %.2f%% some, %.2f%% full\n", "psi_avg10",
+	       field(j, "psi_some_avg10") / 100.0, field(j, "psi_full_avg10") / 100.0);
 	if (hits + misses)
 		printf("  %-20s %.3f\n", "hit_rate", (double)hits / (double)(hits + misses));
+	if (sd)
+		printf("  %-20s %.2f\n", "compression", (double)sl / (double)sd);
 }
 
 static int watch(const char *mnt, double interval)
