@@ -1,0 +1,244 @@
+"""Helpers shared by the integration tests: mount table, process and byte checks.
+
+Kept out of conftest.py so that test modules can import them by name.
+"""
+import ctypes
+import ctypes.util
+import errno
+import json
+import os
+import signal
+import subprocess
+import time
+
+REPO = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+# MLFS_BIN_DIR points the suite at another build (an installed one, a stand-in);
+# by default the binaries are the ones `make` leaves in repo/bin.
+BIN_DIR = os.path.realpath(os.environ.get("MLFS_BIN_DIR") or os.path.join(REPO, "bin"))
+MLFS = os.path.join(BIN_DIR, "mlfs")
+MLFS_STAT = os.path.join(BIN_DIR, "mlfs-stat")
+NATIVE = os.environ.get("MLFS_TEST_NATIVE") == "1"
+SEED = int(os.environ.get("MLFS_TEST_SEED", "20261121"))
+READY_TIMEOUT = 10.0
+EXIT_TIMEOUT = 10.0
+STAT_FIELDS = ("mem_bytes", "mem_budget", "mem_max", "mem_min", "data_blocks",
+               "ckpt_blocks", "hits", "misses", "source_bytes_read", "spilled_bytes",
+               "spill_ops", "reload_ops", "dirty_bytes", "pid")
+
+
+def _unescape_mount_field(s):
+    # /proc/mounts escapes space, tab, newline and backslash as \ooo.
+    out, i = [], 0
+    while i < len(s):
+        if s[i] == "\\" and i + 3 < len(s) and s[i + 1:i + 4].isdigit():
+            out.append(chr(int(s[i + 1:i + 4], 8)))
+            i += 4
+        else:
+            out.append(s[i])
+            i += 1
+    return "".join(out)
+
+
+def mounts():
+    """[(source, mountpoint, fstype, options)] from /proc/mounts."""
+    res = []
+    with open("/proc/mounts") as f:
+        for line in f:
+            p = line.split()
+            if len(p) >= 4:
+                res.append((_unescape_mount_field(p[0]), _unescape_mount_field(p[1]), p[2], p[3]))
+    return res
+
+
+def is_mounted(path):
+    path = os.path.realpath(path)
+    return any(m[1] == path for m in mounts())
+
+
+def mounts_under(root):
+    root = os.path.realpath(root).rstrip("/") + "/"
+    return [m for m in mounts() if (m[1] + "/").startswith(root)]
+
+
+def pid_alive(pid):
+    """True while pid exists and is not a zombie (a daemonized mlfs is not our child,
+    and the container's init may never reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            st = f.read()
+    except FileNotFoundError:
+        return False
+    state = st[st.rindex(")") + 2]
+    return state not in ("Z", "X")
+
+
+def wait_pid_gone(pid, timeout):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.02)
+    return not pid_alive(pid)
+
+
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def daemon_pids(mnt):
+    """Pids of live processes named mlfs whose arguments name mnt (what pgrep -f does,
+    restricted to exact argument matches so that another test's mount never matches)."""
+    mnt = os.path.realpath(mnt)
+    res = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        argv = cmdline(int(d))
+        if not argv or os.path.basename(argv[0]) != "mlfs":
+            continue
+        if any(os.path.realpath(a) == mnt for a in argv[1:] if a.startswith("/")) \
+                and pid_alive(int(d)):
+            res.append(int(d))
+    return res
+
+
+def fusermount_u(mnt, lazy=False):
+    args = ["fusermount3", "-uz" if lazy else "-u", mnt]
+    return subprocess.run(args, capture_output=True, text=True, timeout=30)
+
+
+def force_unmount(mnt):
+    """Last resort for a mount left behind: lazy FUSE unmount, then umount -l (for the
+    native mode's bind mounts)."""
+    if is_mounted(mnt):
+        fusermount_u(mnt, lazy=True)
+    if is_mounted(mnt):
+        subprocess.run(["umount", "-l", mnt], capture_output=True, timeout=30)
+
+
+def kill_pid(pid, timeout=EXIT_TIMEOUT):
+    """SIGKILL exactly this pid if it outlived timeout; returns True if it had to."""
+    if wait_pid_gone(pid, timeout):
+        return False
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    wait_pid_gone(pid, 5)
+    return True
+
+
+def mlfs_stat_json(mnt):
+    r = subprocess.run([MLFS_STAT, "--json", mnt], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, f"mlfs-stat --json {mnt}: exit {r.returncode}: {r.stderr.strip()}"
+    try:
+        return json.loads(r.stdout)
+    except ValueError as e:
+        raise AssertionError(f"mlfs-stat --json printed no JSON ({e}): {r.stdout[:500]!r}")
+
+
+def first_diff(a, b):
+    n = min(len(a), len(b))
+    # Compare in chunks so a 33 MiB mismatch search stays fast.
+    step = 1 << 16
+    for base in range(0, n, step):
+        if a[base:base + step] != b[base:base + step]:
+            for i in range(base, min(base + step, n)):
+                if a[i] != b[i]:
+                    return i
+    return n if len(a) != len(b) else -1
+
+
+def assert_bytes(got, want, what):
+    """Byte-exact comparison with a short message (pytest's own diff of megabytes is
+    unreadable): the first differing offset and the lengths."""
+    if got == want:
+        return
+    i = first_diff(got, want)
+    raise AssertionError(
+        f"{what}: got {len(got)} bytes, want {len(want)}; first difference at +{i}: "
+        f"got {bytes(got[i:i + 16]).hex()} want {bytes(want[i:i + 16]).hex()}")
+
+
+def expect_errno(errnos, fn, *args, **kw):
+    """Call fn and require an OSError whose errno is in errnos (an int or a set)."""
+    if isinstance(errnos, int):
+        errnos = {errnos}
+    names = "/".join(errno.errorcode.get(e, str(e)) for e in sorted(errnos))
+    try:
+        res = fn(*args, **kw)
+    except OSError as e:
+        assert e.errno in errnos, \
+            f"{getattr(fn, '__name__', fn)}{args}: {errno.errorcode.get(e.errno, e.errno)} ({e}), want {names}"
+        return e
+    if isinstance(res, int) and getattr(fn, "__name__", "") == "open":
+        os.close(res)
+    raise AssertionError(f"{getattr(fn, '__name__', fn)}{args} succeeded, want {names}")
+
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+AT_FDCWD = -100
+
+
+def renameat2(old, new, flags):
+    """renameat2(2) through libc; raises OSError like os.rename."""
+    fn = _libc.renameat2
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    if fn(AT_FDCWD, os.fsencode(old), AT_FDCWD, os.fsencode(new), flags) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), str(old), None, str(new))
+
+
+def as_user(fn, uid=65534, gid=65534):
+    """Run fn() in a forked child with uid/gid switched and no supplementary groups.
+    Returns ('ok', value) or ('err', errno); anything else the child raises is reported
+    as ('exc', repr)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+            try:
+                res = ("ok", fn())
+            except OSError as e:
+                res = ("err", e.errno)
+            except BaseException as e:  # noqa: B902 - reported to the parent
+                res = ("exc", repr(e))
+            os.write(w, json.dumps(res).encode())
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    data = b""
+    while True:
+        chunk = os.read(r, 65536)
+        if not chunk:
+            break
+        data += chunk
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and data, "as_user child failed"
+    kind, val = json.loads(data)
+    return [kind, val]
+
+
+def wait_pid_gone_all(list_pids, timeout):
+    """Wait until list_pids() returns no pid; True if it did within timeout."""
+    end = time.monotonic() + timeout
+    while list_pids():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+    return True

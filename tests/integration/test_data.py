@@ -1,0 +1,285 @@
+"""MOUNT/data: a byte-exact, read-only view of SOURCE."""
+import errno
+import mmap
+import os
+import random
+import stat
+import zlib
+
+import numpy
+import pytest
+
+import mlfs_util as U
+from conftest import BLOCK, MiB
+
+FILES = ["empty", "one", "block-minus-1", "block", "block-plus-1", "five-mib", "big-33mib"]
+
+
+def read_src(dataset, name, off, size):
+    with open(dataset.path(name), "rb") as f:
+        return os.pread(f.fileno(), size, off)
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_read_whole_file(data_mount, dataset, name):
+    with open(os.path.join(data_mount.data, name), "rb") as f:
+        got = f.read()
+    with open(dataset.path(name), "rb") as f:
+        want = f.read()
+    U.assert_bytes(got, want, f"data/{name} read whole")
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_pread_random(data_mount, dataset, name):
+    size = dataset.sizes[name]
+    seed = U.SEED ^ zlib.crc32(name.encode())
+    rng = random.Random(seed)
+    # Windows at random places, plus every block edge and reads past EOF.
+    windows = [(rng.randrange(0, size + 2), rng.choice([1, 7, 4096, 65536, BLOCK - 1,
+                                                        BLOCK + 1, rng.randrange(1, 3 * MiB)]))
+               for _ in range(150)]
+    for edge in range(0, size + 1, BLOCK):
+        windows += [(max(edge - 1, 0), 2), (max(edge - 4096, 0), 8192), (edge, 1)]
+    windows += [(size, 10), (size + 12345, 10), (0, size + 1)]
+    with open(os.path.join(data_mount.data, name), "rb") as f, \
+            open(dataset.path(name), "rb") as s:
+        for i, (off, n) in enumerate(windows):
+            got = os.pread(f.fileno(), n, off)
+            want = os.pread(s.fileno(), n, off)
+            U.assert_bytes(got, want, f"data/{name} pread #{i} off={off} size={n} "
+                           f"(seed {seed}, MLFS_TEST_SEED={U.SEED})")
+
+
+def test_readdir_100k(data_mount, dataset):
+    big = os.path.join(data_mount.data, "big")
+    names = os.listdir(big)
+    assert len(names) == dataset.BIG_DIR_ENTRIES
+    assert sorted(names) == sorted(dataset.big_dir_names)
+    kinds = {"f": 0, "d": 0, "l": 0}
+    with os.scandir(big) as it:
+        for e in it:
+            i = int(e.name[1:7])
+            want = "d" if i % 10_000 == 1 else "l" if i % 10_000 == 2 else "f"
+            got = ("l" if e.is_symlink() else "d" if e.is_dir(follow_symlinks=False)
+                   else "f" if e.is_file(follow_symlinks=False) else "?")
+            assert got == want, f"big/{e.name}: scandir type {got}, want {want}"
+            kinds[got] += 1
+    assert kinds == {"f": 99_980, "d": 10, "l": 10}
+
+
+def test_readdir_types_and_names(data_mount, dataset):
+    mixed = os.path.join(data_mount.data, "mixed")
+    got = {}
+    with os.scandir(mixed) as it:
+        for e in it:
+            got[e.name] = ("l" if e.is_symlink() else "d" if e.is_dir(follow_symlinks=False)
+                           else "f" if e.is_file(follow_symlinks=False) else "?")
+    assert got == dataset.mixed
+
+
+def test_root_listing(data_mount, dataset):
+    assert sorted(os.listdir(data_mount.data)) == sorted(os.listdir(dataset.src))
+
+
+@pytest.mark.parametrize("name", FILES + ["sub", "sub/dir", "sub/dir/deep.bin", "mixed",
+                                          "link-rel", "link-abs", "link-dangling", "xattr.bin"])
+def test_stat_matches_source(data_mount, dataset, name):
+    got = os.lstat(os.path.join(data_mount.data, name))
+    want = os.lstat(dataset.path(name))
+    assert stat.S_IFMT(got.st_mode) == stat.S_IFMT(want.st_mode)
+    assert got.st_mode == want.st_mode, f"{oct(got.st_mode)} != {oct(want.st_mode)}"
+    assert got.st_mtime_ns == want.st_mtime_ns
+    if not stat.S_ISDIR(want.st_mode):
+        assert got.st_size == want.st_size
+
+
+def test_fstat_of_open_file(data_mount, dataset):
+    with open(os.path.join(data_mount.data, "five-mib"), "rb") as f:
+        st = os.fstat(f.fileno())
+    assert st.st_size == 5 * MiB and stat.S_ISREG(st.st_mode)
+
+
+def test_symlinks(data_mount, dataset):
+    d = data_mount.data
+    for name in ("link-rel", "link-abs", "link-dangling", "link-dir"):
+        assert os.readlink(os.path.join(d, name)) == os.readlink(dataset.path(name))
+    # A relative link resolves inside data.
+    with open(os.path.join(d, "link-rel"), "rb") as f:
+        U.assert_bytes(f.read(), read_src(dataset, "five-mib", 0, 5 * MiB), "via link-rel")
+    assert sorted(os.listdir(os.path.join(d, "link-dir"))) == ["dir"]
+    U.expect_errno(errno.ENOENT, os.stat, os.path.join(d, "link-dangling"))
+    U.expect_errno(errno.EINVAL, os.readlink, os.path.join(d, "one"))
+
+
+def test_lookup_errors(data_mount):
+    d = data_mount.data
+    U.expect_errno(errno.ENOENT, os.stat, os.path.join(d, "no-such-file"))
+    U.expect_errno(errno.ENOTDIR, os.stat, os.path.join(d, "one", "x"))
+    U.expect_errno(errno.ENAMETOOLONG, os.stat, os.path.join(d, "n" * 256))
+    U.expect_errno(errno.EISDIR, os.open, os.path.join(d, "sub"), os.O_RDONLY | os.O_TRUNC)
+
+
+def _erofs_calls(d):
+    f = os.path.join(d, "five-mib")
+    new = os.path.join(d, "new-file")
+    sub = os.path.join(d, "sub")
+    return {
+        "open_wronly": lambda: os.open(f, os.O_WRONLY),
+        "open_rdwr": lambda: os.open(f, os.O_RDWR),
+        "open_creat_existing": lambda: os.open(f, os.O_WRONLY | os.O_CREAT, 0o644),
+        "open_creat_new": lambda: os.open(new, os.O_WRONLY | os.O_CREAT, 0o644),
+        "open_trunc": lambda: os.open(f, os.O_WRONLY | os.O_TRUNC),
+        "open_append": lambda: os.open(f, os.O_WRONLY | os.O_APPEND),
+        "mkdir": lambda: os.mkdir(os.path.join(d, "new-dir")),
+        "rmdir": lambda: os.rmdir(os.path.join(d, "mixed", "dir")),
+        "unlink": lambda: os.unlink(f),
+        "rename": lambda: os.rename(f, os.path.join(d, "renamed")),
+        "rename_over": lambda: os.rename(os.path.join(d, "one"), f),
+        "symlink": lambda: os.symlink("one", os.path.join(d, "new-link")),
+        "link": lambda: os.link(f, os.path.join(d, "new-hardlink")),
+        "mknod_fifo": lambda: os.mkfifo(os.path.join(d, "new-fifo")),
+        "chmod": lambda: os.chmod(f, 0o600),
+        "chmod_dir": lambda: os.chmod(sub, 0o700),
+        "chown": lambda: os.chown(f, 65534, 65534),
+        "setxattr": lambda: os.setxattr(f, "user.x", b"1"),
+        "removexattr": lambda: os.removexattr(os.path.join(d, "xattr.bin"), "user.empty"),
+        "truncate": lambda: os.truncate(f, 0),
+        "utime": lambda: os.utime(f, (1, 1)),
+        "utime_now": lambda: os.utime(f, None),
+    }
+
+
+ERO_CASES = sorted(_erofs_calls("/"))
+
+
+@pytest.mark.parametrize("case", ERO_CASES)
+def test_erofs(data_mount, dataset, case):
+    before = os.lstat(dataset.path("five-mib"))
+    U.expect_errno(errno.EROFS, _erofs_calls(data_mount.data)[case])
+    after = os.lstat(dataset.path("five-mib"))
+    assert (after.st_size, after.st_mode, after.st_mtime_ns, after.st_uid) == \
+           (before.st_size, before.st_mode, before.st_mtime_ns, before.st_uid)
+    assert sorted(os.listdir(data_mount.data)) == sorted(os.listdir(dataset.src))
+    assert "user.empty" in os.listxattr(dataset.path("xattr.bin"))
+    assert "user.x" not in os.listxattr(dataset.path("five-mib"))
+
+
+def test_erofs_ftruncate_and_write_on_rdonly_fd(data_mount):
+    fd = os.open(os.path.join(data_mount.data, "five-mib"), os.O_RDONLY)
+    try:
+        U.expect_errno({errno.EBADF, errno.EINVAL, errno.EROFS}, os.ftruncate, fd, 0)
+        U.expect_errno(errno.EBADF, os.write, fd, b"x")
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("name", ["five-mib", "big-33mib", "one", "block-plus-1"])
+def test_mmap_shared_read(data_mount, dataset, name):
+    size = dataset.sizes[name]
+    seed = U.SEED + size
+    rng = random.Random(seed)
+    with open(os.path.join(data_mount.data, name), "rb") as f, \
+            open(dataset.path(name), "rb") as s:
+        mm = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        try:
+            assert len(mm) == size
+            for i in range(100):
+                off = rng.randrange(0, size)
+                n = min(rng.randrange(1, 2 * MiB), size - off)
+                U.assert_bytes(mm[off:off + n], os.pread(s.fileno(), n, off),
+                               f"mmap data/{name} #{i} off={off} size={n} (seed {seed})")
+            U.assert_bytes(mm[:], s.read(), f"mmap data/{name} whole")
+        finally:
+            mm.close()
+
+
+def test_numpy_memmap(data_mount, dataset):
+    name = "big-33mib"
+    seed = U.SEED + 7
+    rng = random.Random(seed)
+    got = numpy.memmap(os.path.join(data_mount.data, name), dtype=numpy.uint8, mode="r")
+    want = numpy.fromfile(dataset.path(name), dtype=numpy.uint8)
+    assert got.shape == want.shape
+    for i in range(100):
+        off = rng.randrange(0, len(want))
+        n = rng.randrange(1, 4 * MiB)
+        assert numpy.array_equal(got[off:off + n], want[off:off + n]), \
+            f"numpy.memmap data/{name} #{i} off={off} size={n} (seed {seed})"
+    # Typed, strided access like a dataset loader does.
+    g32 = numpy.memmap(os.path.join(data_mount.data, name), dtype=numpy.uint32, mode="r")
+    assert numpy.array_equal(g32[::4099], want.view(numpy.uint32)[::4099])
+    del got, g32
+
+
+def _rewrite_in_place(path, data, mtime_ns):
+    with open(path, "r+b") as f:
+        f.truncate(0)
+        f.write(data)
+    os.utime(path, ns=(mtime_ns, mtime_ns))
+
+
+def _replace_by_rename(path, data, mtime_ns):
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.utime(tmp, ns=(mtime_ns, mtime_ns))
+    os.rename(tmp, path)
+
+
+@pytest.mark.parametrize("how", [_rewrite_in_place, _replace_by_rename],
+                         ids=["in-place", "rename"])
+@pytest.mark.parametrize("new_size", [3 * MiB + 5, 100], ids=["grow", "shrink"])
+def test_source_changed_underneath(mount_mlfs, how, new_size):
+    seed = U.SEED + new_size
+    rng = random.Random(seed)
+    m0 = mount_mlfs()  # a private SOURCE: the change must not disturb other tests
+    path = os.path.join(m0.src, "f.bin")
+    old = rng.randbytes(2 * MiB)
+    with open(path, "wb") as f:
+        f.write(old)
+    os.utime(path, ns=(1_500_000_000_000_000_000,) * 2)
+    view = os.path.join(m0.data, "f.bin")
+    with open(view, "rb") as f:
+        U.assert_bytes(f.read(), old, "before the change")
+        keep_open = os.dup(f.fileno())
+    try:
+        new = rng.randbytes(new_size)
+        how(path, new, 1_700_000_000_000_000_000)
+        with open(view, "rb") as f:
+            st = os.fstat(f.fileno())
+            U.assert_bytes(f.read(), new, f"after the change, reopened (seed {seed})")
+        assert st.st_size == new_size
+        assert os.stat(view).st_mtime_ns == 1_700_000_000_000_000_000
+    finally:
+        os.close(keep_open)
+
+
+def test_statfs(data_mount, dataset):
+    st = os.statvfs(data_mount.data)
+    assert st.f_bsize > 0 and st.f_frsize > 0
+    assert st.f_namemax >= 255
+    assert st.f_blocks >= st.f_bfree >= 0
+
+
+def test_xattr_of_source_file(data_mount, dataset):
+    p = os.path.join(data_mount.data, "xattr.bin")
+    assert os.getxattr(p, dataset.XATTR_NAME) == dataset.XATTR_VALUE
+    assert os.getxattr(p, "user.empty") == b""
+    names = os.listxattr(p)
+    assert dataset.XATTR_NAME in names and "user.empty" in names
+    assert sorted(n for n in names if n.startswith("user.")) == sorted(
+        n for n in os.listxattr(dataset.path("xattr.bin")) if n.startswith("user."))
+    U.expect_errno(errno.ENODATA, os.getxattr, p, "user.absent")
+    assert [n for n in os.listxattr(os.path.join(data_mount.data, "one"))
+            if n.startswith("user.")] == []
+
+
+def test_many_opens_and_closes(data_mount, dataset):
+    """Open/close churn must not leak or confuse handles."""
+    want = read_src(dataset, "one", 0, 1)
+    for _ in range(2000):
+        fd = os.open(os.path.join(data_mount.data, "one"), os.O_RDONLY)
+        try:
+            assert os.pread(fd, 1, 0) == want
+        finally:
+            os.close(fd)
