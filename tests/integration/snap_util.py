@@ -27,6 +27,8 @@ import mlfs_util as U
 SNAP = os.path.join(U.BIN_DIR, "mlfs-snap")
 NOBODY = 65534
 MiB = 1 << 20
+# The state of a published snapshot in `list --store` (the tool has said both).
+STORED = ("durable", "complete")
 
 
 # ---------------------------------------------------------------- the CLI
@@ -150,6 +152,19 @@ class SnapEnv:
 
     def path(self, *p):
         return os.path.join(self.root, *p)
+
+    def keep_evidence(self):
+        """With MLFS_SNAP_KEEP=DIR, copy the store and the daemon logs there (the suite's
+        temp root is removed at the end); returns the copy's path or None."""
+        dest = os.environ.get("MLFS_SNAP_KEEP")
+        if not dest:
+            return None
+        dest = tempfile.mkdtemp(prefix="evidence-", dir=dest)
+        shutil.copytree(self.store, os.path.join(dest, "store"), symlinks=True)
+        for n in os.listdir(self.root):
+            if n.endswith(".log"):
+                shutil.copy(os.path.join(self.root, n), dest)
+        return dest
 
     def mount(self, opts="", store=None, foreground=False, spill=None, expect_ok=True):
         """Mount SOURCE on MNT with a fresh spill dir and the env's store; ready on return."""

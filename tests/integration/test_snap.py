@@ -97,7 +97,7 @@ def test_round_trip_byte_exact(snapenv):
     lst = S.list_json(env.mnt)
     assert lst["s1"]["state"] == "durable", lst
     off = S.list_json(env.store, store=True)
-    assert off["s1"]["state"] == "complete", off
+    assert off["s1"]["state"] in S.STORED, off
     # Regular inodes counted once (hard links are one file).
     inodes = {e.get("links", (rel,)) for rel, e in want.items() if e["type"] == "f"}
     assert off["s1"]["files"] == len(inodes), off["s1"]
@@ -157,7 +157,7 @@ def test_take_returns_before_persist_and_list_states(snapenv):
     r = S.snap_ok("take", env.mnt, "slow", "--wait")
     e = S.list_json(env.mnt)["slow"]
     assert e["state"] == "durable", e
-    assert S.list_json(env.store, store=True)["slow"]["state"] == "complete"
+    assert S.list_json(env.store, store=True)["slow"]["state"] in S.STORED
     for name in ("fast", "slow"):
         e = S.list_json(env.mnt)[name]
         assert e["logical_bytes"] == 96 * MiB and e["files"] == 48, e
@@ -329,7 +329,7 @@ def test_longest_name_and_existing_name(snapenv):
     write(os.path.join(d.ckpt, "a"), b"first")
     name = "n" * 255
     S.snap_ok("take", env.mnt, name, "--wait")
-    assert S.list_json(env.store, store=True)[name]["state"] == "complete"
+    assert S.list_json(env.store, store=True)[name]["state"] in S.STORED
     write(os.path.join(d.ckpt, "a"), b"second")
     before = S.store_files(env.store)
     r = S.snap("take", env.mnt, name, "--wait")
@@ -405,7 +405,7 @@ def test_damaged_manifest(snapenv):
         f.write(bytes([b[0] ^ 0x10]))
     lst = S.list_json(env.store, store=True)
     assert "s2" not in lst or lst["s2"]["state"] == "damaged", lst
-    assert lst["s1"]["state"] == "complete"
+    assert lst["s1"]["state"] in S.STORED
     r = S.snap("verify", "--store", env.store)
     assert r.rc == 1 and "s2" in r.out + r.err, repr(r)
     S.assert_clean_failure(S.snap("restore", "--store", env.store, "s2", "--to",
@@ -563,8 +563,50 @@ def test_sigterm_persists_pending_snapshots(snapenv):
     lst = S.list_json(env.store, store=True)
     # Nothing changed after p2: no emergency snapshot is needed (one would equal p2).
     for name, tree in trees.items():
-        assert lst.get(name, {}).get("state") == "complete", f"{name} not persisted: {lst}"
+        assert lst.get(name, {}).get("state") in S.STORED, f"{name} not persisted: {lst}"
         out = env.path(f"export-{name}")
         assert S.export(env.store, name, out).ok
         S.assert_tree_equal(S.read_tree(out), tree, f"pending snapshot {name} after SIGTERM")
     S.snap_ok("verify", "--store", env.store)
+
+
+# ---------------------------------------------------------------- insurance
+
+def test_autosnap_interval_and_keep(snapenv):
+    env = snapenv()
+    d = env.mount(opts="autosnap=1s,keep=2")
+    write(os.path.join(d.ckpt, "x"), b"manual")
+    S.snap_ok("take", env.mnt, "manual", "--wait")
+    rng = rng_for("autosnap")
+    end = time.monotonic() + 5
+    i = 0
+    while time.monotonic() < end:
+        write(os.path.join(d.ckpt, "x"), rng.randbytes(100_000 + i))
+        i += 1
+        time.sleep(0.3)
+    last = S.read_tree(d.ckpt)
+    time.sleep(3.5)          # > 2 intervals without a change: one auto snapshot has it
+    lst = S.list_json(env.mnt)
+    autos = [n for n in lst if n.startswith("auto-")]
+    assert "manual" in lst, f"keep= deleted a snapshot it did not take: {lst}"
+    assert 1 <= len(autos) <= 2, f"autosnap=1s,keep=2 after 8 s: {sorted(lst)}"
+    newest = max(autos, key=lambda n: lst[n]["time_ns"])
+    assert lst[newest]["state"] == "durable", lst[newest]
+    out = env.path("export")
+    assert S.export(env.store, newest, out).ok
+    S.assert_tree_equal(S.read_tree(out), last, f"newest auto snapshot {newest}")
+    # Unchanged: no new auto snapshots.
+    time.sleep(2.5)
+    assert set(S.list_json(env.mnt)) == set(lst), "autosnap took a snapshot of an unchanged tree"
+
+
+def test_advise(snapenv):
+    env = snapenv()
+    d = env.mount(opts="autosnap=auto,mtbf=2h")
+    write(os.path.join(d.ckpt, "x"), rng_for("advise").randbytes(8 * MiB))
+    S.snap_ok("take", env.mnt, "a1", "--wait")
+    r = S.snap_ok("advise", env.mnt)
+    assert r.out.strip(), "advise printed nothing"
+    assert any(ch.isdigit() for ch in r.out), r.out
+    assert "7200" in r.out or "2h" in r.out or "mtbf" in r.out.lower(), \
+        f"advise does not show the MTBF it was given: {r.out}"

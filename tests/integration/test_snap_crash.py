@@ -10,7 +10,7 @@ what the store promises:
 - a snapshot whose delete returned 0 is never listed again;
 - verify --store is clean after every crash; gc leaves no temporaries at the end.
 
-MLFS_CRASH_ITERS (default 110) sets the number of kill points; MLFS_TEST_SEED the seed.
+MLFS_CRASH_ITERS (default 150) sets the number of kill points; MLFS_TEST_SEED the seed.
 Each iteration ends in exactly one SIGKILL, most of them with an operation in flight.
 """
 import json
@@ -29,7 +29,7 @@ from snap_util import snapenv  # noqa: F401  (fixture)
 pytestmark = pytest.mark.daemon
 MiB = 1 << 20
 BLOCK = MiB
-ITERS = int(os.environ.get("MLFS_CRASH_ITERS", "110"))
+ITERS = int(os.environ.get("MLFS_CRASH_ITERS", "150"))
 DIRS = ("", "a", "b", "a/c")
 SIZES = (0, 1, 4095, BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK + 333, 3 * BLOCK)
 MAX_LIVE_SNAPS = 6
@@ -58,6 +58,11 @@ class Crash:
     def fail(self, msg, d=None):
         tail = "\n".join(self.events[-40:])
         out = d.output() if d is not None else ""
+        kept = self.env.keep_evidence()
+        if kept:
+            with open(os.path.join(kept, "events.txt"), "w") as f:
+                f.write("\n".join(self.events) + "\n")
+            out += f"\n(store, logs and events copied to {kept})"
         raise AssertionError(f"{msg}\n(seed {U.SEED}; last events:\n{tail}\n"
                              f"daemon output:\n{out})")
 
@@ -180,7 +185,7 @@ class Crash:
         for name, e in lst.items():
             if name not in self.snaps:
                 self.fail(f"store lists '{name}', which was never taken: {e}", d)
-            if e["state"] != "complete":
+            if e["state"] not in S.STORED:
                 self.fail(f"store lists '{name}' as {e['state']!r}", d)
             if name in self.deleted:
                 self.fail(f"'{name}' is listed after its delete returned 0", d)
@@ -210,7 +215,8 @@ class Crash:
     # ------------------------------------------------------------ one iteration
     def start(self, it):
         env, rng = self.env, self.rng
-        lst = S.list_json(env.store, store=True)
+        fresh = not os.path.exists(os.path.join(env.store, "FORMAT"))
+        lst = {} if fresh else S.list_json(env.store, store=True)
         live = self.live_names(lst)
         use_latest = live and rng.random() < 0.25
         d = env.mount(opts="restore=latest" if use_latest else "")
@@ -320,6 +326,13 @@ class Crash:
                            self.durable.add(n) if w else None)))
         elif phase == "persist":
             self.mutate(d.ckpt, rng.randrange(1, 4))
+            # several MiB of new blocks, so that the persist takes a while
+            for k in range(rng.randrange(1, 4)):
+                rel = f"{rng.choice(DIRS)}/big{k}".lstrip("/")
+                data = rng.randbytes(rng.randrange(2 * BLOCK, 6 * BLOCK))
+                with open(os.path.join(d.ckpt, rel), "wb") as f:
+                    f.write(data)
+                self.files[rel] = data
             name = self.new_name()
             self.issue(name)
             r = S.snap("take", env.mnt, name)
@@ -378,14 +391,20 @@ class Crash:
                                                 rng.choice(names)],
                                                stdout=subprocess.DEVNULL,
                                                stderr=subprocess.PIPE), "restore", None))
-        time.sleep(self.delay())
+        if phase == "persist":
+            time.sleep(rng.uniform(0, 0.03))
+            if rng.random() < 0.3:
+                # `list` saying durable before the kill counts as reported durable
+                self.note_list(env.mnt, d)
+        else:
+            time.sleep(self.delay())
         busy = (thread is not None and thread.is_alive()) or \
             any(p.poll() is None for p, _, _ in procs)
-        if phase == "persist":
-            # `list` saying durable before the kill counts as reported durable
-            busy = self.note_list(env.mnt, d).get(self.order[-1], {}).get("state") != "durable"
         self.log(f"SIGKILL {d.pid} in phase {phase} ({'in flight' if busy else 'after'})")
         env.kill(d)
+        if phase == "persist":
+            # in flight if the commit had not published it when the daemon died
+            busy = self.order[-1] not in S.snaps_in_store(env.store)
         self.kills[phase] += 1
         self.in_flight[phase] += busy
         for p, what, on_ok in procs:
