@@ -203,6 +203,8 @@ class Mounter:
                 U.force_unmount(m.data)
                 errs.append(f"{m.data}: bind mount left (busy?)")
             return errs
+        if U.is_mounted(m.mnt) and m.pid and not U.pid_alive(m.pid):
+            errs.append(f"daemon {m.pid} died while {m.mnt} was mounted (crash?)")
         if U.is_mounted(m.mnt):
             r = U.fusermount_u(m.mnt)
             if r.returncode != 0:

@@ -172,8 +172,8 @@ def expect_errno(errnos, fn, *args, **kw):
     try:
         res = fn(*args, **kw)
     except OSError as e:
-        assert e.errno in errnos, \
-            f"{getattr(fn, '__name__', fn)}{args}: {errno.errorcode.get(e.errno, e.errno)} ({e}), want {names}"
+        got = errno.errorcode.get(e.errno, e.errno)
+        assert e.errno in errnos, f"{getattr(fn, '__name__', fn)}{args}: {got} ({e}), want {names}"
         return e
     if isinstance(res, int) and getattr(fn, "__name__", "") == "open":
         os.close(res)

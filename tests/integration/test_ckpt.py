@@ -6,6 +6,7 @@ import errno
 import os
 import random
 import stat
+import subprocess
 import time
 
 import pytest
@@ -630,6 +631,20 @@ def test_permission_denied_on_root_file(ckpt, umask022):
         with open(p(ckpt, "f"), "rb") as f:
             return f.read().decode()
     assert U.as_user(try_read) == ["ok", "root's"]
+    assert read_file(p(ckpt, "f")) == b"root's"
+
+
+def test_permission_denied_via_setpriv(ckpt, umask022):
+    """The same refusal for a process exec'd with other credentials (setpriv)."""
+    write_file(p(ckpt, "f"), b"root's", mode=0o644)
+    os.chmod(p(ckpt, "f"), 0o644)
+    base = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    r = subprocess.run(base + ["sh", "-c", 'echo x >> "$1"', "sh", p(ckpt, "f")],
+                       capture_output=True, text=True, timeout=30, cwd="/")
+    assert r.returncode != 0 and "Permission denied" in r.stderr, (r.returncode, r.stderr)
+    r = subprocess.run(base + ["cat", p(ckpt, "f")], capture_output=True, text=True,
+                       timeout=30, cwd="/")
+    assert (r.returncode, r.stdout) == (0, "root's"), r.stderr
     assert read_file(p(ckpt, "f")) == b"root's"
 
 

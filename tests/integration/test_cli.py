@@ -58,13 +58,15 @@ def _bad_cases(m):
         "bad-size-negative": (["-o", spill + ",mem_min=-1M", m.src, m.mnt], 1),
         "block-size-too-small": (["-o", spill + ",block_size=32K", m.src, m.mnt], 1),
         "block-size-too-big": (["-o", spill + ",block_size=16M", m.src, m.mnt], 1),
+        "spill-dir-missing": (["-o", f"spill={m.spill}/nope,store={m.store}", m.src, m.mnt],
+                              1),
     }
 
 
 BAD_CASES = ["no-arguments", "missing-mountpoint", "source-missing", "source-is-a-file",
              "mountpoint-missing", "too-many-arguments", "unknown-option", "unknown-flag",
              "bad-size-suffix", "bad-size-word", "bad-size-negative",
-             "block-size-too-small", "block-size-too-big"]
+             "block-size-too-small", "block-size-too-big", "spill-dir-missing"]
 
 
 @pytest.mark.parametrize("case", BAD_CASES)
