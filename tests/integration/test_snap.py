@@ -610,3 +610,32 @@ def test_advise(snapenv):
     assert any(ch.isdigit() for ch in r.out), r.out
     assert "7200" in r.out or "2h" in r.out or "mtbf" in r.out.lower(), \
         f"advise does not show the MTBF it was given: {r.out}"
+
+
+@pytest.mark.parametrize("first,new_size", [(1, 100), (1, 2 * MiB), (BLOCK + 333, 3 * MiB),
+                                            (3 * MiB, MiB // 2)])
+def test_size_change_after_take(snapenv, first, new_size):
+    """A file snapshotted, then grown or shrunk with truncate(2), snapshotted again: the
+    second snapshot has the new size and bytes (zeros past the old end); verify is clean
+    only if both restore."""
+    env = snapenv()
+    d = env.mount()
+    p = os.path.join(d.ckpt, "f")
+    data = rng_for(f"trunc-{first}").randbytes(first)
+    write(p, data)
+    S.snap_ok("take", env.mnt, "a", "--wait")
+    os.truncate(p, new_size)
+    want = (data + bytes(max(0, new_size - first)))[:new_size]
+    S.snap_ok("take", env.mnt, "b", "--wait")
+    ver = S.snap("verify", "--store", env.store)
+    out = env.path("export")
+    r = S.export(env.store, "b", out)
+    assert r.ok, (f"export of 'b' (truncate {first} -> {new_size} after a take) failed; "
+                  f"verify said {'clean' if ver.ok else 'damage'}: {r!r}")
+    with open(os.path.join(out, "f"), "rb") as f:
+        U.assert_bytes(f.read(), want, "f in 'b'")
+    assert ver.ok, repr(ver)
+    env.unmount(d)
+    d = env.mount(opts="restore=b")
+    with open(os.path.join(d.ckpt, "f"), "rb") as f:
+        U.assert_bytes(f.read(), want, "f after restore=b")

@@ -105,6 +105,7 @@ class Crash:
                 with open(os.path.join(ckpt, rel), "wb") as f:
                     f.write(data)
                 self.files[rel] = data
+                self.log(f"create {rel} {len(data)} bytes")
                 continue
             if sum(len(v) for v in self.files.values()) > 24 * MiB:
                 op = "unlink"
@@ -134,6 +135,7 @@ class Crash:
             elif op == "unlink":
                 os.unlink(p)
                 del self.files[rel]
+                self.log(f"unlink {rel}")
                 continue
             elif op == "rename":
                 new = f"{rng.choice(DIRS)}/r{rng.randrange(40):02d}".lstrip("/")
@@ -143,8 +145,10 @@ class Crash:
                 self.files.pop(new, None)
                 self.files[new] = bytes(data)
                 del self.files[rel]
+                self.log(f"rename {rel} {new}")
                 continue
             self.files[rel] = bytes(data)
+            self.log(f"{op} {rel} -> {len(data)} bytes")
 
     def ensure_dirs(self, ckpt):
         for dpath in DIRS[1:]:
