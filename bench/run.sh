@@ -247,6 +247,10 @@ else
 	mlfs_state="mlfs not built ($MLFS missing): running native, mergerfs, bindfs"
 fi
 echo "run.sh: $spec run, $rounds rounds, workloads:$workloads; $mlfs_state; raw output in $RUN"
+read -r load _ </proc/loadavg
+if awk -v l="$load" -v c="$(nproc)" 'BEGIN { exit !(l > c / 2) }'; then
+	echo "run.sh: warning: load average $load on $(nproc) cores: other work is running, expect noisy rounds" >&2
+fi
 
 for w in $workloads; do
 	echo "== $w"
