@@ -756,3 +756,20 @@ def test_copy_data_to_ckpt(mlfs):
     with open(p(mlfs.data, "s"), "rb") as fi, open(p(mlfs.ckpt, "s"), "wb") as fo:
         os.sendfile(fo.fileno(), fi.fileno(), 0, len(data))
     U.assert_bytes(read_file(p(mlfs.ckpt, "s")), data, "copy via sendfile")
+
+
+def test_ckpt_larger_than_memory_budget(mount_mlfs):
+    """48 MiB of checkpoint through a 16 MiB budget: dirty blocks spill, never drop."""
+    m = mount_mlfs(opts="mem_max=16M,mem_min=4M")
+    seed = U.SEED + 48
+    data = random.Random(seed).randbytes(48 * MiB)
+    with open(p(m.ckpt, "big"), "wb") as f:
+        for off in range(0, len(data), 4 * MiB):
+            f.write(data[off:off + 4 * MiB])
+    with open(p(m.ckpt, "big"), "rb") as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        U.assert_bytes(f.read(), data, f"ckpt beyond budget (seed {seed})")
+    if not m.native:
+        st = m.stat()
+        assert st["spilled_bytes"] > 0 and st["spill_ops"] > 0, st
+        assert st["mem_bytes"] <= st["mem_max"] + 4 * BLOCK, st

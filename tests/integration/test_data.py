@@ -283,3 +283,43 @@ def test_many_opens_and_closes(data_mount, dataset):
             assert os.pread(fd, 1, 0) == want
         finally:
             os.close(fd)
+
+
+@pytest.mark.parametrize("block_size,opt", [(64 * 1024, "64K"), (8 * MiB, "8M")])
+def test_pread_other_block_size(mount_mlfs, dataset, block_size, opt):
+    """Block edges of the smallest and largest block sizes, byte-exact."""
+    m = mount_mlfs(src=dataset.src, opts=f"block_size={opt}")
+    name = "big-33mib"
+    size = dataset.sizes[name]
+    seed = U.SEED + block_size
+    rng = random.Random(seed)
+    windows = [(e + d, n) for e in range(block_size, size, max(block_size, size // 40))
+               for d, n in ((-1, 2), (-3, 1), (0, block_size + 1))]
+    windows += [(rng.randrange(0, size), rng.randrange(1, 2 * block_size)) for _ in range(50)]
+    with open(os.path.join(m.data, name), "rb") as f, open(dataset.path(name), "rb") as s:
+        for i, (off, n) in enumerate(windows):
+            U.assert_bytes(os.pread(f.fileno(), n, off), os.pread(s.fileno(), n, off),
+                           f"block_size={opt} #{i} off={off} size={n} (seed {seed})")
+
+
+def test_read_with_budget_smaller_than_file(mount_mlfs, dataset):
+    """A 33 MiB file through a 16 MiB budget: evicted blocks come back byte-exact."""
+    m = mount_mlfs(src=dataset.src, opts="mem_max=16M,mem_min=4M")
+    name = "big-33mib"
+    with open(dataset.path(name), "rb") as s:
+        want = s.read()
+    seed = U.SEED + 16
+    rng = random.Random(seed)
+    with open(os.path.join(m.data, name), "rb") as f:
+        for rnd in range(2):
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            U.assert_bytes(os.pread(f.fileno(), len(want) + 1, 0), want, f"pass {rnd}")
+        for i in range(40):
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            off, n = rng.randrange(0, len(want)), rng.randrange(1, 3 * MiB)
+            U.assert_bytes(os.pread(f.fileno(), n, off), want[off:off + n],
+                           f"small budget #{i} off={off} size={n} (seed {seed})")
+    if not m.native:
+        st = m.stat()
+        assert st["mem_max"] == 16 * MiB
+        assert st["mem_bytes"] <= st["mem_max"] + 4 * BLOCK, st
