@@ -716,7 +716,7 @@ int bc_load_begin(struct bc *bc, struct bc_block *b, bool wait)
 void bc_load_end(struct bc *bc, struct bc_block *b, void *buf, int rc)
 {
 	struct bc_shard *s = bc_shard_of(bc, b);
-	bool unhashed = false;
+	bool unhashed = false, over = false;
 
 	pthread_mutex_lock(&s->mu);
 	b->flags &= ~BC_IO;
@@ -731,7 +731,8 @@ void bc_load_end(struct bc *bc, struct bc_block *b, void *buf, int rc)
 		/* Over budget, this block came back for one reader, not to stay: put it
 		 * where the next trim looks first, and its copy makes that free. What the
 		 * cache already holds stays (the epoch policy in bcache.h). */
-		if (atomic_load(&bc->mem_bytes) > atomic_load(&bc->budget))
+		over = atomic_load(&bc->mem_bytes) > atomic_load(&bc->budget);
+		if (over)
 			bc_list_push_head(bc_list_of(s, b), b);
 		else
 			bc_list_push(bc_list_of(s, b), b);
@@ -747,6 +748,8 @@ void bc_load_end(struct bc *bc, struct bc_block *b, void *buf, int rc)
 	free(buf);
 	if (unhashed)
 		bc_block_put(bc, b);
+	if (over && bc->backing.over_budget)
+		bc->backing.over_budget(bc->backing.arg);
 }
 
 int bc_block_load(struct bc *bc, struct bc_block *b)

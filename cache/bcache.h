@@ -195,6 +195,10 @@ struct bc_backing {
 	/* b's spilled copy is no longer wanted (b is being freed, or was rewritten):
 	 * release its spill space. Called with no lock held, BC_SPILLED already clear. */
 	void (*unspill)(void *arg, struct bc_block *b);
+	/* A load left mem_bytes over the budget: wake whoever trims, now rather than at its
+	 * next tick (a fast reader would pile up reloads meanwhile). No lock held; may be
+	 * NULL. */
+	void (*over_budget)(void *arg);
 	void *arg;
 };
 void bc_set_backing(struct bc *bc, const struct bc_backing *bk);

@@ -677,6 +677,18 @@ static void tier_unspill(void *arg, struct bc_block *b)
 	pthread_mutex_unlock(&t->mu);
 }
 
+/* A load went over budget: trim now (rule A frees it at no cost). Called on every such
+ * load: a mutex and a broadcast, about a microsecond against a 1 MiB read. */
+static void tier_over_budget(void *arg)
+{
+	struct tier *t = arg;
+
+	pthread_mutex_lock(&t->mu);
+	if (!t->kick)
+		tier_wake_locked(t);
+	pthread_mutex_unlock(&t->mu);
+}
+
 /* ---- public ---- */
 
 static uint64_t tier_resident_cb(void *arg)
@@ -817,7 +829,8 @@ int tier_start(struct tier *t)
 			goto out_uring;
 		}
 	}
-	bk = (struct bc_backing){ .load = tier_load, .unspill = tier_unspill, .arg = t };
+	bk = (struct bc_backing){ .load = tier_load, .unspill = tier_unspill,
+				  .over_budget = tier_over_budget, .arg = t };
 	bc_set_backing(t->bc, &bk);
 	t->rss_base = tier_rss();
 	if (t->rss_base > bc_mem_bytes(t->bc))
