@@ -44,6 +44,24 @@ struct data_file {
 	struct bc_fid fid;
 	uint64_t size;
 	struct data_node *n;
+	/* The last block read for this open file that the cache did not admit (budget
+	 * full): the kernel reads a block in several requests (readahead windows), and
+	 * without this each would read the whole block from SOURCE again. One block an
+	 * open file at most, counted in mem_bytes like any other. */
+	pthread_mutex_t last_mu;
+	struct bc_block *last;
+	uint64_t last_idx;
+};
+
+/* A SOURCE read in flight: concurrent misses of one block wait for the first reader
+ * instead of reading it again (single flight). Few at once (one per FUSE worker), so a
+ * list under ns->fl_mu is enough. */
+struct data_inflight {
+	struct data_inflight *next;
+	struct bc_fid fid;
+	uint64_t idx;
+	struct bc_block *b; /* one reference for the waiters, put by the last one */
+	int rc, done, waiters;
 };
 
 struct data_dir {
@@ -60,6 +78,9 @@ struct data_ns {
 	struct data_node **buckets;
 	size_t nbuckets, nnodes;
 	struct data_node *root;
+	pthread_mutex_t fl_mu;
+	pthread_cond_t fl_cv;
+	struct data_inflight *inflight;
 };
 
 static _Atomic uint64_t data_next_ino = 16;
@@ -103,6 +124,8 @@ int data_ns_new(struct mlfs *m, const char *source, struct data_ns **out)
 		goto out_close;
 	}
 	pthread_mutex_init(&ns->mu, NULL);
+	pthread_mutex_init(&ns->fl_mu, NULL);
+	pthread_cond_init(&ns->fl_cv, NULL);
 	ns->root->hdr.kind = MLFS_DATA;
 	ns->root->hdr.st_ino = 2;
 	ns->root->fid = data_fid_of(&st);
@@ -139,6 +162,8 @@ void data_ns_free(struct data_ns *ns)
 	free(ns->src_path);
 	close(ns->src_fd);
 	pthread_mutex_destroy(&ns->mu);
+	pthread_mutex_destroy(&ns->fl_mu);
+	pthread_cond_destroy(&ns->fl_cv);
 	free(ns);
 }
 
@@ -407,6 +432,7 @@ int data_open(struct data_ns *ns, struct data_node *n, struct fuse_file_info *fi
 	f->fid = data_fid_of(&st);
 	f->size = st.st_size;
 	f->n = n;
+	pthread_mutex_init(&f->last_mu, NULL);
 	pthread_mutex_lock(&ns->mu);
 	old = n->fid;
 	n->fid = f->fid;
@@ -437,6 +463,9 @@ out_free:
 
 void data_release(struct data_ns *ns, struct data_file *f)
 {
+	if (f->last)
+		bc_block_put(ns->m->bc, f->last);
+	pthread_mutex_destroy(&f->last_mu);
 	close(f->fd);
 	free(f);
 }
@@ -479,6 +508,94 @@ static int data_fill(struct data_ns *ns, struct data_file *f, uint64_t idx,
 	return 0;
 }
 
+/* data_fill with single flight (struct data_inflight): one SOURCE read per block
+ * however many readers miss it at once. Counted reference or -errno. */
+static int data_fetch(struct data_ns *ns, struct data_file *f, uint64_t idx,
+		      struct bc_block **out)
+{
+	struct data_inflight *fl, **pp;
+	int rc;
+
+	pthread_mutex_lock(&ns->fl_mu);
+	for (fl = ns->inflight; fl; fl = fl->next)
+		if (fl->idx == idx && fl->fid.hi == f->fid.hi && fl->fid.lo == f->fid.lo)
+			break;
+	if (fl) {
+		fl->waiters++;
+		while (!fl->done)
+			pthread_cond_wait(&ns->fl_cv, &ns->fl_mu);
+		rc = fl->rc;
+		if (!rc) {
+			bc_block_get(fl->b);
+			*out = fl->b;
+		}
+		if (--fl->waiters == 0) {
+			if (fl->b)
+				bc_block_put(ns->m->bc, fl->b);
+			free(fl);
+		}
+		pthread_mutex_unlock(&ns->fl_mu);
+		return rc;
+	}
+	fl = calloc(1, sizeof(*fl));
+	if (fl) {
+		fl->fid = f->fid;
+		fl->idx = idx;
+		fl->next = ns->inflight;
+		ns->inflight = fl;
+	}
+	pthread_mutex_unlock(&ns->fl_mu);
+	rc = data_fill(ns, f, idx, out);
+	if (!fl)
+		return rc;
+	pthread_mutex_lock(&ns->fl_mu);
+	for (pp = &ns->inflight; *pp != fl; pp = &(*pp)->next)
+		;
+	*pp = fl->next;
+	fl->done = 1;
+	fl->rc = rc;
+	if (fl->waiters) {
+		if (!rc) {
+			bc_block_get(*out);
+			fl->b = *out;
+		}
+		pthread_cond_broadcast(&ns->fl_cv);
+	} else {
+		free(fl);
+	}
+	pthread_mutex_unlock(&ns->fl_mu);
+	return rc;
+}
+
+/* The open file's last unadmitted block, if it is block idx: counted, or NULL. */
+static struct bc_block *data_last_get(struct data_file *f, uint64_t idx)
+{
+	struct bc_block *b = NULL;
+
+	pthread_mutex_lock(&f->last_mu);
+	if (f->last && f->last_idx == idx) {
+		b = f->last;
+		bc_block_get(b);
+	}
+	pthread_mutex_unlock(&f->last_mu);
+	return b;
+}
+
+static void data_last_set(struct data_ns *ns, struct data_file *f, uint64_t idx,
+			  struct bc_block *b)
+{
+	struct bc_block *old;
+
+	bc_block_get(b);
+	pthread_mutex_lock(&f->last_mu);
+	old = f->last;
+	f->last = b;
+	f->last_idx = idx;
+	pthread_mutex_unlock(&f->last_mu);
+	if (old)
+		bc_block_put(ns->m->bc, old);
+}
+
 int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
 	      struct mlfs_seg *segs)
 {
@@ -500,8 +617,12 @@ int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
 			bc_block_put(ns->m->bc, b);
 			b = NULL;
 		}
-		if (!b && (rc = data_fill(ns, f, idx, &b)))
-			goto fail;
+		if (!b && (b = data_last_get(f, idx)) == NULL) {
+			if ((rc = data_fetch(ns, f, idx, &b)))
+				goto fail;
+			if (!(b->flags & BC_HASHED))
+				data_last_set(ns, f, idx, b);
+		}
 		if (len > end - off)
 			len = end - off;
 		if (boff + len > b->len) { /* the file shrank underneath since open */
