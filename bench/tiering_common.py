@@ -206,12 +206,13 @@ class Mlfs:
     """One mlfs daemon run with -f as our child (so we choose its cgroups), mounted at
     mnt; stat() is bin/mlfs-stat --json. Fields the daemon lacks read as 0."""
 
-    def __init__(self, mlfs, mlfs_stat, source, mnt, opts, cgroups=(), logpath=None):
+    def __init__(self, mlfs, mlfs_stat, source, mnt, opts, cgroups=(), logpath=None, env=None):
         self.mlfs, self.mlfs_stat, self.mnt = mlfs, mlfs_stat, mnt
         os.makedirs(mnt, exist_ok=True)
         self.logf = open(logpath or os.devnull, "ab")
         self.argv = [mlfs, "-f", "-o", ",".join(opts), source, mnt]
-        self.proc = spawn_in(list(cgroups), self.argv, stdout=self.logf, stderr=self.logf)
+        self.proc = spawn_in(list(cgroups), self.argv, stdout=self.logf, stderr=self.logf,
+                             env=dict(os.environ, **(env or {})))
         deadline = time.time() + 60
         while not is_mounted(mnt):
             if self.proc.poll() is not None:
