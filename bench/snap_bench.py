@@ -212,6 +212,7 @@ def main():
     nbytes = sum(t.numel() * 4 for t in state.values())
     rows = []
     dropped_all = True
+    load0 = os.getloadavg()[0]
     try:
         pid = fresh_mount()
         ck = os.path.join(mnt, "ckpt", "ckpt.pt")
@@ -300,6 +301,7 @@ def main():
         if not is_mounted(mnt):
             shutil.rmtree(work, ignore_errors=True)
 
+    a.load = (load0, os.getloadavg()[0])
     report(out, rows, a, size, tsize, ntens, nbytes, dropped_all)
     print(open(out).read())
 
@@ -320,7 +322,8 @@ def report(out, rows, a, size, tsize, ntens, nbytes, dropped):
         f"`bench/snap_bench.py{' --quick' if a.quick else ''}`, commit {commit}, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {platform.node()}: "
         f"{os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') // GiB} GiB; "
-        f"store, spill and the ext4 file on the local disk (/var/tmp, ext4).",
+        f"store, spill and the ext4 file on the local disk (/var/tmp, ext4); binaries {BIN}; "
+        f"load average {a.load[0]:.1f} at the start, {a.load[1]:.1f} at the end.",
         f"State: {ntens} float32 tensors of {tsize // MiB} MiB = {nbytes / GiB:.2f} GiB; "
         f"torch.save file {ck / MiB:.0f} MiB. {len(rows)} rounds, interleaved; medians. "
         f"Page cache dropped before each restore and cold read: {'yes' if dropped else 'NO (not permitted): restore figures are warm'}.",
