@@ -434,11 +434,21 @@ static bool tier_trim_round(struct tier *t)
 	unsigned p, i, n, want;
 
 	for (p = 0; p < sizeof(phases) / sizeof(phases[0]) && excess; p++) {
+		/* Data blocks are block-sized (but a file's last); checkpoint buffers start
+		 * at 4 KiB, so their rounds pick up to the array's size and stop evicting
+		 * once the excess is covered: a round walks every resident checkpoint block
+		 * when none has a copy, and fewer rounds keep that walk rare. */
 		want = (unsigned)(excess / t->bs + 1);
 		if (want > t->cfg.batch)
 			want = t->cfg.batch;
+		if (phases[p].cls == BC_CKPT)
+			want = sizeof(v) / sizeof(v[0]);
 		n = bc_pick_victims(t->bc, v, want, phases[p].cls, phases[p].kind);
 		for (i = 0; i < n; i++) {
+			if (!excess) { /* covered: give the rest back untouched */
+				bc_evict_done(t->bc, v[i], false);
+				continue;
+			}
 			got = tier_evict_one(t, v[i]);
 			if (got && !progress)
 				tier_note_response(t);
@@ -472,16 +482,16 @@ static bool tier_trim(struct tier *t)
  * or more are their own mappings (M_MMAP_THRESHOLD), but checkpoint buffers start at 4 KiB
  * on the heap and the spill bounce buffers come and go. Reads /proc/self/statm (~10 us);
  * malloc_trim walks the arenas (about a millisecond per GiB of heap). */
-static void tier_maybe_trim_heap(struct tier *t)
+static void tier_maybe_trim_heap(struct tier *t, uint64_t min_freed)
 {
 	uint64_t freed, rss;
 
 	pthread_mutex_lock(&t->mu);
 	freed = t->freed_since_trim;
-	if (freed >= TIER_TRIM_AFTER)
+	if (freed >= min_freed)
 		t->freed_since_trim = 0;
 	pthread_mutex_unlock(&t->mu);
-	if (freed < TIER_TRIM_AFTER)
+	if (!freed || freed < min_freed)
 		return;
 	rss = tier_rss();
 	if (rss > bc_mem_bytes(t->bc) + t->rss_base + TIER_TRIM_SLACK) {
@@ -590,7 +600,7 @@ static void *tier_thread(void *arg)
 		t->kick = false;
 		pthread_mutex_unlock(&t->mu);
 		busy = tier_trim(t);
-		tier_maybe_trim_heap(t);
+		tier_maybe_trim_heap(t, TIER_TRIM_AFTER);
 		if (!tier_excess(t) && bc_mem_bytes(t->bc) <= bc_budget(t->bc))
 			busy |= tier_refill(t);
 		pthread_mutex_lock(&t->mu);
@@ -602,6 +612,14 @@ static void *tier_thread(void *arg)
 			break;
 		if (busy || t->kick)
 			continue;
+		if (!t->inflight && t->freed_since_trim) {
+			/* Idle after frees: the last batches' heap pages too. */
+			pthread_mutex_unlock(&t->mu);
+			tier_maybe_trim_heap(t, 1);
+			pthread_mutex_lock(&t->mu);
+			if (t->stop || t->kick)
+				continue;
+		}
 		if (!t->inflight) {
 			t->idle = true;
 			pthread_cond_broadcast(&t->idle_cv);
@@ -709,8 +727,9 @@ void tier_set_budget(struct tier *t, uint64_t budget)
 
 	bc_set_budget(t->bc, budget);
 	pthread_mutex_lock(&t->mu);
-	if (budget < old && bc_mem_bytes(t->bc) > budget) {
-		/* The response time the issue asks for (100 ms) starts here. */
+	if (budget < old && bc_mem_bytes(t->bc) > budget && !t->want_settle) {
+		/* The response time the issue asks for (100 ms) starts at the first cut of
+		 * an episode; cuts while it is still being answered do not restart it. */
 		t->cut_ns = tier_now_ns();
 		t->want_response = t->want_settle = true;
 	}
