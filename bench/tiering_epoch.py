@@ -32,7 +32,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tiering_common import (GIB, KIB, MIB, Mlfs, S, cg_create, cg_destroy, cg_read,  # noqa: E402
+from tiering_common import (KIB, MIB, Mlfs, S, cg_create, cg_destroy, cg_read,  # noqa: E402
                             drop_caches, fmt_size, log, loop_attach, loop_detach_all, machine_info,
                             md_table, parse_size, size_opt, spawn_in, unmount)
 
@@ -123,6 +123,18 @@ def gen_image(a, img, nfiles, dd_bytes):
         json.dump(want, f)
 
 
+def psi_some_us():
+    """System-wide PSI memory "some" stall total (us): memory-cgroup reclaim counts too."""
+    try:
+        with open("/proc/pressure/memory") as f:
+            for line in f:
+                if line.startswith("some"):
+                    return int(line.split("total=")[1])
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0
+
+
 def blk_read_bytes(blk, majmin):
     for line in cg_read(blk, "blkio.throttle.io_service_bytes").splitlines():
         p = line.split()
@@ -165,6 +177,7 @@ def run_epochs(a, target, root, reader_cgs, blk, majmin, names, rundir, m=None):
                 raise RuntimeError("reader failed to start")
         st0 = m.stat() if m else None
         b0 = blk_read_bytes(blk, majmin)
+        psi0 = psi_some_us()
         t0 = time.monotonic()
         for p in procs:
             p.stdin.write("go\n")
@@ -177,11 +190,13 @@ def run_epochs(a, target, root, reader_cgs, blk, majmin, names, rundir, m=None):
                 raise RuntimeError("%s reader exited %s" % (target, p.returncode))
             outs.append(json.loads(line))
         t1 = max(o["t1"] for o in outs)
+        psi1 = psi_some_us()
         st1 = m.stat() if m else None
         n = sum(o["n"] for o in outs)
         r = {"epoch": e, "files": n, "bytes": sum(o["bytes"] for o in outs),
              "bad": sum(o["bad"] for o in outs), "secs": t1 - t0,
-             "src_bytes": blk_read_bytes(blk, majmin) - b0}
+             "src_bytes": blk_read_bytes(blk, majmin) - b0,
+             "psi_some_pct": (psi1 - psi0) / 1e4 / (t1 - t0)}
         r["files_s"] = n / r["secs"]
         if m:
             dh = S(st1, "hits") - S(st0, "hits")
@@ -192,12 +207,16 @@ def run_epochs(a, target, root, reader_cgs, blk, majmin, names, rundir, m=None):
                       "spilled": S(st1, "spilled_bytes"), "spilled_disk": S(st1, "spilled_disk_bytes"),
                       "mem": S(st1, "mem_bytes"), "budget": S(st1, "mem_budget"),
                       "rss": S(st1, "rss_bytes"),
+                      "budget_cuts": S(st1, "budget_cuts") - S(st0, "budget_cuts"),
+                      "not_admitted": S(st1, "not_admitted") - S(st0, "not_admitted"),
+                      "drops": S(st1, "drops") - S(st0, "drops"),
                       "mlfs_src_bytes": S(st1, "source_bytes_read") - S(st0, "source_bytes_read")})
-        log("epoch: %-6s epoch %d: %d files in %.1f s = %.0f files/s, %s from the throttled source%s%s" %
-            (target, e, n, r["secs"], r["files_s"], fmt_size(r["src_bytes"]),
-             "" if not m else ", hit rate %s, spilled %s, budget %s" %
+        log("epoch: %-11s epoch %d: %d files in %.1f s = %.0f files/s, %s from the throttled source, "
+            "PSI some %.1f%%%s%s" %
+            (target, e, n, r["secs"], r["files_s"], fmt_size(r["src_bytes"]), r["psi_some_pct"],
+             "" if not m else ", hit rate %s, spilled %s, budget %s (%d cuts)" %
              ("-" if r["hit_rate"] is None else "%.3f" % r["hit_rate"], fmt_size(r["spilled"]),
-              fmt_size(r["budget"])),
+              fmt_size(r["budget"]), r["budget_cuts"]),
              "" if not r["bad"] else ", %d WRONG FILES" % r["bad"]))
         res.append(r)
     return res
@@ -241,23 +260,30 @@ def main_run(a):
         cg_destroy(mcg)
         cgs.remove(mcg)
 
-        # mlfs
-        drop_caches(3)
-        shutil.rmtree(spill, ignore_errors=True)
-        os.makedirs(spill)
-        dcg = cg_create("memory", "daemon", [("memory.limit_in_bytes", budget + D)])
-        rcg = cg_create("memory", "readers", [("memory.limit_in_bytes", R)])
-        cgs += [dcg, rcg]
-        m = Mlfs(a.mlfs, a.mlfs_stat, src_mnt + "/data", mlfs_mnt,
-                 ["spill=" + spill, "mem_max=" + size_opt(budget)], cgroups=[dcg, blk],
-                 logpath=os.path.join(rundir, "mlfs-epoch.log"))
-        try:
-            out["mlfs"] = run_epochs(a, "mlfs", m.data, [rcg], blk, majmin, names, rundir, m=m)
-            out["mlfs_final_stat"] = m.stat()
-            out["mlfs_oom"] = not m.alive()
-        finally:
-            rc = m.stop()
-            out["mlfs_rc"] = rc
+        # mlfs as a user runs it (the governor sets the budget), then with the budget pinned
+        # (mem_min = mem_max): the second isolates the data path and the epoch policy from
+        # the governor's reaction to the PSI that the capped cgroups themselves cause
+        for target, extra in (("mlfs", []), ("mlfs-pinned", ["mem_min=" + size_opt(budget)])):
+            if target == "mlfs-pinned" and not a.pinned:
+                continue
+            drop_caches(3)
+            shutil.rmtree(spill, ignore_errors=True)
+            os.makedirs(spill)
+            dcg = cg_create("memory", "daemon", [("memory.limit_in_bytes", budget + D)])
+            rcg = cg_create("memory", "readers", [("memory.limit_in_bytes", R)])
+            cgs += [dcg, rcg]
+            m = Mlfs(a.mlfs, a.mlfs_stat, src_mnt + "/data", mlfs_mnt,
+                     ["spill=" + spill, "mem_max=" + size_opt(budget)] + extra, cgroups=[dcg, blk],
+                     logpath=os.path.join(rundir, "%s-epoch.log" % target))
+            try:
+                out[target] = run_epochs(a, target, m.data, [rcg], blk, majmin, names, rundir, m=m)
+                out[target + "_final_stat"] = m.stat()
+                out[target + "_oom"] = not m.alive()
+            finally:
+                out[target + "_rc"] = m.stop()
+            for c in (dcg, rcg):
+                cg_destroy(c)
+                cgs.remove(c)
     finally:
         unmount(mlfs_mnt)
         unmount(src_mnt, fuse=False)
@@ -282,27 +308,36 @@ def report(a, out):
     with open(os.path.join(a.out, "tiering-epoch.json"), "w") as f:
         json.dump(out, f, indent=1, default=str)
     info, d, m = out["info"], out["direct"], out["mlfs"]
+    targets = ["direct", "mlfs"] + (["mlfs-pinned"] if "mlfs-pinned" in out else [])
     budget = parse_size(a.budget)
     rows = []
-    for x, y in zip(d, m):
-        ratio = y["files_s"] / x["files_s"]
-        rows.append([x["epoch"], "%.0f" % x["files_s"], "%.0f" % y["files_s"],
-                     "**%.2fx**" % ratio if x["epoch"] >= 2 else "%.2fx" % ratio,
-                     "%.0f" % (x["src_bytes"] / 1e6), "%.0f" % (y["src_bytes"] / 1e6),
-                     "-" if y["hit_rate"] is None else "%.3f" % y["hit_rate"],
-                     y["reloads"], fmt_size(y["spilled"]), fmt_size(y["mem"]), fmt_size(y["budget"])])
-    table = md_table(["epoch", "direct files/s", "mlfs files/s", "mlfs / direct",
-                      "direct MB from source", "mlfs MB from source", "mlfs hit rate",
-                      "mlfs reloads", "mlfs spilled", "mlfs mem_bytes", "mlfs budget"], rows)
+    for i, x in enumerate(d):
+        for t in targets:
+            y = out[t][i]
+            ratio = y["files_s"] / x["files_s"]
+            ml = t != "direct"
+            rows.append([x["epoch"] if t == "direct" else "", t, "%.0f" % y["files_s"],
+                         "" if not ml else ("**%.2fx**" if x["epoch"] >= 2 else "%.2fx") % ratio,
+                         "%.0f" % (y["src_bytes"] / 1e6), "%.1f" % y["psi_some_pct"],
+                         "" if not ml else "-" if y["hit_rate"] is None else "%.3f" % y["hit_rate"],
+                         "" if not ml else y["not_admitted"], "" if not ml else y["reloads"],
+                         "" if not ml else fmt_size(y["spilled"]), "" if not ml else fmt_size(y["mem"]),
+                         "" if not ml else "%s (%d cuts)" % (fmt_size(y["budget"]), y["budget_cuts"])])
+    table = md_table(["epoch", "target", "files/s", "vs direct", "MB from source", "PSI some %",
+                      "hit rate", "not admitted", "reloads", "spilled", "mem_bytes",
+                      "budget at end"], rows)
     later = [y["files_s"] / x["files_s"] for x, y in zip(d, m) if x["epoch"] >= 2]
     met = bool(later) and min(later) >= 2.0
-    bad = sum(r["bad"] for r in d + m)
+    pinned = out.get("mlfs-pinned", [])
+    later_p = [y["files_s"] / x["files_s"] for x, y in zip(d, pinned) if x["epoch"] >= 2]
+    bad = sum(r["bad"] for t in targets for r in out[t])
     ideal = budget / out["dataset_bytes"]
     dd = out["dd"]
     ddl = ["- dd, throttled cgroup, buffered after dropping caches: %s" % dd["throttled_buffered"]["line"],
            "- dd, throttled cgroup, iflag=direct: %s" % dd["throttled_direct"]["line"],
            "- dd, no throttle, iflag=direct (the loop device's own speed): %s" % dd["unthrottled_direct"]["line"]]
     hr = [y["hit_rate"] for y in m if y["epoch"] >= 2 and y["hit_rate"] is not None]
+    hrp = [y["hit_rate"] for y in pinned if y["epoch"] >= 2 and y["hit_rate"] is not None]
     md = ["# Tiering benchmark: dataset larger than memory, shuffled epochs",
           "",
           "Generated by `bench/tiering.sh%s` (bench/tiering_epoch.py); raw figures in "
@@ -327,6 +362,9 @@ def report(a, out):
           "hidden cache); readers read MNT/data in a memory cgroup of %s. Same total memory."
           % (size_opt(budget), fmt_size(budget + parse_size(a.daemon_overhead)), a.daemon_overhead,
              a.reader_overhead),
+          "- mlfs-pinned: the same with `mem_min=%s` too, so the budget cannot move: it separates "
+          "the data path and the epoch policy from the governor, which reads the system-wide PSI "
+          "that the capped cgroups' own page-cache reclaim raises (PSI column)." % size_opt(budget),
           "- Caches dropped before each target.",
           "",
           "Throttle check:",
@@ -335,16 +373,23 @@ def report(a, out):
           table,
           "",
           "MB from source: bytes the throttled cgroup read from the loop device in the epoch "
-          "(blkio.throttle.io_service_bytes). Hit rate: hits/(hits+misses) deltas of mlfs-stat "
-          "(memory-tier block lookups); budget/dataset = %.3f, the issue's floor is 0.9x that = %.3f." %
+          "(blkio.throttle.io_service_bytes). PSI some %%: system-wide memory stall share over the "
+          "epoch (/proc/pressure/memory). Hit rate: hits/(hits+misses) deltas of mlfs-stat "
+          "(memory-tier block lookups); budget/dataset = %.3f, the issue's floor is 0.9x that = %.3f. "
+          "Not admitted, reloads: blocks served without caching, blocks read back from the spill "
+          "dir, in the epoch. Spilled, mem_bytes, budget: at the epoch's end (cuts: in the epoch)." %
           (ideal, 0.9 * ideal),
           "",
           "Goals (issue 3):",
-          "- mlfs at least 2x the direct reads from epoch 2 on: **%s** (%s)" %
-          ("met" if met else "NOT met", ", ".join("%.2fx" % r for r in later)),
+          "- mlfs at least 2x the direct reads from epoch 2 on: **%s** (%s)%s" %
+          ("met" if met else "NOT met", ", ".join("%.2fx" % r for r in later),
+           "" if not later_p else "; with the budget pinned: **%s** (%s)" %
+           ("met" if min(later_p) >= 2.0 else "NOT met", ", ".join("%.2fx" % r for r in later_p))),
           "- shuffled-epoch memory hit rate >= 0.9 x budget/dataset = %.3f from epoch 2 on: **%s** (%s)" %
           (0.9 * ideal, "met" if hr and min(hr) >= 0.9 * ideal else "NOT met",
-           ", ".join("%.3f" % h for h in hr) or "no hit counts"),
+           ", ".join("%.3f" % h for h in hr) or "no hit counts") +
+          ("" if not hrp else "; pinned: **%s** (%s)" % ("met" if min(hrp) >= 0.9 * ideal else "NOT met",
+                                                          ", ".join("%.3f" % h for h in hrp))),
           "- every file read back intact (size, magic, index): **%s**" %
           ("yes" if bad == 0 else "NO: %d wrong files" % bad),
           ""]
@@ -353,12 +398,15 @@ def report(a, out):
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 2]})
     ep = [r["epoch"] for r in d]
-    w = 0.38
-    b1 = ax.bar([e - w / 2 for e in ep], [r["files_s"] for r in d], w, label="direct (page cache LRU)")
-    b2 = ax.bar([e + w / 2 for e in ep], [r["files_s"] for r in m], w, label="mlfs")
-    for x, y, bar in zip(d, m, b2):
-        ax.annotate("%.2fx" % (y["files_s"] / x["files_s"]), (bar.get_x() + w / 2, bar.get_height()),
-                    ha="center", va="bottom", fontsize=9)
+    w = 0.8 / len(targets)
+    labels = {"direct": "direct (page cache LRU)", "mlfs": "mlfs", "mlfs-pinned": "mlfs, budget pinned"}
+    for k, t in enumerate(targets):
+        off = (k - (len(targets) - 1) / 2) * w
+        bars = ax.bar([e + off for e in ep], [r["files_s"] for r in out[t]], w, label=labels[t])
+        if t != "direct":
+            for x, y, bar in zip(d, out[t], bars):
+                ax.annotate("%.2fx" % (y["files_s"] / x["files_s"]), (bar.get_x() + w / 2, bar.get_height()),
+                            ha="center", va="bottom", fontsize=8)
     ax.axhline(a.bps / FILE_SIZE, color="grey", ls="--", lw=0.8, label="source limit (all misses)")
     ax.set_xticks(ep)
     ax.set_xlabel("epoch")
@@ -368,7 +416,12 @@ def report(a, out):
                   a.bps // 1_000_000), fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    ax2.bar(ep, [r["hit_rate"] or 0 for r in m], 0.5, color="tab:orange", label="mlfs hit rate")
+    mt = [t for t in targets if t != "direct"]
+    w2 = 0.8 / len(mt)
+    for k, t in enumerate(mt):
+        off = (k - (len(mt) - 1) / 2) * w2
+        ax2.bar([e + off for e in ep], [r["hit_rate"] or 0 for r in out[t]], w2,
+                color=("tab:orange", "tab:green")[k], label=labels[t] + " hit rate")
     ax2.axhline(0.9 * ideal, color="red", ls="--", lw=0.8, label="0.9 x budget/dataset")
     ax2.set_ylim(0, 1)
     ax2.set_xticks(ep)
@@ -391,6 +444,8 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--mlfs", required=True)
     p.add_argument("--mlfs-stat", required=True)
+    p.add_argument("--no-pinned", dest="pinned", action="store_false",
+                   help="skip the mlfs run with the budget pinned (mem_min = mem_max)")
     for k, v in SPECS["full"].items():
         p.add_argument("--" + k.replace("_", "-"), type=type(v), default=None)
     a = p.parse_args()
