@@ -943,23 +943,36 @@ static bool tier_blocked_locked(struct tier *t, size_t size)
 
 int tier_admit_write(struct tier *t, size_t size)
 {
+	uint64_t budget, slack, start = tier_now_ms();
 	struct timespec ts;
-	bool blocked;
+	bool blocked = false, behind, waited = false;
 
-	if (!t || !t->sp)
-		return 0;
+	if (!t || bc_mem_bytes(t->bc) + size <= bc_budget(t->bc))
+		return 0; /* the common case: two atomic loads */
 	pthread_mutex_lock(&t->mu);
-	blocked = tier_blocked_locked(t, size);
-	if (blocked) {
-		atomic_fetch_add(&t->admit_waits, 1);
-		tier_wake_locked(t); /* a trim may drop clean blocks and make room */
-		tier_deadline(&ts, TIER_ADMIT_WAIT_MS);
-		while ((blocked = tier_blocked_locked(t, size)) && !t->stop &&
-		       pthread_cond_timedwait(&t->admit_cv, &t->mu, &ts) == 0)
-			;
+	if (!t->kick)
+		tier_wake_locked(t); /* a writer outruns the 250 ms tick: trim now */
+	tier_deadline(&ts, TIER_ADMIT_WAIT_MS);
+	while (t->sp && !t->stop) {
+		/* Full (invariant 6): wait up to TIER_ADMIT_WAIT_MS, then ENOSPC. Behind
+		 * (dirty bytes arriving faster than the spill drains them, more than SLACK
+		 * over): wait up to TIER_BEHIND_WAIT_MS, then go on; slowness never fails. */
+		budget = bc_budget(t->bc);
+		slack = budget / 8 > 8ull * t->bs ? budget / 8 : 8ull * t->bs;
 		blocked = tier_blocked_locked(t, size);
+		behind = bc_mem_bytes(t->bc) + size > budget + slack &&
+			 tier_now_ms() < start + TIER_BEHIND_WAIT_MS;
+		if (!blocked && !behind)
+			break;
+		waited = true;
+		if (pthread_cond_timedwait(&t->admit_cv, &t->mu, &ts)) {
+			blocked = tier_blocked_locked(t, size);
+			break;
+		}
 	}
 	pthread_mutex_unlock(&t->mu);
+	if (waited)
+		atomic_fetch_add(&t->admit_waits, 1);
 	if (blocked)
 		atomic_fetch_add(&t->admit_enospc, 1);
 	return blocked ? -ENOSPC : 0;
