@@ -137,6 +137,22 @@ class Daemon:
             return ""
 
 
+def wait_threads_gone(pid, timeout):
+    """A killed process's leader turns zombie while its other threads may still be
+    finishing a system call (syncfs, a FUSE reply); its files, and so its flock on the
+    store, are released only when the last thread is gone. Wait for that."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            tasks = [t for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if not tasks:
+            return True
+        time.sleep(0.01)
+    raise AssertionError(f"threads of daemon {pid} still there {timeout} s after SIGKILL")
+
+
 class SnapEnv:
     def __init__(self, root, prefix="snap-"):
         self.root = tempfile.mkdtemp(prefix=prefix, dir=root)
@@ -225,6 +241,7 @@ class SnapEnv:
         elif not U.wait_pid_gone(d.pid, 30):
             raise AssertionError(f"daemon {d.pid} alive 30 s after signal {sig}")
         self._detach()
+        wait_threads_gone(d.pid, 30)
         d.down = True
 
     def _detach(self):
