@@ -23,6 +23,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,11 +158,24 @@ static void bc_buf_free(struct bc *bc, struct bc_block *b)
 /* Allocates b->buf of cap bytes (invariant 1). Buffers are plain malloc: the daemon sets
  * M_MMAP_THRESHOLD so that block-sized buffers are their own mappings and go back to the
  * kernel at once when freed, which keeps RSS equal to what mem_bytes says. */
+/* What a buffer really costs: malloc rounds a block-sized buffer (its own mapping, see
+ * M_MMAP_THRESHOLD in main.c) up to whole pages; a 110 KiB sample would otherwise hide
+ * up to 4 KiB a block from mem_bytes. The rounding is usable, so cap is what it says. */
+static uint32_t bc_footprint(void *buf)
+{
+	size_t n = malloc_usable_size(buf);
+
+	return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+}
+
 static int bc_buf_alloc(struct bc *bc, struct bc_block *b, uint32_t cap, bool zero)
 {
 	b->buf = zero ? calloc(1, cap ? cap : 1) : malloc(cap ? cap : 1);
 	if (!b->buf)
 		return -ENOMEM;
+	cap = bc_footprint(b->buf);
+	if (zero)
+		memset(b->buf, 0, cap); /* the rounding too: ckpt reserve relies on zeros */
 	b->cap = cap;
 	atomic_fetch_add(&bc->mem_bytes, cap);
 	atomic_fetch_add(&bc->resident[b->cls], 1);
@@ -495,6 +509,7 @@ int bc_block_reserve(struct bc *bc, struct bc_block *b, uint32_t cap)
 	nb = realloc(b->buf, cap);
 	if (!nb)
 		return -ENOMEM;
+	cap = bc_footprint(nb);
 	memset((char *)nb + b->cap, 0, cap - b->cap);
 	atomic_fetch_add(&bc->mem_bytes, cap - b->cap);
 	if (!(b->flags & BC_STORED))
@@ -723,7 +738,7 @@ void bc_load_end(struct bc *bc, struct bc_block *b, void *buf, int rc)
 	if (!rc) {
 		bc_list_del(bc_list_of(s, b), b);
 		b->buf = buf;
-		b->cap = b->len;
+		b->cap = bc_footprint(buf);
 		atomic_fetch_add(&bc->mem_bytes, b->cap);
 		atomic_fetch_add(&bc->resident[b->cls], 1);
 		if (b->cls == BC_CKPT && !(b->flags & BC_STORED))

@@ -44,13 +44,6 @@ struct data_file {
 	struct bc_fid fid;
 	uint64_t size;
 	struct data_node *n;
-	/* The last block read for this open file that the cache did not admit (budget
-	 * full): the kernel reads a block in several requests (readahead windows), and
-	 * without this each would read the whole block from SOURCE again. One block an
-	 * open file at most, counted in mem_bytes like any other. */
-	pthread_mutex_t last_mu;
-	struct bc_block *last;
-	uint64_t last_idx;
 };
 
 /* A SOURCE read in flight: concurrent misses of one block wait for the first reader
@@ -432,7 +425,6 @@ int data_open(struct data_ns *ns, struct data_node *n, struct fuse_file_info *fi
 	f->fid = data_fid_of(&st);
 	f->size = st.st_size;
 	f->n = n;
-	pthread_mutex_init(&f->last_mu, NULL);
 	pthread_mutex_lock(&ns->mu);
 	old = n->fid;
 	n->fid = f->fid;
@@ -463,9 +455,6 @@ out_free:
 
 void data_release(struct data_ns *ns, struct data_file *f)
 {
-	if (f->last)
-		bc_block_put(ns->m->bc, f->last);
-	pthread_mutex_destroy(&f->last_mu);
 	close(f->fd);
 	free(f);
 }
@@ -567,33 +556,38 @@ static int data_fetch(struct data_ns *ns, struct data_file *f, uint64_t idx,
 	return rc;
 }
 
-/* The open file's last unadmitted block, if it is block idx: counted, or NULL. */
-static struct bc_block *data_last_get(struct data_file *f, uint64_t idx)
+/* Reads [off, off + len) of f straight from SOURCE into a block of its own that the
+ * cache never sees: the path for misses while the cache admits nothing (its budget is
+ * full). Reading a whole block for a 4 KiB request there would cost up to 256 times
+ * the bytes, and for every request again, since the block is not kept. */
+static int data_read_direct(struct data_ns *ns, struct data_file *f, uint64_t off,
+			    uint32_t len, struct bc_block **out)
 {
-	struct bc_block *b = NULL;
+	struct bc_block *b = bc_block_new(ns->m->bc, BC_DATA, len);
+	uint32_t got = 0;
 
-	pthread_mutex_lock(&f->last_mu);
-	if (f->last && f->last_idx == idx) {
-		b = f->last;
-		bc_block_get(b);
+	if (!b)
+		return -ENOMEM;
+	while (got < len) {
+		ssize_t r = pread(f->fd, (char *)b->buf + got, len - got, off + got);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) {
+			atomic_fetch_add(&ns->m->st.source_errors, 1);
+			log_err("data: read of %s at %llu failed: %s", f->n->name,
+				(unsigned long long)off, r < 0 ? strerror(errno) : "file shrank");
+			bc_block_put(ns->m->bc, b);
+			return r < 0 ? -errno : -EIO;
+		}
+		got += r;
 	}
-	pthread_mutex_unlock(&f->last_mu);
-	return b;
-}
-
-static void data_last_set(struct data_ns *ns, struct data_file *f, uint64_t idx,
-			  struct bc_block *b)
-{
-	struct bc_block *old;
-
-	bc_block_get(b);
-	pthread_mutex_lock(&f->last_mu);
-	old = f->last;
-	f->last = b;
-	f->last_idx = idx;
-	pthread_mutex_unlock(&f->last_mu);
-	if (old)
-		bc_block_put(ns->m->bc, old);
+	b->len = got;
+	atomic_fetch_add(&ns->m->st.source_bytes_read, got);
+	atomic_fetch_add(&ns->m->st.source_reads, 1);
+	atomic_fetch_add(&ns->m->st.direct_reads, 1);
+	*out = b;
+	return 0;
 }
 
 int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
@@ -617,12 +611,15 @@ int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
 			bc_block_put(ns->m->bc, b);
 			b = NULL;
 		}
-		if (!b && (b = data_last_get(f, idx)) == NULL) {
-			if ((rc = data_fetch(ns, f, idx, &b)))
+		if (!b && bc_mem_bytes(ns->m->bc) + bs > bc_budget(ns->m->bc)) {
+			/* Nothing would be admitted: read the rest of the request as is. */
+			if ((rc = data_read_direct(ns, f, off, end - off, &b)))
 				goto fail;
-			if (!(b->flags & BC_HASHED))
-				data_last_set(ns, f, idx, b);
+			segs[n++] = (struct mlfs_seg){ .b = b, .off = 0, .len = b->len };
+			break;
 		}
+		if (!b && (rc = data_fetch(ns, f, idx, &b)))
+			goto fail;
 		if (len > end - off)
 			len = end - off;
 		if (boff + len > b->len) { /* the file shrank underneath since open */

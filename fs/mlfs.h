@@ -51,7 +51,7 @@ struct mlfs_config {
 };
 
 struct mlfs_stats {
-	_Atomic uint64_t source_bytes_read, source_reads, source_errors;
+	_Atomic uint64_t source_bytes_read, source_reads, source_errors, direct_reads;
 	_Atomic uint64_t bytes_served, read_ops, write_ops, bytes_written;
 	_Atomic uint64_t csum_errors;
 };

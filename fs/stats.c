@@ -137,6 +137,8 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 	F("source_bytes_read", "bytes read from SOURCE", atomic_load(&m->st.source_bytes_read));
 	F("source_reads", "block reads from SOURCE", atomic_load(&m->st.source_reads));
 	F("source_errors", "failed reads from SOURCE", atomic_load(&m->st.source_errors));
+	F("direct_reads", "reads served straight from SOURCE while the cache admits nothing",
+	  atomic_load(&m->st.direct_reads));
 	F("bytes_served", "bytes returned by read requests", atomic_load(&m->st.bytes_served));
 	F("read_ops", "read requests", atomic_load(&m->st.read_ops));
 	F("write_ops", "write requests", atomic_load(&m->st.write_ops));
