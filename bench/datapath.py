@@ -553,7 +553,8 @@ def cmd_report(args):
               f"- machine: {info['host']}, {info['cpu']}, {info['cores']} cores, "
               f"{info['mem_gib']} GiB RAM; kernel {info['kernel']}",
               f"- tools: {info['fio']}, {info['mergerfs']}, {info['bindfs']}; "
-              f"tree at commit {info['mlfs_commit']}; {meta.get('mlfs', '')}",
+              f"tree at commit {meta.get('commit', info['mlfs_commit'])} when the run started; "
+              f"{meta.get('mlfs', '')}",
               f"- mounts: " + "; ".join(f"{t['name']}: `{t.get('cmd', t['root'])}`"
                                         if t.get("status", "ok") == "ok" else
                                         f"{t['name']}: {t['status']}"

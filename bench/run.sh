@@ -212,6 +212,8 @@ mount_all() {
 
 # ------------------------------------------------------------------ run
 t_start=$(date +%s)
+commit=$(git -C "$TOP" rev-parse --short HEAD 2>/dev/null || echo none)
+git -C "$TOP" diff --quiet HEAD -- fs cache tiering tools Makefile 2>/dev/null || commit="$commit+dirty"
 mkdir -p "$WORK" "$MNTROOT"
 cleanup_stale() {
 	awk -v r="$MNTROOT/" 'index($5, r) == 1 { print $5 }' /proc/self/mountinfo |
@@ -269,8 +271,8 @@ for w in $workloads; do
 done
 
 t_total=$(( $(date +%s) - t_start ))
-printf '{"spec": "%s", "rounds": %s, "seconds": %s, "gen_seconds": %s, "workloads": "%s", "complete": %s, "mlfs": "%s"}\n' \
-	$spec "$rounds" $t_total $t_gen "${workloads# }" $complete "$mlfs_state" >"$RUN/run.json"
+printf '{"spec": "%s", "rounds": %s, "seconds": %s, "gen_seconds": %s, "workloads": "%s", "complete": %s, "mlfs": "%s", "commit": "%s"}\n' \
+	$spec "$rounds" $t_total $t_gen "${workloads# }" $complete "$mlfs_state" "$commit" >"$RUN/run.json"
 "$PY" "$BENCH/datapath.py" report --in "$RUN" --out "$out"
 echo
 echo "run.sh: done in $t_total s (dataset $t_gen s); table $out/datapath.md, chart $out/datapath.png"
