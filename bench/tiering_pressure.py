@@ -331,10 +331,17 @@ def report(a, results, info, out, rundir):
 
     X = parse_size(a.hog)
     os.makedirs(out, exist_ok=True)
-    # raw figures (samples thinned to 4 decimals) beside the table
+    # raw figures beside the table: times relative to the hog's first allocation, in ms
+    compact = []
+    for r in results:
+        t0 = r["events"]["alloc_start"]
+        c = dict(r)
+        c["events"] = {k: round((v - t0) * 1000) for k, v in r["events"].items()}
+        c["samples"] = [dict(smp, t=round((smp["t"] - t0) * 1000)) for smp in r["samples"]]
+        compact.append(c)
     with open(os.path.join(out, "tiering-pressure.json"), "w") as f:
-        json.dump({"info": info, "params": vars(a), "results": results}, f, indent=None,
-                  default=lambda o: round(o, 4) if isinstance(o, float) else str(o))
+        json.dump({"info": info, "params": vars(a), "time_unit": "ms from the hog's first allocation",
+                   "results": compact}, f, separators=(",", ":"), default=str)
 
     rows = []
     for r in results:
@@ -394,10 +401,12 @@ def report(a, results, info, out, rundir):
           "spill=/var/tmp/...`; dataset of %s random (incompressible) files on local disk, its page "
           "cache charged to the root cgroup; read through MNT/data in passes until mem_bytes stops "
           "growing (%s read in all). A hog in the "
-          "same cgroup allocates X = %s in %s steps every %d ms (every page touched), holds it "
+          "same cgroup allocates X = %s in %s steps every %d ms (every page touched; %.1f s if "
+          "nothing made it wait: the hog ramp column shows how long it really took), holds it "
           "%.0f s and exits; sampled every %d ms. %d repeat(s), each on a fresh mount and cgroup." %
           (fmt_size(parse_size(a.limit)), a.mem_max, a.file_size, fmt_size(results[0]["fill_bytes"]),
-           fmt_size(X), a.step, a.step_ms, a.hold, int(SAMPLE_S * 1000), n),
+           fmt_size(X), a.step, a.step_ms,
+           (-(-X // parse_size(a.step)) - 1) * a.step_ms / 1000.0, a.hold, int(SAMPLE_S * 1000), n),
           "",
           "The daemon runs with MLFS_TIER_DROP=%s%s." % (a.drop, {
               "never": " (every evicted clean block is spilled, as for a slow network SOURCE; "
