@@ -406,7 +406,8 @@ def test_v2_files_drive_budget(mounter):
     assert s["cgroup_usage"] == 100 * MiB, s
     b0 = s["mem_budget"]
     assert b0 == 256 * MiB, s
-    assert s["mem_bytes"] == 64 * MiB, s
+    # 64 blocks cached (a kernel readahead still in flight may hold one more buffer).
+    assert s["data_resident"] == 64 and 64 * MiB <= s["mem_bytes"] <= 66 * MiB, s
 
     # The cgroup nearly full: the budget is cut and mem_bytes follows it down.
     write_file(os.path.join(cg, "memory.current"), f"{G - 16 * MiB}\n")
@@ -418,7 +419,8 @@ def test_v2_files_drive_budget(mounter):
     # Room again: after the hold the budget grows back (additively), reloads follow.
     write_file(os.path.join(cg, "memory.current"), f"{100 * MiB}\n")
     s, _ = wait_for(m, lambda s: s["mem_budget"] > cut + 32 * MiB, 10.0, "budget growth")
-    s, _ = wait_for(m, lambda s: s["mem_bytes"] == 64 * MiB, 10.0, "reload after growth")
+    s, _ = wait_for(m, lambda s: s["data_resident"] == s["data_blocks"] == 64, 10.0,
+                    "reload after growth")
     assert s["bg_reload_ops"] > 0, s
     grown = s["mem_budget"]
 
