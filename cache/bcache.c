@@ -653,6 +653,54 @@ unsigned bc_pick_reload(struct bc *bc, struct bc_block **out, unsigned max, int 
 	return n;
 }
 
+unsigned bc_drop_data_copies(struct bc *bc, unsigned max)
+{
+	unsigned n = 0, i, nr, k;
+
+	for (i = 0; i < BC_SHARDS && n < max; i++) {
+		struct bc_shard *s = &bc->shards[i];
+		struct bc_block *b, *next, *dead = NULL, *bare[64];
+		unsigned nbare = 0;
+
+		pthread_mutex_lock(&s->mu);
+		/* Non-resident first (the copy is all they are), then resident ones. */
+		for (nr = 2; nr-- > 0;) {
+			for (b = s->lists[BC_DATA][nr].head; b && n < max; b = next) {
+				next = b->lnext;
+				if ((b->flags & (BC_IO | BC_WRITING)) || !(b->flags & BC_SPILLED) ||
+				    atomic_load(&b->ref) != 1)
+					continue;
+				if (!b->buf) { /* the last put releases the copy */
+					bc_unhash_locked(s, b);
+					b->hnext = dead;
+					dead = b;
+				} else if (nbare < 64) {
+					/* Our reference keeps it; its spill fields stay as they
+					 * are for the unspill below (invariant 3 of tier.c). */
+					b->flags &= ~BC_SPILLED;
+					bc_block_get(b);
+					bare[nbare++] = b;
+				} else {
+					continue;
+				}
+				n++;
+			}
+		}
+		pthread_mutex_unlock(&s->mu);
+		for (; dead; dead = next) {
+			next = dead->hnext;
+			dead->hnext = NULL;
+			bc_block_put(bc, dead);
+		}
+		for (k = 0; k < nbare; k++) {
+			if (bc->backing.unspill)
+				bc->backing.unspill(bc->backing.arg, bare[k]);
+			bc_block_put(bc, bare[k]);
+		}
+	}
+	return n;
+}
+
 uint64_t bc_source_ns_per_mib(const struct bc *bc)
 {
 	return atomic_load_explicit(&bc->src_ns_per_mib, memory_order_relaxed);

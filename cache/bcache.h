@@ -166,6 +166,18 @@ uint64_t bc_evict_done(struct bc *bc, struct bc_block *b, bool release);
  * counted reference and BC_IO set: finish each with bc_load_end. */
 unsigned bc_pick_reload(struct bc *bc, struct bc_block **out, unsigned max, int cls,
 			bool dirty_only);
+/* Gives up spill copies of clean data blocks (SOURCE still has them) so that dirty
+ * checkpoint blocks can have the space: up to max non-resident ones are dropped from the
+ * cache, then resident ones lose their copy (BC_SPILLED cleared, the backing's unspill
+ * called). Blocks someone else holds or with I/O in flight are skipped. Returns how many
+ * copies were given up. Walks the data lists of every shard. */
+unsigned bc_drop_data_copies(struct bc *bc, unsigned max);
+/* Gives up spill copies of clean data blocks (SOURCE still has them) so that dirty
+ * checkpoint blocks can have the space: up to max non-resident ones are dropped from the
+ * cache, then resident ones lose their copy (BC_SPILLED cleared, the backing's unspill
+ * called). Blocks someone else holds or with I/O in flight are skipped. Returns how many
+ * copies were given up. Walks the data lists of every shard until max are found. */
+unsigned bc_drop_data_copies(struct bc *bc, unsigned max);
 /* SOURCE read cost: an average (EWMA, 1/8 weight per sample) of nanoseconds per MiB
  * from a data block's bc_block_new to its bc_insert, the time data.c spends in pread.
  * 0 before the first sample. */

@@ -19,9 +19,11 @@
  *      5 ms/MiB against about 1 ms/MiB for NVMe) is spilled. Without a spill tier, or
  *      while it is full or failing, clean data is always dropped.
  *   S. Checkpoint blocks already in the store: rule A (dropped, the store has them).
- *   K. Dirty checkpoint blocks are spilled, never dropped; when the spill tier is absent,
- *      full or failing they stay in memory (invariant 2) and tier_admit_write makes new
- *      checkpoint writes wait, then fail with ENOSPC.
+ *   K. Dirty checkpoint blocks are spilled, never dropped. When the spill tier is full,
+ *      clean data first gives up its spill copies (bc_drop_data_copies: SOURCE has those
+ *      bytes, the dirty blocks have no other home); when that frees nothing, or the tier
+ *      is absent or failing, they stay in memory (invariant 2) and tier_admit_write makes
+ *      new checkpoint writes wait, then fail with ENOSPC.
  *   Classes are taken in this order each round: data (A and D, oldest first), then
  *   checkpoint blocks with a copy, then dirty ones; a round stops as soon as the bytes
  *   freed or in flight cover the excess.
@@ -464,9 +466,27 @@ static bool tier_trim_round(struct tier *t)
  * anything. Each round picks at most cfg.batch blocks per class. */
 static bool tier_trim(struct tier *t)
 {
-	bool any = false;
+	bool any = false, full;
+	uint64_t kept;
 
-	while (tier_excess(t) && tier_trim_round(t)) {
+	for (;;) {
+		if (!tier_excess(t))
+			break;
+		kept = atomic_load(&t->kept);
+		if (!tier_trim_round(t)) {
+			/* Rule K met a full spill dir: clean data gives its spill space to the
+			 * dirty blocks (SOURCE still has it), then the round is tried again. */
+			pthread_mutex_lock(&t->mu);
+			full = t->full;
+			pthread_mutex_unlock(&t->mu);
+			if (!full || atomic_load(&t->kept) == kept ||
+			    !bc_drop_data_copies(t->bc, t->cfg.batch))
+				break;
+			pthread_mutex_lock(&t->mu);
+			t->full_ms = 0; /* retry now: room was made (invariant 6) */
+			pthread_mutex_unlock(&t->mu);
+			continue;
+		}
 		any = true;
 		pthread_mutex_lock(&t->mu);
 		if (t->stop) {

@@ -417,6 +417,44 @@ static void test_enospc(void)
 	bc_free(bc);
 }
 
+/* Spill dir full of clean data: it gives its space up to dirty checkpoint blocks. */
+static void test_enospc_makes_room(void)
+{
+	struct bc *bc;
+	struct bc_block *ck[4];
+	struct tier *t;
+	unsigned i, spilled = 0;
+	int bad = 0;
+
+	EXPECT_EQ(bc_new(BS, BIG, &bc), 0);
+	t = make_tier(bc, 4ull * BS, TIER_DROP_NEVER);
+	for (i = 0; i < 8; i++) { /* random data: fills the 4 slots */
+		struct bc_block *b = bc_block_new(bc, BC_DATA, BS), *r;
+
+		fill(b->buf, BS, data_seed(100 + i), 0);
+		b->csum = XXH3_64bits(b->buf, BS);
+		r = bc_insert(bc, b, &fid1, 100 + i);
+		bc_block_put(bc, r);
+	}
+	tier_set_budget(t, 0);
+	EXPECT_EQ(tier_settle(t, 5000), 0);
+	EXPECT(tstats(t).enospc > 0);
+	EXPECT_EQ(tstats(t).spilled_bytes, 4ull * BS);
+	add_ckpt(bc, ck, 4);
+	EXPECT_EQ(tier_settle(t, 5000), 0);
+	for (i = 0; i < 4; i++) {
+		spilled += (ck[i]->flags & BC_SPILLED) != 0;
+		bad += check_ckpt(bc, ck[i], i) != 0;
+	}
+	EXPECT_EQ(spilled, 4); /* every dirty block found room */
+	EXPECT_EQ(bad, 0);
+	EXPECT_EQ(cstats(bc).ckpt_blocks, 4);
+	for (i = 0; i < 4; i++)
+		bc_block_put(bc, ck[i]);
+	tier_free(t);
+	bc_free(bc);
+}
+
 /* No spill dir: clean data dropped, dirty checkpoints stay, writes never refused. */
 static void test_no_spill(void)
 {
@@ -455,6 +493,7 @@ int main(void)
 	test_drop();
 	test_corrupt();
 	test_enospc();
+	test_enospc_makes_room();
 	test_no_spill();
 	rmdir(spill_dir);
 	return test_summary();
