@@ -7,6 +7,12 @@
 
 static int log_debug_on;
 static int log_syslog_on;
+static int log_quiet;
+
+void log_set_quiet(int on)
+{
+	log_quiet = on;
+}
 
 void log_set_debug(int on)
 {
@@ -27,7 +33,7 @@ void log_msg(int level, const char *fmt, ...)
 	va_list ap;
 	int n;
 
-	if (level == LOG_DEBUG && !log_debug_on)
+	if ((level == LOG_DEBUG && !log_debug_on) || log_quiet)
 		return;
 	va_start(ap, fmt);
 	if (log_syslog_on) {

@@ -12,6 +12,8 @@
 #include <syslog.h>
 
 void log_set_debug(int on);
+/* Quiet: no line at all (for tools that report every failure themselves). */
+void log_set_quiet(int on);
 void log_to_syslog(void);
 void log_msg(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

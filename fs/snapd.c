@@ -111,7 +111,10 @@ static int snapd_put_block(struct snapd *sd, struct mf_block *mb, struct bc_bloc
 	const void *src;
 	int rc;
 
-	if (trust_stored && (b->flags & BC_STORED)) {
+	/* The object holds the block as it was stored: its len then was the manifest
+	 * block length it was put at. A file grown since (truncate up) keeps that block
+	 * but needs it longer, zero padded: a different object. */
+	if (trust_stored && (b->flags & BC_STORED) && b->len == mb->len) {
 		memcpy(mb->hash, b->obj, sizeof(mb->hash)); /* unchanged since a snapshot */
 		return 0;
 	}

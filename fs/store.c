@@ -725,7 +725,10 @@ int store_commit(struct store *s, const struct mf_manifest *m)
 	}
 	if ((rc = session_begin(s)))
 		goto fail;
-	snprintf(tmp, sizeof(tmp), ".tmp.%s.%s", m->name, s->token);
+	/* The name goes in hashed: ".tmp." + a 255-byte name + the token would pass
+	 * NAME_MAX. The temporary file only has to be unique and ours. */
+	snprintf(tmp, sizeof(tmp), ".tmp.%016llx.%s",
+		 (unsigned long long)XXH3_64bits(m->name, strlen(m->name)), s->token);
 
 	/* The commit protocol, invariant 2: each step starts only once the one before is
 	 * durable; a failure anywhere publishes nothing. */
@@ -1137,7 +1140,15 @@ struct verify_ctx {
 
 static int verify_block(struct verify_ctx *c, const struct mf_block *b)
 {
-	int *st = hset_find(&c->status, b->hash, 0), rc;
+	uint8_t key[STORE_HASH_LEN];
+	int *st, rc;
+
+	/* An object's status depends on the length a manifest reads it at, too: a
+	 * manifest naming a good object at a wrong length is damaged. Key on both. */
+	memcpy(key, b->hash, sizeof(key));
+	for (int i = 0; i < 4; i++)
+		key[i] ^= (uint8_t)(b->len >> (8 * i));
+	st = hset_find(&c->status, key, 0);
 
 	if (st)
 		return *st;
@@ -1150,7 +1161,7 @@ static int verify_block(struct verify_ctx *c, const struct mf_block *b)
 		c->buflen = b->len;
 	}
 	rc = store_get_block(c->s, b->hash, c->buf, b->len);
-	st = hset_find(&c->status, b->hash, 1);
+	st = hset_find(&c->status, key, 1);
 	if (!st)
 		return -ENOMEM;
 	*st = rc == (int)b->len ? 1 : rc == -ENOENT ? 3 : 2;

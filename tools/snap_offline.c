@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "fs/manifest.h"
+#include "cache/log.h"
 #include "fs/store.h"
 
 const char snap_offline_usage[] =
@@ -36,6 +37,11 @@ static void say(const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(line, sizeof(line), fmt, ap);
 	va_end(ap);
+	/* One line, whatever a name holds: a newline or an escape sequence in a name the
+	 * user typed must not split the message or reach the terminal. */
+	for (char *p = line; *p; p++)
+		if ((unsigned char)*p < 0x20 || *p == 0x7f)
+			*p = '?';
 	fprintf(stderr, "mlfs-snap: %s\n", line);
 }
 
@@ -600,6 +606,10 @@ int snap_offline_main(int argc, char **argv)
 	const char *store = NULL, *to = NULL, *pos[2] = { NULL, NULL };
 	const char *cmd = argc > 0 ? argv[0] : "";
 	int json = 0, npos = 0;
+
+	/* The tool says every failure itself, in one line (say()); the store library's
+	 * own log lines would repeat it. */
+	log_set_quiet(1);
 
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
