@@ -173,9 +173,15 @@ static int bc_buf_alloc(struct bc *bc, struct bc_block *b, uint32_t cap, bool ze
 	b->buf = zero ? calloc(1, cap ? cap : 1) : malloc(cap ? cap : 1);
 	if (!b->buf)
 		return -ENOMEM;
-	cap = bc_footprint(b->buf);
-	if (zero)
-		memset(b->buf, 0, cap); /* the rounding too: ckpt reserve relies on zeros */
+	{
+		uint32_t want = cap ? cap : 1;
+
+		cap = bc_footprint(b->buf);
+		/* calloc zeroed what was asked for (without touching fresh pages); the
+		 * rounding past it is zeroed here, as ckpt reserve relies on zeros. */
+		if (zero && cap > want)
+			memset((char *)b->buf + want, 0, cap - want);
+	}
 	b->cap = cap;
 	atomic_fetch_add(&bc->mem_bytes, cap);
 	atomic_fetch_add(&bc->resident[b->cls], 1);
