@@ -58,18 +58,23 @@
  *  7. t->mu is a leaf lock: no bcache, spill or governor call is made while holding it
  *     (bcache calls tier_unspill with its own locks released, from any thread).
  *
- * State of a block, as the tier sees it:
+ * State of a block, as the tier sees it (COPY: a valid spill or store copy exists):
  *
- *                 pick (BC_IO, inv. 1)         spill ok: bc_set_spilled
- *   RESIDENT ---------------------------> EVICTING ----------------------+
- *    ^  ^  |                               |  |  drop (rule D, clean)    |  evict_done
- *    |  |  | ckpt write: copy released     |  +---------> gone           v
- *    |  |  | (inv. 3)                      |                     RESIDENT+COPY
- *    |  |  +------------<------------------+ keep (K, errors)       |  pick, rule A
- *    |  +------------------------ RESIDENT+COPY <--- load ok --+     v
- *    |                                                         +-- SPILLED (not resident)
- *    +------ write after load ------------------------------------------- |
- *                                        load failed: data unhashed (inv. 4) -> gone
+ *                      pick: BC_IO (inv. 1)
+ *      RESIDENT -------------------------------> EVICTING ---- drop (rule D) ----> gone
+ *       ^    ^                                     |    |
+ *       |    +------- keep (rule K, errors) -------+    | spill done: bc_set_spilled
+ *       |                                               | (inv. 2), buffer freed
+ *       | write: copy released (inv. 3)                 v
+ *       +------------------------- RESIDENT+COPY     SPILLED (not resident)
+ *                                     |   ^             |   |
+ *                                     |   +-- load ok --+   | load failed (inv. 4):
+ *                                     |   (bc_block_load,   | data unhashed -> gone,
+ *                                     |    refill)          | ckpt: store or EIO
+ *                                     +---------------------^
+ *                                       pick, rule A: buffer freed
+ *
+ * (A spill done while a reader holds the block leaves it RESIDENT+COPY.)
  */
 #include "tiering/tier.h"
 
