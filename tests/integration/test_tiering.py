@@ -171,10 +171,20 @@ def test_colocated_job(memcg, mounter, test_root):
     hog = subprocess.Popen([sys.executable, "-c", HOG], stdin=subprocess.PIPE,
                            stdout=subprocess.PIPE, text=True, preexec_fn=enter)
     try:
-        # Fill the memory tier by reading the dataset (twice: the second pass hits).
+        # Fill the memory tier by reading the dataset (twice: the second pass hits),
+        # and write a checkpoint (dirty blocks: spilled, never dropped).
         for _ in range(2):
             for n in names:
                 check_file(m, n, "fill")
+        ck = os.path.join(m.ckpt, "model.pt")
+        ck_data = random.Random(U.SEED + 9).randbytes(64 * MiB)
+        with open(ck, "wb") as f:
+            f.write(ck_data)
+
+        def check_ckpt(what):
+            with open(ck, "rb") as f:
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+                U.assert_bytes(f.read(), ck_data, f"{what}: {ck}")
         time.sleep(1.0)
         # The co-located job starts: it takes what the cgroup has left, down to about
         # the governor's low watermark band (free ~ 96 MiB), without a cut.
@@ -238,6 +248,7 @@ def test_colocated_job(memcg, mounter, test_root):
         rss1 = rss_bytes(m.pid)
         assert abs(rss1 - st1["mem_bytes"]) < 96 * MiB, \
             f"RSS {rss1} vs mem_bytes {st1['mem_bytes']} after the cut"
+        check_ckpt("under the hog")
         oom = cg_oom_kills(memcg)
         assert oom in (None, 0), f"oom_kill={oom}"
 
@@ -260,6 +271,7 @@ def test_colocated_job(memcg, mounter, test_root):
             f"RSS {rss2} vs mem_bytes {s['mem_bytes']} after the reloads"
         for n in names:
             check_file(m, n, "after the hog")
+        check_ckpt("after the hog")
         assert m.stat()["spill_errors"] == 0
         assert m.proc.poll() is None, "the daemon died"
     finally:
