@@ -476,12 +476,26 @@ int bc_write_begin(struct bc *bc, struct bc_block *b)
 	int rc = 0;
 
 	pthread_mutex_lock(&s->mu);
-	if (atomic_load(&b->ref) != 1 || (b->flags & (BC_IO | BC_WRITING)) || !b->buf)
+	if (atomic_load(&b->ref) != 1 || (b->flags & (BC_IO | BC_WRITING)) || !b->buf) {
 		rc = -EBUSY;
-	else
+		/* The writer copies b and drops its reference: whoever still holds b
+		 * (a reader, a snapshot) must not see its buffer evicted under them. */
+		b->flags |= BC_ORPHAN;
+	} else {
 		b->flags |= BC_WRITING;
+	}
 	pthread_mutex_unlock(&s->mu);
 	return rc;
+}
+
+bool bc_block_disown(struct bc *bc, struct bc_block *b)
+{
+	struct bc_shard *s = bc_shard_of(bc, b);
+
+	pthread_mutex_lock(&s->mu);
+	b->flags |= BC_ORPHAN;
+	pthread_mutex_unlock(&s->mu);
+	return bc_block_put(bc, b);
 }
 
 void bc_write_end(struct bc *bc, struct bc_block *b)
@@ -572,12 +586,14 @@ unsigned bc_pick_victims(struct bc *bc, struct bc_block **out, unsigned max, int
 		for (b = s->lists[cls][0].head; b && n < max; b = b->lnext) {
 			bool copy = b->flags & (BC_SPILLED | BC_STORED);
 
-			if ((b->flags & (BC_IO | BC_WRITING)) || atomic_load(&b->ref) != 1)
+			if ((b->flags & (BC_IO | BC_WRITING | BC_ORPHAN)) ||
+			    atomic_load(&b->ref) != 1)
 				continue;
 			if ((kind == BC_PICK_COPY && !copy) || (kind == BC_PICK_NOCOPY && copy))
 				continue;
 			b->flags |= BC_IO;
 			bc_block_get(b);
+			b->pick_gets = atomic_load(&b->gets);
 			out[n++] = b;
 		}
 		pthread_mutex_unlock(&s->mu);
@@ -611,8 +627,13 @@ uint64_t bc_evict_done(struct bc *bc, struct bc_block *b, bool release)
 	pthread_mutex_lock(&s->mu);
 	b->flags &= ~BC_IO;
 	/* Our reference plus the owner's (the cache's or a file map's): anything more is a
-	 * reader using the buffer right now, so keep it. */
-	if (release && atomic_load(&b->ref) == 2 && b->buf) {
+	 * reader using the buffer right now, so keep it. Two could also be ours plus a
+	 * reader's once the owner let go: a checkpoint owner marks that (BC_ORPHAN,
+	 * bc_block_disown), and a reference taken since the pick (gets moved) is a reader
+	 * in any class, e.g. of a data block bc_drop_fid unhashed meanwhile. A reader that
+	 * takes its reference after this check finds buf NULL under the lock and loads. */
+	if (release && atomic_load(&b->ref) == 2 && b->buf && !(b->flags & BC_ORPHAN) &&
+	    atomic_load(&b->gets) == b->pick_gets) {
 		if (b->flags & (BC_SPILLED | BC_STORED)) {
 			/* Stays listed as a non-resident entry (invariant 5). */
 			freed = b->cap;
@@ -646,7 +667,7 @@ unsigned bc_pick_reload(struct bc *bc, struct bc_block **out, unsigned max, int 
 
 		pthread_mutex_lock(&s->mu);
 		for (b = s->lists[cls][1].tail; b && n < max; b = b->lprev) {
-			if ((b->flags & BC_IO) || !(b->flags & BC_SPILLED))
+			if ((b->flags & (BC_IO | BC_ORPHAN)) || !(b->flags & BC_SPILLED))
 				continue;
 			if (dirty_only && (b->flags & BC_STORED))
 				continue;

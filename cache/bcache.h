@@ -48,6 +48,7 @@ enum {
 	BC_IO = 1u << 4,	   /* a spill or reload of this block is in flight */
 	BC_INCOMPRESSIBLE = 1u << 5, /* an earlier spill did not compress: don't try again */
 	BC_STORED = 1u << 6,	   /* ckpt: an identical object is in the snapshot store */
+	BC_ORPHAN = 1u << 7,	   /* ckpt: its owner copied it or let go; never evicted */
 };
 
 /* File identity for data blocks: 128 bits derived from the source file's device,
@@ -65,6 +66,11 @@ struct bc_block {
 	uint64_t csum;			/* XXH3-64 of buf[0..len) (see BC_CSUM_STALE) */
 	void *buf;			/* NULL while not resident in memory */
 	atomic_uint ref;
+	/* References ever taken (bc_block_get): an eviction frees the buffer only if none
+	 * was taken since its pick, so that a reader whose reference outlived the owner's
+	 * is never left holding a freed buffer (bc_evict_done). */
+	atomic_uint gets;
+	uint32_t pick_gets;		/* gets at bc_pick_victims, under the shard lock */
 	uint32_t len;			/* logical bytes */
 	uint32_t cap;			/* bytes allocated for buf, counted in mem_bytes */
 	uint16_t flags;
@@ -104,6 +110,8 @@ struct bc_block *bc_block_new(struct bc *bc, enum bc_class cls, uint32_t cap);
 static inline void bc_block_get(struct bc_block *b)
 {
 	atomic_fetch_add_explicit(&b->ref, 1, memory_order_relaxed);
+	/* Ordered before the caller's next look at b->buf (bc_evict_done's check). */
+	atomic_fetch_add_explicit(&b->gets, 1, memory_order_seq_cst);
 }
 /* Drops one reference; true when it was the last and the block is gone. */
 bool bc_block_put(struct bc *bc, struct bc_block *b);
@@ -127,6 +135,14 @@ void bc_drop_fid(struct bc *bc, const struct bc_fid *fid);
  * flight). bc_write_end marks the checksum stale and the block dirty. bc_block_resize
  * grows the buffer of a block being written (in place: caller holds BC_WRITING). */
 int bc_write_begin(struct bc *bc, struct bc_block *b);
+/* The owner (a file map) lets go of ckpt block b: marks it BC_ORPHAN and puts the owner's
+ * reference. Readers may still hold b and use its buffer; an orphan is never evicted, so
+ * its buffer stays until the last of them puts it. Owners must drop blocks with this,
+ * not a plain bc_block_put, whenever readers may hold them (truncate, replace): the
+ * eviction cannot tell an owner's reference from a reader's. bc_write_begin marks a
+ * block it refuses (the writer copies it and lets the old one go). Returns what
+ * bc_block_put returns. */
+bool bc_block_disown(struct bc *bc, struct bc_block *b);
 void bc_write_end(struct bc *bc, struct bc_block *b);
 int bc_block_reserve(struct bc *bc, struct bc_block *b, uint32_t cap);
 /* A private copy of b (same len and bytes, cap at least `cap`), for copy on write.
@@ -150,8 +166,8 @@ void bc_block_seal(struct bc *bc, struct bc_block *b);
  * modifies it meanwhile. Cost: walks the resident list of each shard until max are
  * found; blocks of the other kind are skipped, not counted.
  * bc_set_spilled records where the spill tier put a block being evicted (BC_SPILLED).
- * bc_evict_done clears BC_IO and, when `release` is true and nobody else holds the
- * block, frees its buffer (the block stays, non-resident, if it has a copy elsewhere; a
+ * bc_evict_done clears BC_IO and, when `release` is true, the owner still holds the
+ * block and nobody took a reference since the pick, frees its buffer (the block stays, non-resident, if it has a copy elsewhere; a
  * data block with none is unhashed: dropped). It puts the picker's reference; returns
  * the bytes freed (0 when the block stayed resident).
  */

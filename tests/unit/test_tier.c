@@ -9,6 +9,8 @@
  */
 #include <errno.h>
 #include <malloc.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,7 +86,7 @@ static void add_ckpt(struct bc *bc, struct bc_block **ck, unsigned n)
  * load's -errno. */
 static int check_data(struct bc *bc, uint64_t idx)
 {
-	static char want[BS];
+	static _Thread_local char want[BS]; /* test_races reads from several threads */
 	struct bc_block *b = bc_lookup(bc, &fid1, idx);
 	int rc;
 
@@ -455,6 +457,155 @@ static void test_enospc_makes_room(void)
 	bc_free(bc);
 }
 
+/* Races: readers loading blocks, a writer replacing checkpoint blocks (as copy on write
+ * does) and the budget jumping every few milliseconds, for 2 s. Every byte read is
+ * checked; at the end everything reloads byte-exact and mem_bytes adds up. */
+struct race {
+	struct bc *bc;
+	struct tier *t;
+	struct bc_block *ck[16];
+	pthread_mutex_t ck_mu; /* the "file map": guards ck[] */
+	unsigned ck_gen[16];
+	atomic_int stop, bad;
+	atomic_uint reads;
+};
+
+static uint64_t race_seed(unsigned i, unsigned gen)
+{
+	return ckpt_seed(i) + 1000ull * gen;
+}
+
+static void *race_reader(void *arg)
+{
+	struct race *r = arg;
+	static _Thread_local char want[BS];
+	uint64_t x = (uint64_t)(uintptr_t)&x;
+
+	while (!atomic_load(&r->stop)) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		if (x % 2) {
+			int rc = check_data(r->bc, x % 64);
+
+			if (rc && rc != -ENOENT)
+				atomic_fetch_add(&r->bad, 1);
+		} else {
+			unsigned i = (unsigned)(x % 16), gen;
+			struct bc_block *b;
+
+			pthread_mutex_lock(&r->ck_mu);
+			b = r->ck[i];
+			gen = r->ck_gen[i];
+			bc_block_get(b);
+			pthread_mutex_unlock(&r->ck_mu);
+			if (bc_block_load(r->bc, b)) {
+				atomic_fetch_add(&r->bad, 1);
+			} else {
+				fill(want, BS, race_seed(i, gen), 0);
+				if (b->len != BS || memcmp(b->buf, want, BS))
+					atomic_fetch_add(&r->bad, 1);
+			}
+			bc_block_put(r->bc, b);
+		}
+		atomic_fetch_add(&r->reads, 1);
+	}
+	return NULL;
+}
+
+static void *race_writer(void *arg)
+{
+	struct race *r = arg;
+	unsigned n = 0;
+
+	while (!atomic_load(&r->stop)) {
+		unsigned i = n++ % 16;
+		struct bc_block *nb = bc_block_new(r->bc, BC_CKPT, BS), *old;
+
+		if (!nb || bc_write_begin(r->bc, nb)) {
+			atomic_fetch_add(&r->bad, 1);
+			break;
+		}
+		pthread_mutex_lock(&r->ck_mu);
+		fill(nb->buf, BS, race_seed(i, r->ck_gen[i] + 1), 0);
+		nb->len = BS;
+		bc_write_end(r->bc, nb);
+		old = r->ck[i];
+		r->ck[i] = nb;
+		r->ck_gen[i]++;
+		pthread_mutex_unlock(&r->ck_mu);
+		bc_block_disown(r->bc, old); /* a reader may still hold it */
+		tier_admit_write(r->t, BS);
+		usleep(1000);
+	}
+	return NULL;
+}
+
+static void test_races(void)
+{
+	struct race r = { 0 };
+	pthread_t th[4];
+	uint64_t x = 88172645463325252ull, end;
+	unsigned i;
+	int bad = 0;
+
+	EXPECT_EQ(bc_new(BS, BIG, &r.bc), 0);
+	r.t = make_tier(r.bc, 0, TIER_DROP_NEVER);
+	pthread_mutex_init(&r.ck_mu, NULL);
+	add_data(r.bc, 64);
+	add_ckpt(r.bc, r.ck, 16);
+	for (i = 0; i < 3; i++)
+		pthread_create(&th[i], NULL, race_reader, &r);
+	pthread_create(&th[3], NULL, race_writer, &r);
+	end = now_ms() + 2000;
+	while (now_ms() < end) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		tier_set_budget(r.t, (x % 100) * BS);
+		usleep(5000);
+	}
+	atomic_store(&r.stop, 1);
+	for (i = 0; i < 4; i++)
+		pthread_join(th[i], NULL);
+	EXPECT_EQ(atomic_load(&r.bad), 0);
+	EXPECT(atomic_load(&r.reads) > 100);
+	EXPECT(tstats(r.t).spill_ops > 0);
+	EXPECT_EQ(tstats(r.t).spill_errors, 0);
+
+	tier_set_budget(r.t, BIG);
+	EXPECT_EQ(tier_settle(r.t, 10000), 0);
+	for (i = 0; i < 64; i++) {
+		int rc = check_data(r.bc, i);
+
+		bad += rc != 0 && rc != -ENOENT;
+	}
+	for (i = 0; i < 16; i++) {
+		static char want[BS];
+
+		bad += bc_block_load(r.bc, r.ck[i]) != 0;
+		fill(want, BS, race_seed(i, r.ck_gen[i]), 0);
+		bad += memcmp(r.ck[i]->buf, want, BS) != 0;
+	}
+	EXPECT_EQ(bad, 0);
+	/* Invariant 1 of bcache.c, seen from outside: every buffer here has one footprint. */
+	{
+		void *p = malloc(BS);
+		uint64_t foot = malloc_usable_size(p);
+
+		free(p);
+		EXPECT_EQ(bc_mem_bytes(r.bc),
+			  (cstats(r.bc).data_resident + cstats(r.bc).ckpt_resident) * foot);
+	}
+	EXPECT_EQ(cstats(r.bc).ckpt_blocks, 16);
+	for (i = 0; i < 16; i++)
+		bc_block_put(r.bc, r.ck[i]);
+	tier_free(r.t);
+	EXPECT_EQ(cstats(r.bc).ckpt_blocks, 0);
+	bc_free(r.bc);
+	pthread_mutex_destroy(&r.ck_mu);
+}
+
 /* No spill dir: clean data dropped, dirty checkpoints stay, writes never refused. */
 static void test_no_spill(void)
 {
@@ -494,6 +645,7 @@ int main(void)
 	test_corrupt();
 	test_enospc();
 	test_enospc_makes_room();
+	test_races();
 	test_no_spill();
 	rmdir(spill_dir);
 	return test_summary();
