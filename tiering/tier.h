@@ -4,14 +4,16 @@
  * (DESIGN.md "Tiers and blocks", "The memory governor").
  *
  * Contract
- * - Purpose: tier_new() and tier_start() wire the pieces: an io_uring and a spill file (-o spill=DIR),
- *   the governor (whose budget it applies to the cache with bc_set_budget), and one tier
- *   thread. Whenever mem_bytes exceeds the budget the thread evicts blocks in batches,
- *   in this order (tier.c, "Policy"): resident blocks that already have a copy (free),
- *   clean data blocks (dropped when SOURCE gives them back about as fast as a spill round
- *   trip, else spilled), checkpoint blocks already in the store (dropped), dirty
- *   checkpoint blocks (spilled, never dropped). It also serves as the cache's backing
- *   (bc_set_backing): a read of a spilled block reloads it from the spill file.
+ * - Purpose: tier_new() and tier_start() wire the pieces: an io_uring and a spill file
+ *   (-o spill=DIR), the governor (whose budget it applies to the cache with
+ *   bc_set_budget), and one tier thread. Whenever mem_bytes exceeds the budget the thread
+ *   evicts blocks in batches, in this order (tier.c, "Policy"): resident blocks that
+ *   already have a copy (free), clean data blocks (dropped when SOURCE gives them back at
+ *   most as slowly as two spill transfers, else spilled), checkpoint blocks already in
+ *   the store (dropped), dirty checkpoint blocks (spilled, never dropped). When the
+ *   budget grows it reloads spilled blocks in the background. It also serves as the
+ *   cache's backing (bc_set_backing): a read of a spilled block reloads it from the spill
+ *   file, and of a stored one asks the store's loader (tier_set_store_loader).
  * - Without a spill dir the governor still runs, clean data blocks are dropped and
  *   checkpoint blocks not in the store stay in memory whatever the budget.
  * - Thread safety: every function may be called from any thread between tier_new() and
