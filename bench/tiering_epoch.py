@@ -318,14 +318,17 @@ def report(a, out):
             y = out[t][i]
             ratio = y["files_s"] / x["files_s"]
             ml = t != "direct"
+            ceiling = y["files"] * a.bps / y["src_bytes"] if y["src_bytes"] else None
             rows.append([x["epoch"] if t == "direct" else "", t, "%.0f" % y["files_s"],
                          "" if not ml else ("**%.2fx**" if x["epoch"] >= 2 else "%.2fx") % ratio,
-                         "%.0f" % (y["src_bytes"] / 1e6), "%.1f" % y["psi_some_pct"],
+                         "%.0f" % (y["src_bytes"] / 1e6),
+                         "-" if ceiling is None else "%.0f" % ceiling, "%.1f" % y["psi_some_pct"],
                          "" if not ml else "-" if y["hit_rate"] is None else "%.3f" % y["hit_rate"],
                          "" if not ml else y["not_admitted"], "" if not ml else y["reloads"],
                          "" if not ml else fmt_size(y["spilled"]), "" if not ml else fmt_size(y["mem"]),
                          "" if not ml else "%s (%d cuts)" % (fmt_size(y["budget"]), y["budget_cuts"])])
-    table = md_table(["epoch", "target", "files/s", "vs direct", "MB from source", "PSI some %",
+    table = md_table(["epoch", "target", "files/s", "vs direct", "MB from source",
+                      "source-bound files/s", "PSI some %",
                       "hit rate", "uncached misses", "reloads", "spilled", "mem_bytes",
                       "budget at end"], rows)
     later = [y["files_s"] / x["files_s"] for x, y in zip(d, m) if x["epoch"] >= 2]
@@ -375,7 +378,10 @@ def report(a, out):
           table,
           "",
           "MB from source: bytes the throttled cgroup read from the loop device in the epoch "
-          "(blkio.throttle.io_service_bytes). PSI some %%: system-wide memory stall share over the "
+          "(blkio.throttle.io_service_bytes). Source-bound files/s: files / (MB from source / "
+          "throttle), the most that epoch could do with that many source bytes; a target near it "
+          "is limited by the source, so only serving more bytes from local memory or disk can "
+          "raise it. PSI some %%: system-wide memory stall share over the "
           "epoch (/proc/pressure/memory). Hit rate: hits/(hits+misses) deltas of mlfs-stat "
           "(memory-tier block lookups); budget/dataset = %.3f, the issue's floor is 0.9x that = %.3f. "
           "Uncached misses (not_admitted + direct_reads), reloads: reads served from the source "
