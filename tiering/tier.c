@@ -31,7 +31,9 @@
  *   spill disk, and the job reads its checkpoints back or snapshots them), then data
  *   blocks, most recently spilled first (within a shard: the youngest evictees are the
  *   likeliest to be read again by a job with any locality; for a shuffled epoch every
- *   order is equal). Refill stops HEADROOM under the budget so it never triggers a trim.
+ *   order is equal). Refill stops HEADROOM under the budget so it never triggers a trim,
+ *   and waits REFILL_HOLD after a cut so a wave of pressure is not answered by spilling
+ *   the same blocks twice.
  *
  * Invariants (cited in the code)
  *  1. The tier evicts a block only while holding a counted reference with BC_IO set
@@ -123,6 +125,7 @@ struct tier {
 	bool full;		/* invariant 6 */
 	uint64_t full_ms, fail_until_ms, full_said_ms;
 	uint64_t cut_ns;	/* last cut not yet answered (0: none) */
+	uint64_t last_cut_ms;	/* refill hold */
 	bool want_response, want_settle;
 	uint64_t freed_since_trim;
 
@@ -557,10 +560,15 @@ static bool tier_refill(struct tier *t)
 	uint64_t budget = bc_budget(t->bc), headroom, room, mem;
 	unsigned i, n = 0, max;
 	int pass;
-	bool any = false;
+	bool any = false, held;
 
 	if (!t->sp)
 		return false;
+	pthread_mutex_lock(&t->mu);
+	held = t->last_cut_ms && tier_now_ms() < t->last_cut_ms + t->cfg.refill_hold_ms;
+	pthread_mutex_unlock(&t->mu);
+	if (held)
+		return false; /* REFILL_HOLD (tier.h); the 250 ms tick looks again */
 	/* HEADROOM: 1/16 of the budget or four blocks, so admissions and a reload burst
 	 * do not push mem_bytes straight back over the budget. */
 	headroom = budget / 16 > 4ull * t->bs ? budget / 16 : 4ull * t->bs;
@@ -752,6 +760,8 @@ void tier_set_budget(struct tier *t, uint64_t budget)
 
 	bc_set_budget(t->bc, budget);
 	pthread_mutex_lock(&t->mu);
+	if (budget < old)
+		t->last_cut_ms = tier_now_ms();
 	if (budget < old && bc_mem_bytes(t->bc) > budget && !t->want_settle) {
 		/* The response time the issue asks for (100 ms) starts at the first cut of
 		 * an episode; cuts while it is still being answered do not restart it. */
@@ -771,6 +781,7 @@ void tier_config_defaults(struct tier_config *c)
 	c->drop = TIER_DROP_AUTO;
 	c->batch = TIER_DEF_BATCH;
 	c->inflight = TIER_DEF_INFLIGHT;
+	c->refill_hold_ms = TIER_REFILL_HOLD_MS;
 }
 
 static int tier_dup(const char **dst, const char *src)

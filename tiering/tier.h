@@ -53,6 +53,7 @@ struct tier_config {
 	enum tier_drop drop;
 	unsigned batch;		/* blocks picked per round, default TIER_DEF_BATCH */
 	unsigned inflight;	/* spill writes or reloads in flight, TIER_DEF_INFLIGHT */
+	unsigned refill_hold_ms; /* no background reload this soon after a cut */
 };
 
 /*
@@ -70,6 +71,9 @@ struct tier_config {
  * FAIL_BACKOFF 1000 ms: after a spill write I/O error, stop spilling this long.
  * RELOAD_PRIOR 1 ms/MiB: the reload cost assumed before any spill I/O was timed (an
  *   NVMe read of 1 MiB plus its checksum).
+ * REFILL_HOLD 3000 ms: no background reload within this long of a budget cut. Pressure
+ *   comes in waves (a job allocating step by step; the governor regrows the budget after
+ *   2 s of calm): reloading in the lull would only spill the same blocks again.
  * INTERVAL 250 ms: the thread rechecks mem_bytes against the budget this often without
  *   a wake-up (loads of spilled blocks raise mem_bytes without waking it).
  */
@@ -81,6 +85,7 @@ struct tier_config {
 #define TIER_FAIL_BACKOFF_MS 1000u
 #define TIER_RELOAD_PRIOR_NS (1000000ull)
 #define TIER_INTERVAL_MS 250u
+#define TIER_REFILL_HOLD_MS 3000u
 
 /* Fills the defaults above, gov defaults (gov_config_defaults), use_gov = 1. */
 void tier_config_defaults(struct tier_config *c);

@@ -126,6 +126,7 @@ static struct tier *make_tier(struct bc *bc, uint64_t spill_max, enum tier_drop 
 	c.spill_dir = spill_dir;
 	c.spill_max = spill_max;
 	c.drop = drop;
+	c.refill_hold_ms = 0; /* the tests move the budget faster than any job would */
 	EXPECT_EQ(tier_new(&c, bc, &t), 0);
 	EXPECT_EQ(tier_start(t), 0);
 	return t;
