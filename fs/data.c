@@ -396,28 +396,26 @@ int data_listxattr(struct data_ns *ns, struct data_node *n, char *buf, size_t si
 	return len < 0 ? -errno : (int)len;
 }
 
-int data_open(struct data_ns *ns, struct data_node *n, struct fuse_file_info *fi,
-	      struct data_file **out)
+/* Opens n's source file into f and revalidates it (invariant 2): a changed file gets
+ * a new id and its old blocks are dropped. *changed tells the caller whether the
+ * kernel's cached pages may be stale. */
+static int data_file_init(struct data_ns *ns, struct data_node *n, struct data_file *f,
+			  int *changed)
 {
 	char path[PATH_MAX];
-	struct data_file *f;
 	struct bc_fid old;
 	struct stat st;
 	int rc;
 
 	if ((rc = data_path(n, path, sizeof(path))))
 		return rc;
-	f = calloc(1, sizeof(*f));
-	if (!f)
-		return -ENOMEM;
 	f->fd = openat(ns->src_fd, path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-	if (f->fd < 0) {
-		rc = -errno;
-		goto out_free;
-	}
+	if (f->fd < 0)
+		return -errno;
 	if (fstat(f->fd, &st) < 0) {
 		rc = -errno;
-		goto out_close;
+		close(f->fd);
+		return rc;
 	}
 	/* The source is read in whole blocks in our own order: the kernel's readahead on
 	 * it would only read what we already asked for. */
@@ -429,6 +427,26 @@ int data_open(struct data_ns *ns, struct data_node *n, struct fuse_file_info *fi
 	old = n->fid;
 	n->fid = f->fid;
 	pthread_mutex_unlock(&ns->mu);
+	*changed = old.hi != f->fid.hi || old.lo != f->fid.lo;
+	if (*changed) {
+		log_debug("data: %s changed underneath, dropping its cached blocks", path);
+		bc_drop_fid(ns->m->bc, &old);
+	}
+	return 0;
+}
+
+int data_open(struct data_ns *ns, struct data_node *n, struct fuse_file_info *fi,
+	      struct data_file **out)
+{
+	struct data_file *f = calloc(1, sizeof(*f));
+	int changed, rc;
+
+	if (!f)
+		return -ENOMEM;
+	if ((rc = data_file_init(ns, n, f, &changed))) {
+		free(f);
+		return rc;
+	}
 	/*
 	 * keep_cache: the kernel page cache keeps this file's pages across opens, so a warm
 	 * epoch is served at page-cache speed without a request reaching us. It is safe
@@ -436,20 +454,21 @@ int data_open(struct data_ns *ns, struct data_node *n, struct fuse_file_info *fi
 	 * changes size or mtime: then the fid changes, the pages are invalidated by opening
 	 * without keep_cache, and the old blocks are dropped (invariant 2).
 	 */
-	if (old.hi == f->fid.hi && old.lo == f->fid.lo) {
-		fi->keep_cache = 1;
-	} else {
-		log_debug("data: %s changed underneath, dropping its cached blocks", path);
-		bc_drop_fid(ns->m->bc, &old);
-		fi->keep_cache = 0;
-	}
+	fi->keep_cache = !changed;
 	*out = f;
 	return 0;
+}
 
-out_close:
-	close(f->fd);
-out_free:
-	free(f);
+int data_read_unopened(struct data_ns *ns, struct data_node *n, size_t size, off_t off,
+		       struct mlfs_seg *segs)
+{
+	struct data_file f = { 0 };
+	int changed, rc;
+
+	if ((rc = data_file_init(ns, n, &f, &changed)))
+		return rc;
+	rc = data_read(ns, &f, size, off, segs);
+	close(f.fd);
 	return rc;
 }
 

@@ -50,6 +50,10 @@ int data_listxattr(struct data_ns *ns, struct data_node *n, char *buf, size_t si
 int data_open(struct data_ns *ns, struct data_node *n, struct fuse_file_info *fi,
 	      struct data_file **out);
 void data_release(struct data_ns *ns, struct data_file *f);
+/* data_read for a file the kernel did not open through us (-o immutable: no OPEN
+ * requests): opens SOURCE for this one read, revalidating it like data_open. */
+int data_read_unopened(struct data_ns *ns, struct data_node *n, size_t size, off_t off,
+		       struct mlfs_seg *segs);
 /* Fills segs with the blocks covering [off, off+size) clipped to the file's size; each
  * seg holds a counted block reference. Returns the number of segs; may block on SOURCE
  * (no lock held). */

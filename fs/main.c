@@ -38,7 +38,7 @@ struct mlfs_opts {
 	char *store, *spill, *restore, *pressure_file, *meminfo_file, *cgroup;
 	char *mem_max, *mem_min, *block_size, *spill_max, *data_timeout, *threads;
 	char *preempt_deadline, *autosnap, *keep, *mtbf;
-	int show_help, show_version, foreground, debug;
+	int show_help, show_version, foreground, debug, immutable;
 };
 
 #define OPT(t, p) { t, offsetof(struct mlfs_opts, p), 1 }
@@ -63,6 +63,7 @@ static const struct fuse_opt mlfs_opt_spec[] = {
 	OPT("--help", show_help),
 	OPT("-V", show_version),
 	OPT("--version", show_version),
+	OPT("immutable", immutable),
 	OPT("-f", foreground),
 	OPT("-d", debug),
 	OPT("debug", debug),
@@ -99,6 +100,8 @@ static void usage(FILE *f)
 "  -o mtbf=TIME           mean time between failures for autosnap=auto (default 1h)\n"
 "  -o threads=N           most FUSE worker threads (default %d)\n"
 "  -o data_timeout=S      kernel attribute cache time for MOUNTPOINT/data (default %.0f)\n"
+"  -o immutable           promise SOURCE does not change while mounted: opens cost\n"
+"                         no request (a changed file may then be read stale)\n"
 "  -o allow_other         let other users in (with default_permissions, always on)\n"
 "SIZE takes K, M, G or T (powers of 1024). See mlfs(8).\n",
 		MLFS_THREADS_DEFAULT, MLFS_DATA_TIMEOUT);
@@ -266,6 +269,7 @@ static int build_config(struct mlfs_opts *o, const char *src, const char *mnt,
 			o->restore ? "restore" : o->autosnap ? "autosnap" : "keep");
 		return 1;
 	}
+	c->immutable = o->immutable;
 	c->foreground = o->foreground || o->debug;
 	c->debug = o->debug;
 	return 0;

@@ -42,6 +42,7 @@ struct mlfs_config {
 	unsigned threads;	/* max FUSE worker threads */
 	double data_timeout;	/* entry/attr timeout for MOUNT/data, seconds */
 	int foreground, debug;
+	int immutable;		/* -o immutable: SOURCE does not change while mounted */
 	int preempt_deadline;	/* seconds */
 	double autosnap_s;	/* -o autosnap=INTERVAL: seconds, 0 = off */
 	int autosnap_auto;	/* -o autosnap=auto: the Young/Daly interval */
