@@ -156,9 +156,11 @@ static void ckpt_inode_destroy(struct ckpt_ns *ns, struct ckpt_inode *ino)
 	struct ckpt_xattr *x, *next;
 	uint64_t i;
 
+	/* The map's references go as an owner's (bcache.h bc_block_disown): a reply
+	 * still in flight may hold a block. */
 	for (i = 0; i < ino->nblocks; i++)
 		if (ino->blocks[i])
-			bc_block_put(ns->bc, ino->blocks[i]);
+			bc_block_disown(ns->bc, ino->blocks[i]);
 	free(ino->blocks);
 	for (x = ino->xattrs; x; x = next) {
 		next = x->next;
@@ -457,7 +459,7 @@ static int ckpt_block_for_write(struct ckpt_ns *ns, struct ckpt_inode *ino, uint
 		bc_block_put(ns->bc, b);
 		if (!c)
 			return rc ? rc : -ENOMEM;
-		bc_block_put(ns->bc, b);
+		bc_block_disown(ns->bc, b);
 		ino->blocks[idx] = b = c;
 		rc = bc_write_begin(ns->bc, b);
 		assert(rc == 0);
@@ -480,7 +482,7 @@ static int ckpt_truncate_locked(struct ckpt_ns *ns, struct ckpt_inode *ino, uint
 
 	for (i = keep; i < ino->nblocks; i++) {
 		if (ino->blocks[i]) {
-			bc_block_put(ns->bc, ino->blocks[i]);
+			bc_block_disown(ns->bc, ino->blocks[i]); /* readers may hold it */
 			ino->blocks[i] = NULL;
 		}
 	}
