@@ -4,8 +4,9 @@
 #   bench/run.sh [--quick] [--only w1,w2,...] [--rounds N] [--out DIR] [--mlfs-mem SIZE]
 #
 # Builds the dataset once into bench/work/, then for each workload mounts every target
-# fresh over the same SOURCE (mergerfs, bindfs, and mlfs if bin/mlfs exists), lets
-# bench/datapath.py run a warm pass and N interleaved timed rounds, and unmounts them.
+# fresh over the same SOURCE (mergerfs, bindfs, and if bin/mlfs exists mlfs twice: the
+# default mode as "mlfs" and -o immutable as "mlfs-imm"), lets bench/datapath.py run a
+# warm pass and N interleaved timed rounds, and unmounts them.
 # Every mount is undone on every exit path (trap), so no mount is ever left behind.
 set -euo pipefail
 
@@ -20,7 +21,7 @@ STATE=$WORK/mounts.active   # "name mnt pid" per live mount, for the trap
 
 spec=full rounds="" only="" out="" mlfs_mem=4G
 usage() {
-	sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
+	sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
 	cat <<-EOF
 
 	  --quick          small datasets (bench/work/src-quick), 5 rounds: a ~1 minute smoke run
@@ -28,7 +29,7 @@ usage() {
 	  --rounds N       timed rounds per workload (default 7, quick 5; a full run needs >= 5)
 	  --out DIR        where the table/chart go (default: bench/results for a complete
 	                   full run, else bench/work/results-SPEC)
-	  --mlfs-mem SIZE  mem_max for mlfs (default 4G: holds any one workload's data)
+	  --mlfs-mem SIZE  mem_max for mlfs and mlfs-imm (default 4G: holds any one workload's data)
 	EOF
 }
 while [ $# -gt 0 ]; do
@@ -174,26 +175,37 @@ mount_fg_daemon() { # name mnt cmd...   (daemon run in the foreground, as our ch
 	MOUNTED_PID=$pid
 }
 
+# mlfs, as two targets over the same SOURCE, each with its own mount, spill dir and daemon:
+# - mlfs: the default mode; every open of a file is a request that revalidates it against
+#   SOURCE (a round trip, as for mergerfs and bindfs);
+# - mlfs-imm: -o immutable, the user's promise that SOURCE does not change while mounted;
+#   the kernel then sends no OPEN/RELEASE requests (FUSE no_open).
+mount_mlfs() { # name extra-opts
+	local name=$1 extra=${2:+$2,} mnt=$MNTROOT/$1 spill=$WORK/spill-$1 pid rc=0
+	mkdir -p "$mnt"
+	rm -rf "$spill" && mkdir -p "$spill"
+	echo "$name $mnt" >>"$STATE"
+	timeout 120 "$MLFS" -o "${extra}spill=$spill,mem_max=$mlfs_mem" "$SRC" "$mnt" \
+		>>"$RUN/$name.log" 2>&1 || rc=$?
+	[ $rc = 0 ] || die "bin/mlfs exists but failed to mount as $name (exit $rc); see $RUN/$name.log"
+	wait_mounted "$mnt" "" || die "bin/mlfs returned 0 but $mnt ($name) is not mounted"
+	[ -d "$mnt/data" ] || die "$name mounted but $mnt/data is not a directory"
+	pid=$("$MLFS_STAT" --json "$mnt" 2>>"$RUN/$name.log" |
+		"$PY" -c 'import json,sys; print(int(json.load(sys.stdin)["pid"]))' 2>/dev/null) ||
+		{ echo "run.sh: WARNING: bin/mlfs-stat --json $mnt gave no pid: no $name CPU/memory figures" >&2; pid=""; }
+	[ -z "$pid" ] || sed -i "s|^$name $mnt\$|$name $mnt $pid|" "$STATE"
+	add_target "$name" "$mnt/data" "$pid" ok "bin/mlfs -o ${extra}spill=SPILL,mem_max=$mlfs_mem SOURCE MNT" "$mnt"
+}
+
 mount_all() {
 	TARGETS_JSON=""
 	add_target native "$SRC" "" ok "(files read directly from SOURCE)" ""
 	if [ $have_mlfs = 1 ]; then
-		local mnt=$MNTROOT/mlfs pid rc=0
-		mkdir -p "$mnt"
-		rm -rf "$WORK/spill" && mkdir -p "$WORK/spill"
-		echo "mlfs $mnt" >>"$STATE"
-		timeout 120 "$MLFS" -o "spill=$WORK/spill,mem_max=$mlfs_mem" "$SRC" "$mnt" \
-			>>"$RUN/mlfs.log" 2>&1 || rc=$?
-		[ $rc = 0 ] || die "bin/mlfs exists but failed to mount (exit $rc); see $RUN/mlfs.log"
-		wait_mounted "$mnt" "" || die "bin/mlfs returned 0 but $mnt is not mounted"
-		[ -d "$mnt/data" ] || die "mlfs mounted but $mnt/data is not a directory"
-		pid=$("$MLFS_STAT" --json "$mnt" 2>>"$RUN/mlfs.log" |
-			"$PY" -c 'import json,sys; print(int(json.load(sys.stdin)["pid"]))' 2>/dev/null) ||
-			{ echo "run.sh: WARNING: bin/mlfs-stat --json $mnt gave no pid: no mlfs CPU/memory figures" >&2; pid=""; }
-		[ -z "$pid" ] || sed -i "s|^mlfs $mnt\$|mlfs $mnt $pid|" "$STATE"
-		add_target mlfs "$mnt/data" "$pid" ok "bin/mlfs -o spill=SPILL,mem_max=$mlfs_mem SOURCE MNT" "$mnt"
+		mount_mlfs mlfs ""
+		mount_mlfs mlfs-imm immutable
 	else
 		add_target mlfs "" "" "not built" "" ""
+		add_target mlfs-imm "" "" "not built" "" ""
 	fi
 	if command -v mergerfs >/dev/null; then
 		mount_fg_daemon mergerfs "$MNTROOT/mergerfs" mergerfs -f -o "$MERGERFS_OPTS" "$SRC" "$MNTROOT/mergerfs"
