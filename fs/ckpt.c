@@ -689,11 +689,21 @@ static void ckpt_drop_name_locked(struct ckpt_ns *ns, struct ckpt_inode *ino,
 	ckpt_maybe_free(ns, ino);
 }
 
+/* The end of unlink and rmdir: name d goes, its directory's times change, its inode
+ * loses a link. Under ns->mu. */
+static void ckpt_remove_locked(struct ckpt_ns *ns, struct ckpt_dirent *d, struct timespec now)
+{
+	struct ckpt_inode *ino = d->ino, *dir = d->dir;
+
+	ckpt_unlink_locked(ns, d);
+	dir->mtime = dir->ctime = now;
+	ckpt_drop_name_locked(ns, ino, now);
+}
+
 int ckpt_unlink(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name)
 {
 	struct timespec now = ckpt_now();
 	struct ckpt_dirent *d;
-	struct ckpt_inode *ino;
 	int rc = 0;
 
 	pthread_mutex_lock(&ns->mu);
@@ -703,12 +713,8 @@ int ckpt_unlink(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name)
 		rc = -ENOENT;
 	else if (S_ISDIR(d->ino->mode))
 		rc = -EISDIR;
-	if (!rc) {
-		ino = d->ino;
-		ckpt_unlink_locked(ns, d);
-		dir->mtime = dir->ctime = now;
-		ckpt_drop_name_locked(ns, ino, now);
-	}
+	if (!rc)
+		ckpt_remove_locked(ns, d, now);
 	pthread_mutex_unlock(&ns->mu);
 	return rc;
 }
@@ -717,7 +723,6 @@ int ckpt_rmdir(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name)
 {
 	struct timespec now = ckpt_now();
 	struct ckpt_dirent *d;
-	struct ckpt_inode *ino;
 	int rc = 0;
 
 	if (!strcmp(name, "."))
@@ -733,12 +738,8 @@ int ckpt_rmdir(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name)
 		rc = -ENOTDIR;
 	else if (d->ino->nentries)
 		rc = -ENOTEMPTY;
-	if (!rc) {
-		ino = d->ino;
-		ckpt_unlink_locked(ns, d);
-		dir->mtime = dir->ctime = now;
-		ckpt_drop_name_locked(ns, ino, now);
-	}
+	if (!rc)
+		ckpt_remove_locked(ns, d, now);
 	pthread_mutex_unlock(&ns->mu);
 	return rc;
 }

@@ -478,21 +478,18 @@ void data_release(struct data_ns *ns, struct data_file *f)
 	free(f);
 }
 
-/* Reads block idx of f from SOURCE into a new block; counted reference or -errno. The
- * source is read with pread in the calling FUSE worker, holding no lock. */
-static int data_fill(struct data_ns *ns, struct data_file *f, uint64_t idx,
-		     struct bc_block **out)
+/* Reads [off, off + len) of f from SOURCE into a new, unhashed block (counted, handed
+ * to the caller) with pread in the calling FUSE worker, holding no lock. */
+static int data_pread(struct data_ns *ns, struct data_file *f, uint64_t off, uint32_t len,
+		      struct bc_block **out)
 {
-	uint32_t bs = bc_block_size(ns->m->bc);
-	uint64_t off = idx * bs;
-	uint32_t want = f->size - off < bs ? (uint32_t)(f->size - off) : bs;
-	struct bc_block *b = bc_block_new(ns->m->bc, BC_DATA, want);
+	struct bc_block *b = bc_block_new(ns->m->bc, BC_DATA, len);
 	uint32_t got = 0;
 
 	if (!b)
 		return -ENOMEM;
-	while (got < want) {
-		ssize_t r = pread(f->fd, (char *)b->buf + got, want - got, off + got);
+	while (got < len) {
+		ssize_t r = pread(f->fd, (char *)b->buf + got, len - got, off + got);
 
 		if (r < 0 && errno == EINTR)
 			continue;
@@ -500,18 +497,34 @@ static int data_fill(struct data_ns *ns, struct data_file *f, uint64_t idx,
 			int rc = r < 0 ? -errno : -EIO;
 
 			atomic_fetch_add(&ns->m->st.source_errors, 1);
-			log_err("data: read of block %llu of %s failed: %s (source %s)",
-				(unsigned long long)idx, f->n->name,
-				r < 0 ? strerror(errno) : "file shrank underneath", ns->src_path);
+			log_err("data: read of %s at %llu failed: %s (source %s)", f->n->name,
+				(unsigned long long)(off + got),
+				r < 0 ? strerror(-rc) : "file shrank underneath", ns->src_path);
 			bc_block_put(ns->m->bc, b);
 			return rc;
 		}
 		got += r;
 	}
+	b->len = got;
 	atomic_fetch_add(&ns->m->st.source_bytes_read, got);
 	atomic_fetch_add(&ns->m->st.source_reads, 1);
-	b->len = got;
-	b->csum = XXH3_64bits(b->buf, got);
+	*out = b;
+	return 0;
+}
+
+/* Reads block idx of f from SOURCE and offers it to the cache: counted reference (the
+ * cached block, or this one if not admitted) or -errno. */
+static int data_fill(struct data_ns *ns, struct data_file *f, uint64_t idx,
+		     struct bc_block **out)
+{
+	uint32_t bs = bc_block_size(ns->m->bc);
+	uint64_t off = idx * bs;
+	struct bc_block *b;
+	int rc;
+
+	if ((rc = data_pread(ns, f, off, f->size - off < bs ? (uint32_t)(f->size - off) : bs, &b)))
+		return rc;
+	b->csum = XXH3_64bits(b->buf, b->len);
 	*out = bc_insert(ns->m->bc, b, &f->fid, idx);
 	return 0;
 }
@@ -582,31 +595,11 @@ static int data_fetch(struct data_ns *ns, struct data_file *f, uint64_t idx,
 static int data_read_direct(struct data_ns *ns, struct data_file *f, uint64_t off,
 			    uint32_t len, struct bc_block **out)
 {
-	struct bc_block *b = bc_block_new(ns->m->bc, BC_DATA, len);
-	uint32_t got = 0;
+	int rc = data_pread(ns, f, off, len, out);
 
-	if (!b)
-		return -ENOMEM;
-	while (got < len) {
-		ssize_t r = pread(f->fd, (char *)b->buf + got, len - got, off + got);
-
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0) {
-			atomic_fetch_add(&ns->m->st.source_errors, 1);
-			log_err("data: read of %s at %llu failed: %s", f->n->name,
-				(unsigned long long)off, r < 0 ? strerror(errno) : "file shrank");
-			bc_block_put(ns->m->bc, b);
-			return r < 0 ? -errno : -EIO;
-		}
-		got += r;
-	}
-	b->len = got;
-	atomic_fetch_add(&ns->m->st.source_bytes_read, got);
-	atomic_fetch_add(&ns->m->st.source_reads, 1);
-	atomic_fetch_add(&ns->m->st.direct_reads, 1);
-	*out = b;
-	return 0;
+	if (!rc)
+		atomic_fetch_add(&ns->m->st.direct_reads, 1);
+	return rc;
 }
 
 int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,

@@ -83,21 +83,6 @@ int mlfs_parse_time(const char *s, double *out)
 	return 0;
 }
 
-/* The daemon's resident set, from /proc/self/statm, so that mlfs-stat shows beside
- * mem_bytes what the kernel charges us. */
-static uint64_t stats_rss(void)
-{
-	unsigned long size, resident;
-	FILE *f = fopen("/proc/self/statm", "r");
-	int ok;
-
-	if (!f)
-		return 0;
-	ok = fscanf(f, "%lu %lu", &size, &resident) == 2;
-	fclose(f);
-	return ok ? (uint64_t)resident * sysconf(_SC_PAGESIZE) : 0;
-}
-
 #define STATS_MAX 96
 
 struct stats_field {
@@ -125,7 +110,7 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 	F("mem_budget", "current memory budget set by the governor", bs.budget);
 	F("mem_max", "upper bound of the budget", m->cfg.mem_max);
 	F("mem_min", "lower bound of the budget", m->cfg.mem_min);
-	F("rss_bytes", "resident set size of the daemon", stats_rss());
+	F("rss_bytes", "resident set size of the daemon", tier_rss());
 	F("data_blocks", "data blocks cached (resident or spilled)", bs.data_blocks);
 	F("data_resident", "data blocks resident in memory", bs.data_resident);
 	F("ckpt_blocks", "checkpoint blocks (resident or spilled)", bs.ckpt_blocks);

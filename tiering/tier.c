@@ -167,7 +167,7 @@ static void tier_deadline(struct timespec *ts, unsigned ms)
 	}
 }
 
-static uint64_t tier_rss(void)
+uint64_t tier_rss(void)
 {
 	unsigned long size, resident;
 	FILE *f = fopen("/proc/self/statm", "r");

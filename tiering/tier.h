@@ -149,4 +149,8 @@ void tier_get_stats(struct tier *t, struct tier_stats *st);
 /* Test only: the spill file's descriptor (spill_debug_fd), -1 without a spill tier. */
 int tier_debug_spill_fd(struct tier *t);
 
+/* The daemon's resident set size (from /proc/self/statm), 0 if unreadable: what the
+ * kernel charges the process, for comparing with the cache's mem_bytes. */
+uint64_t tier_rss(void);
+
 #endif
