@@ -339,9 +339,10 @@ def report(a, results, info, out, rundir):
         c["events"] = {k: round((v - t0) * 1000) for k, v in r["events"].items()}
         c["samples"] = [dict(smp, t=round((smp["t"] - t0) * 1000)) for smp in r["samples"]]
         compact.append(c)
-    with open(os.path.join(out, "tiering-pressure.json"), "w") as f:
-        json.dump({"info": info, "params": vars(a), "time_unit": "ms from the hog's first allocation",
-                   "results": compact}, f, separators=(",", ":"), default=str)
+    for d in (out, rundir):     # rundir keeps every run's figures beside the daemon logs
+        with open(os.path.join(d, "tiering-pressure.json"), "w") as f:
+            json.dump({"info": info, "params": vars(a), "time_unit": "ms from the hog's first allocation",
+                       "results": compact}, f, separators=(",", ":"), default=str)
 
     rows = []
     for r in results:
