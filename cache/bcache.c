@@ -456,6 +456,12 @@ void bc_drop_fid(struct bc *bc, const struct bc_fid *fid)
 				next = b->lnext;
 				if (b->fid.hi != fid->hi || b->fid.lo != fid->lo)
 					continue;
+				/* A load or eviction in flight owns the block's list place
+				 * until it ends (bc_load_end, bc_evict_done): leave it. Its
+				 * old id is never looked up again, so it only waits for the
+				 * tier to evict it like any other block. */
+				if (b->flags & BC_IO)
+					continue;
 				bc_unhash_locked(s, b);
 				b->hnext = dead;
 				dead = b;
@@ -766,6 +772,46 @@ void bc_block_set_stored(struct bc *bc, struct bc_block *b, const uint8_t obj[16
 			atomic_fetch_sub(&bc->dirty_bytes, b->cap);
 	}
 	pthread_mutex_unlock(&s->mu);
+}
+
+int bc_collect_stored(struct bc *bc, uint8_t (**out)[16], size_t *n)
+{
+	size_t cap = 0;
+	int i, nr;
+
+	*out = NULL;
+	*n = 0;
+	/* Every ckpt block is on a list of its shard for its whole life, whoever holds it
+	 * (a live file, an unlinked file still open, an old tree after a restore, a frozen
+	 * snapshot waiting to persist): the lists see them all, under the shard locks. */
+	for (i = 0; i < BC_SHARDS; i++) {
+		struct bc_shard *s = &bc->shards[i];
+
+		pthread_mutex_lock(&s->mu);
+		for (nr = 0; nr < 2; nr++) {
+			for (struct bc_block *b = s->lists[BC_CKPT][nr].head; b; b = b->lnext) {
+				if (!(b->flags & BC_STORED))
+					continue;
+				if (*n == cap) {
+					size_t nc = cap ? 2 * cap : 256;
+					void *p = realloc(*out, nc * sizeof(**out));
+
+					if (!p) {
+						pthread_mutex_unlock(&s->mu);
+						free(*out);
+						*out = NULL;
+						*n = 0;
+						return -ENOMEM;
+					}
+					*out = p;
+					cap = nc;
+				}
+				memcpy((*out)[(*n)++], b->obj, 16);
+			}
+		}
+		pthread_mutex_unlock(&s->mu);
+	}
+	return 0;
 }
 
 void bc_set_backing(struct bc *bc, const struct bc_backing *bk)

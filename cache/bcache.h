@@ -31,6 +31,7 @@
 
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define BC_BLOCK_MIN (64u << 10)
@@ -207,6 +208,9 @@ uint64_t bc_source_ns_per_mib(const struct bc *bc);
  * was sealed, which copy on write guarantees (bcache invariant 3). */
 struct bc_block *bc_block_new_stored(struct bc *bc, uint32_t len, const uint8_t obj[16]);
 void bc_block_set_stored(struct bc *bc, struct bc_block *b, const uint8_t obj[16]);
+/* The store objects of every BC_STORED ckpt block alive, whoever holds it: what an
+ * online gc must keep. O(ckpt blocks). *out is handed over (free). 0 or -ENOMEM. */
+int bc_collect_stored(struct bc *bc, uint8_t (**out)[16], size_t *n);
 
 /*
  * Non-resident blocks. The daemon names one backing that knows where a block's bytes

@@ -40,6 +40,11 @@
  * restore (which swaps the tree behind the kernel's back and then invalidates) could be
  * seen late if an invalidation were lost. */
 #define CKPT_TIMEOUT 1.0
+/* Largest file: 1 TiB. A file's block map and its manifest entry take a slot per
+ * block, holes included (8 and 21 bytes at the default 1 MiB block: 8 MiB and 21 MiB
+ * at the limit), so an unbounded sparse file could exhaust memory at a single write
+ * or snapshot. EFBIG beyond, as ext4 past its own limit. */
+#define CKPT_FILE_MAX (1ull << 40)
 #define CKPT_XATTR_MAX (64u << 10) /* one value, as ext4 with ea_inode */
 #define CKPT_XATTR_TOTAL (1u << 20) /* all of one inode's xattrs */
 
@@ -67,6 +72,7 @@ struct ckpt_inode {
 	uint32_t nlink;
 	dev_t rdev;
 	uint64_t size;
+	uint64_t data_bytes; /* sum of its blocks' len: st_blocks; invariant 3 as size */
 	struct timespec atime, mtime, ctime;
 	uint64_t nlookup;
 	uint32_t nopen;
@@ -242,7 +248,7 @@ struct ckpt_inode *ckpt_root(struct ckpt_ns *ns)
 static void ckpt_stat_locked(const struct ckpt_ns *ns, const struct ckpt_inode *ino,
 			     struct stat *st)
 {
-	uint64_t i, nb = 0;
+	uint64_t nb = 0;
 
 	memset(st, 0, sizeof(*st));
 	st->st_ino = ino->hdr.st_ino;
@@ -253,14 +259,13 @@ static void ckpt_stat_locked(const struct ckpt_ns *ns, const struct ckpt_inode *
 	st->st_rdev = ino->rdev;
 	st->st_size = ino->size;
 	st->st_blksize = ns->bs;
-	if (S_ISREG(ino->mode)) {
-		/* Allocated 512-byte units, as du expects: holes cost nothing. */
-		for (i = 0; i < ino->nblocks; i++)
-			if (ino->blocks[i])
-				nb += (ino->blocks[i]->len + 511) / 512;
-	} else if (S_ISDIR(ino->mode)) {
+	/* Allocated 512-byte units, as du expects: holes cost nothing. data_bytes is kept
+	 * under ns->mu, so stat never walks blocks[], which writers change under the
+	 * file's own lock only. */
+	if (S_ISREG(ino->mode))
+		nb = (ino->data_bytes + 511) / 512;
+	else if (S_ISDIR(ino->mode))
 		nb = 8;
-	}
 	st->st_blocks = nb;
 	st->st_atim = ino->atime;
 	st->st_mtim = ino->mtime;
@@ -475,27 +480,30 @@ static int ckpt_block_for_write(struct ckpt_ns *ns, struct ckpt_inode *ino, uint
 /* Sets the content size to size (invariant 4). Under the inode's write lock. */
 static int ckpt_truncate_locked(struct ckpt_ns *ns, struct ckpt_inode *ino, uint64_t size)
 {
-	uint64_t keep = (size + ns->bs - 1) / ns->bs, i;
+	uint64_t keep = (size + ns->bs - 1) / ns->bs, i, dropped = 0;
 	uint32_t tail = size % ns->bs;
 	struct bc_block *b;
 	int rc;
 
-	for (i = keep; i < ino->nblocks; i++) {
-		if (ino->blocks[i]) {
-			bc_block_disown(ns->bc, ino->blocks[i]); /* readers may hold it */
-			ino->blocks[i] = NULL;
-		}
-	}
-	/* A partial last block keeps only the bytes before the new end. */
+	/* The partial last block first: it may fail (a copy), and then nothing changed. */
 	if (tail && keep && keep - 1 < ino->nblocks && (b = ino->blocks[keep - 1]) &&
 	    b->len > tail) {
 		if ((rc = ckpt_block_for_write(ns, ino, keep - 1, tail, &b)))
 			return rc;
+		dropped += b->len - tail;
 		b->len = tail;
 		bc_write_end(ns->bc, b);
 	}
+	for (i = keep; i < ino->nblocks; i++) {
+		if (ino->blocks[i]) {
+			dropped += ino->blocks[i]->len;
+			bc_block_disown(ns->bc, ino->blocks[i]); /* readers may hold it */
+			ino->blocks[i] = NULL;
+		}
+	}
 	pthread_mutex_lock(&ns->mu);
 	ino->size = size;
+	ino->data_bytes -= dropped;
 	ino->mtime = ino->ctime = ckpt_now();
 	ckpt_changed(ns);
 	pthread_mutex_unlock(&ns->mu);
@@ -513,7 +521,7 @@ int ckpt_setattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct stat *
 			return -EISDIR;
 		if (!S_ISREG(ino->mode))
 			return -EINVAL;
-		if ((uint64_t)attr->st_size > (uint64_t)ns->bs * UINT32_MAX)
+		if ((uint64_t)attr->st_size > CKPT_FILE_MAX)
 			return -EFBIG;
 		pthread_rwlock_wrlock(&ino->lock);
 		rc = ckpt_truncate_locked(ns, ino, attr->st_size);
@@ -962,13 +970,13 @@ out:
 int ckpt_write(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *buf, size_t size,
 	       off_t off)
 {
-	uint64_t end = off + size, pos = off;
+	uint64_t end = off + size, pos = off, grown = 0;
 	int rc = 0;
 
 	/* Spill dir full and memory over budget: wait, then ENOSPC (tier.h). */
 	if ((rc = tier_admit_write(ns->m->tier, size)))
 		return rc;
-	if (end > (uint64_t)ns->bs * UINT32_MAX)
+	if (end > CKPT_FILE_MAX || end < (uint64_t)off)
 		return -EFBIG;
 	pthread_rwlock_wrlock(&ino->lock);
 	if ((rc = ckpt_blocks_reserve(ino, (end + ns->bs - 1) / ns->bs)))
@@ -985,8 +993,10 @@ int ckpt_write(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *buf, size
 		if (boff > b->len) /* invariant 4: the gap reads as zeros */
 			memset((char *)b->buf + b->len, 0, boff - b->len);
 		memcpy((char *)b->buf + boff, buf + (pos - off), len);
-		if (boff + len > b->len)
+		if (boff + len > b->len) {
+			grown += boff + len - b->len;
 			b->len = boff + len;
+		}
 		bc_write_end(ns->bc, b);
 		pos += len;
 	}
@@ -994,6 +1004,7 @@ int ckpt_write(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *buf, size
 		pthread_mutex_lock(&ns->mu);
 		if (pos > ino->size)
 			ino->size = pos;
+		ino->data_bytes += grown;
 		ino->mtime = ino->ctime = ckpt_now();
 		ckpt_changed(ns);
 		pthread_mutex_unlock(&ns->mu);
@@ -1167,12 +1178,15 @@ static int ckpt_dir_fill(struct ckpt_ns *ns, struct ckpt_inode *dir, struct ckpt
 	for (e = dir->head; e; e = e->next)
 		d->ents[d->n++] = (struct ckpt_dent_copy){ e->ino->hdr.st_ino,
 							   e->ino->mode & S_IFMT, strdup(e->name) };
-	d->filled = 1;
 	for (size_t i = 0; i < d->n; i++)
 		if (!d->ents[i].name)
 			rc = -ENOMEM;
 out:
 	pthread_mutex_unlock(&ns->mu);
+	if (rc)
+		ckpt_dir_clear(d); /* never a stream with holes: the next call fills again */
+	else
+		d->filled = 1;
 	return rc;
 }
 
@@ -1445,6 +1459,9 @@ static struct ckpt_inode *ckpt_inode_from(struct ckpt_ns *ns, const struct mf_en
 	ino->mtime = ckpt_ts_of(e->mtime_ns);
 	ino->ctime = ckpt_ts_of(e->ctime_ns);
 	ino->size = e->size;
+	for (uint64_t j = 0; e->type == MF_FILE && j < e->nblocks; j++)
+		if (!(e->blocks[j].flags & MF_BLOCK_HOLE))
+			ino->data_bytes += e->blocks[j].len;
 	if (e->type == MF_SYMLINK && !(ino->target = strdup(e->target ? e->target : "")))
 		goto fail;
 	for (i = 0; i < e->nxattrs; i++) {
@@ -1463,9 +1480,7 @@ static struct ckpt_inode *ckpt_inode_from(struct ckpt_ns *ns, const struct mf_en
 		ino->xattr_bytes += x->size + strlen(x->name);
 	}
 	if (e->type == MF_FILE && e->nblocks) {
-		/* A manifest written with another block size is read through this one's
-		 * block map only if the sizes agree: refuse otherwise (the caller says so). */
-		if (e->block_size != ns->bs || ckpt_blocks_reserve(ino, e->nblocks))
+		if (ckpt_blocks_reserve(ino, e->nblocks))
 			goto fail;
 		for (uint64_t j = 0; j < e->nblocks; j++) {
 			if (e->blocks[j].flags & MF_BLOCK_HOLE)
@@ -1497,7 +1512,8 @@ static void ckpt_drop_tree_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, st
 	}
 }
 
-int ckpt_restore(struct ckpt_ns *ns, const struct mf_manifest *mf, char ***old, size_t *nold)
+int ckpt_restore(struct ckpt_ns *ns, const struct mf_manifest *mf, char ***old, size_t *nold,
+		 uint64_t *gen)
 {
 	struct ckpt_inode **inos = calloc(mf->nentries ? mf->nentries : 1, sizeof(*inos));
 	struct timespec now = ckpt_now();
@@ -1511,6 +1527,15 @@ int ckpt_restore(struct ckpt_ns *ns, const struct mf_manifest *mf, char ***old, 
 	if (!mf->nentries || mf->entries[0].type != MF_DIR) {
 		free(inos);
 		return -EINVAL;
+	}
+	/* Blocks map one to one onto this mount's block map only at the same block
+	 * size: refuse another (the caller says which), before anything is built. */
+	for (i = 1; i < mf->nentries; i++) {
+		if (mf->entries[i].type == MF_FILE && mf->entries[i].nblocks &&
+		    mf->entries[i].block_size != ns->bs) {
+			free(inos);
+			return -EINVAL;
+		}
 	}
 	/* Build the new inodes outside the lock: allocation only. The root entry's
 	 * attributes go to MOUNT/ckpt itself below. */
@@ -1573,6 +1598,8 @@ int ckpt_restore(struct ckpt_ns *ns, const struct mf_manifest *mf, char ***old, 
 	ns->root->mtime = ckpt_ts_of(mf->entries[0].mtime_ns);
 	ns->root->ctime = now;
 	ckpt_changed(ns);
+	if (gen)
+		*gen = atomic_load(&ns->gen);
 	pthread_mutex_unlock(&ns->mu);
 	free(inos);
 	*old = names;
@@ -1585,58 +1612,5 @@ out_free_new:
 		if (inos[i] && !mf->entries[i].link)
 			ckpt_inode_destroy(ns, inos[i]);
 	free(inos);
-	return rc;
-}
-
-/* Collects b->obj of every non-resident stored block reachable from dir. */
-static int ckpt_stored_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, uint8_t (**v)[16],
-			      size_t *n, size_t *cap)
-{
-	struct ckpt_dirent *d;
-	int rc;
-
-	for (d = dir->head; d; d = d->next) {
-		struct ckpt_inode *ino = d->ino;
-
-		if (S_ISDIR(ino->mode) && (rc = ckpt_stored_locked(ns, ino, v, n, cap)))
-			return rc;
-		if (!S_ISREG(ino->mode))
-			continue;
-		for (uint64_t j = 0; j < ino->nblocks; j++) {
-			struct bc_block *b = ino->blocks[j];
-
-			/* Any stored block may be dropped from memory at any time: keep
-			 * them all, resident or not. */
-			if (!b || !(b->flags & BC_STORED))
-				continue;
-			if (*n == *cap) {
-				size_t nc = *cap ? 2 * *cap : 256;
-				void *p = realloc(*v, nc * sizeof(**v));
-
-				if (!p)
-					return -ENOMEM;
-				*v = p;
-				*cap = nc;
-			}
-			memcpy((*v)[(*n)++], b->obj, 16);
-		}
-	}
-	return 0;
-}
-
-int ckpt_stored_objects(struct ckpt_ns *ns, uint8_t (**out)[16], size_t *n)
-{
-	size_t cap = 0;
-	int rc;
-
-	*out = NULL;
-	*n = 0;
-	pthread_mutex_lock(&ns->mu);
-	rc = ckpt_stored_locked(ns, ns->root, out, n, &cap);
-	pthread_mutex_unlock(&ns->mu);
-	if (rc) {
-		free(*out);
-		*out = NULL;
-	}
 	return rc;
 }

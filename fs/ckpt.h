@@ -106,12 +106,12 @@ uint64_t ckpt_generation(struct ckpt_ns *ns);
  * a mix. File blocks start non-resident, as store objects (bc_block_new_stored), and
  * load on first read. Files open in the old tree stay readable until closed. The names
  * that were in MOUNT/ckpt before are returned (*old, *nold: handed over, free each and
- * the array) so the caller can tell the kernel to forget them.
+ * the array) so the caller can tell the kernel to forget them; *gen (if not NULL) is
+ * ckpt_generation() right after the swap. -EINVAL for a manifest written at another
+ * block size than this mount's.
  */
-int ckpt_restore(struct ckpt_ns *ns, const struct mf_manifest *mf, char ***old, size_t *nold);
-/* Store objects the live tree reads from but does not hold in memory or spill: what an
- * online gc must keep. *out is handed over (free). */
-int ckpt_stored_objects(struct ckpt_ns *ns, uint8_t (**out)[16], size_t *n);
+int ckpt_restore(struct ckpt_ns *ns, const struct mf_manifest *mf, char ***old, size_t *nold,
+		 uint64_t *gen);
 
 /* Directory streams list the entries as of the open (or of a rewind to offset 0). */
 int ckpt_opendir(struct ckpt_ns *ns, struct ckpt_inode *dir, struct ckpt_dir **out);

@@ -5,7 +5,8 @@
  * 1. A node is in the table from its first lookup until its lookup count and child
  *    count are both zero; then it is unlinked and freed under ns->mu, and its parent's
  *    child count drops (which may free the parent in turn).
- * 2. n->fid is the id of the source file as of the last lookup or open that saw it;
+ * 2. n->fid is the id (device, inode, size, mtime, ctime) of the source file as of the
+ *    last lookup or open that saw it;
  *    blocks cached under any other id of the same node were dropped when it changed.
  * 3. Paths handed to the *at() calls are relative to ns->src_fd and never start with
  *    '/': a name from the kernel has no '/', so a lookup cannot leave SOURCE.
@@ -85,8 +86,12 @@ static uint64_t data_name_hash(const struct data_node *parent, const char *name,
 
 static struct bc_fid data_fid_of(const struct stat *st)
 {
-	uint64_t key[5] = { st->st_dev, st->st_ino, (uint64_t)st->st_size,
-			    (uint64_t)st->st_mtim.tv_sec, (uint64_t)st->st_mtim.tv_nsec };
+	/* ctime too: a rewrite in place that keeps size and sets mtime back (touch -m,
+	 * rsync -t) still moves ctime, which no user can set. A chmod moves it as well:
+	 * that costs a needless drop, never a stale byte. */
+	uint64_t key[7] = { st->st_dev, st->st_ino, (uint64_t)st->st_size,
+			    (uint64_t)st->st_mtim.tv_sec, (uint64_t)st->st_mtim.tv_nsec,
+			    (uint64_t)st->st_ctim.tv_sec, (uint64_t)st->st_ctim.tv_nsec };
 	XXH128_hash_t h = XXH3_128bits(key, sizeof(key));
 
 	return (struct bc_fid){ .hi = h.high64, .lo = h.low64 };

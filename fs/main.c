@@ -70,6 +70,20 @@ static const struct fuse_opt mlfs_opt_spec[] = {
 	FUSE_OPT_END
 };
 
+/* fuse_opt_parse strdup()s every string option it stores. */
+static void mlfs_opts_free(struct mlfs_opts *o)
+{
+	char **strs[] = { &o->store, &o->spill, &o->restore, &o->pressure_file,
+			  &o->meminfo_file, &o->cgroup, &o->mem_max, &o->mem_min,
+			  &o->block_size, &o->spill_max, &o->data_timeout, &o->threads,
+			  &o->preempt_deadline, &o->autosnap, &o->keep, &o->mtbf };
+
+	for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++) {
+		free(*strs[i]);
+		*strs[i] = NULL;
+	}
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -367,7 +381,7 @@ static void mlfs_stop(struct mlfs *m)
 int main(int argc, char **argv)
 {
 	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
-	struct mlfs_opts o = { 0 };
+	static struct mlfs_opts o; /* static: early exits leave its strings reachable */
 	struct fuse_loop_config *lc = NULL;
 	struct fuse_session *se;
 	struct mlfs m = { 0 };
@@ -493,6 +507,10 @@ int main(int argc, char **argv)
 	}
 out_unmount:
 	fuse_session_unmount(se);
+	/* Control commands (a restore tells the kernel to forget names through the
+	 * session) must end before the session goes. */
+	ctl_free(m.ctl);
+	m.ctl = NULL;
 out_signals:
 	fuse_remove_signal_handlers(se);
 out_destroy:
@@ -505,5 +523,6 @@ out_stop:
 	free((char *)m.cfg.mountpoint);
 	free((char *)m.cfg.spill);
 	free((char *)m.cfg.store);
+	mlfs_opts_free(&o);
 	return rc;
 }

@@ -504,7 +504,13 @@ static void mlfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_inf
 	 * not change while a job reads it. Not so for MOUNT/ckpt. */
 	fi->cache_readdir = n->kind == MLFS_DATA;
 	fi->keep_cache = n->kind == MLFS_DATA;
-	fuse_reply_open(req, fi);
+	if (fuse_reply_open(req, fi) == -ENOENT) {
+		/* The opener was interrupted: nobody will release this stream. */
+		if (n->kind == MLFS_DATA)
+			data_releasedir(m->data, (struct data_dir *)fi->fh);
+		else if (n->kind == MLFS_CKPT)
+			ckpt_releasedir(m->ckpt, (struct ckpt_dir *)fi->fh);
+	}
 }
 
 static int root_readdir(fuse_req_t req, char *buf, size_t size, off_t off, int plus)

@@ -51,6 +51,7 @@ struct snapd_job {
 	struct ckpt_frozen *fz;
 	int state, rc;
 	int automatic; /* an autosnap: subject to keep=N */
+	uint64_t gen;  /* ckpt_generation() at its freeze */
 	uint64_t total, done, new_bytes, files, logical;
 	int64_t time_ns;
 	int waiters;
@@ -66,8 +67,8 @@ struct snapd {
 	struct snapd_job *jobs;	  /* oldest first: pending ones, then finished ones */
 	pthread_t persister, autosnap;
 	int started, stopping;
-	uint64_t last_gen;	  /* ckpt generation of the last freeze */
-	int have_last;
+	uint64_t durable_gen;	  /* ckpt generation the newest durable snapshot holds */
+	int have_durable;	  /* durable_gen is known (a persist or restore happened) */
 	double delta_s;		  /* last measured persist time */
 	uint64_t delta_bytes;
 };
@@ -170,16 +171,37 @@ static int snapd_persist(struct snapd *sd, struct snapd_job *job, int trust_stor
 	return store_commit(sd->st, mf);
 }
 
-/* Marks every block of a committed job stored (invariant 3). */
+/* Marks the blocks of a committed job stored (invariant 3): those whose bytes are the
+ * object exactly. A block shorter than its manifest length went in zero padded: its
+ * object is longer than the block, and must not stand for it later. */
 static void snapd_mark_stored(struct snapd *sd, struct snapd_job *job)
 {
 	struct mf_manifest *mf = job->fz->mf;
 
-	for (uint64_t i = 0; i < mf->nentries; i++)
-		for (uint64_t j = 0; job->fz->blocks[i] && j < mf->entries[i].nblocks; j++)
-			if (job->fz->blocks[i][j])
-				bc_block_set_stored(sd->m->bc, job->fz->blocks[i][j],
-						    mf->entries[i].blocks[j].hash);
+	for (uint64_t i = 0; i < mf->nentries; i++) {
+		for (uint64_t j = 0; job->fz->blocks[i] && j < mf->entries[i].nblocks; j++) {
+			struct bc_block *b = job->fz->blocks[i][j];
+
+			if (b && b->len == mf->entries[i].blocks[j].len)
+				bc_block_set_stored(sd->m->bc, b, mf->entries[i].blocks[j].hash);
+		}
+	}
+}
+
+/* True when MOUNT/ckpt holds changes that no durable or pending snapshot covers.
+ * Under sd->mu. */
+static int snapd_changed_locked(struct snapd *sd)
+{
+	uint64_t gen = ckpt_generation(sd->m->ckpt);
+
+	if (!sd->have_durable && gen == 0)
+		return 0; /* a new, empty tree that never held anything */
+	if (sd->have_durable && gen == sd->durable_gen)
+		return 0;
+	for (struct snapd_job *j = sd->jobs; j; j = j->next)
+		if (j->state == JOB_PENDING && j->gen == gen)
+			return 0;
+	return 1;
 }
 
 static void snapd_retention(struct snapd *sd);
@@ -219,6 +241,10 @@ static void snapd_run_job(struct snapd *sd, struct snapd_job *job)
 	if (!rc) {
 		sd->delta_s = secs;
 		sd->delta_bytes = job->total;
+		/* Only a durable snapshot covers the tree: a failed one leaves its changes
+		 * for the next take, autosnap or the final rule (invariant 1). */
+		sd->durable_gen = job->gen;
+		sd->have_durable = 1;
 	}
 	ckpt_frozen_free(sd->m->ckpt, job->fz);
 	job->fz = NULL;
@@ -316,8 +342,7 @@ static int snapd_take(struct snapd *sd, const char *name, int automatic,
 	job->logical = job->fz->mf->logical_bytes;
 	job->time_ns = job->fz->mf->time_ns;
 	job->waiters = 1; /* the caller's: snapd_wait or snapd_release drops it */
-	sd->last_gen = job->fz->gen;
-	sd->have_last = 1;
+	job->gen = job->fz->gen;
 	struct snapd_job **pp = &sd->jobs;
 
 	while (*pp)
@@ -467,6 +492,7 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 {
 	char name[MF_NAME_MAX + 1], **old = NULL;
 	struct mf_manifest *mf = NULL;
+	uint64_t gen = 0;
 	size_t nold = 0, i;
 	int rc;
 
@@ -487,7 +513,7 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 			 want, store_path(sd->st));
 		return rc;
 	}
-	rc = ckpt_restore(sd->m->ckpt, mf, &old, &nold);
+	rc = ckpt_restore(sd->m->ckpt, mf, &old, &nold, &gen);
 	if (rc == -EINVAL)
 		snprintf(msg, msglen, "snapshot '%s' does not fit this mount (block size %u)",
 			 name, sd->m->cfg.block_size);
@@ -497,9 +523,10 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 		snprintf(msg, msglen, "restored %s: %" PRIu64 " files, %" PRIu64 " bytes", name,
 			 mf->files, mf->logical_bytes);
 	if (!rc) {
+		/* The tree is now a durable snapshot's, as of the swap. */
 		pthread_mutex_lock(&sd->mu);
-		sd->last_gen = ckpt_generation(sd->m->ckpt);
-		sd->have_last = 1;
+		sd->durable_gen = gen;
+		sd->have_durable = 1;
 		pthread_mutex_unlock(&sd->mu);
 	}
 	mf_free(mf);
@@ -569,7 +596,7 @@ static int snapd_gc(struct snapd *sd, uint64_t *objs, uint64_t *bytes)
 	int rc;
 
 	pthread_mutex_lock(&sd->store_mu);
-	rc = ckpt_stored_objects(sd->m->ckpt, &keep, &n);
+	rc = bc_collect_stored(sd->m->bc, &keep, &n);
 	if (!rc) {
 		flock(sd->pin_fd, LOCK_UN);
 		rc = store_gc_keep(sd->st, (const uint8_t (*)[16])keep, n, objs, bytes);
@@ -686,7 +713,7 @@ static void *snapd_autosnap(void *arg)
 		while (!sd->stopping && pthread_cond_timedwait(&sd->cv, &sd->mu, &ts) != ETIMEDOUT)
 			;
 		int stop = sd->stopping;
-		int changed = !sd->have_last || ckpt_generation(m->ckpt) != sd->last_gen;
+		int changed = snapd_changed_locked(sd);
 
 		pthread_mutex_unlock(&sd->mu);
 		if (stop)
@@ -784,49 +811,54 @@ int snapd_start(struct snapd *sd)
 	return 0;
 }
 
-int snapd_finish(struct snapd *sd, const char *why, int deadline_s)
+/* Waits for every pending job (the newest finishes last: the queue is FIFO). */
+static int snapd_drain(struct snapd *sd, uint64_t deadline)
 {
-	uint64_t deadline = deadline_s ? mlfs_now_ns() + (uint64_t)deadline_s * 1000000000ull : 0;
-	struct snapd_job *job = NULL, *last = NULL;
-	char name[64];
-	int changed, rc = 0;
+	struct snapd_job *last = NULL;
 
-	pthread_mutex_lock(&sd->mu);
-	changed = !sd->have_last || ckpt_generation(sd->m->ckpt) != sd->last_gen;
-	/* An empty tree that never held anything has nothing to save. */
-	if (!sd->have_last && ckpt_generation(sd->m->ckpt) == 0)
-		changed = 0;
-	pthread_mutex_unlock(&sd->mu);
-	if (changed) {
-		snapd_time_name(name, sizeof(name), why);
-		rc = snapd_take(sd, name, 0, &job);
-		if (rc)
-			log_err("snap: %s: final snapshot %s not taken: %s", why, name, strerror(-rc));
-	}
-	/* Wait for everything queued, in order: the last job finishes last. */
 	pthread_mutex_lock(&sd->mu);
 	for (struct snapd_job *j = sd->jobs; j; j = j->next)
 		if (j->state == JOB_PENDING)
 			last = j;
-	if (last && last != job)
+	if (last)
 		last->waiters++;
 	pthread_mutex_unlock(&sd->mu);
-	if (job) {
-		rc = snapd_wait(sd, job, deadline, NULL, NULL);
-		log_info("snap: %s: final snapshot %s %s", why, name,
-			 rc ? strerror(-rc) : "durable");
-	}
-	if (last && last != job) {
-		int r2 = snapd_wait(sd, last, deadline, NULL, NULL);
+	return last ? snapd_wait(sd, last, deadline, NULL, NULL) : 0;
+}
 
-		rc = rc ? rc : r2;
+int snapd_finish(struct snapd *sd, const char *why, int deadline_s)
+{
+	uint64_t deadline = deadline_s ? mlfs_now_ns() + (uint64_t)deadline_s * 1000000000ull : 0;
+	struct snapd_job *job = NULL;
+	char name[64];
+	int changed, rc;
+
+	/* Pending snapshots first: if one fails, its changes are still "changed" below
+	 * and go into the final snapshot (invariant 1). */
+	rc = snapd_drain(sd, deadline);
+	if (rc == -ETIMEDOUT)
+		goto out;
+	pthread_mutex_lock(&sd->mu);
+	changed = snapd_changed_locked(sd);
+	pthread_mutex_unlock(&sd->mu);
+	if (!changed) {
+		if (!rc)
+			log_info("snap: %s: nothing changed since the last durable snapshot", why);
+		goto out;
 	}
+	snapd_time_name(name, sizeof(name), why);
+	rc = snapd_take(sd, name, 0, &job);
+	if (rc) {
+		log_err("snap: %s: final snapshot %s not taken: %s", why, name, strerror(-rc));
+		goto out;
+	}
+	rc = snapd_wait(sd, job, deadline, NULL, NULL);
+	log_info("snap: %s: final snapshot %s %s", why, name, rc ? strerror(-rc) : "durable");
+out:
 	if (rc == -ETIMEDOUT)
 		log_err("snap: %s: the %d s deadline passed before everything was persisted; "
 			"snapshots not yet durable are lost, durable ones are intact", why,
 			deadline_s);
-	else if (!changed && !rc)
-		log_info("snap: %s: nothing changed since the last snapshot", why);
 	return rc;
 }
 
