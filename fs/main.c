@@ -339,20 +339,22 @@ static void mlfs_tier_config(const struct mlfs_config *c, struct tier_config *tc
 		tc->drop = TIER_DROP_NEVER;
 }
 
+/* Builds the daemon's parts. Each failure is said in exactly one line: by the part
+ * itself (tier, control socket, store say what is wrong with their path), or here. */
 static int mlfs_start(struct mlfs *m)
 {
 	struct tier_config tc;
 	int rc;
 
 	if ((rc = bc_new(m->cfg.block_size, m->cfg.mem_max, &m->bc)))
-		return rc;
+		return fprintf(stderr, "mlfs: block cache: %s\n", strerror(-rc)), rc;
 	mlfs_tier_config(&m->cfg, &tc);
 	if ((rc = tier_new(&tc, m->bc, &m->tier)))
 		return rc;
 	if ((rc = data_ns_new(m, m->cfg.source, &m->data)))
-		return rc;
+		return fprintf(stderr, "mlfs: source %s: %s\n", m->cfg.source, strerror(-rc)), rc;
 	if ((rc = ckpt_ns_new(m, &m->ckpt)))
-		return rc;
+		return fprintf(stderr, "mlfs: checkpoint tree: %s\n", strerror(-rc)), rc;
 	if ((rc = ctl_new(m, &m->ctl)))
 		return rc;
 	ctl_register(m->ctl, "stats", ctl_stats);
@@ -457,7 +459,6 @@ int main(int argc, char **argv)
 	m.mounted_at = time(NULL);
 	mlfs_g = &m;
 	if ((rc = mlfs_start(&m))) {
-		fprintf(stderr, "mlfs: cannot start: %s\n", strerror(-rc));
 		rc = 1;
 		goto out_stop;
 	}

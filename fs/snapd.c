@@ -753,7 +753,8 @@ int snapd_new(struct mlfs *m, struct snapd **out)
 	pthread_cond_init(&sd->cv, NULL);
 	if ((rc = store_open(m->cfg.store, STORE_CREATE, &sd->st))) {
 		fprintf(stderr, "mlfs: store %s: %s\n", m->cfg.store,
-			rc == -EINVAL ? "not an mlfs store (no valid FORMAT file)"
+			rc == -EINVAL ? "not an mlfs store (a store is an empty directory, "
+					"or one with a valid FORMAT file)"
 			: rc == -EPROTONOSUPPORT ? "made by another mlfs version" : strerror(-rc));
 		goto out_free;
 	}

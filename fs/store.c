@@ -213,6 +213,34 @@ out_close:
 
 /* ---- open / close ---- */
 
+/* 0 if dirfd holds nothing but what store_create makes before FORMAT; -EINVAL if it
+ * holds anything else (it is some other directory, not a store). */
+static int store_dir_is_fresh(int dirfd)
+{
+	static const char *const ours[] = { ".", "..", "objects", "snaps", "lock", "FORMAT.tmp" };
+	int fd = dup(dirfd), rc = 0;
+	struct dirent *d;
+	DIR *dp;
+
+	if (fd < 0 || !(dp = fdopendir(fd))) {
+		rc = -errno;
+		if (fd >= 0)
+			close(fd);
+		return rc;
+	}
+	while (!rc && (d = readdir(dp))) {
+		size_t i;
+
+		for (i = 0; i < sizeof(ours) / sizeof(ours[0]); i++)
+			if (!strcmp(d->d_name, ours[i]))
+				break;
+		if (i == sizeof(ours) / sizeof(ours[0]))
+			rc = -EINVAL;
+	}
+	closedir(dp);
+	return rc;
+}
+
 static int store_create(const char *dir)
 {
 	char buf[64];
@@ -223,6 +251,14 @@ static int store_create(const char *dir)
 	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dfd < 0)
 		return -errno;
+	/* An existing store is opened as it is (check_format judges its FORMAT, so a
+	 * store of another version is refused, never relabelled). A directory holding
+	 * anything but the pieces a create interrupted by a crash leaves is not made a
+	 * store behind its owner's back. */
+	if (faccessat(dfd, "FORMAT", F_OK, 0) == 0)
+		goto out_close;
+	if ((rc = store_dir_is_fresh(dfd)))
+		goto out_close;
 	if ((mkdirat(dfd, "objects", 0755) && errno != EEXIST) ||
 	    (mkdirat(dfd, "snaps", 0755) && errno != EEXIST)) {
 		rc = -errno;

@@ -50,7 +50,7 @@
 #define STORE_HASH_LEN MF_HASH_LEN
 
 /* store_open() flags */
-#define STORE_CREATE 0x1	/* make the store (and DIR itself) if DIR has no FORMAT */
+#define STORE_CREATE 0x1	/* make the store (and DIR) if DIR is new or empty */
 
 struct store;
 

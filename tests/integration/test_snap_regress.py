@@ -195,3 +195,32 @@ def test_gc_keeps_objects_of_unlinked_open_file(snapenv):
         U.assert_bytes(os.pread(fd, 3 * MiB, 0), data, "unlinked, open, after gc")
     finally:
         os.close(fd)
+
+
+def test_store_option_never_takes_over_a_directory(mounter):
+    """-o store= on a directory that is not a store (has other files) or a store of
+    another format version: one line, non-zero exit, no mount, the directory untouched."""
+    import subprocess
+    base = mounter.tempdir("store-dirs-")
+    other = os.path.join(base, "other")
+    os.mkdir(other)
+    with open(os.path.join(other, "keep.txt"), "w") as f:
+        f.write("mine")
+    v2 = os.path.join(base, "v2")
+    os.makedirs(os.path.join(v2, "objects"))
+    os.makedirs(os.path.join(v2, "snaps"))
+    with open(os.path.join(v2, "FORMAT"), "w") as f:
+        f.write("mlfs-store\nversion 2\n")
+    src, mnt = os.path.join(base, "src"), os.path.join(base, "mnt")
+    os.mkdir(src)
+    os.mkdir(mnt)
+    for store, before in ((other, ["keep.txt"]), (v2, ["FORMAT", "objects", "snaps"])):
+        r = subprocess.run([U.MLFS, "-o", f"store={store}", src, mnt], capture_output=True,
+                           text=True, timeout=30)
+        assert r.returncode != 0, r
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        assert len(lines) == 1 and store in lines[0], r.stderr
+        assert not U.is_mounted(mnt)
+        assert sorted(os.listdir(store)) == before
+    with open(os.path.join(v2, "FORMAT")) as f:
+        assert f.read() == "mlfs-store\nversion 2\n"
