@@ -387,6 +387,7 @@ struct bc_block *bc_insert(struct bc *bc, struct bc_block *b, const struct bc_fi
 	struct bc_shard *s = &bc->shards[h % BC_SHARDS];
 	struct bc_block *old;
 	uint64_t took = bc_now_ns() - b->born_ns, avg, sample;
+	bool over;
 
 	/* SOURCE cost sample: the time since bc_block_new was data.c's pread. The racy
 	 * read-modify-write may lose a sample under concurrency; it is an estimate. */
@@ -397,8 +398,11 @@ struct bc_block *bc_insert(struct bc *bc, struct bc_block *b, const struct bc_fi
 		atomic_store_explicit(&bc->src_ns_per_mib, avg, memory_order_relaxed);
 	}
 	/* Admission before the lock: the budget test is advisory under concurrency (a few
-	 * blocks over at most, one per racing thread), and the tier manager trims. */
-	if (atomic_load(&bc->mem_bytes) > atomic_load(&bc->budget)) {
+	 * blocks over at most, one per racing thread), and the tier manager trims. Over
+	 * budget, the disk tier may still take the block: it goes in first in line for
+	 * eviction (so what memory holds stays, the epoch policy) and is spilled. */
+	over = atomic_load(&bc->mem_bytes) > atomic_load(&bc->budget);
+	if (over && !(bc->backing.admit && bc->backing.admit(bc->backing.arg))) {
 		atomic_fetch_add_explicit(&bc->not_admitted, 1, memory_order_relaxed);
 		return b;
 	}
@@ -419,11 +423,22 @@ struct bc_block *bc_insert(struct bc *bc, struct bc_block *b, const struct bc_fi
 	*slot = b;
 	b->flags |= BC_HASHED;
 	bc_block_get(b); /* the cache's reference (invariant 2) */
-	bc_list_push(bc_list_of(s, b), b);
+	if (over)
+		bc_list_push_head(bc_list_of(s, b), b);
+	else
+		bc_list_push(bc_list_of(s, b), b);
 	if (++s->nhashed > 2 * s->nbuckets)
 		bc_grow_locked(s);
 	pthread_mutex_unlock(&s->mu);
+	if (over && bc->backing.over_budget)
+		bc->backing.over_budget(bc->backing.arg);
 	return b;
+}
+
+bool bc_admits(struct bc *bc)
+{
+	return atomic_load(&bc->mem_bytes) <= atomic_load(&bc->budget) ||
+	       (bc->backing.admit && bc->backing.admit(bc->backing.arg));
 }
 
 /* Unhashes b (invariant 2) and returns the cache's reference for the caller to put

@@ -231,8 +231,14 @@ struct bc_backing {
 	 * next tick (a fast reader would pile up reloads meanwhile). No lock held; may be
 	 * NULL. */
 	void (*over_budget)(void *arg);
+	/* Memory is full: may a new data block be cached anyway, to be spilled at once
+	 * (the disk tier keeping what memory cannot)? No lock held; may be NULL (no). */
+	bool (*admit)(void *arg);
 	void *arg;
 };
+/* Whether a data block read now would be cached (memory under budget, or the backing
+ * admits it to the disk tier): when not, a reader may read just the bytes it needs. */
+bool bc_admits(struct bc *bc);
 void bc_set_backing(struct bc *bc, const struct bc_backing *bk);
 int bc_block_load(struct bc *bc, struct bc_block *b);
 /* The two halves of bc_block_load, for loaders that do not wait (background reload).

@@ -628,8 +628,9 @@ int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
 			bc_block_put(ns->m->bc, b);
 			b = NULL;
 		}
-		if (!b && bc_mem_bytes(ns->m->bc) + bs > bc_budget(ns->m->bc)) {
-			/* Nothing would be admitted: read the rest of the request as is. */
+		if (!b && !bc_admits(ns->m->bc)) {
+			/* Nothing would be kept, in memory or on disk: read the rest of the
+			 * request as is. */
 			if ((rc = data_read_direct(ns, f, off, end - off, &b)))
 				goto fail;
 			segs[n++] = (struct mlfs_seg){ .b = b, .off = 0, .len = b->len };

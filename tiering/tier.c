@@ -82,6 +82,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <sys/statvfs.h>
 #include <inttypes.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -123,6 +124,9 @@ struct tier {
 	unsigned inflight;	/* invariant 5 */
 	uint64_t inflight_bytes;
 	bool full;		/* invariant 6 */
+	uint64_t room_limit;	/* rule D': spill disk bytes data may reach */
+	uint64_t room_checked_ms;
+	uint64_t want_room;	/* bytes blocked checkpoint writes wait for (rule K) */
 	uint64_t full_ms, fail_until_ms, full_said_ms;
 	uint64_t cut_ns;	/* last cut not yet answered (0: none) */
 	uint64_t last_cut_ms;	/* refill hold */
@@ -203,12 +207,17 @@ static void tier_ewma(_Atomic uint64_t *avg, uint64_t ns, uint32_t len)
 /* Bytes over the budget not yet covered by spills in flight (invariant 5). */
 static uint64_t tier_excess(struct tier *t)
 {
-	uint64_t mem = bc_mem_bytes(t->bc), budget = bc_budget(t->bc), pending;
+	uint64_t mem = bc_mem_bytes(t->bc), budget = bc_budget(t->bc), pending, want;
 
 	pthread_mutex_lock(&t->mu);
 	pending = t->inflight_bytes;
+	want = t->want_room;
 	pthread_mutex_unlock(&t->mu);
-	return mem > budget + pending ? mem - budget - pending : 0;
+	/* Checkpoint writers blocked on a full spill need room under the budget too:
+	 * clean blocks make way for them (rule K: dirty bytes have no other home). */
+	if (mem + want <= budget + pending)
+		return 0;
+	return mem + want - budget - pending;
 }
 
 /* Whether a spill may be tried now (invariant 6, and the backoff after an I/O error). */
@@ -257,6 +266,49 @@ static bool tier_drop_data(struct tier *t)
 	if (!rel)
 		rel = TIER_RELOAD_PRIOR_NS;
 	return src && src <= 2 * rel;
+}
+
+/*
+ * Rule D', the disk tier as a second cache for data: a data block read while memory is
+ * full is kept (spilled at once) rather than thrown away when a later reload from the
+ * spill dir would beat reading SOURCE again (the rule D comparison) and the spill has
+ * room for data. Room: data may use the spill up to 90% of spill_max, or, without one,
+ * as long as the spill filesystem keeps 10% free (checked at most once a second), so
+ * that dirty checkpoint blocks always find space and a shared disk is never filled by
+ * a cache. This is what makes an epoch over a dataset larger than memory read a slow
+ * SOURCE once: later epochs reload from local disk.
+ */
+static bool tier_admit_data(void *arg)
+{
+	struct tier *t = arg;
+	struct spill_stats ss;
+	uint64_t now;
+
+	if (!t->sp || tier_drop_data(t))
+		return false;
+	spill_get_stats(t->sp, &ss);
+	if (t->cfg.spill_max)
+		return ss.disk_bytes < t->cfg.spill_max / 10 * 9;
+	now = tier_now_ms();
+	pthread_mutex_lock(&t->mu);
+	if (now >= t->room_checked_ms + 1000) {
+		struct statvfs sv;
+		uint64_t avail, keep;
+
+		/* A byte limit for the spill's own usage, exact between two looks at the
+		 * filesystem: what it holds now plus what is free beyond the 10% kept. */
+		t->room_checked_ms = now;
+		t->room_limit = 0;
+		if (statvfs(t->cfg.spill_dir, &sv) == 0) {
+			avail = (uint64_t)sv.f_bavail * sv.f_frsize;
+			keep = (uint64_t)sv.f_blocks * sv.f_frsize / 10;
+			t->room_limit = ss.disk_bytes + (avail > keep ? avail - keep : 0);
+		}
+	}
+	bool ok = ss.disk_bytes < t->room_limit && !t->want_room;
+
+	pthread_mutex_unlock(&t->mu);
+	return ok;
 }
 
 /* ---- spill writes ---- */
@@ -885,7 +937,8 @@ int tier_start(struct tier *t)
 		}
 	}
 	bk = (struct bc_backing){ .load = tier_load, .unspill = tier_unspill,
-				  .over_budget = tier_over_budget, .arg = t };
+				  .over_budget = tier_over_budget, .admit = tier_admit_data,
+				  .arg = t };
 	bc_set_backing(t->bc, &bk);
 	t->rss_base = tier_rss();
 	if (t->rss_base > bc_mem_bytes(t->bc))
@@ -981,7 +1034,7 @@ int tier_admit_write(struct tier *t, size_t size)
 {
 	uint64_t budget, slack, start = tier_now_ms();
 	struct timespec ts;
-	bool blocked = false, behind, waited = false;
+	bool blocked = false, behind, waited = false, asked = false;
 
 	if (!t || bc_mem_bytes(t->bc) + size <= bc_budget(t->bc))
 		return 0; /* the common case: two atomic loads */
@@ -1000,12 +1053,20 @@ int tier_admit_write(struct tier *t, size_t size)
 			 tier_now_ms() < start + TIER_BEHIND_WAIT_MS;
 		if (!blocked && !behind)
 			break;
+		if (blocked && !asked) {
+			/* Ask the trim for room under the budget (tier_excess). */
+			t->want_room += size;
+			asked = true;
+			tier_wake_locked(t);
+		}
 		waited = true;
 		if (pthread_cond_timedwait(&t->admit_cv, &t->mu, &ts)) {
 			blocked = tier_blocked_locked(t, size);
 			break;
 		}
 	}
+	if (asked)
+		t->want_room -= size;
 	pthread_mutex_unlock(&t->mu);
 	if (waited)
 		atomic_fetch_add(&t->admit_waits, 1);
