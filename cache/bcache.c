@@ -437,7 +437,9 @@ struct bc_block *bc_insert(struct bc *bc, struct bc_block *b, const struct bc_fi
 
 bool bc_admits(struct bc *bc)
 {
-	return atomic_load(&bc->mem_bytes) <= atomic_load(&bc->budget) ||
+	/* Room for one more block (the one the caller is about to read), as bc_insert
+	 * will count it with that block allocated. */
+	return atomic_load(&bc->mem_bytes) + bc->block_size <= atomic_load(&bc->budget) ||
 	       (bc->backing.admit && bc->backing.admit(bc->backing.arg));
 }
 

@@ -634,6 +634,63 @@ static void test_no_spill(void)
 	bc_free(bc);
 }
 
+/* Rule D': with memory full, a new data block is kept on disk when SOURCE is slow
+ * (drop=never stands for a slow SOURCE), thrown away when it is fast (drop=always);
+ * what memory held stays, and the kept block reloads byte-exact from spill. */
+static void test_disk_admission(void)
+{
+	enum tier_drop modes[] = { TIER_DROP_NEVER, TIER_DROP_ALWAYS };
+
+	for (unsigned m = 0; m < 2; m++) {
+		struct bc *bc;
+		struct tier *t;
+		struct bc_block *b, *r;
+		unsigned i, resident_old = 0;
+
+		void *p = malloc(BS);
+		uint64_t foot = malloc_usable_size(p); /* what a block costs (bc_footprint) */
+
+		free(p);
+		EXPECT_EQ(bc_new(BS, 8 * foot, &bc), 0);
+		t = make_tier(bc, 0, modes[m]);
+		add_data(bc, 8); /* memory is now exactly full */
+		EXPECT_EQ(tier_settle(t, 5000), 0);
+		EXPECT_EQ(bc_mem_bytes(bc), 8 * foot);
+		EXPECT_EQ(bc_admits(bc), (modes[m] == TIER_DROP_NEVER));
+		b = bc_block_new(bc, BC_DATA, BS);
+		fill(b->buf, BS, data_seed(100), 0);
+		b->csum = XXH3_64bits(b->buf, BS);
+		r = bc_insert(bc, b, &fid1, 100);
+		bc_block_put(bc, r);
+		EXPECT_EQ(tier_settle(t, 5000), 0);
+		EXPECT(bc_mem_bytes(bc) <= bc_budget(bc));
+		for (i = 0; i < 8; i++) { /* the blocks memory held are still resident */
+			struct bc_block *o = bc_lookup(bc, &fid1, i);
+
+			resident_old += o && o->buf;
+			if (o)
+				bc_block_put(bc, o);
+		}
+		EXPECT_EQ(resident_old, 8);
+		r = bc_lookup(bc, &fid1, 100);
+		if (modes[m] == TIER_DROP_NEVER) {
+			unsigned char *want = malloc(BS);
+
+			EXPECT(r != NULL);
+			EXPECT(r && !r->buf && (r->flags & BC_SPILLED)); /* on disk only */
+			fill(want, BS, data_seed(100), 0);
+			EXPECT(r && bc_block_load(bc, r) == 0 && !memcmp(r->buf, want, BS));
+			free(want);
+		} else {
+			EXPECT(r == NULL); /* not kept: the next read goes to SOURCE */
+		}
+		if (r)
+			bc_block_put(bc, r);
+		tier_free(t);
+		bc_free(bc);
+	}
+}
+
 int main(void)
 {
 	if (!mkdtemp(spill_dir)) {
@@ -648,6 +705,7 @@ int main(void)
 	test_enospc_makes_room();
 	test_races();
 	test_no_spill();
+	test_disk_admission();
 	rmdir(spill_dir);
 	return test_summary();
 }
