@@ -55,6 +55,13 @@ done
 "$PY" -c 'import numpy, matplotlib' 2>/dev/null || die "$PY lacks numpy or matplotlib"
 
 mkdir -p "$WORK/mnt" "$WORK/bin"
+# One run at a time on a machine: the cgroup names are global and the start-up sweep below
+# would tear down another run's mounts and cgroups (and kill its daemons). Wait our turn.
+exec 9>"$WORK/.lock"
+if ! flock -n 9; then
+	echo "tiering.sh: another tiering run holds $WORK/.lock; waiting (up to 30 min)" >&2
+	flock -w 1800 9 || die "still locked after 30 min"
+fi
 # Run a private copy of the binaries: a rebuild of bin/ during the run cannot change them.
 cp "$MLFS" "$WORK/bin/mlfs.new" && mv -f "$WORK/bin/mlfs.new" "$WORK/bin/mlfs"
 cp "$MLFS_STAT" "$WORK/bin/mlfs-stat.new" && mv -f "$WORK/bin/mlfs-stat.new" "$WORK/bin/mlfs-stat"

@@ -303,8 +303,12 @@ def analyse(res, X):
     res["max_drop"] = base["mem"] - min((s["mem"] for s in during if s["ok"]), default=base["mem"])
     res["max_spilled"] = max((s["spilled"] for s in smp), default=0)
     res["hog_peak_rss"] = max((s["hog_rss"] for s in smp), default=0)
-    res["hog_oom"] = res["hog_rc"] == -9
-    res["mlfs_oom"] = not res["mlfs_alive"]
+    # killed by the memory cgroup's OOM killer only if its oom_kill counter moved; a SIGKILL
+    # from elsewhere (or a crash) is reported as such
+    res["hog_oom"] = res["hog_rc"] == -9 and res["oom_kills"] > 0
+    res["hog_killed"] = res["hog_rc"] not in (0, None)
+    res["mlfs_oom"] = not res["mlfs_alive"] and res["mlfs_rc"] == -9 and res["oom_kills"] > 0
+    res["mlfs_dead"] = not res["mlfs_alive"]
     res["recovery_s"] = first(smp, ev["exited"], lambda s: s["ok"] and s["mem"] >= 0.9 * base["mem"])
     res["recovery_na"] = res["max_drop"] < 0.1 * base["mem"]
     res["budget_recovery_s"] = first(smp, ev["exited"], lambda s: s["ok"] and s["budget"] >= 0.9 * base["budget"])
@@ -350,8 +354,8 @@ def report(a, results, info, out, rundir):
                      fs(r["ramp_s"]), fs(r["first_cut_s"]), fs(r["first_spill_s"]),
                      fs(r["release_x_s"], none="never (max drop %s)" % fmt_size(r["max_drop"])),
                      fmt_size(r["max_spilled"]),
-                     "yes" if r["hog_oom"] else "no",
-                     "KILLED" if r["mlfs_oom"] else "alive",
+                     "yes" if r["hog_oom"] else "killed (rc %s, not OOM)" % r["hog_rc"] if r["hog_killed"] else "no",
+                     "OOM-KILLED" if r["mlfs_oom"] else "DIED (rc %s)" % r["mlfs_rc"] if r["mlfs_dead"] else "alive",
                      "n/a" if r["recovery_na"] else fs(r["recovery_s"], none="> %.0f s" % a.recover),
                      fs(r["budget_recovery_s"], none="> %.0f s" % a.recover)])
     n = len(results)
@@ -365,7 +369,10 @@ def report(a, results, info, out, rundir):
             " (%d of %d never)" % (sum(r["release_x_s"] is None for r in results), n)),
            fmt_size(statistics.median(r["max_spilled"] for r in results)),
            "%d of %d" % (sum(r["hog_oom"] for r in results), n),
-           "%d of %d killed" % (sum(r["mlfs_oom"] for r in results), n),
+           "%d of %d OOM-killed%s" % (sum(r["mlfs_oom"] for r in results), n,
+                                      "" if not any(r["mlfs_dead"] and not r["mlfs_oom"] for r in results)
+                                      else ", %d died otherwise" % sum(r["mlfs_dead"] and not r["mlfs_oom"]
+                                                                      for r in results)),
            fs(median_or_none([r["recovery_s"] for r in results if not r["recovery_na"]]),
               none="n/a" if all(r["recovery_na"] for r in results) else "> %.0f s" % a.recover),
            fs(median_or_none([r["budget_recovery_s"] for r in results]), none="> %.0f s" % a.recover)]
@@ -376,12 +383,15 @@ def report(a, results, info, out, rundir):
     rel = median_or_none([r["release_x_s"] for r in results])
     ok_release = all(r["release_x_s"] is not None and r["release_x_s"] <= 5.0 for r in results)
     ok_oom = not any(r["hog_oom"] or r["mlfs_oom"] for r in results)
+    ok_alive = not any(r["mlfs_dead"] or r["hog_killed"] for r in results)
     engine = any(r["max_spilled"] > 0 or r["first_spill_s"] is not None for r in results)
     goals = [
         "- mem_bytes down by X = %s within 5 s of the hog's first allocation, every run: **%s**%s"
         % (fmt_size(X), "met" if ok_release else "NOT met",
            "" if rel is None else " (median %.2f s)" % rel),
-        "- no OOM kill in the cgroup: **%s**" % ("met" if ok_oom else "NOT met"),
+        "- no OOM kill in the cgroup (its memory.oom_control oom_kill counter): **%s**%s" %
+        ("met" if ok_oom else "NOT met", "" if ok_alive else
+         " (a process died without an OOM kill: see the table; not a pressure result)"),
         "- bytes read back after the hog (every 4th file, mlfs vs source): **%s**" %
         "; ".join("run %d: %s" % (r["repeat"], "mlfs dead" if not r.get("verified") else
                                   "%d files, %s" % (r["verified"][0], "all equal" if not r["verified"][1]
@@ -447,7 +457,8 @@ def report(a, results, info, out, rundir):
                 ax.axvline(r["events"][k] - t0, color=c, lw=0.8, ls="--")
         ax.set_ylabel("GiB")
         ax.set_title("repeat %d: X = %s%s%s" % (r["repeat"], fmt_size(X),
-                     ", hog OOM-killed" if r["hog_oom"] else "", ", mlfs KILLED" if r["mlfs_oom"] else ""),
+                     ", hog OOM-killed" if r["hog_oom"] else "",
+                     ", mlfs OOM-killed" if r["mlfs_oom"] else ", mlfs died" if r["mlfs_dead"] else ""),
                      fontsize=10)
         ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize=8, ncol=4, loc="lower left")
@@ -489,7 +500,8 @@ def main():
         log("pressure #%d: first cut %s, first spill %s, release X %s (max drop %s), hog %s, mlfs %s, "
             "recovery %s" % (rep, fs(r["first_cut_s"]), fs(r["first_spill_s"]), fs(r["release_x_s"]),
                              fmt_size(r["max_drop"]), "OOM-killed" if r["hog_oom"] else "rc %s" % r["hog_rc"],
-                             "alive" if r["mlfs_alive"] else "KILLED (rc %s)" % r["mlfs_rc"],
+                             "alive" if r["mlfs_alive"] else "%s (rc %s)" % (
+                                 "OOM-killed" if r["mlfs_oom"] else "DIED", r["mlfs_rc"]),
                              fs(r["recovery_s"])))
         results.append(r)
     report(a, results, info, a.out, rundir)
