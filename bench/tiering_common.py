@@ -269,6 +269,11 @@ def proc_rss(pid):
     return 0
 
 
+def load_avg():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
 def machine_info(mlfs):
     def sh(cmd):
         try:
@@ -288,6 +293,7 @@ def machine_info(mlfs):
             sh("cd %s && git rev-parse --short HEAD" % TOP) +
             (" (+ uncommitted changes)" if sh("cd %s && git status --porcelain -uno" % TOP) else "")),
         "mlfs_version": sh("%s --version" % mlfs),
+        "loadavg": load_avg(),
     }
 
 
