@@ -214,7 +214,19 @@ def one_repeat(a, rep, src, rundir):
         # its budget 2 s after a pressure reading and then regrows it in steps, so a budget
         # must stand still for 3 s to count as settled.
         while passes < 5:
-            nbytes += read_all(m.data)
+            try:
+                nbytes += read_all(m.data)
+            except OSError as e:     # the daemon died under us (an OOM kill while filling)
+                time.sleep(0.5)
+                res.update(fill_failed="%s after %s read, pass %d" % (e.strerror, fmt_size(nbytes), passes + 1),
+                           oom_kills=cg_oom_kills(cg), mlfs_alive=m.alive(), mlfs_rc=m.proc.returncode,
+                           fill_bytes=nbytes, peak_mem=max((x["mem"] for x in sampler.samples), default=0),
+                           peak_rss=max((x["mlfs_rss"] for x in sampler.samples), default=0),
+                           peak_budget=max((x["budget"] for x in sampler.samples), default=0))
+                log("pressure #%d: FILL FAILED: %s; mlfs %s (rc %s), cgroup oom_kill +%d, peak mlfs RSS %s, "
+                    "budget %s" % (rep, res["fill_failed"], "alive" if m.alive() else "dead", m.proc.returncode,
+                                   res["oom_kills"], fmt_size(res["peak_rss"]), fmt_size(res["peak_budget"])))
+                return res
             passes += 1
             settle("budget", secs=3.0)
             settle("mem")
@@ -287,6 +299,13 @@ def one_repeat(a, rep, src, rundir):
     return res
 
 
+def failed_row(r):
+    what = "mlfs OOM-killed" if r["oom_kills"] and not r["mlfs_alive"] else \
+        "mlfs died (rc %s)" % r["mlfs_rc"] if not r["mlfs_alive"] else "read error"
+    return [r["repeat"], "filling failed: %s (%s; peak RSS %s, budget %s)" %
+            (what, r["fill_failed"], fmt_size(r["peak_rss"]), fmt_size(r["peak_budget"]))] + [""] * 10
+
+
 def first(samples, t0, pred):
     for s in samples:
         if s["t"] >= t0 and pred(s):
@@ -339,8 +358,10 @@ def report(a, results, info, out, rundir):
 
     X = parse_size(a.hog)
     os.makedirs(out, exist_ok=True)
+    failed = [r for r in results if r.get("fill_failed")]
+    results = [r for r in results if not r.get("fill_failed")]
     # raw figures beside the table: times relative to the hog's first allocation, in ms
-    compact = []
+    compact = list(failed)
     for r in results:
         t0 = r["events"]["alloc_start"]
         c = dict(r)
@@ -363,7 +384,13 @@ def report(a, results, info, out, rundir):
                      "n/a" if r["recovery_na"] else fs(r["recovery_s"], none="> %.0f s" % a.recover),
                      fs(r["budget_recovery_s"], none="> %.0f s" % a.recover)])
     n = len(results)
-    med = ["**median**", fmt_size(statistics.median(r["base"]["mem"] for r in results)),
+    rows += [failed_row(r) for r in failed]
+    if not results:    # every repeat failed while filling: no medians
+        results = [{"base": {"mem": 0, "budget": 0}, "ramp_s": None, "first_cut_s": None,
+                    "first_spill_s": None, "release_x_s": None, "max_spilled": 0, "hog_oom": False,
+                    "mlfs_oom": False, "mlfs_dead": False, "hog_killed": False, "recovery_s": None,
+                    "recovery_na": True, "budget_recovery_s": None, "repeat": 0, "verified": None}]
+    med = ["**median** (of %d completed)" % n, fmt_size(statistics.median(r["base"]["mem"] for r in results)),
            fmt_size(statistics.median(r["base"]["budget"] for r in results)),
            fs(median_or_none([r["ramp_s"] for r in results])),
            fs(median_or_none([r["first_cut_s"] for r in results])),
@@ -385,8 +412,9 @@ def report(a, results, info, out, rundir):
                       "recovery (mem_bytes 90%)", "budget recovery"], rows + [med])
 
     rel = median_or_none([r["release_x_s"] for r in results])
-    ok_release = all(r["release_x_s"] is not None and r["release_x_s"] <= 5.0 for r in results)
-    ok_oom = not any(r["hog_oom"] or r["mlfs_oom"] for r in results)
+    ok_release = n > 0 and all(r["release_x_s"] is not None and r["release_x_s"] <= 5.0 for r in results)
+    ok_oom = not any(r["hog_oom"] or r["mlfs_oom"] for r in results) and \
+        not any(r["oom_kills"] for r in failed)
     ok_alive = not any(r["mlfs_dead"] or r["hog_killed"] for r in results)
     engine = any(r["max_spilled"] > 0 or r["first_spill_s"] is not None for r in results)
     goals = [
@@ -395,7 +423,9 @@ def report(a, results, info, out, rundir):
            "" if rel is None else " (median %.2f s)" % rel),
         "- no OOM kill in the cgroup (its memory.oom_control oom_kill counter): **%s**%s" %
         ("met" if ok_oom else "NOT met", "" if ok_alive else
-         " (a process died without an OOM kill: see the table; not a pressure result)"),
+         " (a process died without an OOM kill: see the table; not a pressure result)") +
+        ("" if not failed else " (%d repeat(s) lost mlfs while filling the tier, before any hog: "
+         "see the table)" % len(failed)),
         "- bytes read back after the hog (every 4th file, mlfs vs source): **%s**" %
         "; ".join("run %d: %s" % (r["repeat"], "mlfs dead" if not r.get("verified") else
                                   "%d files, %s" % (r["verified"][0], "all equal" if not r["verified"][1]
@@ -420,7 +450,7 @@ def report(a, results, info, out, rundir):
           "same cgroup allocates X = %s in %s steps every %d ms (every page touched; %.1f s if "
           "nothing made it wait: the hog ramp column shows how long it really took), holds it "
           "%.0f s and exits; sampled every %d ms. %d repeat(s), each on a fresh mount and cgroup." %
-          (fmt_size(parse_size(a.limit)), a.mem_max, a.file_size, fmt_size(results[0]["fill_bytes"]),
+          (fmt_size(parse_size(a.limit)), a.mem_max, a.file_size, fmt_size(results[0].get("fill_bytes", 0)),
            fmt_size(X), a.step, a.step_ms,
            (-(-X // parse_size(a.step)) - 1) * a.step_ms / 1000.0, a.hold, int(SAMPLE_S * 1000), n),
           "",
@@ -441,6 +471,14 @@ def report(a, results, info, out, rundir):
     with open(os.path.join(out, "tiering-pressure.md"), "w") as f:
         f.write("\n".join(md))
 
+    if n == 0:
+        fig = plt.figure(figsize=(8, 2))
+        fig.text(0.5, 0.5, "no completed repeat: mlfs died while filling (see tiering-pressure.md)",
+                 ha="center")
+        fig.savefig(os.path.join(out, "tiering-pressure.png"), dpi=90)
+        plt.close(fig)
+        print("\n".join(md))
+        return
     fig, axes = plt.subplots(n, 1, figsize=(11, 3.6 * n), sharex=True, squeeze=False)
     for ax, r in zip(axes[:, 0], results):
         t0 = r["events"]["alloc_start"]
@@ -502,13 +540,15 @@ def main():
     results = []
     for rep in range(1, a.repeats + 1):
         r = one_repeat(a, rep, src, rundir)
+        results.append(r)
+        if r.get("fill_failed"):
+            continue
         log("pressure #%d: first cut %s, first spill %s, release X %s (max drop %s), hog %s, mlfs %s, "
             "recovery %s" % (rep, fs(r["first_cut_s"]), fs(r["first_spill_s"]), fs(r["release_x_s"]),
                              fmt_size(r["max_drop"]), "OOM-killed" if r["hog_oom"] else "rc %s" % r["hog_rc"],
                              "alive" if r["mlfs_alive"] else "%s (rc %s)" % (
                                  "OOM-killed" if r["mlfs_oom"] else "DIED", r["mlfs_rc"]),
                              fs(r["recovery_s"])))
-        results.append(r)
     report(a, results, info, a.out, rundir)
 
 
