@@ -109,7 +109,7 @@ def main():
     ]
     for what, unit in (("file", "MiB/s"), ("dir", "files/s")):
         label = "1 GiB file, 1 MiB reads" if what == "file" else \
-            "20,000-file dir (110 KiB each), 4 readers, shuffled-free listing order"
+            "20,000-file dir (110 KiB each), 4 readers, listing order"
         for temp in ("cold", "warm"):
             n, m = med[f"{what}-{temp}-native"], med[f"{what}-{temp}-mlfs"]
             lines.append(f"| {label}, {temp} | {unit} | {n:,.0f} | {m:,.0f} | {m / n:.2f}x |")
