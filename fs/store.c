@@ -847,23 +847,35 @@ static int info_cmp(const void *a, const void *b)
 	return strcmp(x->name, y->name);
 }
 
+
+/* A stream over snaps/ from its start, on a dup of snapfd (closedir closes only the
+ * dup). *out is handed over. */
+static int store_snapdir(struct store *s, DIR **out)
+{
+	int fd = dup(s->snapfd);
+
+	if (fd < 0)
+		return -errno;
+	if (!(*out = fdopendir(fd))) {
+		int rc = -errno;
+
+		close(fd);
+		return rc;
+	}
+	rewinddir(*out);
+	return 0;
+}
+
 int store_list(struct store *s, int flags, struct store_snap_info **out, size_t *n)
 {
 	struct store_snap_info *v = NULL;
 	size_t nv = 0, cap = 0;
 	struct dirent *d;
 	DIR *dir;
-	int fd, rc = 0;
+	int rc = 0;
 
-	fd = dup(s->snapfd);
-	if (fd < 0)
-		return -errno;
-	dir = fdopendir(fd);
-	if (!dir) {
-		close(fd);
-		return -errno;
-	}
-	rewinddir(dir);
+	if ((rc = store_snapdir(s, &dir)))
+		return rc;
 	while ((d = readdir(dir))) {
 		struct mf_manifest *m;
 		struct store_snap_info *i;
@@ -1033,17 +1045,10 @@ static int gc_mark(struct store *s, struct hset *live)
 {
 	struct dirent *d;
 	DIR *dir;
-	int fd, rc = 0, removed = 0;
+	int rc = 0, removed = 0;
 
-	fd = dup(s->snapfd);
-	if (fd < 0)
-		return -errno;
-	dir = fdopendir(fd);
-	if (!dir) {
-		close(fd);
-		return -errno;
-	}
-	rewinddir(dir);
+	if ((rc = store_snapdir(s, &dir)))
+		return rc;
 	while (!rc && (d = readdir(dir))) {
 		struct mf_manifest *m;
 
