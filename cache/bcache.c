@@ -54,6 +54,7 @@ struct bc {
 	_Atomic uint64_t blocks[2], resident[2];
 	_Atomic uint64_t hits, misses, not_admitted, dirty_bytes;
 	_Atomic uint64_t src_ns_per_mib; /* EWMA, bc_source_ns_per_mib */
+	_Atomic uint64_t unplaced;	 /* cap of BC_UNPLACED blocks: bc_unplaced_bytes */
 	struct bc_backing backing;
 	struct bc_shard shards[BC_SHARDS];
 };
@@ -277,8 +278,11 @@ struct bc_block *bc_block_new(struct bc *bc, enum bc_class cls, uint32_t cap)
 		return NULL;
 	}
 	b->len = cls == BC_DATA ? cap : 0;
-	if (cls == BC_DATA)
+	if (cls == BC_DATA) {
 		b->born_ns = bc_now_ns(); /* the caller reads SOURCE into it now */
+		b->flags = BC_UNPLACED;
+		atomic_fetch_add(&bc->unplaced, b->cap);
+	}
 	atomic_fetch_add(&bc->blocks[cls], 1);
 	if (cls == BC_CKPT) {
 		struct bc_shard *s;
@@ -293,8 +297,23 @@ struct bc_block *bc_block_new(struct bc *bc, enum bc_class cls, uint32_t cap)
 	return b;
 }
 
+/* b is placed in the cache (hashed) or gone: it stops counting as unplaced. */
+static void bc_placed(struct bc *bc, struct bc_block *b)
+{
+	if (b->flags & BC_UNPLACED) {
+		b->flags &= ~BC_UNPLACED;
+		atomic_fetch_sub(&bc->unplaced, b->cap);
+	}
+}
+
+uint64_t bc_unplaced_bytes(const struct bc *bc)
+{
+	return atomic_load(&bc->unplaced);
+}
+
 static void bc_block_destroy(struct bc *bc, struct bc_block *b)
 {
+	bc_placed(bc, b);
 	if ((b->flags & BC_SPILLED) && bc->backing.unspill) {
 		b->flags &= ~BC_SPILLED;
 		bc->backing.unspill(bc->backing.arg, b);
@@ -307,8 +326,14 @@ static void bc_block_destroy(struct bc *bc, struct bc_block *b)
 bool bc_block_put(struct bc *bc, struct bc_block *b)
 {
 	struct bc_shard *s;
+	unsigned was = atomic_fetch_sub_explicit(&b->ref, 1, memory_order_acq_rel);
 
-	if (atomic_fetch_sub_explicit(&b->ref, 1, memory_order_acq_rel) != 1)
+	/* The reader of a fresh over-budget block let go: it can leave now (the flag is
+	 * read without the lock; a late or missed wake-up only delays to the next tick). */
+	if (was == 2 && (b->flags & BC_FIRST) && bc->backing.over_budget &&
+	    atomic_load(&bc->mem_bytes) > atomic_load(&bc->budget))
+		bc->backing.over_budget(bc->backing.arg);
+	if (was != 1)
 		return false;
 	/* Last reference: a hashed block never gets here (the cache holds one), so only
 	 * list membership remains to undo (invariant 4). */
@@ -422,10 +447,12 @@ struct bc_block *bc_insert(struct bc *bc, struct bc_block *b, const struct bc_fi
 	b->hnext = *slot;
 	*slot = b;
 	b->flags |= BC_HASHED;
+	bc_placed(bc, b);
 	bc_block_get(b); /* the cache's reference (invariant 2) */
-	if (over)
+	if (over) {
+		b->flags |= BC_FIRST;
 		bc_list_push_head(bc_list_of(s, b), b);
-	else
+	} else
 		bc_list_push(bc_list_of(s, b), b);
 	if (++s->nhashed > 2 * s->nbuckets)
 		bc_grow_locked(s);
@@ -597,29 +624,46 @@ unsigned bc_pick_victims(struct bc *bc, struct bc_block **out, unsigned max, int
 {
 	unsigned n = 0, i, start = (unsigned)(atomic_load(&bc->misses) % BC_SHARDS);
 
-	/* Round robin over shards from a moving start, oldest first within a shard: for
-	 * data that is FIFO, which is as good as any order for shuffled epochs and costs
-	 * nothing on a hit. A block someone besides its owner holds is skipped: its
-	 * buffer could not be freed (bc_evict_done), so writing it out would be wasted. */
-	for (i = 0; i < BC_SHARDS && n < max; i++) {
-		struct bc_shard *s = &bc->shards[(start + i) % BC_SHARDS];
-		struct bc_block *b;
+	/* Two passes. First the blocks that came in over budget (BC_FIRST: they sit at the
+	 * heads of their shards' lists), from every shard: they go before anything the
+	 * cache held, or a trim would take a held block from one shard while a fresh one
+	 * waits in another (the epoch policy is global). Then round robin over shards
+	 * from a moving start, oldest first within a shard: for data that is FIFO, which
+	 * is as good as any order for shuffled epochs and costs nothing on a hit. A block
+	 * someone besides its owner holds is skipped: its buffer could not be freed
+	 * (bc_evict_done), so writing it out would be wasted. */
+	bool first_busy = false;
 
-		pthread_mutex_lock(&s->mu);
-		for (b = s->lists[cls][0].head; b && n < max; b = b->lnext) {
-			bool copy = b->flags & (BC_SPILLED | BC_STORED);
+	for (int pass = 0; pass < 2 && !first_busy; pass++) {
+		for (i = 0; i < BC_SHARDS && n < max; i++) {
+			struct bc_shard *s = &bc->shards[(start + i) % BC_SHARDS];
+			struct bc_block *b;
 
-			if ((b->flags & (BC_IO | BC_WRITING | BC_ORPHAN)) ||
-			    atomic_load(&b->ref) != 1)
-				continue;
-			if ((kind == BC_PICK_COPY && !copy) || (kind == BC_PICK_NOCOPY && copy))
-				continue;
-			b->flags |= BC_IO;
-			bc_block_get(b);
-			b->pick_gets = atomic_load(&b->gets);
-			out[n++] = b;
+			pthread_mutex_lock(&s->mu);
+			for (b = s->lists[cls][0].head; b && n < max; b = b->lnext) {
+				bool copy = b->flags & (BC_SPILLED | BC_STORED);
+
+				if (pass == 0 && !(b->flags & BC_FIRST))
+					break; /* past the fresh ones at the head */
+				if ((b->flags & (BC_IO | BC_WRITING | BC_ORPHAN)) ||
+				    atomic_load(&b->ref) != 1) {
+					/* A fresh block still in its reader's hands: it goes
+					 * when the reader lets go (bc_block_put wakes the
+					 * trim), not an old block in its place. */
+					first_busy |= pass == 0 && !(b->flags & BC_IO);
+					continue;
+				}
+				if ((kind == BC_PICK_COPY && !copy) ||
+				    (kind == BC_PICK_NOCOPY && copy))
+					continue;
+				b->flags |= BC_IO;
+				b->flags &= ~BC_FIRST;
+				bc_block_get(b);
+				b->pick_gets = atomic_load(&b->gets);
+				out[n++] = b;
+			}
+			pthread_mutex_unlock(&s->mu);
 		}
-		pthread_mutex_unlock(&s->mu);
 	}
 	return n;
 }
@@ -885,10 +929,13 @@ void bc_load_end(struct bc *bc, struct bc_block *b, void *buf, int rc)
 		 * where the next trim looks first, and its copy makes that free. What the
 		 * cache already holds stays (the epoch policy in bcache.h). */
 		over = atomic_load(&bc->mem_bytes) > atomic_load(&bc->budget);
-		if (over)
+		if (over) {
+			b->flags |= BC_FIRST;
 			bc_list_push_head(bc_list_of(s, b), b);
-		else
+		} else {
+			b->flags &= ~BC_FIRST;
 			bc_list_push(bc_list_of(s, b), b);
+		}
 		buf = NULL;
 	} else if (rc != -ECANCELED && b->cls == BC_DATA && (b->flags & BC_HASHED)) {
 		/* The copy is bad or unreadable: forget the block, so that the reader's

@@ -50,6 +50,9 @@ enum {
 	BC_INCOMPRESSIBLE = 1u << 5, /* an earlier spill did not compress: don't try again */
 	BC_STORED = 1u << 6,	   /* ckpt: an identical object is in the snapshot store */
 	BC_ORPHAN = 1u << 7,	   /* ckpt: its owner copied it or let go; never evicted */
+	BC_FIRST = 1u << 8,	   /* came in over budget for one reader: evicted before any
+				    * other block, whatever its shard (the epoch policy) */
+	BC_UNPLACED = 1u << 9,	   /* data block read but not yet offered to the cache */
 };
 
 /* File identity for data blocks: 128 bits derived from the source file's device,
@@ -239,6 +242,11 @@ struct bc_backing {
 /* Whether a data block read now would be cached (memory under budget, or the backing
  * admits it to the disk tier): when not, a reader may read just the bytes it needs. */
 bool bc_admits(struct bc *bc);
+/* Bytes of data blocks being read for a request and not yet placed in the cache (or
+ * served uncached and not yet freed): part of mem_bytes, but no trim should make room
+ * for them by evicting what the cache holds; once placed over budget they leave first
+ * (BC_FIRST). */
+uint64_t bc_unplaced_bytes(const struct bc *bc);
 void bc_set_backing(struct bc *bc, const struct bc_backing *bk);
 int bc_block_load(struct bc *bc, struct bc_block *b);
 /* The two halves of bc_block_load, for loaders that do not wait (background reload).

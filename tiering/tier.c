@@ -207,7 +207,12 @@ static void tier_ewma(_Atomic uint64_t *avg, uint64_t ns, uint32_t len)
 /* Bytes over the budget not yet covered by spills in flight (invariant 5). */
 static uint64_t tier_excess(struct tier *t)
 {
-	uint64_t mem = bc_mem_bytes(t->bc), budget = bc_budget(t->bc), pending, want;
+	/* Blocks being read right now are not the cache's to make room for: they are
+	 * placed over budget as BC_FIRST (evicted first) or served and freed. */
+	uint64_t unplaced = bc_unplaced_bytes(t->bc), mem = bc_mem_bytes(t->bc);
+	uint64_t budget = bc_budget(t->bc), pending, want;
+
+	mem = mem > unplaced ? mem - unplaced : 0;
 
 	pthread_mutex_lock(&t->mu);
 	pending = t->inflight_bytes;
