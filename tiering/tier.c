@@ -291,6 +291,12 @@ static bool tier_admit_data(void *arg)
 
 	if (!t->sp || tier_drop_data(t))
 		return false;
+	/* Backpressure: no more than one batch of spill writes' worth over the budget.
+	 * Readers faster than the spill disk then read uncached (direct) instead of
+	 * piling up blocks that wait to be written: memory stays near the budget, which a
+	 * tight cgroup's OOM killer would not forgive. */
+	if (bc_mem_bytes(t->bc) > bc_budget(t->bc) + (uint64_t)t->cfg.inflight * t->bs)
+		return false;
 	spill_get_stats(t->sp, &ss);
 	if (t->cfg.spill_max)
 		return ss.disk_bytes < t->cfg.spill_max / 10 * 9;

@@ -523,9 +523,17 @@ static void *race_writer(void *arg)
 		unsigned i = n++ % 16;
 		struct bc_block *nb = bc_block_new(r->bc, BC_CKPT, BS), *old;
 
-		if (!nb || bc_write_begin(r->bc, nb)) {
+		if (!nb) {
 			atomic_fetch_add(&r->bad, 1);
 			break;
+		}
+		if (bc_write_begin(r->bc, nb)) {
+			/* The trim picked the new (dirty) block before its first write:
+			 * -EBUSY is the contract, and a writer copies (ckpt.c does). Here:
+			 * let it go and take another. */
+			bc_block_disown(r->bc, nb);
+			n--;
+			continue;
 		}
 		pthread_mutex_lock(&r->ck_mu);
 		fill(nb->buf, BS, race_seed(i, r->ck_gen[i] + 1), 0);
