@@ -337,6 +337,17 @@ int ctl_connect(const char *mountpoint)
 	return fd;
 }
 
+void ctl_connect_error(const char *prog, const char *mountpoint, int rc)
+{
+	if (rc == -ENOTCONN)
+		fprintf(stderr, "%s: %s is not an mlfs mount point\n", prog, mountpoint);
+	else if (rc == -EPERM)
+		fprintf(stderr, "%s: %s: permission denied: only root and the user who "
+				"mounted may use its control channel\n", prog, mountpoint);
+	else
+		fprintf(stderr, "%s: %s: %s\n", prog, mountpoint, strerror(-rc));
+}
+
 int ctl_call(int fd, int argc, const char *const *argv,
 	     void (*out)(void *arg, const char *line), void *arg, char *msg, size_t msglen)
 {

@@ -52,6 +52,9 @@ uid_t ctl_peer_uid(const struct ctl_req *r);
  * argv and calls out() for each "out" line; returns 0, or the daemon's -errno with its
  * message in msg. */
 int ctl_connect(const char *mountpoint);
+/* The one line a tool prints when ctl_connect(mountpoint) failed with rc:
+ * "PROG: MOUNT is not an mlfs mount point", a permission refusal, or strerror. */
+void ctl_connect_error(const char *prog, const char *mountpoint, int rc);
 int ctl_call(int fd, int argc, const char *const *argv,
 	     void (*out)(void *arg, const char *line), void *arg, char *msg, size_t msglen);
 

@@ -93,14 +93,7 @@ static int online(const char *mnt, int argc, const char **argv,
 	int fd = ctl_connect(mnt), rc;
 
 	if (fd < 0) {
-		if (fd == -ENOTCONN)
-			fprintf(stderr, "mlfs-snap: %s is not an mlfs mount point\n", mnt);
-		else if (fd == -EPERM)
-			fprintf(stderr, "mlfs-snap: %s: %s\n", mnt,
-				"permission denied: only root and the user who mounted may "
-				"manage its snapshots");
-		else
-			fprintf(stderr, "mlfs-snap: %s: %s\n", mnt, strerror(-fd));
+		ctl_connect_error("mlfs-snap", mnt, fd);
 		return 1;
 	}
 	rc = ctl_call(fd, argc, argv, out, arg, msg, sizeof(msg));

@@ -37,13 +37,7 @@ static int fetch(const char *mnt, int prom, struct buf *b)
 	int fd = ctl_connect(mnt), rc;
 
 	if (fd < 0) {
-		if (fd == -ENOTCONN)
-			fprintf(stderr, "mlfs-stat: %s is not an mlfs mount point\n", mnt);
-		else if (fd == -EPERM)
-			fprintf(stderr, "mlfs-stat: %s: permission denied (only root and the "
-					"user who mounted may read its figures)\n", mnt);
-		else
-			fprintf(stderr, "mlfs-stat: %s: %s\n", mnt, strerror(-fd));
+		ctl_connect_error("mlfs-stat", mnt, fd);
 		return 1;
 	}
 	b->len = 0;
