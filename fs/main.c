@@ -388,7 +388,7 @@ int main(int argc, char **argv)
 	struct fuse_session *se;
 	struct mlfs m = { 0 };
 	char *src = NULL, *mnt = NULL, fsname[PATH_MAX + 16];
-	int rc = 1, i;
+	int rc = 1, r, i;
 
 	/* Block buffers are malloc'd; with a fixed mmap threshold every buffer of 64 KiB or
 	 * more is its own mapping and returns to the kernel when freed, so RSS falls when
@@ -492,14 +492,18 @@ int main(int argc, char **argv)
 	fuse_loop_cfg_set_clone_fd(lc, 1);
 	fuse_loop_cfg_set_max_threads(lc, m.cfg.threads);
 	fuse_loop_cfg_set_idle_threads(lc, m.cfg.threads);
-	rc = fuse_session_loop_mt(se, lc) ? 1 : 0;
+	/* The loop ends with ENODEV when the mount goes, or ECONNABORTED when it goes
+	 * while files are still open (fusermount3 -uz, a lazy umount): both are the
+	 * mount's end, not a failure of ours. */
+	r = fuse_session_loop_mt(se, lc);
+	rc = r && r != -ECONNABORTED ? 1 : 0;
 	fuse_loop_cfg_destroy(lc);
 	/* The final rule (snapd.h): unmounted first, so the tree no longer changes, then
 	 * one last snapshot if it changed, persisted with everything pending. */
 	fuse_session_unmount(se);
 	if (m.snapd) {
-		int r = snapd_finish(m.snapd, mlfs_sigterm ? "preempt" : "unmount",
-				     mlfs_sigterm ? m.cfg.preempt_deadline : 0);
+		r = snapd_finish(m.snapd, mlfs_sigterm ? "preempt" : "unmount",
+				 mlfs_sigterm ? m.cfg.preempt_deadline : 0);
 
 		if (r == -ETIMEDOUT)
 			_exit(1); /* the persister may still hold the store: leave now */
