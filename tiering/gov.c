@@ -19,6 +19,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <linux/magic.h>
+#include <math.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -268,7 +269,8 @@ void gov_config_defaults(struct gov_config *c)
 	c->wm_min = GOV_DEF_WM_MIN;
 	c->psi_permille = GOV_DEF_PSI_PERMILLE;
 	c->hold_ms = GOV_DEF_HOLD_MS;
-	c->cut_gap_ms = GOV_DEF_CUT_GAP_MS;
+	c->cut_stall_ms = GOV_DEF_CUT_STALL_MS;
+	c->cut_period_ms = GOV_DEF_CUT_PERIOD_MS;
 	c->psi_trigger = 1;
 }
 
@@ -285,7 +287,9 @@ void gov_ctl_init(struct gov_ctl *ctl, const struct gov_config *c)
 	ctl->wm_min = c->wm_min;
 	ctl->psi_permille = c->psi_permille;
 	ctl->hold_ms = c->hold_ms;
-	ctl->cut_gap_ms = c->cut_gap_ms;
+	ctl->cut_stall_ms = c->cut_stall_ms ? c->cut_stall_ms : GOV_DEF_CUT_STALL_MS;
+	ctl->cut_period_ms = c->cut_period_ms ? c->cut_period_ms : GOV_DEF_CUT_PERIOD_MS;
+	ctl->interval_ms = c->interval_ms ? c->interval_ms : GOV_DEF_INTERVAL_MS;
 	ctl->budget = c->mem_max;
 }
 
@@ -311,13 +315,50 @@ static void gov_view_add(const struct gov_ctl *ctl, uint64_t free, uint64_t tota
 	v->room = gov_min(v->room, free > high ? free - high : 0);
 }
 
+/* Pressure charged in one sample: beta to this power at most, so a sample delayed under
+ * load cannot take the whole cache at once. */
+#define GOV_CUT_MAX_POWER 2.0
+
+/*
+ * How much to cut, as a power of beta. An episode of pressure (the first pressure after
+ * hold_ms of calm) costs at least one beta at once; beyond that each cut_stall_ms of PSI
+ * stall, and each cut_period_ms spent under the low watermark, costs one more. The total
+ * for an episode depends on how much stall and shortfall there was, not on when the
+ * samples fell, so daemons that sample at different moments cut alike (fair shares).
+ */
+static double gov_cut_power(struct gov_ctl *ctl, uint64_t stall_us, uint64_t deficit,
+			    uint64_t dt_ms, uint64_t now_ms)
+{
+	double owed = (double)stall_us / ((double)ctl->cut_stall_ms * 1000.0), pay = 0;
+
+	if (deficit)
+		owed += (double)dt_ms / (double)ctl->cut_period_ms;
+	if (!ctl->pressure_ever || now_ms >= ctl->last_pressure_ms + ctl->hold_ms) {
+		pay = 1.0; /* a new episode: the first beta now, in advance */
+		ctl->credit = 1.0;
+	}
+	if (owed > ctl->credit) {
+		pay += owed - ctl->credit;
+		ctl->credit = 0;
+	} else {
+		ctl->credit -= owed;
+	}
+	return pay < GOV_CUT_MAX_POWER ? pay : GOV_CUT_MAX_POWER;
+}
+
 uint64_t gov_ctl_step(struct gov_ctl *ctl, const struct gov_sample *s, uint64_t resident,
 		      uint64_t now_ms)
 {
 	struct gov_free_view v = { .deficit = 0, .room = GOV_NONE, .below_high = 0 };
-	uint64_t d, wall_us, target, cap;
-	int psi_press = s->psi_triggered, mult = 0;
+	uint64_t d, wall_us, target, cap, dt, stall_us = 0, grow;
+	int psi_press = s->psi_triggered;
+	double power;
 
+	/* Time since the last step, at most two intervals: growth and shortfall are charged
+	 * by the time they lasted, and a step delayed under load does not jump. */
+	dt = ctl->started && now_ms > ctl->last_ms ? now_ms - ctl->last_ms : 0;
+	dt = gov_min(dt, 2 * (uint64_t)ctl->interval_ms);
+	ctl->last_ms = now_ms;
 	if (s->psi_valid) {
 		if (!ctl->psi_prev_valid) {
 			ctl->psi_prev_valid = 1;
@@ -331,6 +372,9 @@ uint64_t gov_ctl_step(struct gov_ctl *ctl, const struct gov_sample *s, uint64_t 
 			wall_us = (now_ms - ctl->prev_ms) * 1000;
 			if (d * 1000 >= (uint64_t)ctl->psi_permille * wall_us)
 				psi_press = 1;
+			/* Stall under the threshold is forgiven; a trigger vouches for it. */
+			if (psi_press)
+				stall_us = d;
 			ctl->psi_prev_some_us = s->psi_some_total_us;
 			ctl->prev_ms = now_ms;
 		}
@@ -351,25 +395,21 @@ uint64_t gov_ctl_step(struct gov_ctl *ctl, const struct gov_sample *s, uint64_t 
 	}
 
 	if (psi_press || v.deficit) {
+		power = gov_cut_power(ctl, stall_us, v.deficit, dt, now_ms);
 		ctl->pressure_ever = 1;
 		ctl->last_pressure_ms = now_ms;
-		target = ctl->budget;
 		/* Invariant 2: relative to what is held, since cutting a budget far above the
 		 * resident bytes frees nothing. */
-		if (!ctl->cut_ever || now_ms >= ctl->last_cut_ms + ctl->cut_gap_ms) {
-			target = (uint64_t)((double)gov_min(ctl->budget, resident) * ctl->beta);
-			mult = 1;
-		}
+		target = ctl->budget;
+		if (power > 0)
+			target = (uint64_t)((double)gov_min(ctl->budget, resident) *
+					    pow(ctl->beta, power));
 		if (v.deficit)
 			target = gov_min(target, resident > v.deficit ? resident - v.deficit : 0);
 		target = gov_max(target, ctl->mem_min);
 		if (target < ctl->budget) {
 			ctl->budget = target;
 			ctl->cuts++;
-			if (mult) {
-				ctl->cut_ever = 1;
-				ctl->last_cut_ms = now_ms;
-			}
 		}
 	} else if (!v.below_high &&
 		   (!ctl->pressure_ever || now_ms >= ctl->last_pressure_ms + ctl->hold_ms)) {
@@ -377,8 +417,9 @@ uint64_t gov_ctl_step(struct gov_ctl *ctl, const struct gov_sample *s, uint64_t 
 		cap = ctl->mem_max;
 		if (v.room != GOV_NONE)
 			cap = gov_min(cap, gov_sat_add(resident, v.room));
-		if (ctl->budget < cap) {
-			ctl->budget = gov_min(gov_sat_add(ctl->budget, ctl->step), cap);
+		grow = ctl->step * dt / ctl->interval_ms;
+		if (ctl->budget < cap && grow) {
+			ctl->budget = gov_min(gov_sat_add(ctl->budget, grow), cap);
 			ctl->grows++;
 		}
 	}
@@ -460,11 +501,18 @@ static void gov_sample_once(struct gov *g, int triggered)
 		g->budget_fn(g->arg, b);
 }
 
+/* The next multiple of interval after now: every daemon on the machine samples at the
+ * same instants and so reads the same pressure (CLOCK_MONOTONIC is machine-wide). */
+static uint64_t gov_next_tick(unsigned interval_ms)
+{
+	return (gov_now_ms() / interval_ms + 1) * interval_ms;
+}
+
 static void *gov_thread(void *p)
 {
 	struct gov *g = p;
 	struct pollfd pfd[2];
-	uint64_t next = gov_now_ms() + g->interval_ms, now;
+	uint64_t next = gov_next_tick(g->interval_ms), now;
 	int n, triggered;
 
 	for (;;) {
@@ -498,7 +546,7 @@ static void *gov_thread(void *p)
 		if (!triggered && gov_now_ms() < next)
 			continue;
 		gov_sample_once(g, triggered);
-		next = gov_now_ms() + g->interval_ms;
+		next = gov_next_tick(g->interval_ms);
 	}
 	return NULL;
 }

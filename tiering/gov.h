@@ -5,7 +5,8 @@
  * time, MemAvailable, an optional cgroup's limit and usage) every interval_ms, and at once
  * when a PSI trigger fires, and turns the samples into a budget between mem_min and
  * mem_max with an AIMD controller (gov_ctl): pressure cuts multiplicatively at once, calm
- * grows additively, between the two watermarks the budget holds. The governor only states
+ * grows additively, between the two watermarks the budget holds. Timed samples fall on
+ * multiples of interval_ms of CLOCK_MONOTONIC, the same instants in every daemon. The governor only states
  * the budget; the caller enforces it (spills).
  *
  * Thread safety: gov_budget() and gov_get_inputs() may be called from any thread between
@@ -50,7 +51,8 @@ struct gov_config {
 	uint64_t wm_min; /* low watermark is at least this; high = 2 x low */
 	unsigned psi_permille; /* "some" stall per mille of wall time that counts as pressure */
 	unsigned hold_ms; /* calm this long before growing */
-	unsigned cut_gap_ms; /* at most one multiplicative cut per this long */
+	unsigned cut_stall_ms; /* this much PSI "some" stall cuts by beta once */
+	unsigned cut_period_ms; /* this long under the low watermark cuts by beta once */
 	int psi_trigger; /* 1 = try a PSI trigger for wake-ups, 0 = sample only */
 };
 
@@ -66,9 +68,14 @@ struct gov_config {
  * PSI 100 per mille: 100 ms of "some" stall per second, the same as the trigger.
  * HOLD 2000 ms: longer than the 1 s trigger window, so growth never starts while the
  *   window that caused the last cut is still being reported.
- * CUT_GAP 1000 ms: one multiplicative cut per trigger window; the stall reported in the
- *   window predates the spill the previous cut started, and cutting again for it would
- *   compound the same pressure.
+ * CUT_STALL 250 ms: after the first beta of an episode, each 250 ms of "some" stall
+ *   cuts by beta again (a 25% stall for a second: one cut; 100%: four). Charging the
+ *   stall, not the samples, makes the cut the same for every daemon whatever moment it
+ *   samples at; a cut per sample or per fixed gap gave daemons that sample 125 ms apart
+ *   one and two cuts for the same 1 s stall, and their shares never met.
+ * CUT_PERIOD 1000 ms: free memory under the low watermark for a second cuts by beta
+ *   again, on top of the shortfall itself; the old rule's 30% a second, spread out.
+ * At most beta^2 per sample: a sample delayed under load does not take the whole cache.
  * MEM_MIN 64 MiB: room for a few block batches so reads never stop.
  */
 #define GOV_DEF_INTERVAL_MS 250u
@@ -79,7 +86,8 @@ struct gov_config {
 #define GOV_DEF_WM_MIN (64ull << 20)
 #define GOV_DEF_PSI_PERMILLE 100u
 #define GOV_DEF_HOLD_MS 2000u
-#define GOV_DEF_CUT_GAP_MS 1000u
+#define GOV_DEF_CUT_STALL_MS 250u
+#define GOV_DEF_CUT_PERIOD_MS 1000u
 #define GOV_DEF_MEM_MIN (64ull << 20)
 /* Trigger: 100 ms stall in a 1 s window; unprivileged callers may only use windows that
  * are multiples of 2 s, so 200 ms in 2 s (the same 10%) is tried next. */
@@ -115,27 +123,35 @@ void gov_sample_clear(struct gov_sample *s);
  * The pure controller: no threads, no files, no clock of its own; now_ms is any
  * monotonic millisecond count. Invariants:
  * 1. mem_min <= budget <= mem_max after every step.
- * 2. A cut never leaves the budget above min(budget, resident) * beta (when the cut gap
- *    allows a multiplicative cut) nor above resident - deficit (always), where deficit is
- *    how far free memory is below the low watermark; mem_min overrides both.
- * 3. A grow adds at most step and never takes the budget above resident + (free - high
- *    watermark) for any known free-memory input.
+ * 2. A cut never leaves the budget above min(budget, resident) * beta^p nor above
+ *    resident - deficit, where deficit is how far free memory is below the low watermark
+ *    and p, at most 2, is the pressure charged: 1 at the start of an episode (pressure
+ *    after hold_ms of calm), and from then on 1 per cut_stall_ms of PSI stall and per
+ *    cut_period_ms under the low watermark, less what the episode's first 1 paid in
+ *    advance; mem_min overrides both.
+ * 3. A grow adds at most step per interval_ms since the last step (two intervals at
+ *    most) and never takes the budget above resident + (free - high watermark) for any
+ *    known free-memory input.
  * 4. Between the watermarks and without PSI pressure, or within hold_ms of pressure, the
  *    budget does not change.
- * Because every daemon cuts by the same factor and grows by the same step, daemons that
- * share a machine or cgroup converge to equal shares (AIMD); keep it so. Each shared cut
- * shrinks the gap between two shares by the factor beta; while free memory sits between
- * the watermarks nothing is cut, and the shares stay as they are until the next pressure.
+ * Because every daemon cuts by the same factor for the same stall and grows by the same
+ * step per unit of time, daemons that share a machine or cgroup converge to equal shares
+ * (AIMD) whatever moments they sample at; keep it so. Each shared cut shrinks the gap
+ * between two shares by its factor; while free memory sits between the watermarks
+ * nothing is cut, and the shares stay as they are until the next pressure. The whole
+ * shortfall under the low watermark is cut by each daemon alike (the OOM brake), which
+ * widens the ratio between unequal shares; the multiplicative part wins it back.
  */
 struct gov_ctl {
 	/* config, resolved */
 	uint64_t mem_min, mem_max, step, wm_min;
 	double beta;
-	unsigned wm_permille, psi_permille, hold_ms, cut_gap_ms;
+	unsigned wm_permille, psi_permille, hold_ms, cut_stall_ms, cut_period_ms, interval_ms;
 	/* state */
 	uint64_t budget;
-	int started, psi_prev_valid, pressure_ever, cut_ever;
-	uint64_t psi_prev_some_us, prev_ms, last_pressure_ms, last_cut_ms;
+	int started, psi_prev_valid, pressure_ever;
+	double credit; /* powers of beta paid in advance in this episode, not yet owed */
+	uint64_t psi_prev_some_us, prev_ms, last_ms, last_pressure_ms;
 	uint64_t cuts, grows;
 };
 
