@@ -667,6 +667,62 @@ static void test_thread(void)
 	EXPECT_EQ(gov_new(&c, NULL, NULL, NULL, &g), -EINVAL);
 }
 
+/* Timed samples fall on multiples of the interval of CLOCK_MONOTONIC, so daemons on one
+ * machine read their inputs at the same instants. resident_fn runs once per sample. */
+enum { PHASE_N = 12 };
+static uint64_t phase_at[PHASE_N];
+static _Atomic int phase_n;
+
+static uint64_t phase_resident(void *arg)
+{
+	int i = atomic_fetch_add(&phase_n, 1);
+
+	(void)arg;
+	if (i < PHASE_N)
+		phase_at[i] = now_ms();
+	return GIB;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static void test_thread_phase(void)
+{
+	char *d = sub_dir("phase"), psi[600];
+	uint64_t phase[PHASE_N];
+	struct gov_config c;
+	struct gov *g = NULL;
+	int i, n;
+
+	put_psi(d, 0, 0);
+	snprintf(psi, sizeof(psi), "%s/memory.pressure", d);
+	gov_config_defaults(&c);
+	c.mem_min = 64 * MIB;
+	c.mem_max = GIB;
+	c.psi_path = psi;
+	c.meminfo_path = NULL;
+	c.interval_ms = 50;
+	if (gov_new(&c, phase_resident, NULL, NULL, &g) != 0) {
+		EXPECT(0);
+		return;
+	}
+	while (atomic_load(&phase_n) < PHASE_N)
+		usleep(10000);
+	gov_free(g);
+	/* phase_at[0] is gov_new's own first sample, taken whenever it was called. */
+	for (i = 1, n = 0; i < PHASE_N; i++)
+		phase[n++] = phase_at[i] % 50;
+	qsort(phase, (size_t)n, sizeof(phase[0]), cmp_u64);
+	printf("threaded governor: median sample phase %llu ms past a multiple of 50 ms\n",
+	       (unsigned long long)phase[n / 2]);
+	/* The median, so that a few samples late under load do not count. */
+	EXPECT(phase[n / 2] < 10);
+}
+
 /* The real machine with every default: starts, gives a budget in range, stops. */
 static void test_real_defaults(void)
 {
@@ -709,6 +765,7 @@ int main(void)
 	test_ctl_two_daemons();
 	test_ctl_sampling_phase();
 	test_thread();
+	test_thread_phase();
 	test_real_defaults();
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp_dir);
 	if (system(cmd) != 0)
