@@ -1,7 +1,8 @@
 #!/bin/bash
 # bench/tiering.sh: mlfs tiering benchmarks (issue 3), as root.
 #
-#   bench/tiering.sh [--quick] [--only pressure|epoch] [--out DIR]
+#   bench/tiering.sh [--quick] [--only pressure|epoch|fairness] [--out DIR]
+#                    [--fairness-b MLFS [--runs N]]
 #
 # pressure  bench/tiering_pressure.py: mlfs and a memory hog share a v1 memory cgroup;
 #           how fast mlfs gives the hog's X back (spill), whether anything is OOM-killed,
@@ -9,10 +10,15 @@
 # epoch     bench/tiering_epoch.py: 110 KiB files, 2.5x the budget, on a loop device
 #           throttled to 200 MB/s (blkio cgroup); 3 shuffled epochs, 4 readers; mlfs vs
 #           direct reads in a memory cgroup of the same size. Table + bar chart.
+# fairness  bench/tiering_fairness.py: two daemons and a hog in one v1 memory cgroup; the
+#           first starts alone, the second joins, the hog's waves press on both: how soon
+#           their budgets are within 25% of each other and stay so. Table + plot.
+#           --fairness-b runs a second mlfs build (say, before a governor change)
+#           interleaved with this one, N runs each (default 1).
 # --quick is a 1-2 minute smoke run (smaller sizes, 1 pressure repeat); the full run takes
-# about 8 minutes. Work files (datasets, images, spill dirs, logs) live in
+# about 12 minutes. Work files (datasets, images, spill dirs, logs) live in
 # $TIERING_WORK (default /var/tmp/mlfs-tiering, local disk); the tables and charts go to
-# bench/results/tiering-* for a full run of both, else $TIERING_WORK/results-SPEC.
+# bench/results/tiering-* for a full run of all three, else $TIERING_WORK/results-SPEC.
 # Every path out (success, error, Ctrl-C, SIGTERM) unmounts, detaches the loop devices and
 # removes the cgroups (after moving their processes out): the trap below, plus the Python
 # side's own try/finally.
@@ -25,7 +31,7 @@ MLFS=${MLFS:-$TOP/bin/mlfs}
 MLFS_STAT=${MLFS_STAT:-$(dirname "$MLFS")/mlfs-stat}
 WORK=${TIERING_WORK:-/var/tmp/mlfs-tiering}
 
-spec=full only="pressure epoch" out=""
+spec=full only="pressure epoch fairness" out="" fair_b="" runs=1
 while [ $# -gt 0 ]; do
 	case $1 in
 	--quick) spec=quick ;;
@@ -33,16 +39,18 @@ while [ $# -gt 0 ]; do
 	--only=*) only=${1#*=}; only=${only//,/ } ;;
 	--out) out=$2; shift ;;
 	--out=*) out=${1#*=} ;;
-	-h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	--fairness-b) fair_b=$2; shift ;;
+	--runs) runs=$2; shift ;;
+	-h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "tiering.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
 	esac
 	shift
 done
 for b in $only; do
-	case $b in pressure|epoch) ;; *) echo "tiering.sh: unknown benchmark '$b'" >&2; exit 2 ;; esac
+	case $b in pressure|epoch|fairness) ;; *) echo "tiering.sh: unknown benchmark '$b'" >&2; exit 2 ;; esac
 done
 if [ -z "$out" ]; then
-	[ $spec = full ] && [ "$only" = "pressure epoch" ] && out=$BENCH/results || out=$WORK/results-$spec
+	[ $spec = full ] && [ "$only" = "pressure epoch fairness" ] && out=$BENCH/results || out=$WORK/results-$spec
 fi
 
 die() { echo "tiering.sh: ERROR: $*" >&2; exit 1; }
@@ -111,9 +119,18 @@ run_py() { # script args...   (own session, waited in the background: signals re
 
 t0=$(date +%s)
 echo "tiering.sh: $spec run of:$(printf ' %s' $only); binaries copied to $WORK/bin; results to $out"
+if [ -n "$fair_b" ]; then
+	[ -x "$fair_b" ] || die "--fairness-b $fair_b is not an executable"
+	cp "$fair_b" "$WORK/bin/mlfs-b.new" && mv -f "$WORK/bin/mlfs-b.new" "$WORK/bin/mlfs-b"
+fi
 for b in $only; do
 	echo "== $b"
+	extra=()
+	if [ $b = fairness ]; then
+		extra=(--runs "$runs")
+		[ -z "$fair_b" ] || extra+=(--mlfs-b "$WORK/bin/mlfs-b" --label-b "$(basename "$fair_b")")
+	fi
 	run_py "$BENCH/tiering_$b.py" --spec $spec --work "$WORK" --out "$out" \
-		--mlfs "$WORK/bin/mlfs" --mlfs-stat "$WORK/bin/mlfs-stat"
+		--mlfs "$WORK/bin/mlfs" --mlfs-stat "$WORK/bin/mlfs-stat" "${extra[@]}"
 done
 echo "tiering.sh: done in $(( $(date +%s) - t0 )) s; tables and charts in $out/tiering-*.md/png"

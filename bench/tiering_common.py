@@ -10,6 +10,7 @@ The Python side also undoes what it made (try/finally), in the same order as the
 FUSE mounts, then the source mount, then loop devices, then cgroups.
 """
 
+import argparse
 import json
 import os
 import platform
@@ -295,6 +296,46 @@ def machine_info(mlfs):
         "mlfs_version": sh("%s --version" % mlfs),
         "loadavg": load_avg(),
     }
+
+
+def bench_args(doc, specs):
+    """The arguments every tiering benchmark takes (tiering.sh passes them), and one
+    --knob per entry of its specs, defaulting to the chosen spec's value. Returns the
+    parser: add more, then call parse_spec_args."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--spec", choices=specs, default="full")
+    p.add_argument("--work", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--mlfs", required=True)
+    p.add_argument("--mlfs-stat", required=True)
+    for k, v in specs["full"].items():
+        p.add_argument("--" + k.replace("_", "-"), type=type(v), default=None)
+    return p
+
+
+def parse_spec_args(p, specs):
+    a = p.parse_args()
+    for k, v in specs[a.spec].items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    return a
+
+
+def hog_alloc(total, step, step_ms):
+    """Allocates total bytes in numpy buffers of step bytes, touching every page, sleeping
+    step_ms between steps; returns the buffers (each large one is its own mapping, so
+    dropping them gives the memory back)."""
+    import numpy as np
+    keep, done = [], 0
+    while done < total:
+        n = min(step, total - done)
+        a = np.empty(n, dtype=np.uint8)
+        a[::4096] = 1
+        keep.append(a)
+        done += n
+        if done < total:
+            time.sleep(step_ms / 1000.0)
+    return keep
 
 
 def md_table(header, rows):

@@ -21,7 +21,6 @@ mlfs the hit rate (hits/(hits+misses) deltas), reloads, spilled bytes, budget.
 Goal: mlfs at least 2x the direct reads from epoch 2 on.
 """
 
-import argparse
 import json
 import os
 import random
@@ -32,7 +31,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tiering_common import (KIB, MIB, Mlfs, S, cg_create, cg_destroy, cg_read,  # noqa: E402
+from tiering_common import (KIB, MIB, Mlfs, S, bench_args, cg_create, cg_destroy, cg_read, parse_spec_args,  # noqa: E402
                             drop_caches, fmt_size, log, loop_attach, loop_detach_all, machine_info,
                             load_avg, md_table, parse_size, size_opt, spawn_in, unmount)
 
@@ -448,20 +447,10 @@ def main():
     if len(sys.argv) > 1 and sys.argv[1] == "_reader":
         reader_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
         return
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--spec", choices=SPECS, default="full")
-    p.add_argument("--work", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--mlfs", required=True)
-    p.add_argument("--mlfs-stat", required=True)
+    p = bench_args(__doc__, SPECS)
     p.add_argument("--no-pinned", dest="pinned", action="store_false",
                    help="skip the mlfs run with the budget pinned (mem_min = mem_max)")
-    for k, v in SPECS["full"].items():
-        p.add_argument("--" + k.replace("_", "-"), type=type(v), default=None)
-    a = p.parse_args()
-    for k, v in SPECS[a.spec].items():
-        if getattr(a, k) is None:
-            setattr(a, k, v)
+    a = parse_spec_args(p, SPECS)
     main_run(a)
 
 

@@ -22,7 +22,6 @@ Medians over the repeats go in the table; the PNG plots every repeat over time.
 bench/tiering.sh runs this (it owns the cleanup trap); `--help` lists the knobs.
 """
 
-import argparse
 import json
 import os
 import shutil
@@ -33,7 +32,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tiering_common import (GIB, MIB, Mlfs, S, cg_create, cg_destroy, cg_int, cg_read,  # noqa: E402
+from tiering_common import (GIB, MIB, Mlfs, S, bench_args, cg_create, hog_alloc, parse_spec_args, cg_destroy, cg_int, cg_read,  # noqa: E402
                             cg_oom_kills, drop_caches, fmt_size, log, machine_info, load_avg, md_table,
                             parse_size, proc_rss, size_opt, spawn_in)
 
@@ -52,24 +51,14 @@ SAMPLE_S = 0.05
 def hog_main(total, step, step_ms, hold):
     """Allocate total bytes in steps (each page touched), hold, exit. Prints JSON events
     with CLOCK_MONOTONIC times (comparable across processes)."""
-    import numpy as np
-    keep = []
-
     def ev(name):
         print(json.dumps({"ev": name, "t": time.monotonic()}), flush=True)
     ev("alloc_start")
-    done = 0
-    while done < total:
-        n = min(step, total - done)
-        a = np.empty(n, dtype=np.uint8)
-        a[::4096] = 1
-        keep.append(a)
-        done += n
-        if done < total:
-            time.sleep(step_ms / 1000.0)
+    keep = hog_alloc(total, step, step_ms)
     ev("alloc_done")
     time.sleep(hold)
     ev("exit")
+    del keep
 
 
 # ------------------------------------------------------------------ dataset
@@ -517,21 +506,11 @@ def main():
     if len(sys.argv) > 1 and sys.argv[1] == "_hog":
         hog_main(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]))
         return
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--spec", choices=SPECS, default="full")
-    p.add_argument("--work", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--mlfs", required=True)
-    p.add_argument("--mlfs-stat", required=True)
+    p = bench_args(__doc__, SPECS)
     p.add_argument("--drop", choices=("never", "auto", "always"), default="never",
                    help="MLFS_TIER_DROP for the daemon (default never: the local dataset stands "
                    "for a slow source, so clean blocks are spilled, not dropped; auto = mlfs's policy)")
-    for k, v in SPECS["full"].items():
-        p.add_argument("--" + k.replace("_", "-"), type=type(v), default=None)
-    a = p.parse_args()
-    for k, v in SPECS[a.spec].items():
-        if getattr(a, k) is None:
-            setattr(a, k, v)
+    a = parse_spec_args(p, SPECS)
     rundir = os.path.join(a.work, "runs", time.strftime("%Y%m%d-%H%M%S") + "-pressure-" + a.spec)
     os.makedirs(rundir, exist_ok=True)
     src = os.path.join(a.work, "pressure-src-" + a.spec)

@@ -159,6 +159,10 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 	  (uint64_t)(ts.gov.psi_full_avg10 * 100 + 0.5));
 	F("psi_some_total_us", "PSI memory some stall total, us", G(ts.gov.psi_some_total_us));
 	F("psi_trigger", "1 if a PSI trigger wakes the governor", ts.gov.psi_trigger);
+	F("cgroup_threshold", "1 if a v1 cgroup usage threshold wakes the governor",
+	  ts.gov.cg_threshold);
+	F("cgroup_crossings", "times cgroup usage crossed the low watermark upwards",
+	  ts.gov.cg_crossings);
 	F("mem_total", "MemTotal, bytes", G(ts.gov.mem_total));
 	F("mem_available", "MemAvailable, bytes", G(ts.gov.mem_available));
 	F("cgroup_version", "memory cgroup followed: 0 none, 1 or 2", ts.gov.cg_version);

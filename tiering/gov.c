@@ -197,16 +197,20 @@ int gov_read_meminfo(const char *path, struct gov_sample *s)
 }
 
 /* Inactive file pages are reclaimed at no cost before anything stalls; counting them as
- * used would show every cgroup that reads files as full. Missing memory.stat: no change. */
-static uint64_t gov_cg_less_inactive(const char *dir, const char *key, uint64_t usage)
+ * used would show every cgroup that reads files as full. Missing memory.stat: no change.
+ * Sets s->cg_usage and s->cg_inactive. */
+static void gov_cg_less_inactive(const char *dir, const char *key, uint64_t usage,
+				 struct gov_sample *s)
 {
 	char path[4096], buf[GOV_READ_MAX];
 	uint64_t inactive;
 
 	snprintf(path, sizeof(path), "%s/memory.stat", dir);
 	if (gov_read_text(path, buf, sizeof(buf)) < 0 || gov_find_field(buf, key, &inactive) != 0)
-		return usage;
-	return usage > inactive ? usage - inactive : 0;
+		inactive = 0;
+	inactive = gov_min(inactive, usage);
+	s->cg_usage = usage - inactive;
+	s->cg_inactive = inactive;
 }
 
 int gov_read_cgroup(const char *dir, struct gov_sample *s)
@@ -232,7 +236,7 @@ int gov_read_cgroup(const char *dir, struct gov_sample *s)
 		s->cg_version = 2;
 		/* memory.high is where the kernel starts throttling: the limit that matters. */
 		s->cg_limit = gov_min(max, high);
-		s->cg_usage = gov_cg_less_inactive(dir, "inactive_file", usage);
+		gov_cg_less_inactive(dir, "inactive_file", usage, s);
 		return 0;
 	}
 	if (rc != -ENOENT)
@@ -248,7 +252,7 @@ int gov_read_cgroup(const char *dir, struct gov_sample *s)
 	s->cg_version = 1;
 	s->cg_limit = max >= GOV_V1_UNLIMITED ? GOV_NONE : max;
 	/* total_ counts the whole subtree, as usage_in_bytes does. */
-	s->cg_usage = gov_cg_less_inactive(dir, "total_inactive_file", usage);
+	gov_cg_less_inactive(dir, "total_inactive_file", usage, s);
 	return 0;
 }
 
@@ -300,13 +304,19 @@ struct gov_free_view {
 	int below_high; /* some input is under its high watermark */
 };
 
+/* The low watermark for an input of this total size (GOV_NONE: unknown size). */
+static uint64_t gov_low_wm(const struct gov_ctl *ctl, uint64_t total)
+{
+	if (total == GOV_NONE)
+		return ctl->wm_min;
+	return gov_max(total / 1000 * ctl->wm_permille, ctl->wm_min);
+}
+
 static void gov_view_add(const struct gov_ctl *ctl, uint64_t free, uint64_t total,
 			 struct gov_free_view *v)
 {
-	uint64_t low = ctl->wm_min, high;
+	uint64_t low = gov_low_wm(ctl, total), high;
 
-	if (total != GOV_NONE)
-		low = gov_max(total / 1000 * ctl->wm_permille, ctl->wm_min);
 	high = 2 * low;
 	if (free < low)
 		v->deficit = gov_max(v->deficit, low - free);
@@ -351,7 +361,13 @@ uint64_t gov_ctl_step(struct gov_ctl *ctl, const struct gov_sample *s, uint64_t 
 {
 	struct gov_free_view v = { .deficit = 0, .room = GOV_NONE, .below_high = 0 };
 	uint64_t d, wall_us, target, cap, dt, stall_us = 0, grow;
-	int psi_press = s->psi_triggered;
+	/* A trigger or a crossing is pressure that every daemon is told of, even one whose
+	 * peer has already freed the memory by the time it looks. The kernel's threshold
+	 * counts page cache too: with more of it than the low watermark, usage near the
+	 * limit only means the kernel is about to reclaim it, which is no pressure. */
+	int psi_press = s->psi_triggered ||
+			(s->cg_crossed && s->cg_limit != GOV_NONE &&
+			 s->cg_inactive < gov_low_wm(ctl, s->cg_limit));
 	double power;
 
 	/* Time since the last step, at most two intervals: growth and shortfall are charged
@@ -436,6 +452,11 @@ struct gov {
 	char *psi_path, *meminfo_path, *cgroup_path; /* owned; NULL = input not used */
 	unsigned interval_ms;
 	int psi_fd; /* PSI trigger, or -1 when sampling only */
+	int thr_fd; /* eventfd of a v1 usage threshold, or -1; governor thread only */
+	int thr_usage_fd; /* the memory.usage_in_bytes the threshold watches, or -1 */
+	int thr_failed; /* arming failed once: not tried again */
+	int thr_above; /* usage was over the threshold at the last signal (or arming) */
+	uint64_t thr_limit; /* the cgroup limit the threshold was armed for */
 	int stop_fd; /* eventfd: gov_free() wakes the thread through it */
 	unsigned failing; /* GOV_IN_ bits whose last read failed, to log once per outage */
 	gov_resident_fn resident_fn;
@@ -445,8 +466,9 @@ struct gov {
 	_Atomic uint64_t budget;
 	pthread_mutex_t lock; /* guards the fields below */
 	struct gov_sample last;
-	uint64_t samples, cuts, grows;
+	uint64_t samples, cuts, grows, crossings;
 	int armed; /* psi_fd >= 0, readable by other threads */
+	int thr_armed; /* thr_fd >= 0, readable by other threads */
 };
 
 /* Logs a failing input once when it starts failing and once when it recovers. */
@@ -477,18 +499,91 @@ static uint64_t gov_resident(struct gov *g)
 	return g->resident_fn ? g->resident_fn(g->arg) : atomic_load(&g->budget);
 }
 
-static void gov_sample_once(struct gov *g, int triggered)
+static void gov_thr_close(struct gov *g)
+{
+	if (g->thr_fd >= 0)
+		close(g->thr_fd); /* closing the eventfd unregisters the threshold */
+	if (g->thr_usage_fd >= 0)
+		close(g->thr_usage_fd);
+	g->thr_fd = g->thr_usage_fd = -1;
+}
+
+/*
+ * A v1 cgroup has no PSI of its own, and a job that allocates fast can take the few
+ * hundred MiB between the watermarks in less than one 250 ms sample. The v1 memory
+ * controller signals an eventfd when usage crosses a threshold (cgroup.event_control),
+ * so the governor is woken the moment free memory in the cgroup falls under the low
+ * watermark. Re-armed when the limit changes; given up (sampling only) on any error:
+ * a directory of plain files (tests), or a kernel without the interface.
+ */
+static void gov_thr_arm(struct gov *g, const struct gov_sample *s)
+{
+	char path[4096], line[96];
+	uint64_t at;
+	int fd, rc = 0, n;
+	struct statfs sfs;
+
+	if (!g->cgroup_path || s->cg_version != 1 || s->cg_limit == GOV_NONE ||
+	    s->cg_limit == g->thr_limit || g->thr_failed)
+		return;
+	gov_thr_close(g);
+	g->thr_limit = s->cg_limit;
+	at = s->cg_limit - gov_min(s->cg_limit, gov_low_wm(&g->ctl, s->cg_limit));
+	if (statfs(g->cgroup_path, &sfs) < 0 || sfs.f_type != CGROUP_SUPER_MAGIC) {
+		rc = -ENOTSUP;
+		goto out;
+	}
+	snprintf(path, sizeof(path), "%s/memory.usage_in_bytes", g->cgroup_path);
+	g->thr_usage_fd = open(path, O_RDONLY | O_CLOEXEC);
+	g->thr_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (g->thr_usage_fd < 0 || g->thr_fd < 0) {
+		rc = -errno;
+		goto out;
+	}
+	snprintf(path, sizeof(path), "%s/cgroup.event_control", g->cgroup_path);
+	fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0) {
+		rc = -errno;
+		goto out;
+	}
+	n = snprintf(line, sizeof(line), "%d %d %" PRIu64, g->thr_fd, g->thr_usage_fd, at);
+	if (write(fd, line, (size_t)n) != n)
+		rc = -errno;
+	close(fd);
+	/* Where usage stands now, as the kernel will see it (over means at least at). A
+	 * crossing between the sample and the registration is missed once: sampling
+	 * still sees its deficit. */
+	g->thr_above = s->cg_usage != GOV_NONE && s->cg_usage >= at;
+out:
+	if (rc) {
+		gov_thr_close(g);
+		g->thr_failed = 1;
+		log_info("governor: no usage threshold on %s (%s); sampling every %u ms",
+			 g->cgroup_path, strerror(-rc), g->interval_ms);
+	} else {
+		log_debug("governor: woken when %s uses more than %" PRIu64 " MiB",
+			  g->cgroup_path, at >> 20);
+	}
+	pthread_mutex_lock(&g->lock);
+	g->thr_armed = g->thr_fd >= 0;
+	pthread_mutex_unlock(&g->lock);
+}
+
+static void gov_sample_once(struct gov *g, int triggered, int crossed)
 {
 	struct gov_sample s;
 	uint64_t old = g->ctl.budget, b;
 
 	gov_sample_read(g, &s);
+	gov_thr_arm(g, &s);
 	s.psi_triggered = triggered;
+	s.cg_crossed = crossed;
 	b = gov_ctl_step(&g->ctl, &s, gov_resident(g), gov_now_ms());
 	atomic_store(&g->budget, b);
 	pthread_mutex_lock(&g->lock);
 	g->last = s;
 	g->samples++;
+	g->crossings += (uint64_t)crossed;
 	g->cuts = g->ctl.cuts;
 	g->grows = g->ctl.grows;
 	pthread_mutex_unlock(&g->lock);
@@ -511,24 +606,25 @@ static uint64_t gov_next_tick(unsigned interval_ms)
 static void *gov_thread(void *p)
 {
 	struct gov *g = p;
-	struct pollfd pfd[2];
-	uint64_t next = gov_next_tick(g->interval_ms), now;
-	int n, triggered;
+	struct pollfd pfd[3];
+	uint64_t next = gov_next_tick(g->interval_ms), now, count;
+	int n, triggered, woken, crossed;
 
 	for (;;) {
 		now = gov_now_ms();
 		pfd[0] = (struct pollfd){ .fd = g->stop_fd, .events = POLLIN };
-		pfd[1] = (struct pollfd){ .fd = g->psi_fd, .events = POLLPRI };
-		n = poll(pfd, g->psi_fd >= 0 ? 2 : 1, next > now ? (int)(next - now) : 0);
+		pfd[1] = (struct pollfd){ .fd = g->psi_fd, .events = POLLPRI }; /* -1: ignored */
+		pfd[2] = (struct pollfd){ .fd = g->thr_fd, .events = POLLIN };
+		n = poll(pfd, 3, next > now ? (int)(next - now) : 0);
 		if (n < 0 && errno != EINTR) {
-			/* Cannot happen with two valid fds; sleeping keeps it from spinning. */
+			/* Cannot happen with valid fds; sleeping keeps it from spinning. */
 			log_err("governor: poll: %s", strerror(errno));
 			usleep(g->interval_ms * 1000);
 			continue;
 		}
 		if (n > 0 && pfd[0].revents)
 			break;
-		triggered = 0;
+		triggered = woken = 0;
 		if (n > 0 && g->psi_fd >= 0 && pfd[1].revents) {
 			if (pfd[1].revents & (POLLERR | POLLNVAL | POLLHUP)) {
 				/* The cgroup that owned the trigger went away. */
@@ -543,9 +639,20 @@ static void *gov_thread(void *p)
 				triggered = 1;
 			}
 		}
-		if (!triggered && gov_now_ms() < next)
+		crossed = 0;
+		if (n > 0 && g->thr_fd >= 0 && pfd[2].revents &&
+		    read(g->thr_fd, &count, sizeof(count)) == sizeof(count)) {
+			/* The kernel signals each crossing of the threshold, up and down, to
+			 * every daemon registered on it; count is how many since the last read
+			 * (reading resets it). An upward one is pressure for every daemon alike,
+			 * even if a peer's cut has taken usage back under by now. */
+			crossed = (g->thr_above ? count / 2 : (count + 1) / 2) > 0;
+			g->thr_above ^= (int)(count & 1);
+			woken = 1;
+		}
+		if (!triggered && !woken && gov_now_ms() < next)
 			continue;
-		gov_sample_once(g, triggered);
+		gov_sample_once(g, triggered, crossed);
 		next = gov_next_tick(g->interval_ms);
 	}
 	return NULL;
@@ -633,6 +740,8 @@ int gov_new(const struct gov_config *c, gov_resident_fn resident_fn, gov_budget_
 		return -ENOMEM;
 	g->psi_fd = -1;
 	g->stop_fd = -1;
+	g->thr_fd = -1;
+	g->thr_usage_fd = -1;
 	g->interval_ms = cfg.interval_ms;
 	g->resident_fn = resident_fn;
 	g->budget_fn = budget_fn;
@@ -700,19 +809,22 @@ int gov_new(const struct gov_config *c, gov_resident_fn resident_fn, gov_budget_
 	if ((rc = -pthread_mutex_init(&g->lock, NULL)))
 		goto out_close;
 	g->armed = g->psi_fd >= 0;
+	gov_thr_arm(g, &s);
 	if ((rc = -pthread_create(&g->thread, NULL, gov_thread, g))) {
 		log_err("governor: cannot start thread: %s", strerror(-rc));
 		goto out_mutex;
 	}
-	log_info("governor: budget %" PRIu64 " MiB of %" PRIu64 "..%" PRIu64 " MiB; %s",
+	log_info("governor: budget %" PRIu64 " MiB of %" PRIu64 "..%" PRIu64 " MiB; %s%s",
 		 atomic_load(&g->budget) >> 20, cfg.mem_min >> 20, cfg.mem_max >> 20,
-		 g->psi_fd >= 0 ? "PSI trigger armed" : "sampling only");
+		 g->psi_fd >= 0 ? "PSI trigger armed" : "sampling only",
+		 g->thr_fd >= 0 ? ", cgroup usage threshold armed" : "");
 	*out = g;
 	return 0;
 
 out_mutex:
 	pthread_mutex_destroy(&g->lock);
 out_close:
+	gov_thr_close(g);
 	if (g->stop_fd >= 0)
 		close(g->stop_fd);
 	if (g->psi_fd >= 0)
@@ -738,6 +850,7 @@ void gov_free(struct gov *g)
 	(void)n;
 	pthread_join(g->thread, NULL);
 	pthread_mutex_destroy(&g->lock);
+	gov_thr_close(g);
 	close(g->stop_fd);
 	if (g->psi_fd >= 0)
 		close(g->psi_fd);
@@ -769,6 +882,8 @@ void gov_get_inputs(struct gov *g, struct gov_inputs *out)
 	out->grows = g->grows;
 	out->samples = g->samples;
 	out->psi_trigger = g->armed;
+	out->cg_threshold = g->thr_armed;
+	out->cg_crossings = g->crossings;
 	pthread_mutex_unlock(&g->lock);
 	/* Fixed after gov_new(), or atomic (budget). */
 	out->budget = atomic_load(&g->budget);

@@ -6,7 +6,9 @@
  * when a PSI trigger fires, and turns the samples into a budget between mem_min and
  * mem_max with an AIMD controller (gov_ctl): pressure cuts multiplicatively at once, calm
  * grows additively, between the two watermarks the budget holds. Timed samples fall on
- * multiples of interval_ms of CLOCK_MONOTONIC, the same instants in every daemon. The governor only states
+ * multiples of interval_ms of CLOCK_MONOTONIC, the same instants in every daemon. A v1
+ * cgroup input also wakes the thread at once when its usage crosses the low watermark
+ * (a cgroup.event_control threshold), since v1 has no PSI of its own. The governor only states
  * the budget; the caller enforces it (spills).
  *
  * Thread safety: gov_budget() and gov_get_inputs() may be called from any thread between
@@ -68,11 +70,13 @@ struct gov_config {
  * PSI 100 per mille: 100 ms of "some" stall per second, the same as the trigger.
  * HOLD 2000 ms: longer than the 1 s trigger window, so growth never starts while the
  *   window that caused the last cut is still being reported.
- * CUT_STALL 250 ms: after the first beta of an episode, each 250 ms of "some" stall
- *   cuts by beta again (a 25% stall for a second: one cut; 100%: four). Charging the
- *   stall, not the samples, makes the cut the same for every daemon whatever moment it
- *   samples at; a cut per sample or per fixed gap gave daemons that sample 125 ms apart
- *   one and two cuts for the same 1 s stall, and their shares never met.
+ * CUT_STALL 500 ms: after the first beta of an episode, each 500 ms of "some" stall
+ *   cuts by beta again: a 50% stall costs 30% a second, as the first version's one cut a
+ *   second did; 100%, two cuts a second; 10% (the threshold), one in five seconds, since
+ *   mild stall is often another cgroup's own limit, which mlfs cannot relieve. Charging
+ *   the stall, not the samples, makes the cut the same for every daemon whatever moment
+ *   it samples at; a cut per sample or per fixed gap gave daemons that sample 125 ms
+ *   apart one and two cuts for the same 1 s stall, and their shares never met.
  * CUT_PERIOD 1000 ms: free memory under the low watermark for a second cuts by beta
  *   again, on top of the shortfall itself; the old rule's 30% a second, spread out.
  * At most beta^2 per sample: a sample delayed under load does not take the whole cache.
@@ -86,7 +90,7 @@ struct gov_config {
 #define GOV_DEF_WM_MIN (64ull << 20)
 #define GOV_DEF_PSI_PERMILLE 100u
 #define GOV_DEF_HOLD_MS 2000u
-#define GOV_DEF_CUT_STALL_MS 250u
+#define GOV_DEF_CUT_STALL_MS 500u
 #define GOV_DEF_CUT_PERIOD_MS 1000u
 #define GOV_DEF_MEM_MIN (64ull << 20)
 /* Trigger: 100 ms stall in a 1 s window; unprivileged callers may only use windows that
@@ -104,10 +108,13 @@ struct gov_sample {
 	double psi_some_avg10, psi_full_avg10;
 	uint64_t psi_some_total_us, psi_full_total_us; /* cumulative stall counters */
 	int psi_triggered; /* this sample was taken because a PSI trigger fired */
+	int cg_crossed; /* the cgroup's usage crossed its low watermark upwards since the
+			 * last sample (a v1 threshold event), even if it is back under now */
 	uint64_t mem_total, mem_available;
 	int cg_version; /* 0 none, 1 or 2 */
 	uint64_t cg_limit; /* v1 limit_in_bytes; v2 min(memory.max, memory.high) */
 	uint64_t cg_usage; /* usage minus inactive page cache (reclaimable at no cost) */
+	uint64_t cg_inactive; /* the inactive page cache taken off; 0 when unknown */
 };
 
 /* Parsers, each filling its part of *s and leaving the rest alone. 0 or -errno:
@@ -190,6 +197,8 @@ struct gov_inputs {
 	uint64_t budget, mem_min, mem_max;
 	uint64_t cuts, grows, samples;
 	int psi_trigger; /* 1 if wake-ups come from a PSI trigger, 0 if sampling only */
+	int cg_threshold; /* 1 if a v1 cgroup usage threshold wakes the governor */
+	uint64_t cg_crossings; /* upward crossings of it signalled */
 };
 /* A copy of the last sample and the counters, for mlfs-stat. */
 void gov_get_inputs(struct gov *g, struct gov_inputs *out);

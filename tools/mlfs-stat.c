@@ -94,6 +94,7 @@ static const struct row {
 	{ "settle_us", 0 }, { NULL, 0 },
 	{ "mem_total", 1 }, { "mem_available", 1 }, { "cgroup_version", 0 },
 	{ "cgroup_limit", 1 }, { "cgroup_usage", 1 }, { "psi_trigger", 0 },
+	{ "cgroup_threshold", 0 }, { "cgroup_crossings", 0 },
 	{ "budget_cuts", 0 }, { "budget_grows", 0 },
 };
 

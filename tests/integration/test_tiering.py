@@ -205,6 +205,8 @@ def test_colocated_job(memcg, mounter, test_root):
         st0 = m.stat()
         mem0 = st0["mem_bytes"]
         assert st0["cgroup_version"] == 1 and st0["cgroup_limit"] == L, st0
+        # v1 has no PSI of its own: a usage threshold wakes the governor instead.
+        assert st0["cgroup_threshold"] == 1, st0
         assert mem0 >= 256 * MiB, f"memory tier did not fill: {st0}"
         rss0 = rss_bytes(m.pid)
         assert abs(rss0 - mem0) < 96 * MiB, f"RSS {rss0} vs mem_bytes {mem0}"
@@ -253,6 +255,9 @@ def test_colocated_job(memcg, mounter, test_root):
               f"settle_us {st1['settle_us']}")
         assert st1["spilled_bytes"] > st0["spilled_bytes"], st1
         assert st1["spill_ops"] > 0 and st1["spill_errors"] == 0, st1
+        # The kernel told the governor the moment free memory fell under the low
+        # watermark (the v1 usage threshold), not only the next 250 ms sample.
+        assert st1["cgroup_crossings"] >= 1, st1
         rss1 = rss_bytes(m.pid)
         assert abs(rss1 - st1["mem_bytes"]) < 96 * MiB, \
             f"RSS {rss1} vs mem_bytes {st1['mem_bytes']} after the cut"
@@ -423,6 +428,7 @@ def test_v2_files_drive_budget(mounter):
         check_file(m, n, "fill")
     s = m.stat()
     assert s["cgroup_version"] == 2 and s["cgroup_limit"] == G, s
+    assert s["cgroup_threshold"] == 0, s  # plain files: nothing to arm
     assert s["cgroup_usage"] == 100 * MiB, s
     b0 = s["mem_budget"]
     assert b0 == 256 * MiB, s
@@ -515,9 +521,9 @@ def test_two_daemons_settle_to_fair_shares(mounter):
         # Stall waves: 1 s of memory stall at half of wall time (PSI "some" rising by
         # 50 ms every 100 ms), then 4 s calm (the governor's 2 s hold, then 2 s of equal
         # growth); memory.current stays what the two daemons hold. The 500 ms of stall
-        # cut each budget by beta^2 (the episode's first beta, then one per 250 ms of
-        # stall, whenever each daemon samples), which halves the gap every wave while
-        # the budgets stay well above mem_min. Settled: within 25% through a whole
+        # cut each budget by beta once (the episode's first beta pays for 500 ms of
+        # stall, whenever each daemon samples), which shrinks the gap by 30% every wave
+        # while the budgets stay well above mem_min. Settled: within 25% through a whole
         # wave (5 s).
         t0 = time.monotonic()
         history, since, stall = [], None, 0

@@ -221,7 +221,7 @@ static void test_ctl_pressure_step(void)
 		EXPECT_EQ(gov_ctl_step(&ctl, &s, 4 * GIB, t), 4 * GIB);
 
 	/* 100 ms stall in 250 ms: a new episode, cut by beta at once, relative to what is
-	 * held. That beta pays for the episode's first 250 ms of stall in advance. */
+	 * held. That beta pays for the episode's first 500 ms of stall in advance. */
 	psi += 100000;
 	s = mem_sample(8 * GIB, psi);
 	b = gov_ctl_step(&ctl, &s, 4 * GIB, 1250);
@@ -231,12 +231,16 @@ static void test_ctl_pressure_step(void)
 	psi += 100000;
 	s = mem_sample(8 * GIB, psi);
 	EXPECT_EQ(gov_ctl_step(&ctl, &s, 4 * GIB, 1500), b);
-	/* A full 250 ms of stall: 50 ms of it was paid for, the other 200 ms cut by
-	 * beta^0.8, from the smaller of the budget and the resident bytes. */
+	/* A full 250 ms of stall: still within what was paid for (450 of 500 ms). */
 	psi += 250000;
 	s = mem_sample(8 * GIB, psi);
-	EXPECT_EQ(gov_ctl_step(&ctl, &s, 2 * GIB, 1750),
-		  (uint64_t)((double)(2 * GIB) * pow(0.7, 0.8)));
+	EXPECT_EQ(gov_ctl_step(&ctl, &s, 4 * GIB, 1750), b);
+	/* 250 ms more: 50 ms of it was paid for, the other 200 ms cut by beta^0.4, from
+	 * the smaller of the budget and the resident bytes. */
+	psi += 250000;
+	s = mem_sample(8 * GIB, psi);
+	EXPECT_EQ(gov_ctl_step(&ctl, &s, 2 * GIB, 2000),
+		  (uint64_t)((double)(2 * GIB) * pow(0.7, 0.4)));
 	/* A whole second of stall reported at once (a sample late under load): at most
 	 * beta^2 in one step, not beta^4. */
 	psi += 1000000;
@@ -281,6 +285,43 @@ static void test_ctl_pressure_step(void)
 	/* 128 MiB held: 0.7 of it would leave the cgroup short; restoring the watermark
 	 * needs 54 MiB back. */
 	EXPECT_EQ(gov_ctl_step(&ctl, &s, 128 * MIB, 250), 128 * MIB - 54 * MIB);
+}
+
+/* A v1 usage threshold crossing is pressure even when free memory is back above the
+ * low watermark by the time the sample is taken (a peer daemon freed it first), unless
+ * the cgroup holds enough inactive page cache for the kernel to reclaim instead. */
+static void test_ctl_crossing(void)
+{
+	struct gov_config c;
+	struct gov_ctl ctl;
+	struct gov_sample s;
+	uint64_t b;
+
+	cfg_test(&c);
+	gov_ctl_init(&ctl, &c);
+	gov_sample_clear(&s);
+	s.cg_version = 1;
+	s.cg_limit = 8 * GIB; /* low watermark 2% = 163.8 MB, high twice that */
+	s.cg_usage = 6 * GIB;
+	b = gov_ctl_step(&ctl, &s, 2 * GIB, 0);
+	EXPECT_EQ(gov_ctl_step(&ctl, &s, 2 * GIB, 250), b); /* free 2 GiB: calm, at max */
+	/* Between the watermarks, no crossing: holds. */
+	s.cg_usage = 8 * GIB - 250 * MIB;
+	EXPECT_EQ(gov_ctl_step(&ctl, &s, 2 * GIB, 500), b);
+	/* The same, but a crossing was signalled since the last sample: one beta. */
+	s.cg_crossed = 1;
+	EXPECT_EQ(gov_ctl_step(&ctl, &s, 2 * GIB, 750), (uint64_t)((double)(2 * GIB) * 0.7));
+	/* A crossing with 200 MiB of inactive page cache in the cgroup is the kernel's
+	 * business (it reclaims that first): no cut. */
+	gov_ctl_init(&ctl, &c);
+	s.cg_crossed = 0;
+	s.cg_usage = 6 * GIB;
+	gov_ctl_step(&ctl, &s, 2 * GIB, 0);
+	s.cg_usage = 8 * GIB - 250 * MIB;
+	s.cg_inactive = 200 * MIB;
+	s.cg_crossed = 1;
+	EXPECT_EQ(gov_ctl_step(&ctl, &s, 2 * GIB, 250), b);
+	EXPECT_EQ(ctl.cuts, 0);
 }
 
 /* Other load ramps up 64 MiB per sample; mlfs's resident follows its budget. */
@@ -338,17 +379,17 @@ static void test_ctl_oscillation(void)
 	uint64_t psi = 0, res = 0, other;
 	int i, changed_late = 0;
 
-	/* Open loop: 100 ms of stall every other sample for 20 s. Never grows; the cut
-	 * follows the stall (beta per 250 ms of it, the first beta in advance); ends at
+	/* Open loop: 200 ms of stall every other sample for 20 s. Never grows; the cut
+	 * follows the stall (beta per 500 ms of it, the first beta in advance); ends at
 	 * mem_min. */
 	cfg_test(&c);
 	gov_ctl_init(&ctl, &c);
 	for (i = 0; i < 80; i++) {
-		psi += (i & 1) ? 100000 : 0;
+		psi += (i & 1) ? 200000 : 0;
 		s = mem_sample(8 * GIB, psi);
 		hist[i] = gov_ctl_step(&ctl, &s, 4 * GIB, (uint64_t)i * 250);
 	}
-	/* After 10 stalls of 100 ms: beta^4, to within rounding. */
+	/* After 10 stalls of 200 ms: beta^4, to within rounding. */
 	EXPECT(fabs((double)hist[19] / (double)(4 * GIB) - pow(0.7, 4.0)) < 1e-6);
 	EXPECT_EQ(ctl.grows, 0);
 	EXPECT_EQ(direction_changes(hist, 80), 0);
@@ -758,6 +799,7 @@ int main(void)
 	test_parse_cgroup_v2();
 	test_parse_cgroup_v1();
 	test_ctl_pressure_step();
+	test_ctl_crossing();
 	test_ctl_ramp();
 	test_ctl_oscillation();
 	test_ctl_recovery();
