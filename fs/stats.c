@@ -161,7 +161,7 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 	F("psi_trigger", "1 if a PSI trigger wakes the governor", ts.gov.psi_trigger);
 	F("cgroup_threshold", "1 if a v1 cgroup usage threshold wakes the governor",
 	  ts.gov.cg_threshold);
-	F("cgroup_crossings", "times cgroup usage crossed the low watermark upwards",
+	F("cgroup_crossings", "samples after cgroup usage crossed the low watermark upwards",
 	  ts.gov.cg_crossings);
 	F("mem_total", "MemTotal, bytes", G(ts.gov.mem_total));
 	F("mem_available", "MemAvailable, bytes", G(ts.gov.mem_available));

@@ -433,7 +433,7 @@ uint64_t gov_ctl_step(struct gov_ctl *ctl, const struct gov_sample *s, uint64_t 
 		cap = ctl->mem_max;
 		if (v.room != GOV_NONE)
 			cap = gov_min(cap, gov_sat_add(resident, v.room));
-		grow = ctl->step * dt / ctl->interval_ms;
+		grow = (uint64_t)((double)ctl->step * (double)dt / ctl->interval_ms);
 		if (ctl->budget < cap && grow) {
 			ctl->budget = gov_min(gov_sat_add(ctl->budget, grow), cap);
 			ctl->grows++;
@@ -455,7 +455,10 @@ struct gov {
 	int thr_fd; /* eventfd of a v1 usage threshold, or -1; governor thread only */
 	int thr_usage_fd; /* the memory.usage_in_bytes the threshold watches, or -1 */
 	int thr_failed; /* arming failed once: not tried again */
-	int thr_above; /* usage was over the threshold at the last signal (or arming) */
+	int thr_above; /* raw usage was over the threshold at the last look */
+	uint64_t thr_at; /* the threshold, bytes of raw usage */
+	uint64_t last_sample_ms; /* governor thread only */
+	int cross_pending; /* a crossing not yet handed to a sample */
 	uint64_t thr_limit; /* the cgroup limit the threshold was armed for */
 	int stop_fd; /* eventfd: gov_free() wakes the thread through it */
 	unsigned failing; /* GOV_IN_ bits whose last read failed, to log once per outage */
@@ -499,6 +502,28 @@ static uint64_t gov_resident(struct gov *g)
 	return g->resident_fn ? g->resident_fn(g->arg) : atomic_load(&g->budget);
 }
 
+int gov_thr_crossed(int was_above, uint64_t count)
+{
+	return count >= 2 || (count == 1 && !was_above);
+}
+
+/* Raw usage of the threshold's file over the threshold, as the kernel compares it (page
+ * cache included; over means at least). -1 if it cannot be read. */
+static int gov_thr_above(struct gov *g)
+{
+	char buf[32];
+	uint64_t v;
+	ssize_t n;
+
+	n = pread(g->thr_usage_fd, buf, sizeof(buf) - 1, 0);
+	if (n <= 0)
+		return -1;
+	buf[n] = '\0';
+	if (gov_parse_u64(buf, &v) < 0)
+		return -1;
+	return v >= g->thr_at;
+}
+
 static void gov_thr_close(struct gov *g)
 {
 	if (g->thr_fd >= 0)
@@ -512,23 +537,35 @@ static void gov_thr_close(struct gov *g)
  * A v1 cgroup has no PSI of its own, and a job that allocates fast can take the few
  * hundred MiB between the watermarks in less than one 250 ms sample. The v1 memory
  * controller signals an eventfd when usage crosses a threshold (cgroup.event_control),
- * so the governor is woken the moment free memory in the cgroup falls under the low
- * watermark. Re-armed when the limit changes; given up (sampling only) on any error:
- * a directory of plain files (tests), or a kernel without the interface.
+ * checked every few hundred KiB charged, so the governor is woken as soon as the
+ * cgroup's usage (page cache included) passes limit - low watermark. Re-armed when the
+ * limit changes or the cgroup comes back after its files could not be read; given up
+ * (sampling only) on any error: a directory of plain files (tests), or a kernel
+ * without the interface.
  */
 static void gov_thr_arm(struct gov *g, const struct gov_sample *s)
 {
 	char path[4096], line[96];
-	uint64_t at;
-	int fd, rc = 0, n;
+	int fd, rc = 0, n, above = 0;
+	ssize_t w;
 	struct statfs sfs;
 
-	if (!g->cgroup_path || s->cg_version != 1 || s->cg_limit == GOV_NONE ||
-	    s->cg_limit == g->thr_limit || g->thr_failed)
+	if (s->cg_version != 1 || s->cg_limit == GOV_NONE) {
+		/* The cgroup went away (or is not v1): arm again once it reads. */
+		if (g->thr_fd >= 0) {
+			gov_thr_close(g);
+			pthread_mutex_lock(&g->lock);
+			g->thr_armed = 0;
+			pthread_mutex_unlock(&g->lock);
+		}
+		g->thr_limit = 0;
+		return;
+	}
+	if (!g->cgroup_path || s->cg_limit == g->thr_limit || g->thr_failed)
 		return;
 	gov_thr_close(g);
 	g->thr_limit = s->cg_limit;
-	at = s->cg_limit - gov_min(s->cg_limit, gov_low_wm(&g->ctl, s->cg_limit));
+	g->thr_at = s->cg_limit - gov_min(s->cg_limit, gov_low_wm(&g->ctl, s->cg_limit));
 	if (statfs(g->cgroup_path, &sfs) < 0 || sfs.f_type != CGROUP_SUPER_MAGIC) {
 		rc = -ENOTSUP;
 		goto out;
@@ -546,14 +583,17 @@ static void gov_thr_arm(struct gov *g, const struct gov_sample *s)
 		rc = -errno;
 		goto out;
 	}
-	n = snprintf(line, sizeof(line), "%d %d %" PRIu64, g->thr_fd, g->thr_usage_fd, at);
-	if (write(fd, line, (size_t)n) != n)
-		rc = -errno;
+	n = snprintf(line, sizeof(line), "%d %d %" PRIu64, g->thr_fd, g->thr_usage_fd,
+		     g->thr_at);
+	w = write(fd, line, (size_t)n);
+	if (w != n)
+		rc = w < 0 ? -errno : -EIO;
 	close(fd);
-	/* Where usage stands now, as the kernel will see it (over means at least at). A
-	 * crossing between the sample and the registration is missed once: sampling
-	 * still sees its deficit. */
-	g->thr_above = s->cg_usage != GOV_NONE && s->cg_usage >= at;
+	/* Where raw usage stands now, as the kernel saw it at registration (it sends no
+	 * signal then); every wake-up reads it again, so one wrong guess costs one event. */
+	if (!rc && (above = gov_thr_above(g)) < 0)
+		rc = -EIO;
+	g->thr_above = above > 0;
 out:
 	if (rc) {
 		gov_thr_close(g);
@@ -562,7 +602,7 @@ out:
 			 g->cgroup_path, strerror(-rc), g->interval_ms);
 	} else {
 		log_debug("governor: woken when %s uses more than %" PRIu64 " MiB",
-			  g->cgroup_path, at >> 20);
+			  g->cgroup_path, g->thr_at >> 20);
 	}
 	pthread_mutex_lock(&g->lock);
 	g->thr_armed = g->thr_fd >= 0;
@@ -597,7 +637,8 @@ static void gov_sample_once(struct gov *g, int triggered, int crossed)
 }
 
 /* The next multiple of interval after now: every daemon on the machine samples at the
- * same instants and so reads the same pressure (CLOCK_MONOTONIC is machine-wide). */
+ * same instants and so reads the same pressure (CLOCK_MONOTONIC is one clock for every
+ * process on the machine outside time namespaces). */
 static uint64_t gov_next_tick(unsigned interval_ms)
 {
 	return (gov_now_ms() / interval_ms + 1) * interval_ms;
@@ -639,20 +680,26 @@ static void *gov_thread(void *p)
 				triggered = 1;
 			}
 		}
-		crossed = 0;
 		if (n > 0 && g->thr_fd >= 0 && pfd[2].revents &&
 		    read(g->thr_fd, &count, sizeof(count)) == sizeof(count)) {
 			/* The kernel signals each crossing of the threshold, up and down, to
 			 * every daemon registered on it; count is how many since the last read
 			 * (reading resets it). An upward one is pressure for every daemon alike,
 			 * even if a peer's cut has taken usage back under by now. */
-			crossed = (g->thr_above ? count / 2 : (count + 1) / 2) > 0;
-			g->thr_above ^= (int)(count & 1);
-			woken = 1;
+			g->cross_pending |= gov_thr_crossed(g->thr_above, count);
+			g->thr_above = gov_thr_above(g) > 0;
+			/* Usage hovering at the threshold signals often: one sample per
+			 * GOV_PSI_MIN_WINDOW_MS at most; the crossing waits for it. */
+			woken = gov_now_ms() >= g->last_sample_ms + GOV_PSI_MIN_WINDOW_MS;
+			if (!woken)
+				next = gov_min(next, g->last_sample_ms + GOV_PSI_MIN_WINDOW_MS);
 		}
 		if (!triggered && !woken && gov_now_ms() < next)
 			continue;
+		crossed = g->cross_pending;
+		g->cross_pending = 0;
 		gov_sample_once(g, triggered, crossed);
+		g->last_sample_ms = gov_now_ms();
 		next = gov_next_tick(g->interval_ms);
 	}
 	return NULL;

@@ -44,7 +44,7 @@ struct gov_config {
 	const char *psi_path; /* NULL = no PSI; may be a cgroup v2 memory.pressure */
 	const char *meminfo_path; /* NULL = no MemAvailable input */
 	const char *cgroup_path; /* NULL = no cgroup input; v1 or v2 memory dir */
-	unsigned interval_ms; /* sample period without a trigger */
+	unsigned interval_ms; /* sample period without a trigger; 0 = GOV_DEF_INTERVAL_MS */
 
 	/* Tunables; gov_config_defaults() sets each to the GOV_DEF_ constant named. */
 	double beta; /* multiplicative cut factor, 0 < beta < 1 */
@@ -53,8 +53,8 @@ struct gov_config {
 	uint64_t wm_min; /* low watermark is at least this; high = 2 x low */
 	unsigned psi_permille; /* "some" stall per mille of wall time that counts as pressure */
 	unsigned hold_ms; /* calm this long before growing */
-	unsigned cut_stall_ms; /* this much PSI "some" stall cuts by beta once */
-	unsigned cut_period_ms; /* this long under the low watermark cuts by beta once */
+	unsigned cut_stall_ms; /* this much PSI "some" stall cuts by beta once; 0 = default */
+	unsigned cut_period_ms; /* this long under the low watermark cuts by beta; 0 = def. */
 	int psi_trigger; /* 1 = try a PSI trigger for wake-ups, 0 = sample only */
 };
 
@@ -125,6 +125,12 @@ int gov_read_meminfo(const char *path, struct gov_sample *s);
 int gov_read_cgroup(const char *dir, struct gov_sample *s);
 /* Sets every field of *s to "unknown"; call before the parsers. */
 void gov_sample_clear(struct gov_sample *s);
+
+/* Whether a v1 usage threshold was crossed upwards, from the count of signals read off
+ * its eventfd (the kernel signals every crossing, up or down) and whether raw usage was
+ * over it at the last look: two signals always hold an upward one; one does if usage was
+ * under. */
+int gov_thr_crossed(int was_above, uint64_t count);
 
 /*
  * The pure controller: no threads, no files, no clock of its own; now_ms is any
@@ -198,7 +204,7 @@ struct gov_inputs {
 	uint64_t cuts, grows, samples;
 	int psi_trigger; /* 1 if wake-ups come from a PSI trigger, 0 if sampling only */
 	int cg_threshold; /* 1 if a v1 cgroup usage threshold wakes the governor */
-	uint64_t cg_crossings; /* upward crossings of it signalled */
+	uint64_t cg_crossings; /* samples that followed an upward crossing of it */
 };
 /* A copy of the last sample and the counters, for mlfs-stat. */
 void gov_get_inputs(struct gov *g, struct gov_inputs *out);

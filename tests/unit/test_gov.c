@@ -297,6 +297,15 @@ static void test_ctl_crossing(void)
 	struct gov_sample s;
 	uint64_t b;
 
+	/* The count of signals off the eventfd: every crossing, up or down, is one. */
+	EXPECT_EQ(gov_thr_crossed(0, 0), 0);
+	EXPECT_EQ(gov_thr_crossed(1, 0), 0);
+	EXPECT_EQ(gov_thr_crossed(0, 1), 1); /* was under: up */
+	EXPECT_EQ(gov_thr_crossed(1, 1), 0); /* was over: down */
+	EXPECT_EQ(gov_thr_crossed(0, 2), 1); /* up, and down again (a peer's cut) */
+	EXPECT_EQ(gov_thr_crossed(1, 2), 1); /* down and up */
+	EXPECT_EQ(gov_thr_crossed(1, 3), 1);
+
 	cfg_test(&c);
 	gov_ctl_init(&ctl, &c);
 	gov_sample_clear(&s);
@@ -747,6 +756,10 @@ static void test_thread_phase(void)
 	c.psi_path = psi;
 	c.meminfo_path = NULL;
 	c.interval_ms = 50;
+	/* Start half an interval off the grid: a timer counted from the start would then
+	 * sample 25 ms past every multiple of 50 ms. */
+	while (now_ms() % 50 != 25)
+		usleep(500);
 	if (gov_new(&c, phase_resident, NULL, NULL, &g) != 0) {
 		EXPECT(0);
 		return;
