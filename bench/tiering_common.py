@@ -292,7 +292,9 @@ def machine_info(mlfs):
         # MLFS_REV names a build from elsewhere (e.g. an export of a commit); else this tree
         "mlfs": os.environ.get("MLFS_REV") or (
             sh("cd %s && git rev-parse --short HEAD" % TOP) +
-            (" (+ uncommitted changes)" if sh("cd %s && git status --porcelain -uno" % TOP) else "")),
+            # a benchmark's own results files do not make the build "uncommitted"
+            (" (+ uncommitted changes)" if sh("cd %s && git status --porcelain -uno -- . ':!bench/results'" % TOP)
+             else "")),
         "mlfs_version": sh("%s --version" % mlfs),
         "loadavg": load_avg(),
     }
