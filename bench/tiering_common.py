@@ -17,6 +17,7 @@ import platform
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
@@ -338,6 +339,44 @@ def hog_alloc(total, step, step_ms):
         if done < total:
             time.sleep(step_ms / 1000.0)
     return keep
+
+
+class Sampler(threading.Thread):
+    """Appends self.row() to self.samples every period seconds until stop_ev is set;
+    a row that takes longer than the period starts the next one at once. hog_pid: the
+    hog whose RSS subclasses may record (None when there is none)."""
+
+    def __init__(self, period):
+        super().__init__(daemon=True)
+        self.period = period
+        self.hog_pid = None
+        self.samples = []
+        self.stop_ev = threading.Event()
+
+    def row(self):
+        raise NotImplementedError
+
+    def hog_rss(self):
+        return proc_rss(self.hog_pid) if self.hog_pid else 0
+
+    def run(self):
+        nxt = time.monotonic()
+        while not self.stop_ev.is_set():
+            self.samples.append(self.row())
+            nxt += self.period
+            d = nxt - time.monotonic()
+            if d > 0:
+                self.stop_ev.wait(d)
+            else:
+                nxt = time.monotonic()
+
+
+def machine_line(info, spill_disk=True):
+    """The benchmark tables' "Machine:" line: where and on what the figures were taken."""
+    return ("Machine: %s, %s RAM, kernel %s, load average %s at the start and %s at the end "
+            "(other jobs share the machine)%s; mlfs %s; %s." %
+            (info["host_cpu"], info["memory"], info["kernel"], info["loadavg"], load_avg(),
+             "; spill dir on %s" % info["disk"] if spill_disk else "", info["mlfs"], info["date"]))
 
 
 def md_table(header, rows):

@@ -36,10 +36,9 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tiering_common import (MIB, Mlfs, S, bench_args, cg_create, cg_destroy, cg_oom_kills,  # noqa: E402
-                            hog_alloc, parse_spec_args,
-                            fmt_size, log, machine_info, md_table, parse_size, proc_rss,
-                            size_opt, spawn_in)
+from tiering_common import (MIB, Mlfs, S, Sampler, bench_args, cg_create, cg_destroy,  # noqa: E402
+                            cg_oom_kills, fmt_size, hog_alloc, log, machine_info, machine_line,
+                            md_table, parse_size, parse_spec_args, size_opt, spawn_in)
 from tiering_pressure import SPECS as PRESSURE_SPECS, gen_dataset, read_all  # noqa: E402
 
 PY = "/usr/bin/python3"
@@ -107,30 +106,19 @@ class Reader(threading.Thread):
                     os.close(fd)
 
 
-class Sampler(threading.Thread):
+class FairnessSampler(Sampler):
     def __init__(self, daemons):
-        super().__init__(daemon=True)
-        self.daemons = daemons
-        self.hog_pid = None
-        self.samples = []
-        self.stop_ev = threading.Event()
+        super().__init__(SAMPLE_S)
+        self.daemons = daemons  # filled in as the daemons start
 
-    def run(self):
-        nxt = time.monotonic()
-        while not self.stop_ev.is_set():
-            row = {"t": time.monotonic(), "hog_rss": proc_rss(self.hog_pid) if self.hog_pid else 0}
-            for k in ("a", "b"):
-                m = self.daemons.get(k)
-                st = m.stat(timeout=1.0) if m and m.alive() else None
-                row["budget_" + k] = S(st, "mem_budget")
-                row["mem_" + k] = S(st, "mem_bytes")
-            self.samples.append(row)
-            nxt += SAMPLE_S
-            d = nxt - time.monotonic()
-            if d > 0:
-                self.stop_ev.wait(d)
-            else:
-                nxt = time.monotonic()
+    def row(self):
+        row = {"t": time.monotonic(), "hog_rss": self.hog_rss()}
+        for k in ("a", "b"):
+            m = self.daemons.get(k)
+            st = m.stat(timeout=1.0) if m and m.alive() else None
+            row["budget_" + k] = S(st, "mem_budget")
+            row["mem_" + k] = S(st, "mem_bytes")
+        return row
 
 
 def ratio(row):
@@ -146,7 +134,7 @@ def one_run(a, run, label, mlfs, src, rundir):
     events = {}
     try:
         read_all(src)       # source pages charged to the root cgroup, not to ours
-        sampler = Sampler(daemons)
+        sampler = FairnessSampler(daemons)
         for k, seed in (("a", 1), ("b", 2)):
             spill = os.path.join(a.work, "spill-fair-" + k)
             shutil.rmtree(spill, ignore_errors=True)
@@ -273,8 +261,7 @@ def report(a, results, info, out, rundir):
           % (fmt_size(L), a.drop, a.alone, a.fill, fmt_size(L // 4), a.step, a.step_ms, a.wave_hold,
              a.wave_calm, a.waves, SAMPLE_S * 1000, FAIR), "",
           table, "",
-          "Machine: %s, %s, kernel %s; mlfs %s; load average at the end %s." %
-          (info["host_cpu"], info["memory"], info["kernel"], info["mlfs"], info["loadavg"]), "",
+          machine_line(info), "",
           "![budgets over time](tiering-fairness.png)", ""]
     with open(os.path.join(out, "tiering-fairness.md"), "w") as f:
         f.write("\n".join(md))

@@ -400,6 +400,19 @@ def psi_text(total_us):
             f"full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
 
 
+def fake_cgroup_v2(mounter, prefix, limit, current):
+    """A directory of the files a cgroup v2 memory dir has, which the test keeps true
+    itself; returns (dir, its memory.pressure)."""
+    cg = mounter.tempdir(prefix)
+    write_file(os.path.join(cg, "memory.max"), f"{limit}\n")
+    write_file(os.path.join(cg, "memory.high"), "max\n")
+    write_file(os.path.join(cg, "memory.current"), f"{current}\n")
+    write_file(os.path.join(cg, "memory.stat"), "anon 0\nfile 0\ninactive_file 0\n")
+    psi = os.path.join(cg, "memory.pressure")
+    write_file(psi, psi_text(0))
+    return cg, psi
+
+
 def wait_for(m, pred, timeout, what):
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
@@ -412,13 +425,7 @@ def wait_for(m, pred, timeout, what):
 
 def test_v2_files_drive_budget(mounter):
     G = 1 << 30
-    cg = mounter.tempdir("cgv2-")
-    write_file(os.path.join(cg, "memory.max"), f"{G}\n")
-    write_file(os.path.join(cg, "memory.high"), "max\n")
-    write_file(os.path.join(cg, "memory.current"), f"{100 * MiB}\n")
-    write_file(os.path.join(cg, "memory.stat"), "anon 0\nfile 0\ninactive_file 0\n")
-    psi = os.path.join(cg, "memory.pressure")
-    write_file(psi, psi_text(0))
+    cg, psi = fake_cgroup_v2(mounter, "cgv2-", G, 100 * MiB)
     src = mounter.tempdir("src-")
     names = make_files(src, 4, 16 * MiB, U.SEED + 4)
     spill = mounter.tempdir("spill-")
@@ -473,13 +480,7 @@ def test_two_daemons_settle_to_fair_shares(mounter):
     an OOM at once; that cut is not fair, see docs/tiering.md "Limits".)"""
     M = MiB
     limit = 640 * M
-    cg = mounter.tempdir("cg2d-")
-    write_file(os.path.join(cg, "memory.max"), f"{limit}\n")
-    write_file(os.path.join(cg, "memory.high"), "max\n")
-    write_file(os.path.join(cg, "memory.current"), f"{16 * M}\n")
-    write_file(os.path.join(cg, "memory.stat"), "anon 0\nfile 0\ninactive_file 0\n")
-    psi = os.path.join(cg, "memory.pressure")
-    write_file(psi, psi_text(0))
+    cg, psi = fake_cgroup_v2(mounter, "cg2d-", limit, 16 * M)
     opts = f"cgroup={cg},pressure_file={psi},mem_max=512M,mem_min=16M"
     setups, names, stop = [], [], threading.Event()
     for k in range(2):
