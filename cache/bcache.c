@@ -6,18 +6,89 @@
  * they left memory. A block lives in the shard its key (data) or address (ckpt) hashes
  * to, for its whole life.
  *
- * Invariants
+ * States of a block. This is the one description of a block's life: tier.c (eviction
+ * policy), spill.c (where a copy lives on disk), ckpt.c (copy on write), data.c and
+ * snapd.c act on blocks only through the transitions below. A state is a combination
+ * of flags, buffer and count, changed only here, under the block's shard lock.
+ *
+ *   NEW          data: being read from SOURCE by one caller (BC_UNPLACED), not listed.
+ *   WRITING      ckpt: its one writer modifies the buffer in place (BC_WRITING).
+ *   RESIDENT     buffer in memory, no I/O, not being written. +COPY when BC_SPILLED
+ *                or BC_STORED says an identical copy lives elsewhere (clean).
+ *   EVICTING     picked by the tier, resident, BC_IO: being spilled or freed.
+ *   NONRESIDENT  no buffer; a copy in the spill tier (SPILLED) or the store (STORED).
+ *   LOADING      no buffer, BC_IO: a load (bc_block_load or background reload).
+ *   ORPHAN       ckpt: its owner (a file map) let go, readers still hold it
+ *                (BC_ORPHAN); never picked; in any of the resident states above.
+ *   FREED        the last reference went: unlisted, buffer and copy released.
+ *
+ *                     bc_block_new(CKPT), bc_block_clone
+ *                                  |
+ *      bc_block_new(DATA)          v        bc_write_begin (ref 1, no I/O)
+ *   NEW ------------------->  WRITING  <------------------------------+
+ *    |   bc_insert               | bc_write_end (copies dropped)      |
+ *    |   (hashed)                v                                    |
+ *    +------------------->  RESIDENT[+COPY] -----------------------------+
+ *                             ^  |    ^   bc_pick_victims (ref 1, not     |
+ *        bc_evict_done(keep)  |  v    |   WRITING/ORPHAN/IO)             |
+ *                          EVICTING   |                                  |
+ *    bc_evict_done(free,      |       | bc_load_end(ok)                  |
+ *    has COPY)                v       |                                  |
+ *                        NONRESIDENT --+-> LOADING (bc_load_begin,       |
+ *                             ^                  bc_pick_reload)         |
+ *                             +------ bc_load_end(failed) <-+            |
+ *   any state -- bc_block_disown --> ORPHAN (ckpt); last bc_block_put --> FREED
+ *   EVICTING -- bc_evict_done(free, data, no COPY): unhashed --> FREED at the last put
+ *
+ * Transitions, who performs them, who calls, under which lock (all take the shard
+ * mutex inside; none is called with a shard mutex held):
+ *   bc_block_new        -> NEW | WRITING  data.c (no lock) | ckpt.c (inode wrlock)
+ *   bc_insert           NEW -> RESIDENT   data.c (no lock)
+ *   bc_write_begin      RESIDENT -> WRITING, or -EBUSY (no change)   ckpt.c (inode wrlock)
+ *   bc_block_clone      -> WRITING (a new block)                      ckpt.c (inode wrlock)
+ *   bc_write_end        WRITING -> RESIDENT                           ckpt.c (inode wrlock)
+ *   bc_pick_victims     RESIDENT -> EVICTING                          tier.c (no lock)
+ *   bc_set_spilled      EVICTING (+SPILLED)                           tier.c spill callback
+ *   bc_evict_done       EVICTING -> RESIDENT | NONRESIDENT | FREED    tier.c (no lock)
+ *   bc_load_begin/bc_pick_reload  NONRESIDENT -> LOADING   readers, tier.c (no lock)
+ *   bc_load_end         LOADING -> RESIDENT | NONRESIDENT             same
+ *   bc_block_set_stored RESIDENT|NONRESIDENT (+STORED)                snapd.c (no lock)
+ *   bc_drop_data_copies RESIDENT+COPY -> RESIDENT, NONRESIDENT -> FREED (data)  tier.c
+ *   bc_block_disown     -> ORPHAN                                     ckpt.c (inode wrlock)
+ *   bc_block_put        -> FREED on the last reference                anyone, no lock
+ *
+ * Invariants (cited in the code and in tier.c, ckpt.c)
  * 1. mem_bytes == sum of b->cap over blocks with b->buf != NULL; it changes only where
  *    a buffer is allocated, grown or freed.
  * 2. A hashed data block holds one reference owned by the cache; it is unhashed (and
  *    that reference dropped) under the shard lock.
- * 3. b->buf is modified in place only between bc_write_begin and bc_write_end, which
- *    succeed only while the caller's reference is the only one and no I/O is in flight;
- *    eviction (BC_IO) and writing (BC_WRITING) exclude each other under the shard lock.
+ * 3. b->buf is modified in place only in WRITING. WRITING is entered at birth, or by
+ *    bc_write_begin only while the caller's reference is the only one, the buffer is
+ *    resident and no I/O is in flight; WRITING and BC_IO exclude each other (checked
+ *    and set under the shard lock). So a block anyone else holds never changes.
  * 4. A block on a shard list is alive: the list does not hold a reference, so the last
  *    bc_block_put unlinks it under the shard lock before freeing.
  * 5. A listed block is on lists[cls][b->buf == NULL] (bc_list_of): every change of
  *    b->buf between NULL and non-NULL moves it, under the shard lock.
+ * 6. A pick (bc_pick_victims, bc_pick_reload, bc_drop_data_copies) never takes a block
+ *    in WRITING or ORPHAN, with I/O in flight, or held by anyone but its owner. A ckpt
+ *    block is born WRITING, so no pick can come between its birth and its writer: a
+ *    writer never finds the block it was just given taken by a trim.
+ * 7. Every BC_IO set ends in exactly one clear: bc_evict_done after a pick,
+ *    bc_load_end after bc_load_begin or bc_pick_reload; each clear wakes s->cv.
+ * 8. BC_ORPHAN is set only by bc_block_disown, the owner letting go. A refused
+ *    bc_write_begin changes no state, so a writer that keeps the block (its copy
+ *    failed) keeps an ordinary block: pickable, loadable, freed at its last put.
+ * 9. b->flags is written only under the shard lock (atomic, so lock-free reads are
+ *    snapshots). Once bc_block_put has dropped the caller's reference it touches
+ *    nothing of b but what the last reference allows: another holder may free b at
+ *    any moment after the decrement, so what it needs is read before.
+ * 10. A listed block whose count is 0 is being freed by its last put (which waits for
+ *    the shard lock to unlink it): a pick never takes a reference to it.
+ *
+ * Locks: the shard mutexes are leaves of the daemon's lock order (see struct bc_shard):
+ * taken under a ckpt inode rwlock or ns->mu, never held across I/O, a copy of block
+ * contents or a call out of this module (the backing's hooks run with none held).
  */
 #include "cache/bcache.h"
 
@@ -39,7 +110,37 @@ struct bc_list {
 	struct bc_block *head, *tail;
 };
 
+struct bc_block {
+	struct bc_block *hnext;		/* hash chain (data) */
+	struct bc_block *lprev, *lnext; /* shard list in eviction order */
+	struct bc_fid fid;		/* data: owner file */
+	uint64_t index;			/* data: block number within the file */
+	uint64_t csum;			/* XXH3-64 of buf[0..len) (see BC_CSUM_STALE) */
+	void *buf;			/* NULL while not resident in memory */
+	atomic_uint ref;
+	/* References ever taken (bc_block_get): an eviction frees the buffer only if none
+	 * was taken since its pick, so that a reader whose reference outlived the owner's
+	 * is never left holding a freed buffer (bc_evict_done). */
+	atomic_uint gets;
+	uint32_t pick_gets;		/* gets at bc_pick_victims, under the shard lock */
+	uint32_t len;			/* logical bytes */
+	uint32_t cap;			/* bytes allocated for buf, counted in mem_bytes */
+	_Atomic uint16_t flags;		/* the state bits: invariant 9 */
+	uint8_t cls;			/* enum bc_class */
+	uint8_t shard;
+	/* Valid while BC_SPILLED: where the spill tier keeps the copy. Written only by
+	 * the tier under the shard lock (bc_set_spilled). */
+	uint64_t spill_off;
+	uint32_t spill_disk, spill_len, spill_flags;
+	uint8_t obj[16];		/* valid while BC_STORED: store object name */
+	uint64_t born_ns;		/* data: when its SOURCE read began (cost estimate) */
+};
+
 struct bc_shard {
+	/* Lock order: a leaf. May be taken with a ckpt inode rwlock, ckpt ns->mu or
+	 * data.c's locks held; nothing else is taken under it (not another shard, not
+	 * t->mu: the backing's hooks are called after it is dropped). Never held across
+	 * I/O or a copy or hash of block contents. */
 	pthread_mutex_t mu;
 	pthread_cond_t cv; /* a block of this shard left BC_IO */
 	struct bc_block **buckets;
@@ -265,6 +366,70 @@ static struct bc_list *bc_list_of(struct bc_shard *s, const struct bc_block *b)
 	return &s->lists[b->cls][b->buf == NULL];
 }
 
+void bc_block_get(struct bc_block *b)
+{
+	atomic_fetch_add_explicit(&b->ref, 1, memory_order_relaxed);
+	/* Ordered before the caller's next look at b->buf (bc_evict_done's check). */
+	atomic_fetch_add_explicit(&b->gets, 1, memory_order_seq_cst);
+}
+
+void *bc_block_buf(const struct bc_block *b)
+{
+	return b->buf;
+}
+
+uint32_t bc_block_len(const struct bc_block *b)
+{
+	return b->len;
+}
+
+void bc_block_set_len(struct bc_block *b, uint32_t len)
+{
+	assert(atomic_load_explicit(&b->flags, memory_order_relaxed) &
+	       (BC_WRITING | BC_UNPLACED));
+	assert(len <= b->cap);
+	b->len = len;
+}
+
+uint32_t bc_block_cap(const struct bc_block *b)
+{
+	return b->cap;
+}
+
+enum bc_class bc_block_class(const struct bc_block *b)
+{
+	return (enum bc_class)b->cls;
+}
+
+unsigned bc_block_flags(const struct bc_block *b)
+{
+	return atomic_load_explicit(&b->flags, memory_order_acquire);
+}
+
+uint64_t bc_block_csum(const struct bc_block *b)
+{
+	return b->csum;
+}
+
+void bc_block_key(const struct bc_block *b, struct bc_fid *fid, uint64_t *index)
+{
+	*fid = b->fid;
+	*index = b->index;
+}
+
+const uint8_t *bc_block_obj(const struct bc_block *b)
+{
+	return b->obj;
+}
+
+void bc_block_spill_where(const struct bc_block *b, struct bc_spill_where *w)
+{
+	w->off = b->spill_off;
+	w->disk_len = b->spill_disk;
+	w->len = b->spill_len;
+	w->flags = b->spill_flags;
+}
+
 struct bc_block *bc_block_new(struct bc *bc, enum bc_class cls, uint32_t cap)
 {
 	struct bc_block *b = calloc(1, sizeof(*b));
@@ -280,14 +445,16 @@ struct bc_block *bc_block_new(struct bc *bc, enum bc_class cls, uint32_t cap)
 	b->len = cls == BC_DATA ? cap : 0;
 	if (cls == BC_DATA) {
 		b->born_ns = bc_now_ns(); /* the caller reads SOURCE into it now */
-		b->flags = BC_UNPLACED;
+		b->flags = BC_UNPLACED | BC_CSUM_STALE; /* NEW */
 		atomic_fetch_add(&bc->unplaced, b->cap);
 	}
 	atomic_fetch_add(&bc->blocks[cls], 1);
 	if (cls == BC_CKPT) {
 		struct bc_shard *s;
 
-		b->flags = BC_CSUM_STALE;
+		/* Born WRITING, for the writer that asked (invariant 6): listed from here
+		 * on, but no pick takes it before that writer's bc_write_end. */
+		b->flags = BC_CSUM_STALE | BC_WRITING;
 		b->shard = (uint8_t)(((uintptr_t)b >> 6) % BC_SHARDS);
 		s = bc_shard_of(bc, b);
 		pthread_mutex_lock(&s->mu);
@@ -326,11 +493,14 @@ static void bc_block_destroy(struct bc *bc, struct bc_block *b)
 bool bc_block_put(struct bc *bc, struct bc_block *b)
 {
 	struct bc_shard *s;
+	/* Read before the decrement (invariant 9): once our reference is gone another
+	 * holder may free b. A stale flag only costs a spurious or missed wake-up (the
+	 * trim's next tick covers it). */
+	bool first = atomic_load_explicit(&b->flags, memory_order_relaxed) & BC_FIRST;
 	unsigned was = atomic_fetch_sub_explicit(&b->ref, 1, memory_order_acq_rel);
 
-	/* The reader of a fresh over-budget block let go: it can leave now (the flag is
-	 * read without the lock; a late or missed wake-up only delays to the next tick). */
-	if (was == 2 && (b->flags & BC_FIRST) && bc->backing.over_budget &&
+	/* The reader of a fresh over-budget block let go: it can leave now. */
+	if (was == 2 && first && bc->backing.over_budget &&
 	    atomic_load(&bc->mem_bytes) > atomic_load(&bc->budget))
 		bc->backing.over_budget(bc->backing.arg);
 	if (was != 1)
@@ -396,12 +566,15 @@ struct bc_block *bc_lookup(struct bc *bc, const struct bc_fid *fid, uint64_t ind
 	struct bc_shard *s = &bc->shards[h % BC_SHARDS];
 	struct bc_block *b;
 
+	bool hit;
+
 	pthread_mutex_lock(&s->mu);
 	b = bc_find_locked(s, h, fid, index);
 	if (b)
 		bc_block_get(b);
+	hit = b && b->buf; /* under the lock: an eviction may free it right after */
 	pthread_mutex_unlock(&s->mu);
-	atomic_fetch_add_explicit(b && b->buf ? &bc->hits : &bc->misses, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(hit ? &bc->hits : &bc->misses, 1, memory_order_relaxed);
 	return b;
 }
 
@@ -525,15 +698,14 @@ int bc_write_begin(struct bc *bc, struct bc_block *b)
 	struct bc_shard *s = bc_shard_of(bc, b);
 	int rc = 0;
 
+	/* Invariant 3. A refusal changes nothing (invariant 8): if the writer then copies
+	 * b, it marks it ORPHAN itself when letting it go (bc_block_disown); if its copy
+	 * fails, b stays an ordinary block. */
 	pthread_mutex_lock(&s->mu);
-	if (atomic_load(&b->ref) != 1 || (b->flags & (BC_IO | BC_WRITING)) || !b->buf) {
+	if (atomic_load(&b->ref) != 1 || (b->flags & (BC_IO | BC_WRITING)) || !b->buf)
 		rc = -EBUSY;
-		/* The writer copies b and drops its reference: whoever still holds b
-		 * (a reader, a snapshot) must not see its buffer evicted under them. */
-		b->flags |= BC_ORPHAN;
-	} else {
+	else
 		b->flags |= BC_WRITING;
-	}
 	pthread_mutex_unlock(&s->mu);
 	return rc;
 }
@@ -554,6 +726,7 @@ void bc_write_end(struct bc *bc, struct bc_block *b)
 	bool was_stored, was_spilled;
 
 	pthread_mutex_lock(&s->mu);
+	assert(b->flags & BC_WRITING);
 	was_stored = b->flags & BC_STORED;
 	was_spilled = b->flags & BC_SPILLED;
 	/* The spill copy and the store object no longer match the buffer, and the new
@@ -595,7 +768,7 @@ struct bc_block *bc_block_clone(struct bc *bc, const struct bc_block *b, uint32_
 
 	if (cap < b->len)
 		cap = b->len;
-	c = bc_block_new(bc, BC_CKPT, cap);
+	c = bc_block_new(bc, BC_CKPT, cap); /* born WRITING: invariant 6 */
 	if (!c)
 		return NULL;
 	memcpy(c->buf, b->buf, b->len);
@@ -620,9 +793,17 @@ void bc_block_seal(struct bc *bc, struct bc_block *b)
 }
 
 unsigned bc_pick_victims(struct bc *bc, struct bc_block **out, unsigned max, int cls,
-			 enum bc_pick kind)
+			 enum bc_pick kind, uint64_t bytes)
 {
 	unsigned n = 0, i, start = (unsigned)(atomic_load(&bc->misses) % BC_SHARDS);
+	uint64_t got = 0;
+
+	/* `bytes` caps the pick at what the caller needs: checkpoint buffers range from
+	 * 4 KiB to a block, so a count alone would take hundreds of blocks for a one-block
+	 * excess, and writers would copy the ones they find picked while memory is
+	 * already over budget. */
+	if (!bytes)
+		bytes = UINT64_MAX;
 
 	/* Two passes. First the blocks that came in over budget (BC_FIRST: they sit at the
 	 * heads of their shards' lists), from every shard: they go before anything the
@@ -635,16 +816,18 @@ unsigned bc_pick_victims(struct bc *bc, struct bc_block **out, unsigned max, int
 	bool first_busy = false;
 
 	for (int pass = 0; pass < 2 && !first_busy; pass++) {
-		for (i = 0; i < BC_SHARDS && n < max; i++) {
+		for (i = 0; i < BC_SHARDS && n < max && got < bytes; i++) {
 			struct bc_shard *s = &bc->shards[(start + i) % BC_SHARDS];
 			struct bc_block *b;
 
 			pthread_mutex_lock(&s->mu);
-			for (b = s->lists[cls][0].head; b && n < max; b = b->lnext) {
+			for (b = s->lists[cls][0].head; b && n < max && got < bytes;
+			     b = b->lnext) {
 				bool copy = b->flags & (BC_SPILLED | BC_STORED);
 
 				if (pass == 0 && !(b->flags & BC_FIRST))
 					break; /* past the fresh ones at the head */
+				/* Invariant 6; ref 0 is a block being freed (inv. 10). */
 				if ((b->flags & (BC_IO | BC_WRITING | BC_ORPHAN)) ||
 				    atomic_load(&b->ref) != 1) {
 					/* A fresh block still in its reader's hands: it goes
@@ -660,6 +843,7 @@ unsigned bc_pick_victims(struct bc *bc, struct bc_block **out, unsigned max, int
 				b->flags &= ~BC_FIRST;
 				bc_block_get(b);
 				b->pick_gets = atomic_load(&b->gets);
+				got += b->cap;
 				out[n++] = b;
 			}
 			pthread_mutex_unlock(&s->mu);
@@ -734,7 +918,9 @@ unsigned bc_pick_reload(struct bc *bc, struct bc_block **out, unsigned max, int 
 
 		pthread_mutex_lock(&s->mu);
 		for (b = s->lists[cls][1].tail; b && n < max; b = b->lprev) {
-			if ((b->flags & (BC_IO | BC_ORPHAN)) || !(b->flags & BC_SPILLED))
+			/* Invariant 6, and 10: ref 0 is a block its last put is freeing. */
+			if ((b->flags & (BC_IO | BC_ORPHAN)) || !(b->flags & BC_SPILLED) ||
+			    !atomic_load(&b->ref))
 				continue;
 			if (dirty_only && (b->flags & BC_STORED))
 				continue;

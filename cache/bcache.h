@@ -40,19 +40,22 @@
 
 enum bc_class { BC_DATA = 0, BC_CKPT = 1 };
 
-/* Block flags (b->flags, changed only under the block's shard lock). */
+/* Block flags: the state bits of the block state machine (bcache.c, "States"); set
+ * and cleared only by bcache.c, under the block's shard lock. Other modules read them
+ * with bc_block_flags, a snapshot whose bits are stable only as bcache.c's invariants
+ * say (e.g. the copy bits while the caller holds BC_IO). */
 enum {
 	BC_HASHED = 1u << 0,	   /* data block in the hash table (holds the cache's ref) */
-	BC_WRITING = 1u << 1,	   /* a ckpt writer is modifying the buffer in place */
-	BC_CSUM_STALE = 1u << 2,   /* ckpt buffer changed since csum was taken */
-	BC_SPILLED = 1u << 3,	   /* a valid copy lives at loc in the spill tier */
-	BC_IO = 1u << 4,	   /* a spill or reload of this block is in flight */
+	BC_WRITING = 1u << 1,	   /* WRITING: a ckpt writer is modifying the buffer in place */
+	BC_CSUM_STALE = 1u << 2,   /* buffer changed (or was read) since csum was taken */
+	BC_SPILLED = 1u << 3,	   /* COPY: a valid copy lives at its spill location */
+	BC_IO = 1u << 4,	   /* EVICTING (buffer) or LOADING (no buffer) */
 	BC_INCOMPRESSIBLE = 1u << 5, /* an earlier spill did not compress: don't try again */
-	BC_STORED = 1u << 6,	   /* ckpt: an identical object is in the snapshot store */
-	BC_ORPHAN = 1u << 7,	   /* ckpt: its owner copied it or let go; never evicted */
+	BC_STORED = 1u << 6,	   /* COPY: ckpt: an identical object is in the snapshot store */
+	BC_ORPHAN = 1u << 7,	   /* ORPHAN: ckpt: its owner let go; never evicted */
 	BC_FIRST = 1u << 8,	   /* came in over budget for one reader: evicted before any
 				    * other block, whatever its shard (the epoch policy) */
-	BC_UNPLACED = 1u << 9,	   /* data block read but not yet offered to the cache */
+	BC_UNPLACED = 1u << 9,	   /* NEW: data block read but not yet offered to the cache */
 };
 
 /* File identity for data blocks: 128 bits derived from the source file's device,
@@ -62,32 +65,45 @@ struct bc_fid {
 	uint64_t hi, lo;
 };
 
-struct bc_block {
-	struct bc_block *hnext;		/* hash chain (data) */
-	struct bc_block *lprev, *lnext; /* shard list in eviction order */
-	struct bc_fid fid;		/* data: owner file */
-	uint64_t index;			/* data: block number within the file */
-	uint64_t csum;			/* XXH3-64 of buf[0..len) (see BC_CSUM_STALE) */
-	void *buf;			/* NULL while not resident in memory */
-	atomic_uint ref;
-	/* References ever taken (bc_block_get): an eviction frees the buffer only if none
-	 * was taken since its pick, so that a reader whose reference outlived the owner's
-	 * is never left holding a freed buffer (bc_evict_done). */
-	atomic_uint gets;
-	uint32_t pick_gets;		/* gets at bc_pick_victims, under the shard lock */
-	uint32_t len;			/* logical bytes */
-	uint32_t cap;			/* bytes allocated for buf, counted in mem_bytes */
-	uint16_t flags;
-	uint8_t cls;			/* enum bc_class */
-	uint8_t shard;
-	/* Valid while BC_SPILLED: where the spill tier keeps the copy (a struct spill_loc,
-	 * unpacked; spill_len is the logical length the copy was written with). Written
-	 * only by the tier under the shard lock (bc_set_spilled). */
-	uint64_t spill_off;
-	uint32_t spill_disk, spill_len, spill_flags;
-	uint8_t obj[16];		/* valid while BC_STORED: store object name */
-	uint64_t born_ns;		/* data: when its SOURCE read began (cost estimate) */
+/* A block: opaque outside cache/ (its fields and life are bcache.c's, "States"). */
+struct bc_block;
+
+/* Where the spill tier keeps a block's copy (a struct spill_loc, unpacked). */
+struct bc_spill_where {
+	uint64_t off;
+	uint32_t disk_len, len, flags; /* len: the logical length the copy was written with */
 };
+
+/*
+ * Accessors. `b` is a block the caller holds a counted reference to. Each says when
+ * what it returns is stable; bcache.c's invariants say why.
+ */
+/* The buffer: NULL while not resident. Its first len bytes stay unchanged while the
+ * caller's reference makes the block shared (invariant 3), or the caller is its writer
+ * (WRITING) and may modify them. Borrowed: valid until the caller's reference goes,
+ * and for a non-writer only once bc_block_load returned 0. */
+void *bc_block_buf(const struct bc_block *b);
+/* Logical bytes. Changes only by its writer (bc_block_set_len). */
+uint32_t bc_block_len(const struct bc_block *b);
+/* Sets the logical length: only the block's writer (a ckpt block in WRITING, or a data
+ * block in NEW read by its caller), and len <= bc_block_cap(b). */
+void bc_block_set_len(struct bc_block *b, uint32_t len);
+/* Bytes allocated for the buffer, counted in mem_bytes while resident. Stable while
+ * the caller is the writer or holds BC_IO. */
+uint32_t bc_block_cap(const struct bc_block *b);
+enum bc_class bc_block_class(const struct bc_block *b);
+/* A snapshot of the flags (atomic read, no lock). */
+unsigned bc_block_flags(const struct bc_block *b);
+/* XXH3-64 of the len bytes, valid when !(flags & BC_CSUM_STALE) (bc_block_seal). */
+uint64_t bc_block_csum(const struct bc_block *b);
+/* Data block's key (for log lines); zeros for a ckpt block. */
+void bc_block_key(const struct bc_block *b, struct bc_fid *fid, uint64_t *index);
+/* Store object name; valid, and unchanging, while BC_STORED is set and the block is
+ * not WRITING (the caller's reference makes it shared: invariant 3). Borrowed. */
+const uint8_t *bc_block_obj(const struct bc_block *b);
+/* The spill location; valid, and unchanging, while BC_SPILLED is set (tier.c
+ * invariant 3: the tier reads it with BC_IO held, or in its unspill hook). */
+void bc_block_spill_where(const struct bc_block *b, struct bc_spill_where *w);
 
 struct bc_stats {
 	uint64_t mem_bytes, budget, block_size;
@@ -108,15 +124,16 @@ uint64_t bc_mem_bytes(const struct bc *bc);
 void bc_get_stats(struct bc *bc, struct bc_stats *st);
 
 /* A new block with a buffer of `cap` bytes (zeroed for ckpt), len 0 for ckpt, `cap`
- * for data; one reference, handed to the caller. Ckpt blocks are tracked for spilling
- * from here on. NULL when memory is short. */
+ * for data; one reference, handed to the caller. NULL when memory is short.
+ * A data block is born NEW (BC_UNPLACED, checksum stale): the caller reads into it,
+ * sets its len, seals it and offers it (bc_insert) or puts it.
+ * A ckpt block is born WRITING, for the writer that asked for it: no trim can pick it
+ * before the writer ends with bc_write_end (invariant 6); it is on its shard's list
+ * (tracked for spilling) from here on. */
 struct bc_block *bc_block_new(struct bc *bc, enum bc_class cls, uint32_t cap);
-static inline void bc_block_get(struct bc_block *b)
-{
-	atomic_fetch_add_explicit(&b->ref, 1, memory_order_relaxed);
-	/* Ordered before the caller's next look at b->buf (bc_evict_done's check). */
-	atomic_fetch_add_explicit(&b->gets, 1, memory_order_seq_cst);
-}
+/* Takes one counted reference (the caller already holds one, or a lock that keeps b
+ * alive: a shard lock or the owner's map lock). */
+void bc_block_get(struct bc_block *b);
 /* Drops one reference; true when it was the last and the block is gone. */
 bool bc_block_put(struct bc *bc, struct bc_block *b);
 
@@ -133,27 +150,34 @@ struct bc_block *bc_insert(struct bc *bc, struct bc_block *b, const struct bc_fi
  * blocks), run only when a change is detected. */
 void bc_drop_fid(struct bc *bc, const struct bc_fid *fid);
 
-/* Ckpt blocks. bc_write_begin returns 0 when the caller, which must hold the only
- * reference that a file map owns plus the file's write lock, may modify b->buf in place;
- * -EBUSY when it must copy instead (someone else holds a reference or I/O is in
- * flight). bc_write_end marks the checksum stale and the block dirty. bc_block_resize
- * grows the buffer of a block being written (in place: caller holds BC_WRITING). */
+/* Ckpt blocks. bc_write_begin (RESIDENT -> WRITING) returns 0 when the caller, which
+ * must hold the only reference, the one a file map owns, plus the file's write lock, may
+ * modify the buffer in place; -EBUSY when it may not now (someone else holds a reference,
+ * I/O is in flight, or the block is not resident): the caller loads and retries, or
+ * copies (bc_block_clone) and lets b go (bc_block_disown). A refusal changes nothing
+ * (invariant 8): a writer whose copy then fails keeps an ordinary block. Another thread
+ * can always make it refuse: callers handle -EBUSY, never assert it away.
+ * bc_write_end (WRITING -> RESIDENT) marks the checksum stale and the block dirty (its
+ * spill copy and store object no longer match). bc_block_reserve grows the buffer of a
+ * block being written to at least cap bytes (at most the block size): 0 or -ENOMEM, the
+ * block unchanged then. */
 int bc_write_begin(struct bc *bc, struct bc_block *b);
 /* The owner (a file map) lets go of ckpt block b: marks it BC_ORPHAN and puts the owner's
  * reference. Readers may still hold b and use its buffer; an orphan is never evicted, so
  * its buffer stays until the last of them puts it. Owners must drop blocks with this,
  * not a plain bc_block_put, whenever readers may hold them (truncate, replace): the
- * eviction cannot tell an owner's reference from a reader's. bc_write_begin marks a
- * block it refuses (the writer copies it and lets the old one go). Returns what
+ * eviction cannot tell an owner's reference from a reader's. Returns what
  * bc_block_put returns. */
 bool bc_block_disown(struct bc *bc, struct bc_block *b);
 void bc_write_end(struct bc *bc, struct bc_block *b);
 int bc_block_reserve(struct bc *bc, struct bc_block *b, uint32_t cap);
-/* A private copy of b (same len and bytes, cap at least `cap`), for copy on write.
- * b must be resident. NULL on ENOMEM. */
+/* A private copy of b (same len and bytes, cap at least `cap`), for copy on write:
+ * born WRITING like a new ckpt block (one reference, handed over; end it with
+ * bc_write_end). The caller holds a reference on b and b is resident. NULL on ENOMEM. */
 struct bc_block *bc_block_clone(struct bc *bc, const struct bc_block *b, uint32_t cap);
-/* Makes sure b->csum matches b->buf (computes it if stale). Caller holds a reference
- * and b is resident and not being written. */
+/* Makes sure the checksum matches the buffer (computes it if stale). Caller holds a
+ * reference and b is resident and not being written by someone else (a data block's
+ * reader seals it in NEW, before bc_insert). */
 void bc_block_seal(struct bc *bc, struct bc_block *b);
 
 /*
@@ -163,8 +187,9 @@ void bc_block_seal(struct bc *bc, struct bc_block *b);
  * while the cache is over budget goes to the head, so it is the first to go again) and
  * a list of non-resident ones (in the order they left memory).
  *
- * bc_pick_victims fills out[] with up to max resident blocks of class cls, oldest first,
- * that only their owner holds (the cache for data, a file map for ckpt) and that have a
+ * bc_pick_victims (RESIDENT -> EVICTING) fills out[] with up to max resident blocks of
+ * class cls, oldest first, whose buffers add up to at most about `bytes` (it stops at
+ * the first block that reaches it; 0: no byte limit), that only their owner holds (the cache for data, a file map for ckpt) and that have a
  * copy elsewhere (BC_PICK_COPY: BC_SPILLED or BC_STORED), none (BC_PICK_NOCOPY), or
  * either (BC_PICK_ANY). Each comes with a counted reference and BC_IO set, so no writer
  * modifies it meanwhile. Cost: walks the resident list of each shard until max are
@@ -177,7 +202,7 @@ void bc_block_seal(struct bc *bc, struct bc_block *b);
  */
 enum bc_pick { BC_PICK_ANY = 0, BC_PICK_COPY = 1, BC_PICK_NOCOPY = 2 };
 unsigned bc_pick_victims(struct bc *bc, struct bc_block **out, unsigned max, int cls,
-			 enum bc_pick kind);
+			 enum bc_pick kind, uint64_t bytes);
 void bc_set_spilled(struct bc *bc, struct bc_block *b, uint64_t off, uint32_t disk_len,
 		    uint32_t flags, bool incompressible);
 uint64_t bc_evict_done(struct bc *bc, struct bc_block *b, bool release);
@@ -186,12 +211,6 @@ uint64_t bc_evict_done(struct bc *bc, struct bc_block *b, bool release);
  * counted reference and BC_IO set: finish each with bc_load_end. */
 unsigned bc_pick_reload(struct bc *bc, struct bc_block **out, unsigned max, int cls,
 			bool dirty_only);
-/* Gives up spill copies of clean data blocks (SOURCE still has them) so that dirty
- * checkpoint blocks can have the space: up to max non-resident ones are dropped from the
- * cache, then resident ones lose their copy (BC_SPILLED cleared, the backing's unspill
- * called). Blocks someone else holds or with I/O in flight are skipped. Returns how many
- * copies were given up. Walks the data lists of every shard. */
-unsigned bc_drop_data_copies(struct bc *bc, unsigned max);
 /* Gives up spill copies of clean data blocks (SOURCE still has them) so that dirty
  * checkpoint blocks can have the space: up to max non-resident ones are dropped from the
  * cache, then resident ones lose their copy (BC_SPILLED cleared, the backing's unspill
@@ -218,8 +237,8 @@ int bc_collect_stored(struct bc *bc, uint8_t (**out)[16], size_t *n);
 /*
  * Non-resident blocks. The daemon names one backing that knows where a block's bytes
  * are when its buffer is gone (the spill tier for BC_SPILLED, the snapshot store for
- * BC_STORED). bc_block_load makes b resident: 0 once b->buf holds b->len bytes that
- * match b->csum (the backing verifies), -errno otherwise (-EIO on a checksum mismatch,
+ * BC_STORED). bc_block_load makes b resident: 0 once its buffer holds len bytes that
+ * match its checksum (the backing verifies), -errno otherwise (-EIO on a checksum mismatch,
  * which the backing logs). Concurrent loads of one block wait for the first; a load
  * waits for an eviction in flight to finish. The caller holds a reference on b and must
  * not hold a lock that other FUSE requests need: this blocks on disk I/O.

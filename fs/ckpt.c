@@ -431,13 +431,15 @@ static int ckpt_blocks_reserve(struct ckpt_inode *ino, uint64_t n)
 }
 
 /* Gets blocks[idx] ready to be modified in place with room for cap bytes: allocated if
- * a hole, copied if shared (invariant 5), resident. Returns it with BC_WRITING set;
- * the caller ends with bc_write_end. Under the inode's write lock. */
+ * a hole, copied if shared (invariant 5), resident. Returns it WRITING (bcache.c
+ * "States"); the caller ends with bc_write_end. 0 or -errno (-ENOMEM, or the load's
+ * -EIO), blocks[idx] then as it was. Under the inode's write lock; may block on a
+ * reload from disk or the store (holding up only this file). */
 static int ckpt_block_for_write(struct ckpt_ns *ns, struct ckpt_inode *ino, uint64_t idx,
 				uint32_t cap, struct bc_block **out)
 {
 	struct bc_block *b = ino->blocks[idx], *c;
-	int rc;
+	int rc, tries;
 
 	/* Buffers grow by doubling from 4 KiB so a small file costs a page, not a block,
 	 * and a file written sequentially reallocates each block only a few times. */
@@ -448,27 +450,45 @@ static int ckpt_block_for_write(struct ckpt_ns *ns, struct ckpt_inode *ino, uint
 	if (want > ns->bs)
 		want = ns->bs;
 	if (!b) {
+		/* Born WRITING (bcache invariant 6): no trim can take it from us. */
 		b = bc_block_new(ns->bc, BC_CKPT, want);
 		if (!b)
 			return -ENOMEM;
 		ino->blocks[idx] = b;
+		goto reserve;
 	}
-	if (bc_write_begin(ns->bc, b) == -EBUSY) {
-		/* Shared, evicting or not resident: copy it. Our own reference pins the
-		 * buffer against an eviction finishing meanwhile, and the load (a no-op
-		 * when resident) settles that race under the shard lock. Loading under
-		 * the inode's write lock holds up only this file. */
+	/* bc_write_begin may refuse whatever we do: a reader or a snapshot holds b, the
+	 * tier picked it (evicting), or it is not resident. Never assume it succeeds. Not
+	 * resident and ours alone: load it and try once more (writing in place beats a
+	 * second buffer). Otherwise copy it: the copy is born WRITING. */
+	for (tries = 0; (rc = bc_write_begin(ns->bc, b)) == -EBUSY; tries++) {
+		/* Our own reference pins the buffer against an eviction finishing
+		 * meanwhile, and the load (a no-op when resident) settles that race under
+		 * the shard lock. */
 		bc_block_get(b);
 		rc = bc_block_load(ns->bc, b);
-		c = rc ? NULL : bc_block_clone(ns->bc, b, want);
+		if (rc) {
+			bc_block_put(ns->bc, b);
+			return rc; /* b stays ours, unchanged (bcache invariant 8) */
+		}
+		if (tries == 0 && !(bc_block_flags(b) & BC_IO)) {
+			bc_block_put(ns->bc, b);
+			continue;
+		}
+		c = bc_block_clone(ns->bc, b, want);
+		if (!c) {
+			bc_block_put(ns->bc, b);
+			return -ENOMEM; /* b stays ours, unchanged (bcache invariant 8) */
+		}
+		ino->blocks[idx] = c;
+		bc_block_disown(ns->bc, b); /* readers may hold it */
 		bc_block_put(ns->bc, b);
-		if (!c)
-			return rc ? rc : -ENOMEM;
-		bc_block_disown(ns->bc, b);
-		ino->blocks[idx] = b = c;
-		rc = bc_write_begin(ns->bc, b);
-		assert(rc == 0);
+		b = c;
+		goto reserve;
 	}
+	if (rc)
+		return rc;
+reserve:
 	if ((rc = bc_block_reserve(ns->bc, b, want))) {
 		bc_write_end(ns->bc, b);
 		return rc;
@@ -487,16 +507,16 @@ static int ckpt_truncate_locked(struct ckpt_ns *ns, struct ckpt_inode *ino, uint
 
 	/* The partial last block first: it may fail (a copy), and then nothing changed. */
 	if (tail && keep && keep - 1 < ino->nblocks && (b = ino->blocks[keep - 1]) &&
-	    b->len > tail) {
+	    bc_block_len(b) > tail) {
 		if ((rc = ckpt_block_for_write(ns, ino, keep - 1, tail, &b)))
 			return rc;
-		dropped += b->len - tail;
-		b->len = tail;
+		dropped += bc_block_len(b) - tail;
+		bc_block_set_len(b, tail);
 		bc_write_end(ns->bc, b);
 	}
 	for (i = keep; i < ino->nblocks; i++) {
 		if (ino->blocks[i]) {
-			dropped += ino->blocks[i]->len;
+			dropped += bc_block_len(ino->blocks[i]);
 			bc_block_disown(ns->bc, ino->blocks[i]); /* readers may hold it */
 			ino->blocks[i] = NULL;
 		}
@@ -937,8 +957,8 @@ int ckpt_read(struct ckpt_ns *ns, struct ckpt_inode *ino, size_t size, off_t off
 
 		if (len > end - off)
 			len = end - off;
-		if (b && boff < b->len) {
-			uint32_t have = b->len - boff < len ? b->len - boff : len;
+		if (b && boff < bc_block_len(b)) {
+			uint32_t have = bc_block_len(b) - boff < len ? bc_block_len(b) - boff : len;
 
 			bc_block_get(b);
 			segs[n++] = (struct mlfs_seg){ .b = b, .off = boff, .len = have };
@@ -985,17 +1005,21 @@ int ckpt_write(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *buf, size
 		uint64_t idx = pos / ns->bs;
 		uint32_t boff = pos % ns->bs, len = ns->bs - boff;
 		struct bc_block *b;
+		uint32_t blen;
+		char *bbuf;
 
 		if (len > end - pos)
 			len = end - pos;
 		if ((rc = ckpt_block_for_write(ns, ino, idx, boff + len, &b)))
 			break;
-		if (boff > b->len) /* invariant 4: the gap reads as zeros */
-			memset((char *)b->buf + b->len, 0, boff - b->len);
-		memcpy((char *)b->buf + boff, buf + (pos - off), len);
-		if (boff + len > b->len) {
-			grown += boff + len - b->len;
-			b->len = boff + len;
+		blen = bc_block_len(b);
+		bbuf = bc_block_buf(b);
+		if (boff > blen) /* invariant 4: the gap reads as zeros */
+			memset(bbuf + blen, 0, boff - blen);
+		memcpy(bbuf + boff, buf + (pos - off), len);
+		if (boff + len > blen) {
+			grown += boff + len - blen;
+			bc_block_set_len(b, boff + len);
 		}
 		bc_write_end(ns->bc, b);
 		pos += len;
@@ -1391,13 +1415,13 @@ static int ckpt_freeze_locked(struct ckpt_ns *ns, struct ckpt_fz *z, struct ckpt
 
 			e->blocks[i].len = i + 1 < e->nblocks ? ns->bs
 							     : (uint32_t)(e->size - i * ns->bs);
-			if (!b || b->len == 0) {
+			if (!b || bc_block_len(b) == 0) {
 				e->blocks[i].flags = MF_BLOCK_HOLE;
 				continue;
 			}
 			bc_block_get(b); /* from here on, writers copy it (invariant 5) */
 			bl[i] = b;
-			z->f->bytes += b->len;
+			z->f->bytes += bc_block_len(b);
 		}
 		pthread_rwlock_unlock(&ino->lock);
 	}

@@ -494,7 +494,7 @@ static int data_pread(struct data_ns *ns, struct data_file *f, uint64_t off, uin
 	if (!b)
 		return -ENOMEM;
 	while (got < len) {
-		ssize_t r = pread(f->fd, (char *)b->buf + got, len - got, off + got);
+		ssize_t r = pread(f->fd, (char *)bc_block_buf(b) + got, len - got, off + got);
 
 		if (r < 0 && errno == EINTR)
 			continue;
@@ -510,7 +510,7 @@ static int data_pread(struct data_ns *ns, struct data_file *f, uint64_t off, uin
 		}
 		got += r;
 	}
-	b->len = got;
+	bc_block_set_len(b, got);
 	atomic_fetch_add(&ns->m->st.source_bytes_read, got);
 	atomic_fetch_add(&ns->m->st.source_reads, 1);
 	*out = b;
@@ -529,7 +529,7 @@ static int data_fill(struct data_ns *ns, struct data_file *f, uint64_t idx,
 
 	if ((rc = data_pread(ns, f, off, f->size - off < bs ? (uint32_t)(f->size - off) : bs, &b)))
 		return rc;
-	b->csum = XXH3_64bits(b->buf, b->len);
+	bc_block_seal(ns->m->bc, b); /* the checksum a spill copy is verified against */
 	*out = bc_insert(ns->m->bc, b, &f->fid, idx);
 	return 0;
 }
@@ -622,7 +622,7 @@ int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
 		uint32_t boff = off % bs, len = bs - boff;
 		struct bc_block *b = bc_lookup(ns->m->bc, &f->fid, idx);
 
-		if (b && !b->buf && bc_block_load(ns->m->bc, b)) {
+		if (b && !bc_block_buf(b) && bc_block_load(ns->m->bc, b)) {
 			/* The spilled copy is lost or damaged (logged by the loader): SOURCE
 			 * still has the block, so read it again from there. */
 			bc_block_put(ns->m->bc, b);
@@ -633,14 +633,14 @@ int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
 			 * request as is. */
 			if ((rc = data_read_direct(ns, f, off, end - off, &b)))
 				goto fail;
-			segs[n++] = (struct mlfs_seg){ .b = b, .off = 0, .len = b->len };
+			segs[n++] = (struct mlfs_seg){ .b = b, .off = 0, .len = bc_block_len(b) };
 			break;
 		}
 		if (!b && (rc = data_fetch(ns, f, idx, &b)))
 			goto fail;
 		if (len > end - off)
 			len = end - off;
-		if (boff + len > b->len) { /* the file shrank underneath since open */
+		if (boff + len > bc_block_len(b)) { /* the file shrank underneath since open */
 			bc_block_put(ns->m->bc, b);
 			rc = -EIO;
 			goto fail;

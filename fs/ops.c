@@ -407,7 +407,8 @@ static void reply_segs(fuse_req_t req, struct mlfs *m, struct mlfs_seg *segs, in
 		struct fuse_buf *fb = &bv->buf[i];
 
 		memset(fb, 0, sizeof(*fb));
-		fb->mem = segs[i].b ? (char *)segs[i].b->buf + segs[i].off : (char *)mlfs_zeros;
+		fb->mem = segs[i].b ? (char *)bc_block_buf(segs[i].b) + segs[i].off :
+				      (char *)mlfs_zeros;
 		fb->size = segs[i].len;
 		total += segs[i].len;
 	}

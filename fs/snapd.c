@@ -86,14 +86,15 @@ static void snapd_time_name(char *buf, size_t len, const char *prefix)
 int snapd_load_block(void *arg, struct bc_block *b, void *buf)
 {
 	struct snapd *sd = arg;
-	int rc = store_get_block(sd->st, b->obj, buf, b->len);
+	uint32_t len = bc_block_len(b);
+	int rc = store_get_block(sd->st, bc_block_obj(b), buf, len);
 
-	if (rc >= 0 && (uint32_t)rc != b->len)
+	if (rc >= 0 && (uint32_t)rc != len)
 		rc = -EIO;
 	if (rc < 0) {
 		char name[48];
 
-		store_object_name(b->obj, name);
+		store_object_name(bc_block_obj(b), name);
 		log_err("snap: block of a restored file could not be read from the store "
 			"(objects/%s): %s", name, strerror(-rc));
 		atomic_fetch_add(&sd->m->st.csum_errors, rc == -EIO);
@@ -115,15 +116,16 @@ static int snapd_put_block(struct snapd *sd, struct mf_block *mb, struct bc_bloc
 	/* The object holds the block as it was stored: its len then was the manifest
 	 * block length it was put at. A file grown since (truncate up) keeps that block
 	 * but needs it longer, zero padded: a different object. */
-	if (trust_stored && (b->flags & BC_STORED) && b->len == mb->len) {
-		memcpy(mb->hash, b->obj, sizeof(mb->hash)); /* unchanged since a snapshot */
+	if (trust_stored && (bc_block_flags(b) & BC_STORED) && bc_block_len(b) == mb->len) {
+		/* unchanged since a snapshot */
+		memcpy(mb->hash, bc_block_obj(b), sizeof(mb->hash));
 		return 0;
 	}
 	bc_block_get(b);
 	if ((rc = bc_block_load(bc, b)))
 		goto out;
-	src = b->buf;
-	if (b->len < mb->len) {
+	src = bc_block_buf(b);
+	if (bc_block_len(b) < mb->len) {
 		/* The block's tail was never written: zeros (ckpt.c invariant 4). Objects
 		 * always hold a block's whole logical length. */
 		pad = calloc(1, mb->len);
@@ -131,7 +133,7 @@ static int snapd_put_block(struct snapd *sd, struct mf_block *mb, struct bc_bloc
 			rc = -ENOMEM;
 			goto out;
 		}
-		memcpy(pad, b->buf, b->len);
+		memcpy(pad, src, bc_block_len(b));
 		src = pad;
 	}
 	rc = store_put_block(sd->st, src, mb->len, mb->hash, new_bytes);
@@ -182,7 +184,7 @@ static void snapd_mark_stored(struct snapd *sd, struct snapd_job *job)
 		for (uint64_t j = 0; job->fz->blocks[i] && j < mf->entries[i].nblocks; j++) {
 			struct bc_block *b = job->fz->blocks[i][j];
 
-			if (b && b->len == mf->entries[i].blocks[j].len)
+			if (b && bc_block_len(b) == mf->entries[i].blocks[j].len)
 				bc_block_set_stored(sd->m->bc, b, mf->entries[i].blocks[j].hash);
 		}
 	}

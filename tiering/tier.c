@@ -186,10 +186,13 @@ uint64_t tier_rss(void)
 
 static void tier_loc_of(const struct bc_block *b, struct spill_loc *loc)
 {
-	loc->off = b->spill_off;
-	loc->disk_len = b->spill_disk;
-	loc->len = b->spill_len;
-	loc->flags = b->spill_flags;
+	struct bc_spill_where w;
+
+	bc_block_spill_where(b, &w);
+	loc->off = w.off;
+	loc->disk_len = w.disk_len;
+	loc->len = w.len;
+	loc->flags = w.flags;
 }
 
 static void tier_ewma(_Atomic uint64_t *avg, uint64_t ns, uint32_t len)
@@ -375,7 +378,7 @@ static void tier_spill_done(void *arg, int rc, const struct spill_loc *loc)
 			t->fail_until_ms = tier_now_ms() + TIER_FAIL_BACKOFF_MS;
 			pthread_mutex_unlock(&t->mu);
 		}
-		if (b->cls == BC_DATA) {
+		if (bc_block_class(b) == BC_DATA) {
 			freed = bc_evict_done(t->bc, b, true);
 			if (freed)
 				atomic_fetch_add(&t->drops, 1);
@@ -409,23 +412,23 @@ static bool tier_slot(struct tier *t, uint32_t cap)
 static int tier_spill_submit(struct tier *t, struct bc_block *b)
 {
 	struct tier_op *op;
-	unsigned hints = (b->flags & BC_INCOMPRESSIBLE) ? SPILL_HINT_INCOMPRESSIBLE : 0;
+	unsigned hints = (bc_block_flags(b) & BC_INCOMPRESSIBLE) ? SPILL_HINT_INCOMPRESSIBLE : 0;
 	int rc;
 
-	if (!b->len)
+	if (!bc_block_len(b))
 		return -EINVAL; /* nothing to spill: an empty checkpoint block stays */
 	op = calloc(1, sizeof(*op));
 	if (!op)
 		return -ENOMEM;
 	op->t = t;
 	op->b = b;
-	op->cap = b->cap;
+	op->cap = bc_block_cap(b);
 	if (!tier_slot(t, op->cap)) {
 		free(op);
 		return -ESHUTDOWN;
 	}
-	/* Copies (and maybe compresses) b->buf before it returns: 0.1-2 ms per MiB here. */
-	rc = spill_write(t->sp, b->buf, b->len, hints, tier_spill_done, op);
+	/* Copies (and maybe compresses) the buffer before it returns: 0.1-2 ms per MiB here. */
+	rc = spill_write(t->sp, bc_block_buf(b), bc_block_len(b), hints, tier_spill_done, op);
 	if (rc) {
 		tier_op_done(t, op->cap);
 		free(op);
@@ -436,19 +439,20 @@ static int tier_spill_submit(struct tier *t, struct bc_block *b)
 /* Evicts one picked block by the policy; returns the bytes it freed or put in flight. */
 static uint64_t tier_evict_one(struct tier *t, struct bc_block *b)
 {
-	uint64_t freed, cap = b->cap;
+	uint64_t freed, cap = bc_block_cap(b);
+	enum bc_class cls = bc_block_class(b);
 	int rc;
 
 	/* The copy flags are stable enough to decide on: BC_IO keeps writers off
 	 * (invariant 1); a store marking the block stored meanwhile only costs a spill. */
-	if (b->flags & (BC_SPILLED | BC_STORED)) { /* rules A and S */
+	if (bc_block_flags(b) & (BC_SPILLED | BC_STORED)) { /* rules A and S */
 		freed = bc_evict_done(t->bc, b, true);
 		if (freed)
 			atomic_fetch_add(&t->frees, 1);
 		tier_freed(t, freed);
 		return freed;
 	}
-	if (b->cls == BC_DATA && tier_drop_data(t)) { /* rule D: drop */
+	if (cls == BC_DATA && tier_drop_data(t)) { /* rule D: drop */
 		freed = bc_evict_done(t->bc, b, true);
 		if (freed)
 			atomic_fetch_add(&t->drops, 1);
@@ -460,7 +464,7 @@ static uint64_t tier_evict_one(struct tier *t, struct bc_block *b)
 		bc_evict_done(t->bc, b, false);
 		return 0;
 	}
-	if (b->cls == BC_CKPT)
+	if (cls == BC_CKPT)
 		bc_block_seal(t->bc, b); /* the checksum the reload verifies */
 	rc = tier_spill_submit(t, b);
 	if (!rc)
@@ -469,7 +473,7 @@ static uint64_t tier_evict_one(struct tier *t, struct bc_block *b)
 		tier_note_enospc(t);
 	else if (rc != -ESHUTDOWN && rc != -EINVAL)
 		atomic_fetch_add(&t->spill_errors, 1);
-	if (b->cls == BC_DATA && rc != -ESHUTDOWN) {
+	if (cls == BC_DATA && rc != -ESHUTDOWN) {
 		freed = bc_evict_done(t->bc, b, true);
 		if (freed)
 			atomic_fetch_add(&t->drops, 1);
@@ -508,15 +512,16 @@ static bool tier_trim_round(struct tier *t)
 
 	for (p = 0; p < sizeof(phases) / sizeof(phases[0]) && excess; p++) {
 		/* Data blocks are block-sized (but a file's last); checkpoint buffers start
-		 * at 4 KiB, so their rounds pick up to the array's size and stop evicting
-		 * once the excess is covered: a round walks every resident checkpoint block
-		 * when none has a copy, and fewer rounds keep that walk rare. */
+		 * at 4 KiB, so their rounds may pick up to the array's size, but only as
+		 * many bytes as the excess (bc_pick_victims stops there): a picked block is
+		 * one a writer must copy rather than write in place, so over-picking
+		 * would make writers allocate while memory is already over budget. */
 		want = (unsigned)(excess / t->bs + 1);
 		if (want > t->cfg.batch)
 			want = t->cfg.batch;
 		if (phases[p].cls == BC_CKPT)
 			want = sizeof(v) / sizeof(v[0]);
-		n = bc_pick_victims(t->bc, v, want, phases[p].cls, phases[p].kind);
+		n = bc_pick_victims(t->bc, v, want, phases[p].cls, phases[p].kind, excess);
 		for (i = 0; i < n; i++) {
 			if (!excess) { /* covered: give the rest back untouched */
 				bc_evict_done(t->bc, v[i], false);
@@ -603,8 +608,8 @@ static void tier_reload_done(void *arg, int rc, const struct spill_loc *loc)
 		/* spill.c logged offset and lengths; name the block. Invariant 4. */
 		atomic_fetch_add(&t->spill_errors, 1);
 		log_err("tier: background reload of a %s block failed: %s%s",
-			b->cls == BC_DATA ? "data" : "checkpoint", strerror(-rc),
-			b->cls == BC_DATA ? " (it will be re-read from SOURCE)" : "");
+			bc_block_class(b) == BC_DATA ? "data" : "checkpoint", strerror(-rc),
+			bc_block_class(b) == BC_DATA ? " (it will be re-read from SOURCE)" : "");
 	} else {
 		atomic_fetch_add(&t->reload_ops, 1);
 		atomic_fetch_add(&t->bg_reload_ops, 1);
@@ -658,12 +663,12 @@ static bool tier_refill(struct tier *t)
 			if (op) {
 				op->t = t;
 				op->b = b;
-				op->buf = malloc(b->len ? b->len : 1);
+				op->buf = malloc(bc_block_len(b) ? bc_block_len(b) : 1);
 			}
 			if (op && op->buf && tier_slot(t, 0)) {
 				tier_loc_of(b, &loc);
-				rc = spill_read(t->sp, &loc, op->buf, b->len, b->csum,
-						tier_reload_done, op);
+				rc = spill_read(t->sp, &loc, op->buf, bc_block_len(b),
+						bc_block_csum(b), tier_reload_done, op);
 				if (!rc) {
 					any = true;
 					continue;
@@ -743,31 +748,38 @@ static int tier_load(void *arg, struct bc_block *b, void *buf)
 	struct tier *t = arg;
 	struct spill_loc loc;
 	uint64_t t0;
+	unsigned flags = bc_block_flags(b);
+	uint32_t len = bc_block_len(b);
 	int rc = -EIO;
 
-	if ((b->flags & BC_SPILLED) && t->sp) {
+	if ((flags & BC_SPILLED) && t->sp) {
 		tier_loc_of(b, &loc);
-		assert(loc.len == b->len);
+		assert(loc.len == len);
 		t0 = tier_now_ns();
-		rc = spill_read_sync(t->sp, &loc, buf, b->len, b->csum);
+		rc = spill_read_sync(t->sp, &loc, buf, len, bc_block_csum(b));
 		if (!rc) {
-			tier_ewma(&t->reload_ns_per_mib, tier_now_ns() - t0, b->len);
+			tier_ewma(&t->reload_ns_per_mib, tier_now_ns() - t0, len);
 			atomic_fetch_add(&t->reload_ops, 1);
 			return 0;
 		}
 		/* Invariant 4: spill.c logged offset and lengths; name the block here. */
 		atomic_fetch_add(&t->spill_errors, 1);
-		if (b->cls == BC_DATA)
+		if (bc_block_class(b) == BC_DATA) {
+			struct bc_fid fid;
+			uint64_t index;
+
+			bc_block_key(b, &fid, &index);
 			log_err("tier: spilled copy of data block %" PRIu64 " of file %016" PRIx64
 				"%016" PRIx64 " unreadable (%s); re-reading it from SOURCE",
-				b->index, b->fid.hi, b->fid.lo, strerror(-rc));
-		else
+				index, fid.hi, fid.lo, strerror(-rc));
+		} else {
 			log_err("tier: spilled copy of checkpoint block %p unreadable (%s)%s",
 				(void *)b, strerror(-rc),
-				(b->flags & BC_STORED) && t->store_load ? "; fetching it from the store" :
-									  "");
+				(flags & BC_STORED) && t->store_load ? "; fetching it from the store" :
+								       "");
+		}
 	}
-	if ((b->flags & BC_STORED) && t->store_load)
+	if ((flags & BC_STORED) && t->store_load)
 		rc = t->store_load(t->store_arg, b, buf);
 	return rc;
 }
