@@ -65,7 +65,11 @@ struct ckpt_dirent {
 
 struct ckpt_inode {
 	struct mlfs_node hdr;
-	pthread_rwlock_t lock; /* content: invariant 3 */
+	/* Content: invariant 3. Lock order: first of the ckpt locks: taken with nothing
+	 * held (never two inodes' at once); ns->mu and bcache shard mutexes may be taken
+	 * under it. Held across a block's reload (spill or store I/O, ckpt_block_for_write),
+	 * which holds up only this file. */
+	pthread_rwlock_t lock;
 	mode_t mode;
 	uid_t uid;
 	gid_t gid;
@@ -106,6 +110,9 @@ struct ckpt_ns {
 	struct mlfs *m;
 	struct bc *bc;
 	uint32_t bs;
+	/* The tree (invariants 1, 2) and sizes. Lock order: after an inode's rwlock, before
+	 * bcache shard mutexes; never held across I/O or while waiting for an inode lock
+	 * (ckpt_freeze only tries them). */
 	pthread_mutex_t mu;
 	struct ckpt_dirent **names;
 	size_t nbuckets, nnames;

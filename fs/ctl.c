@@ -33,6 +33,8 @@ struct ctl {
 	char dir[96];
 	pthread_t thread;
 	int started;
+	/* The server's state (running, stopping). A leaf: taken with nothing held,
+	 * nothing taken under it; requests are served without it. */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	int running, stopping;

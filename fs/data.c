@@ -68,10 +68,13 @@ struct data_ns {
 	struct mlfs *m;
 	int src_fd;
 	char *src_path;
+	/* The node table. A leaf: nothing else is taken under it; no I/O under it. */
 	pthread_mutex_t mu;
 	struct data_node **buckets;
 	size_t nbuckets, nnodes;
 	struct data_node *root;
+	/* The in-flight SOURCE reads (single flight). Taken with nothing held; only
+	 * bcache shard mutexes (bc_block_get/put) under it; the pread runs without it. */
 	pthread_mutex_t fl_mu;
 	pthread_cond_t fl_cv;
 	struct data_inflight *inflight;

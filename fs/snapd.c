@@ -61,7 +61,11 @@ struct snapd {
 	struct mlfs *m;
 	struct store *st;
 	int pin_fd;		  /* shared lock on STORE/lock while mounted */
-	pthread_mutex_t store_mu; /* invariant 4 */
+	/* Invariant 4. Taken with nothing held; held across store I/O and block loads
+	 * (the persister's whole job): store, bcache shard and sd->mu may be taken under
+	 * it. The tier's store loader (snapd_load_block) must never take it. */
+	pthread_mutex_t store_mu;
+	/* The job queue. After store_mu if both; a leaf otherwise; never across I/O. */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	struct snapd_job *jobs;	  /* oldest first: pending ones, then finished ones */

@@ -60,7 +60,9 @@
 struct store {
 	char *path;
 	int dirfd, objfd, snapfd, lockfd;
-	pthread_mutex_t mu;	/* guards everything below */
+	/* Guards everything below. A leaf: taken under snapd's store_mu or nothing;
+	 * nothing taken under it. */
+	pthread_mutex_t mu;
 	int session;		/* LOCK_SH held (invariant 3) */
 	int broken;		/* invariant 6 */
 	uint8_t (*pending)[STORE_HASH_LEN];	/* objects written as tmp, not yet renamed */

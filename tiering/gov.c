@@ -467,7 +467,9 @@ struct gov {
 	void *arg;
 	pthread_t thread;
 	_Atomic uint64_t budget;
-	pthread_mutex_t lock; /* guards the fields below */
+	/* Guards the fields below. A leaf: released before budget_fn (which takes the
+	 * tier's t->mu and bcache's atomics), never held across a cgroup file read. */
+	pthread_mutex_t lock;
 	struct gov_sample last;
 	uint64_t samples, cuts, grows, crossings;
 	int armed; /* psi_fd >= 0, readable by other threads */

@@ -74,7 +74,9 @@ struct spill {
 	uint64_t capacity; /* invariant 2; UINT64_MAX rounded down when unbounded */
 	uint64_t max_bytes;
 
-	pthread_mutex_t lock; /* everything below; never held across I/O */
+	/* Everything below; never held across I/O. A leaf: taken under nothing of
+	 * bcache or the tier (they call spill with their locks dropped). */
+	pthread_mutex_t lock;
 	pthread_cond_t drained;
 	unsigned inflight; /* invariant 8 */
 	uint64_t hwm;      /* invariant 1 */
@@ -623,7 +625,7 @@ void spill_free(struct spill *s)
 /* --- blocking wrappers ----------------------------------------------------------- */
 
 struct spill_waiter {
-	pthread_mutex_t lock;
+	pthread_mutex_t lock; /* a leaf: one waiter and its completion callback */
 	pthread_cond_t cond;
 	int done;
 	int rc;

@@ -60,22 +60,16 @@
  *  7. t->mu is a leaf lock: no bcache, spill or governor call is made while holding it
  *     (bcache calls tier_unspill with its own locks released, from any thread).
  *
- * State of a block, as the tier sees it (COPY: a valid spill or store copy exists):
- *
- *                      pick: BC_IO (inv. 1)
- *      RESIDENT -------------------------------> EVICTING ---- drop (rule D) ----> gone
- *       ^    ^                                     |    |
- *       |    +------- keep (rule K, errors) -------+    | spill done: bc_set_spilled
- *       |                                               | (inv. 2), buffer freed
- *       | write: copy released (inv. 3)                 v
- *       +------------------------- RESIDENT+COPY     SPILLED (not resident)
- *                                     |   ^             |   |
- *                                     |   +-- load ok --+   | load failed (inv. 4):
- *                                     |   (bc_block_load,   | data unhashed -> gone,
- *                                     |    refill)          | ckpt: store or EIO
- *                                     +---------------------^
- *                                       pick, rule A: buffer freed
- *
+ * States of a block: the one diagram is at the top of cache/bcache.c ("States"); the
+ * tier drives these of its transitions, by the rules above:
+ *   RESIDENT -> EVICTING        bc_pick_victims (invariant 1; never a block WRITING,
+ *                               ORPHAN or shared: bcache invariant 6)
+ *   EVICTING -> NONRESIDENT     rules A/S (a copy exists), or a spill done
+ *                               (bc_set_spilled, invariant 2), by bc_evict_done(release)
+ *   EVICTING -> FREED           rule D (clean data, no copy): bc_evict_done(release)
+ *   EVICTING -> RESIDENT        rule K, errors: bc_evict_done(keep)
+ *   NONRESIDENT -> LOADING -> RESIDENT   refill (bc_pick_reload, bc_load_end) and
+ *                               tier_load for bc_block_load (invariant 4)
  * (A spill done while a reader holds the block leaves it RESIDENT+COPY.)
  */
 #include "tiering/tier.h"
@@ -116,7 +110,9 @@ struct tier {
 	uint64_t rss_base;	/* RSS minus mem_bytes at start */
 	pthread_t thread;
 
-	pthread_mutex_t mu;	/* everything below; invariant 7 */
+	/* Everything below. A leaf (invariant 7): no bcache, spill or governor call under
+	 * it; bcache's hooks take it with no shard mutex held. */
+	pthread_mutex_t mu;
 	pthread_cond_t cv;	/* the thread: wake-ups, completions */
 	pthread_cond_t idle_cv;	/* tier_settle */
 	pthread_cond_t admit_cv; /* tier_admit_write */

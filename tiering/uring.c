@@ -56,6 +56,7 @@ struct uring_op {
 
 struct uring {
 	struct io_uring ring;
+	/* The queue's counters. A leaf: completion callbacks run without it. */
 	pthread_mutex_t lock;
 	pthread_cond_t space;    /* inflight fell below max_inflight */
 	pthread_cond_t sq_space; /* the thread submitted, so the SQ has room again */
@@ -433,7 +434,7 @@ int uring_fadvise(struct uring *u, int fd, off_t off, unsigned len, int advice,
 }
 
 struct uring_waiter {
-	pthread_mutex_t lock;
+	pthread_mutex_t lock; /* a leaf: one waiter and its completion callback */
 	pthread_cond_t cond;
 	int done;
 	int res;

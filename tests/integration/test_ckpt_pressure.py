@@ -12,10 +12,10 @@ stderr is the test's log).
 Each test makes its own source bytes in its own temp dir (urandom: incompressible, so
 the spill cannot shrink them away) and compares with cmp, not in Python memory.
 """
-import mmap
 import os
 import random
 import subprocess
+import sys
 
 import pytest
 
@@ -105,25 +105,37 @@ def test_random_4k_rewrites_at_128m_budget(mounter, tmp_path):
     check_alive(m)
 
 
+MMAP_WRITER = r"""
+import mmap, sys
+dst, src, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with open(dst, "r+b") as f, open(src, "rb") as s:
+    try:
+        mm = mmap.mmap(f.fileno(), size)
+    except OSError as e:
+        print(f"mmap: {e}")
+        sys.exit(3)
+    for off in range(0, size, 4 << 20):
+        mm[off:off + (4 << 20)] = s.read(4 << 20)
+    mm.flush()
+    mm.close()
+"""
+
+
 def test_mmap_writes_at_64m_budget(mounter, tmp_path):
-    """Writes through a shared mapping reach the daemon as page writebacks."""
+    """Writes through a shared mapping reach the daemon as page writebacks. The writer
+    is a child process: if the daemon dies, its SIGBUS must not take pytest (and the
+    unmounting finalizers) with it."""
     size = 160 * MiB
     src = make_source(tmp_path, "src", size)
     m = mounter.foreground(opts="mem_max=64M,mem_min=64M")
     dst = os.path.join(m.ckpt, "d")
     with open(dst, "wb") as f:
         f.truncate(size)
-    with open(dst, "r+b") as f, open(src, "rb") as s:
-        try:
-            mm = mmap.mmap(f.fileno(), size)
-        except OSError as e:
-            pytest.skip(f"shared writable mmap not supported here: {e}")
-        try:
-            for off in range(0, size, 4 * MiB):
-                mm[off:off + 4 * MiB] = s.read(4 * MiB)
-            mm.flush()
-        finally:
-            mm.close()
+    r = subprocess.run([sys.executable, "-c", MMAP_WRITER, dst, src, str(size)],
+                       capture_output=True, text=True)
+    if r.returncode == 3:
+        pytest.skip(f"shared writable mmap not supported here: {r.stdout.strip()}")
+    assert r.returncode == 0, f"mmap writer: rc {r.returncode} {r.stderr}; daemon:\n{m.stderr()}"
     check_alive(m)
     cmp_files(src, dst)
     check_alive(m)
