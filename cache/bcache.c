@@ -86,9 +86,15 @@
  * 10. A listed block whose count is 0 is being freed by its last put (which waits for
  *    the shard lock to unlink it): a pick never takes a reference to it.
  *
- * Locks: the shard mutexes are leaves of the daemon's lock order (see struct bc_shard):
- * taken under a ckpt inode rwlock or ns->mu, never held across I/O, a copy of block
- * contents or a call out of this module (the backing's hooks run with none held).
+ * Locks. The daemon's order, each stated again at its declaration:
+ *   ckpt inode rwlock -> ckpt ns->mu -> bcache shard mutex
+ *   snapd store_mu -> store mu | bcache shard mutex | snapd mu
+ *   data fl_mu -> bcache shard mutex
+ *   leaves, taken under none of the above and taking nothing: tier t->mu (tier.c
+ *   invariant 7), spill lock, uring lock, gov lock, data mu, ctl mu.
+ * The shard mutexes are leaves too: never two at once, never held across I/O, a copy
+ * or hash of block contents, or a call out of this module (the backing's hooks, which
+ * take t->mu and do I/O, run with none held).
  */
 #include "cache/bcache.h"
 
