@@ -149,3 +149,25 @@ def test_mmap_writes_at_64m_budget(mounter, tmp_path):
     cmp_files(src, dst)
     drop(dst)
     check_alive(m)
+
+
+def test_write_with_budget_cut_to_floor(mounter, tmp_path):
+    """The governor cuts the budget to its floor (a cgroup v2 nearly full, through files
+    the test keeps), then 200 MiB of checkpoint writes: every byte back, no abort."""
+    from test_tiering import fake_cgroup_v2, wait_for, write_file
+
+    G = 1 << 30
+    src = make_source(tmp_path, "src", 200 * MiB)
+    cg, psi = fake_cgroup_v2(mounter, "cgv2-", G, 100 * MiB)
+    m = mounter.foreground(opts=f"cgroup={cg},pressure_file={psi},mem_max=256M,mem_min=64M")
+    write_file(os.path.join(cg, "memory.current"), f"{G - 8 * MiB}\n")
+    wait_for(m, lambda s: s["mem_budget"] == 64 * MiB, 10.0, "budget cut to the floor")
+    dst = os.path.join(m.ckpt, "e")
+    r = subprocess.run(f"head -c 200M {src} > {dst}", shell=True, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, f"write: {r.stderr}; daemon:\n{m.stderr()}"
+    assert m.stat()["mem_budget"] == 64 * MiB  # the floor held through the write
+    check_alive(m)
+    cmp_files(src, dst)
+    drop(dst)
+    check_alive(m)
