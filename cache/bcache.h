@@ -22,6 +22,10 @@
  *   not cached and nothing is replaced. On a shuffled epoch over a dataset larger than
  *   the budget this keeps a hit rate of about budget/dataset, where LRU would thrash.
  *
+ * - A block's life is one state machine, stated once at the top of bcache.c (states,
+ *   diagram, the function performing each transition, numbered invariants). struct
+ *   bc_block is opaque: other modules use the accessors below and the transitions.
+ *
  * Thread safety: every function may be called from any thread. Blocks are spread over
  * shards by key (data) or address (ckpt); each shard has its own mutex, held only for
  * pointer work, never across I/O or a copy of block contents.
@@ -79,7 +83,7 @@ struct bc_spill_where {
  * what it returns is stable; bcache.c's invariants say why.
  */
 /* The buffer: NULL while not resident. Its first len bytes stay unchanged while the
- * caller's reference makes the block shared (invariant 3), or the caller is its writer
+ * caller's reference makes the block shared (bcache.c invariant 3), or the caller is its writer
  * (WRITING) and may modify them. Borrowed: valid until the caller's reference goes,
  * and for a non-writer only once bc_block_load returned 0. */
 void *bc_block_buf(const struct bc_block *b);
@@ -99,7 +103,7 @@ uint64_t bc_block_csum(const struct bc_block *b);
 /* Data block's key (for log lines); zeros for a ckpt block. */
 void bc_block_key(const struct bc_block *b, struct bc_fid *fid, uint64_t *index);
 /* Store object name; valid, and unchanging, while BC_STORED is set and the block is
- * not WRITING (the caller's reference makes it shared: invariant 3). Borrowed. */
+ * not WRITING (the caller's reference makes it shared: bcache.c invariant 3). Borrowed. */
 const uint8_t *bc_block_obj(const struct bc_block *b);
 /* The spill location; valid, and unchanging, while BC_SPILLED is set (tier.c
  * invariant 3: the tier reads it with BC_IO held, or in its unspill hook). */
@@ -141,7 +145,7 @@ bool bc_block_put(struct bc *bc, struct bc_block *b);
  * miss); it counts a hit or a miss. The block may be non-resident (spilled): the caller
  * then makes it resident with bc_block_load. */
 struct bc_block *bc_lookup(struct bc *bc, const struct bc_fid *fid, uint64_t index);
-/* Offers a freshly read data block b (csum set) for caching under (fid, index). Returns
+/* Offers a freshly read data block b (NEW: len set, sealed) for caching under (fid, index). Returns
  * a counted reference the caller must put: an existing block under that key (b is then
  * put), or b itself, cached when the budget admits it. Never fails. */
 struct bc_block *bc_insert(struct bc *bc, struct bc_block *b, const struct bc_fid *fid,
