@@ -32,6 +32,9 @@
  *     | +------ I/O error (inv. 4) -------+                                 |   (any number,
  *     +---------------------------- spill_release --------------------------+    concurrent)
  *
+ * (An extent's life only. The block whose copy it holds has its own, in cache/bcache.c
+ * "States": a block with BC_SPILLED points at an extent in SPILLED here.)
+ *
  * On-disk format: a raw block is its bytes, zero-padded to 4 KiB. An lz4 block is a
  * struct spill_lz4_hdr, the compressed bytes, zero padding. Native byte order: the file
  * never leaves this process (invariant 7).
