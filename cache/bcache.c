@@ -22,23 +22,26 @@
  *                (BC_ORPHAN); never picked; in any of the resident states above.
  *   FREED        the last reference went: unlisted, buffer and copy released.
  *
- *                     bc_block_new(CKPT), bc_block_clone
- *                                  |
- *      bc_block_new(DATA)          v        bc_write_begin (ref 1, no I/O)
- *   NEW ------------------->  WRITING  <------------------------------+
- *    |   bc_insert               | bc_write_end (copies dropped)      |
- *    |   (hashed)                v                                    |
- *    +------------------->  RESIDENT[+COPY] -----------------------------+
- *                             ^  |    ^   bc_pick_victims (ref 1, not     |
- *        bc_evict_done(keep)  |  v    |   WRITING/ORPHAN/IO)             |
- *                          EVICTING   |                                  |
- *    bc_evict_done(free,      |       | bc_load_end(ok)                  |
- *    has COPY)                v       |                                  |
- *                        NONRESIDENT --+-> LOADING (bc_load_begin,       |
- *                             ^                  bc_pick_reload)         |
- *                             +------ bc_load_end(failed) <-+            |
- *   any state -- bc_block_disown --> ORPHAN (ckpt); last bc_block_put --> FREED
- *   EVICTING -- bc_evict_done(free, data, no COPY): unhashed --> FREED at the last put
+ *   bc_block_new(DATA)                  bc_block_new(CKPT), bc_block_clone
+ *          |                                         |
+ *          v                                         v
+ *         NEW                 bc_write_begin      WRITING
+ *          |                  (ref 1, resident, ^    |  bc_write_end (copies
+ *          | bc_insert         no I/O)          |    v  dropped, csum stale)
+ *          +------------------------------> RESIDENT[+COPY] <---------------+
+ *                                             |      ^                     |
+ *                 bc_pick_victims (ref 1;     |      | bc_evict_done       | bc_load_end
+ *                 not WRITING, ORPHAN, I/O)   v      | (keep)              | (ok)
+ *                                          EVICTING -+                  LOADING
+ *                                             |                          ^    |
+ *                bc_evict_done(free), COPY    v                          |    | bc_load_end
+ *                                        NONRESIDENT --------------------+    | (failed)
+ *                                             ^  bc_load_begin, bc_pick_reload |
+ *                                             +--------------------------------+
+ *
+ *   EVICTING --bc_evict_done(free), data without COPY: unhashed--> FREED at the last put
+ *   a ckpt block in any state --bc_block_disown--> +ORPHAN: never picked again
+ *   any state --the last bc_block_put--> FREED (LOADING and EVICTING hold a reference)
  *
  * Transitions, who performs them, who calls, under which lock (all take the shard
  * mutex inside; none is called with a shard mutex held):
