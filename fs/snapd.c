@@ -148,8 +148,13 @@ static int snapd_persist(struct snapd *sd, struct snapd_job *job, int trust_stor
 	uint64_t i, j, nb;
 	int rc;
 
+	uint64_t new_bytes = 0;
+
+	/* job's counters are read by list and progress under sd->mu: written under it. */
+	pthread_mutex_lock(&sd->mu);
 	job->new_bytes = 0;
 	job->done = 0;
+	pthread_mutex_unlock(&sd->mu);
 	for (i = 0; i < mf->nentries; i++) {
 		struct mf_entry *e = &mf->entries[i];
 
@@ -161,13 +166,14 @@ static int snapd_persist(struct snapd *sd, struct snapd_job *job, int trust_stor
 			nb = 0;
 			if ((rc = snapd_put_block(sd, &e->blocks[j], b, trust_stored, &nb)))
 				return rc;
-			job->new_bytes += nb;
+			new_bytes += nb;
 			pthread_mutex_lock(&sd->mu);
+			job->new_bytes = new_bytes;
 			job->done += e->blocks[j].len;
 			pthread_mutex_unlock(&sd->mu);
 		}
 	}
-	mf->new_bytes = job->new_bytes;
+	mf->new_bytes = new_bytes;
 	return store_commit(sd->st, mf);
 }
 
@@ -209,6 +215,9 @@ static void snapd_retention(struct snapd *sd);
 static void snapd_run_job(struct snapd *sd, struct snapd_job *job)
 {
 	uint64_t t0 = mlfs_now_ns();
+	/* Read now: once the job leaves PENDING below, a waiter may reap and free it the
+	 * moment sd->mu is dropped, so nothing after that unlock may touch *job. */
+	int automatic = job->automatic;
 	int rc;
 
 	pthread_mutex_lock(&sd->store_mu);
@@ -250,7 +259,8 @@ static void snapd_run_job(struct snapd *sd, struct snapd_job *job)
 	job->fz = NULL;
 	pthread_cond_broadcast(&sd->cv);
 	pthread_mutex_unlock(&sd->mu);
-	if (!rc && job->automatic)
+	/* job may be freed by now (see above): only the copies. */
+	if (!rc && automatic)
 		snapd_retention(sd);
 }
 
