@@ -221,6 +221,11 @@ static void snapd_run_job(struct snapd *sd, struct snapd_job *job)
 	int rc;
 
 	pthread_mutex_lock(&sd->store_mu);
+	/* A failed directory fsync broke the handle (store.h): every later snapshot would
+	 * fail until a restart, the final one included. Recover it: the commit then syncs
+	 * everything again before it relies on anything. */
+	if (store_broken(sd->st))
+		store_recover(sd->st);
 	rc = snapd_persist(sd, job, 1);
 	if (rc == -ENOENT) {
 		/* An object we knew as stored is gone (a gc after its snapshot was deleted):
@@ -769,7 +774,7 @@ int snapd_new(struct mlfs *m, struct snapd **out)
 		goto out_free;
 	}
 	snprintf(path, sizeof(path), "%s/lock", store_path(sd->st));
-	sd->pin_fd = open(path, O_RDWR | O_CLOEXEC);
+	sd->pin_fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK); /* store.c checked it */
 	if (sd->pin_fd < 0 || flock(sd->pin_fd, LOCK_SH)) {
 		rc = -errno;
 		fprintf(stderr, "mlfs: store %s: cannot lock: %s\n", m->cfg.store, strerror(-rc));
