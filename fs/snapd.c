@@ -774,7 +774,9 @@ int snapd_new(struct mlfs *m, struct snapd **out)
 		goto out_free;
 	}
 	snprintf(path, sizeof(path), "%s/lock", store_path(sd->st));
-	sd->pin_fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK); /* store.c checked it */
+	/* Read-only: a shared lock needs no more, and a lock file held open for writing
+	 * would keep the store's filesystem from being remounted read-only. */
+	sd->pin_fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 	if (sd->pin_fd < 0 || flock(sd->pin_fd, LOCK_SH)) {
 		rc = -errno;
 		fprintf(stderr, "mlfs: store %s: cannot lock: %s\n", m->cfg.store, strerror(-rc));

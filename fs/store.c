@@ -455,7 +455,10 @@ int store_open(const char *dir, int flags, struct store **out)
 		goto fail;
 	s->objfd = openat(s->dirfd, "objects", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	s->snapfd = openat(s->dirfd, "snaps", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	s->lockfd = openat(s->dirfd, "lock", O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK,
+	/* Read-only: a shared lock needs no more (NFS too), and a store whose lock file a
+	 * daemon holds open for writing cannot be remounted read-only; gc opens its own
+	 * descriptor for the exclusive lock (store_gc_keep). */
+	s->lockfd = openat(s->dirfd, "lock", O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK,
 			   0644);
 	if (s->objfd < 0 || s->snapfd < 0 || s->lockfd < 0) {
 		rc = -errno;
@@ -1294,15 +1297,22 @@ int store_gc_keep(struct store *s, const uint8_t (*keep)[STORE_HASH_LEN], size_t
 {
 	struct hset live = { 0 };
 	uint64_t objs = 0, bytes = 0;
-	int rc = 0;
+	int rc = 0, xfd = -1;
 
 	pthread_mutex_lock(&s->mu);
 	if (s->broken || s->session) {
 		rc = s->broken ? s->broken : -EBUSY;
 		goto out_unlock;
 	}
-	/* Invariant 3: exclusive, and without waiting so gc never stalls a snapshot. */
-	if (flock(s->lockfd, LOCK_EX | LOCK_NB)) {
+	/* Invariant 3: exclusive, and without waiting so gc never stalls a snapshot. On
+	 * NFS an exclusive flock is a write lock, which needs a descriptor open for
+	 * writing: gc's own, for its duration only. */
+	xfd = openat(s->dirfd, "lock", O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	if (xfd < 0) {
+		rc = -errno;
+		goto out_unlock;
+	}
+	if (flock(xfd, LOCK_EX | LOCK_NB)) {
 		rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
 		goto out_unlock;
 	}
@@ -1317,8 +1327,10 @@ int store_gc_keep(struct store *s, const uint8_t (*keep)[STORE_HASH_LEN], size_t
 	for (int i = 0; i < 256 && !rc; i++)
 		rc = gc_sweep_dir(s, i, &live, &objs, &bytes);
 out_release:
-	flock(s->lockfd, LOCK_UN);
+	flock(xfd, LOCK_UN);
 out_unlock:
+	if (xfd >= 0)
+		close(xfd);
 	pthread_mutex_unlock(&s->mu);
 	hset_free(&live);
 	if (removed_objects)
