@@ -73,6 +73,20 @@ struct snapd {
 	uint64_t delta_bytes;
 };
 
+/* The longest autosnap interval honoured: a year. Longer ones (autosnap=1e30, mtbf=inf
+ * under autosnap=auto) would overflow time_t, and a wait that fails at once spins. */
+#define SNAPD_INTERVAL_MAX_S (365.0 * 86400)
+
+/* An absolute CLOCK_MONOTONIC time ns from now for pthread_cond_timedwait on sd->cv
+ * (whose clock is CLOCK_MONOTONIC: an NTP step at boot must not stretch or cut waits). */
+static struct timespec snapd_abstime(uint64_t ns_from_now)
+{
+	uint64_t t = mlfs_now_ns() + ns_from_now;
+
+	return (struct timespec){ .tv_sec = (time_t)(t / 1000000000ull),
+				  .tv_nsec = (long)(t % 1000000000ull) };
+}
+
 static void snapd_time_name(char *buf, size_t len, const char *prefix)
 {
 	time_t t = time(NULL);
@@ -391,12 +405,7 @@ static int snapd_wait(struct snapd *sd, struct snapd_job *job, uint64_t deadline
 			progress(arg, done, total);
 			pthread_mutex_lock(&sd->mu);
 		}
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += 200000000;
-		if (ts.tv_nsec >= 1000000000) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000;
-		}
+		ts = snapd_abstime(200000000ull);
 		pthread_cond_timedwait(&sd->cv, &sd->mu, &ts);
 	}
 	rc = job->rc;
@@ -445,6 +454,9 @@ static int ctl_take(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 				    "characters, at most 255 bytes, not 'latest')");
 		else if (rc == -EEXIST)
 			ctl_fail(r, "take: a snapshot named '%s' exists already", name);
+		else if (rc == -EBUSY)
+			ctl_fail(r, "take: a write held a file for over a second (a spill "
+				    "reload?); nothing taken, try again");
 		else
 			ctl_fail(r, "take: %s", strerror(-rc));
 		return rc;
@@ -720,12 +732,14 @@ static void *snapd_autosnap(void *arg)
 
 		if (m->cfg.autosnap_auto)
 			iv = snapd_interval(sd, &delta, &measured);
-		if (iv < 1)
-			iv = 1;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_sec += (time_t)iv;
+		if (!(iv >= 1))
+			iv = 1; /* also NaN */
+		if (iv > SNAPD_INTERVAL_MAX_S)
+			iv = SNAPD_INTERVAL_MAX_S;
+		ts = snapd_abstime((uint64_t)(iv * 1e9));
 		pthread_mutex_lock(&sd->mu);
-		while (!sd->stopping && pthread_cond_timedwait(&sd->cv, &sd->mu, &ts) != ETIMEDOUT)
+		/* Any error but a wake-up ends the wait (EINVAL must not spin). */
+		while (!sd->stopping && pthread_cond_timedwait(&sd->cv, &sd->mu, &ts) == 0)
 			;
 		int stop = sd->stopping;
 		int changed = snapd_changed_locked(sd);
@@ -765,7 +779,14 @@ int snapd_new(struct mlfs *m, struct snapd **out)
 	sd->pin_fd = -1;
 	pthread_mutex_init(&sd->mu, NULL);
 	pthread_mutex_init(&sd->store_mu, NULL);
-	pthread_cond_init(&sd->cv, NULL);
+	{
+		pthread_condattr_t ca;
+
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* snapd_abstime */
+		pthread_cond_init(&sd->cv, &ca);
+		pthread_condattr_destroy(&ca);
+	}
 	if ((rc = store_open(m->cfg.store, STORE_CREATE, &sd->st))) {
 		fprintf(stderr, "mlfs: store %s: %s\n", m->cfg.store,
 			rc == -EINVAL ? "not an mlfs store (a store is an empty directory, "
@@ -846,10 +867,15 @@ static int snapd_drain(struct snapd *sd, uint64_t deadline)
 
 int snapd_finish(struct snapd *sd, const char *why, int deadline_s)
 {
-	uint64_t deadline = deadline_s ? mlfs_now_ns() + (uint64_t)deadline_s * 1000000000ull : 0;
+	return snapd_finish_by(sd, why, deadline_s ? mlfs_now_ns() +
+					(uint64_t)deadline_s * 1000000000ull : 0);
+}
+
+int snapd_finish_by(struct snapd *sd, const char *why, uint64_t deadline)
+{
 	struct snapd_job *job = NULL;
 	char name[64];
-	int changed, rc;
+	int changed, rc, busy = 0;
 
 	/* Pending snapshots first: if one fails, its changes are still "changed" below
 	 * and go into the final snapshot (invariant 1). */
@@ -865,7 +891,19 @@ int snapd_finish(struct snapd *sd, const char *why, int deadline_s)
 		goto out;
 	}
 	snapd_time_name(name, sizeof(name), why);
-	rc = snapd_take(sd, name, 0, &job);
+	/* A freeze gives up after a second of writers holding a file (ckpt_freeze):
+	 * again until the deadline, which holds whatever the writers do. */
+	while ((rc = snapd_take(sd, name, 0, &job)) == -EBUSY &&
+	       (!deadline || mlfs_now_ns() + 1000000000ull < deadline)) {
+		if (!busy++)
+			log_warn("snap: %s: a writer holds a file; retrying the freeze", why);
+	}
+	if (rc == -EEXIST) {
+		/* Two final snapshots in one second (a preemption's, then the unmount's
+		 * for what changed after it): a distinct name. */
+		snprintf(name + strlen(name), sizeof(name) - strlen(name), "-2");
+		rc = snapd_take(sd, name, 0, &job);
+	}
 	if (rc) {
 		log_err("snap: %s: final snapshot %s not taken: %s", why, name, strerror(-rc));
 		goto out;
@@ -874,9 +912,8 @@ int snapd_finish(struct snapd *sd, const char *why, int deadline_s)
 	log_info("snap: %s: final snapshot %s %s", why, name, rc ? strerror(-rc) : "durable");
 out:
 	if (rc == -ETIMEDOUT)
-		log_err("snap: %s: the %d s deadline passed before everything was persisted; "
-			"snapshots not yet durable are lost, durable ones are intact", why,
-			deadline_s);
+		log_err("snap: %s: the deadline passed before everything was persisted; "
+			"snapshots not yet durable are lost, durable ones are intact", why);
 	return rc;
 }
 
