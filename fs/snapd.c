@@ -477,38 +477,59 @@ static int ctl_take(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 static int ctl_list(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 {
 	struct snapd *sd = snapd_of(m);
-	struct store_snap_info *v;
-	size_t n;
-	int rc;
+	struct store_snap_info *v = NULL, *pend = NULL;
+	size_t n = 0, np = 0, cap = 0, i, k;
+	int rc = 0;
 
-	struct snapd_job *j;
-	size_t k;
+	/* The pending jobs first, then the store, both without sd->store_mu: a persist
+	 * holds that for as long as the store takes (a slow or frozen store), and list must
+	 * not wait for it (store_list is safe at any time). In this order a job that
+	 * commits in between is in the store's list, never in neither. */
+	pthread_mutex_lock(&sd->mu);
+	for (struct snapd_job *j = sd->jobs; j && !rc; j = j->next) {
+		if (j->state != JOB_PENDING)
+			continue;
+		if (np == cap) {
+			void *p = realloc(pend, (cap = cap ? 2 * cap : 8) * sizeof(*pend));
 
-	pthread_mutex_lock(&sd->store_mu);
-	rc = store_list(sd->st, STORE_LIST_DAMAGED, &v, &n);
-	pthread_mutex_unlock(&sd->store_mu);
-	if (rc)
+			if (!p) {
+				rc = -ENOMEM;
+				break;
+			}
+			pend = p;
+		}
+		memset(&pend[np], 0, sizeof(pend[np]));
+		snprintf(pend[np].name, sizeof(pend[np].name), "%s", j->name);
+		pend[np].time_ns = j->time_ns;
+		pend[np].files = j->files;
+		pend[np].logical_bytes = j->logical;
+		pend[np].new_bytes = j->new_bytes;
+		np++;
+	}
+	pthread_mutex_unlock(&sd->mu);
+	if (!rc)
+		rc = store_list(sd->st, STORE_LIST_DAMAGED, &v, &n);
+	if (rc) {
+		free(pend);
 		return ctl_fail(r, "list: %s", strerror(-rc)), rc;
+	}
 	/* One record a line: NAME TIME_NS FILES LOGICAL NEW STATE, tab separated; the
 	 * client prints them as the offline list does. */
-	for (size_t i = 0; i < n; i++)
+	for (i = 0; i < n; i++)
 		ctl_out(r, "snap\t%s\t%" PRId64 "\t%" PRIu64 "\t%" PRIu64 "\t%" PRIu64 "\t%s",
 			v[i].name, v[i].time_ns, v[i].files, v[i].logical_bytes, v[i].new_bytes,
 			v[i].state == STORE_SNAP_DAMAGED ? "damaged" : "durable");
-	/* Jobs still pending after the store was read; one that committed just before
-	 * is in the store's list already and is not shown twice. */
-	pthread_mutex_lock(&sd->mu);
-	for (j = sd->jobs; j; j = j->next) {
+	for (i = 0; i < np; i++) {
 		int listed = 0;
 
 		for (k = 0; k < n; k++)
-			listed |= !strcmp(v[k].name, j->name);
-		if (j->state == JOB_PENDING && !listed)
+			listed |= !strcmp(v[k].name, pend[i].name);
+		if (!listed)
 			ctl_out(r, "snap\t%s\t%" PRId64 "\t%" PRIu64 "\t%" PRIu64 "\t%" PRIu64
-				   "\tpending", j->name, j->time_ns, j->files, j->logical,
-				j->new_bytes);
+				   "\tpending", pend[i].name, pend[i].time_ns, pend[i].files,
+				pend[i].logical_bytes, pend[i].new_bytes);
 	}
-	pthread_mutex_unlock(&sd->mu);
+	free(pend);
 	free(v);
 	return 0;
 }
