@@ -140,7 +140,6 @@ int ctl_new(struct mlfs *m, struct ctl **out)
 		log_err("control: cannot use a socket directory (%s): %s", c->dir, strerror(-rc));
 		goto out_free;
 	}
-	ctl_remove_stale(c->dir);
 	snprintf(c->path, sizeof(c->path), "%s/%d.sock", c->dir, (int)getpid());
 	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (c->fd < 0) {
@@ -363,7 +362,12 @@ static void *ctl_accept_loop(void *arg)
 
 int ctl_start(struct ctl *c)
 {
-	int rc = pthread_create(&c->thread, NULL, ctl_accept_loop, c);
+	int rc;
+
+	/* Here, once the daemon is up, not in ctl_new: a mount that fails prints one
+	 * line, and our own socket listens already (it refuses nothing, so it stays). */
+	ctl_remove_stale(c->dir);
+	rc = pthread_create(&c->thread, NULL, ctl_accept_loop, c);
 
 	if (rc)
 		return -rc;

@@ -441,6 +441,8 @@ static void *mlfs_signals(void *arg)
 		mlfs_sig.phase = 2;
 		if (mlfs_sig.final_ran)
 			rc = mlfs_sig.final_rc;
+		else if (!mlfs_sig.preempt_running)
+			rc = -ETIMEDOUT; /* main's final rule (or no store) did not finish */
 		if (loop_stuck)
 			/* A FUSE request never returned (a read blocked on SOURCE, say). */
 			log_err("SIGTERM: the FUSE session did not end within the %d s deadline "
