@@ -1440,12 +1440,17 @@ static int ckpt_freeze_locked(struct ckpt_ns *ns, struct ckpt_fz *z, struct ckpt
 	return 0;
 }
 
+/* How long ckpt_freeze retries while a writer holds a file's content lock. */
+#define CKPT_FREEZE_RETRY_NS 1000000000ll
+
 int ckpt_freeze(struct ckpt_ns *ns, const char *name, struct ckpt_frozen **out)
 {
 	struct ckpt_fz z;
 	unsigned attempt;
+	struct timespec t0, t1;
 	int rc;
 
+	clock_gettime(CLOCK_MONOTONIC, &t0);
 	for (attempt = 0;; attempt++) {
 		memset(&z, 0, sizeof(z));
 		z.f = calloc(1, sizeof(*z.f));
@@ -1464,7 +1469,13 @@ int ckpt_freeze(struct ckpt_ns *ns, const char *name, struct ckpt_frozen **out)
 			break;
 		ckpt_frozen_free(ns, z.f);
 		/* A write is mid-copy in some file: let it finish. Writers hold a file
-		 * lock for one request (at most 1 MiB of memcpy), so this ends fast. */
+		 * lock for one request (at most 1 MiB of memcpy), so this ends fast, but
+		 * a spill reload under that lock may take long: bounded (issue 9), the
+		 * caller (a preemption's deadline) decides whether to try again. */
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		if ((t1.tv_sec - t0.tv_sec) * 1000000000ll + (t1.tv_nsec - t0.tv_nsec) >=
+		    CKPT_FREEZE_RETRY_NS)
+			return -EBUSY;
 		usleep(attempt < 10 ? 50 : 1000);
 	}
 	if (rc) {

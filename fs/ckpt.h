@@ -89,6 +89,8 @@ int ckpt_removexattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *nam
  * block hashes left empty for the persister) and takes a reference on every block,
  * so later writes copy instead of changing what was frozen. Pointer work only:
  * O(inodes + blocks), milliseconds for gigabytes. The frozen tree is handed over.
+ * -EBUSY when writers kept a file's content lock for a second of retries (a spill
+ * reload under it): the caller may try again (the preemption deadline bounds that).
  */
 struct mf_manifest;
 struct ckpt_frozen {

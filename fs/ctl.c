@@ -3,6 +3,7 @@
  */
 #include "fs/ctl.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -11,6 +12,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -20,6 +22,14 @@
 
 #define CTL_LINE_MAX 4096
 #define CTL_CMDS_MAX 32
+/* Connections served at once; more are answered EBUSY and closed. Each costs a thread;
+ * only root and the owner can connect (socket mode 0600), so this bounds a runaway
+ * script, not an attacker. */
+#define CTL_CONN_MAX 32
+/* A client has this long to send its request line, and each reply line this long to
+ * drain: an idle or stuck client costs a thread for seconds, never holds the daemon
+ * past its unmount (ctl_free). Commands themselves (take --wait) are not bounded. */
+#define CTL_IO_TIMEOUT_S 5
 
 struct ctl_cmd {
 	const char *name;
@@ -38,13 +48,14 @@ struct ctl {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	int running, stopping;
+	int conns[CTL_CONN_MAX];	/* fds of the connections being served, -1 free */
 	struct ctl_cmd cmds[CTL_CMDS_MAX];
 	int ncmds;
 };
 
 struct ctl_req {
 	struct ctl *c;
-	int fd;
+	int fd, slot;
 	uid_t uid;
 	char msg[512];
 };
@@ -79,6 +90,45 @@ static int ctl_pick_dir(char *dir, size_t len)
 	return 0;
 }
 
+/* Removes the sockets of daemons that died without ctl_free (kill -9, a crash) from dir:
+ * a socket file of ours (our uid) that refuses a connection has no listener. A live
+ * daemon's socket accepts (or is busy: EAGAIN) and stays; files of other users, and
+ * anything but sockets, are left alone. Costs one connect per socket file at start. */
+static void ctl_remove_stale(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int n = 0;
+
+	if (!d)
+		return;
+	while ((e = readdir(d))) {
+		struct sockaddr_un sa = { .sun_family = AF_UNIX };
+		size_t l = strlen(e->d_name);
+		struct stat st;
+		int fd, rc;
+
+		if (l < 6 || strcmp(e->d_name + l - 5, ".sock"))
+			continue;
+		if (snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/%s", dir, e->d_name) >=
+		    (int)sizeof(sa.sun_path))
+			continue;
+		if (lstat(sa.sun_path, &st) || !S_ISSOCK(st.st_mode) || st.st_uid != geteuid())
+			continue;
+		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+		if (fd < 0)
+			break;
+		rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) ? errno : 0;
+		close(fd);
+		if (rc == ECONNREFUSED && !unlink(sa.sun_path))
+			n++;
+	}
+	closedir(d);
+	if (n)
+		log_info("control: removed %d stale socket%s of dead daemons from %s", n,
+			 n == 1 ? "" : "s", dir);
+}
+
 int ctl_new(struct mlfs *m, struct ctl **out)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -111,6 +161,8 @@ int ctl_new(struct mlfs *m, struct ctl **out)
 	}
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_cond_init(&c->cv, NULL);
+	for (int i = 0; i < CTL_CONN_MAX; i++)
+		c->conns[i] = -1;
 	*out = c;
 	return 0;
 
@@ -232,6 +284,9 @@ static void *ctl_serve(void *arg)
 	else
 		snprintf(line, sizeof(line), "ok\n");
 	ctl_write_all(r->fd, line, strlen(line));
+	pthread_mutex_lock(&c->mu);
+	c->conns[r->slot] = -1; /* before the close: ctl_free never shuts down a reused fd */
+	pthread_mutex_unlock(&c->mu);
 	close(r->fd);
 	free(r);
 	pthread_mutex_lock(&c->mu);
@@ -243,7 +298,10 @@ static void *ctl_serve(void *arg)
 
 static void *ctl_accept_loop(void *arg)
 {
+	static const char busy[] = "err 16 too many control connections at once; try again\n";
+	struct timeval tmo = { .tv_sec = CTL_IO_TIMEOUT_S };
 	struct ctl *c = arg;
+	unsigned busy_logged = 0;
 
 	for (;;) {
 		struct ucred cred;
@@ -266,6 +324,8 @@ static void *ctl_accept_loop(void *arg)
 		r->c = c;
 		r->fd = fd;
 		r->uid = cred.uid;
+		setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tmo, sizeof(tmo));
+		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tmo, sizeof(tmo));
 		pthread_mutex_lock(&c->mu);
 		if (c->stopping) {
 			pthread_mutex_unlock(&c->mu);
@@ -273,14 +333,28 @@ static void *ctl_accept_loop(void *arg)
 			free(r);
 			break;
 		}
+		for (r->slot = 0; r->slot < CTL_CONN_MAX && c->conns[r->slot] >= 0; r->slot++)
+			;
+		if (r->slot == CTL_CONN_MAX) {
+			pthread_mutex_unlock(&c->mu);
+			if (!busy_logged++)
+				log_warn("control: %d connections at once; refusing more (EBUSY)",
+					 CTL_CONN_MAX);
+			ctl_write_all(fd, busy, strlen(busy));
+			close(fd);
+			free(r);
+			continue;
+		}
+		c->conns[r->slot] = fd;
 		c->running++;
 		pthread_mutex_unlock(&c->mu);
 		if (pthread_create(&t, NULL, ctl_serve, r)) {
-			close(fd);
-			free(r);
 			pthread_mutex_lock(&c->mu);
+			c->conns[r->slot] = -1;
 			c->running--;
 			pthread_mutex_unlock(&c->mu);
+			close(fd);
+			free(r);
 			continue;
 		}
 		pthread_detach(t);
@@ -290,7 +364,12 @@ static void *ctl_accept_loop(void *arg)
 
 int ctl_start(struct ctl *c)
 {
-	int rc = pthread_create(&c->thread, NULL, ctl_accept_loop, c);
+	int rc;
+
+	/* Here, once the daemon is up, not in ctl_new: a mount that fails prints one
+	 * line, and our own socket listens already (it refuses nothing, so it stays). */
+	ctl_remove_stale(c->dir);
+	rc = pthread_create(&c->thread, NULL, ctl_accept_loop, c);
 
 	if (rc)
 		return -rc;
@@ -308,7 +387,12 @@ void ctl_free(struct ctl *c)
 	shutdown(c->fd, SHUT_RDWR);
 	if (c->started)
 		pthread_join(c->thread, NULL);
+	/* A client still sending (or sending nothing) gets end of file now: shutdown never
+	 * waits for a client. Commands already running finish (their replies still go). */
 	pthread_mutex_lock(&c->mu);
+	for (int i = 0; i < CTL_CONN_MAX; i++)
+		if (c->conns[i] >= 0)
+			shutdown(c->conns[i], SHUT_RD);
 	while (c->running)
 		pthread_cond_wait(&c->cv, &c->mu);
 	pthread_mutex_unlock(&c->mu);

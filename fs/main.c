@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <limits.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -304,16 +305,158 @@ static int ctl_stats(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 	return 0;
 }
 
-/* SIGTERM is how a cloud's preemption notice reaches a VM's services: remember it, so
- * that the final snapshot runs against preempt_deadline, and end the loop as libfuse's
- * own handler does. */
-static volatile sig_atomic_t mlfs_sigterm;
+/*
+ * Signals. SIGTERM is how a cloud's preemption notice reaches a VM's services; SIGINT
+ * and SIGHUP end the daemon as an unmount does (exit 1, as libfuse's handler made it).
+ * All three are blocked in every thread (main blocks them before the first thread is
+ * made; threads inherit the mask) and taken by one thread, mlfs_signals, with sigwait:
+ * a signal no longer waits for some FUSE worker's next request, and no handler runs in
+ * the middle of anything. On SIGTERM it stamps the deadline (CLOCK_MONOTONIC, the
+ * moment the signal arrived), starts the emergency snapshot at once, while the FUSE
+ * session still drains (a worker blocked on a slow SOURCE or store cannot delay it),
+ * and makes the deadline hold: if the process has not finished by then it unmounts
+ * (if the loop never ended) and leaves. It ends the loop by fuse_session_exit plus
+ * SIGUSR2 to the main thread, whose sem_wait in fuse_session_loop_mt it interrupts.
+ *
+ * phase, under mu: 0 the FUSE loop runs; 1 main is past it (main owns the session and
+ * the unmount from then on); 2 the signal thread claimed the exit (main must stop).
+ */
+static struct {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;		/* CLOCK_MONOTONIC */
+	pthread_t main_thread, thread;
+	int sig;			/* the first signal taken; 0 none */
+	uint64_t deadline_ns;		/* SIGTERM: mlfs_now_ns() + preempt_deadline */
+	int phase;
+	int preempt_running, preempt_done, preempt_rc;
+	int final_ran, final_rc;	/* main's final rule ran; the exit status it gives */
+	int final_done;			/* main is returning */
+	int preempt_deadline_s;		/* m->cfg's, copied: m goes when main returns */
+	int unmounted;			/* fuse_session_unmount done (by either thread) */
+} mlfs_sig = { .mu = PTHREAD_MUTEX_INITIALIZER };
 
-static void mlfs_on_sigterm(int sig)
+static void mlfs_on_usr2(int sig)
 {
-	mlfs_sigterm = 1;
-	if (mlfs_g && mlfs_g->se)
-		fuse_session_exit(mlfs_g->se);
+	/* Only interrupts the main thread's sem_wait (mlfs_signals). */
+}
+
+static int mlfs_sig_block(void)
+{
+	sigset_t set;
+	struct sigaction sa = { .sa_handler = SIG_IGN };
+	pthread_condattr_t ca;
+
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGPIPE, &sa, NULL); /* what fuse_set_signal_handlers did besides */
+	sa.sa_handler = mlfs_on_usr2;
+	sigaction(SIGUSR2, &sa, NULL); /* no SA_RESTART: sem_wait returns EINTR */
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&mlfs_sig.cv, &ca);
+	pthread_condattr_destroy(&ca);
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGHUP);
+	return pthread_sigmask(SIG_BLOCK, &set, NULL);
+}
+
+/* fuse_session_unmount once, by whichever thread comes first: under mlfs_sig.mu, so
+ * that the signal thread leaving at the deadline never leaves the mount behind nor
+ * races main's unmount. */
+static void mlfs_sig_unmount_locked(struct fuse_session *se)
+{
+	if (!mlfs_sig.unmounted && se)
+		fuse_session_unmount(se);
+	mlfs_sig.unmounted = 1;
+}
+
+static void mlfs_sig_unmount(struct fuse_session *se)
+{
+	pthread_mutex_lock(&mlfs_sig.mu);
+	mlfs_sig_unmount_locked(se);
+	pthread_mutex_unlock(&mlfs_sig.mu);
+}
+
+/* Ends the FUSE loop (phase 0 only; under mlfs_sig.mu). */
+static void mlfs_sig_end_loop_locked(struct mlfs *m)
+{
+	if (mlfs_sig.phase != 0 || !m->se)
+		return;
+	fuse_session_exit(m->se);
+	pthread_kill(mlfs_sig.main_thread, SIGUSR2);
+}
+
+static void *mlfs_signals(void *arg)
+{
+	struct mlfs *m = arg;
+	sigset_t set;
+	int sig, rc;
+
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGHUP);
+	for (;;) {
+		if (sigwait(&set, &sig))
+			continue;
+		pthread_mutex_lock(&mlfs_sig.mu);
+		if (mlfs_sig.sig) {
+			pthread_mutex_unlock(&mlfs_sig.mu);
+			log_info("signal %d: already stopping", sig);
+			continue;
+		}
+		mlfs_sig.sig = sig;
+		if (sig == SIGTERM)
+			mlfs_sig.deadline_ns = mlfs_now_ns() +
+					       (uint64_t)mlfs_sig.preempt_deadline_s * 1000000000ull;
+		mlfs_sig_end_loop_locked(m);
+		/* The emergency snapshot runs here only while the loop may still be
+		 * running; once main is past it, main's final rule has the deadline. */
+		mlfs_sig.preempt_running = sig == SIGTERM && m->snapd && mlfs_sig.phase == 0;
+		pthread_mutex_unlock(&mlfs_sig.mu);
+		if (sig != SIGTERM)
+			continue; /* main applies the final rule, as for an unmount */
+		log_info("SIGTERM: preemption; persisting within %d s", mlfs_sig.preempt_deadline_s);
+		rc = 0;
+		if (mlfs_sig.preempt_running)
+			rc = snapd_finish_by(m->snapd, "preempt", mlfs_sig.deadline_ns);
+		pthread_mutex_lock(&mlfs_sig.mu);
+		mlfs_sig.preempt_done = 1;
+		mlfs_sig.preempt_rc = rc;
+		pthread_cond_broadcast(&mlfs_sig.cv);
+		/* The deadline holds: wait for main to finish, not past it. */
+		struct timespec ts = { .tv_sec = (time_t)(mlfs_sig.deadline_ns / 1000000000ull),
+				       .tv_nsec = (long)(mlfs_sig.deadline_ns % 1000000000ull) };
+
+		while (!mlfs_sig.final_done &&
+		       pthread_cond_timedwait(&mlfs_sig.cv, &mlfs_sig.mu, &ts) == 0)
+			;
+		if (mlfs_sig.final_done) {
+			pthread_mutex_unlock(&mlfs_sig.mu);
+			continue; /* main returns by itself */
+		}
+		int loop_stuck = mlfs_sig.phase == 0;
+
+		mlfs_sig.phase = 2;
+		if (mlfs_sig.final_ran)
+			rc = mlfs_sig.final_rc;
+		else if (!mlfs_sig.preempt_running)
+			rc = -ETIMEDOUT; /* main's final rule (or no store) did not finish */
+		if (loop_stuck)
+			/* A FUSE request never returned (a read blocked on SOURCE, say). */
+			log_err("SIGTERM: the FUSE session did not end within the %d s deadline "
+				"(a request is blocked); unmounting and leaving %s",
+				mlfs_sig.preempt_deadline_s, rc ? "without a durable final snapshot"
+				: "with the emergency snapshot durable");
+		else
+			log_err("SIGTERM: the %d s deadline passed while stopping; leaving now",
+				mlfs_sig.preempt_deadline_s);
+		/* Under mu to the end: main cannot be inside its own unmount meanwhile. */
+		mlfs_sig_unmount_locked(m->se);
+		_exit(rc ? 1 : 0);
+	}
+	return NULL;
 }
 
 /* The tier manager's configuration from the mount options. MLFS_TIER_DROP=always|never
@@ -425,6 +568,9 @@ int main(int argc, char **argv)
 	}
 	if (build_config(&o, src, mnt, &m.cfg))
 		return 1;
+	/* Before the first thread: every thread inherits the mask (mlfs_signals). */
+	if (mlfs_sig_block())
+		return die("cannot block signals%s%s", "", "");
 	/* Rebuild the library's arguments: program name, our fixed options, and what the
 	 * user gave that is not ours (fuse_opt_parse left those in args). */
 	struct fuse_args fargs = FUSE_ARGS_INIT(0, NULL);
@@ -467,23 +613,21 @@ int main(int argc, char **argv)
 	if (!se)
 		goto out_stop; /* libfuse printed why (an unknown option, say) */
 	m.se = se;
-	if (fuse_set_signal_handlers(se))
-		goto out_destroy;
-	{
-		struct sigaction sa = { .sa_handler = mlfs_on_sigterm };
-
-		sigemptyset(&sa.sa_mask);
-		sigaction(SIGTERM, &sa, NULL);
-	}
 	if (fuse_session_mount(se, m.cfg.mountpoint)) {
 		fprintf(stderr, "mlfs: cannot mount on %s\n", m.cfg.mountpoint);
-		goto out_signals;
+		goto out_destroy;
 	}
 	if (fuse_daemonize(m.cfg.foreground))
 		goto out_unmount;
 	if (!m.cfg.foreground)
 		log_to_syslog();
 	/* The tier's threads (governor, io_uring, tier) after the fork, as ctl's. */
+	mlfs_sig.main_thread = pthread_self();
+	mlfs_sig.preempt_deadline_s = m.cfg.preempt_deadline;
+	if (pthread_create(&mlfs_sig.thread, NULL, mlfs_signals, &m)) {
+		log_err("cannot start the signal thread");
+		goto out_unmount;
+	}
 	if (tier_start(m.tier) || ctl_start(m.ctl))
 		goto out_unmount;
 	if (m.snapd && snapd_start(m.snapd))
@@ -498,26 +642,47 @@ int main(int argc, char **argv)
 	r = fuse_session_loop_mt(se, lc);
 	rc = r && r != -ECONNABORTED ? 1 : 0;
 	fuse_loop_cfg_destroy(lc);
+	pthread_mutex_lock(&mlfs_sig.mu);
+	if (mlfs_sig.phase == 2) { /* the deadline passed: the signal thread leaves */
+		pthread_mutex_unlock(&mlfs_sig.mu);
+		for (;;)
+			pause();
+	}
+	mlfs_sig.phase = 1;
+	int sig = mlfs_sig.sig;
+	uint64_t deadline = mlfs_sig.deadline_ns;
+
+	if (sig == SIGINT || sig == SIGHUP)
+		rc = 1; /* as libfuse's handler reported them */
+	/* The emergency snapshot (mlfs_signals) first: ours is the second, of what
+	 * changed after its freeze. */
+	while (mlfs_sig.preempt_running && !mlfs_sig.preempt_done)
+		pthread_cond_wait(&mlfs_sig.cv, &mlfs_sig.mu);
+	if (mlfs_sig.preempt_done && mlfs_sig.preempt_rc)
+		rc = 1;
+	pthread_mutex_unlock(&mlfs_sig.mu);
 	/* The final rule (snapd.h): unmounted first, so the tree no longer changes, then
 	 * one last snapshot if it changed, persisted with everything pending. */
-	fuse_session_unmount(se);
+	mlfs_sig_unmount(se);
 	if (m.snapd) {
-		r = snapd_finish(m.snapd, mlfs_sigterm ? "preempt" : "unmount",
-				 mlfs_sigterm ? m.cfg.preempt_deadline : 0);
+		r = snapd_finish_by(m.snapd, sig == SIGTERM ? "preempt" : "unmount",
+				    sig == SIGTERM ? deadline : 0);
 
 		if (r == -ETIMEDOUT)
 			_exit(1); /* the persister may still hold the store: leave now */
 		if (r)
 			rc = 1;
 	}
+	pthread_mutex_lock(&mlfs_sig.mu);
+	mlfs_sig.final_ran = 1;
+	mlfs_sig.final_rc = rc;
+	pthread_mutex_unlock(&mlfs_sig.mu);
 out_unmount:
-	fuse_session_unmount(se);
+	mlfs_sig_unmount(se);
 	/* Control commands (a restore tells the kernel to forget names through the
 	 * session) must end before the session goes. */
 	ctl_free(m.ctl);
 	m.ctl = NULL;
-out_signals:
-	fuse_remove_signal_handlers(se);
 out_destroy:
 	fuse_session_destroy(se);
 out_stop:
@@ -529,5 +694,10 @@ out_stop:
 	free((char *)m.cfg.spill);
 	free((char *)m.cfg.store);
 	mlfs_opts_free(&o);
+	/* The signal thread is never joined (it may be in sigwait): it only reads this. */
+	pthread_mutex_lock(&mlfs_sig.mu);
+	mlfs_sig.final_done = 1;
+	pthread_cond_broadcast(&mlfs_sig.cv);
+	pthread_mutex_unlock(&mlfs_sig.mu);
 	return rc;
 }

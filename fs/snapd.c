@@ -77,6 +77,20 @@ struct snapd {
 	uint64_t delta_bytes;
 };
 
+/* The longest autosnap interval honoured: a year. Longer ones (autosnap=1e30, mtbf=inf
+ * under autosnap=auto) would overflow time_t, and a wait that fails at once spins. */
+#define SNAPD_INTERVAL_MAX_S (365.0 * 86400)
+
+/* An absolute CLOCK_MONOTONIC time ns from now for pthread_cond_timedwait on sd->cv
+ * (whose clock is CLOCK_MONOTONIC: an NTP step at boot must not stretch or cut waits). */
+static struct timespec snapd_abstime(uint64_t ns_from_now)
+{
+	uint64_t t = mlfs_now_ns() + ns_from_now;
+
+	return (struct timespec){ .tv_sec = (time_t)(t / 1000000000ull),
+				  .tv_nsec = (long)(t % 1000000000ull) };
+}
+
 static void snapd_time_name(char *buf, size_t len, const char *prefix)
 {
 	time_t t = time(NULL);
@@ -154,8 +168,13 @@ static int snapd_persist(struct snapd *sd, struct snapd_job *job, int trust_stor
 	uint64_t i, j, nb;
 	int rc;
 
+	uint64_t new_bytes = 0;
+
+	/* job's counters are read by list and progress under sd->mu: written under it. */
+	pthread_mutex_lock(&sd->mu);
 	job->new_bytes = 0;
 	job->done = 0;
+	pthread_mutex_unlock(&sd->mu);
 	for (i = 0; i < mf->nentries; i++) {
 		struct mf_entry *e = &mf->entries[i];
 
@@ -167,13 +186,14 @@ static int snapd_persist(struct snapd *sd, struct snapd_job *job, int trust_stor
 			nb = 0;
 			if ((rc = snapd_put_block(sd, &e->blocks[j], b, trust_stored, &nb)))
 				return rc;
-			job->new_bytes += nb;
+			new_bytes += nb;
 			pthread_mutex_lock(&sd->mu);
+			job->new_bytes = new_bytes;
 			job->done += e->blocks[j].len;
 			pthread_mutex_unlock(&sd->mu);
 		}
 	}
-	mf->new_bytes = job->new_bytes;
+	mf->new_bytes = new_bytes;
 	return store_commit(sd->st, mf);
 }
 
@@ -215,9 +235,17 @@ static void snapd_retention(struct snapd *sd);
 static void snapd_run_job(struct snapd *sd, struct snapd_job *job)
 {
 	uint64_t t0 = mlfs_now_ns();
+	/* Read now: once the job leaves PENDING below, a waiter may reap and free it the
+	 * moment sd->mu is dropped, so nothing after that unlock may touch *job. */
+	int automatic = job->automatic;
 	int rc;
 
 	pthread_mutex_lock(&sd->store_mu);
+	/* A failed directory fsync broke the handle (store.h): every later snapshot would
+	 * fail until a restart, the final one included. Recover it: the commit then syncs
+	 * everything again before it relies on anything. */
+	if (store_broken(sd->st))
+		store_recover(sd->st);
 	rc = snapd_persist(sd, job, 1);
 	if (rc == -ENOENT) {
 		/* An object we knew as stored is gone (a gc after its snapshot was deleted):
@@ -256,7 +284,8 @@ static void snapd_run_job(struct snapd *sd, struct snapd_job *job)
 	job->fz = NULL;
 	pthread_cond_broadcast(&sd->cv);
 	pthread_mutex_unlock(&sd->mu);
-	if (!rc && job->automatic)
+	/* job may be freed by now (see above): only the copies. */
+	if (!rc && automatic)
 		snapd_retention(sd);
 }
 
@@ -382,12 +411,7 @@ static int snapd_wait(struct snapd *sd, struct snapd_job *job, uint64_t deadline
 			progress(arg, done, total);
 			pthread_mutex_lock(&sd->mu);
 		}
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += 200000000;
-		if (ts.tv_nsec >= 1000000000) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000;
-		}
+		ts = snapd_abstime(200000000ull);
 		pthread_cond_timedwait(&sd->cv, &sd->mu, &ts);
 	}
 	rc = job->rc;
@@ -436,6 +460,9 @@ static int ctl_take(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 				    "characters, at most 255 bytes, not 'latest')");
 		else if (rc == -EEXIST)
 			ctl_fail(r, "take: a snapshot named '%s' exists already", name);
+		else if (rc == -EBUSY)
+			ctl_fail(r, "take: a write held a file for over a second (a spill "
+				    "reload?); nothing taken, try again");
 		else
 			ctl_fail(r, "take: %s", strerror(-rc));
 		return rc;
@@ -456,38 +483,59 @@ static int ctl_take(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 static int ctl_list(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 {
 	struct snapd *sd = snapd_of(m);
-	struct store_snap_info *v;
-	size_t n;
-	int rc;
+	struct store_snap_info *v = NULL, *pend = NULL;
+	size_t n = 0, np = 0, cap = 0, i, k;
+	int rc = 0;
 
-	struct snapd_job *j;
-	size_t k;
+	/* The pending jobs first, then the store, both without sd->store_mu: a persist
+	 * holds that for as long as the store takes (a slow or frozen store), and list must
+	 * not wait for it (store_list is safe at any time). In this order a job that
+	 * commits in between is in the store's list, never in neither. */
+	pthread_mutex_lock(&sd->mu);
+	for (struct snapd_job *j = sd->jobs; j && !rc; j = j->next) {
+		if (j->state != JOB_PENDING)
+			continue;
+		if (np == cap) {
+			void *p = realloc(pend, (cap = cap ? 2 * cap : 8) * sizeof(*pend));
 
-	pthread_mutex_lock(&sd->store_mu);
-	rc = store_list(sd->st, STORE_LIST_DAMAGED, &v, &n);
-	pthread_mutex_unlock(&sd->store_mu);
-	if (rc)
+			if (!p) {
+				rc = -ENOMEM;
+				break;
+			}
+			pend = p;
+		}
+		memset(&pend[np], 0, sizeof(pend[np]));
+		snprintf(pend[np].name, sizeof(pend[np].name), "%s", j->name);
+		pend[np].time_ns = j->time_ns;
+		pend[np].files = j->files;
+		pend[np].logical_bytes = j->logical;
+		pend[np].new_bytes = j->new_bytes;
+		np++;
+	}
+	pthread_mutex_unlock(&sd->mu);
+	if (!rc)
+		rc = store_list(sd->st, STORE_LIST_DAMAGED, &v, &n);
+	if (rc) {
+		free(pend);
 		return ctl_fail(r, "list: %s", strerror(-rc)), rc;
+	}
 	/* One record a line: NAME TIME_NS FILES LOGICAL NEW STATE, tab separated; the
 	 * client prints them as the offline list does. */
-	for (size_t i = 0; i < n; i++)
+	for (i = 0; i < n; i++)
 		ctl_out(r, "snap\t%s\t%" PRId64 "\t%" PRIu64 "\t%" PRIu64 "\t%" PRIu64 "\t%s",
 			v[i].name, v[i].time_ns, v[i].files, v[i].logical_bytes, v[i].new_bytes,
 			v[i].state == STORE_SNAP_DAMAGED ? "damaged" : "durable");
-	/* Jobs still pending after the store was read; one that committed just before
-	 * is in the store's list already and is not shown twice. */
-	pthread_mutex_lock(&sd->mu);
-	for (j = sd->jobs; j; j = j->next) {
+	for (i = 0; i < np; i++) {
 		int listed = 0;
 
 		for (k = 0; k < n; k++)
-			listed |= !strcmp(v[k].name, j->name);
-		if (j->state == JOB_PENDING && !listed)
+			listed |= !strcmp(v[k].name, pend[i].name);
+		if (!listed)
 			ctl_out(r, "snap\t%s\t%" PRId64 "\t%" PRIu64 "\t%" PRIu64 "\t%" PRIu64
-				   "\tpending", j->name, j->time_ns, j->files, j->logical,
-				j->new_bytes);
+				   "\tpending", pend[i].name, pend[i].time_ns, pend[i].files,
+				pend[i].logical_bytes, pend[i].new_bytes);
 	}
-	pthread_mutex_unlock(&sd->mu);
+	free(pend);
 	free(v);
 	return 0;
 }
@@ -711,12 +759,14 @@ static void *snapd_autosnap(void *arg)
 
 		if (m->cfg.autosnap_auto)
 			iv = snapd_interval(sd, &delta, &measured);
-		if (iv < 1)
-			iv = 1;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_sec += (time_t)iv;
+		if (!(iv >= 1))
+			iv = 1; /* also NaN */
+		if (iv > SNAPD_INTERVAL_MAX_S)
+			iv = SNAPD_INTERVAL_MAX_S;
+		ts = snapd_abstime((uint64_t)(iv * 1e9));
 		pthread_mutex_lock(&sd->mu);
-		while (!sd->stopping && pthread_cond_timedwait(&sd->cv, &sd->mu, &ts) != ETIMEDOUT)
+		/* Any error but a wake-up ends the wait (EINVAL must not spin). */
+		while (!sd->stopping && pthread_cond_timedwait(&sd->cv, &sd->mu, &ts) == 0)
 			;
 		int stop = sd->stopping;
 		int changed = snapd_changed_locked(sd);
@@ -756,7 +806,14 @@ int snapd_new(struct mlfs *m, struct snapd **out)
 	sd->pin_fd = -1;
 	pthread_mutex_init(&sd->mu, NULL);
 	pthread_mutex_init(&sd->store_mu, NULL);
-	pthread_cond_init(&sd->cv, NULL);
+	{
+		pthread_condattr_t ca;
+
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* snapd_abstime */
+		pthread_cond_init(&sd->cv, &ca);
+		pthread_condattr_destroy(&ca);
+	}
 	if ((rc = store_open(m->cfg.store, STORE_CREATE, &sd->st))) {
 		fprintf(stderr, "mlfs: store %s: %s\n", m->cfg.store,
 			rc == -EINVAL ? "not an mlfs store (a store is an empty directory, "
@@ -765,7 +822,9 @@ int snapd_new(struct mlfs *m, struct snapd **out)
 		goto out_free;
 	}
 	snprintf(path, sizeof(path), "%s/lock", store_path(sd->st));
-	sd->pin_fd = open(path, O_RDWR | O_CLOEXEC);
+	/* Read-only: a shared lock needs no more, and a lock file held open for writing
+	 * would keep the store's filesystem from being remounted read-only. */
+	sd->pin_fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 	if (sd->pin_fd < 0 || flock(sd->pin_fd, LOCK_SH)) {
 		rc = -errno;
 		fprintf(stderr, "mlfs: store %s: cannot lock: %s\n", m->cfg.store, strerror(-rc));
@@ -835,10 +894,15 @@ static int snapd_drain(struct snapd *sd, uint64_t deadline)
 
 int snapd_finish(struct snapd *sd, const char *why, int deadline_s)
 {
-	uint64_t deadline = deadline_s ? mlfs_now_ns() + (uint64_t)deadline_s * 1000000000ull : 0;
+	return snapd_finish_by(sd, why, deadline_s ? mlfs_now_ns() +
+					(uint64_t)deadline_s * 1000000000ull : 0);
+}
+
+int snapd_finish_by(struct snapd *sd, const char *why, uint64_t deadline)
+{
 	struct snapd_job *job = NULL;
 	char name[64];
-	int changed, rc;
+	int changed, rc, busy = 0;
 
 	/* Pending snapshots first: if one fails, its changes are still "changed" below
 	 * and go into the final snapshot (invariant 1). */
@@ -854,7 +918,19 @@ int snapd_finish(struct snapd *sd, const char *why, int deadline_s)
 		goto out;
 	}
 	snapd_time_name(name, sizeof(name), why);
-	rc = snapd_take(sd, name, 0, &job);
+	/* A freeze gives up after a second of writers holding a file (ckpt_freeze):
+	 * again until the deadline, which holds whatever the writers do. */
+	while ((rc = snapd_take(sd, name, 0, &job)) == -EBUSY &&
+	       (!deadline || mlfs_now_ns() + 1000000000ull < deadline)) {
+		if (!busy++)
+			log_warn("snap: %s: a writer holds a file; retrying the freeze", why);
+	}
+	if (rc == -EEXIST) {
+		/* Two final snapshots in one second (a preemption's, then the unmount's
+		 * for what changed after it): a distinct name. */
+		snprintf(name + strlen(name), sizeof(name) - strlen(name), "-2");
+		rc = snapd_take(sd, name, 0, &job);
+	}
 	if (rc) {
 		log_err("snap: %s: final snapshot %s not taken: %s", why, name, strerror(-rc));
 		goto out;
@@ -863,9 +939,8 @@ int snapd_finish(struct snapd *sd, const char *why, int deadline_s)
 	log_info("snap: %s: final snapshot %s %s", why, name, rc ? strerror(-rc) : "durable");
 out:
 	if (rc == -ETIMEDOUT)
-		log_err("snap: %s: the %d s deadline passed before everything was persisted; "
-			"snapshots not yet durable are lost, durable ones are intact", why,
-			deadline_s);
+		log_err("snap: %s: the deadline passed before everything was persisted; "
+			"snapshots not yet durable are lost, durable ones are intact", why);
 	return rc;
 }
 

@@ -14,7 +14,10 @@
  *     commit or abort; gc holds it exclusive. gc therefore never runs while any snapshot
  *     is in flight anywhere, and an object no published manifest names belongs to nobody.
  *  4. Temporary files (names containing ".tmp.") live only inside a session; under the
- *     exclusive lock each one is a crashed writer's leftover and gc removes it.
+ *     exclusive lock each one is a crashed writer's leftover and gc removes it. Every
+ *     write has a name never used before (handle token + write number), so a leftover
+ *     that a failed session could not unlink (store read-only or gone) is never taken
+ *     for a later write's file: an object is there only under its final name.
  *  5. Delete removes only the manifest (then fsyncs snaps/); only gc removes objects, and
  *     only unreferenced ones. No crash can leave a manifest naming a missing object.
  *  6. After a failed fsync of a directory the handle is broken: the kernel may have
@@ -42,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -57,6 +61,20 @@
 #define FORMAT_TEXT "mlfs-store\nversion %d\n"
 #define MANIFEST_MAX (1ull << 32)	/* refuse to slurp anything larger as a manifest */
 
+/* A set of object hashes with an int per hash (gc: referenced; verify: status;
+ * a session: put already). */
+struct hset {
+	uint8_t (*keys)[STORE_HASH_LEN];
+	int *vals;	/* 0 = empty slot */
+	size_t cap, n;
+};
+
+/* An object written in this session under its temporary name, not yet renamed. */
+struct pend {
+	uint8_t hash[STORE_HASH_LEN];
+	uint64_t seq;	/* the write's number: its temporary name */
+};
+
 struct store {
 	char *path;
 	int dirfd, objfd, snapfd, lockfd;
@@ -65,9 +83,13 @@ struct store {
 	pthread_mutex_t mu;
 	int session;		/* LOCK_SH held (invariant 3) */
 	int broken;		/* invariant 6 */
-	uint8_t (*pending)[STORE_HASH_LEN];	/* objects written as tmp, not yet renamed */
+	struct pend *pending;	/* objects written as tmp, not yet renamed */
 	size_t npending, cap;
-	char token[48];		/* makes this handle's temporary names unique */
+	struct hset put;	/* hashes put in this session: 1 written or being written,
+				 * 2 its write failed (may be put again) */
+	uint64_t seq;		/* writes by this handle: each temporary name is new */
+	int full_sync;		/* after store_recover: the next commit syncs every dir */
+	char token[64];		/* pid, handle, random: unique among processes and hosts */
 	int (*hook)(void *arg, int step);
 	void *hook_arg;
 };
@@ -93,13 +115,16 @@ void store_object_name(const uint8_t hash[STORE_HASH_LEN], char buf[48])
 	snprintf(buf, 48, "objects/%.2s/%s", hex, hex);
 }
 
-static void tmp_object_name(const struct store *s, const uint8_t hash[STORE_HASH_LEN], char *buf,
-			    size_t size)
+/* The temporary name of write seq of this handle: new for every write, so a leftover
+ * of a failed session (an unlink refused by a read-only or unreachable store) can never
+ * be taken for a later write's file (invariant 4). */
+static void tmp_object_name(const struct store *s, const struct pend *p, char *buf, size_t size)
 {
 	char hex[33];
 
-	hex16(hash, hex);
-	snprintf(buf, size, "%.2s/%s.tmp.%s", hex, hex, s->token);
+	hex16(p->hash, hex);
+	snprintf(buf, size, "%.2s/%s.tmp.%s.%llx", hex, hex, s->token,
+		 (unsigned long long)p->seq);
 }
 
 const char *store_path(const struct store *s)
@@ -168,6 +193,75 @@ static int read_all(int fd, void *buf, size_t len)
 	return 0;
 }
 
+/* ---- a set of object hashes with an int per hash (gc: referenced; verify: status) ---- */
+
+
+static uint64_t hset_slot(const uint8_t *h)
+{
+	return get_le(h, 8);	/* the keys are hashes already */
+}
+
+static int *hset_find(struct hset *t, const uint8_t h[STORE_HASH_LEN], int insert)
+{
+	size_t i;
+
+	if (insert && 2 * (t->n + 1) > t->cap) {
+		struct hset old = *t;
+
+		t->cap = old.cap ? 2 * old.cap : 1024;
+		t->keys = calloc(t->cap, STORE_HASH_LEN);
+		t->vals = calloc(t->cap, sizeof(int));
+		if (!t->keys || !t->vals) {
+			free(t->keys);
+			free(t->vals);
+			*t = old;
+			return NULL;
+		}
+		t->n = 0;
+		for (size_t j = 0; j < old.cap; j++)
+			if (old.vals[j])
+				*hset_find(t, old.keys[j], 1) = old.vals[j];
+		free(old.keys);
+		free(old.vals);
+	}
+	if (!t->cap)
+		return NULL;
+	for (i = hset_slot(h) & (t->cap - 1); t->vals[i]; i = (i + 1) & (t->cap - 1))
+		if (!memcmp(t->keys[i], h, STORE_HASH_LEN))
+			return &t->vals[i];
+	if (!insert)
+		return NULL;
+	memcpy(t->keys[i], h, STORE_HASH_LEN);
+	t->n++;
+	t->vals[i] = 1;
+	return &t->vals[i];
+}
+
+static void hset_free(struct hset *t)
+{
+	free(t->keys);
+	free(t->vals);
+}
+
+static int unhex(const char *s, uint8_t out[STORE_HASH_LEN])
+{
+	for (int i = 0; i < 2 * STORE_HASH_LEN; i++) {
+		int c = s[i], v;
+
+		if (c >= '0' && c <= '9')
+			v = c - '0';
+		else if (c >= 'a' && c <= 'f')
+			v = c - 'a' + 10;
+		else
+			return -EINVAL;
+		if (i & 1)
+			out[i / 2] |= (uint8_t)v;
+		else
+			out[i / 2] = (uint8_t)(v << 4);
+	}
+	return s[2 * STORE_HASH_LEN] ? -EINVAL : 0;
+}
+
 /* fsync a directory; a failure breaks the handle (invariant 6). */
 static int sync_dir(struct store *s, int fd)
 {
@@ -186,9 +280,11 @@ static int slurp(int dirfd, const char *name, void **buf, size_t *len)
 	void *p;
 	int fd, rc;
 
-	fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	/* O_NONBLOCK: a FIFO put here must not hang the daemon in open(); O_NOFOLLOW:
+	 * a symlink is not a file the store wrote. Both are "not a regular file". */
+	fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 	if (fd < 0)
-		return -errno;
+		return errno == ELOOP ? -EINVAL : -errno;
 	if (fstat(fd, &st)) {
 		rc = -errno;
 		goto out_close;
@@ -275,14 +371,15 @@ static int store_create(const char *dir)
 			goto out_close;
 		}
 	}
-	fd = openat(dfd, "lock", O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+	fd = openat(dfd, "lock", O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
 	if (fd < 0) {
 		rc = -errno;
 		goto out_close;
 	}
 	close(fd);
 	/* FORMAT last, via tmp+rename: a dir with FORMAT is a whole store. */
-	fd = openat(dfd, "FORMAT.tmp", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	fd = openat(dfd, "FORMAT.tmp",
+		    O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
 	if (fd < 0) {
 		rc = -errno;
 		goto out_close;
@@ -335,6 +432,8 @@ int store_open(const char *dir, int flags, struct store **out)
 	static unsigned seq;
 	struct store *s;
 	struct timespec ts;
+	struct stat st;
+	uint64_t rnd;
 	int rc;
 
 	if ((flags & STORE_CREATE) && (rc = store_create(dir)))
@@ -358,17 +457,30 @@ int store_open(const char *dir, int flags, struct store **out)
 		goto fail;
 	s->objfd = openat(s->dirfd, "objects", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	s->snapfd = openat(s->dirfd, "snaps", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	s->lockfd = openat(s->dirfd, "lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	/* Read-only: a shared lock needs no more (NFS too), and a store whose lock file a
+	 * daemon holds open for writing cannot be remounted read-only; gc opens its own
+	 * descriptor for the exclusive lock (store_gc_keep). */
+	s->lockfd = openat(s->dirfd, "lock", O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK,
+			   0644);
 	if (s->objfd < 0 || s->snapfd < 0 || s->lockfd < 0) {
 		rc = -errno;
 		log_err("store: %s: damaged store layout: %s", dir, strerror(errno));
 		goto fail;
 	}
-	clock_gettime(CLOCK_REALTIME, &ts);
-	/* pid + handle number + time: unique among handles and hosts sharing the store. */
-	snprintf(s->token, sizeof(s->token), "%ld-%u-%llx", (long)getpid(),
-		 __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED),
-		 (unsigned long long)(ts.tv_sec * 1000000000ull + ts.tv_nsec));
+	if (fstat(s->lockfd, &st) || !S_ISREG(st.st_mode)) {
+		rc = -EINVAL;
+		log_err("store: %s: damaged store layout: lock is not a regular file", dir);
+		goto fail;
+	}
+	/* pid + handle number + 64 random bits (time if getrandom fails): unique among
+	 * handles, processes and hosts sharing the store, even a pid reused after a reboot
+	 * whose clock went back. Each write adds its own number (tmp_object_name). */
+	if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != (ssize_t)sizeof(rnd)) {
+		clock_gettime(CLOCK_REALTIME, &ts);
+		rnd = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	}
+	snprintf(s->token, sizeof(s->token), "%ld-%u-%016llx", (long)getpid(),
+		 __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED), (unsigned long long)rnd);
 	*out = s;
 	return 0;
 fail:
@@ -392,6 +504,7 @@ void store_close(struct store *s)
 		close(s->dirfd);
 	pthread_mutex_destroy(&s->mu);
 	free(s->pending);
+	hset_free(&s->put);
 	free(s->path);
 	free(s);
 }
@@ -434,16 +547,20 @@ static int session_begin(struct store *s)
 	return 0;
 }
 
-/* Caller holds s->mu. Removes temporary objects not yet renamed and drops the lock. */
+/* Caller holds s->mu. Removes temporary objects not yet renamed and drops the lock.
+ * An unlink that fails (the store went read-only or away) leaves a file whose name no
+ * later write reuses; gc removes it (invariant 4). */
 static void session_end(struct store *s)
 {
-	char tmp[128];
+	char tmp[160];
 
 	for (size_t i = 0; i < s->npending; i++) {
-		tmp_object_name(s, s->pending[i], tmp, sizeof(tmp));
+		tmp_object_name(s, &s->pending[i], tmp, sizeof(tmp));
 		unlinkat(s->objfd, tmp, 0);
 	}
 	s->npending = 0;
+	hset_free(&s->put);
+	memset(&s->put, 0, sizeof(s->put));
 	if (s->session)
 		flock(s->lockfd, LOCK_UN);
 	s->session = 0;
@@ -458,36 +575,80 @@ void store_abort(struct store *s)
 
 /* ---- objects ---- */
 
+/* The header checks of store_get_block, for object_exists: NULL if hdr (of a file of
+ * size bytes) is a valid header of the object named hash, else why not. */
+static const char *obj_header_bad(const unsigned char *hdr, uint64_t size,
+				  const uint8_t hash[STORE_HASH_LEN])
+{
+	uint32_t logical = (uint32_t)get_le(hdr + 8, 4), stored = (uint32_t)get_le(hdr + 12, 4);
+
+	if (get_le(hdr + 32, 8) != XXH3_64bits(hdr, 32) || memcmp(hdr, OBJ_MAGIC, 4) ||
+	    hdr[4] != OBJ_VERSION || hdr[5] > OBJ_LZ4)
+		return "bad header";
+	if (memcmp(hdr + 16, hash, STORE_HASH_LEN) || size != OBJ_HDR + (uint64_t)stored ||
+	    (hdr[5] == OBJ_RAW && stored != logical))
+		return "header does not match its name or size";
+	return NULL;
+}
+
+/* An object counts as stored only if its final name is a regular file whose header is
+ * its own and whose size is the one that header gives: the name alone is not enough (a
+ * file truncated by a crash of a filesystem without data ordering, or a stray file, would
+ * otherwise be trusted and named by a manifest). The payload is checked at reads and by
+ * verify (invariant 7). One open and a 40-byte read of a page-cached file per block. */
 static int object_exists(struct store *s, const uint8_t hash[STORE_HASH_LEN])
 {
+	unsigned char hdr[OBJ_HDR];
 	char name[48];
 	struct stat st;
+	int fd, ok;
 
 	store_object_name(hash, name);
-	return fstatat(s->objfd, name + 8, &st, AT_SYMLINK_NOFOLLOW) == 0;
+	fd = openat(s->objfd, name + 8, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	if (fd < 0)
+		return 0;
+	ok = !fstat(fd, &st) && S_ISREG(st.st_mode) && st.st_size >= OBJ_HDR &&
+	     pread(fd, hdr, OBJ_HDR, 0) == OBJ_HDR &&
+	     !obj_header_bad(hdr, (uint64_t)st.st_size, hash);
+	close(fd);
+	return ok;
 }
 
 int store_put_block(struct store *s, const void *buf, uint32_t len, uint8_t hash_out[STORE_HASH_LEN],
 		    uint64_t *new_bytes)
 {
 	unsigned char hdr[OBJ_HDR];
-	char tmp[128];
+	char tmp[160];
 	char *z = NULL;
 	const void *payload = buf;
 	uint32_t stored = len;
 	uint8_t flags = OBJ_RAW;
-	int fd, rc, bound, zl;
+	struct pend p;
+	int fd, rc, bound, zl, *put;
 
 	if (new_bytes)
 		*new_bytes = 0;
 	if (len == 0 || len > MF_BLOCK_SIZE_MAX)
 		return -EINVAL;
 	hash128(buf, len, hash_out);
+	memcpy(p.hash, hash_out, STORE_HASH_LEN);
 	pthread_mutex_lock(&s->mu);
 	rc = session_begin(s);
+	/* Put already in this session (written, or being written by another thread):
+	 * its temporary file is renamed at the commit. Else claim it (1); a claim whose
+	 * write failed is 2, and a later put of the same bytes writes them again. */
+	if (!rc) {
+		put = hset_find(&s->put, hash_out, 0);
+		if (put && *put == 1)
+			rc = 1;
+		else if (put)
+			*put = 1;
+		else if (!hset_find(&s->put, hash_out, 1))
+			rc = -ENOMEM;
+	}
 	pthread_mutex_unlock(&s->mu);
 	if (rc)
-		return rc;
+		return rc < 0 ? rc : 0;
 	if (object_exists(s, hash_out))
 		return 0;	/* dedup: invariant 1 says it is whole */
 
@@ -512,11 +673,15 @@ int store_put_block(struct store *s, const void *buf, uint32_t len, uint8_t hash
 	memcpy(hdr + 16, hash_out, STORE_HASH_LEN);
 	put_le(hdr + 32, XXH3_64bits(hdr, 32), 8);
 
-	tmp_object_name(s, hash_out, tmp, sizeof(tmp));
+	pthread_mutex_lock(&s->mu);
+	p.seq = ++s->seq;
+	pthread_mutex_unlock(&s->mu);
+	tmp_object_name(s, &p, tmp, sizeof(tmp));
+	/* O_EXCL: a name is never reused (tmp_object_name), so EEXIST is some other
+	 * writer's file, never "already written": a failure, not a dedup. */
 	fd = openat(s->objfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0444);
 	if (fd < 0) {
-		/* EEXIST: this session already wrote it and it awaits the commit's rename. */
-		rc = errno == EEXIST ? 0 : -errno;
+		rc = -errno;
 		goto out_free;
 	}
 	rc = write_all(fd, hdr, OBJ_HDR);
@@ -531,22 +696,29 @@ int store_put_block(struct store *s, const void *buf, uint32_t len, uint8_t hash
 	pthread_mutex_lock(&s->mu);
 	if (s->npending == s->cap) {
 		size_t cap = s->cap ? 2 * s->cap : 256;
-		void *p = realloc(s->pending, cap * STORE_HASH_LEN);
+		void *np = realloc(s->pending, cap * sizeof(*s->pending));
 
-		if (!p) {
+		if (!np) {
 			pthread_mutex_unlock(&s->mu);
 			unlinkat(s->objfd, tmp, 0);
 			rc = -ENOMEM;
 			goto out_free;
 		}
-		s->pending = p;
+		s->pending = np;
 		s->cap = cap;
 	}
-	memcpy(s->pending[s->npending++], hash_out, STORE_HASH_LEN);
+	s->pending[s->npending++] = p;
 	pthread_mutex_unlock(&s->mu);
 	if (new_bytes)
 		*new_bytes = OBJ_HDR + stored;
 out_free:
+	if (rc) {
+		pthread_mutex_lock(&s->mu);
+		put = hset_find(&s->put, hash_out, 0);
+		if (put)
+			*put = 2;	/* not written: a later put writes it */
+		pthread_mutex_unlock(&s->mu);
+	}
 	free(z);
 	return rc;
 }
@@ -570,7 +742,9 @@ int store_get_block(struct store *s, const uint8_t hash[STORE_HASH_LEN], void *b
 
 	store_object_name(hash, name);
 	snprintf(path, sizeof(path), "%s/%s", s->path, name);
-	fd = openat(s->objfd, name + 8, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	fd = openat(s->objfd, name + 8, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	if (fd < 0 && errno == ELOOP)
+		return obj_damaged(path, "a symlink, not an object");
 	if (fd < 0) {
 		rc = -errno;
 		log_err("store: missing object %s: %s", path, strerror(errno));
@@ -578,6 +752,10 @@ int store_get_block(struct store *s, const uint8_t hash[STORE_HASH_LEN], void *b
 	}
 	if (fstat(fd, &st)) {
 		rc = -errno;
+		goto out_close;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		rc = obj_damaged(path, "not a regular file");
 		goto out_close;
 	}
 	if (st.st_size < OBJ_HDR || read_all(fd, hdr, OBJ_HDR)) {
@@ -631,12 +809,14 @@ out_close:
 static int sync_objects_locked(struct store *s)
 {
 	uint8_t touched[256] = { 0 };
-	char tmp[128], name[48];
+	char tmp[160], name[48];
 	int rc = 0;
 
 	if (s->broken)
 		return s->broken;
-	if (s->npending == 0)
+	if (s->full_sync)
+		memset(touched, 1, sizeof(touched));	/* store_recover: every dir */
+	else if (s->npending == 0)
 		return 0;
 	/* One flush for the whole batch; the objects are still under temporary names, so a
 	 * failure here leaves nothing half-published (session_end removes them). */
@@ -646,9 +826,10 @@ static int sync_objects_locked(struct store *s)
 		return rc;
 	}
 	while (s->npending) {
-		const uint8_t *h = s->pending[s->npending - 1];
+		const struct pend *p = &s->pending[s->npending - 1];
+		const uint8_t *h = p->hash;
 
-		tmp_object_name(s, h, tmp, sizeof(tmp));
+		tmp_object_name(s, p, tmp, sizeof(tmp));
 		store_object_name(h, name);
 		if (renameat(s->objfd, tmp, s->objfd, name + 8)) {
 			rc = -errno;
@@ -675,6 +856,42 @@ static int sync_objects_locked(struct store *s)
 		}
 		close(fd);
 	}
+	if (!rc && s->full_sync) {
+		if (sync_dir(s, s->snapfd))
+			return -EIO;
+		s->full_sync = 0;
+	}
+	return rc;
+}
+
+int store_broken(struct store *s)
+{
+	int rc;
+
+	pthread_mutex_lock(&s->mu);
+	rc = s->broken;
+	pthread_mutex_unlock(&s->mu);
+	return rc;
+}
+
+int store_recover(struct store *s)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&s->mu);
+	if (s->session) {
+		rc = -EBUSY;
+	} else if (s->broken) {
+		/* Reopening would give nothing more: the kernel's state is per file, not per
+		 * handle. What the failed fsync may have lost is made durable again, or
+		 * found missing, by the next commit: syncfs, every object dir and snaps/
+		 * fsynced, and every object a manifest names checked there (step 1b). */
+		s->broken = 0;
+		s->full_sync = 1;
+		log_warn("store: %s: reusing the store after a failed directory fsync; the "
+			 "next commit syncs every directory", s->path);
+	}
+	pthread_mutex_unlock(&s->mu);
 	return rc;
 }
 
@@ -817,8 +1034,12 @@ int store_load_manifest(struct store *s, const char *name, struct mf_manifest **
 	if ((rc = store_name_valid(name)))
 		return rc;
 	rc = slurp(s->snapfd, name, &buf, &len);
-	if (rc == -EINVAL)
-		rc = -EIO;	/* not a regular file or absurdly large: not what commit wrote */
+	if (rc == -EINVAL) {
+		/* not a regular file or absurdly large: not what commit wrote */
+		log_err("store: %s/snaps/%s: not a regular file of a sane size; not used",
+			s->path, name);
+		return -EIO;
+	}
 	if (rc) {
 		if (rc != -ENOENT)
 			log_err("store: %s/snaps/%s: %s", s->path, name, strerror(-rc));
@@ -837,6 +1058,21 @@ int store_load_manifest(struct store *s, const char *name, struct mf_manifest **
 			rc == -EIO ? "checksum mismatch" : "does not parse");
 		return -EIO;
 	}
+	return 0;
+}
+
+/* 1 if snaps/<name> is a regular file (or gone meanwhile: the caller's load says so);
+ * else 0, with a log line: a FIFO, socket, device, directory or symlink there is
+ * nothing commit wrote, and opening it could block or lead elsewhere. */
+static int snap_entry_regular(struct store *s, const char *name)
+{
+	struct stat st;
+
+	if (fstatat(s->snapfd, name, &st, AT_SYMLINK_NOFOLLOW) || S_ISREG(st.st_mode))
+		return 1;
+	log_warn("store: ignoring %s/snaps/%s: not a regular file (%s)", s->path, name,
+		 S_ISLNK(st.st_mode) ? "a symlink" : S_ISFIFO(st.st_mode) ? "a FIFO"
+		 : S_ISDIR(st.st_mode) ? "a directory" : "a special file");
 	return 0;
 }
 
@@ -888,6 +1124,8 @@ int store_list(struct store *s, int flags, struct store_snap_info **out, size_t 
 			log_warn("store: ignoring stray file %s/snaps/%s", s->path, d->d_name);
 			continue;
 		}
+		if (!snap_entry_regular(s, d->d_name))
+			continue;
 		rc = store_load_manifest(s, d->d_name, &m);
 		if (rc == -ENOENT) {
 			rc = 0;
@@ -966,80 +1204,6 @@ int store_delete(struct store *s, const char *name)
 	return sync_dir(s, s->snapfd);
 }
 
-/* ---- a set of object hashes with an int per hash (gc: referenced; verify: status) ---- */
-
-struct hset {
-	uint8_t (*keys)[STORE_HASH_LEN];
-	int *vals;	/* 0 = empty slot */
-	size_t cap, n;
-};
-
-static uint64_t hset_slot(const uint8_t *h)
-{
-	return get_le(h, 8);	/* the keys are hashes already */
-}
-
-static int *hset_find(struct hset *t, const uint8_t h[STORE_HASH_LEN], int insert)
-{
-	size_t i;
-
-	if (insert && 2 * (t->n + 1) > t->cap) {
-		struct hset old = *t;
-
-		t->cap = old.cap ? 2 * old.cap : 1024;
-		t->keys = calloc(t->cap, STORE_HASH_LEN);
-		t->vals = calloc(t->cap, sizeof(int));
-		if (!t->keys || !t->vals) {
-			free(t->keys);
-			free(t->vals);
-			*t = old;
-			return NULL;
-		}
-		t->n = 0;
-		for (size_t j = 0; j < old.cap; j++)
-			if (old.vals[j])
-				*hset_find(t, old.keys[j], 1) = old.vals[j];
-		free(old.keys);
-		free(old.vals);
-	}
-	if (!t->cap)
-		return NULL;
-	for (i = hset_slot(h) & (t->cap - 1); t->vals[i]; i = (i + 1) & (t->cap - 1))
-		if (!memcmp(t->keys[i], h, STORE_HASH_LEN))
-			return &t->vals[i];
-	if (!insert)
-		return NULL;
-	memcpy(t->keys[i], h, STORE_HASH_LEN);
-	t->n++;
-	t->vals[i] = 1;
-	return &t->vals[i];
-}
-
-static void hset_free(struct hset *t)
-{
-	free(t->keys);
-	free(t->vals);
-}
-
-static int unhex(const char *s, uint8_t out[STORE_HASH_LEN])
-{
-	for (int i = 0; i < 2 * STORE_HASH_LEN; i++) {
-		int c = s[i], v;
-
-		if (c >= '0' && c <= '9')
-			v = c - '0';
-		else if (c >= 'a' && c <= 'f')
-			v = c - 'a' + 10;
-		else
-			return -EINVAL;
-		if (i & 1)
-			out[i / 2] |= (uint8_t)v;
-		else
-			out[i / 2] = (uint8_t)(v << 4);
-	}
-	return s[2 * STORE_HASH_LEN] ? -EINVAL : 0;
-}
-
 /* ---- gc ---- */
 
 /* Mark every object the published manifests name; remove stale temporary manifests. */
@@ -1062,8 +1226,8 @@ static int gc_mark(struct store *s, struct hset *live)
 				removed = 1;
 			continue;
 		}
-		if (store_name_valid(d->d_name))
-			continue;
+		if (store_name_valid(d->d_name) || !snap_entry_regular(s, d->d_name))
+			continue;	/* not a manifest: names no object, not ours to remove */
 		rc = store_load_manifest(s, d->d_name, &m);
 		if (rc == -EIO)
 			log_err("store: %s: gc refused: damaged manifest snaps/%s; verify, then "
@@ -1135,15 +1299,22 @@ int store_gc_keep(struct store *s, const uint8_t (*keep)[STORE_HASH_LEN], size_t
 {
 	struct hset live = { 0 };
 	uint64_t objs = 0, bytes = 0;
-	int rc = 0;
+	int rc = 0, xfd = -1;
 
 	pthread_mutex_lock(&s->mu);
 	if (s->broken || s->session) {
 		rc = s->broken ? s->broken : -EBUSY;
 		goto out_unlock;
 	}
-	/* Invariant 3: exclusive, and without waiting so gc never stalls a snapshot. */
-	if (flock(s->lockfd, LOCK_EX | LOCK_NB)) {
+	/* Invariant 3: exclusive, and without waiting so gc never stalls a snapshot. On
+	 * NFS an exclusive flock is a write lock, which needs a descriptor open for
+	 * writing: gc's own, for its duration only. */
+	xfd = openat(s->dirfd, "lock", O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	if (xfd < 0) {
+		rc = -errno;
+		goto out_unlock;
+	}
+	if (flock(xfd, LOCK_EX | LOCK_NB)) {
 		rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
 		goto out_unlock;
 	}
@@ -1158,8 +1329,10 @@ int store_gc_keep(struct store *s, const uint8_t (*keep)[STORE_HASH_LEN], size_t
 	for (int i = 0; i < 256 && !rc; i++)
 		rc = gc_sweep_dir(s, i, &live, &objs, &bytes);
 out_release:
-	flock(s->lockfd, LOCK_UN);
+	flock(xfd, LOCK_UN);
 out_unlock:
+	if (xfd >= 0)
+		close(xfd);
 	pthread_mutex_unlock(&s->mu);
 	hset_free(&live);
 	if (removed_objects)

@@ -36,7 +36,10 @@
  *
  * Errors: -errno. -EIO with a log line naming the file for any checksum mismatch. After a
  * failed fsync of a directory the handle is broken and every write returns -EIO (what
- * reached the disk is unknown: fs/store.c invariant 6); close and reopen it.
+ * reached the disk is unknown: fs/store.c invariant 6) until store_recover().
+ * Non-regular files (FIFO, symlink, device) where the store keeps files are never
+ * opened for reading in a way that blocks or follows them: list and gc skip them with
+ * a log line, reads of them are -EIO.
  */
 #ifndef MLFS_STORE_H
 #define MLFS_STORE_H
@@ -102,6 +105,15 @@ int store_commit(struct store *s, const struct mf_manifest *m);
 
 /* End the session without publishing: temporary objects removed, lock released. */
 void store_abort(struct store *s);
+
+/* The handle's broken state (invariant 6): 0, or -EIO after a failed directory fsync. */
+int store_broken(struct store *s);
+/* Makes a broken handle usable again (no session open, else -EBUSY): its next commit
+ * does a full sync (syncfs, every object directory and snaps/ fsynced) before it relies
+ * on anything. A long-lived daemon calls it before retrying rather than refuse every
+ * snapshot until a restart; a reopen would give no more (the kernel's state is per
+ * file, not per handle). */
+int store_recover(struct store *s);
 
 /* Test hook: called at the start of commit step 1, 2 and 3; non-zero fails the commit. */
 void store_set_commit_hook(struct store *s, int (*hook)(void *arg, int step), void *arg);

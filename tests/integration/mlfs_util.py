@@ -100,7 +100,9 @@ def daemon_pids(mnt):
         argv = cmdline(int(d))
         if not argv or os.path.basename(argv[0]) != "mlfs":
             continue
-        if any(os.path.realpath(a) == mnt for a in argv[1:] if a.startswith("/")) \
+        # normpath, not realpath: resolving another daemon's arguments would stat its
+        # mount, and a hung mount (another test's) would hang this scan for ever.
+        if any(os.path.normpath(a) == mnt for a in argv[1:] if a.startswith("/")) \
                 and pid_alive(int(d)):
             res.append(int(d))
     return res
