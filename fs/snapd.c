@@ -210,7 +210,7 @@ static void snapd_retention(struct snapd *sd);
 static void snapd_run_job(struct snapd *sd, struct snapd_job *job)
 {
 	uint64_t t0 = mlfs_now_ns();
-	int rc;
+	int rc, automatic;
 
 	pthread_mutex_lock(&sd->store_mu);
 	rc = snapd_persist(sd, job, 1);
@@ -251,9 +251,11 @@ static void snapd_run_job(struct snapd *sd, struct snapd_job *job)
 	}
 	ckpt_frozen_free(sd->m->ckpt, job->fz);
 	job->fz = NULL;
+	/* Once finished and unlocked, a waiter may reap (free) job at any time. */
+	automatic = job->automatic;
 	pthread_cond_broadcast(&sd->cv);
 	pthread_mutex_unlock(&sd->mu);
-	if (!rc && job->automatic)
+	if (!rc && automatic)
 		snapd_retention(sd);
 }
 

@@ -41,10 +41,15 @@ def le(v, n):
     return (v & ((1 << (8 * n)) - 1)).to_bytes(n, "little")
 
 
-def entry(id_, parent, name, type_, mode=0o644, size=0, link=0, flags=0, target=b"",
+# Version 1 (docs/store-format.md): every mlfs reads it, so the same bytes reach the
+# parser of a build before the format went to version 2 (the crash reproduces there).
+VERSION = 1
+
+
+def entry(id_, parent, name, type_, mode=0o644, size=0, link=0, target=b"",
           xattrs=(), block_size=0, blocks=()):
-    """One version 2 entry (docs/store-format.md); blocks: (flags, len, hash16)."""
-    b = le(id_, 8) + le(parent, 8) + le(link, 8) + le(type_, 1) + le(flags, 1)
+    """One entry; blocks: (flags, len, hash16)."""
+    b = le(id_, 8) + le(parent, 8) + le(link, 8) + le(type_, 1)
     b += le(len(name), 2) + name + le(mode, 4) + le(0, 4) + le(0, 4)
     b += le(1, 8) + le(2, 8) + le(3, 8) + le(size, 8) + le(len(target), 2) + target
     b += le(len(xattrs), 4)
@@ -57,11 +62,11 @@ def entry(id_, parent, name, type_, mode=0o644, size=0, link=0, flags=0, target=
 
 
 def manifest(name, entries, nentries=None, time_ns=None):
-    """A checksum-valid version 2 manifest holding exactly these entry bytes, whatever
+    """A checksum-valid manifest holding exactly these entry bytes, whatever
     count it claims."""
     name = name.encode()
     t = time_ns if time_ns is not None else time.time_ns()
-    body = b"MLFSMANF" + le(2, 4) + le(0, 4) + le(0, 8) + le(t, 8)
+    body = b"MLFSMANF" + le(VERSION, 4) + le(0, 4) + le(0, 8) + le(t, 8)
     body += le(len(name), 2) + name
     body += le(len(entries) if nentries is None else nentries, 8) + b"".join(entries)
     body += le(0, 8) * 3
@@ -77,7 +82,10 @@ CRAFTED = {
     "count6": lambda n: manifest(n, [], nentries=6),
     "count6root": lambda n: manifest(n, [ROOT], nentries=6),
     # Two entries named 'a' in one directory: ls showed both, rmdir failed for good.
-    "dup": lambda n: manifest(n, [ROOT, entry(2, 1, b"a", 1), entry(3, 1, b"a", 2, 0o755)]),
+    "dup": lambda n: manifest(n, [ROOT, entry(2, 1, b"a", 1, block_size=4096),
+                                  entry(3, 1, b"a", 2, 0o755)]),
+    "dupdirs": lambda n: manifest(n, [ROOT, entry(2, 1, b"a", 2, 0o755),
+                                      entry(3, 1, b"a", 2, 0o755)]),
     "dotdot": lambda n: manifest(n, [ROOT, entry(2, 1, b"..", 2, 0o755)]),
     "xattrs": lambda n: manifest(n, [ROOT, entry(2, 1, b"f", 1, block_size=4096,
                                                  xattrs=[(b"user.a", b"1"), (b"user.a", b"2")])]),
@@ -90,6 +98,15 @@ def plant(store, name, data):
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+
+
+def full_log(d):
+    """The whole daemon log (Daemon.output() keeps its tail, which cuts ASan's stack)."""
+    try:
+        with open(d.log, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 def assert_no_crash_text(text, what):
@@ -281,7 +298,7 @@ def test_open_for_write_snapshot_is_never_latest(snapenv):
 
 def test_only_open_for_write_snapshots_latest_refuses(snapenv):
     env = snapenv()
-    d = env.mount()
+    d = env.mount(foreground=True)  # its log in d.output()
     f = open(os.path.join(d.ckpt, "model.pt"), "wb")
     try:
         f.write(b"torn")
@@ -289,7 +306,7 @@ def test_only_open_for_write_snapshots_latest_refuses(snapenv):
         S.snap_ok("take", env.mnt, "B", "--wait")
         r = S.snap("restore", env.mnt, "latest")
         S.assert_clean_failure(r, "restore latest with only a torn snapshot")
-        assert "open for writing" in r.err, r.err
+        assert "open for writing" in r.err, r.err + full_log(d)[:12000]
         assert read(os.path.join(d.ckpt, "model.pt")) == b"torn"
     finally:
         f.close()
