@@ -692,9 +692,23 @@ static void snapd_retention(struct snapd *sd)
 	}
 	for (i = 0; i < n; i++)
 		nauto += !strncmp(v[i].name, "auto-", 5);
+	/* The newest snapshot without files open for writing is what 'latest' restores
+	 * (store_latest): never delete it, even beyond keep, or a run of snapshots taken
+	 * mid-save would leave no usable latest. */
+	size_t latest = n;
+
+	for (i = n; i-- > 0;)
+		if (!v[i].open_writes) {
+			latest = i;
+			break;
+		}
 	for (i = 0; i < n && nauto > keep; i++) { /* store_list is oldest first */
 		if (strncmp(v[i].name, "auto-", 5))
 			continue;
+		if (i == latest) {
+			nauto--; /* kept over and above keep */
+			continue;
+		}
 		if (!store_delete(sd->st, v[i].name))
 			log_info("snap: keep=%u: deleted %s", keep, v[i].name);
 		nauto--;
