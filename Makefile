@@ -81,6 +81,7 @@ test:
 	$(Q)$(MAKE) --no-print-directory all $(UNIT_BINS)
 	$(Q)$(MAKE) --no-print-directory unit
 	$(Q)$(MAKE) --no-print-directory integration
+	$(Q)$(MAKE) --no-print-directory fuzz
 
 demo:
 	$(Q)scripts/deps.sh test
@@ -108,5 +109,48 @@ install: $(BINS)
 
 clean:
 	rm -rf build bin
+
+# ---- fuzzing (issue 9) ------------------------------------------------------------
+# libFuzzer targets (tests/fuzz/fuzz_*.c), built with Debian's clang and ASan+UBSan into
+# build/fuzz/. `make fuzz` runs each for FUZZ_SECONDS (default 60; MLFS_FUZZ_SECONDS in
+# the environment overrides) from its committed seeds (tests/fuzz/seeds/<target>) plus
+# the corpus it grew before (build/fuzz/corpus/<target>), prints how many inputs it ran
+# and fails on the first crash, leak or broken property (the input is left in
+# build/fuzz/crash-*: reproduce with build/fuzz/fuzz_<target> FILE).
+FUZZ_CC ?= clang
+FUZZ_SECONDS ?= $(or $(MLFS_FUZZ_SECONDS),60)
+FUZZ_TARGETS := manifest ctl
+FUZZ_FLAGS := -std=gnu11 -g -O1 -fno-omit-frame-pointer -D_GNU_SOURCE -I. \
+	-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	$(shell pkg-config --cflags fuse3 libxxhash 2>/dev/null)
+
+.PHONY: fuzz fuzz-build fuzz-seeds
+# Rewrites the committed seeds with mlfs's own encoder (after a format change).
+fuzz-seeds: $(LIB)
+	@mkdir -p build/fuzz tests/fuzz/seeds/manifest tests/fuzz/seeds/ctl
+	$(Q)$(CC) $(CFLAGS) -o build/fuzz/seedgen tests/fuzz/seedgen.c $(LIB) $(LDLIBS)
+	$(Q)build/fuzz/seedgen tests/fuzz/seeds/manifest tests/fuzz/seeds/ctl
+
+fuzz-build: $(FUZZ_TARGETS:%=build/fuzz/fuzz_%)
+
+build/fuzz/fuzz_manifest: tests/fuzz/fuzz_manifest.c fs/manifest.c fs/manifest.h
+build/fuzz/fuzz_ctl: tests/fuzz/fuzz_ctl.c fs/ctl.c cache/log.c fs/ctl.h fs/mlfs.h
+$(FUZZ_TARGETS:%=build/fuzz/fuzz_%):
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  FUZZ-CC $@")
+	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $(filter %.c,$^) -lxxhash -pthread
+
+fuzz: fuzz-build
+	$(Q)rc=0; for t in $(FUZZ_TARGETS); do \
+		mkdir -p build/fuzz/corpus/$$t; \
+		build/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+			-artifact_prefix=build/fuzz/ -max_len=65536 \
+			build/fuzz/corpus/$$t tests/fuzz/seeds/$$t >build/fuzz/$$t.log 2>&1; \
+		r=$$?; \
+		n=$$(sed -n 's/^stat::number_of_executed_units: *//p' build/fuzz/$$t.log); \
+		echo "fuzz $$t: $${n:-?} executions in $(FUZZ_SECONDS) s, exit $$r"; \
+		if [ $$r != 0 ]; then rc=1; tail -n 40 build/fuzz/$$t.log; fi; \
+	done; exit $$rc
+# ---- end of fuzzing -----------------------------------------------------------------
 
 -include $(shell find build -name '*.d' 2>/dev/null)

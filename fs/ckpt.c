@@ -80,6 +80,7 @@ struct ckpt_inode {
 	struct timespec atime, mtime, ctime;
 	uint64_t nlookup;
 	uint32_t nopen;
+	uint32_t nwrite; /* of nopen, opened O_WRONLY/O_RDWR: the freeze flags the file */
 	struct ckpt_xattr *xattrs;
 	size_t xattr_bytes;
 	/* directories */
@@ -219,19 +220,36 @@ int ckpt_ns_new(struct mlfs *m, struct ckpt_ns **out)
 	return 0;
 }
 
-static void ckpt_free_tree(struct ckpt_ns *ns, struct ckpt_inode *dir)
+/* Frees every name and inode under top (not top itself). Iterative, as every walk of the
+ * tree (a 150,000-deep chain of directories overflows an 8 MiB stack when recursing):
+ * it always works on the first entry of the current directory, descends into a
+ * non-empty subdirectory and climbs back by the parent pointer once one is empty, so
+ * it holds no state but the current directory. O(names). */
+static void ckpt_free_tree(struct ckpt_ns *ns, struct ckpt_inode *top)
 {
-	struct ckpt_dirent *d, *next;
+	struct ckpt_inode *dir = top;
 
-	for (d = dir->head; d; d = next) {
-		next = d->next;
-		if (S_ISDIR(d->ino->mode))
-			ckpt_free_tree(ns, d->ino);
-		if (--d->ino->nlink == 0 || S_ISDIR(d->ino->mode))
-			ckpt_inode_destroy(ns, d->ino);
+	for (;;) {
+		struct ckpt_dirent *d = dir->head;
+		struct ckpt_inode *ino;
+
+		if (!d) {
+			dir->tail = NULL;
+			if (dir == top)
+				break;
+			dir = dir->parent;
+			continue;
+		}
+		ino = d->ino;
+		if (S_ISDIR(ino->mode) && ino->head) {
+			dir = ino;
+			continue;
+		}
+		dir->head = d->next;
+		if (--ino->nlink == 0 || S_ISDIR(ino->mode))
+			ckpt_inode_destroy(ns, ino);
 		free(d);
 	}
-	dir->head = dir->tail = NULL;
 }
 
 void ckpt_ns_free(struct ckpt_ns *ns)
@@ -934,15 +952,21 @@ int ckpt_open(struct ckpt_ns *ns, struct ckpt_inode *ino, int flags)
 	}
 	pthread_mutex_lock(&ns->mu);
 	ino->nopen++;
+	if ((flags & O_ACCMODE) != O_RDONLY)
+		ino->nwrite++;
 	pthread_mutex_unlock(&ns->mu);
 	return 0;
 }
 
-void ckpt_release(struct ckpt_ns *ns, struct ckpt_inode *ino)
+void ckpt_release(struct ckpt_ns *ns, struct ckpt_inode *ino, int flags)
 {
 	pthread_mutex_lock(&ns->mu);
 	assert(ino->nopen > 0);
 	ino->nopen--;
+	if ((flags & O_ACCMODE) != O_RDONLY) {
+		assert(ino->nwrite > 0);
+		ino->nwrite--;
+	}
 	ckpt_maybe_free(ns, ino);
 	pthread_mutex_unlock(&ns->mu);
 }
@@ -1070,7 +1094,8 @@ int ckpt_setxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name,
 	v = malloc(size ? size : 1);
 	if (!v)
 		return -ENOMEM;
-	memcpy(v, value, size);
+	if (size) /* value may be NULL for an empty one */
+		memcpy(v, value, size);
 	pthread_mutex_lock(&ns->mu);
 	pp = ckpt_xattr_find_locked(ino, name);
 	if (pp && (flags & XATTR_CREATE)) {
@@ -1324,19 +1349,20 @@ void ckpt_frozen_free(struct ckpt_ns *ns, struct ckpt_frozen *f)
 	free(f);
 }
 
-/* Appends the entry for ino (named name under parent_id) and, for a directory, its
- * subtree in pre-order. -EAGAIN when a file's content lock is taken: the caller drops
- * ns->mu and starts over, so a writer that waits for ns->mu while holding its file's
- * lock can finish (lock order: inode lock, then ns->mu). Under ns->mu. */
-static int ckpt_freeze_locked(struct ckpt_ns *ns, struct ckpt_fz *z, struct ckpt_inode *ino,
-			      const char *name, uint64_t parent_id)
+/* Appends the entry for ino (named name under parent_id); its id in *idp (0 when ino
+ * is left out). -EAGAIN when a file's content lock is taken: the caller drops ns->mu
+ * and starts over, so a writer that waits for ns->mu while holding its file's lock can
+ * finish (lock order: inode lock, then ns->mu). Under ns->mu. */
+static int ckpt_freeze_entry_locked(struct ckpt_ns *ns, struct ckpt_fz *z,
+				    struct ckpt_inode *ino, const char *name, uint64_t parent_id,
+				    uint64_t *idp)
 {
 	struct mf_manifest *mf = z->f->mf;
 	struct mf_entry *e;
-	struct ckpt_dirent *d;
 	struct ckpt_xattr *x;
 	uint64_t id, i;
-	int rc;
+
+	*idp = 0;
 
 	if (mf->nentries == z->cap) {
 		size_t cap = z->cap ? 2 * z->cap : 64;
@@ -1357,6 +1383,7 @@ static int ckpt_freeze_locked(struct ckpt_ns *ns, struct ckpt_fz *z, struct ckpt
 	z->f->blocks[mf->nentries] = NULL;
 	mf->nentries++;
 	e->id = id;
+	*idp = id;
 	e->parent = parent_id;
 	if (!(e->name = strdup(name)))
 		return -ENOMEM;
@@ -1382,11 +1409,16 @@ static int ckpt_freeze_locked(struct ckpt_ns *ns, struct ckpt_fz *z, struct ckpt
 		ino->freeze_epoch = ns->freeze_epoch;
 		ino->freeze_id = id;
 		mf->files++;
+		if (ino->nwrite) { /* its content may be a write cut in the middle */
+			e->flags |= MF_ENTRY_OPEN_WRITE;
+			mf->open_writes++;
+		}
 	} else {
 		/* FIFOs, sockets and device nodes have no place in a checkpoint store
 		 * format that names files, dirs and symlinks: they are left out. */
 		mf->nentries--;
 		free(e->name);
+		*idp = 0;
 		return 0;
 	}
 	for (x = ino->xattrs; x; x = x->next)
@@ -1432,16 +1464,64 @@ static int ckpt_freeze_locked(struct ckpt_ns *ns, struct ckpt_fz *z, struct ckpt
 		}
 		pthread_rwlock_unlock(&ino->lock);
 	}
-	if (e->type != MF_DIR)
-		return 0;
-	for (d = ino->head; d; d = d->next)
-		if ((rc = ckpt_freeze_locked(ns, z, d->ino, d->name, id)))
-			return rc;
 	return 0;
 }
 
 /* How long ckpt_freeze retries while a writer holds a file's content lock. */
 #define CKPT_FREEZE_RETRY_NS 1000000000ll
+
+/* The whole tree in pre-order (a parent before its children, as manifest.h wants).
+ * Iterative: an explicit stack on the heap of (next name to visit, directory's entry
+ * id), one frame per level of the current path: 16 bytes a level. Under ns->mu. */
+struct ckpt_fz_frame {
+	struct ckpt_dirent *next;
+	uint64_t id;
+};
+
+static int ckpt_fz_push(struct ckpt_fz_frame **stack, size_t *depth, size_t *cap,
+			struct ckpt_inode *dir, uint64_t id)
+{
+	if (*depth == *cap) {
+		size_t ncap = *cap ? 2 * *cap : 64;
+		void *p = realloc(*stack, ncap * sizeof(**stack));
+
+		if (!p)
+			return -ENOMEM;
+		*stack = p;
+		*cap = ncap;
+	}
+	(*stack)[(*depth)++] = (struct ckpt_fz_frame){ dir->head, id };
+	return 0;
+}
+
+static int ckpt_freeze_locked(struct ckpt_ns *ns, struct ckpt_fz *z)
+{
+	struct ckpt_fz_frame *stack = NULL;
+	size_t depth = 0, cap = 0;
+	uint64_t id;
+	int rc;
+
+	if ((rc = ckpt_freeze_entry_locked(ns, z, ns->root, "", 0, &id)) ||
+	    (rc = ckpt_fz_push(&stack, &depth, &cap, ns->root, id)))
+		goto out;
+	while (depth) {
+		struct ckpt_fz_frame *f = &stack[depth - 1];
+		struct ckpt_dirent *d = f->next;
+
+		if (!d) {
+			depth--;
+			continue;
+		}
+		f->next = d->next;
+		if ((rc = ckpt_freeze_entry_locked(ns, z, d->ino, d->name, f->id, &id)))
+			break;
+		if (S_ISDIR(d->ino->mode) && (rc = ckpt_fz_push(&stack, &depth, &cap, d->ino, id)))
+			break;
+	}
+out:
+	free(stack);
+	return rc;
+}
 
 int ckpt_freeze(struct ckpt_ns *ns, const char *name, struct ckpt_frozen **out)
 {
@@ -1463,7 +1543,7 @@ int ckpt_freeze(struct ckpt_ns *ns, const char *name, struct ckpt_frozen **out)
 		pthread_mutex_lock(&ns->mu);
 		ns->freeze_epoch++;
 		z.f->gen = atomic_load(&ns->gen);
-		rc = ckpt_freeze_locked(ns, &z, ns->root, "", 0);
+		rc = ckpt_freeze_locked(ns, &z);
 		pthread_mutex_unlock(&ns->mu);
 		if (rc != -EAGAIN)
 			break;
@@ -1517,7 +1597,10 @@ static struct ckpt_inode *ckpt_inode_from(struct ckpt_ns *ns, const struct mf_en
 		x->value = malloc(e->xattrs[i].value_len ? e->xattrs[i].value_len : 1);
 		if (!x->name || !x->value)
 			goto fail;
-		memcpy(x->value, e->xattrs[i].value, e->xattrs[i].value_len);
+		/* An empty value is NULL in a manifest: memcpy from NULL is undefined even
+		 * for 0 bytes (UBSan aborts a DEBUG=1 daemon on it). */
+		if (e->xattrs[i].value_len)
+			memcpy(x->value, e->xattrs[i].value, e->xattrs[i].value_len);
 		x->size = e->xattrs[i].value_len;
 		ino->xattr_bytes += x->size + strlen(x->name);
 	}
@@ -1539,16 +1622,29 @@ fail:
 	return NULL;
 }
 
-/* Drops every name under dir, depth first, as unlink and rmdir would (inodes still
- * open or looked up live on until released). Under ns->mu. */
-static void ckpt_drop_tree_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, struct timespec now)
+/* Drops every name under top, depth first, as unlink and rmdir would (inodes still
+ * open or looked up live on until released). Iterative, as ckpt_free_tree: the
+ * current directory's parent pointer is read before anything can free it (a directory
+ * is dropped only from its parent's level). Under ns->mu. */
+static void ckpt_drop_tree_locked(struct ckpt_ns *ns, struct ckpt_inode *top, struct timespec now)
 {
-	while (dir->head) {
-		struct ckpt_dirent *d = dir->head;
-		struct ckpt_inode *ino = d->ino;
+	struct ckpt_inode *dir = top;
 
-		if (S_ISDIR(ino->mode))
-			ckpt_drop_tree_locked(ns, ino, now);
+	for (;;) {
+		struct ckpt_dirent *d = dir->head;
+		struct ckpt_inode *ino;
+
+		if (!d) {
+			if (dir == top)
+				break;
+			dir = dir->parent;
+			continue;
+		}
+		ino = d->ino;
+		if (S_ISDIR(ino->mode) && ino->head) {
+			dir = ino;
+			continue;
+		}
 		ckpt_unlink_locked(ns, d);
 		ckpt_drop_name_locked(ns, ino, now);
 	}
@@ -1577,6 +1673,11 @@ int ckpt_restore(struct ckpt_ns *ns, const struct mf_manifest *mf, char ***old, 
 		    mf->entries[i].block_size != ns->bs) {
 			free(inos);
 			return -EINVAL;
+		}
+		/* Larger than MOUNT/ckpt allows (mf_decode caps it far higher). */
+		if (mf->entries[i].type == MF_FILE && mf->entries[i].size > CKPT_FILE_MAX) {
+			free(inos);
+			return -EFBIG;
 		}
 	}
 	/* Build the new inodes outside the lock: allocation only. The root entry's

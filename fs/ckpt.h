@@ -65,9 +65,11 @@ int ckpt_rename(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
 int ckpt_readlink(struct ckpt_ns *ns, struct ckpt_inode *ino, char *buf, size_t size);
 int ckpt_statfs(struct ckpt_ns *ns, struct statvfs *sv);
 
-/* Open files: the open count keeps an unlinked inode alive until ckpt_release. */
+/* Open files: the open count keeps an unlinked inode alive until ckpt_release, which
+ * gets the flags of the open it ends (opens with write access are counted apart: a
+ * freeze flags a file open for writing, MF_ENTRY_OPEN_WRITE). */
 int ckpt_open(struct ckpt_ns *ns, struct ckpt_inode *ino, int flags);
-void ckpt_release(struct ckpt_ns *ns, struct ckpt_inode *ino);
+void ckpt_release(struct ckpt_ns *ns, struct ckpt_inode *ino, int flags);
 /* Like data_read: segs with counted references, NULL b for zeros; the count. */
 int ckpt_read(struct ckpt_ns *ns, struct ckpt_inode *ino, size_t size, off_t off,
 	      struct mlfs_seg *segs);
@@ -87,8 +89,10 @@ int ckpt_removexattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *nam
  * returned before the call is in it, none that starts after. It copies names and
  * attributes into a manifest (fs/manifest.h: ids in pre-order, hard links as links,
  * block hashes left empty for the persister) and takes a reference on every block,
- * so later writes copy instead of changing what was frozen. Pointer work only:
- * O(inodes + blocks), milliseconds for gigabytes. The frozen tree is handed over.
+ * so later writes copy instead of changing what was frozen; a file open for writing
+ * at that instant gets MF_ENTRY_OPEN_WRITE. Pointer work only: O(inodes + blocks),
+ * milliseconds for gigabytes; the walk is iterative (heap stack of 16 bytes a level),
+ * so any depth works. The frozen tree is handed over.
  * -EBUSY when writers kept a file's content lock for a second of retries (a spill
  * reload under it): the caller may try again (the preemption deadline bounds that).
  */

@@ -226,11 +226,32 @@ uid_t ctl_peer_uid(const struct ctl_req *r)
 	return r->uid;
 }
 
+int ctl_parse_request(char *buf, size_t len, char **argv, int *argc)
+{
+	char *nl = memchr(buf, '\n', len), *p, *s;
+
+	*argc = 0;
+	if (!nl)
+		return -E2BIG;	/* no end of line within the limit */
+	if (memchr(buf, '\0', nl - buf))
+		return -EPROTO;	/* a NUL would cut an argument short unseen */
+	*nl = '\0';
+	if (buf[0] == '\0' || buf[0] == '\t')
+		return -EINVAL;	/* no command */
+	for (s = buf; *argc < CTL_MAX_ARGS; s = p + 1) {
+		argv[(*argc)++] = s;
+		if (!(p = strchr(s, '\t')))
+			return 0;
+		*p = '\0';
+	}
+	*argc = 0;
+	return -E2BIG;	/* more than CTL_MAX_ARGS arguments */
+}
+
 /* Reads one request line (at most CTL_LINE_MAX bytes) and splits it at tabs. */
 static int ctl_read_request(int fd, char *buf, size_t len, char **argv, int *argc)
 {
 	size_t got = 0;
-	char *p, *s;
 
 	while (got < len - 1) {
 		ssize_t n = recv(fd, buf + got, len - 1 - got, 0);
@@ -243,18 +264,7 @@ static int ctl_read_request(int fd, char *buf, size_t len, char **argv, int *arg
 		if (memchr(buf, '\n', got))
 			break;
 	}
-	buf[got] = '\0';
-	if (!(p = strchr(buf, '\n')))
-		return -E2BIG;
-	*p = '\0';
-	*argc = 0;
-	for (s = buf; *argc < CTL_MAX_ARGS; s = p + 1) {
-		argv[(*argc)++] = s;
-		if (!(p = strchr(s, '\t')))
-			break;
-		*p = '\0';
-	}
-	return p ? -E2BIG : 0;
+	return ctl_parse_request(buf, got, argv, argc);
 }
 
 static void *ctl_serve(void *arg)

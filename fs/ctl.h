@@ -33,6 +33,17 @@ struct ctl_req;
  * message that goes with an error. Runs on the connection's thread; may block. */
 typedef int (*ctl_fn)(struct mlfs *m, struct ctl_req *r, int argc, char **argv);
 
+/*
+ * Parses one request as read from the socket: the first len bytes of buf, of which the
+ * request is those before the first '\n' (bytes after it are ignored: one request per
+ * connection). Splits it in place at tabs (writes NULs inside buf[0..len)), argv[i]
+ * pointing into buf. Pure: no I/O, no allocation, never reads past buf[len - 1].
+ * 0 with 1..CTL_MAX_ARGS arguments; -E2BIG if no '\n' within len or more than
+ * CTL_MAX_ARGS arguments, -EPROTO for a NUL byte in the line, -EINVAL for an empty
+ * command. tests/fuzz/fuzz_ctl.c fuzzes it.
+ */
+int ctl_parse_request(char *buf, size_t len, char **argv, int *argc);
+
 /* Binds the socket (before the daemon forks: the fd survives); no thread yet. */
 int ctl_new(struct mlfs *m, struct ctl **out);
 int ctl_register(struct ctl *c, const char *cmd, ctl_fn fn);

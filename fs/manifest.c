@@ -20,7 +20,7 @@ static const char mf_magic[8] = { 'M', 'L', 'F', 'S', 'M', 'A', 'N', 'F' };
 /* magic, version, flags, total length, time, name length */
 #define MF_HEADER_MIN (8 + 4 + 4 + 8 + 8 + 2 + 8)
 /* ids, type, name length, mode/uid/gid, times, size, target length, counts */
-#define MF_ENTRY_MIN (24 + 1 + 2 + 12 + 24 + 8 + 2 + 4 + 4 + 8)
+#define MF_ENTRY_MIN (24 + 1 + 2 + 12 + 24 + 8 + 2 + 4 + 4 + 8)	/* version 1; 2 adds 1 */
 #define MF_XATTR_MIN (1 + 1 + 4)
 #define MF_BLOCK_WIRE (1 + 4 + MF_HASH_LEN)
 #define MF_TRAILER (24 + MF_HASH_LEN)
@@ -172,7 +172,7 @@ static int mf_check_blocks(const struct mf_entry *e)
 			return -EINVAL;
 		return 0;
 	}
-	if (e->block_size == 0 || e->block_size > MF_BLOCK_SIZE_MAX)
+	if (e->block_size == 0 || e->block_size > MF_BLOCK_SIZE_MAX || e->size > MF_FILE_SIZE_MAX)
 		return -EINVAL;
 	want = e->size / e->block_size + (e->size % e->block_size != 0);
 	if (e->nblocks != want || (e->nblocks && !e->blocks))
@@ -190,13 +190,60 @@ static int mf_check_blocks(const struct mf_entry *e)
 	return 0;
 }
 
+static int mf_xattr_cmp(const void *a, const void *b)
+{
+	return strcmp((*(const struct mf_xattr *const *)a)->name,
+		      (*(const struct mf_xattr *const *)b)->name);
+}
+
+/* Names 1..255 bytes, distinct; sizes within MOUNT/ckpt's limits. O(k log k). */
+static int mf_check_xattrs(const struct mf_entry *e)
+{
+	const struct mf_xattr **v;
+	uint64_t total = 0;
+	int rc = 0;
+
+	if (e->nxattrs == 0)
+		return e->xattrs ? -EINVAL : 0;
+	if (!e->xattrs)
+		return -EINVAL;
+	for (uint32_t k = 0; k < e->nxattrs; k++) {
+		const struct mf_xattr *x = &e->xattrs[k];
+		size_t xl = x->name ? strlen(x->name) : 0;
+
+		if (xl == 0 || xl > MF_NAME_MAX || x->value_len > MF_XATTR_VALUE_MAX ||
+		    (x->value_len && !x->value))
+			return -EINVAL;
+		total += xl + x->value_len;
+	}
+	if (total > MF_XATTR_TOTAL_MAX)
+		return -EINVAL;
+	if (e->nxattrs == 1)
+		return 0;
+	if (!(v = malloc(e->nxattrs * sizeof(*v))))
+		return -ENOMEM;
+	for (uint32_t k = 0; k < e->nxattrs; k++)
+		v[k] = &e->xattrs[k];
+	qsort(v, e->nxattrs, sizeof(*v), mf_xattr_cmp);
+	for (uint32_t k = 1; k < e->nxattrs; k++)
+		if (!strcmp(v[k - 1]->name, v[k]->name))
+			rc = -EINVAL;
+	free(v);
+	return rc;
+}
+
 static int mf_check_entry(const struct mf_manifest *m, size_t i)
 {
 	const struct mf_entry *e = &m->entries[i];
 	size_t nlen = e->name ? strlen(e->name) : 0;
+	uint32_t version = m->version ? m->version : MF_VERSION;
 	long j;
+	int rc;
 
-	if (e->type < MF_FILE || e->type > MF_SYMLINK)
+	if (e->type < MF_FILE || e->type > MF_SYMLINK || (e->mode & ~07777u))
+		return -EINVAL;
+	if ((e->flags & ~MF_ENTRY_OPEN_WRITE) ||
+	    (e->flags && (version < 2 || e->type != MF_FILE || e->link)))
 		return -EINVAL;
 	if (i == 0) {
 		if (e->id != 1 || e->parent || e->link || nlen || e->type != MF_DIR)
@@ -211,7 +258,7 @@ static int mf_check_entry(const struct mf_manifest *m, size_t i)
 			return -EINVAL;
 	}
 	if (e->link) {
-		if (e->type != MF_FILE || e->link >= e->id || e->nxattrs)
+		if (e->type != MF_FILE || e->link >= e->id || e->nxattrs || e->size)
 			return -EINVAL;
 		j = mf_find(m, e->link);
 		if (j < 0 || m->entries[j].type != MF_FILE || m->entries[j].link)
@@ -220,22 +267,48 @@ static int mf_check_entry(const struct mf_manifest *m, size_t i)
 	if (e->type == MF_SYMLINK) {
 		size_t tl = e->target ? strlen(e->target) : 0;
 
-		if (tl == 0 || tl > MF_TARGET_MAX)
+		if (tl == 0 || tl > MF_TARGET_MAX || e->size != tl)
 			return -EINVAL;
 	} else if (e->target) {
 		return -EINVAL;
 	}
-	if (e->nxattrs && !e->xattrs)
+	if (e->type == MF_DIR && e->size)
 		return -EINVAL;
-	for (uint32_t k = 0; k < e->nxattrs; k++) {
-		const struct mf_xattr *x = &e->xattrs[k];
-		size_t xl = x->name ? strlen(x->name) : 0;
-
-		if (xl == 0 || xl > MF_NAME_MAX || x->value_len > MF_XATTR_VALUE_MAX ||
-		    (x->value_len && !x->value))
-			return -EINVAL;
-	}
+	if ((rc = mf_check_xattrs(e)))
+		return rc;
 	return mf_check_blocks(e);
+}
+
+/* Orders entry indexes by (parent id, name): equal neighbours are duplicate names. */
+static int mf_name_cmp(const void *a, const void *b, void *arg)
+{
+	const struct mf_entry *ents = arg;
+	const struct mf_entry *x = &ents[*(const size_t *)a], *y = &ents[*(const size_t *)b];
+
+	if (x->parent != y->parent)
+		return x->parent < y->parent ? -1 : 1;
+	return strcmp(x->name, y->name);
+}
+
+/* No two entries of one directory share a name (a restore would show both and rmdir
+ * of the directory would fail for good). O(n log n) time, 8 bytes an entry. */
+static int mf_check_unique(const struct mf_manifest *m)
+{
+	size_t n = m->nentries - 1, *v;
+	int rc = 0;
+
+	if (n < 2)
+		return 0;
+	if (!(v = malloc(n * sizeof(*v))))
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++)
+		v[i] = i + 1;
+	qsort_r(v, n, sizeof(*v), mf_name_cmp, m->entries);
+	for (size_t i = 1; i < n && !rc; i++)
+		if (!mf_name_cmp(&v[i - 1], &v[i], m->entries))
+			rc = -EINVAL;
+	free(v);
+	return rc;
 }
 
 static int mf_check(const struct mf_manifest *m)
@@ -245,10 +318,12 @@ static int mf_check(const struct mf_manifest *m)
 	if (!mf_name_valid(m->name, strnlen(m->name, sizeof(m->name))) ||
 	    strnlen(m->name, sizeof(m->name)) > MF_NAME_MAX || m->nentries == 0 || !m->entries)
 		return -EINVAL;
+	if (m->version > MF_VERSION || m->flags)
+		return -EINVAL;
 	for (size_t i = 0; i < m->nentries; i++)
 		if ((rc = mf_check_entry(m, i)))
 			return rc;
-	return 0;
+	return mf_check_unique(m);
 }
 
 /* ---- public ---- */
@@ -257,12 +332,14 @@ int mf_encode(const struct mf_manifest *m, void **buf, size_t *len)
 {
 	struct wbuf w = { 0 };
 	XXH128_canonical_t sum;
+	uint32_t version;
 	int rc;
 
 	if ((rc = mf_check(m)))
 		return rc;
+	version = m->version ? m->version : MF_VERSION;
 	w_bytes(&w, mf_magic, sizeof(mf_magic));
-	w_le(&w, MF_VERSION, 4);
+	w_le(&w, version, 4);
 	w_le(&w, m->flags, 4);
 	w_le(&w, 0, 8);		/* total length, patched below */
 	w_le(&w, (uint64_t)m->time_ns, 8);
@@ -278,6 +355,8 @@ int mf_encode(const struct mf_manifest *m, void **buf, size_t *len)
 		w_le(&w, e->parent, 8);
 		w_le(&w, e->link, 8);
 		w_le(&w, e->type, 1);
+		if (version >= 2)
+			w_le(&w, e->flags, 1);
 		w_le(&w, nl, 2);
 		w_bytes(&w, e->name, nl);
 		w_le(&w, e->mode, 4);
@@ -325,14 +404,21 @@ int mf_encode(const struct mf_manifest *m, void **buf, size_t *len)
 	return 0;
 }
 
-static int mf_decode_entry(struct rbuf *r, struct mf_entry *e)
+/* Parses one entry into e (zeroed by the caller). A count is stored in e only once the
+ * array it counts is allocated, so mf_free() of a half-built entry walks only what
+ * exists. */
+static int mf_decode_entry(struct rbuf *r, uint32_t version, struct mf_entry *e)
 {
+	uint64_t nblocks;
+	uint32_t nxattrs;
 	size_t n;
 
 	e->id = r_le(r, 8);
 	e->parent = r_le(r, 8);
 	e->link = r_le(r, 8);
 	e->type = (uint8_t)r_le(r, 1);
+	if (version >= 2)
+		e->flags = (uint8_t)r_le(r, 1);
 	n = r_le(r, 2);
 	e->name = r_str(r, n);
 	e->mode = (uint32_t)r_le(r, 4);
@@ -345,50 +431,50 @@ static int mf_decode_entry(struct rbuf *r, struct mf_entry *e)
 	n = r_le(r, 2);
 	if (n)
 		e->target = r_str(r, n);
-	e->nxattrs = (uint32_t)r_le(r, 4);
+	nxattrs = (uint32_t)r_le(r, 4);
 	if (r->err)
 		return r->err;
-	if (e->nxattrs > r_left(r) / MF_XATTR_MIN)
+	if (nxattrs > r_left(r) / MF_XATTR_MIN)
 		return -EINVAL;
-	if (e->nxattrs) {
-		e->xattrs = calloc(e->nxattrs, sizeof(*e->xattrs));
-		if (!e->xattrs) {
-			e->nxattrs = 0;
+	if (nxattrs) {
+		e->xattrs = calloc(nxattrs, sizeof(*e->xattrs));
+		if (!e->xattrs)
 			return -ENOMEM;
-		}
+		e->nxattrs = nxattrs;
 	}
 	for (uint32_t k = 0; k < e->nxattrs; k++) {
 		struct mf_xattr *x = &e->xattrs[k];
 		const void *v;
+		uint32_t vlen;
 
 		x->name = r_str(r, r_le(r, 1));
-		x->value_len = (uint32_t)r_le(r, 4);
+		vlen = (uint32_t)r_le(r, 4);
 		if (r->err)
 			return r->err;
-		if (x->value_len > MF_XATTR_VALUE_MAX)
+		if (vlen > MF_XATTR_VALUE_MAX)
 			return -EINVAL;
-		v = r_bytes(r, x->value_len);
+		v = r_bytes(r, vlen);
 		if (!v)
 			return r->err;
-		if (x->value_len) {
-			x->value = malloc(x->value_len);
+		if (vlen) {
+			x->value = malloc(vlen);
 			if (!x->value)
 				return -ENOMEM;
-			memcpy(x->value, v, x->value_len);
+			memcpy(x->value, v, vlen);
 		}
+		x->value_len = vlen;
 	}
 	e->block_size = (uint32_t)r_le(r, 4);
-	e->nblocks = r_le(r, 8);
+	nblocks = r_le(r, 8);
 	if (r->err)
 		return r->err;
-	if (e->nblocks > r_left(r) / MF_BLOCK_WIRE)
+	if (nblocks > r_left(r) / MF_BLOCK_WIRE)
 		return -EINVAL;
-	if (e->nblocks) {
-		e->blocks = calloc(e->nblocks, sizeof(*e->blocks));
-		if (!e->blocks) {
-			e->nblocks = 0;
+	if (nblocks) {
+		e->blocks = calloc(nblocks, sizeof(*e->blocks));
+		if (!e->blocks)
 			return -ENOMEM;
-		}
+		e->nblocks = nblocks;
 	}
 	for (uint64_t k = 0; k < e->nblocks; k++) {
 		const void *h;
@@ -409,7 +495,9 @@ int mf_decode(const void *buf, size_t len, struct mf_manifest **out)
 	XXH128_canonical_t sum;
 	struct mf_manifest *m;
 	const void *name;
-	size_t nlen;
+	uint64_t nentries;
+	uint32_t version;
+	size_t nlen, entry_min;
 	int rc;
 
 	/* Length first: it makes every truncation a definite refusal, not a checksum bet. */
@@ -422,13 +510,16 @@ int mf_decode(const void *buf, size_t len, struct mf_manifest **out)
 	if (memcmp(sum.digest, (const unsigned char *)buf + len - MF_HASH_LEN, MF_HASH_LEN))
 		return -EIO;
 	r.pos = 8;
-	if (r_le(&r, 4) != MF_VERSION)
+	version = (uint32_t)r_le(&r, 4);
+	if (version < 1 || version > MF_VERSION)
 		return -EINVAL;
+	entry_min = MF_ENTRY_MIN + (version >= 2);
 	r.len = len - MF_HASH_LEN;	/* the checksum is not part of the body */
 
 	m = calloc(1, sizeof(*m));
 	if (!m)
 		return -ENOMEM;
+	m->version = version;
 	m->flags = (uint32_t)r_le(&r, 4);
 	(void)r_le(&r, 8);
 	m->time_ns = (int64_t)r_le(&r, 8);
@@ -439,20 +530,24 @@ int mf_decode(const void *buf, size_t len, struct mf_manifest **out)
 		goto fail;
 	}
 	memcpy(m->name, name, nlen);
-	m->nentries = r_le(&r, 8);
-	if (r.err || m->nentries == 0 || m->nentries > r_left(&r) / MF_ENTRY_MIN) {
+	/* The count is checked against the bytes left before it is stored or allocated
+	 * for: mf_free() walks m->nentries entries. */
+	nentries = r_le(&r, 8);
+	if (r.err || nentries == 0 || nentries > r_left(&r) / entry_min) {
 		rc = -EINVAL;
 		goto fail;
 	}
-	m->entries = calloc(m->nentries, sizeof(*m->entries));
+	m->entries = calloc(nentries, sizeof(*m->entries));
 	if (!m->entries) {
-		m->nentries = 0;
 		rc = -ENOMEM;
 		goto fail;
 	}
-	for (size_t i = 0; i < m->nentries; i++)
-		if ((rc = mf_decode_entry(&r, &m->entries[i])))
+	m->nentries = nentries;
+	for (size_t i = 0; i < m->nentries; i++) {
+		if ((rc = mf_decode_entry(&r, version, &m->entries[i])))
 			goto fail;
+		m->open_writes += !!(m->entries[i].flags & MF_ENTRY_OPEN_WRITE);
+	}
 	m->files = r_le(&r, 8);
 	m->logical_bytes = r_le(&r, 8);
 	m->new_bytes = r_le(&r, 8);

@@ -19,18 +19,35 @@
  * malloc/calloc for every pointer too if it ever calls mf_free() on it, or free it
  * itself. mf_encode() only borrows its input and hands over *buf (free() it).
  *
- * The tree (checked by mf_decode, expected by mf_encode; -EINVAL otherwise):
+ * The tree (checked by mf_decode, expected by mf_encode; -EINVAL otherwise). A manifest
+ * that breaks any rule is damaged as a whole: nothing of it is restored.
  *   - entries[0] is the root: type MF_DIR, id 1, parent 0, empty name;
  *   - ids strictly increase along the array and every parent id names an earlier
- *     MF_DIR entry, so a parent always comes before its children (pre-order works);
- *   - a name is 1..255 bytes without '/' or NUL and is not "." or "..";
+ *     MF_DIR entry, so a parent always comes before its children (pre-order works) and
+ *     the parent links cannot form a cycle;
+ *   - a name is 1..255 bytes without '/' or NUL and is not "." or ".."; no two entries
+ *     of one directory share a name;
+ *   - mode holds permission and special bits only (07777);
  *   - a hard link is an MF_FILE entry with link != 0: the id of an earlier MF_FILE entry
- *     (itself not a link) whose inode it shares; it carries no blocks and no xattrs, and
- *     its own metadata fields are ignored: the inode's are those of the target;
- *   - a regular file of size S has block_size B (>0) and exactly ceil(S/B) blocks, all of
- *     length B except the last; a hole block (MF_BLOCK_HOLE) has an all-zero hash and is
- *     restored as a hole; other entries have no blocks and block_size 0;
- *   - a symlink has a target of 1..4095 bytes without NUL; others have none.
+ *     (itself not a link) whose inode it shares; it carries no blocks, no xattrs, size 0
+ *     and no entry flags, and its other metadata fields are ignored: the inode's are
+ *     those of the target;
+ *   - a regular file of size S (<= MF_FILE_SIZE_MAX) has block_size B (1..1 GiB) and
+ *     exactly ceil(S/B) blocks, all of length B except the last; a hole block
+ *     (MF_BLOCK_HOLE) has an all-zero hash and is restored as a hole; other entries have
+ *     no blocks and block_size 0;
+ *   - a directory has size 0; a symlink has a target of 1..4095 bytes without NUL and
+ *     size equal to its length; others have no target;
+ *   - xattr names are 1..255 bytes without NUL, distinct within an entry; a value is at
+ *     most MF_XATTR_VALUE_MAX bytes and names plus values of one entry at most
+ *     MF_XATTR_TOTAL_MAX;
+ *   - entry flags (version 2): only MF_ENTRY_OPEN_WRITE, only on a file that is not a
+ *     link; a version 1 manifest has none.
+ *
+ * Versions: mf_decode reads version 1 (no entry flags) and 2; a decoded manifest keeps
+ * its version and mf_encode writes that version again, byte for byte (decode then
+ * encode is the identity, which tests/fuzz/fuzz_manifest.c checks). version 0 means
+ * MF_VERSION.
  */
 #ifndef MLFS_MANIFEST_H
 #define MLFS_MANIFEST_H
@@ -38,16 +55,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MF_VERSION 1
+#define MF_VERSION 2		/* written by default; 1 is still read and re-encoded */
 #define MF_HASH_LEN 16		/* XXH3-128, canonical (big-endian) byte order */
 #define MF_NAME_MAX 255
 #define MF_TARGET_MAX 4095
 #define MF_XATTR_VALUE_MAX 65536
 #define MF_BLOCK_SIZE_MAX (1u << 30)
+#define MF_XATTR_TOTAL_MAX (1u << 20)	/* names + values of one entry, as MOUNT/ckpt */
+#define MF_FILE_SIZE_MAX (1ull << 50)	/* far above MOUNT/ckpt's 1 TiB; keeps off_t sane */
 
 enum mf_type { MF_FILE = 1, MF_DIR = 2, MF_SYMLINK = 3 };
 
 #define MF_BLOCK_HOLE 0x1	/* never written / all zero: no object, restore as a hole */
+
+/* Entry flags (version 2). OPEN_WRITE: at the take the file was open for writing
+ * (O_WRONLY/O_RDWR) by someone, so its content may be a torn write (a torch.save cut
+ * by a SIGTERM); "latest" skips snapshots that have any (fs/store.h store_latest). */
+#define MF_ENTRY_OPEN_WRITE 0x1
 
 struct mf_block {
 	uint8_t hash[MF_HASH_LEN];	/* names STORE/objects/xx/<hex>; zero for a hole */
@@ -67,6 +91,7 @@ struct mf_entry {
 	uint64_t link;		/* hard links: id of the earlier file sharing the inode, or 0 */
 	char *name;		/* NUL-terminated; "" for the root */
 	uint8_t type;		/* enum mf_type */
+	uint8_t flags;		/* MF_ENTRY_* (version 2; 0 in version 1) */
 	uint32_t mode;		/* permission and special bits (S_IFMT bits are ignored) */
 	uint32_t uid, gid;
 	int64_t atime_ns, mtime_ns, ctime_ns;
@@ -83,8 +108,11 @@ struct mf_manifest {
 	char name[MF_NAME_MAX + 1];	/* the snapshot's name */
 	int64_t time_ns;		/* creation time, CLOCK_REALTIME */
 	uint32_t flags;			/* reserved, 0 */
+	uint32_t version;		/* 0: MF_VERSION; decode sets what it read */
 	uint64_t nentries;
 	struct mf_entry *entries;
+	/* Entries with MF_ENTRY_OPEN_WRITE: counted by mf_decode, not encoded. */
+	uint64_t open_writes;
 	/* Summary figures, informational (list shows them; decode does not recount). */
 	uint64_t files;			/* regular files, hard links counted once */
 	uint64_t logical_bytes;		/* sum of file sizes */
@@ -101,6 +129,9 @@ int mf_encode(const struct mf_manifest *m, void **buf, size_t *len);
  * Verify and parse len bytes at buf into a new manifest (*out, handed over).
  * -EIO if the checksum does not match (damage), -EINVAL if the bytes are not a
  * manifest, are truncated, of an unknown version, or break a rule above; -ENOMEM.
+ * Every count and length is checked against the bytes left before anything is
+ * allocated for it; on failure everything built so far is freed and *out is untouched.
+ * Costs O(n log n) time and O(n) extra memory for the name checks (no recursion).
  */
 int mf_decode(const void *buf, size_t len, struct mf_manifest **out);
 

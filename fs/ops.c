@@ -355,7 +355,7 @@ static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 		if (n->kind == MLFS_DATA)
 			data_release(m->data, f);
 		else
-			ckpt_release(m->ckpt, (struct ckpt_inode *)n);
+			ckpt_release(m->ckpt, (struct ckpt_inode *)n, fi->flags);
 	}
 }
 
@@ -375,7 +375,7 @@ static void mlfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, 
 	ckpt_open(m->ckpt, (struct ckpt_inode *)e.ino, fi->flags);
 	fi->keep_cache = 1;
 	if (fuse_reply_create(req, &e, fi) == -ENOENT) {
-		ckpt_release(m->ckpt, (struct ckpt_inode *)e.ino);
+		ckpt_release(m->ckpt, (struct ckpt_inode *)e.ino, fi->flags);
 		ckpt_forget(m->ckpt, (struct ckpt_inode *)e.ino, 1);
 	}
 }
@@ -388,7 +388,7 @@ static void mlfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_inf
 	if (n->kind == MLFS_DATA && fi->fh)
 		data_release(m->data, (struct data_file *)fi->fh);
 	else if (n->kind == MLFS_CKPT)
-		ckpt_release(m->ckpt, (struct ckpt_inode *)n);
+		ckpt_release(m->ckpt, (struct ckpt_inode *)n, fi->flags);
 	fuse_reply_err(req, 0);
 }
 

@@ -53,6 +53,7 @@ struct snapd_job {
 	int automatic; /* an autosnap: subject to keep=N */
 	uint64_t gen;  /* ckpt_generation() at its freeze */
 	uint64_t total, done, new_bytes, files, logical;
+	uint64_t open_writes; /* files open for writing at its freeze: never "latest" */
 	int64_t time_ns;
 	int waiters;
 };
@@ -268,7 +269,9 @@ static void snapd_run_job(struct snapd *sd, struct snapd_job *job)
 			strerror(-rc));
 	else
 		log_info("snap: %s durable: %" PRIu64 " files, %" PRIu64 " bytes, %" PRIu64
-			 " new, %.2f s", job->name, job->files, job->logical, job->new_bytes, secs);
+			 " new, %.2f s%s", job->name, job->files, job->logical, job->new_bytes, secs,
+			 job->open_writes ? "; files were open for writing: not used as latest"
+					  : "");
 	pthread_mutex_lock(&sd->mu);
 	job->state = rc ? JOB_FAILED : JOB_DURABLE;
 	job->rc = rc;
@@ -375,6 +378,7 @@ static int snapd_take(struct snapd *sd, const char *name, int automatic,
 	job->total = job->fz->bytes;
 	job->files = job->fz->mf->files;
 	job->logical = job->fz->mf->logical_bytes;
+	job->open_writes = job->fz->mf->open_writes;
 	job->time_ns = job->fz->mf->time_ns;
 	job->waiters = 1; /* the caller's: snapd_wait or snapd_release drops it */
 	job->gen = job->fz->gen;
@@ -469,6 +473,10 @@ static int ctl_take(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 	}
 	ctl_out(r, "taken %s: %" PRIu64 " files, %" PRIu64 " bytes frozen", name, job->files,
 		job->logical);
+	if (job->open_writes)
+		ctl_out(r, "warning: %" PRIu64 " file%s open for writing: '%s' may hold a torn "
+			   "write and is never restored as latest", job->open_writes,
+			job->open_writes == 1 ? " was" : "s were", name);
 	if (!wait) {
 		snapd_release(sd, job);
 		return 0;
@@ -510,6 +518,7 @@ static int ctl_list(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 		pend[np].files = j->files;
 		pend[np].logical_bytes = j->logical;
 		pend[np].new_bytes = j->new_bytes;
+		pend[np].open_writes = j->open_writes;
 		np++;
 	}
 	pthread_mutex_unlock(&sd->mu);
@@ -519,12 +528,14 @@ static int ctl_list(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 		free(pend);
 		return ctl_fail(r, "list: %s", strerror(-rc)), rc;
 	}
-	/* One record a line: NAME TIME_NS FILES LOGICAL NEW STATE, tab separated; the
-	 * client prints them as the offline list does. */
+	/* One record a line: NAME TIME_NS FILES LOGICAL NEW STATE OPEN_WRITES, tab
+	 * separated (OPEN_WRITES last: older clients read the first six); the client
+	 * prints them as the offline list does. */
 	for (i = 0; i < n; i++)
-		ctl_out(r, "snap\t%s\t%" PRId64 "\t%" PRIu64 "\t%" PRIu64 "\t%" PRIu64 "\t%s",
-			v[i].name, v[i].time_ns, v[i].files, v[i].logical_bytes, v[i].new_bytes,
-			v[i].state == STORE_SNAP_DAMAGED ? "damaged" : "durable");
+		ctl_out(r, "snap\t%s\t%" PRId64 "\t%" PRIu64 "\t%" PRIu64 "\t%" PRIu64 "\t%s\t%"
+			   PRIu64, v[i].name, v[i].time_ns, v[i].files, v[i].logical_bytes,
+			v[i].new_bytes, v[i].state == STORE_SNAP_DAMAGED ? "damaged" : "durable",
+			v[i].open_writes);
 	for (i = 0; i < np; i++) {
 		int listed = 0;
 
@@ -532,8 +543,8 @@ static int ctl_list(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 			listed |= !strcmp(v[k].name, pend[i].name);
 		if (!listed)
 			ctl_out(r, "snap\t%s\t%" PRId64 "\t%" PRIu64 "\t%" PRIu64 "\t%" PRIu64
-				   "\tpending", pend[i].name, pend[i].time_ns, pend[i].files,
-				pend[i].logical_bytes, pend[i].new_bytes);
+				   "\tpending\t%" PRIu64, pend[i].name, pend[i].time_ns, pend[i].files,
+				pend[i].logical_bytes, pend[i].new_bytes, pend[i].open_writes);
 	}
 	free(pend);
 	free(v);
@@ -560,7 +571,10 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 		rc = store_load_manifest(sd->st, name, &mf);
 	pthread_mutex_unlock(&sd->store_mu);
 	if (rc) {
-		snprintf(msg, msglen, rc == -ENOENT ? "no snapshot '%s' in %s"
+		snprintf(msg, msglen, rc == -ENOENT && !strcmp(want, "latest")
+				      ? "no snapshot usable as '%s' in %s (none, or only damaged ones "
+					"or ones taken with files open for writing: restore one by name)"
+				      : rc == -ENOENT ? "no snapshot '%s' in %s"
 				      : rc == -EIO ? "snapshot '%s' in %s is damaged (see verify)"
 				      : rc == -EINVAL ? "bad snapshot name '%s' (store %s)"
 				      : "cannot read snapshot '%s' in %s",
@@ -731,9 +745,23 @@ static void snapd_retention(struct snapd *sd)
 	}
 	for (i = 0; i < n; i++)
 		nauto += !strncmp(v[i].name, "auto-", 5);
+	/* The newest snapshot without files open for writing is what 'latest' restores
+	 * (store_latest): never delete it, even beyond keep, or a run of snapshots taken
+	 * mid-save would leave no usable latest. */
+	size_t latest = n;
+
+	for (i = n; i-- > 0;)
+		if (!v[i].open_writes) {
+			latest = i;
+			break;
+		}
 	for (i = 0; i < n && nauto > keep; i++) { /* store_list is oldest first */
 		if (strncmp(v[i].name, "auto-", 5))
 			continue;
+		if (i == latest) {
+			nauto--; /* kept over and above keep */
+			continue;
+		}
 		if (!store_delete(sd->st, v[i].name))
 			log_info("snap: keep=%u: deleted %s", keep, v[i].name);
 		nauto--;
@@ -834,8 +862,9 @@ int snapd_new(struct mlfs *m, struct snapd **out)
 	if (m->cfg.restore) {
 		rc = snapd_restore(sd, m->cfg.restore, msg, sizeof(msg));
 		if (rc == -ENOENT && !strcmp(m->cfg.restore, "latest")) {
-			log_info("restore=latest: the store %s has no snapshot yet; starting empty",
-				 m->cfg.store);
+			log_info("restore=latest: the store %s has no snapshot usable as latest "
+				 "(none yet, or only damaged ones or ones taken with files open for "
+				 "writing); starting empty", m->cfg.store);
 		} else if (rc) {
 			fprintf(stderr, "mlfs: restore=%s: %s\n", m->cfg.restore, msg);
 			goto out_close;

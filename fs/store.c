@@ -1161,6 +1161,7 @@ int store_list(struct store *s, int flags, struct store_snap_info **out, size_t 
 		i->files = m->files;
 		i->logical_bytes = m->logical_bytes;
 		i->new_bytes = m->new_bytes;
+		i->open_writes = m->open_writes;
 		mf_free(m);
 	}
 	if (nv)
@@ -1184,10 +1185,16 @@ int store_latest(struct store *s, char *name)
 
 	if ((rc = store_list(s, 0, &v, &n)))
 		return rc;
-	if (n)
-		snprintf(name, MF_NAME_MAX + 1, "%s", v[n - 1].name);
+	rc = -ENOENT;
+	while (n--) {
+		if (v[n].open_writes)
+			continue;	/* may hold a torn file: by name only */
+		snprintf(name, MF_NAME_MAX + 1, "%s", v[n].name);
+		rc = 0;
+		break;
+	}
 	free(v);
-	return n ? 0 : -ENOENT;
+	return rc;
 }
 
 int store_delete(struct store *s, const char *name)

@@ -127,6 +127,7 @@ struct store_snap_info {
 	char name[MF_NAME_MAX + 1];
 	int64_t time_ns;
 	uint64_t files, logical_bytes, new_bytes;
+	uint64_t open_writes;		/* files open for writing at the take (0: version 1) */
 	int state;			/* enum store_snap_state */
 };
 
@@ -139,7 +140,13 @@ struct store_snap_info {
  */
 int store_list(struct store *s, int flags, struct store_snap_info **out, size_t *n);
 
-/* Name of the newest complete snapshot into name[MF_NAME_MAX + 1]; -ENOENT if none. */
+/*
+ * Name of the newest complete snapshot in which no file was open for writing at the
+ * take (open_writes == 0: a SIGTERM during torch.save leaves a torn file in a snapshot
+ * that must not become "latest") into name[MF_NAME_MAX + 1]; -ENOENT if none. Damaged
+ * snapshots and ones with open files are skipped silently (list shows both); they are
+ * still restored by name.
+ */
 int store_latest(struct store *s, char *name);
 
 /*

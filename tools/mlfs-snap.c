@@ -37,7 +37,8 @@ struct list_rows {
 	size_t n, cap;
 };
 
-/* "snap NAME TIME_NS FILES LOGICAL NEW STATE", tab separated (fs/snapd.c ctl_list). */
+/* "snap NAME TIME_NS FILES LOGICAL NEW STATE [OPEN_WRITES]", tab separated (fs/snapd.c
+ * ctl_list; an older daemon sends no OPEN_WRITES). */
 static void collect_row(void *arg, const char *line)
 {
 	struct list_rows *r = arg;
@@ -65,8 +66,9 @@ static void collect_row(void *arg, const char *line)
 	if (!tab || (size_t)(tab - p) > MF_NAME_MAX)
 		return;
 	memcpy(x->name, p, tab - p);
-	if (sscanf(tab + 1, "%" SCNd64 "\t%" SCNu64 "\t%" SCNu64 "\t%" SCNu64 "\t%31s",
-		   &x->time_ns, &x->files, &x->logical_bytes, &x->new_bytes, state) != 5)
+	if (sscanf(tab + 1, "%" SCNd64 "\t%" SCNu64 "\t%" SCNu64 "\t%" SCNu64 "\t%31s\t%" SCNu64,
+		   &x->time_ns, &x->files, &x->logical_bytes, &x->new_bytes, state,
+		   &x->open_writes) < 5)
 		return;
 	r->states[r->n] = strdup(state);
 	if (r->states[r->n])

@@ -67,7 +67,8 @@ static int load(struct store *s, const char *dir, const char *name, struct mf_ma
 	if (!strcmp(name, "latest")) {
 		rc = store_latest(s, latest);
 		if (rc == -ENOENT)
-			say("%s: no snapshots", dir);
+			say("%s: no snapshot usable as latest (none, or only damaged ones or ones "
+			    "taken with files open for writing: restore one by name)", dir);
 		else if (rc)
 			say("%s: %s", dir, strerror(-rc));
 		if (rc)
@@ -146,9 +147,9 @@ void snap_print_list(const struct store_snap_info *v, const char *const *states,
 			json_str(x->name);
 			printf(", \"time\": \"%s\", \"time_ns\": %" PRId64 ", \"files\": %" PRIu64
 			       ", \"logical_bytes\": %" PRIu64 ", \"new_bytes\": %" PRIu64
-			       ", \"state\": \"%s\"}",
+			       ", \"state\": \"%s\", \"open_for_write\": %" PRIu64 "}",
 			       damaged ? "" : t, x->time_ns, x->files, x->logical_bytes, x->new_bytes,
-			       state);
+			       state, x->open_writes);
 			continue;
 		}
 		fmt_bytes(x->logical_bytes, lb, sizeof(lb));
@@ -156,8 +157,15 @@ void snap_print_list(const struct store_snap_info *v, const char *const *states,
 		if (damaged)
 			printf("%-24s %-20s %8s %12s %12s %s\n", x->name, "-", "-", "-", "-", state);
 		else
-			printf("%-24s %-20s %8" PRIu64 " %12s %12s %s\n", x->name, t, x->files, lb, nb,
+			printf("%-24s %-20s %8" PRIu64 " %12s %12s %s", x->name, t, x->files, lb, nb,
 			       state);
+		/* A snapshot with files open for writing may hold a torn write: 'latest'
+		 * skips it (store_latest). */
+		if (!damaged && x->open_writes)
+			printf(" (open-for-write: %" PRIu64 " file%s; not latest)", x->open_writes,
+			       x->open_writes == 1 ? "" : "s");
+		if (!damaged)
+			putchar('\n');
 	}
 	if (json)
 		printf("%s]\n", n ? "\n" : "");
@@ -494,7 +502,7 @@ int snap_verify(const char *store_dir, const char *name)
 		return 1;
 	if (name && !strcmp(name, "latest")) {
 		if ((rc = store_latest(s, latest))) {
-			say("%s: %s", store_dir, rc == -ENOENT ? "no snapshots" : strerror(-rc));
+			say("%s: %s", store_dir, rc == -ENOENT ? "no snapshot usable as latest" : strerror(-rc));
 			store_close(s);
 			return 1;
 		}

@@ -1,6 +1,8 @@
 /*
  * test_manifest.c - mf_ encode/decode: round trip of every entry kind, refusal of every
- * truncation and every single-bit flip, and the tree rules.
+ * truncation and every single-bit flip, the tree rules, and checksum-valid crafted
+ * manifests of every damage class (a decoder that trusts a count or a name must refuse
+ * them, not crash: each is decoded in a child process, so a crash is one failure).
  */
 #include "fs/manifest.h"
 
@@ -8,6 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
 
 #include "tests/unit/test.h"
 
@@ -225,12 +230,489 @@ static void test_rules(void)
 	BROKEN(free(m->entries[5].target); m->entries[5].target = NULL);
 	BROKEN(m->name[0] = 0);
 	BROKEN(m->entries[0].type = 9);
+	BROKEN(strcpy(m->entries[5].name, "b"));		/* duplicate name in sub/ */
+	BROKEN(m->entries[2].mode = 040755);			/* S_IFMT bits */
+	BROKEN(m->entries[2].flags = MF_ENTRY_OPEN_WRITE);	/* only files */
+	BROKEN(m->entries[4].flags = MF_ENTRY_OPEN_WRITE);	/* not a link */
+	BROKEN(free(m->entries[1].xattrs[1].name);		/* duplicate xattr */
+	       m->entries[1].xattrs[1].name = strdup("user.step"));
 #undef BROKEN
 	/* And a valid one passes, so the checks above are not refusing everything. */
 	m = sample(0);
 	buf = NULL;
 	EXPECT_EQ(mf_encode(m, &buf, &len), 0);
 	free(buf);
+	mf_free(m);
+}
+
+/* ---- crafted manifests: a raw writer of the byte layout (docs/store-format.md) ---- */
+
+struct raw {
+	unsigned char b[1 << 21];	/* room for 17 xattrs of 64 KiB */
+	size_t n;
+	int version;
+};
+
+static void raw_le(struct raw *r, uint64_t v, int n)
+{
+	for (int i = 0; i < n; i++)
+		r->b[r->n++] = (unsigned char)(v >> (8 * i));
+}
+
+static void raw_bytes(struct raw *r, const void *p, size_t n)
+{
+	memcpy(r->b + r->n, p, n);
+	r->n += n;
+}
+
+/* Header up to and including nentries (the count written as given, true or not). */
+static void raw_begin(struct raw *r, int version, uint64_t nentries)
+{
+	r->n = 0;
+	r->version = version;
+	raw_bytes(r, "MLFSMANF", 8);
+	raw_le(r, (uint64_t)version, 4);
+	raw_le(r, 0, 4);
+	raw_le(r, 0, 8);
+	raw_le(r, 1763700000000000000ull, 8);
+	raw_le(r, 4, 2);
+	raw_bytes(r, "snap", 4);
+	raw_le(r, nentries, 8);
+}
+
+struct raw_ent {
+	uint64_t id, parent, link;
+	int type, flags;
+	const char *name;
+	size_t name_len;	/* 0: strlen(name) */
+	uint32_t mode;
+	uint64_t size;
+	const char *target;
+	uint32_t nxattrs;	/* the count written; xattrs: that many, or fewer when lying */
+	const char *const *xnames;
+	const uint32_t *xlens;
+	uint32_t nx_real;
+	uint32_t block_size;
+	uint64_t nblocks;	/* the count written */
+	uint64_t nb_real;	/* blocks actually written, each block_size long but the last */
+};
+
+static void raw_entry(struct raw *r, const struct raw_ent *e)
+{
+	size_t nl = e->name_len ? e->name_len : strlen(e->name);
+	static unsigned char zeros[MF_XATTR_VALUE_MAX + 16];
+
+	raw_le(r, e->id, 8);
+	raw_le(r, e->parent, 8);
+	raw_le(r, e->link, 8);
+	raw_le(r, (uint64_t)e->type, 1);
+	if (r->version >= 2)
+		raw_le(r, (uint64_t)e->flags, 1);
+	raw_le(r, nl, 2);
+	raw_bytes(r, e->name, nl);
+	raw_le(r, e->mode, 4);
+	raw_le(r, 1000, 4);
+	raw_le(r, 100, 4);
+	raw_le(r, 1, 8);
+	raw_le(r, 2, 8);
+	raw_le(r, 3, 8);
+	raw_le(r, e->size, 8);
+	raw_le(r, e->target ? strlen(e->target) : 0, 2);
+	if (e->target)
+		raw_bytes(r, e->target, strlen(e->target));
+	raw_le(r, e->nxattrs, 4);
+	for (uint32_t k = 0; k < e->nx_real; k++) {
+		raw_le(r, strlen(e->xnames[k]), 1);
+		raw_bytes(r, e->xnames[k], strlen(e->xnames[k]));
+		raw_le(r, e->xlens[k], 4);
+		raw_bytes(r, zeros, e->xlens[k]);
+	}
+	raw_le(r, e->block_size, 4);
+	raw_le(r, e->nblocks, 8);
+	for (uint64_t k = 0; k < e->nb_real; k++) {
+		uint64_t len = k + 1 < e->nb_real ? e->block_size
+						 : e->size - k * (uint64_t)e->block_size;
+
+		raw_le(r, 0, 1);
+		raw_le(r, len, 4);
+		for (int i = 0; i < MF_HASH_LEN; i++)
+			raw_le(r, (uint64_t)(k + i + 1), 1);
+	}
+}
+
+static void raw_root(struct raw *r)
+{
+	raw_entry(r, &(struct raw_ent){ .id = 1, .type = MF_DIR, .name = "", .mode = 0755 });
+}
+
+/* Summary, total length and checksum: what makes a crafted manifest checksum-valid. */
+static void raw_seal(struct raw *r)
+{
+	XXH128_canonical_t sum;
+
+	raw_le(r, 0, 8);
+	raw_le(r, 0, 8);
+	raw_le(r, 0, 8);
+	for (int i = 0; i < 8; i++)
+		r->b[16 + i] = (unsigned char)((r->n + MF_HASH_LEN) >> (8 * i));
+	XXH128_canonicalFromHash(&sum, XXH3_128bits(r->b, r->n));
+	raw_bytes(r, sum.digest, MF_HASH_LEN);
+}
+
+/* mf_decode (and mf_free of its result) in a child: the rc, or 1000 + signal. */
+static int decode_rc(const struct raw *r)
+{
+	int status;
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		struct mf_manifest *m = NULL;
+		int rc = mf_decode(r->b, r->n, &m);
+
+		mf_free(m);
+		_exit(-rc & 0xff);
+	}
+	if (pid < 0 || waitpid(pid, &status, 0) != pid)
+		return 2000;
+	if (WIFSIGNALED(status))
+		return 1000 + WTERMSIG(status);
+	return -WEXITSTATUS(status);
+}
+
+/* A file "f" (10 bytes, one block) under the root: the base most cases bend. */
+static struct raw_ent file_f(void)
+{
+	return (struct raw_ent){ .id = 2, .parent = 1, .type = MF_FILE, .name = "f",
+				 .mode = 0644, .size = 10, .block_size = 4096, .nblocks = 1,
+				 .nb_real = 1 };
+}
+
+/* Root plus the given entries, sealed; decode's rc. */
+static int crafted(int version, const struct raw_ent *ents, size_t n)
+{
+	static struct raw r;
+
+	raw_begin(&r, version, n + 1);
+	raw_root(&r);
+	for (size_t i = 0; i < n; i++)
+		raw_entry(&r, &ents[i]);
+	raw_seal(&r);
+	return decode_rc(&r);
+}
+
+/* The version the crafted cases are written in (1 reproduces them on a version 1 build). */
+#ifndef CRAFT_VERSION
+#define CRAFT_VERSION 2
+#endif
+
+#define CRAFTED(want, ...)                                                      \
+	do {                                                                    \
+		const struct raw_ent ents_[] = { __VA_ARGS__ };                 \
+		EXPECT_EQ(crafted(CRAFT_VERSION, ents_, sizeof(ents_) / sizeof(ents_[0])), want); \
+	} while (0)
+
+static void test_crafted_counts(void)
+{
+	static struct raw r;
+	struct raw_ent e;
+	const char *xn[] = { "user.a" };
+	const uint32_t xl[] = { 3 };
+
+	/* nentries = 6 and no entries at all: the crash of issue 9 (mf_free walked NULL). */
+	raw_begin(&r, 2, 6);
+	raw_seal(&r);
+	EXPECT_EQ(decode_rc(&r), -EINVAL);
+	raw_begin(&r, 1, 6);
+	raw_seal(&r);
+	EXPECT_EQ(decode_rc(&r), -EINVAL);
+	/* nentries = 3 with one entry (the root) and the summary after it. */
+	raw_begin(&r, 2, 3);
+	raw_root(&r);
+	raw_seal(&r);
+	EXPECT_EQ(decode_rc(&r), -EINVAL);
+	raw_begin(&r, 2, UINT64_MAX);
+	raw_root(&r);
+	raw_seal(&r);
+	EXPECT_EQ(decode_rc(&r), -EINVAL);
+	/* nxattrs far beyond the bytes left, and just within them but lying. */
+	e = file_f();
+	e.nxattrs = 0xffffffffu;
+	CRAFTED(-EINVAL, e);
+	e.nxattrs = 40;
+	e.nx_real = 1;
+	e.xnames = xn;
+	e.xlens = xl;
+	CRAFTED(-EINVAL, e);
+	/* nblocks beyond the bytes left, and more blocks than written. */
+	e = file_f();
+	e.nblocks = UINT64_MAX;
+	CRAFTED(-EINVAL, e);
+	e.nblocks = 3;
+	CRAFTED(-EINVAL, e);
+	/* A name or target length past the end. */
+	e = file_f();
+	e.name_len = 60000;
+	CRAFTED(-EINVAL, e);
+	/* And the base is valid, so the cases above fail for their own reason. */
+	CRAFTED(0, file_f());
+}
+
+static void test_crafted_names(void)
+{
+	struct raw_ent a = file_f(), b = file_f(), d = file_f();
+
+	a.name = "a/b";
+	CRAFTED(-EINVAL, a);
+	a.name = ".";
+	CRAFTED(-EINVAL, a);
+	a.name = "..";
+	CRAFTED(-EINVAL, a);
+	a.name = "a\0b";
+	a.name_len = 3;
+	CRAFTED(-EINVAL, a);
+	a.name = "";
+	a.name_len = 0;
+	CRAFTED(-EINVAL, a);
+	/* Duplicate names in one directory: file/file, dir/file, dir/dir, deeper down. */
+	a = file_f();
+	b = file_f();
+	b.id = 3;
+	CRAFTED(-EINVAL, a, b);
+	d = (struct raw_ent){ .id = 3, .parent = 1, .type = MF_DIR, .name = "f", .mode = 0755 };
+	CRAFTED(-EINVAL, a, d);
+	d.name = "sub";
+	a.id = 4;
+	a.parent = 3;
+	b.id = 5;
+	b.parent = 3;
+	b.name = "g";
+	CRAFTED(0, d, a, b);
+	b.name = "f";
+	CRAFTED(-EINVAL, d, a, b);
+	/* The same name in two directories is fine. */
+	a = file_f();
+	b.id = 4;
+	CRAFTED(0, a, d, b);
+}
+
+static void test_crafted_tree(void)
+{
+	struct raw_ent a = file_f(), b, dir = { .id = 3, .parent = 1, .type = MF_DIR,
+						  .name = "d", .mode = 0755 };
+
+	a.type = 0;
+	CRAFTED(-EINVAL, a);
+	a.type = 4;
+	CRAFTED(-EINVAL, a);
+	a = file_f();
+	a.mode = 0100644;	/* S_IFMT bits */
+	CRAFTED(-EINVAL, a);
+	a.mode = 0644;
+	a.parent = 999;		/* out of range */
+	CRAFTED(-EINVAL, a);
+	a.parent = 2;		/* itself */
+	CRAFTED(-EINVAL, a);
+	a.parent = 0;
+	CRAFTED(-EINVAL, a);
+	a = file_f();
+	dir.id = 3;
+	a.parent = 3;		/* a parent that comes later */
+	CRAFTED(-EINVAL, a, dir);
+	a = file_f();
+	b = file_f();
+	b.id = 2;		/* ids must increase */
+	b.name = "g";
+	CRAFTED(-EINVAL, a, b);
+	/* Hard links: to a dir, to itself, to a later entry, to a link, to nothing. */
+	b = (struct raw_ent){ .id = 4, .parent = 1, .type = MF_FILE, .name = "l", .mode = 0644,
+			      .link = 3 };
+	CRAFTED(-EINVAL, a, dir, b);
+	b.link = 4;
+	CRAFTED(-EINVAL, a, dir, b);
+	b.link = 7;
+	CRAFTED(-EINVAL, a, dir, b);
+	b.link = 2;
+	CRAFTED(0, a, dir, b);
+	{
+		struct raw_ent c = b;
+
+		c.id = 5;
+		c.name = "l2";
+		c.link = 4;
+		CRAFTED(-EINVAL, a, dir, b, c);
+	}
+	b.size = 10;		/* a link carries no size */
+	CRAFTED(-EINVAL, a, dir, b);
+	b.size = 0;
+	b.type = MF_DIR;
+	CRAFTED(-EINVAL, a, dir, b);
+	/* A directory with a size, a symlink whose size is not its target's length. */
+	dir.size = 4096;
+	CRAFTED(-EINVAL, a, dir);
+	b = (struct raw_ent){ .id = 3, .parent = 1, .type = MF_SYMLINK, .name = "s",
+			      .mode = 0777, .target = "f", .size = 1 };
+	CRAFTED(0, a, b);
+	b.size = 2;
+	CRAFTED(-EINVAL, a, b);
+	b.size = 0;
+	b.target = NULL;
+	CRAFTED(-EINVAL, a, b);
+}
+
+static void test_crafted_blocks_and_xattrs(void)
+{
+	struct raw_ent a = file_f();
+	const char *xn[] = { "user.a", "user.b", "user.a" };
+	const char *big[17] = { "user.0", "user.1", "user.2", "user.3", "user.4", "user.5",
+				"user.6", "user.7", "user.8", "user.9", "user.10", "user.11",
+				"user.12", "user.13", "user.14", "user.15", "user.16" };
+	uint32_t xl[17] = { 3, 0, 5 };
+
+	/* More blocks than the size needs, fewer, a block longer than the size. */
+	a.nblocks = a.nb_real = 2;
+	CRAFTED(-EINVAL, a);
+	a = file_f();
+	a.size = 5000;
+	CRAFTED(-EINVAL, a);
+	a = file_f();
+	a.block_size = 0;
+	CRAFTED(-EINVAL, a);
+	a.block_size = MF_BLOCK_SIZE_MAX + 1;
+	CRAFTED(-EINVAL, a);
+	/* Huge sizes: past the limit with no blocks; a size whose block count overflows. */
+	a = file_f();
+	a.size = 1ull << 63;
+	a.nblocks = a.nb_real = 0;
+	CRAFTED(-EINVAL, a);
+	a.size = UINT64_MAX;
+	a.block_size = 1;
+	a.nblocks = UINT64_MAX;
+	CRAFTED(-EINVAL, a);
+	/* Blocks on a directory. */
+	a = (struct raw_ent){ .id = 2, .parent = 1, .type = MF_DIR, .name = "d", .mode = 0755,
+			      .block_size = 4096 };
+	CRAFTED(-EINVAL, a);
+	/* xattrs: a duplicate name, an empty name, a value over 64 KiB, over 1 MiB in all. */
+	a = file_f();
+	a.xnames = xn;
+	a.xlens = xl;
+	a.nxattrs = a.nx_real = 2;
+	CRAFTED(0, a);
+	a.nxattrs = a.nx_real = 3;
+	CRAFTED(-EINVAL, a);
+	xn[1] = "";
+	a.nxattrs = a.nx_real = 2;
+	CRAFTED(-EINVAL, a);
+	xl[0] = MF_XATTR_VALUE_MAX + 1;
+	a.nxattrs = a.nx_real = 1;
+	CRAFTED(-EINVAL, a);
+	for (int i = 0; i < 17; i++)
+		xl[i] = MF_XATTR_VALUE_MAX;
+	a.xnames = big;
+	a.nxattrs = a.nx_real = 17;
+	CRAFTED(-EINVAL, a);
+}
+
+/* Entry flags: version 2 only, files only, known bits only; version 1 reads as none. */
+static void test_versions_and_open_writes(void)
+{
+	static struct raw r;
+	struct raw_ent a = file_f(), d = { .id = 3, .parent = 1, .type = MF_DIR, .name = "d",
+					   .mode = 0755 };
+	struct mf_manifest *m = NULL;
+	void *buf = NULL;
+	size_t len = 0;
+
+	a.flags = MF_ENTRY_OPEN_WRITE;
+	CRAFTED(0, a, d);
+	a.flags = 0x2;
+	CRAFTED(-EINVAL, a, d);
+	a.flags = 0;
+	d.flags = MF_ENTRY_OPEN_WRITE;
+	CRAFTED(-EINVAL, a, d);
+
+	/* Version 2 with one open file: counted, and re-encoded byte for byte. */
+	a.flags = MF_ENTRY_OPEN_WRITE;
+	raw_begin(&r, 2, 2);
+	raw_root(&r);
+	raw_entry(&r, &a);
+	raw_seal(&r);
+	EXPECT_EQ(mf_decode(r.b, r.n, &m), 0);
+	if (m) {
+		EXPECT_EQ(m->version, 2);
+		EXPECT_EQ(m->open_writes, 1);
+		EXPECT_EQ(mf_encode(m, &buf, &len), 0);
+		EXPECT(len == r.n && !memcmp(buf, r.b, len));
+		free(buf);
+		mf_free(m);
+	}
+	/* Version 1 (as every store before this change holds): none open, same bytes back. */
+	a.flags = 0;
+	m = NULL;
+	raw_begin(&r, 1, 2);
+	raw_root(&r);
+	raw_entry(&r, &a);
+	raw_seal(&r);
+	EXPECT_EQ(mf_decode(r.b, r.n, &m), 0);
+	if (m) {
+		EXPECT_EQ(m->version, 1);
+		EXPECT_EQ(m->open_writes, 0);
+		EXPECT_EQ(mf_encode(m, &buf, &len), 0);
+		EXPECT(len == r.n && !memcmp(buf, r.b, len));
+		free(buf);
+		/* A version 1 manifest cannot carry the flag. */
+		m->entries[1].flags = MF_ENTRY_OPEN_WRITE;
+		buf = NULL;
+		EXPECT_EQ(mf_encode(m, &buf, &len), -EINVAL);
+		free(buf);
+		mf_free(m);
+	}
+	raw_begin(&r, 3, 1);
+	raw_root(&r);
+	raw_seal(&r);
+	EXPECT_EQ(decode_rc(&r), -EINVAL);
+	raw_begin(&r, 0, 1);
+	raw_root(&r);
+	raw_seal(&r);
+	EXPECT_EQ(decode_rc(&r), -EINVAL);
+}
+
+/* A 150,000-deep chain of directories: encode, decode, path and free without recursion
+ * (the stack of a FUSE thread is 8 MiB; a recursive walk of this depth overflows it). */
+static void test_deep_chain(void)
+{
+	const size_t depth = 150000;
+	struct mf_manifest *m = calloc(1, sizeof(*m)), *d = NULL;
+	void *buf = NULL;
+	size_t len = 0;
+	char path[4096], *big;
+	int rc;
+
+	strcpy(m->name, "deep");
+	m->entries = calloc(depth + 1, sizeof(*m->entries));
+	m->nentries = depth + 1;
+	for (size_t i = 0; i <= depth; i++) {
+		struct mf_entry *e = &m->entries[i];
+
+		e->id = i + 1;
+		e->parent = i;
+		e->type = MF_DIR;
+		e->mode = 0755;
+		e->name = strdup(i ? "d" : "");
+	}
+	EXPECT_EQ(mf_encode(m, &buf, &len), 0);
+	EXPECT_EQ(mf_decode(buf, len, &d), 0);
+	if (d) {
+		EXPECT_EQ(d->nentries, depth + 1);
+		EXPECT_EQ(mf_path(d, depth, path, sizeof(path)), -ENAMETOOLONG);
+		big = malloc(2 * depth + 1);
+		rc = mf_path(d, depth, big, 2 * depth + 1);
+		EXPECT_EQ(rc, 2 * depth - 1);
+		EXPECT(rc > 0 && big[0] == 'd' && big[rc - 1] == 'd');
+		free(big);
+	}
+	free(buf);
+	mf_free(d);
 	mf_free(m);
 }
 
@@ -250,5 +732,11 @@ int main(void)
 	test_every_truncation_and_flip();
 	test_rules();
 	test_garbage();
+	test_crafted_counts();
+	test_crafted_names();
+	test_crafted_tree();
+	test_crafted_blocks_and_xattrs();
+	test_versions_and_open_writes();
+	test_deep_chain();
 	return test_summary();
 }
