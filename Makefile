@@ -29,6 +29,12 @@ endif
 ifeq ($(DEBUG),1)
 B := build/debug
 BIN := $(B)/bin
+# clang when the user named no compiler: its ASan runtime carries UBSan, so one
+# log_path (ASAN_OPTIONS) catches both kinds of report, also from the daemon, whose
+# stderr is /dev/null once it detaches; gcc's separate libubsan writes only to stderr.
+ifeq ($(origin CC),default)
+CC := $(if $(shell command -v clang 2>/dev/null),clang,cc)
+endif
 override CFLAGS += -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 override LDFLAGS += -fsanitize=address,undefined
 else ifeq ($(TSAN),1)
