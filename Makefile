@@ -3,8 +3,8 @@
 #   make DEBUG=1    the same with ASan and UBSan, in build/debug/bin (beside bin/)
 #   make TSAN=1     the same with ThreadSanitizer, in build/tsan/bin
 #   make test       install missing Debian packages, build, then: C unit tests, the unit
-#                   tests under TSan (tsan-unit), pytest, pytest again against the
-#                   ASan+UBSan build (asan-integration); see "test:" below
+#                   tests under ASan+UBSan (asan-unit) and TSan (tsan-unit), pytest, pytest
+#                   again against the ASan+UBSan build (asan-integration); see "test:"
 #   make demo       install missing packages, build, run the demo job
 #   make bench      install missing packages, build, run the benchmarks
 #   make install PREFIX=/usr/local [DESTDIR=...]
@@ -63,7 +63,7 @@ UNIT_SRCS := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(B)/tests/%)
 MAN := $(wildcard man/*.1 man/*.8)
 
-.PHONY: all deps test unit integration tsan-unit asan-integration demo bench install clean
+.PHONY: all deps test unit integration asan-unit tsan-unit asan-integration demo bench install clean
 all: $(BINS)
 
 $(B)/%.o: %.c
@@ -115,8 +115,10 @@ ifeq ($(TSAN),1)
 export TSAN_OPTIONS ?= halt_on_error=1:exitcode=66:second_deadlock_stack=1:history_size=4
 endif
 
-# The C unit tests under ThreadSanitizer, in build/tsan; the integration suite against
-# the ASan+UBSan build, in build/debug.
+# The C unit tests under ASan+UBSan (build/debug) and ThreadSanitizer (build/tsan); the
+# integration suite against the ASan+UBSan build.
+asan-unit:
+	$(Q)$(MAKE) --no-print-directory DEBUG=1 unit
 tsan-unit:
 	$(Q)$(MAKE) --no-print-directory TSAN=1 unit
 asan-integration:
@@ -124,7 +126,7 @@ asan-integration:
 
 # make test: the release build first (a build failure stops here), then every stage,
 # even after one failed, each timed; fails at the end if any stage did.
-TEST_STAGES := unit tsan-unit integration asan-integration
+TEST_STAGES := unit asan-unit tsan-unit integration asan-integration
 test:
 	$(Q)scripts/deps.sh test
 	$(Q)$(MAKE) --no-print-directory all $(UNIT_BINS)
