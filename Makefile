@@ -1,7 +1,10 @@
 # mlfs: hand-written Makefile (STYLE.md 12).
 #   make            build bin/mlfs, bin/mlfs-snap, bin/mlfs-stat
-#   make DEBUG=1    the same with ASan and UBSan
-#   make test       install missing Debian packages, build, run C unit tests and pytest
+#   make DEBUG=1    the same with ASan and UBSan, in build/debug/bin (beside bin/)
+#   make TSAN=1     the same with ThreadSanitizer, in build/tsan/bin
+#   make test       install missing Debian packages, build, then: C unit tests, the unit
+#                   tests under ASan+UBSan (asan-unit) and TSan (tsan-unit), pytest, pytest
+#                   again against the ASan+UBSan build (asan-integration); see "test:"
 #   make demo       install missing packages, build, run the demo job
 #   make bench      install missing packages, build, run the benchmarks
 #   make install PREFIX=/usr/local [DESTDIR=...]
@@ -18,12 +21,30 @@ override CFLAGS += -std=gnu11 -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes
 	$(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 override LDLIBS += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -pthread -lm
 
+# Each build has its own object tree and bin directory, so that a release, an ASan and a
+# TSan build coexist (make test uses all three).
+ifeq ($(DEBUG)$(TSAN),11)
+$(error DEBUG=1 and TSAN=1 do not combine: ASan and TSan are exclusive)
+endif
 ifeq ($(DEBUG),1)
 B := build/debug
+BIN := $(B)/bin
+# clang when the user named no compiler: its ASan runtime carries UBSan, so one
+# log_path (ASAN_OPTIONS) catches both kinds of report, also from the daemon, whose
+# stderr is /dev/null once it detaches; gcc's separate libubsan writes only to stderr.
+ifeq ($(origin CC),default)
+CC := $(if $(shell command -v clang 2>/dev/null),clang,cc)
+endif
 override CFLAGS += -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 override LDFLAGS += -fsanitize=address,undefined
+else ifeq ($(TSAN),1)
+B := build/tsan
+BIN := $(B)/bin
+override CFLAGS += -O1 -fno-omit-frame-pointer -fsanitize=thread
+override LDFLAGS += -fsanitize=thread
 else
 B := build/release
+BIN := bin
 endif
 
 ifeq ($(V),1)
@@ -37,12 +58,12 @@ endif
 LIB_SRCS := $(sort $(wildcard cache/*.c tiering/*.c) $(filter-out fs/main.c,$(wildcard fs/*.c)))
 LIB_OBJS := $(LIB_SRCS:%.c=$(B)/%.o)
 LIB := $(B)/libmlfs.a
-BINS := bin/mlfs bin/mlfs-snap bin/mlfs-stat
+BINS := $(BIN)/mlfs $(BIN)/mlfs-snap $(BIN)/mlfs-stat
 UNIT_SRCS := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(B)/tests/%)
 MAN := $(wildcard man/*.1 man/*.8)
 
-.PHONY: all deps test unit integration demo bench install clean
+.PHONY: all deps test unit integration asan-unit tsan-unit asan-integration demo bench install clean
 all: $(BINS)
 
 $(B)/%.o: %.c
@@ -53,11 +74,11 @@ $(B)/%.o: %.c
 $(LIB): $(LIB_OBJS)
 	$(Q)rm -f $@ && $(AR) rcs $@ $^
 
-bin/mlfs: $(B)/fs/main.o $(LIB)
-bin/mlfs-snap: $(B)/tools/mlfs-snap.o $(patsubst %.c,$(B)/%.o,$(wildcard tools/snap_*.c)) $(LIB)
-bin/mlfs-stat: $(B)/tools/mlfs-stat.o $(LIB)
+$(BIN)/mlfs: $(B)/fs/main.o $(LIB)
+$(BIN)/mlfs-snap: $(B)/tools/mlfs-snap.o $(patsubst %.c,$(B)/%.o,$(wildcard tools/snap_*.c)) $(LIB)
+$(BIN)/mlfs-stat: $(B)/tools/mlfs-stat.o $(LIB)
 $(BINS):
-	@mkdir -p bin
+	@mkdir -p $(BIN)
 	@$(if $(Q),echo "  LD  $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
@@ -69,19 +90,53 @@ deps:
 	$(Q)scripts/deps.sh build
 
 # Unit tests: one program per module, each prints "N passed, N failed"; the last line is
-# the total over all of them.
+# the total over all of them. Built with DEBUG=1 or TSAN=1 they run under that sanitizer
+# (options below), and a sanitizer report fails the program.
 unit: $(UNIT_BINS)
 	$(Q)scripts/run-unit.sh $(UNIT_BINS)
 
+# pytest against this build's binaries: bin/ by default (MLFS_BIN_DIR, if set, wins), the
+# sanitizer build's own bin directory with DEBUG=1 or TSAN=1. With a sanitized build the
+# fixtures send every report of the daemon and the tools to files and fail the test that
+# caused one (tests/integration/conftest.py, "Sanitizers").
 integration: $(BINS)
-	$(Q)$(PYTHON) -m pytest -q tests/integration $(PYTEST_ARGS)
+	$(Q)$(if $(filter-out bin,$(BIN)),MLFS_BIN_DIR='$(CURDIR)/$(BIN)') \
+	$(PYTHON) -m pytest -q tests/integration $(PYTEST_ARGS)
 
+# Sanitizer options (the environment's own, if set, win). ASan: any error, or a leak at
+# exit (LeakSanitizer), ends the process with a report and a non-zero status; UBSan (built
+# with -fno-sanitize-recover) the same, with a stack. TSan: the first data race, deadlock
+# or signal-unsafe call ends the program with status 66.
+ifeq ($(DEBUG),1)
+export ASAN_OPTIONS ?= detect_leaks=1:halt_on_error=1:malloc_context_size=20
+export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
+endif
+ifeq ($(TSAN),1)
+export TSAN_OPTIONS ?= halt_on_error=1:exitcode=66:second_deadlock_stack=1:history_size=4
+endif
+
+# The C unit tests under ASan+UBSan (build/debug) and ThreadSanitizer (build/tsan); the
+# integration suite against the ASan+UBSan build.
+asan-unit:
+	$(Q)$(MAKE) --no-print-directory DEBUG=1 unit
+tsan-unit:
+	$(Q)$(MAKE) --no-print-directory TSAN=1 unit
+asan-integration:
+	$(Q)$(MAKE) --no-print-directory DEBUG=1 integration
+
+# make test: the release build first (a build failure stops here), then every stage,
+# even after one failed, each timed; fails at the end if any stage did.
+TEST_STAGES := unit asan-unit tsan-unit fuzz integration asan-integration
 test:
 	$(Q)scripts/deps.sh test
 	$(Q)$(MAKE) --no-print-directory all $(UNIT_BINS)
-	$(Q)$(MAKE) --no-print-directory unit
-	$(Q)$(MAKE) --no-print-directory integration
-	$(Q)$(MAKE) --no-print-directory fuzz
+	$(Q)failed=; for s in $(TEST_STAGES); do \
+		t0=$$(date +%s); \
+		$(MAKE) --no-print-directory $$s || failed="$$failed $$s"; \
+		echo "make test: $$s took $$(( $$(date +%s) - t0 )) s"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed" >&2; exit 1; fi; \
+	echo "make test: all stages passed ($(TEST_STAGES))"
 
 demo:
 	$(Q)scripts/deps.sh test

@@ -45,6 +45,7 @@ struct data_file {
 	struct bc_fid fid;
 	uint64_t size;
 	struct data_node *n;
+	struct data_file *prev, *next; /* ns->files, under ns->mu (data_open's only) */
 };
 
 /* A SOURCE read in flight: concurrent misses of one block wait for the first reader
@@ -62,6 +63,7 @@ struct data_dir {
 	DIR *dp;
 	off_t offset;
 	struct dirent *entry; /* read but not yet returned (buffer was full) */
+	struct data_dir *prev, *next; /* ns->dirs, under ns->mu */
 };
 
 struct data_ns {
@@ -78,7 +80,30 @@ struct data_ns {
 	pthread_mutex_t fl_mu;
 	pthread_cond_t fl_cv;
 	struct data_inflight *inflight;
+	/* Open handles, so that data_ns_free frees those the kernel never released (a lazy
+	 * unmount with files open ends the session without RELEASE). */
+	struct data_file *files;
+	struct data_dir *dirs;
 };
+
+/* Links h (a data_file or data_dir) at the head of *head; caller holds ns->mu. */
+#define DATA_LINK(head, h)                       \
+	do {                                     \
+		(h)->prev = NULL;                \
+		(h)->next = *(head);             \
+		if ((h)->next)                   \
+			(h)->next->prev = (h);   \
+		*(head) = (h);                   \
+	} while (0)
+#define DATA_UNLINK(head, h)                          \
+	do {                                          \
+		if ((h)->prev)                        \
+			(h)->prev->next = (h)->next;  \
+		else                                  \
+			*(head) = (h)->next;          \
+		if ((h)->next)                        \
+			(h)->next->prev = (h)->prev;  \
+	} while (0)
 
 static _Atomic uint64_t data_next_ino = 16;
 
@@ -150,6 +175,10 @@ void data_ns_free(struct data_ns *ns)
 
 	if (!ns)
 		return;
+	while (ns->files)
+		data_release(ns, ns->files);
+	while (ns->dirs)
+		data_releasedir(ns, ns->dirs);
 	for (i = 0; i < ns->nbuckets; i++) {
 		struct data_node *n = ns->buckets[i], *next;
 
@@ -463,6 +492,9 @@ int data_open(struct data_ns *ns, struct data_node *n, struct fuse_file_info *fi
 	 * without keep_cache, and the old blocks are dropped (invariant 2).
 	 */
 	fi->keep_cache = !changed;
+	pthread_mutex_lock(&ns->mu);
+	DATA_LINK(&ns->files, f);
+	pthread_mutex_unlock(&ns->mu);
 	*out = f;
 	return 0;
 }
@@ -482,6 +514,9 @@ int data_read_unopened(struct data_ns *ns, struct data_node *n, size_t size, off
 
 void data_release(struct data_ns *ns, struct data_file *f)
 {
+	pthread_mutex_lock(&ns->mu);
+	DATA_UNLINK(&ns->files, f);
+	pthread_mutex_unlock(&ns->mu);
 	close(f->fd);
 	free(f);
 }
@@ -678,6 +713,9 @@ int data_opendir(struct data_ns *ns, struct data_node *n, struct data_dir **out)
 		free(d);
 		return rc;
 	}
+	pthread_mutex_lock(&ns->mu);
+	DATA_LINK(&ns->dirs, d);
+	pthread_mutex_unlock(&ns->mu);
 	*out = d;
 	return 0;
 }
@@ -742,6 +780,9 @@ int data_readdir(struct data_ns *ns, fuse_req_t req, struct data_node *parent,
 
 void data_releasedir(struct data_ns *ns, struct data_dir *d)
 {
+	pthread_mutex_lock(&ns->mu);
+	DATA_UNLINK(&ns->dirs, d);
+	pthread_mutex_unlock(&ns->mu);
 	closedir(d->dp);
 	free(d);
 }

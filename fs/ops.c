@@ -372,10 +372,15 @@ static void mlfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, 
 		rc = ckpt_mknod(m->ckpt, dir, name, S_IFREG | (mode & 07777), 0, &c, &e);
 	if (rc)
 		return reply_rc(req, rc);
-	ckpt_open(m->ckpt, (struct ckpt_inode *)e.ino, fi->flags);
+	/* -o immutable: once an OPEN was answered ENOSYS the kernel sends no RELEASE, not
+	 * even for created files, so no open is counted there (nor released, below): the
+	 * lookup count alone keeps an unlinked file alive while it is open. */
+	if (!m->cfg.immutable)
+		ckpt_open(m->ckpt, (struct ckpt_inode *)e.ino, fi->flags);
 	fi->keep_cache = 1;
 	if (fuse_reply_create(req, &e, fi) == -ENOENT) {
-		ckpt_release(m->ckpt, (struct ckpt_inode *)e.ino, fi->flags);
+		if (!m->cfg.immutable)
+			ckpt_release(m->ckpt, (struct ckpt_inode *)e.ino, fi->flags);
 		ckpt_forget(m->ckpt, (struct ckpt_inode *)e.ino, 1);
 	}
 }
@@ -387,7 +392,7 @@ static void mlfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_inf
 
 	if (n->kind == MLFS_DATA && fi->fh)
 		data_release(m->data, (struct data_file *)fi->fh);
-	else if (n->kind == MLFS_CKPT)
+	else if (n->kind == MLFS_CKPT && !m->cfg.immutable) /* see mlfs_op_create */
 		ckpt_release(m->ckpt, (struct ckpt_inode *)n, fi->flags);
 	fuse_reply_err(req, 0);
 }

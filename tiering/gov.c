@@ -474,6 +474,7 @@ struct gov {
 	uint64_t samples, cuts, grows, crossings;
 	int armed; /* psi_fd >= 0, readable by other threads */
 	int thr_armed; /* thr_fd >= 0, readable by other threads */
+	uint64_t due_ms; /* the grid instant the last timed sample was due at */
 };
 
 /* Logs a failing input once when it starts failing and once when it recovers. */
@@ -700,6 +701,11 @@ static void *gov_thread(void *p)
 			continue;
 		crossed = g->cross_pending;
 		g->cross_pending = 0;
+		if (!triggered && !woken) {
+			pthread_mutex_lock(&g->lock);
+			g->due_ms = next;
+			pthread_mutex_unlock(&g->lock);
+		}
 		gov_sample_once(g, triggered, crossed);
 		g->last_sample_ms = gov_now_ms();
 		next = gov_next_tick(g->interval_ms);
@@ -933,6 +939,7 @@ void gov_get_inputs(struct gov *g, struct gov_inputs *out)
 	out->psi_trigger = g->armed;
 	out->cg_threshold = g->thr_armed;
 	out->cg_crossings = g->crossings;
+	out->due_ms = g->due_ms;
 	pthread_mutex_unlock(&g->lock);
 	/* Fixed after gov_new(), or atomic (budget). */
 	out->budget = atomic_load(&g->budget);

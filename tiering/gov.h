@@ -205,6 +205,10 @@ struct gov_inputs {
 	int psi_trigger; /* 1 if wake-ups come from a PSI trigger, 0 if sampling only */
 	int cg_threshold; /* 1 if a v1 cgroup usage threshold wakes the governor */
 	uint64_t cg_crossings; /* samples that followed an upward crossing of it */
+	/* When the last timed sample was due: a multiple of interval_ms of CLOCK_MONOTONIC
+	 * (the shared grid), or the end of the minimum gap a v1 threshold wake-up was
+	 * deferred to; 0 before the first. Set before that sample starts. */
+	uint64_t due_ms;
 };
 /* A copy of the last sample and the counters, for mlfs-stat. */
 void gov_get_inputs(struct gov *g, struct gov_inputs *out);

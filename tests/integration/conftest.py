@@ -13,6 +13,13 @@ the summary prints. Without MLFS_TEST_NATIVE a missing bin/mlfs fails, never ski
 
 MLFS_TEST_SEED sets the seed of every random choice (printed in the header and in each
 byte-mismatch message); MLFS_BIN_DIR points at another build than repo/bin.
+
+Sanitizers: when MLFS_BIN_DIR's mlfs is an ASan (make DEBUG=1) or TSan (make TSAN=1)
+build, log_path is added to ASAN_OPTIONS, UBSAN_OPTIONS and TSAN_OPTIONS, so that every
+report of the daemon (whose stderr is /dev/null once it detaches) and of the tools lands
+in a file of one directory; a test during which a report appeared fails with it (reports
+at a session mount's exit fail the session's last test). Each daemon's log is also
+scanned for reports at unmount. Tests marked no_sanitizer(reason) are skipped there.
 """
 import os
 import random
@@ -30,10 +37,55 @@ MiB = 1 << 20
 BLOCK = 1 * MiB  # the daemon's default block size
 
 
+class SanitizerReports:
+    """The directory every sanitized process of the session writes its reports to
+    (log_path=DIR/report: one file report.PID per process that reported)."""
+
+    def __init__(self):
+        self.dir = os.path.realpath(tempfile.mkdtemp(prefix="mlfs-san-", dir="/var/tmp"))
+        # Tests run tools as uid 65534 too: anyone may add a report, none remove another's.
+        os.chmod(self.dir, 0o1777)
+        self.seen = set()
+        for var in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "TSAN_OPTIONS"):
+            old = os.environ.get(var, "")
+            # A later flag wins: this log_path replaces any the caller set.
+            os.environ[var] = (old + ":" if old else "") + f"log_path={self.dir}/report"
+
+    def new(self):
+        """Reports that appeared since the last call, as one string ('' if none). Waits
+        (at most EXIT_TIMEOUT) for each reporting process to end, so the report is whole."""
+        fresh = sorted(n for n in os.listdir(self.dir) if n not in self.seen)
+        self.seen.update(fresh)
+        out = []
+        for n in fresh:
+            pid = n.rsplit(".", 1)[-1]
+            if pid.isdigit():
+                U.wait_pid_gone(int(pid), U.EXIT_TIMEOUT)
+            with open(os.path.join(self.dir, n), errors="replace") as f:
+                text = f.read()
+            if len(text) > 12000:
+                text = text[:12000] + f"\n... ({len(text)} bytes in all)"
+            out.append(f"--- {os.path.join(self.dir, n)}:\n{text}")
+        return "\n".join(out)
+
+    def finish(self):
+        """Removes the directory if no process ever reported."""
+        if not os.listdir(self.dir):
+            os.rmdir(self.dir)
+
+
+SAN = None  # a SanitizerReports when the daemon under test is sanitized
+
+
 def pytest_configure(config):
+    global SAN
     config.addinivalue_line("markers", "daemon: needs the real daemon (skipped, with a "
                             "reason in the summary, under MLFS_TEST_NATIVE=1)")
     config.addinivalue_line("markers", "mlfs_opts(opts): extra -o options for the mlfs fixture")
+    config.addinivalue_line("markers", "no_sanitizer(reason): skipped against a sanitized "
+                            "build (make DEBUG=1 or TSAN=1), with the reason in the summary")
+    if U.SANITIZER and SAN is None:
+        SAN = SanitizerReports()
     rc = config.option.reportchars or ""
     if not any(c in rc for c in "saA"):
         config.option.reportchars = rc + "s"  # a skip is never silent
@@ -41,10 +93,19 @@ def pytest_configure(config):
 
 def pytest_report_header(config):
     mode = "NATIVE (ext4 reference, no daemon)" if NATIVE else U.MLFS
-    return [f"mlfs: {mode}; seed {U.SEED} (MLFS_TEST_SEED)"]
+    lines = [f"mlfs: {mode}; seed {U.SEED} (MLFS_TEST_SEED)"]
+    if SAN:
+        lines.append(f"mlfs: {U.SANITIZER} build; sanitizer reports go to {SAN.dir}")
+    return lines
 
 
 def pytest_collection_modifyitems(config, items):
+    if U.SANITIZER:
+        for item in items:
+            mark = item.get_closest_marker("no_sanitizer")
+            if mark:
+                why = mark.args[0] if mark.args else mark.kwargs.get("reason", "")
+                item.add_marker(pytest.mark.skip(reason=f"{U.SANITIZER} build: {why}"))
     if not NATIVE:
         return
     skip = pytest.mark.skip(reason="needs the daemon; MLFS_TEST_NATIVE=1 runs against ext4")
@@ -229,6 +290,13 @@ class Mounter:
         if U.is_mounted(m.mnt):
             U.force_unmount(m.mnt)
             errs.append(f"{m.mnt} still in /proc/mounts after unmount")
+        try:
+            with open(m.log, errors="replace") as f:
+                san = U.sanitizer_report_in(f.read())
+        except OSError:
+            san = []
+        if san:
+            errs.append(f"sanitizer report in {m.log}: " + "; ".join(san[:5]))
         if errs:
             errs.append(f"daemon output:\n{m.stderr()}")
         return errs
@@ -257,8 +325,31 @@ def test_root():
         U.force_unmount(m[1])
     if not U.mounts_under(root):
         shutil.rmtree(root, ignore_errors=True)
+    # The session mounts have exited by now (session_mounter ends before test_root).
+    late = SAN.new() if SAN else ""
+    if SAN:
+        SAN.finish()
     assert not left, f"mounts left under {root} at the end of the session: " \
                      f"{[m[1] for m in left]}"
+    assert not late, f"sanitizer reports at the end of the session:\n{late}"
+
+
+@pytest.fixture(autouse=True)
+def sanitizer_reports():
+    """Fails the test (at setup: a session fixture's) during which a sanitized process
+    reported. Set up before, so torn down after, the test's own mounts: a daemon's report
+    at exit counts for the test whose mount it was."""
+    if SAN is None:
+        yield
+        return
+    before = SAN.new()
+    if before:
+        pytest.fail(f"sanitizer reports before this test (a session fixture's):\n{before}",
+                    pytrace=False)
+    yield
+    after = SAN.new()
+    if after:
+        pytest.fail(f"sanitizer reports during this test:\n{after}", pytrace=False)
 
 
 @pytest.fixture

@@ -19,8 +19,37 @@ MLFS = os.path.join(BIN_DIR, "mlfs")
 MLFS_STAT = os.path.join(BIN_DIR, "mlfs-stat")
 NATIVE = os.environ.get("MLFS_TEST_NATIVE") == "1"
 SEED = int(os.environ.get("MLFS_TEST_SEED", "20261121"))
-READY_TIMEOUT = 10.0
-EXIT_TIMEOUT = 10.0
+
+
+def sanitizer_of(path):
+    """'asan' or 'tsan' if the binary at path was built with that sanitizer (make DEBUG=1,
+    make TSAN=1), else None. Reads the file once (a few MB)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    if b"__asan_init" in data:
+        return "asan"
+    if b"__tsan_init" in data:
+        return "tsan"
+    return None
+
+
+# The sanitizer the daemon under test was built with (conftest then collects reports).
+SANITIZER = None if NATIVE else sanitizer_of(MLFS)
+# A sanitized daemon runs several times slower, and LeakSanitizer scans the heap at exit.
+READY_TIMEOUT = 30.0 if SANITIZER else 10.0
+EXIT_TIMEOUT = 30.0 if SANITIZER else 10.0
+# What a sanitizer report contains, in a log or on stderr (ASan, LeakSanitizer, UBSan,
+# TSan).
+SANITIZER_MARKS = ("ERROR: AddressSanitizer", "runtime error:", "LeakSanitizer",
+                   "WARNING: ThreadSanitizer", "ERROR: ThreadSanitizer")
+
+
+def sanitizer_report_in(text):
+    """The lines of text (a daemon log, a tool's stderr) that say a sanitizer fired."""
+    return [line for line in text.splitlines() if any(m in line for m in SANITIZER_MARKS)]
 STAT_FIELDS = ("mem_bytes", "mem_budget", "mem_max", "mem_min", "data_blocks",
                "ckpt_blocks", "hits", "misses", "source_bytes_read", "spilled_bytes",
                "spill_ops", "reload_ops", "dirty_bytes", "pid")
