@@ -1,0 +1,156 @@
+"""Nobody gets in where they don't belong (issue 10 part A).
+
+mlfs often runs as root with -o allow_other: every test here plays a second, ordinary
+user (made for the session with useradd, removed in the finalizer) against such a
+mount, its store and its control socket.
+"""
+import errno
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import tempfile
+
+import pytest
+
+import mlfs_util as U
+import snap_util as S
+
+pytestmark = pytest.mark.daemon
+
+SECRET = b"root-only secret bytes\n"
+
+
+@pytest.fixture(scope="session")
+def other_user():
+    """(uid, gid) of a fresh ordinary user with no home and no login shell."""
+    name = f"mlfstest{os.getpid()}"
+    r = subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", name],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.fail(f"useradd {name}: {r.stderr.strip()}")
+    try:
+        pw = pwd.getpwnam(name)
+        yield pw.pw_uid, pw.pw_gid
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)
+
+
+def as_other(other_user, fn):
+    uid, gid = other_user
+    return U.as_user(fn, uid=uid, gid=gid)
+
+
+def run_as(other_user, argv, **kw):
+    uid, gid = other_user
+    return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
+                           *argv], stdin=subprocess.DEVNULL, capture_output=True, **kw)
+
+
+@pytest.fixture
+def secret_dir(test_root):
+    """A root-only 0700 directory holding a 0600 file x (and shadow) of SECRET bytes."""
+    d = tempfile.mkdtemp(prefix="secret-", dir=test_root)
+    os.chmod(d, 0o700)
+    for name in ("x", "shadow"):
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(SECRET)
+        os.chmod(os.path.join(d, name), 0o600)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def user_src(mounter, other_user):
+    """A mount (allow_other) whose SOURCE holds aw/, a directory the other user owns."""
+    src = mounter.tempdir("src-")
+    os.mkdir(os.path.join(src, "aw"))
+    os.chown(os.path.join(src, "aw"), *other_user)
+    m = mounter(src=src, opts="allow_other,default_permissions")
+    yield m
+    shutil.rmtree(src, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- 1. MOUNT/data beneath SOURCE
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("target", ["secret", "etc"])
+def test_data_component_swapped_for_symlink_after_lookup(user_src, other_user, secret_dir,
+                                                         target):
+    """The user owning SRC/aw makes aw/e/x, has the kernel look it up through the mount,
+    then swaps aw/e for a symlink to a root-only directory (or /etc): reading
+    MNT/data/aw/e/x must not give the root-only file (ELOOP: openat2's errno)."""
+    m = user_src
+    name = "x" if target == "secret" else "shadow"
+    dest = secret_dir if target == "secret" else "/etc"
+    aw = os.path.join(m.src, "aw")
+    via = os.path.join(m.data, "aw", "e", name)
+
+    def setup():
+        os.mkdir(os.path.join(aw, "e"))
+        with open(os.path.join(aw, "e", name), "wb") as f:
+            f.write(b"mine\n")
+        st = os.stat(via)  # the kernel now caches e and e/x with the user's modes
+        os.rename(os.path.join(aw, "e"), os.path.join(aw, "e.old"))
+        os.symlink(dest, os.path.join(aw, "e"))
+        return st.st_size
+
+    assert as_other(other_user, setup) == ["ok", 5]
+    want = SECRET if target == "secret" else None
+    got = as_other(other_user, lambda: _read(via).decode("latin-1"))
+    assert got[0] == "err", f"read {via} as uid {other_user[0]} gave {got!r}"
+    assert got[1] in (errno.ELOOP, errno.ENOENT), got
+    if want is not None:
+        assert got != ["ok", want.decode()]
+    # And root, who may read both, is served nothing outside SOURCE either.
+    with pytest.raises(OSError) as e:
+        _read(via)
+    assert e.value.errno in (errno.ELOOP, errno.ENOENT)
+
+
+def test_data_every_access_refuses_a_swapped_component(user_src, other_user, secret_dir):
+    """stat, readlink, listdir, getxattr and open below a swapped component all fail:
+    nothing under the symlink's target is stat'ed, listed or read."""
+    m = user_src
+    aw = os.path.join(m.src, "aw")
+    os.makedirs(os.path.join(aw, "e", "sub"))
+    os.symlink("x", os.path.join(aw, "e", "lnk"))
+    open(os.path.join(aw, "e", "x"), "wb").close()
+    for p in ("e/x", "e/sub", "e/lnk"):
+        os.lstat(os.path.join(m.data, "aw", p))
+    os.rename(os.path.join(aw, "e"), os.path.join(aw, "e.old"))
+    os.mkdir(os.path.join(secret_dir, "sub"))
+    os.symlink("x", os.path.join(secret_dir, "lnk"))
+    os.symlink(secret_dir, os.path.join(aw, "e"))
+    d = os.path.join(m.data, "aw", "e")
+    # (A stat of e/x itself is the kernel's, from its attribute cache: the old x's.)
+    for what, fn in (("lookup", lambda: os.lstat(os.path.join(d, "shadow"))),
+                     ("readlink", lambda: os.readlink(os.path.join(d, "lnk"))),
+                     ("listdir", lambda: os.listdir(os.path.join(d, "sub"))),
+                     ("getxattr", lambda: os.getxattr(os.path.join(d, "x"), "user.a")),
+                     ("listxattr", lambda: os.listxattr(os.path.join(d, "x"))),
+                     ("open", lambda: _read(os.path.join(d, "x")))):
+        with pytest.raises(OSError, match="") as e:
+            r = fn()
+            pytest.fail(f"{what} through the swapped component gave {r!r}")
+        assert e.value.errno in (errno.ELOOP, errno.ENOENT), f"{what}: {e.value!r}"
+
+
+def test_data_symlink_inside_source_still_a_symlink(user_src):
+    """A symlink in SOURCE is shown as one and resolved by the caller's kernel."""
+    m = user_src
+    aw = os.path.join(m.src, "aw")
+    os.makedirs(os.path.join(aw, "real"))
+    with open(os.path.join(aw, "real", "f"), "wb") as f:
+        f.write(b"ok\n")
+    os.symlink("real", os.path.join(aw, "ln"))
+    p = os.path.join(m.data, "aw", "ln")
+    assert stat.S_ISLNK(os.lstat(p).st_mode)
+    assert os.readlink(p) == "real"
+    assert _read(os.path.join(p, "f")) == b"ok\n"
+    assert os.listdir(p) == ["f"]
