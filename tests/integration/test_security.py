@@ -16,6 +16,7 @@ import pytest
 
 import mlfs_util as U
 import snap_util as S
+from snap_util import snapenv  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.daemon
 
@@ -154,3 +155,90 @@ def test_data_symlink_inside_source_still_a_symlink(user_src):
     assert os.readlink(p) == "real"
     assert _read(os.path.join(p, "f")) == b"ok\n"
     assert os.listdir(p) == ["f"]
+
+
+# ---------------------------------------------------------------- 2. the store is private
+
+def _walk(top):
+    for dirpath, dirnames, filenames in os.walk(top):
+        for n in dirnames + filenames:
+            yield os.path.join(dirpath, n)
+
+
+def _snapshot_of_private_file(env):
+    """A 0600 checkpoint file of SECRET bytes, persisted as snapshot s1; unmounted."""
+    d = env.mount()
+    f = os.path.join(d.ckpt, "model.pt")
+    with open(f, "wb") as fh:
+        fh.write(SECRET * 1000)
+    os.chmod(f, 0o600)
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    env.unmount(d)
+    return S.object_path(env.store, SECRET * 1000)
+
+
+def test_store_objects_unreadable_by_other_users(snapenv, other_user):
+    """Every directory and file the daemon makes in STORE is private to the mounting
+    user: another local user reads no object of a 0600 checkpoint file."""
+    env = snapenv()
+    obj = _snapshot_of_private_file(env)
+    assert os.path.exists(obj)
+    bad = [(os.path.relpath(p, env.store), oct(stat.S_IMODE(os.lstat(p).st_mode)))
+           for p in _walk(env.store) if stat.S_IMODE(os.lstat(p).st_mode) & 0o077]
+    assert not bad, f"store paths with access for group/others: {bad[:10]}"
+    assert as_other(other_user, lambda: _read(obj).hex()) == ["err", errno.EACCES]
+    r = run_as(other_user, [S.SNAP, "verify", "--store", env.store])
+    assert r.returncode != 0 and SECRET not in r.stdout, r
+
+
+def test_store_readers_open_read_only(snapenv):
+    """list, verify and restore --store read a store on a read-only filesystem (a
+    read-only bind mount): none opens the lock file for writing."""
+    env = snapenv()
+    _snapshot_of_private_file(env)
+    ro = env.path("store-ro")
+    os.mkdir(ro)
+    env.extra_mounts.append(ro)
+    for argv in (["mount", "--bind", env.store, ro],
+                 ["mount", "-o", "remount,ro,bind", ro]):
+        subprocess.run(argv, check=True, capture_output=True)
+    os.unlink(os.path.join(env.store, "lock"))  # a store whose lock was never made
+    before = S.store_files(env.store)
+    r = S.snap_ok("list", "--store", ro)
+    assert "s1" in r.out
+    S.snap_ok("verify", "--store", ro)
+    S.snap_ok("verify", "--store", ro, "s1")
+    to = env.path("restored")
+    S.snap_ok("restore", "--store", ro, "s1", "--to", to)
+    assert _read(os.path.join(to, "model.pt")) == SECRET * 1000
+    # Writers still refuse with one line.
+    r = S.snap("gc", "--store", ro)
+    S.assert_clean_failure(r, "gc on a read-only store")
+    assert S.store_files(env.store) == before
+
+
+# ---------------------------------------------------------------- verify escapes names
+
+def test_verify_escapes_control_characters(snapenv):
+    """A checkpoint file named with a newline, a tab, ESC, a C1 control (U+009B CSI)
+    and a backslash: verify prints it escaped on one line per fault, never the raw
+    bytes, and its fault count is the number of lines it printed."""
+    env = snapenv()
+    d = env.mount()
+    evil = "a\nfake: line\tt\x1b[31mred\u009b2J\\b-\u00fcn"
+    data = [os.urandom(4096 + i) for i in range(2)]
+    for i, blob in enumerate(data):
+        with open(os.path.join(d.ckpt, f"{evil}{i}"), "wb") as f:
+            f.write(blob)
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    env.unmount(d)
+    for blob in data:
+        os.unlink(S.object_path(env.store, blob))
+    r = S.snap("verify", "--store", env.store)
+    assert r.rc == 1, r
+    lines = r.out.splitlines()
+    assert len(lines) == 2, r
+    for ln in lines:
+        assert "\x1b" not in ln and "\t" not in ln and "\u009b" not in ln, repr(ln)
+        assert "a\\nfake: line\\tt\\x1b[31mred\\xc2\\x9b2J\\\\b-\u00fcn" in ln, repr(ln)
+    assert "verify: 2 fault(s)" in r.err, r
