@@ -242,3 +242,104 @@ def test_verify_escapes_control_characters(snapenv):
         assert "\x1b" not in ln and "\t" not in ln and "\u009b" not in ln, repr(ln)
         assert "a\\nfake: line\\tt\\x1b[31mred\\xc2\\x9b2J\\\\b-\u00fcn" in ln, repr(ln)
     assert "verify: 2 fault(s)" in r.err, r
+
+
+# ---------------------------------------------------------------- 4. the control socket
+
+class UserMount:
+    """A mount made by the other user (no allow_other, no XDG_RUNTIME_DIR): its daemon
+    puts its socket in /tmp/mlfs-UID. Always unmounted, its daemon always gone."""
+
+    def __init__(self, root, other_user):
+        self.user = other_user
+        self.base = tempfile.mkdtemp(prefix="user-", dir=root)
+        os.chmod(self.base, 0o755)
+        for n in ("src", "mnt", "spill", "store"):
+            os.mkdir(os.path.join(self.base, n))
+            os.chown(os.path.join(self.base, n), *other_user)
+        self.mnt = os.path.join(self.base, "mnt")
+        self.sockdir = f"/tmp/mlfs-{other_user[0]}"
+
+    def mount(self):
+        b = self.base
+        argv = ["env", "-u", "XDG_RUNTIME_DIR", U.MLFS, "-o",
+                f"spill={b}/spill,store={b}/store", f"{b}/src", self.mnt]
+        return run_as(self.user, argv, timeout=60)
+
+    def cleanup(self):
+        pids = U.daemon_pids(self.mnt)
+        if U.is_mounted(self.mnt):
+            U.fusermount_u(self.mnt)
+        for pid in pids:
+            U.kill_pid(pid)
+        if U.is_mounted(self.mnt):
+            U.force_unmount(self.mnt)
+        left = U.is_mounted(self.mnt)
+        shutil.rmtree(self.base, ignore_errors=True)
+        if os.path.islink(self.sockdir) or os.path.isfile(self.sockdir):
+            os.unlink(self.sockdir)
+        shutil.rmtree(self.sockdir, ignore_errors=True)
+        assert not left, f"{self.mnt} left mounted"
+
+
+@pytest.fixture
+def user_mount(test_root, other_user):
+    # /dev/fuse may be root-only here (0600): an ACL entry lets this one user open it
+    # for the test, removed in the finalizer; the device's mode is left alone.
+    uid = other_user[0]
+    acl = not os.access("/dev/fuse", os.R_OK | os.W_OK, effective_ids=False) or \
+        stat.S_IMODE(os.stat("/dev/fuse").st_mode) & 0o006 != 0o006
+    if acl:
+        r = subprocess.run(["setfacl", "-m", f"u:{uid}:rw", "/dev/fuse"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot let uid {uid} open /dev/fuse: {r.stderr.strip()}")
+    um = UserMount(test_root, other_user)
+    shutil.rmtree(um.sockdir, ignore_errors=True)
+    try:
+        yield um
+        um.cleanup()
+    finally:
+        if acl:
+            subprocess.run(["setfacl", "-x", f"u:{uid}", "/dev/fuse"], capture_output=True)
+
+
+def test_root_controls_a_users_mount_without_allow_other(user_mount):
+    """Root may control any mount (mlfs(8)): its tools find the daemon's socket from
+    the mount table, although FUSE keeps root out of a mount without allow_other."""
+    r = user_mount.mount()
+    assert r.returncode == 0, r
+    st = os.lstat(user_mount.sockdir)
+    assert st.st_uid == user_mount.user[0] and stat.S_IMODE(st.st_mode) == 0o700
+    r = subprocess.run([U.MLFS_STAT, "--json", user_mount.mnt], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0, f"mlfs-stat as root: {r.stderr.strip()}"
+    assert '"mountpoint"' in r.stdout
+    r = S.snap("take", user_mount.mnt, "by-root", "--wait")
+    assert r.rc == 0, r
+
+
+@pytest.mark.parametrize("squat", ["foreign", "symlink", "open"])
+def test_socket_dir_made_by_someone_else_is_refused(user_mount, test_root, squat):
+    """/tmp/mlfs-UID made first by another user (here root), a symlink to a directory
+    of the user, or the user's own directory open to others: the mount is refused with
+    one line naming the path, and no mount is left."""
+    d = user_mount.sockdir
+    if squat == "foreign":
+        os.mkdir(d)
+        os.chmod(d, 0o777)
+    elif squat == "symlink":
+        target = tempfile.mkdtemp(prefix="sockdir-", dir=test_root)
+        os.chown(target, *user_mount.user)
+        os.chmod(target, 0o700)
+        os.symlink(target, d)
+    else:
+        os.mkdir(d)
+        os.chown(d, *user_mount.user)
+        os.chmod(d, 0o755)
+    r = user_mount.mount()
+    err = r.stderr.decode(errors="replace")
+    assert r.returncode != 0, f"mount with a {squat} {d} succeeded: {err}"
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and d in lines[0], err
+    assert not U.is_mounted(user_mount.mnt)
