@@ -106,3 +106,50 @@ def test_startup_failure_after_fork_is_reported(mounter):
     m = mounter.prepare()
     r = run_mlfs(["-o", f"spill=/proc,store={m.store}", m.src, m.mnt])
     assert_refused(r, m, "spill", "/proc")
+
+
+# ---------------------------------------------------------------- the daemon's log lines
+
+import snap_util as S  # noqa: E402
+from snap_util import snapenv  # noqa: E402,F401  (fixture)
+
+
+def test_log_names_a_store_object_once(snapenv):
+    """A restored block whose object is missing is logged as objects/xx/HASH, the path
+    mlfs-snap verify prints, not objects/objects/xx/HASH."""
+    env = snapenv()
+    d = env.mount()
+    blob = os.urandom(70000)
+    with open(os.path.join(d.ckpt, "f"), "wb") as f:
+        f.write(blob)
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    env.unmount(d)
+    obj = S.object_path(env.store, blob)
+    os.unlink(obj)
+    d = env.mount(opts="restore=s1", foreground=True)
+    with pytest.raises(OSError):
+        with open(os.path.join(d.ckpt, "f"), "rb") as f:
+            f.read()
+    env.unmount(d)
+    rel = os.path.relpath(obj, env.store)
+    out = d.output()
+    assert rel in out, out
+    assert "objects/objects/" not in out, out
+
+
+def test_failed_final_snapshot_is_an_error(snapenv):
+    """The final snapshot at unmount failing (STORE/snaps made immutable: the manifest
+    cannot be written) is an error line of the log, not an info line."""
+    env = snapenv()
+    d = env.mount(foreground=True)
+    with open(os.path.join(d.ckpt, "f"), "wb") as f:
+        f.write(os.urandom(10000))
+    snaps = os.path.join(env.store, "snaps")
+    subprocess.run(["chattr", "+i", snaps], check=True)
+    try:
+        env.unmount(d)
+    finally:
+        subprocess.run(["chattr", "-i", snaps], check=True)
+    lines = [ln for ln in d.output().splitlines() if "final snapshot" in ln]
+    assert lines, d.output()
+    assert all(": error: " in ln for ln in lines), lines
