@@ -88,6 +88,10 @@ struct data_ns {
 };
 
 static _Atomic uint64_t data_next_ino = 16;
+/* 0 when openat2 is missing (a kernel before 5.6) or refused (a seccomp filter that
+ * answers EPERM for syscalls it does not know, as older container runtimes do): set
+ * once by data_ns_new's probe, or on the first ENOSYS. */
+static _Atomic int data_have_openat2 = 1;
 
 static uint64_t data_name_hash(const struct data_node *parent, const char *name, size_t len)
 {
@@ -130,6 +134,23 @@ int data_ns_new(struct mlfs *m, const char *source, struct data_ns **out)
 	if (fstat(ns->src_fd, &st) < 0) {
 		rc = -errno;
 		goto out_close;
+	}
+	{
+		struct open_how how = { .flags = O_PATH | O_CLOEXEC, .resolve = RESOLVE_BENEATH };
+		long fd = syscall(SYS_openat2, ns->src_fd, ".", &how, sizeof(how));
+
+		/* MLFS_DATA_NO_OPENAT2=1: the walk even where openat2 works (its tests). */
+		if (getenv("MLFS_DATA_NO_OPENAT2")) {
+			if (fd >= 0)
+				close((int)fd);
+			fd = -1;
+			errno = ENOSYS;
+		}
+		if (fd >= 0)
+			close((int)fd);
+		else if ((errno == ENOSYS || errno == EPERM) && atomic_exchange(&data_have_openat2, 0))
+			log_warn("data: openat2 is not usable here (%s): SOURCE paths are walked "
+				 "one component at a time", strerror(errno));
 	}
 	pthread_mutex_init(&ns->mu, NULL);
 	pthread_mutex_init(&ns->fl_mu, NULL);
@@ -216,9 +237,6 @@ static int data_path(const struct data_node *n, char *buf, size_t size)
 	return 0;
 }
 
-/* 1 while openat2 works, 0 once it said ENOSYS (a kernel before 5.6). */
-static _Atomic int data_have_openat2 = 1;
-
 /* The fallback of data_open_beneath for kernels without openat2: one O_PATH|O_NOFOLLOW
  * open per directory component (O_DIRECTORY refuses a symlink there, reported as ELOOP
  * like openat2), then the last component with O_NOFOLLOW. path never holds "..", "."
@@ -253,8 +271,15 @@ static int data_walk_beneath(int src_fd, const char *path, int flags)
 		p = slash + 1;
 	}
 	fd = openat(dfd, p, flags | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0)
+	if (fd < 0) {
+		struct stat st;
+
 		fd = -errno;
+		/* O_DIRECTORY on a symlink says ENOTDIR: report it as openat2 does. */
+		if (fd == -ENOTDIR && !fstatat(dfd, p, &st, AT_SYMLINK_NOFOLLOW) &&
+		    S_ISLNK(st.st_mode))
+			fd = -ELOOP;
+	}
 out:
 	if (dfd != src_fd)
 		close(dfd);

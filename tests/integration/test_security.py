@@ -62,9 +62,12 @@ def secret_dir(test_root):
     shutil.rmtree(d, ignore_errors=True)
 
 
-@pytest.fixture
-def user_src(mounter, other_user):
-    """A mount (allow_other) whose SOURCE holds aw/, a directory the other user owns."""
+@pytest.fixture(params=["openat2", "walk"])
+def user_src(request, monkeypatch, mounter, other_user):
+    """A mount (allow_other) whose SOURCE holds aw/, a directory the other user owns;
+    "walk": the per-component fallback for kernels without openat2."""
+    if request.param == "walk":
+        monkeypatch.setenv("MLFS_DATA_NO_OPENAT2", "1")
     src = mounter.tempdir("src-")
     os.mkdir(os.path.join(src, "aw"))
     os.chown(os.path.join(src, "aw"), *other_user)
