@@ -87,6 +87,16 @@ static void mlfs_opts_free(struct mlfs_opts *o)
 	}
 }
 
+/* The strings build_config realpath()s; the others are borrowed from mlfs_opts. */
+static void mlfs_config_free(struct mlfs_config *c)
+{
+	free((char *)c->source);
+	free((char *)c->mountpoint);
+	free((char *)c->spill);
+	free((char *)c->store);
+	c->source = c->mountpoint = c->spill = c->store = NULL;
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -624,8 +634,12 @@ int main(int argc, char **argv)
 			!src ? "SOURCE and MOUNTPOINT" : "MOUNTPOINT");
 		return 1;
 	}
-	if (build_config(&o, src, mnt, &m.cfg))
+	if (build_config(&o, src, mnt, &m.cfg)) {
+		mlfs_config_free(&m.cfg);
+		fuse_opt_free_args(&args);
+		mlfs_opts_free(&o);
 		return 1;
+	}
 	/* Rebuild the library's arguments: program name, our fixed options, and what the
 	 * user gave that is not ours (fuse_opt_parse left those in args). */
 	struct fuse_args fargs = FUSE_ARGS_INIT(0, NULL);
@@ -733,10 +747,7 @@ out_stop:
 	mlfs_stop(&m);
 	fuse_opt_free_args(&fargs);
 	fuse_opt_free_args(&args);
-	free((char *)m.cfg.source);
-	free((char *)m.cfg.mountpoint);
-	free((char *)m.cfg.spill);
-	free((char *)m.cfg.store);
+	mlfs_config_free(&m.cfg);
 	mlfs_opts_free(&o);
 	return rc;
 }
