@@ -3,8 +3,9 @@
  *
  * Everything that can be wrong with the arguments is checked before the mount, so a bad
  * invocation prints one line and leaves no mount behind. Without -f the daemon forks
- * after the mount is made (fuse_daemonize), and the parent exits only once the child is
- * ready: the next line of a script can use the mount.
+ * after the mount is made (mlfs_daemonize), and the parent exits only once the child is
+ * ready, 0, or with the child's start-up failure, 1 and its one line: the next line of
+ * a script can use the mount, or knows why there is none.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -19,6 +20,7 @@
 #include <sys/stat.h>
 #include <sys/sysinfo.h>
 #include <sys/wait.h>
+#include <syslog.h>
 #include <unistd.h>
 
 #include "cache/bcache.h"
@@ -467,8 +469,40 @@ static int mlfs_start(struct mlfs *m)
  * is a pipe to the parent until the child is ready: the parent waits, and exits 0 when
  * the child writes the ready byte (NUL) or, when the pipe ends without it, exits 1
  * printing the child's first error line (the cause; later lines are its
- * consequences). Warnings of a good start are relayed too. The parent never returns.
+ * consequences). Warnings of a good start are relayed too, and every line goes to
+ * syslog as the detached daemon's log would have. The parent never returns.
  */
+/* A line the child wrote before it was ready goes where its log would have gone once
+ * detached: syslog, under the child's pid ("mlfs[PID]"), at the line's own level. */
+static void mlfs_relay_syslog(pid_t pid, const char *line)
+{
+	static const char *const names[] = { "emerg", "alert", "crit", "error",
+					     "warning", "notice", "info", "debug" };
+	static char ident[32];
+	const char *p = strstr(line, "]: ");
+	int level = LOG_ERR;
+
+	if (!ident[0]) {
+		snprintf(ident, sizeof(ident), "mlfs[%d]", (int)pid);
+		openlog(ident, 0, LOG_DAEMON);
+	}
+	if (p && !strncmp(line, "mlfs[", 5)) {
+		p += 3;
+		for (int i = 0; i < 8; i++) {
+			size_t n = strlen(names[i]);
+
+			if (!strncmp(p, names[i], n) && p[n] == ':') {
+				level = i;
+				p += n + 2;
+				break;
+			}
+		}
+	} else {
+		p = !strncmp(line, "mlfs: ", 6) ? line + 6 : line;
+	}
+	syslog(level, "%s", p);
+}
+
 static void mlfs_wait_child(pid_t pid, int fd)
 {
 	char buf[8192], first[1024] = "";
@@ -493,6 +527,8 @@ static void mlfs_wait_child(pid_t pid, int fd)
 			const char *e, *w;
 
 			*nl = '\0';
+			if (*line)
+				mlfs_relay_syslog(pid, line);
 			e = strstr(line, "]: error: ");
 			w = strstr(line, "]: warning: ");
 			if (!first[0] && e)
