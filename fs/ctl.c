@@ -401,23 +401,36 @@ static void ctl_unescape(char *s)
  */
 static int ctl_find_as_root(const char *mountpoint, char *buf, size_t len)
 {
-	char abs[4096], line[8192], dir[96], name[32];
-	const char *slash = strrchr(mountpoint, '/');
+	char abs[4096], line[8192], dir[96], name[32], given[4096];
+	const char *slash;
 	uid_t uid = (uid_t)-1;
 	struct stat st;
+	size_t n;
 	FILE *f;
 
 	/* The mount point's own path without entering it: realpath of its parent. */
+	n = (size_t)snprintf(given, sizeof(given), "%s", mountpoint);
+	while (n > 1 && n < sizeof(given) && given[n - 1] == '/') /* "MNT/" is MNT */
+		given[--n] = '\0';
+	mountpoint = given;
+	slash = strrchr(mountpoint, '/');
 	{
 		char parent[4096], *rp;
 		const char *base = slash ? slash + 1 : mountpoint;
 
-		snprintf(parent, sizeof(parent), "%.*s", slash ? (int)(slash - mountpoint) : 1,
-			 slash ? (slash == mountpoint ? "/" : mountpoint) : ".");
+		if (!slash)
+			snprintf(parent, sizeof(parent), ".");
+		else if (slash == mountpoint)
+			snprintf(parent, sizeof(parent), "/");
+		else
+			snprintf(parent, sizeof(parent), "%.*s", (int)(slash - mountpoint), mountpoint);
 		if (!*base || !(rp = realpath(parent, NULL)))
 			return -EACCES;
-		snprintf(abs, sizeof(abs), "%s%s%s", rp, strcmp(rp, "/") ? "/" : "", base);
+		n = (size_t)snprintf(abs, sizeof(abs), "%s%s%s", rp, strcmp(rp, "/") ? "/" : "",
+				     base);
 		free(rp);
+		if (n >= sizeof(abs))
+			return -ENAMETOOLONG;
 	}
 	if (!(f = fopen("/proc/self/mountinfo", "re")))
 		return -EACCES;

@@ -314,10 +314,12 @@ def test_root_controls_a_users_mount_without_allow_other(user_mount):
     assert r.returncode == 0, r
     st = os.lstat(user_mount.sockdir)
     assert st.st_uid == user_mount.user[0] and stat.S_IMODE(st.st_mode) == 0o700
-    r = subprocess.run([U.MLFS_STAT, "--json", user_mount.mnt], capture_output=True,
-                       text=True, timeout=30)
-    assert r.returncode == 0, f"mlfs-stat as root: {r.stderr.strip()}"
-    assert '"mountpoint"' in r.stdout
+    for path, cwd in ((user_mount.mnt, None), (user_mount.mnt + "/", None),
+                      ("mnt", user_mount.base)):
+        r = subprocess.run([U.MLFS_STAT, "--json", path], capture_output=True, text=True,
+                           timeout=30, cwd=cwd)
+        assert r.returncode == 0, f"mlfs-stat {path} as root: {r.stderr.strip()}"
+        assert '"mountpoint"' in r.stdout
     r = S.snap("take", user_mount.mnt, "by-root", "--wait")
     assert r.rc == 0, r
 
