@@ -16,6 +16,7 @@
 #include <sys/un.h>
 #include <sys/xattr.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "cache/log.h"
 #include "fs/mlfs.h"
@@ -41,6 +42,7 @@ struct ctl {
 	int fd;
 	char path[108];
 	char dir[96];
+	ino_t ino;	/* the socket's inode: ctl_free removes only our own */
 	pthread_t thread;
 	int started;
 	/* The server's state (running, stopping). A leaf: taken with nothing held,
@@ -65,28 +67,51 @@ const char *ctl_path(const struct ctl *c)
 	return c ? c->path : NULL;
 }
 
-static int ctl_pick_dir(char *dir, size_t len)
+/* Candidate socket directories, in order: /run/mlfs for root, $XDG_RUNTIME_DIR/mlfs,
+ * else /tmp/mlfs-UID. */
+static int ctl_dir_name(uid_t uid, const char *xdg, char *dir, size_t len)
 {
-	const char *xdg = getenv("XDG_RUNTIME_DIR");
 	int n;
 
-	if (geteuid() == 0)
+	if (uid == 0)
 		n = snprintf(dir, len, "/run/mlfs");
 	else if (xdg && *xdg)
 		n = snprintf(dir, len, "%s/mlfs", xdg);
 	else
-		n = snprintf(dir, len, "/tmp/mlfs-%u", (unsigned)geteuid());
-	if (n < 0 || (size_t)n >= len)
-		return -ENAMETOOLONG;
-	if (mkdir(dir, geteuid() == 0 ? 0755 : 0700) < 0 && errno != EEXIST)
-		return -errno;
-	struct stat st;
+		n = snprintf(dir, len, "/tmp/mlfs-%u", (unsigned)uid);
+	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
 
-	/* A directory someone else made could be a trap: it must be ours. */
+/*
+ * Makes the socket directory, or checks the one there: it must be a directory (lstat:
+ * a symlink is refused, never followed), owned by us, with no access for anyone else
+ * (root's /run/mlfs: no write for others). /tmp is shared: another user can make
+ * /tmp/mlfs-UID first, and a socket bound in their directory could be replaced by
+ * theirs (mlfs-snap would then talk to them). Refusing says so in one line; the fix is
+ * the user's (remove it, or set XDG_RUNTIME_DIR).
+ */
+static int ctl_pick_dir(char *dir, size_t len)
+{
+	uid_t uid = geteuid();
+	struct stat st;
+	int rc;
+
+	if ((rc = ctl_dir_name(uid, getenv("XDG_RUNTIME_DIR"), dir, len)))
+		return rc;
+	if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+		return -errno;
 	if (lstat(dir, &st) < 0)
 		return -errno;
-	if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022))
+	if (S_ISLNK(st.st_mode) || !S_ISDIR(st.st_mode) || st.st_uid != uid ||
+	    (st.st_mode & (uid == 0 ? 022 : 077))) {
+		fprintf(stderr, "mlfs: control socket directory %s is %s (owner uid %u, mode "
+			"%04o); it must be a directory of uid %u with mode 0700: remove it or "
+			"set XDG_RUNTIME_DIR\n", dir,
+			S_ISLNK(st.st_mode) ? "a symlink" : !S_ISDIR(st.st_mode) ? "not a directory" :
+			st.st_uid != uid ? "not ours" : "open to others",
+			(unsigned)st.st_uid, (unsigned)(st.st_mode & 07777), (unsigned)uid);
 		return -EPERM;
+	}
 	return 0;
 }
 
@@ -129,6 +154,16 @@ static void ctl_remove_stale(const char *dir)
 			 n == 1 ? "" : "s", dir);
 }
 
+/* The socket's name in its directory: a hash of the mount point, so root's tools can
+ * find the daemon of a mount they cannot enter (no allow_other: FUSE refuses even root
+ * the xattr that names the socket; ctl_find_as_root). Only one daemon serves a mount
+ * point at a time (mlfs refuses a busy one). */
+static void ctl_sock_name(const char *mountpoint, char *buf, size_t len)
+{
+	snprintf(buf, len, "m-%016llx.sock",
+		 (unsigned long long)XXH3_64bits(mountpoint, strlen(mountpoint)));
+}
+
 int ctl_new(struct mlfs *m, struct ctl **out)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -139,17 +174,29 @@ int ctl_new(struct mlfs *m, struct ctl **out)
 		return -ENOMEM;
 	c->m = m;
 	if ((rc = ctl_pick_dir(c->dir, sizeof(c->dir)))) {
-		log_err("control: cannot use a socket directory (%s): %s", c->dir, strerror(-rc));
+		if (rc != -EPERM) /* that one was said by ctl_pick_dir */
+			log_err("control: cannot use a socket directory (%s): %s", c->dir,
+				strerror(-rc));
 		goto out_free;
 	}
-	snprintf(c->path, sizeof(c->path), "%s/%d.sock", c->dir, (int)getpid());
+	{
+		char name[32];
+
+		ctl_sock_name(m->cfg.mountpoint, name, sizeof(name));
+		if ((size_t)snprintf(c->path, sizeof(c->path), "%s/%s", c->dir, name) >=
+		    sizeof(c->path)) {
+			rc = -ENAMETOOLONG;
+			log_err("control: socket directory %s: %s", c->dir, strerror(-rc));
+			goto out_free;
+		}
+	}
 	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (c->fd < 0) {
 		rc = -errno;
 		goto out_free;
 	}
 	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", c->path);
-	unlink(c->path); /* a leftover of a crashed daemon with our pid */
+	unlink(c->path); /* a leftover of a crashed daemon of this mount point */
 	mode_t old = umask(0077);
 
 	rc = bind(c->fd, (struct sockaddr *)&sa, sizeof(sa));
@@ -158,6 +205,12 @@ int ctl_new(struct mlfs *m, struct ctl **out)
 		rc = -errno;
 		log_err("control: cannot listen on %s: %s", c->path, strerror(-rc));
 		goto out_close;
+	}
+	{
+		struct stat st;
+
+		if (!lstat(c->path, &st))
+			c->ino = st.st_ino;
 	}
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_cond_init(&c->cv, NULL);
@@ -407,8 +460,115 @@ void ctl_free(struct ctl *c)
 		pthread_cond_wait(&c->cv, &c->mu);
 	pthread_mutex_unlock(&c->mu);
 	close(c->fd);
-	unlink(c->path);
+	{
+		/* A daemon mounted here after our unmount may have bound this path again:
+		 * remove only our own socket. */
+		struct stat st;
+
+		if (!lstat(c->path, &st) && st.st_ino == c->ino)
+			unlink(c->path);
+	}
 	free(c);
+}
+
+/* Undoes mountinfo's octal escapes (\040 for a space) in place. */
+static void ctl_unescape(char *s)
+{
+	char *d = s;
+
+	for (; *s; s++) {
+		if (s[0] == '\\' && s[1] >= '0' && s[1] <= '3' && s[2] >= '0' && s[2] <= '7' &&
+		    s[3] >= '0' && s[3] <= '7') {
+			*d++ = (char)((s[1] - '0') * 64 + (s[2] - '0') * 8 + (s[3] - '0'));
+			s += 3;
+		} else {
+			*d++ = *s;
+		}
+	}
+	*d = '\0';
+}
+
+/*
+ * Root's way to the daemon of a mount made without allow_other, which FUSE keeps even
+ * root out of: the mount's owner (user_id= in /proc/self/mountinfo) and the mount
+ * point give the socket's directory and name (ctl_dir_name, ctl_sock_name). A daemon
+ * started with a non-default XDG_RUNTIME_DIR is not found (-EACCES as before).
+ * Writes the path into buf; 0 or -errno.
+ */
+static int ctl_find_as_root(const char *mountpoint, char *buf, size_t len)
+{
+	char abs[4096], line[8192], dir[96], name[32], given[4096];
+	const char *slash;
+	uid_t uid = (uid_t)-1;
+	struct stat st;
+	size_t n;
+	FILE *f;
+
+	/* The mount point's own path without entering it: realpath of its parent. */
+	n = (size_t)snprintf(given, sizeof(given), "%s", mountpoint);
+	while (n > 1 && n < sizeof(given) && given[n - 1] == '/') /* "MNT/" is MNT */
+		given[--n] = '\0';
+	mountpoint = given;
+	slash = strrchr(mountpoint, '/');
+	{
+		char parent[4096], *rp;
+		const char *base = slash ? slash + 1 : mountpoint;
+
+		if (!slash)
+			snprintf(parent, sizeof(parent), ".");
+		else if (slash == mountpoint)
+			snprintf(parent, sizeof(parent), "/");
+		else
+			snprintf(parent, sizeof(parent), "%.*s", (int)(slash - mountpoint), mountpoint);
+		if (!*base || !(rp = realpath(parent, NULL)))
+			return -EACCES;
+		n = (size_t)snprintf(abs, sizeof(abs), "%s%s%s", rp, strcmp(rp, "/") ? "/" : "",
+				     base);
+		free(rp);
+		if (n >= sizeof(abs))
+			return -ENAMETOOLONG;
+	}
+	if (!(f = fopen("/proc/self/mountinfo", "re")))
+		return -EACCES;
+	while (fgets(line, sizeof(line), f)) {
+		char *save, *mp, *sep, *tok, *uidopt;
+
+		strtok_r(line, " ", &save);	/* id */
+		strtok_r(NULL, " ", &save);	/* parent */
+		strtok_r(NULL, " ", &save);	/* maj:min */
+		strtok_r(NULL, " ", &save);	/* root */
+		mp = strtok_r(NULL, " ", &save);
+		sep = mp ? strstr(save, " - ") : NULL;
+		if (!sep)
+			continue;
+		ctl_unescape(mp);
+		tok = strtok_r(sep + 3, " ", &save); /* fstype */
+		if (strcmp(mp, abs) || !tok || strncmp(tok, "fuse", 4))
+			continue;
+		strtok_r(NULL, " ", &save);	/* source */
+		tok = strtok_r(NULL, " \n", &save);
+		uidopt = tok ? strstr(tok, "user_id=") : NULL;
+		if (uidopt)
+			uid = (uid_t)strtoul(uidopt + 8, NULL, 10); /* the last mount on top wins */
+	}
+	fclose(f);
+	if (uid == (uid_t)-1)
+		return -ENOTCONN;
+	ctl_sock_name(abs, name, sizeof(name));
+	for (int i = 0; i < 2; i++) {
+		char xdg[64];
+
+		snprintf(xdg, sizeof(xdg), "/run/user/%u", (unsigned)uid);
+		if (ctl_dir_name(uid, i ? NULL : xdg, dir, sizeof(dir)))
+			continue;
+		/* Checked as the daemon checks it: a socket in a directory its user owns. */
+		if ((size_t)snprintf(buf, len, "%s/%s", dir, name) >= len)
+			continue;
+		if (!lstat(dir, &st) && S_ISDIR(st.st_mode) && st.st_uid == uid &&
+		    !lstat(buf, &st) && S_ISSOCK(st.st_mode) && st.st_uid == uid)
+			return 0;
+	}
+	return -EACCES;
 }
 
 int ctl_connect(const char *mountpoint)
@@ -418,6 +578,13 @@ int ctl_connect(const char *mountpoint)
 	int fd;
 
 	n = getxattr(mountpoint, MLFS_CTL_XATTR, sa.sun_path, sizeof(sa.sun_path) - 1);
+	if (n < 0 && (errno == EACCES || errno == EPERM) && geteuid() == 0) {
+		int rc = ctl_find_as_root(mountpoint, sa.sun_path, sizeof(sa.sun_path));
+
+		if (rc)
+			return rc == -ENOTCONN ? rc : -EPERM;
+		n = (ssize_t)strlen(sa.sun_path);
+	}
 	if (n < 0)
 		return errno == ENODATA || errno == ENOTSUP ? -ENOTCONN : -errno;
 	sa.sun_path[n] = '\0';

@@ -2,12 +2,16 @@
  * ctl.h - the control channel between the daemon and mlfs-snap / mlfs-stat.
  *
  * Contract
- * - The daemon listens on a Unix stream socket, mode 0600, owned by the user who
- *   mounted, in /run/mlfs (root) or $XDG_RUNTIME_DIR/mlfs or /tmp/mlfs-UID (others, a
- *   0700 directory). Nobody else can connect; the server also checks SO_PEERCRED and
- *   answers EPERM to anyone but root and that user.
+ * - The daemon listens on a Unix stream socket m-HASH.sock (XXH3-64 of the mount
+ *   point), mode 0600, owned by the user who mounted, in /run/mlfs (root) or
+ *   $XDG_RUNTIME_DIR/mlfs or /tmp/mlfs-UID (others): a directory that must be the
+ *   user's own, mode 0700, not a symlink (else the mount is refused in one line).
+ *   Nobody else can connect; the server also checks SO_PEERCRED and answers EPERM to
+ *   anyone but root (uid 0, always allowed) and that user.
  * - The tools find the socket from the mount point: getxattr(MOUNT, MLFS_CTL_XATTR)
- *   on the mount root returns its path.
+ *   on the mount root returns its path. Root, whom FUSE keeps out of a mount without
+ *   allow_other, derives it instead from the mount's user_id in /proc/self/mountinfo
+ *   and the mount point (not found if that daemon had a non-default XDG_RUNTIME_DIR).
  * - Protocol, one request per connection: the client sends its arguments joined by
  *   '\t' and ended by '\n' (arguments never contain either: snapshot names refuse
  *   control characters). The server answers lines: "out TEXT" (any number, streamed:

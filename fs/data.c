@@ -8,8 +8,16 @@
  * 2. n->fid is the id (device, inode, size, mtime, ctime) of the source file as of the
  *    last lookup or open that saw it;
  *    blocks cached under any other id of the same node were dropped when it changed.
- * 3. Paths handed to the *at() calls are relative to ns->src_fd and never start with
- *    '/': a name from the kernel has no '/', so a lookup cannot leave SOURCE.
+ * 3. Nothing outside SOURCE is ever opened, read or stat'ed, and no component of a
+ *    SOURCE path is followed as a symlink: every path is resolved beneath ns->src_fd
+ *    by data_open_beneath() (openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS), and only
+ *    a single name with no '/' is then handed to an *at() call with
+ *    AT_SYMLINK_NOFOLLOW on a directory fd so opened. A component replaced by a
+ *    symlink since the kernel looked it up fails with ELOOP (openat2's errno), however
+ *    the swap races with us. A symlink inside SOURCE is still shown as a symlink (its
+ *    target is the caller's kernel's to resolve, as on any filesystem).
+ *    Cost: a node below the top level pays one openat2 of its parent directory per
+ *    stat/readlink/xattr (the node table holds no fds, data.h), ~1-2 us.
  */
 #include "fs/data.h"
 
@@ -21,7 +29,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/openat2.h>
 #include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -106,6 +116,10 @@ struct data_ns {
 	} while (0)
 
 static _Atomic uint64_t data_next_ino = 16;
+/* 0 when openat2 is missing (a kernel before 5.6) or refused (a seccomp filter that
+ * answers EPERM for syscalls it does not know, as older container runtimes do): set
+ * once by data_ns_new's probe, or on the first ENOSYS. */
+static _Atomic int data_have_openat2 = 1;
 
 static uint64_t data_name_hash(const struct data_node *parent, const char *name, size_t len)
 {
@@ -148,6 +162,23 @@ int data_ns_new(struct mlfs *m, const char *source, struct data_ns **out)
 	if (fstat(ns->src_fd, &st) < 0) {
 		rc = -errno;
 		goto out_close;
+	}
+	{
+		struct open_how how = { .flags = O_PATH | O_CLOEXEC, .resolve = RESOLVE_BENEATH };
+		long fd = syscall(SYS_openat2, ns->src_fd, ".", &how, sizeof(how));
+
+		/* MLFS_DATA_NO_OPENAT2=1: the walk even where openat2 works (its tests). */
+		if (getenv("MLFS_DATA_NO_OPENAT2")) {
+			if (fd >= 0)
+				close((int)fd);
+			fd = -1;
+			errno = ENOSYS;
+		}
+		if (fd >= 0)
+			close((int)fd);
+		else if ((errno == ENOSYS || errno == EPERM) && atomic_exchange(&data_have_openat2, 0))
+			log_warn("data: openat2 is not usable here (%s): SOURCE paths are walked "
+				 "one component at a time", strerror(errno));
 	}
 	pthread_mutex_init(&ns->mu, NULL);
 	pthread_mutex_init(&ns->fl_mu, NULL);
@@ -238,6 +269,101 @@ static int data_path(const struct data_node *n, char *buf, size_t size)
 	return 0;
 }
 
+/* The fallback of data_open_beneath for kernels without openat2: one O_PATH|O_NOFOLLOW
+ * open per directory component (O_DIRECTORY refuses a symlink there, reported as ELOOP
+ * like openat2), then the last component with O_NOFOLLOW. path never holds "..", "."
+ * components or a leading '/' (node names come from the kernel). */
+static int data_walk_beneath(int src_fd, const char *path, int flags)
+{
+	char comp[NAME_MAX + 1];
+	const char *p = path, *slash;
+	int dfd = src_fd, fd;
+
+	while ((slash = strchr(p, '/'))) {
+		size_t len = slash - p;
+		struct stat st;
+
+		if (len == 0 || len > NAME_MAX) {
+			fd = -(len ? ENAMETOOLONG : EINVAL);
+			goto out;
+		}
+		memcpy(comp, p, len);
+		comp[len] = '\0';
+		fd = openat(dfd, comp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (fd < 0) {
+			fd = -errno;
+			if (fd == -ENOTDIR && !fstatat(dfd, comp, &st, AT_SYMLINK_NOFOLLOW) &&
+			    S_ISLNK(st.st_mode))
+				fd = -ELOOP;
+			goto out;
+		}
+		if (dfd != src_fd)
+			close(dfd);
+		dfd = fd;
+		p = slash + 1;
+	}
+	fd = openat(dfd, p, flags | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0) {
+		struct stat st;
+
+		fd = -errno;
+		/* O_DIRECTORY on a symlink says ENOTDIR: report it as openat2 does. */
+		if (fd == -ENOTDIR && !fstatat(dfd, p, &st, AT_SYMLINK_NOFOLLOW) &&
+		    S_ISLNK(st.st_mode))
+			fd = -ELOOP;
+	}
+out:
+	if (dfd != src_fd)
+		close(dfd);
+	return fd;
+}
+
+/* Opens path (relative to SOURCE, "." for SOURCE itself) with flags, resolved beneath
+ * SOURCE with no symlink followed (invariant 3): fd or -errno, -ELOOP when any
+ * component is a symlink. With O_PATH|O_NOFOLLOW a final symlink is opened itself. */
+static int data_open_beneath(struct data_ns *ns, const char *path, int flags)
+{
+	struct open_how how = {
+		.flags = (uint64_t)(flags | O_CLOEXEC),
+		.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+	};
+	long fd;
+
+	if (atomic_load(&data_have_openat2)) {
+		do
+			fd = syscall(SYS_openat2, ns->src_fd, path, &how, sizeof(how));
+		while (fd < 0 && errno == EAGAIN); /* a rename raced the walk: retry */
+		if (fd >= 0)
+			return (int)fd;
+		if (errno != ENOSYS)
+			return -errno;
+		atomic_store(&data_have_openat2, 0);
+		log_warn("data: no openat2 in this kernel: SOURCE paths are walked one "
+			 "component at a time");
+	}
+	return data_walk_beneath(ns->src_fd, path, flags & ~O_NOFOLLOW);
+}
+
+/* The directory holding n, opened beneath SOURCE (O_PATH): fd to close, or ns->src_fd
+ * (not to close) when n's parent is the root; -errno. n must not be the root. */
+static int data_parent_fd(struct data_ns *ns, const struct data_node *n)
+{
+	char path[PATH_MAX];
+	int rc;
+
+	if (!n->parent->parent)
+		return ns->src_fd;
+	if ((rc = data_path(n->parent, path, sizeof(path))))
+		return rc;
+	return data_open_beneath(ns, path, O_PATH | O_DIRECTORY);
+}
+
+static void data_put_fd(struct data_ns *ns, int fd)
+{
+	if (fd >= 0 && fd != ns->src_fd)
+		close(fd);
+}
+
 /* Modes are SOURCE's own, as on a read-only mount: a write that the permission bits
  * would allow is refused with EROFS by the handler, the errno ext4 mounted ro gives. */
 static void data_fill_attr(const struct data_node *n, struct stat *st)
@@ -306,27 +432,16 @@ out:
 	return n;
 }
 
-int data_lookup(struct data_ns *ns, struct data_node *parent, const char *name,
-		struct fuse_entry_param *e)
+/* data_lookup with the parent directory already open (dfd, beneath SOURCE). */
+static int data_lookup_at(struct data_ns *ns, int dfd, struct data_node *parent,
+			  const char *name, struct fuse_entry_param *e)
 {
-	char path[PATH_MAX];
-	size_t plen;
 	struct data_node *n;
-	int rc;
 
 	if (strlen(name) > NAME_MAX)
 		return -ENAMETOOLONG;
-	if ((rc = data_path(parent, path, sizeof(path))))
-		return rc;
-	plen = strlen(path);
-	if (plen + 1 + strlen(name) + 1 > sizeof(path))
-		return -ENAMETOOLONG;
-	if (parent->parent)
-		path[plen++] = '/';
-	else
-		plen = 0; /* "." + "/name" is just "name" */
-	strcpy(path + plen, name);
-	if (fstatat(ns->src_fd, path, &e->attr, AT_SYMLINK_NOFOLLOW) < 0)
+	/* One name, no '/', not followed: it cannot leave dfd (invariant 3). */
+	if (fstatat(dfd, name, &e->attr, AT_SYMLINK_NOFOLLOW) < 0)
 		return -errno;
 	n = data_node_get(ns, parent, name, &e->attr);
 	if (!n)
@@ -335,6 +450,28 @@ int data_lookup(struct data_ns *ns, struct data_node *parent, const char *name,
 	data_fill_attr(n, &e->attr);
 	e->attr_timeout = e->entry_timeout = ns->m->cfg.data_timeout;
 	return 0;
+}
+
+int data_lookup(struct data_ns *ns, struct data_node *parent, const char *name,
+		struct fuse_entry_param *e)
+{
+	char path[PATH_MAX];
+	int dfd, rc;
+
+	if (strchr(name, '/') || !strcmp(name, ".") || !strcmp(name, ".."))
+		return -EINVAL; /* the kernel never sends these; invariant 3 relies on it */
+	if (!parent->parent) {
+		dfd = ns->src_fd;
+	} else {
+		if ((rc = data_path(parent, path, sizeof(path))))
+			return rc;
+		dfd = data_open_beneath(ns, path, O_PATH | O_DIRECTORY);
+		if (dfd < 0)
+			return dfd;
+	}
+	rc = data_lookup_at(ns, dfd, parent, name, e);
+	data_put_fd(ns, dfd);
+	return rc;
 }
 
 static void data_unref_locked(struct data_ns *ns, struct data_node *n)
@@ -364,28 +501,41 @@ void data_forget(struct data_ns *ns, struct data_node *n, uint64_t nlookup)
 
 int data_getattr(struct data_ns *ns, struct data_node *n, struct stat *st)
 {
-	char path[PATH_MAX];
-	int rc;
+	int dfd, rc = 0;
 
-	if ((rc = data_path(n, path, sizeof(path))))
-		return rc;
-	if (fstatat(ns->src_fd, path, st, AT_SYMLINK_NOFOLLOW) < 0)
-		return -errno;
-	data_fill_attr(n, st);
-	return 0;
+	if (!n->parent) {
+		if (fstat(ns->src_fd, st) < 0)
+			return -errno;
+		data_fill_attr(n, st);
+		return 0;
+	}
+	dfd = data_parent_fd(ns, n);
+	if (dfd < 0)
+		return dfd;
+	if (fstatat(dfd, n->name, st, AT_SYMLINK_NOFOLLOW) < 0)
+		rc = -errno;
+	data_put_fd(ns, dfd);
+	if (!rc)
+		data_fill_attr(n, st);
+	return rc;
 }
 
 int data_readlink(struct data_ns *ns, struct data_node *n, char *buf, size_t size)
 {
-	char path[PATH_MAX];
 	ssize_t len;
-	int rc;
+	int dfd;
 
-	if ((rc = data_path(n, path, sizeof(path))))
-		return rc;
-	len = readlinkat(ns->src_fd, path, buf, size - 1);
+	if (!n->parent)
+		return -EINVAL;
+	dfd = data_parent_fd(ns, n);
+	if (dfd < 0)
+		return dfd;
+	len = readlinkat(dfd, n->name, buf, size - 1);
 	if (len < 0)
-		return -errno;
+		len = -errno;
+	data_put_fd(ns, dfd);
+	if (len < 0)
+		return (int)len;
 	buf[len] = '\0';
 	return 0;
 }
@@ -395,42 +545,42 @@ int data_statfs(struct data_ns *ns, struct statvfs *sv)
 	return fstatvfs(ns->src_fd, sv) < 0 ? -errno : 0;
 }
 
-/* Absolute path of n for the xattr calls, which have no *at() form. */
-static int data_abs_path(struct data_ns *ns, struct data_node *n, char *buf, size_t size)
+/* The xattr calls have no *at() form before Linux 6.13: they name n as
+ * /proc/self/fd/DFD/NAME, where DFD is n's parent opened beneath SOURCE and NAME is
+ * resolved by the l*xattr call without following it (invariant 3). The root goes
+ * through its own fd. */
+static ssize_t data_xattr(struct data_ns *ns, struct data_node *n, const char *name,
+			  void *buf, size_t size)
 {
-	char rel[PATH_MAX];
-	int rc;
+	char path[64 + NAME_MAX];
+	ssize_t len;
+	int dfd;
 
-	if ((rc = data_path(n, rel, sizeof(rel))))
-		return rc;
-	if ((size_t)snprintf(buf, size, "%s/%s", ns->src_path, rel) >= size)
-		return -ENAMETOOLONG;
-	return 0;
+	if (!n->parent) {
+		len = name ? fgetxattr(ns->src_fd, name, buf, size) :
+			     flistxattr(ns->src_fd, buf, size);
+		return len < 0 ? -errno : len;
+	}
+	dfd = data_parent_fd(ns, n);
+	if (dfd < 0)
+		return dfd;
+	snprintf(path, sizeof(path), "/proc/self/fd/%d/%s", dfd, n->name);
+	len = name ? lgetxattr(path, name, buf, size) : llistxattr(path, buf, size);
+	if (len < 0)
+		len = -errno;
+	data_put_fd(ns, dfd);
+	return len;
 }
 
 int data_getxattr(struct data_ns *ns, struct data_node *n, const char *name, void *buf,
 		  size_t size)
 {
-	char path[PATH_MAX];
-	ssize_t len;
-	int rc;
-
-	if ((rc = data_abs_path(ns, n, path, sizeof(path))))
-		return rc;
-	len = lgetxattr(path, name, buf, size);
-	return len < 0 ? -errno : (int)len;
+	return (int)data_xattr(ns, n, name, buf, size);
 }
 
 int data_listxattr(struct data_ns *ns, struct data_node *n, char *buf, size_t size)
 {
-	char path[PATH_MAX];
-	ssize_t len;
-	int rc;
-
-	if ((rc = data_abs_path(ns, n, path, sizeof(path))))
-		return rc;
-	len = llistxattr(path, buf, size);
-	return len < 0 ? -errno : (int)len;
+	return (int)data_xattr(ns, n, NULL, buf, size);
 }
 
 /* Opens n's source file into f and revalidates it (invariant 2): a changed file gets
@@ -446,9 +596,9 @@ static int data_file_init(struct data_ns *ns, struct data_node *n, struct data_f
 
 	if ((rc = data_path(n, path, sizeof(path))))
 		return rc;
-	f->fd = openat(ns->src_fd, path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	f->fd = data_open_beneath(ns, path, O_RDONLY);
 	if (f->fd < 0)
-		return -errno;
+		return f->fd;
 	if (fstat(f->fd, &st) < 0) {
 		rc = -errno;
 		close(f->fd);
@@ -705,9 +855,9 @@ int data_opendir(struct data_ns *ns, struct data_node *n, struct data_dir **out)
 	d = calloc(1, sizeof(*d));
 	if (!d)
 		return -ENOMEM;
-	fd = openat(ns->src_fd, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+	fd = data_open_beneath(ns, path, O_RDONLY | O_DIRECTORY);
 	if (fd < 0 || !(d->dp = fdopendir(fd))) {
-		rc = -errno;
+		rc = fd < 0 ? fd : -errno;
 		if (fd >= 0)
 			close(fd);
 		free(d);
@@ -756,7 +906,7 @@ int data_readdir(struct data_ns *ns, fuse_req_t req, struct data_node *parent,
 			if (dot) {
 				e.attr.st_ino = d->entry->d_ino;
 				e.attr.st_mode = DTTOIF(d->entry->d_type);
-			} else if (data_lookup(ns, parent, name, &e)) {
+			} else if (data_lookup_at(ns, dirfd(d->dp), parent, name, &e)) {
 				d->entry = NULL; /* vanished since readdir: leave it out */
 				d->offset = next;
 				continue;

@@ -3,20 +3,25 @@
  *
  * Everything that can be wrong with the arguments is checked before the mount, so a bad
  * invocation prints one line and leaves no mount behind. Without -f the daemon forks
- * after the mount is made (fuse_daemonize), and the parent exits only once the child is
- * ready: the next line of a script can use the mount.
+ * after the mount is made (mlfs_daemonize), and the parent exits only once the child is
+ * ready, 0, or with the child's start-up failure, 1 and its one line: the next line of
+ * a script can use the mount, or knows why there is none.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <limits.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/sysinfo.h>
+#include <sys/wait.h>
+#include <syslog.h>
 #include <unistd.h>
 
 #include "cache/bcache.h"
@@ -85,6 +90,16 @@ static void mlfs_opts_free(struct mlfs_opts *o)
 	}
 }
 
+/* The strings build_config realpath()s; the others are borrowed from mlfs_opts. */
+static void mlfs_config_free(struct mlfs_config *c)
+{
+	free((char *)c->source);
+	free((char *)c->mountpoint);
+	free((char *)c->spill);
+	free((char *)c->store);
+	c->source = c->mountpoint = c->spill = c->store = NULL;
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -130,14 +145,101 @@ static int die(const char *fmt, const char *arg, const char *why)
 	return 1;
 }
 
-static int parse_size_opt(const char *name, const char *val, uint64_t *out)
+enum opt_kind { OPT_SIZE, OPT_INT, OPT_SECONDS, OPT_DURATION };
+
+#define OPT_YEARS_10 (10 * 365 * 86400.0)
+
+/*
+ * The one parser of every numeric option: refuses with one line "mlfs: bad NAME 'VAL':
+ * HINT" anything that is not a plain finite number of the kind in [min, max]: empty,
+ * leading space or sign, nan, inf, 1e400 (ERANGE), trailing junk, overflow. Sizes take
+ * K/M/G/T (mlfs_parse_size, exact in u64), durations s/m/h/d (mlfs_parse_time). Fills
+ * *d (every kind) and *u (OPT_SIZE, OPT_INT). 0 or 1 (said).
+ */
+static int opt_number(const char *name, const char *val, enum opt_kind kind, double min,
+		      double max, double *d, uint64_t *u)
 {
-	if (val && mlfs_parse_size(val, out)) {
-		fprintf(stderr, "mlfs: bad size for %s: '%s' (a number with K, M, G or T)\n",
-			name, val);
-		return -EINVAL;
+	static const char *const hint[] = {
+		[OPT_SIZE] = "a size (bytes, or a number with K, M, G or T)",
+		[OPT_INT] = "a whole number",
+		[OPT_SECONDS] = "seconds",
+		[OPT_DURATION] = "a duration such as 90, 90s, 10m, 2h, 1d",
+	};
+	uint64_t uv = 0;
+	double v = 0;
+	char *end;
+	int bad = !val || !*val || !((val[0] >= '0' && val[0] <= '9') || val[0] == '.');
+
+	if (!bad && kind == OPT_SIZE) {
+		bad = mlfs_parse_size(val, &uv) != 0;
+		v = (double)uv;
+	} else if (!bad && kind == OPT_INT) {
+		errno = 0;
+		uv = strtoull(val, &end, 10);
+		bad = errno || *end;
+		v = (double)uv;
+	} else if (!bad && kind == OPT_SECONDS) {
+		errno = 0;
+		v = strtod(val, &end);
+		bad = errno || *end;
+	} else if (!bad) {
+		bad = mlfs_parse_time(val, &v) != 0;
 	}
+	if (!bad && (!isfinite(v) || v < min || v > max)) {
+		fprintf(stderr, "mlfs: bad %s '%s': %s from %.0f to %.0f\n", name, val,
+			hint[kind], min, max);
+		return 1;
+	}
+	if (bad) {
+		fprintf(stderr, "mlfs: bad %s '%s': %s\n", name, val ? val : "", hint[kind]);
+		return 1;
+	}
+	if (d)
+		*d = v;
+	if (u)
+		*u = uv;
 	return 0;
+}
+
+/* 1 if path is dir or below it, component-wise ("/a/bc" is not below "/a/b"); both
+ * absolute and realpath-resolved. */
+static int path_under(const char *path, const char *dir)
+{
+	size_t n = strlen(dir);
+
+	if (n == 1 && dir[0] == '/')
+		return 1;
+	return !strncmp(path, dir, n) && (path[n] == '/' || path[n] == '\0');
+}
+
+/* SOURCE, MOUNTPOINT, spill and store must not nest where the daemon would serve
+ * itself (a lookup of MNT inside SOURCE enters our own mount: a FUSE thread waits on
+ * another, the mount hangs) or write into the dataset (spill, store inside SOURCE would
+ * change what MOUNT/data shows). Paths are realpath-resolved. 0 or 1 (said). */
+static int check_nesting(const struct mlfs_config *c)
+{
+	const char *why = NULL;
+
+	if (!strcmp(c->mountpoint, c->source))
+		why = "the mount point is SOURCE itself";
+	else if (path_under(c->mountpoint, c->source))
+		why = "the mount point is inside SOURCE (the mount would serve itself)";
+	else if (path_under(c->source, c->mountpoint))
+		why = "SOURCE is under the mount point (the mount would hide it)";
+	else if (c->spill && path_under(c->spill, c->source))
+		why = "the spill dir is inside SOURCE";
+	else if (c->spill && path_under(c->spill, c->mountpoint))
+		why = "the spill dir is under the mount point";
+	else if (c->store && path_under(c->store, c->source))
+		why = "the store is inside SOURCE";
+	else if (c->store && path_under(c->store, c->mountpoint))
+		why = "the store is under the mount point";
+	if (!why)
+		return 0;
+	fprintf(stderr, "mlfs: %s (SOURCE %s, mount point %s%s%s%s%s)\n", why, c->source,
+		c->mountpoint, c->spill ? ", spill " : "", c->spill ? c->spill : "",
+		c->store ? ", store " : "", c->store ? c->store : "");
+	return 1;
 }
 
 /* A mount point that is already one (its device differs from its parent's, or it is
@@ -182,7 +284,6 @@ static int build_config(struct mlfs_opts *o, const char *src, const char *mnt,
 {
 	struct sysinfo si;
 	uint64_t bs = BC_BLOCK_DEFAULT, v;
-	char *end;
 
 	memset(c, 0, sizeof(*c));
 	c->source = realpath(src, NULL);
@@ -205,13 +306,17 @@ static int build_config(struct mlfs_opts *o, const char *src, const char *mnt,
 	c->pressure_file = o->pressure_file;
 	c->meminfo_file = o->meminfo_file;
 	c->cgroup = o->cgroup;
+	if (check_nesting(c))
+		return 1;
 	sysinfo(&si);
 	c->mem_max = (uint64_t)si.totalram * si.mem_unit / 2;
 	c->mem_min = 64ull << 20;
-	if (parse_size_opt("mem_max", o->mem_max, &c->mem_max) ||
-	    parse_size_opt("mem_min", o->mem_min, &c->mem_min) ||
-	    parse_size_opt("spill_max", o->spill_max, &c->spill_max) ||
-	    parse_size_opt("block_size", o->block_size, &bs))
+	if ((o->mem_max && opt_number("mem_max", o->mem_max, OPT_SIZE, 1 << 20, 1e18, NULL,
+				      &c->mem_max)) ||
+	    (o->mem_min && opt_number("mem_min", o->mem_min, OPT_SIZE, 0, 1e18, NULL,
+				      &c->mem_min)) ||
+	    (o->block_size && opt_number("block_size", o->block_size, OPT_SIZE, 0, 1e18, NULL,
+					 &bs)))
 		return 1;
 	if (bs < BC_BLOCK_MIN || bs > BC_BLOCK_MAX || (bs & (bs - 1))) {
 		fprintf(stderr, "mlfs: bad block_size '%s': a power of two from 64K to 8M\n",
@@ -219,6 +324,16 @@ static int build_config(struct mlfs_opts *o, const char *src, const char *mnt,
 		return 1;
 	}
 	c->block_size = (uint32_t)bs;
+	if (o->spill_max) {
+		if (opt_number("spill_max", o->spill_max, OPT_SIZE, 0, 1e18, NULL, &c->spill_max))
+			return 1;
+		/* The spill holds whole blocks: less than one can hold nothing. */
+		if (c->spill_max < bs) {
+			fprintf(stderr, "mlfs: spill_max %s is too small: at least %llu bytes "
+				"(one block of block_size)\n", o->spill_max, (unsigned long long)bs);
+			return 1;
+		}
+	}
 	if (c->mem_min > c->mem_max) {
 		fprintf(stderr, "mlfs: mem_min (%s) is larger than mem_max (%s)\n",
 			o->mem_min ? o->mem_min : "64M", o->mem_max ? o->mem_max : "default");
@@ -226,57 +341,36 @@ static int build_config(struct mlfs_opts *o, const char *src, const char *mnt,
 	}
 	c->threads = MLFS_THREADS_DEFAULT;
 	if (o->threads) {
-		v = strtoull(o->threads, &end, 10);
-		if (*end || v < 1 || v > 256) {
-			fprintf(stderr, "mlfs: bad threads '%s': a number from 1 to 256\n", o->threads);
+		if (opt_number("threads", o->threads, OPT_INT, 1, 256, NULL, &v))
 			return 1;
-		}
 		c->threads = (unsigned)v;
 	}
 	c->data_timeout = MLFS_DATA_TIMEOUT;
-	if (o->data_timeout) {
-		c->data_timeout = strtod(o->data_timeout, &end);
-		if (*end || c->data_timeout < 0) {
-			fprintf(stderr, "mlfs: bad data_timeout '%s': seconds, 0 or more\n",
-				o->data_timeout);
-			return 1;
-		}
-	}
+	if (o->data_timeout && opt_number("data_timeout", o->data_timeout, OPT_SECONDS, 0,
+					  OPT_YEARS_10, &c->data_timeout, NULL))
+		return 1;
 	c->preempt_deadline = 25;
 	if (o->preempt_deadline) {
-		v = strtoull(o->preempt_deadline, &end, 10);
-		if (*end || v < 1 || v > 3600) {
-			fprintf(stderr, "mlfs: bad preempt_deadline '%s': seconds, 1 to 3600\n",
-				o->preempt_deadline);
+		if (opt_number("preempt_deadline", o->preempt_deadline, OPT_INT, 1, 3600, NULL, &v))
 			return 1;
-		}
 		c->preempt_deadline = (int)v;
 	}
 	c->mtbf_s = 3600;
 	if (o->mtbf) {
-		if (mlfs_parse_time(o->mtbf, &c->mtbf_s) || c->mtbf_s < 1) {
-			fprintf(stderr, "mlfs: bad mtbf '%s': a duration such as 3600, 90m, 6h\n",
-				o->mtbf);
+		if (opt_number("mtbf", o->mtbf, OPT_DURATION, 1, OPT_YEARS_10, &c->mtbf_s, NULL))
 			return 1;
-		}
 		c->mtbf_given = 1;
 	}
 	if (o->autosnap) {
-		if (!strcmp(o->autosnap, "auto")) {
+		if (!strcmp(o->autosnap, "auto"))
 			c->autosnap_auto = 1;
-		} else if (mlfs_parse_time(o->autosnap, &c->autosnap_s) || c->autosnap_s < 1) {
-			fprintf(stderr, "mlfs: bad autosnap '%s': a duration (90s, 10m, 2h) or auto\n",
-				o->autosnap);
+		else if (opt_number("autosnap", o->autosnap, OPT_DURATION, 1, OPT_YEARS_10,
+				    &c->autosnap_s, NULL))
 			return 1;
-		}
 	}
 	if (o->keep) {
-		v = strtoull(o->keep, &end, 10);
-		if (*end || !*o->keep || v < 1 || v > 100000) {
-			fprintf(stderr, "mlfs: bad keep '%s': a number of snapshots, 1 or more\n",
-				o->keep);
+		if (opt_number("keep", o->keep, OPT_INT, 1, 100000, NULL, &v))
 			return 1;
-		}
 		c->keep = (unsigned)v;
 	}
 	if (!c->store && (o->restore || o->autosnap || o->keep)) {
@@ -511,6 +605,159 @@ static int mlfs_start(struct mlfs *m)
 	return 0;
 }
 
+/*
+ * Start-up without -f. fuse_daemonize() lets the parent exit 0 as soon as the child
+ * is forked, so a failure of the child's start-up (tier, control and snapshot threads,
+ * the spill file) left no mount, no message and a zero exit. Here the child's stderr
+ * is a pipe to the parent until the child is ready: the parent waits, and exits 0 when
+ * the child writes the ready byte (NUL) or, when the pipe ends without it, exits 1
+ * printing the child's first error line (the cause; later lines are its
+ * consequences). Warnings of a good start are relayed too, and every line goes to
+ * syslog as the detached daemon's log would have. The parent never returns.
+ */
+/* A line the child wrote before it was ready goes where its log would have gone once
+ * detached: syslog, under the child's pid ("mlfs[PID]"), at the line's own level. */
+static void mlfs_relay_syslog(pid_t pid, const char *line)
+{
+	static const char *const names[] = { "emerg", "alert", "crit", "error",
+					     "warning", "notice", "info", "debug" };
+	static char ident[32];
+	const char *p = strstr(line, "]: ");
+	int level = LOG_ERR;
+
+	if (!ident[0]) {
+		snprintf(ident, sizeof(ident), "mlfs[%d]", (int)pid);
+		openlog(ident, 0, LOG_DAEMON);
+	}
+	if (p && !strncmp(line, "mlfs[", 5)) {
+		p += 3;
+		for (int i = 0; i < 8; i++) {
+			size_t n = strlen(names[i]);
+
+			if (!strncmp(p, names[i], n) && p[n] == ':') {
+				level = i;
+				p += n + 2;
+				break;
+			}
+		}
+	} else {
+		p = !strncmp(line, "mlfs: ", 6) ? line + 6 : line;
+	}
+	syslog(level, "%s", p);
+}
+
+static void mlfs_wait_child(pid_t pid, int fd)
+{
+	char buf[8192], first[1024] = "";
+	size_t len = 0;
+	int ready = 0, status = 0;
+
+	for (;;) {
+		ssize_t n = read(fd, buf + len, sizeof(buf) - 1 - len);
+		char *nl, *line = buf;
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		len += n;
+		if (memchr(buf, '\0', len))
+			ready = 1;
+		buf[len] = '\0';
+		/* Whole lines: "mlfs[PID]: LEVEL: text" from the log, "mlfs: text" from
+		 * main's own checks. */
+		while ((nl = strchr(line, '\n'))) {
+			const char *e, *w;
+
+			*nl = '\0';
+			if (*line)
+				mlfs_relay_syslog(pid, line);
+			e = strstr(line, "]: error: ");
+			w = strstr(line, "]: warning: ");
+			if (!first[0] && e)
+				snprintf(first, sizeof(first), "mlfs: %.1000s", e + 10);
+			else if (!first[0] && !strncmp(line, "mlfs: ", 6))
+				snprintf(first, sizeof(first), "%.1000s", line);
+			else if (w)
+				fprintf(stderr, "mlfs: warning: %.1000s\n", w + 12);
+			line = nl + 1;
+		}
+		len -= line - buf;
+		memmove(buf, line, len);
+		if (len == sizeof(buf) - 1)
+			len = 0; /* a line longer than buf: not one of ours, dropped */
+		if (ready)
+			break;
+	}
+	if (ready) {
+		if (first[0]) /* logged, yet the start went on: still worth saying */
+			fprintf(stderr, "%s\n", first);
+		_exit(0);
+	}
+	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+		;
+	if (first[0])
+		fprintf(stderr, "%s\n", first);
+	else if (WIFSIGNALED(status))
+		fprintf(stderr, "mlfs: the daemon died during start-up (signal %d)\n",
+			WTERMSIG(status));
+	else
+		fprintf(stderr, "mlfs: the daemon failed to start (exit %d)\n",
+			WEXITSTATUS(status));
+	_exit(1);
+}
+
+/* Forks; returns 0 in the child, whose stderr is now the pipe (*ready_fd = 2), or
+ * -errno if the fork failed. */
+static int mlfs_daemonize(int *ready_fd)
+{
+	int p[2];
+	pid_t pid;
+
+	fflush(stdout);
+	fflush(stderr);
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return -errno;
+	pid = fork();
+	if (pid < 0) {
+		close(p[0]);
+		close(p[1]);
+		return -errno;
+	}
+	if (pid > 0) {
+		close(p[1]);
+		mlfs_wait_child(pid, p[0]);
+	}
+	close(p[0]);
+	setsid();
+	if (chdir("/") < 0)
+		return -errno;
+	if (dup2(p[1], STDERR_FILENO) < 0)
+		return -errno;
+	close(p[1]);
+	*ready_fd = STDERR_FILENO;
+	return 0;
+}
+
+/* The child is ready: tell the parent (it exits 0), and leave the terminal for
+ * syslog. */
+static void mlfs_ready(int *ready_fd)
+{
+	int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+
+	if (write(*ready_fd, "", 1) < 0)
+		(void)0; /* the parent is gone: nothing to tell */
+	if (null >= 0) {
+		dup2(null, STDIN_FILENO);
+		dup2(null, STDOUT_FILENO);
+		dup2(null, STDERR_FILENO);
+		if (null > STDERR_FILENO)
+			close(null);
+	}
+	log_to_syslog();
+	*ready_fd = -1;
+}
+
 static void mlfs_stop(struct mlfs *m)
 {
 	ctl_free(m->ctl);
@@ -532,7 +779,7 @@ int main(int argc, char **argv)
 	struct fuse_session *se;
 	struct mlfs m = { 0 };
 	char *src = NULL, *mnt = NULL, fsname[PATH_MAX + 16];
-	int rc = 1, r, i;
+	int rc = 1, r, i, ready_fd = -1;
 
 	/* Block buffers are malloc'd; with a fixed mmap threshold every buffer of 64 KiB or
 	 * more is its own mapping and returns to the kernel when freed, so RSS falls when
@@ -624,21 +871,29 @@ int main(int argc, char **argv)
 		fprintf(stderr, "mlfs: cannot mount on %s\n", m.cfg.mountpoint);
 		goto out_destroy;
 	}
-	if (fuse_daemonize(m.cfg.foreground))
+	if (!m.cfg.foreground && (r = mlfs_daemonize(&ready_fd))) {
+		fprintf(stderr, "mlfs: cannot start the daemon: %s\n", strerror(-r));
 		goto out_unmount;
-	if (!m.cfg.foreground)
-		log_to_syslog();
+	}
 	/* The tier's threads (governor, io_uring, tier) after the fork, as ctl's. */
 	mlfs_sig.main_thread = pthread_self();
 	mlfs_sig.preempt_deadline_s = m.cfg.preempt_deadline;
 	if (pthread_create(&mlfs_sig.thread, NULL, mlfs_signals, &m)) {
-		log_err("cannot start the signal thread");
+		fprintf(stderr, "mlfs: cannot start the signal thread\n");
 		goto out_unmount;
 	}
-	if (tier_start(m.tier) || ctl_start(m.ctl))
+	if ((r = tier_start(m.tier)))
+		goto out_unmount; /* tier said why */
+	if ((r = ctl_start(m.ctl))) {
+		fprintf(stderr, "mlfs: control thread: %s\n", strerror(-r));
 		goto out_unmount;
-	if (m.snapd && snapd_start(m.snapd))
+	}
+	if (m.snapd && (r = snapd_start(m.snapd))) {
+		fprintf(stderr, "mlfs: snapshot threads: %s\n", strerror(-r));
 		goto out_unmount;
+	}
+	if (ready_fd >= 0)
+		mlfs_ready(&ready_fd);
 	lc = fuse_loop_cfg_create();
 	fuse_loop_cfg_set_clone_fd(lc, 1);
 	fuse_loop_cfg_set_max_threads(lc, m.cfg.threads);
@@ -697,10 +952,7 @@ out_stop:
 out_free:
 	fuse_opt_free_args(&fargs);
 	fuse_opt_free_args(&args);
-	free((char *)m.cfg.source);
-	free((char *)m.cfg.mountpoint);
-	free((char *)m.cfg.spill);
-	free((char *)m.cfg.store);
+	mlfs_config_free(&m.cfg);
 	mlfs_opts_free(&o);
 	/* The signal thread is never joined (it may be in sigwait): it only reads this. */
 	pthread_mutex_lock(&mlfs_sig.mu);

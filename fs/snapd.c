@@ -115,7 +115,7 @@ int snapd_load_block(void *arg, struct bc_block *b, void *buf)
 
 		store_object_name(bc_block_obj(b), name);
 		log_err("snap: block of a restored file could not be read from the store "
-			"(objects/%s): %s", name, strerror(-rc));
+			"(%s): %s", name, strerror(-rc));
 		atomic_fetch_add(&sd->m->st.csum_errors, rc == -EIO);
 		return rc == -ENOENT ? -EIO : rc;
 	}
@@ -965,7 +965,10 @@ int snapd_finish_by(struct snapd *sd, const char *why, uint64_t deadline)
 		goto out;
 	}
 	rc = snapd_wait(sd, job, deadline, NULL, NULL);
-	log_info("snap: %s: final snapshot %s %s", why, name, rc ? strerror(-rc) : "durable");
+	if (rc)
+		log_err("snap: %s: final snapshot %s failed: %s", why, name, strerror(-rc));
+	else
+		log_info("snap: %s: final snapshot %s durable", why, name);
 out:
 	if (rc == -ETIMEDOUT)
 		log_err("snap: %s: the deadline passed before everything was persisted; "

@@ -344,7 +344,10 @@ static int store_create(const char *dir)
 	char buf[64];
 	int dfd, fd, rc = 0, n;
 
-	if (mkdir(dir, 0755) && errno != EEXIST)
+	/* Private: a checkpoint's bytes are its owner's (objects would otherwise let any
+	 * local user read a 0600 file of MOUNT/ckpt). An existing DIR keeps its mode; all
+	 * that is made inside it is 0700/0600/0400, owned by the daemon's user. */
+	if (mkdir(dir, 0700) && errno != EEXIST)
 		return -errno;
 	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dfd < 0)
@@ -357,8 +360,8 @@ static int store_create(const char *dir)
 		goto out_close;
 	if ((rc = store_dir_is_fresh(dfd)))
 		goto out_close;
-	if ((mkdirat(dfd, "objects", 0755) && errno != EEXIST) ||
-	    (mkdirat(dfd, "snaps", 0755) && errno != EEXIST)) {
+	if ((mkdirat(dfd, "objects", 0700) && errno != EEXIST) ||
+	    (mkdirat(dfd, "snaps", 0700) && errno != EEXIST)) {
 		rc = -errno;
 		goto out_close;
 	}
@@ -366,12 +369,12 @@ static int store_create(const char *dir)
 	 * a commit must fsync are the ones it renamed objects into. */
 	for (int i = 0; i < 256; i++) {
 		snprintf(buf, sizeof(buf), "objects/%02x", i);
-		if (mkdirat(dfd, buf, 0755) && errno != EEXIST) {
+		if (mkdirat(dfd, buf, 0700) && errno != EEXIST) {
 			rc = -errno;
 			goto out_close;
 		}
 	}
-	fd = openat(dfd, "lock", O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+	fd = openat(dfd, "lock", O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
 	if (fd < 0) {
 		rc = -errno;
 		goto out_close;
@@ -379,7 +382,7 @@ static int store_create(const char *dir)
 	close(fd);
 	/* FORMAT last, via tmp+rename: a dir with FORMAT is a whole store. */
 	fd = openat(dfd, "FORMAT.tmp",
-		    O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+		    O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
 	if (fd < 0) {
 		rc = -errno;
 		goto out_close;
@@ -457,12 +460,20 @@ int store_open(const char *dir, int flags, struct store **out)
 		goto fail;
 	s->objfd = openat(s->dirfd, "objects", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	s->snapfd = openat(s->dirfd, "snaps", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	/* Read-only: a shared lock needs no more (NFS too), and a store whose lock file a
-	 * daemon holds open for writing cannot be remounted read-only; gc opens its own
-	 * descriptor for the exclusive lock (store_gc_keep). */
-	s->lockfd = openat(s->dirfd, "lock", O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK,
-			   0644);
-	if (s->objfd < 0 || s->snapfd < 0 || s->lockfd < 0) {
+	if (flags & STORE_RDONLY) {
+		/* A reader never writes: not even the lock file, which it does not take
+		 * (list, verify and restore read published, immutable files; invariant 2).
+		 * So a store on a read-only filesystem, or one the caller may only read,
+		 * opens; every write through this handle fails with -EROFS. */
+		s->broken = -EROFS;
+	} else {
+		/* Read-only: a shared lock needs no more (NFS too), and a store whose lock
+		 * file a daemon holds open for writing cannot be remounted read-only; gc
+		 * opens its own descriptor for the exclusive lock (store_gc_keep). */
+		s->lockfd = openat(s->dirfd, "lock",
+				   O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+	}
+	if (s->objfd < 0 || s->snapfd < 0 || (s->lockfd < 0 && !(flags & STORE_RDONLY))) {
 		rc = -errno;
 		log_err("store: %s: damaged store layout: %s", dir, strerror(errno));
 		goto fail;
@@ -679,7 +690,7 @@ int store_put_block(struct store *s, const void *buf, uint32_t len, uint8_t hash
 	tmp_object_name(s, &p, tmp, sizeof(tmp));
 	/* O_EXCL: a name is never reused (tmp_object_name), so EEXIST is some other
 	 * writer's file, never "already written": a failure, not a dedup. */
-	fd = openat(s->objfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0444);
+	fd = openat(s->objfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0400);
 	if (fd < 0) {
 		rc = -errno;
 		goto out_free;
@@ -938,7 +949,7 @@ static int commit_write_tmp(struct store *s, const char *tmp, const void *buf, s
 {
 	int fd, rc;
 
-	fd = openat(s->snapfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0444);
+	fd = openat(s->snapfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0400);
 	if (fd < 0)
 		return -errno;
 	rc = write_all(fd, buf, len);

@@ -54,6 +54,8 @@
 
 /* store_open() flags */
 #define STORE_CREATE 0x1	/* make the store (and DIR) if DIR is new or empty */
+#define STORE_RDONLY 0x2	/* a reader: opens nothing for writing (not even lock);
+				 * every write through the handle fails with -EROFS */
 
 struct store;
 

@@ -45,9 +45,11 @@ static void say(const char *fmt, ...)
 	fprintf(stderr, "mlfs-snap: %s\n", line);
 }
 
-static int open_store(const char *dir, struct store **s)
+/* Readers (list, verify, restore) pass STORE_RDONLY: they write nothing in the store,
+ * so a store on a read-only filesystem or one the caller may only read still opens. */
+static int open_store(const char *dir, int flags, struct store **s)
 {
-	int rc = store_open(dir, 0, s);
+	int rc = store_open(dir, flags, s);
 
 	if (rc == -EINVAL)
 		say("%s: not an mlfs store", dir);
@@ -178,7 +180,7 @@ int snap_list(const char *store_dir, int json)
 	size_t n;
 	int rc;
 
-	if (open_store(store_dir, &s))
+	if (open_store(store_dir, STORE_RDONLY, &s))
 		return 1;
 	rc = store_list(s, STORE_LIST_DAMAGED, &v, &n);
 	store_close(s);
@@ -418,7 +420,7 @@ int snap_restore(const char *store_dir, const char *name, const char *to)
 	char *stage = NULL, *slash, *parent = NULL;
 	int rc, status = 1, fd;
 
-	if (open_store(store_dir, &r.s))
+	if (open_store(store_dir, STORE_RDONLY, &r.s))
 		return 1;
 	if (load(r.s, store_dir, name, &m) || target_ok(to))
 		goto out;
@@ -483,22 +485,79 @@ out:
 
 /* ---- verify, gc, delete ---- */
 
+/* Writes s to f with every byte a terminal could act on escaped: backslash, \n, \t,
+ * \r as C does, other C0 bytes, DEL, the C1 controls (U+0080..U+009F, bytes C2 80..9F)
+ * and any byte not part of valid UTF-8 as \xNN. Valid UTF-8 otherwise goes through, so
+ * "ünïcödé" stays readable while a crafted name can neither split a line nor reach
+ * the terminal as an escape sequence. */
+static void put_escaped(FILE *f, const char *str)
+{
+	const unsigned char *p = (const unsigned char *)str;
+
+	while (*p) {
+		unsigned c = *p;
+		int n = c >= 0xc2 && c <= 0xdf ? 1 : c >= 0xe0 && c <= 0xef ? 2 :
+			c >= 0xf0 && c <= 0xf4 ? 3 : 0;
+		unsigned lo = 0x80, hi = 0xbf; /* bounds of the second byte */
+		int i;
+
+		if (c >= 0x20 && c < 0x7f && c != '\\') {
+			fputc(c, f);
+			p++;
+			continue;
+		}
+		if (c == 0xc2)
+			lo = 0xa0; /* C2 80..9F: a C1 control */
+		else if (c == 0xe0)
+			lo = 0xa0; /* overlong */
+		else if (c == 0xed)
+			hi = 0x9f; /* surrogates */
+		else if (c == 0xf0)
+			lo = 0x90; /* overlong */
+		else if (c == 0xf4)
+			hi = 0x8f; /* above U+10FFFF */
+		for (i = 1; n && i <= n; i++)
+			if (p[i] < (i == 1 ? lo : 0x80) || p[i] > (i == 1 ? hi : 0xbf))
+				n = 0;
+		if (n) {
+			fwrite(p, 1, (size_t)n + 1, f);
+			p += n + 1;
+		} else if (c == '\\' || c == '\n' || c == '\t' || c == '\r') {
+			fprintf(f, "\\%c", c == '\\' ? '\\' : c == '\n' ? 'n' : c == '\t' ? 't' : 'r');
+			p++;
+		} else {
+			fprintf(f, "\\x%02x", c);
+			p++;
+		}
+	}
+}
+
+/* One line per fault, names escaped (put_escaped): *(int *)arg counts the lines, so
+ * the summary's count is the number of lines printed. */
 static void print_fault(void *arg, const struct store_fault *f)
 {
-	if (f->file)
-		printf("%s: damaged: %s (block %" PRIu64 ", %s: %s)\n", f->snap, f->file, f->block,
-		       f->object, f->error == -ENOENT ? "missing" : "checksum mismatch");
-	else
-		printf("%s: damaged manifest: %s\n", f->snap, f->object);
+	put_escaped(stdout, f->snap);
+	if (f->file) {
+		fputs(": damaged: ", stdout);
+		put_escaped(stdout, f->file);
+		printf(" (block %" PRIu64 ", ", f->block);
+		put_escaped(stdout, f->object);
+		printf(": %s)\n", f->error == -ENOENT ? "missing" : "checksum mismatch");
+	} else {
+		fputs(": damaged manifest: ", stdout);
+		put_escaped(stdout, f->object);
+		fputc('\n', stdout);
+	}
+	++*(int *)arg;
 }
 
 int snap_verify(const char *store_dir, const char *name)
 {
 	struct store *s;
 	char latest[MF_NAME_MAX + 1];
-	int rc;
+	int rc, lines = 0;
 
-	if (open_store(store_dir, &s))
+	if (open_store(store_dir, STORE_RDONLY, &s))
 		return 1;
 	if (name && !strcmp(name, "latest")) {
 		if ((rc = store_latest(s, latest))) {
@@ -513,7 +572,7 @@ int snap_verify(const char *store_dir, const char *name)
 		store_close(s);
 		return 2;
 	}
-	rc = store_verify(s, name, print_fault, NULL);
+	rc = store_verify(s, name, print_fault, &lines);
 	store_close(s);
 	if (rc == -ENOENT) {
 		say("%s: no snapshot named '%s'", store_dir, name);
@@ -523,8 +582,10 @@ int snap_verify(const char *store_dir, const char *name)
 		say("verify: %s", strerror(-rc));
 		return 1;
 	}
-	if (rc > 0) {
-		say("verify: %d fault(s) in %s", rc, store_dir);
+	if (rc > 0 || lines) {
+		/* store_verify counts distinct damaged objects; the user counts lines (one
+		 * per file block using a damaged object): say the count they can check. */
+		say("verify: %d fault(s) in %s", lines > rc ? lines : rc, store_dir);
 		return 1;
 	}
 	printf("%s: every object and manifest verified\n", name ? name : store_dir);
@@ -538,7 +599,7 @@ int snap_gc(const char *store_dir)
 	char b[32];
 	int rc;
 
-	if (open_store(store_dir, &s))
+	if (open_store(store_dir, 0, &s))
 		return 1;
 	rc = store_gc(s, &objs, &bytes);
 	store_close(s);
@@ -568,7 +629,7 @@ int snap_delete(const char *store_dir, const char *name)
 		say("invalid snapshot name '%s'", name);
 		return 2;
 	}
-	if (open_store(store_dir, &s))
+	if (open_store(store_dir, 0, &s))
 		return 1;
 	rc = store_delete(s, name);
 	store_close(s);

@@ -1,0 +1,155 @@
+"""Option checking and start-up reporting of the mlfs command (issue 10 part A).
+
+Every bad invocation is refused before anything is mounted, in one line on stderr with
+a non-zero exit; a start-up failure of the daemon after it forked is reported by the
+mlfs command the same way (it waits for the daemon), never exit 0 with no mount.
+"""
+import os
+import subprocess
+
+import pytest
+
+import mlfs_util as U
+
+pytestmark = pytest.mark.daemon
+
+
+def run_mlfs(argv, timeout=60):
+    return subprocess.run([U.MLFS, *argv], stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def assert_refused(r, m, *want):
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode != 0, f"accepted: {r.stderr}"
+    assert len(lines) == 1, f"want one line on stderr, got: {r.stderr!r}"
+    for w in want:
+        assert w in lines[0], f"{w!r} not in {lines[0]!r}"
+    assert "AddressSanitizer" not in r.stderr
+    assert not U.is_mounted(m.mnt), f"{m.mnt} mounted by a refused invocation"
+
+
+BAD_NUMBERS = [
+    (opt, val)
+    for opt in ("data_timeout", "mem_max", "mem_min", "spill_max", "block_size", "autosnap",
+                "mtbf", "preempt_deadline", "threads", "keep")
+    for val in ("nan", "inf", "-inf", "1e400", "-1", "", " 5", "18446744073709551616",
+                "99999999999999999999T")
+] + [("autosnap", "1e300d"), ("mtbf", "1e300h"), ("data_timeout", "1e300"),
+     ("spill_max", "1"), ("spill_max", "4K"), ("threads", "1e3"), ("keep", "0x10")]
+
+
+@pytest.mark.parametrize("opt,val", BAD_NUMBERS,
+                         ids=[f"{o}={v or 'empty'}" for o, v in BAD_NUMBERS])
+def test_bad_number_refused_in_one_line(mounter, opt, val):
+    m = mounter.prepare()
+    r = run_mlfs(["-o", f"{mounter.options(m, '')},{opt}={val}", m.src, m.mnt])
+    assert_refused(r, m, opt)
+
+
+def test_spill_max_too_small_names_the_cause(mounter):
+    m = mounter.prepare()
+    r = run_mlfs(["-o", f"{mounter.options(m, '')},spill_max=1", m.src, m.mnt])
+    assert_refused(r, m, "spill_max 1 is too small", "at least 1048576 bytes")
+
+
+NESTING = ["mnt-is-source", "mnt-in-source", "source-under-mnt", "spill-in-source",
+           "spill-under-mnt", "store-in-source", "store-under-mnt", "store-in-source-symlink"]
+
+
+@pytest.mark.parametrize("case", NESTING)
+def test_nested_paths_refused(mounter, case):
+    """Paths compared after realpath, component by component."""
+    m = mounter.prepare()
+    inner = os.path.join(m.src, "inner")
+    os.mkdir(inner)
+    src, mnt, spill, store = m.src, m.mnt, m.spill, m.store
+    if case == "mnt-is-source":
+        mnt = src + "/."
+    elif case == "mnt-in-source":
+        mnt = inner
+    elif case == "source-under-mnt":
+        src = os.path.join(m.mnt, "ds")
+        os.mkdir(src)
+    elif case == "spill-in-source":
+        spill = inner
+    elif case == "spill-under-mnt":
+        spill = m.mnt
+    elif case == "store-in-source":
+        store = inner
+    elif case == "store-under-mnt":
+        store = os.path.join(m.mnt, "st")
+        os.mkdir(store)
+    else:
+        store = os.path.join(m.base, "ln")
+        os.symlink(inner, store)
+    r = run_mlfs(["-o", f"spill={spill},store={store}", src, mnt])
+    assert_refused(r, m)
+    assert not U.is_mounted(inner)
+
+
+def test_prefix_is_not_nesting(mounter):
+    """SRC/../src-store is beside SOURCE, not inside it, though its name starts alike."""
+    m = mounter.prepare()
+    store = m.src + "-store"
+    os.mkdir(store)
+    r = run_mlfs(["-o", f"spill={m.spill},store={store}", m.src, m.mnt])
+    assert r.returncode == 0, r.stderr
+    mounter._find_pid(m)  # prepare() registered m: the fixture unmounts it
+    assert U.is_mounted(m.mnt)
+
+
+def test_startup_failure_after_fork_is_reported(mounter):
+    """A failure the daemon meets after it forked (here: no spill file can be made in
+    /proc, which access(2) calls writable) makes the mlfs command exit non-zero with
+    the daemon's first error line, and leaves no mount."""
+    m = mounter.prepare()
+    r = run_mlfs(["-o", f"spill=/proc,store={m.store}", m.src, m.mnt])
+    assert_refused(r, m, "spill", "/proc")
+
+
+# ---------------------------------------------------------------- the daemon's log lines
+
+import snap_util as S  # noqa: E402
+from snap_util import snapenv  # noqa: E402,F401  (fixture)
+
+
+def test_log_names_a_store_object_once(snapenv):
+    """A restored block whose object is missing is logged as objects/xx/HASH, the path
+    mlfs-snap verify prints, not objects/objects/xx/HASH."""
+    env = snapenv()
+    d = env.mount()
+    blob = os.urandom(70000)
+    with open(os.path.join(d.ckpt, "f"), "wb") as f:
+        f.write(blob)
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    env.unmount(d)
+    obj = S.object_path(env.store, blob)
+    os.unlink(obj)
+    d = env.mount(opts="restore=s1", foreground=True)
+    with pytest.raises(OSError):
+        with open(os.path.join(d.ckpt, "f"), "rb") as f:
+            f.read()
+    env.unmount(d)
+    rel = os.path.relpath(obj, env.store)
+    out = d.output()
+    assert rel in out, out
+    assert "objects/objects/" not in out, out
+
+
+def test_failed_final_snapshot_is_an_error(snapenv):
+    """The final snapshot at unmount failing (STORE/snaps made immutable: the manifest
+    cannot be written) is an error line of the log, not an info line."""
+    env = snapenv()
+    d = env.mount(foreground=True)
+    with open(os.path.join(d.ckpt, "f"), "wb") as f:
+        f.write(os.urandom(10000))
+    snaps = os.path.join(env.store, "snaps")
+    subprocess.run(["chattr", "+i", snaps], check=True)
+    try:
+        env.unmount(d)
+    finally:
+        subprocess.run(["chattr", "-i", snaps], check=True)
+    lines = [ln for ln in d.output().splitlines() if "final snapshot" in ln]
+    assert lines, d.output()
+    assert all(": error: " in ln for ln in lines), lines

@@ -1,0 +1,356 @@
+"""Nobody gets in where they don't belong (issue 10 part A).
+
+mlfs often runs as root with -o allow_other: every test here plays a second, ordinary
+user (made for the session with useradd, removed in the finalizer) against such a
+mount, its store and its control socket.
+"""
+import errno
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import tempfile
+
+import pytest
+
+import mlfs_util as U
+import snap_util as S
+from snap_util import snapenv  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.daemon
+
+SECRET = b"root-only secret bytes\n"
+
+
+@pytest.fixture(scope="session")
+def other_user():
+    """(uid, gid) of a fresh ordinary user with no home and no login shell."""
+    name = f"mlfstest{os.getpid()}"
+    r = subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", name],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.fail(f"useradd {name}: {r.stderr.strip()}")
+    try:
+        pw = pwd.getpwnam(name)
+        yield pw.pw_uid, pw.pw_gid
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)
+
+
+def as_other(other_user, fn):
+    uid, gid = other_user
+    return U.as_user(fn, uid=uid, gid=gid)
+
+
+def run_as(other_user, argv, **kw):
+    uid, gid = other_user
+    return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
+                           *argv], stdin=subprocess.DEVNULL, capture_output=True, **kw)
+
+
+@pytest.fixture
+def secret_dir(test_root):
+    """A root-only 0700 directory holding a 0600 file x (and shadow) of SECRET bytes."""
+    d = tempfile.mkdtemp(prefix="secret-", dir=test_root)
+    os.chmod(d, 0o700)
+    for name in ("x", "shadow"):
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(SECRET)
+        os.chmod(os.path.join(d, name), 0o600)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(params=["openat2", "walk"])
+def user_src(request, monkeypatch, mounter, other_user):
+    """A mount (allow_other) whose SOURCE holds aw/, a directory the other user owns;
+    "walk": the per-component fallback for kernels without openat2."""
+    if request.param == "walk":
+        monkeypatch.setenv("MLFS_DATA_NO_OPENAT2", "1")
+    src = mounter.tempdir("src-")
+    os.mkdir(os.path.join(src, "aw"))
+    os.chown(os.path.join(src, "aw"), *other_user)
+    m = mounter(src=src, opts="allow_other,default_permissions")
+    yield m
+    shutil.rmtree(src, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- 1. MOUNT/data beneath SOURCE
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("target", ["secret", "etc"])
+def test_data_component_swapped_for_symlink_after_lookup(user_src, other_user, secret_dir,
+                                                         target):
+    """The user owning SRC/aw makes aw/e/x, has the kernel look it up through the mount,
+    then swaps aw/e for a symlink to a root-only directory (or /etc): reading
+    MNT/data/aw/e/x must not give the root-only file (ELOOP: openat2's errno)."""
+    m = user_src
+    name = "x" if target == "secret" else "shadow"
+    dest = secret_dir if target == "secret" else "/etc"
+    aw = os.path.join(m.src, "aw")
+    via = os.path.join(m.data, "aw", "e", name)
+
+    def setup():
+        os.mkdir(os.path.join(aw, "e"))
+        with open(os.path.join(aw, "e", name), "wb") as f:
+            f.write(b"mine\n")
+        st = os.stat(via)  # the kernel now caches e and e/x with the user's modes
+        os.rename(os.path.join(aw, "e"), os.path.join(aw, "e.old"))
+        os.symlink(dest, os.path.join(aw, "e"))
+        return st.st_size
+
+    assert as_other(other_user, setup) == ["ok", 5]
+    want = SECRET if target == "secret" else None
+    got = as_other(other_user, lambda: _read(via).decode("latin-1"))
+    assert got[0] == "err", f"read {via} as uid {other_user[0]} gave {got!r}"
+    assert got[1] in (errno.ELOOP, errno.ENOENT), got
+    if want is not None:
+        assert got != ["ok", want.decode()]
+    # And root, who may read both, is served nothing outside SOURCE either.
+    with pytest.raises(OSError) as e:
+        _read(via)
+    assert e.value.errno in (errno.ELOOP, errno.ENOENT)
+
+
+def test_data_every_access_refuses_a_swapped_component(user_src, other_user, secret_dir):
+    """stat, readlink, listdir, getxattr and open below a swapped component all fail:
+    nothing under the symlink's target is stat'ed, listed or read."""
+    m = user_src
+    aw = os.path.join(m.src, "aw")
+    os.makedirs(os.path.join(aw, "e", "sub"))
+    os.symlink("x", os.path.join(aw, "e", "lnk"))
+    open(os.path.join(aw, "e", "x"), "wb").close()
+    for p in ("e/x", "e/sub", "e/lnk"):
+        os.lstat(os.path.join(m.data, "aw", p))
+    os.rename(os.path.join(aw, "e"), os.path.join(aw, "e.old"))
+    os.mkdir(os.path.join(secret_dir, "sub"))
+    os.symlink("x", os.path.join(secret_dir, "lnk"))
+    os.symlink(secret_dir, os.path.join(aw, "e"))
+    d = os.path.join(m.data, "aw", "e")
+    # (A stat of e/x itself is the kernel's, from its attribute cache: the old x's.)
+    for what, fn in (("lookup", lambda: os.lstat(os.path.join(d, "shadow"))),
+                     ("readlink", lambda: os.readlink(os.path.join(d, "lnk"))),
+                     ("listdir", lambda: os.listdir(os.path.join(d, "sub"))),
+                     ("getxattr", lambda: os.getxattr(os.path.join(d, "x"), "user.a")),
+                     ("listxattr", lambda: os.listxattr(os.path.join(d, "x"))),
+                     ("open", lambda: _read(os.path.join(d, "x")))):
+        with pytest.raises(OSError, match="") as e:
+            r = fn()
+            pytest.fail(f"{what} through the swapped component gave {r!r}")
+        assert e.value.errno in (errno.ELOOP, errno.ENOENT), f"{what}: {e.value!r}"
+
+
+def test_data_symlink_inside_source_still_a_symlink(user_src):
+    """A symlink in SOURCE is shown as one and resolved by the caller's kernel."""
+    m = user_src
+    aw = os.path.join(m.src, "aw")
+    os.makedirs(os.path.join(aw, "real"))
+    with open(os.path.join(aw, "real", "f"), "wb") as f:
+        f.write(b"ok\n")
+    os.symlink("real", os.path.join(aw, "ln"))
+    p = os.path.join(m.data, "aw", "ln")
+    assert stat.S_ISLNK(os.lstat(p).st_mode)
+    assert os.readlink(p) == "real"
+    assert _read(os.path.join(p, "f")) == b"ok\n"
+    assert os.listdir(p) == ["f"]
+
+
+# ---------------------------------------------------------------- 2. the store is private
+
+def _walk(top):
+    for dirpath, dirnames, filenames in os.walk(top):
+        for n in dirnames + filenames:
+            yield os.path.join(dirpath, n)
+
+
+def _snapshot_of_private_file(env):
+    """A 0600 checkpoint file of SECRET bytes, persisted as snapshot s1; unmounted."""
+    d = env.mount()
+    f = os.path.join(d.ckpt, "model.pt")
+    with open(f, "wb") as fh:
+        fh.write(SECRET * 1000)
+    os.chmod(f, 0o600)
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    env.unmount(d)
+    return S.object_path(env.store, SECRET * 1000)
+
+
+def test_store_objects_unreadable_by_other_users(snapenv, other_user):
+    """Every directory and file the daemon makes in STORE is private to the mounting
+    user: another local user reads no object of a 0600 checkpoint file."""
+    env = snapenv()
+    obj = _snapshot_of_private_file(env)
+    assert os.path.exists(obj)
+    bad = [(os.path.relpath(p, env.store), oct(stat.S_IMODE(os.lstat(p).st_mode)))
+           for p in _walk(env.store) if stat.S_IMODE(os.lstat(p).st_mode) & 0o077]
+    assert not bad, f"store paths with access for group/others: {bad[:10]}"
+    assert as_other(other_user, lambda: _read(obj).hex()) == ["err", errno.EACCES]
+    r = run_as(other_user, [S.SNAP, "verify", "--store", env.store])
+    assert r.returncode != 0 and SECRET not in r.stdout, r
+
+
+def test_store_readers_open_read_only(snapenv):
+    """list, verify and restore --store read a store on a read-only filesystem (a
+    read-only bind mount): none opens the lock file for writing."""
+    env = snapenv()
+    _snapshot_of_private_file(env)
+    ro = env.path("store-ro")
+    os.mkdir(ro)
+    env.extra_mounts.append(ro)
+    for argv in (["mount", "--bind", env.store, ro],
+                 ["mount", "-o", "remount,ro,bind", ro]):
+        subprocess.run(argv, check=True, capture_output=True)
+    os.unlink(os.path.join(env.store, "lock"))  # a store whose lock was never made
+    before = S.store_files(env.store)
+    r = S.snap_ok("list", "--store", ro)
+    assert "s1" in r.out
+    S.snap_ok("verify", "--store", ro)
+    S.snap_ok("verify", "--store", ro, "s1")
+    to = env.path("restored")
+    S.snap_ok("restore", "--store", ro, "s1", "--to", to)
+    assert _read(os.path.join(to, "model.pt")) == SECRET * 1000
+    # Writers still refuse with one line.
+    r = S.snap("gc", "--store", ro)
+    S.assert_clean_failure(r, "gc on a read-only store")
+    assert S.store_files(env.store) == before
+
+
+# ---------------------------------------------------------------- verify escapes names
+
+def test_verify_escapes_control_characters(snapenv):
+    """A checkpoint file named with a newline, a tab, ESC, a C1 control (U+009B CSI)
+    and a backslash: verify prints it escaped on one line per fault, never the raw
+    bytes, and its fault count is the number of lines it printed."""
+    env = snapenv()
+    d = env.mount()
+    evil = "a\nfake: line\tt\x1b[31mred\u009b2J\\b-\u00fcn"
+    data = [os.urandom(4096 + i) for i in range(2)]
+    for i, blob in enumerate(data):
+        with open(os.path.join(d.ckpt, f"{evil}{i}"), "wb") as f:
+            f.write(blob)
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    env.unmount(d)
+    for blob in data:
+        os.unlink(S.object_path(env.store, blob))
+    r = S.snap("verify", "--store", env.store)
+    assert r.rc == 1, r
+    lines = r.out.splitlines()
+    assert len(lines) == 2, r
+    for ln in lines:
+        assert "\x1b" not in ln and "\t" not in ln and "\u009b" not in ln, repr(ln)
+        assert "a\\nfake: line\\tt\\x1b[31mred\\xc2\\x9b2J\\\\b-\u00fcn" in ln, repr(ln)
+    assert "verify: 2 fault(s)" in r.err, r
+
+
+# ---------------------------------------------------------------- 4. the control socket
+
+class UserMount:
+    """A mount made by the other user (no allow_other, no XDG_RUNTIME_DIR): its daemon
+    puts its socket in /tmp/mlfs-UID. Always unmounted, its daemon always gone."""
+
+    def __init__(self, root, other_user):
+        self.user = other_user
+        self.base = tempfile.mkdtemp(prefix="user-", dir=root)
+        os.chmod(self.base, 0o755)
+        for n in ("src", "mnt", "spill", "store"):
+            os.mkdir(os.path.join(self.base, n))
+            os.chown(os.path.join(self.base, n), *other_user)
+        self.mnt = os.path.join(self.base, "mnt")
+        self.sockdir = f"/tmp/mlfs-{other_user[0]}"
+
+    def mount(self):
+        b = self.base
+        argv = ["env", "-u", "XDG_RUNTIME_DIR", U.MLFS, "-o",
+                f"spill={b}/spill,store={b}/store", f"{b}/src", self.mnt]
+        return run_as(self.user, argv, timeout=60)
+
+    def cleanup(self):
+        pids = U.daemon_pids(self.mnt)
+        if U.is_mounted(self.mnt):
+            U.fusermount_u(self.mnt)
+        for pid in pids:
+            U.kill_pid(pid)
+        if U.is_mounted(self.mnt):
+            U.force_unmount(self.mnt)
+        left = U.is_mounted(self.mnt)
+        shutil.rmtree(self.base, ignore_errors=True)
+        if os.path.islink(self.sockdir) or os.path.isfile(self.sockdir):
+            os.unlink(self.sockdir)
+        shutil.rmtree(self.sockdir, ignore_errors=True)
+        assert not left, f"{self.mnt} left mounted"
+
+
+@pytest.fixture
+def user_mount(test_root, other_user):
+    # /dev/fuse may be root-only here (0600): an ACL entry lets this one user open it
+    # for the test, removed in the finalizer; the device's mode is left alone.
+    uid = other_user[0]
+    acl = not os.access("/dev/fuse", os.R_OK | os.W_OK, effective_ids=False) or \
+        stat.S_IMODE(os.stat("/dev/fuse").st_mode) & 0o006 != 0o006
+    if acl:
+        before = subprocess.run(["getfacl", "-c", "-p", "/dev/fuse"], capture_output=True,
+                                text=True).stdout
+        extended = [ln for ln in before.splitlines()
+                    if ln and not ln.startswith(("user::", "group::", "other::"))]
+        r = subprocess.run(["setfacl", "-m", f"u:{uid}:rw", "/dev/fuse"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot let uid {uid} open /dev/fuse: {r.stderr.strip()}")
+    um = UserMount(test_root, other_user)
+    shutil.rmtree(um.sockdir, ignore_errors=True)
+    try:
+        yield um
+        um.cleanup()
+    finally:
+        if acl:
+            # -x leaves the mask entry behind: with no ACL before, remove the whole ACL.
+            subprocess.run(["setfacl", "-x", f"u:{uid}", "/dev/fuse"] if extended else
+                           ["setfacl", "-b", "/dev/fuse"], capture_output=True)
+
+
+def test_root_controls_a_users_mount_without_allow_other(user_mount):
+    """Root may control any mount (mlfs(8)): its tools find the daemon's socket from
+    the mount table, although FUSE keeps root out of a mount without allow_other."""
+    r = user_mount.mount()
+    assert r.returncode == 0, r
+    st = os.lstat(user_mount.sockdir)
+    assert st.st_uid == user_mount.user[0] and stat.S_IMODE(st.st_mode) == 0o700
+    for path, cwd in ((user_mount.mnt, None), (user_mount.mnt + "/", None),
+                      ("mnt", user_mount.base)):
+        r = subprocess.run([U.MLFS_STAT, "--json", path], capture_output=True, text=True,
+                           timeout=30, cwd=cwd)
+        assert r.returncode == 0, f"mlfs-stat {path} as root: {r.stderr.strip()}"
+        assert '"mountpoint"' in r.stdout
+    r = S.snap("take", user_mount.mnt, "by-root", "--wait")
+    assert r.rc == 0, r
+
+
+@pytest.mark.parametrize("squat", ["foreign", "symlink", "open"])
+def test_socket_dir_made_by_someone_else_is_refused(user_mount, test_root, squat):
+    """/tmp/mlfs-UID made first by another user (here root), a symlink to a directory
+    of the user, or the user's own directory open to others: the mount is refused with
+    one line naming the path, and no mount is left."""
+    d = user_mount.sockdir
+    if squat == "foreign":
+        os.mkdir(d)
+        os.chmod(d, 0o777)
+    elif squat == "symlink":
+        target = tempfile.mkdtemp(prefix="sockdir-", dir=test_root)
+        os.chown(target, *user_mount.user)
+        os.chmod(target, 0o700)
+        os.symlink(target, d)
+    else:
+        os.mkdir(d)
+        os.chown(d, *user_mount.user)
+        os.chmod(d, 0o755)
+    r = user_mount.mount()
+    err = r.stderr.decode(errors="replace")
+    assert r.returncode != 0, f"mount with a {squat} {d} succeeded: {err}"
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and d in lines[0], err
+    assert not U.is_mounted(user_mount.mnt)
