@@ -12,6 +12,7 @@
 #include <alloca.h>
 #include <assert.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -474,6 +475,18 @@ static void mlfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_
 	rc = ckpt_write(m->ckpt, (struct ckpt_inode *)n, buf, size, off);
 	if (rc < 0)
 		return reply_rc(req, rc);
+	/*
+	 * An O_DIRECT write goes around this inode's page cache, which buffered readers (and
+	 * keep_cache) may have filled with the old bytes while the write was in flight. The
+	 * kernel invalidates after a synchronous direct write, and after an async one only
+	 * since fuse_aio_invalidate_worker (present in the 6.18 this was tested on, missing
+	 * from older kernels such as 6.1). So drop the range here, once the new bytes are
+	 * in place and before the reply: a read that starts later gets them. Costs one
+	 * write to /dev/fuse per direct request; takes no inode lock, so it cannot wait on
+	 * the writer, which holds its own while it waits for this reply.
+	 */
+	if (fi && (fi->flags & O_DIRECT))
+		fuse_lowlevel_notify_inval_inode(m->se, ino, off, rc);
 	atomic_fetch_add_explicit(&m->st.write_ops, 1, memory_order_relaxed);
 	atomic_fetch_add_explicit(&m->st.bytes_written, rc, memory_order_relaxed);
 	fuse_reply_write(req, rc);
