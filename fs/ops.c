@@ -710,6 +710,11 @@ static void mlfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, s
 			memcpy(buf, path, rc);
 	} else if (n->kind == MLFS_DATA) {
 		rc = data_getxattr(m->data, (struct data_node *)n, name, buf, size);
+		/* The kernel asks for ACLs to check permissions (FUSE_CAP_POSIX_ACL) and
+		 * takes any error but ENODATA as a refusal: a SOURCE without ACL support
+		 * has none. */
+		if (rc == -EOPNOTSUPP && !strncmp(name, "system.posix_acl_", 17))
+			rc = -ENODATA;
 	} else {
 		struct ckpt_ctx c = ctx_of(req);
 

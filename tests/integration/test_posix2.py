@@ -249,6 +249,18 @@ def test_acl_setgid_dropped_for_non_member(ckpt, umask022):
     assert U.as_user(acl) == ["ok", 0o775]
 
 
+@pytest.mark.daemon
+def test_acl_source_without_acl_support(mounter):
+    """The kernel asks MOUNT/data for ACLs when someone other than the owner opens a
+    file: a SOURCE whose file system has no ACLs (procfs here: EOPNOTSUPP) has none,
+    and the open must not fail."""
+    m = mounter(src="/proc/sys/kernel", opts="allow_other")
+    f = os.path.join(m.data, "hostname")
+    assert stat.S_IMODE(os.stat(f).st_mode) == 0o644
+    rc, _, err = cat_as(NOBODY, NOBODY, f)
+    assert rc == 0, err
+
+
 # --- xattr namespaces, trusted., killpriv ------------------------------------------------
 
 def test_xattr_unknown_namespace_eopnotsupp(ckpt):
