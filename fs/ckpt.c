@@ -1106,8 +1106,10 @@ int ckpt_fallocate(struct ckpt_ns *ns, struct ckpt_inode *ino, int mode, off_t o
 	if (!(mode & FALLOC_FL_PUNCH_HOLE) && end > CKPT_FILE_MAX)
 		return -EFBIG;
 	/* Nothing is reserved (memory is taken at the write), so refuse only what could
-	 * never fit: more than statfs calls free. */
-	if (!(mode & zero) && !ckpt_statfs(ns, &sv) && (uint64_t)len > sv.f_bavail * sv.f_frsize)
+	 * never fit: more than statfs calls free, when spill_max bounds the capacity
+	 * (without it the spill file system's free space is the limit, unknown here). */
+	if (!(mode & zero) && ns->m->cfg.spill_max && !ckpt_statfs(ns, &sv) &&
+	    (uint64_t)len > sv.f_bavail * sv.f_frsize)
 		return -ENOSPC;
 	pthread_rwlock_wrlock(&ino->lock);
 	size = ino->size;

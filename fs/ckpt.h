@@ -85,8 +85,8 @@ int ckpt_write(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *buf, size
 
 /*
  * fallocate(2): mode 0 and FALLOC_FL_KEEP_SIZE extend the size (unless KEEP_SIZE) but
- * reserve nothing, as memory is taken when written: -ENOSPC only if the range's holes
- * exceed what statfs calls free, and a later write may still get -ENOSPC.
+ * reserve nothing, as memory is taken when written: -ENOSPC only if the range exceeds
+ * what statfs calls free with spill_max set, and a later write may still get -ENOSPC.
  * FALLOC_FL_PUNCH_HOLE|KEEP_SIZE and FALLOC_FL_ZERO_RANGE (with or without KEEP_SIZE)
  * zero the range, dropping whole blocks (holes again). Other modes: -EOPNOTSUPP.
  */

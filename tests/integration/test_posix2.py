@@ -474,6 +474,26 @@ def test_fallocate_collapse_insert(ckpt):
         os.close(fd)
 
 
+@pytest.mark.daemon
+def test_fallocate_enospc_bounded(mounter):
+    """With spill_max, a range larger than statfs's free space is refused (ENOSPC, as
+    ext4 when the disk cannot hold it) and the file is left as it was."""
+    m = mounter(opts="mem_max=64M,spill_max=64M")
+    f = p(m.ckpt, "f")
+    write_file(f, b"abc")
+    sv = os.statvfs(m.ckpt)
+    free = sv.f_bavail * sv.f_frsize
+    fd = os.open(f, os.O_RDWR)
+    try:
+        for mode in (0, FALLOC_FL_KEEP_SIZE):
+            U.expect_errno(errno.ENOSPC, fallocate, fd, mode, 0, free + BLOCK)
+        assert os.fstat(fd).st_size == 3
+        fallocate(fd, 0, 0, 4 * BLOCK)  # what fits is taken
+        assert os.fstat(fd).st_size == 4 * BLOCK
+    finally:
+        os.close(fd)
+
+
 def test_fallocate_snapshot_sees_zeros(snapenv):
     """Punching a block shared with a snapshot copies nothing and leaves the snapshot's
     bytes alone."""
