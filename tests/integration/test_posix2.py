@@ -494,11 +494,10 @@ def test_fallocate_enospc_bounded(mounter):
         os.close(fd)
 
 
+@pytest.mark.daemon
 def test_fallocate_snapshot_sees_zeros(snapenv):
     """Punching a block shared with a snapshot copies nothing and leaves the snapshot's
     bytes alone."""
-    if NATIVE:
-        pytest.skip("needs the daemon")
     env = snapenv()
     d = env.mount()
     f = p(d.ckpt, "f")
@@ -546,6 +545,25 @@ def test_seek_data_hole(ckpt):
     try:
         U.expect_errno(errno.ENXIO, os.lseek, fd, 0, os.SEEK_DATA)
         U.expect_errno(errno.ENXIO, os.lseek, fd, 0, os.SEEK_HOLE)
+    finally:
+        os.close(fd)
+
+
+def test_seek_data_hole_in_data(mounter, tmp_path):
+    """MOUNT/data: a SOURCE file is all data (what a read of it gives); ENXIO at EOF."""
+    src = tmp_path / "src"
+    src.mkdir()
+    os.chmod(tmp_path, 0o755)
+    os.chmod(src, 0o755)
+    (src / "f").write_bytes(os.urandom(BLOCK + 7))
+    m = mounter(src=str(src))
+    fd = os.open(os.path.join(m.data, "f"), os.O_RDONLY)
+    try:
+        assert os.lseek(fd, 5, os.SEEK_DATA) == 5
+        assert os.lseek(fd, 5, os.SEEK_HOLE) == BLOCK + 7
+        U.expect_errno(errno.ENXIO, os.lseek, fd, BLOCK + 7, os.SEEK_DATA)
+        U.expect_errno(errno.ENXIO, os.lseek, fd, BLOCK + 7, os.SEEK_HOLE)
+        assert os.lseek(fd, 3, os.SEEK_SET) == 3
     finally:
         os.close(fd)
 
