@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/falloc.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,7 @@
 
 #include "cache/bcache.h"
 #include "cache/log.h"
+#include "fs/acl.h"
 #include "fs/manifest.h"
 #include "tiering/tier.h"
 
@@ -555,6 +557,13 @@ static int ckpt_truncate_locked(struct ckpt_ns *ns, struct ckpt_inode *ino, uint
 	return 0;
 }
 
+/* POSIX ACL hooks of setattr and create; defined with the xattrs below. */
+static void ckpt_acl_chmod_locked(struct ckpt_inode *ino);
+static int ckpt_acl_inherit_locked(struct ckpt_inode *dir, mode_t *mode,
+				   const struct ckpt_ctx *c, void **acl, size_t *acl_size,
+				   void **dacl);
+static int ckpt_xattr_attach(struct ckpt_inode *ino, const char *name, void *v, size_t size);
+
 int ckpt_setattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct stat *attr,
 		 int to_set, struct stat *out)
 {
@@ -577,8 +586,10 @@ int ckpt_setattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct stat *
 	pthread_mutex_lock(&ns->mu);
 	/* The kernel checked the caller's rights and already folded setgid clearing into
 	 * the mode (setattr_prepare under default_permissions). */
-	if (to_set & FUSE_SET_ATTR_MODE)
+	if (to_set & FUSE_SET_ATTR_MODE) {
 		ino->mode = (ino->mode & S_IFMT) | (attr->st_mode & 07777);
+		ckpt_acl_chmod_locked(ino);
+	}
 	if (to_set & FUSE_SET_ATTR_UID)
 		ino->uid = attr->st_uid;
 	if (to_set & FUSE_SET_ATTR_GID)
@@ -607,12 +618,16 @@ static int ckpt_create_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, const 
 {
 	struct ckpt_inode *ino;
 	gid_t gid = c->gid;
+	void *acl, *dacl;
+	size_t acl_size;
 	int rc;
 
 	if (!S_ISDIR(dir->mode) || dir->nlink == 0)
 		return dir->nlink == 0 ? -ENOENT : -ENOTDIR;
 	if (ckpt_find_locked(ns, dir, name))
 		return -EEXIST;
+	if ((rc = ckpt_acl_inherit_locked(dir, &mode, c, &acl, &acl_size, &dacl)))
+		return rc;
 	/* BSD group semantics in a setgid directory, as ext4: the group is inherited, and
 	 * a new directory is setgid too. */
 	if (dir->mode & S_ISGID) {
@@ -621,10 +636,18 @@ static int ckpt_create_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, const 
 			mode |= S_ISGID;
 	}
 	ino = ckpt_inode_new(ns, mode, c->uid, gid);
-	if (!ino)
-		return -ENOMEM;
-	if ((rc = ckpt_link_locked(ns, dir, name, ino))) {
-		ckpt_inode_destroy(ns, ino);
+	rc = ino ? 0 : -ENOMEM;
+	if (!rc && acl && !(rc = ckpt_xattr_attach(ino, PACL_XATTR_ACCESS, acl, acl_size)))
+		acl = NULL;
+	if (!rc && dacl && !(rc = ckpt_xattr_attach(ino, PACL_XATTR_DEFAULT, dacl, acl_size)))
+		dacl = NULL;
+	free(acl);
+	free(dacl);
+	if (!rc)
+		rc = ckpt_link_locked(ns, dir, name, ino);
+	if (rc) {
+		if (ino)
+			ckpt_inode_destroy(ns, ino);
 		return rc;
 	}
 	ino->nlink = 1;
@@ -1070,6 +1093,126 @@ out:
 	return pos > (uint64_t)off ? (int)(pos - off) : rc;
 }
 
+/* ---- fallocate and SEEK_DATA/SEEK_HOLE ---- */
+
+/*
+ * Zeros [start, end) of the content (end <= size): whole blocks are dropped (holes
+ * again), the partial ones at the two ends zeroed in place, copied first if shared
+ * (invariant 5). The partial blocks go first: they may fail, dropping cannot. Under the
+ * inode's write lock.
+ */
+static int ckpt_zero_range_locked(struct ckpt_ns *ns, struct ckpt_inode *ino, uint64_t start,
+				  uint64_t end)
+{
+	uint64_t first = start / ns->bs, last = (end - 1) / ns->bs, i, dropped = 0;
+	struct bc_block *b;
+	int rc;
+
+	/* Only the two end blocks can be partial: i takes first, then last. */
+	for (i = first; i <= last; i = i == first && last > first ? last : last + 1) {
+		uint64_t bstart = i * ns->bs;
+		uint32_t s = start > bstart ? start - bstart : 0;
+		uint32_t e = end - bstart < ns->bs ? end - bstart : ns->bs;
+
+		b = i < ino->nblocks ? ino->blocks[i] : NULL;
+		if (!b || s >= bc_block_len(b) || (s == 0 && e >= bc_block_len(b)))
+			continue; /* nothing there, or whole: dropped below */
+		if ((rc = ckpt_block_for_write(ns, ino, i, bc_block_len(b), &b)))
+			return rc;
+		memset((char *)bc_block_buf(b) + s, 0, (e < bc_block_len(b) ? e : bc_block_len(b)) - s);
+		bc_write_end(ns->bc, b);
+	}
+	for (i = first; i <= last && i < ino->nblocks; i++) {
+		uint64_t bstart = i * ns->bs;
+
+		b = ino->blocks[i];
+		if (!b || bstart < start || (end - bstart < bc_block_len(b)))
+			continue;
+		dropped += bc_block_len(b);
+		bc_block_disown(ns->bc, b); /* readers may hold it */
+		ino->blocks[i] = NULL;
+	}
+	pthread_mutex_lock(&ns->mu);
+	ino->data_bytes -= dropped;
+	ino->mtime = ino->ctime = ckpt_now();
+	ckpt_changed(ns);
+	pthread_mutex_unlock(&ns->mu);
+	return 0;
+}
+
+int ckpt_fallocate(struct ckpt_ns *ns, struct ckpt_inode *ino, int mode, off_t off,
+		   off_t len)
+{
+	const int zero = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE;
+	uint64_t start = off, end = (uint64_t)off + len, size;
+	struct statvfs sv;
+	int rc = 0;
+
+	if (off < 0 || len <= 0)
+		return -EINVAL;
+	/* COLLAPSE_RANGE and INSERT_RANGE would shift the block map; the FUSE kernel
+	 * module never forwards them anyway. */
+	if (mode & ~(FALLOC_FL_KEEP_SIZE | zero) || (mode & zero) == zero)
+		return -EOPNOTSUPP;
+	if ((mode & FALLOC_FL_PUNCH_HOLE) && !(mode & FALLOC_FL_KEEP_SIZE))
+		return -EOPNOTSUPP; /* as vfs_fallocate */
+	if (!S_ISREG(ino->mode))
+		return S_ISDIR(ino->mode) ? -EISDIR : -ENODEV;
+	if (!(mode & FALLOC_FL_PUNCH_HOLE) && end > CKPT_FILE_MAX)
+		return -EFBIG;
+	/* Nothing is reserved (memory is taken at the write), so refuse only what could
+	 * never fit: more than statfs calls free, when spill_max bounds the capacity
+	 * (without it the spill file system's free space is the limit, unknown here). */
+	if (!(mode & zero) && ns->m->cfg.spill_max && !ckpt_statfs(ns, &sv) &&
+	    (uint64_t)len > sv.f_bavail * sv.f_frsize)
+		return -ENOSPC;
+	pthread_rwlock_wrlock(&ino->lock);
+	size = ino->size;
+	if ((mode & zero) && start < size)
+		rc = ckpt_zero_range_locked(ns, ino, start, end < size ? end : size);
+	if (!rc && !(mode & FALLOC_FL_KEEP_SIZE) && end > size)
+		rc = ckpt_truncate_locked(ns, ino, end);
+	pthread_rwlock_unlock(&ino->lock);
+	return rc;
+}
+
+int ckpt_lseek(struct ckpt_ns *ns, struct ckpt_inode *ino, off_t off, int whence,
+	       off_t *out)
+{
+	uint64_t idx, nb;
+	int rc = -ENXIO;
+
+	if (whence != SEEK_DATA && whence != SEEK_HOLE)
+		return -EINVAL;
+	if (off < 0)
+		return -ENXIO;
+	pthread_rwlock_rdlock(&ino->lock);
+	if ((uint64_t)off >= ino->size)
+		goto out;
+	/* Whole blocks: a block with any bytes is data, an empty slot a hole. Scans at
+	 * most the file's block map (a million slots at the 1 TiB limit). */
+	nb = (ino->size + ns->bs - 1) / ns->bs;
+	for (idx = off / ns->bs; idx < nb; idx++) {
+		struct bc_block *b = idx < ino->nblocks ? ino->blocks[idx] : NULL;
+		int data = b && bc_block_len(b) > 0;
+
+		if (data == (whence == SEEK_DATA)) {
+			*out = (off_t)(idx * ns->bs) > off ? (off_t)(idx * ns->bs) : off;
+			rc = 0;
+			goto out;
+		}
+	}
+	if (whence == SEEK_HOLE) { /* the end of file is a hole */
+		*out = (off_t)ino->size;
+		rc = 0;
+	}
+out:
+	pthread_rwlock_unlock(&ino->lock);
+	return rc;
+}
+
+/* ---- xattrs and POSIX ACLs ---- */
+
 static struct ckpt_xattr **ckpt_xattr_find_locked(struct ckpt_inode *ino, const char *name)
 {
 	struct ckpt_xattr **pp;
@@ -1080,64 +1223,254 @@ static struct ckpt_xattr **ckpt_xattr_find_locked(struct ckpt_inode *ino, const 
 	return NULL;
 }
 
-int ckpt_setxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name,
-		  const char *value, size_t size, int flags)
-{
-	struct ckpt_xattr **pp, *x;
-	void *v;
-	int rc = 0;
+/* The namespaces ext4 has (fs/xattr.c handlers); anything else is -EOPNOTSUPP there. */
+enum ckpt_xns { XNS_USER, XNS_TRUSTED, XNS_SECURITY, XNS_ACL_ACCESS, XNS_ACL_DEFAULT };
 
-	if (strlen(name) > XATTR_NAME_MAX || !*name)
-		return strlen(name) ? -ERANGE : -EINVAL;
-	if (size > CKPT_XATTR_MAX)
-		return -E2BIG;
-	v = malloc(size ? size : 1);
-	if (!v)
+static int ckpt_xattr_ns(const char *name)
+{
+	static const struct {
+		const char *prefix;
+		size_t len;
+	} pre[] = { [XNS_USER] = { "user.", 5 },
+		    [XNS_TRUSTED] = { "trusted.", 8 },
+		    [XNS_SECURITY] = { "security.", 9 } };
+	int i;
+
+	if (!strcmp(name, PACL_XATTR_ACCESS))
+		return XNS_ACL_ACCESS;
+	if (!strcmp(name, PACL_XATTR_DEFAULT))
+		return XNS_ACL_DEFAULT;
+	for (i = XNS_USER; i <= XNS_SECURITY; i++)
+		if (!strncmp(name, pre[i].prefix, pre[i].len))
+			return name[pre[i].len] ? i : -EINVAL; /* a bare prefix */
+	return -EOPNOTSUPP;
+}
+
+/* CAP_FSETID is taken to be root's; otherwise the caller must be in the group. */
+static int ckpt_in_group(const struct ckpt_ctx *c, gid_t gid)
+{
+	int i;
+
+	if (c->uid == 0 || c->gid == gid)
+		return 1;
+	for (i = 0; i < c->ngroups; i++)
+		if (c->groups[i] == gid)
+			return 1;
+	return 0;
+}
+
+static void ckpt_xattr_free(struct ckpt_xattr *x)
+{
+	free(x->name);
+	free(x->value);
+	free(x);
+}
+
+static void ckpt_xattr_del_locked(struct ckpt_inode *ino, struct ckpt_xattr **pp)
+{
+	struct ckpt_xattr *x = *pp;
+
+	*pp = x->next;
+	ino->xattr_bytes -= x->size + strlen(x->name);
+	ckpt_xattr_free(x);
+}
+
+/* Adds name = v (handed over on success) to ino; the caller checked that it is new. */
+static int ckpt_xattr_attach(struct ckpt_inode *ino, const char *name, void *v, size_t size)
+{
+	struct ckpt_xattr *x = calloc(1, sizeof(*x));
+
+	if (!x || !(x->name = strdup(name))) {
+		free(x);
+		return -ENOMEM;
+	}
+	x->value = v;
+	x->size = size;
+	x->next = ino->xattrs;
+	ino->xattrs = x;
+	ino->xattr_bytes += size + strlen(name);
+	return 0;
+}
+
+/*
+ * Sets name to a copy of value, checking the flags and the limits: the values of one
+ * inode (CKPT_XATTR_TOTAL) and its names' list, which must fit XATTR_LIST_MAX (64 KiB)
+ * so that listxattr can always return it (ext4 runs out of xattr space long before:
+ * -ENOSPC as there). Under ns->mu.
+ */
+static int ckpt_xattr_set_locked(struct ckpt_inode *ino, const char *name, const void *value,
+				 size_t size, int flags)
+{
+	struct ckpt_xattr **pp = ckpt_xattr_find_locked(ino, name), *x;
+	size_t names = 0;
+	void *v;
+	int rc;
+
+	if (pp && (flags & XATTR_CREATE))
+		return -EEXIST;
+	if (!pp && (flags & XATTR_REPLACE))
+		return -ENODATA;
+	if (ino->xattr_bytes + size + strlen(name) -
+		    (pp ? (*pp)->size + strlen(name) : 0) > CKPT_XATTR_TOTAL)
+		return -ENOSPC;
+	if (!pp) {
+		for (x = ino->xattrs; x; x = x->next)
+			names += strlen(x->name) + 1;
+		if (names + strlen(name) + 1 > XATTR_LIST_MAX)
+			return -ENOSPC;
+	}
+	if (!(v = malloc(size ? size : 1)))
 		return -ENOMEM;
 	if (size) /* value may be NULL for an empty one */
 		memcpy(v, value, size);
-	pthread_mutex_lock(&ns->mu);
-	pp = ckpt_xattr_find_locked(ino, name);
-	if (pp && (flags & XATTR_CREATE)) {
-		rc = -EEXIST;
-	} else if (!pp && (flags & XATTR_REPLACE)) {
-		rc = -ENODATA;
-	} else if (ino->xattr_bytes + size + strlen(name) -
-			   (pp ? (*pp)->size + strlen(name) : 0) > CKPT_XATTR_TOTAL) {
-		rc = -ENOSPC;
-	} else if (pp) {
+	if (pp) {
 		x = *pp;
 		ino->xattr_bytes += size - x->size;
 		free(x->value);
 		x->value = v;
 		x->size = size;
-		v = NULL;
-	} else if ((x = calloc(1, sizeof(*x))) && (x->name = strdup(name))) {
-		x->value = v;
-		x->size = size;
-		x->next = ino->xattrs;
-		ino->xattrs = x;
-		ino->xattr_bytes += size + strlen(name);
-		v = NULL;
-	} else {
-		free(x);
-		rc = -ENOMEM;
+		return 0;
 	}
+	if ((rc = ckpt_xattr_attach(ino, name, v, size)))
+		free(v);
+	return rc;
+}
+
+/*
+ * Setting an ACL, as ext4_set_acl: a bare header removes it; an access ACL sets the
+ * mode's permission bits (and clears setgid for a caller outside the file's group, as
+ * posix_acl_update_mode) and is stored only if the mode cannot say it all; a default
+ * ACL belongs to directories only. Under ns->mu.
+ */
+static int ckpt_set_acl_locked(struct ckpt_inode *ino, int access, const char *value,
+			       size_t size, int flags, const struct ckpt_ctx *c)
+{
+	const char *name = access ? PACL_XATTR_ACCESS : PACL_XATTR_DEFAULT;
+	struct ckpt_xattr **pp = ckpt_xattr_find_locked(ino, name);
+	mode_t mode = ino->mode;
+	size_t n;
+	int rc, keep;
+
+	if ((rc = pacl_check(value, size, &n)))
+		return rc;
+	if (!access && !S_ISDIR(ino->mode))
+		return n ? -EACCES : 0;
+	if (pp && (flags & XATTR_CREATE))
+		return -EEXIST;
+	if (!pp && (flags & XATTR_REPLACE))
+		return -ENODATA;
+	if (n == 0) {
+		if (pp)
+			ckpt_xattr_del_locked(ino, pp);
+		return 0;
+	}
+	if (!access)
+		return ckpt_xattr_set_locked(ino, name, value, size, 0);
+	keep = pacl_equiv_mode(value, size, &mode);
+	if (!ckpt_in_group(c, ino->gid))
+		mode &= ~(mode_t)S_ISGID;
+	if (keep)
+		rc = ckpt_xattr_set_locked(ino, name, value, size, 0);
+	else if (pp)
+		ckpt_xattr_del_locked(ino, pp);
+	if (!rc)
+		ino->mode = mode;
+	return rc;
+}
+
+/* chmod: the stored access ACL follows the mode (posix_acl_chmod). Under ns->mu. */
+static void ckpt_acl_chmod_locked(struct ckpt_inode *ino)
+{
+	struct ckpt_xattr **pp = ckpt_xattr_find_locked(ino, PACL_XATTR_ACCESS);
+
+	if (pp)
+		pacl_chmod((*pp)->value, (*pp)->size, ino->mode);
+}
+
+/*
+ * A new entry of dir, as posix_acl_create: with a default ACL there, the mode is masked
+ * by it (no umask) and *acl gets the access ACL to store (NULL if the mode says it all)
+ * and, for a directory, *dacl a copy of the default; without one, the umask applies.
+ * Symlinks take neither. -EIO if the stored default ACL is damaged (a crafted store).
+ * Under ns->mu; *acl and *dacl are handed over.
+ */
+static int ckpt_acl_inherit_locked(struct ckpt_inode *dir, mode_t *mode,
+				   const struct ckpt_ctx *c, void **acl, size_t *acl_size,
+				   void **dacl)
+{
+	struct ckpt_xattr **pp;
+	mode_t m = *mode & 07777;
+	size_t n;
+
+	*acl = *dacl = NULL;
+	*acl_size = 0;
+	if (S_ISLNK(*mode))
+		return 0;
+	if (!(pp = ckpt_xattr_find_locked(dir, PACL_XATTR_DEFAULT))) {
+		*mode &= ~(c->umask & 0777);
+		return 0;
+	}
+	if (pacl_check((*pp)->value, (*pp)->size, &n) || n == 0) {
+		log_err("ckpt: damaged default ACL on directory %llu",
+			(unsigned long long)dir->hdr.st_ino);
+		return -EIO;
+	}
+	if (!(*acl = malloc((*pp)->size)))
+		return -ENOMEM;
+	memcpy(*acl, (*pp)->value, (*pp)->size);
+	*acl_size = (*pp)->size;
+	if (!pacl_create_masq(*acl, *acl_size, &m)) {
+		free(*acl);
+		*acl = NULL;
+	}
+	*mode = (*mode & S_IFMT) | m;
+	if (S_ISDIR(*mode)) {
+		if (!(*dacl = malloc((*pp)->size))) {
+			free(*acl);
+			*acl = NULL;
+			return -ENOMEM;
+		}
+		memcpy(*dacl, (*pp)->value, (*pp)->size);
+	}
+	return 0;
+}
+
+int ckpt_setxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name,
+		  const char *value, size_t size, int flags, const struct ckpt_ctx *c)
+{
+	int xns = ckpt_xattr_ns(name), rc;
+
+	if (strlen(name) > XATTR_NAME_MAX || !*name)
+		return strlen(name) ? -ERANGE : -EINVAL;
+	if (xns < 0)
+		return xns;
+	if (xns == XNS_TRUSTED && c->uid != 0)
+		return -EPERM; /* trusted_xattr_set wants CAP_SYS_ADMIN */
+	if (size > CKPT_XATTR_MAX)
+		return -E2BIG;
+	pthread_mutex_lock(&ns->mu);
+	if (xns == XNS_ACL_ACCESS || xns == XNS_ACL_DEFAULT)
+		rc = ckpt_set_acl_locked(ino, xns == XNS_ACL_ACCESS, value, size, flags, c);
+	else
+		rc = ckpt_xattr_set_locked(ino, name, value, size, flags);
 	if (!rc) {
 		ino->ctime = ckpt_now();
 		ckpt_changed(ns);
 	}
 	pthread_mutex_unlock(&ns->mu);
-	free(v);
 	return rc;
 }
 
 int ckpt_getxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name, void *buf,
-		  size_t size)
+		  size_t size, const struct ckpt_ctx *c)
 {
 	struct ckpt_xattr **pp;
-	int rc;
+	int xns = ckpt_xattr_ns(name), rc;
 
+	if (xns < 0)
+		return xns;
+	if (xns == XNS_TRUSTED && c->uid != 0)
+		return -ENODATA; /* as the VFS answers those without CAP_SYS_ADMIN */
 	pthread_mutex_lock(&ns->mu);
 	pp = ckpt_xattr_find_locked(ino, name);
 	if (!pp) {
@@ -1154,14 +1487,22 @@ int ckpt_getxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name, 
 	return rc;
 }
 
-int ckpt_listxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, char *buf, size_t size)
+/* trusted.* names are listed to root only (trusted_xattr_list). */
+static int ckpt_xattr_listed(const struct ckpt_xattr *x, const struct ckpt_ctx *c)
+{
+	return c->uid == 0 || strncmp(x->name, "trusted.", 8);
+}
+
+int ckpt_listxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, char *buf, size_t size,
+		   const struct ckpt_ctx *c)
 {
 	struct ckpt_xattr *x;
 	size_t need = 0;
 
 	pthread_mutex_lock(&ns->mu);
 	for (x = ino->xattrs; x; x = x->next)
-		need += strlen(x->name) + 1;
+		if (ckpt_xattr_listed(x, c))
+			need += strlen(x->name) + 1;
 	if (size && need > size) {
 		pthread_mutex_unlock(&ns->mu);
 		return -ERANGE;
@@ -1170,30 +1511,31 @@ int ckpt_listxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, char *buf, size_t
 		char *p = buf;
 
 		for (x = ino->xattrs; x; x = x->next)
-			p = stpcpy(p, x->name) + 1;
+			if (ckpt_xattr_listed(x, c))
+				p = stpcpy(p, x->name) + 1;
 	}
 	pthread_mutex_unlock(&ns->mu);
 	return (int)need;
 }
 
-int ckpt_removexattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name)
+int ckpt_removexattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name,
+		     const struct ckpt_ctx *c)
 {
-	struct ckpt_xattr **pp, *x;
-	int rc = 0;
+	struct ckpt_xattr **pp;
+	int xns = ckpt_xattr_ns(name), rc = 0;
 
+	if (xns < 0)
+		return xns;
+	if (xns == XNS_TRUSTED && c->uid != 0)
+		return -EPERM;
 	pthread_mutex_lock(&ns->mu);
 	pp = ckpt_xattr_find_locked(ino, name);
 	if (!pp) {
 		rc = -ENODATA;
 	} else {
-		x = *pp;
-		*pp = x->next;
-		ino->xattr_bytes -= x->size + strlen(x->name);
+		ckpt_xattr_del_locked(ino, pp);
 		ino->ctime = ckpt_now();
 		ckpt_changed(ns);
-		free(x->name);
-		free(x->value);
-		free(x);
 	}
 	pthread_mutex_unlock(&ns->mu);
 	return rc;

@@ -4,9 +4,12 @@
  * Contract
  * - Semantics are ext4's, as far as a FUSE server decides them: the kernel (mounted with
  *   default_permissions) checks access, sticky dirs and setattr rights before a request
- *   reaches us; we give new inodes the caller's uid/gid (the kernel has applied the
- *   umask), inherit a setgid directory's group, keep nlink, times and sizes as ext4 does,
- *   and return ext4's errno for every refusal.
+ *   reaches us, and enforces POSIX ACLs (FUSE_CAP_POSIX_ACL) that we store as the xattrs
+ *   system.posix_acl_access/_default (fs/acl.h), in sync with the mode both ways. We give
+ *   new inodes the caller's uid/gid and mode less the caller's umask, or the parent's
+ *   default ACL masked by the mode and no umask (FUSE_CAP_DONT_MASK: the kernel leaves
+ *   both to us), inherit a setgid directory's group, keep nlink, times and sizes as ext4
+ *   does, and return ext4's errno for every refusal.
  * - File content is an array of counted block references (cache/bcache.h); a hole is a
  *   NULL entry or the part of a block past its len, and reads as zeros. A block shared
  *   with a snapshot or a reader is copied before it is written (copy on write).
@@ -32,6 +35,11 @@ struct ckpt_dir;
 struct ckpt_ctx { /* who is asking: from fuse_req_ctx() */
 	uid_t uid;
 	gid_t gid;
+	mode_t umask; /* applied to new inodes unless a default ACL decides */
+	/* Supplementary groups, when a call needs them (setting an access ACL: setgid is
+	 * kept only for a member of the file's group or root); borrowed. */
+	const gid_t *groups;
+	int ngroups;
 };
 
 int ckpt_ns_new(struct mlfs *m, struct ckpt_ns **out);
@@ -77,12 +85,34 @@ int ckpt_read(struct ckpt_ns *ns, struct ckpt_inode *ino, size_t size, off_t off
 int ckpt_write(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *buf, size_t size,
 	       off_t off);
 
+/*
+ * fallocate(2): mode 0 and FALLOC_FL_KEEP_SIZE extend the size (unless KEEP_SIZE) but
+ * reserve nothing, as memory is taken when written: -ENOSPC only if the range exceeds
+ * what statfs calls free with spill_max set, and a later write may still get -ENOSPC.
+ * FALLOC_FL_PUNCH_HOLE|KEEP_SIZE and FALLOC_FL_ZERO_RANGE (with or without KEEP_SIZE)
+ * zero the range, dropping whole blocks (holes again). Other modes: -EOPNOTSUPP.
+ */
+int ckpt_fallocate(struct ckpt_ns *ns, struct ckpt_inode *ino, int mode, off_t off,
+		   off_t len);
+/* SEEK_DATA/SEEK_HOLE at block granularity (a NULL slot is a hole; end of file is a
+ * hole); -ENXIO at or past the end of file. */
+int ckpt_lseek(struct ckpt_ns *ns, struct ckpt_inode *ino, off_t off, int whence,
+	       off_t *out);
+
+/*
+ * xattrs in the namespaces ext4 has: user., trusted. (root only: -EPERM to set, hidden
+ * from others' lists), security., and system.posix_acl_access/_default (validated,
+ * -EINVAL if malformed; an access ACL sets the mode and is dropped when the mode says
+ * it all). Any other name: -EOPNOTSUPP. c is the caller.
+ */
 int ckpt_setxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name,
-		  const char *value, size_t size, int flags);
+		  const char *value, size_t size, int flags, const struct ckpt_ctx *c);
 int ckpt_getxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name, void *buf,
-		  size_t size);
-int ckpt_listxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, char *buf, size_t size);
-int ckpt_removexattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name);
+		  size_t size, const struct ckpt_ctx *c);
+int ckpt_listxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, char *buf, size_t size,
+		   const struct ckpt_ctx *c);
+int ckpt_removexattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name,
+		     const struct ckpt_ctx *c);
 
 /*
  * Snapshots. ckpt_freeze captures the whole tree at one instant: every write() that

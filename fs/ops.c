@@ -12,6 +12,7 @@
 #include <alloca.h>
 #include <assert.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -85,6 +86,23 @@ static void mlfs_op_init(void *userdata, struct fuse_conn_info *conn)
 		conn->want &= ~FUSE_CAP_ATOMIC_O_TRUNC;
 	if (conn->capable & FUSE_CAP_SPLICE_MOVE)
 		conn->want &= ~FUSE_CAP_SPLICE_MOVE;
+	/*
+	 * POSIX ACLs as ext4: the kernel caches and enforces them (this also implies
+	 * default_permissions, which mlfs always sets), MOUNT/ckpt stores them and keeps
+	 * them in sync with the mode (ckpt.h). The kernel then leaves the umask to us
+	 * (DONT_MASK): a directory's default ACL replaces it. Costs one GETXATTR per inode
+	 * the first time someone other than its owner is checked (the kernel caches it).
+	 * Kernels without POSIX ACL support pass the xattrs through unenforced.
+	 */
+	if (conn->capable & FUSE_CAP_POSIX_ACL) {
+		conn->want |= FUSE_CAP_POSIX_ACL;
+		if (conn->capable & FUSE_CAP_DONT_MASK)
+			conn->want |= FUSE_CAP_DONT_MASK;
+	}
+	/* The kernel clears setuid/setgid and security.capability on write, truncate and
+	 * chown itself (ext4's rules, through setattr and removexattr) unless we claim the
+	 * job: we do not. */
+	conn->want &= ~FUSE_CAP_HANDLE_KILLPRIV;
 	conn->max_write = MLFS_MAX_REQ;
 	conn->max_readahead = MLFS_MAX_REQ;
 	conn->max_background = 64;
@@ -215,7 +233,7 @@ static struct ckpt_ctx ctx_of(fuse_req_t req)
 {
 	const struct fuse_ctx *c = fuse_req_ctx(req);
 
-	return (struct ckpt_ctx){ .uid = c->uid, .gid = c->gid };
+	return (struct ckpt_ctx){ .uid = c->uid, .gid = c->gid, .umask = c->umask };
 }
 
 /* mknod, mkdir, symlink and create: only in MOUNT/ckpt. */
@@ -463,6 +481,18 @@ static void mlfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_
 	rc = ckpt_write(m->ckpt, (struct ckpt_inode *)n, buf, size, off);
 	if (rc < 0)
 		return reply_rc(req, rc);
+	/*
+	 * An O_DIRECT write goes around this inode's page cache, which buffered readers (and
+	 * keep_cache) may have filled with the old bytes while the write was in flight. The
+	 * kernel invalidates after a synchronous direct write, and after an async one only
+	 * since fuse_aio_invalidate_worker (present in the 6.18 this was tested on, missing
+	 * from older kernels such as 6.1). So drop the range here, once the new bytes are
+	 * in place and before the reply: a read that starts later gets them. Costs one
+	 * write to /dev/fuse per direct request; takes no inode lock, so it cannot wait on
+	 * the writer, which holds its own while it waits for this reply.
+	 */
+	if (fi && (fi->flags & O_DIRECT))
+		fuse_lowlevel_notify_inval_inode(m->se, ino, off, rc);
 	atomic_fetch_add_explicit(&m->st.write_ops, 1, memory_order_relaxed);
 	atomic_fetch_add_explicit(&m->st.bytes_written, rc, memory_order_relaxed);
 	fuse_reply_write(req, rc);
@@ -629,11 +659,27 @@ static void mlfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 			     const char *value, size_t size, int flags)
 {
 	struct mlfs_node *n = node_of(ino);
+	struct ckpt_ctx c = ctx_of(req);
+	gid_t groups[64], *g = groups;
+	int ng = 0;
 
 	if (n->kind != MLFS_CKPT)
 		return reply_rc(req, -EROFS);
+	/* Setting an access ACL keeps setgid only for a member of the file's group: that
+	 * needs the caller's supplementary groups (read from /proc by libfuse). */
+	if (c.uid != 0 && !strcmp(name, "system.posix_acl_access")) {
+		ng = fuse_req_getgroups(req, 64, groups);
+		if (ng > 64 && (g = malloc(ng * sizeof(*g))))
+			ng = fuse_req_getgroups(req, ng, g);
+		else if (ng > 64)
+			ng = 64;
+		c.groups = g;
+		c.ngroups = ng > 0 ? ng : 0;
+	}
 	reply_rc(req, ckpt_setxattr(mlfs_of(req)->ckpt, (struct ckpt_inode *)n, name, value,
-				    size, flags));
+				    size, flags, &c));
+	if (g != groups)
+		free(g);
 }
 
 /* Replies to getxattr/listxattr: the size when asked for it, the bytes otherwise. */
@@ -670,8 +716,15 @@ static void mlfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, s
 			memcpy(buf, path, rc);
 	} else if (n->kind == MLFS_DATA) {
 		rc = data_getxattr(m->data, (struct data_node *)n, name, buf, size);
+		/* The kernel asks for ACLs to check permissions (FUSE_CAP_POSIX_ACL) and
+		 * takes any error but ENODATA as a refusal: a SOURCE without ACL support
+		 * has none. */
+		if (rc == -EOPNOTSUPP && !strncmp(name, "system.posix_acl_", 17))
+			rc = -ENODATA;
 	} else {
-		rc = ckpt_getxattr(m->ckpt, (struct ckpt_inode *)n, name, buf, size);
+		struct ckpt_ctx c = ctx_of(req);
+
+		rc = ckpt_getxattr(m->ckpt, (struct ckpt_inode *)n, name, buf, size, &c);
 	}
 	reply_xattr(req, rc, size, buf);
 	free(buf);
@@ -688,8 +741,11 @@ static void mlfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 		return reply_rc(req, -ENOMEM);
 	if (n->kind == MLFS_DATA)
 		rc = data_listxattr(m->data, (struct data_node *)n, buf, size);
-	else if (n->kind == MLFS_CKPT)
-		rc = ckpt_listxattr(m->ckpt, (struct ckpt_inode *)n, buf, size);
+	else if (n->kind == MLFS_CKPT) {
+		struct ckpt_ctx c = ctx_of(req);
+
+		rc = ckpt_listxattr(m->ckpt, (struct ckpt_inode *)n, buf, size, &c);
+	}
 	reply_xattr(req, rc, size, buf);
 	free(buf);
 }
@@ -697,10 +753,53 @@ static void mlfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 static void mlfs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 {
 	struct mlfs_node *n = node_of(ino);
+	struct ckpt_ctx c;
 
 	if (n->kind != MLFS_CKPT)
 		return reply_rc(req, -EROFS);
-	reply_rc(req, ckpt_removexattr(mlfs_of(req)->ckpt, (struct ckpt_inode *)n, name));
+	c = ctx_of(req);
+	reply_rc(req, ckpt_removexattr(mlfs_of(req)->ckpt, (struct ckpt_inode *)n, name, &c));
+}
+
+/* fallocate(2) in MOUNT/ckpt (modes: ckpt.h); MOUNT/data is read-only. */
+static void mlfs_op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
+			      off_t len, struct fuse_file_info *fi)
+{
+	struct mlfs_node *n = node_of(ino);
+
+	if (n->kind != MLFS_CKPT)
+		return reply_rc(req, n->kind == MLFS_DATA ? -EROFS : -EISDIR);
+	reply_rc(req, ckpt_fallocate(mlfs_of(req)->ckpt, (struct ckpt_inode *)n, mode, off, len));
+}
+
+/*
+ * SEEK_DATA/SEEK_HOLE (the kernel sends only those). Never ENOSYS: the kernel would then
+ * stop asking for the whole mount. MOUNT/data files are all data (as a read of SOURCE
+ * gives them), MOUNT/ckpt answers from its block map.
+ */
+static void mlfs_op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
+			  struct fuse_file_info *fi)
+{
+	struct mlfs *m = mlfs_of(req);
+	struct mlfs_node *n = node_of(ino);
+	struct stat st;
+	off_t out = 0;
+	int rc;
+
+	if (n->kind == MLFS_CKPT) {
+		rc = ckpt_lseek(m->ckpt, (struct ckpt_inode *)n, off, whence, &out);
+	} else if (n->kind != MLFS_DATA || (whence != SEEK_DATA && whence != SEEK_HOLE)) {
+		rc = -EINVAL;
+	} else if (!(rc = data_getattr(m->data, (struct data_node *)n, &st))) {
+		if (off < 0 || off >= st.st_size)
+			rc = -ENXIO;
+		else
+			out = whence == SEEK_DATA ? off : st.st_size;
+	}
+	if (rc)
+		reply_rc(req, rc);
+	else
+		fuse_reply_lseek(req, out);
 }
 
 const struct fuse_lowlevel_ops mlfs_ops = {
@@ -734,4 +833,6 @@ const struct fuse_lowlevel_ops mlfs_ops = {
 	.getxattr = mlfs_op_getxattr,
 	.listxattr = mlfs_op_listxattr,
 	.removexattr = mlfs_op_removexattr,
+	.fallocate = mlfs_op_fallocate,
+	.lseek = mlfs_op_lseek,
 };

@@ -270,7 +270,6 @@ static int restore_create(struct restore *r)
 {
 	int rc;
 
-	restore_xattrs(r, 0);
 	for (size_t i = 1; i < r->m->nentries; i++) {
 		const struct mf_entry *e = &r->m->entries[i];
 		long t;
@@ -312,14 +311,15 @@ static int restore_create(struct restore *r)
 			}
 			continue;	/* the inode's metadata is the target's */
 		}
-		if (!r->bad[i])
-			restore_xattrs(r, i);
 	}
 	return 0;
 }
 
-/* Pass 2, children first: owners, modes and times, so that writing a child cannot bump a
- * restored directory mtime and a read-only directory is made so only once it is full. */
+/* Pass 2, children first: owners, xattrs, modes and times, so that writing a child cannot
+ * bump a restored directory mtime and a read-only directory is made so only once it is
+ * full. xattrs come after the chown, which would drop security.capability (killpriv),
+ * and before the chmod, which fits a POSIX ACL's entries to the mode they were frozen
+ * with and could make a directory read-only for the xattr writes. */
 static int restore_meta(struct restore *r)
 {
 	int root = geteuid() == 0;
@@ -343,6 +343,7 @@ static int restore_meta(struct restore *r)
 			say("%s: chown: %s", r->paths[i], strerror(errno));
 			return -errno;
 		}
+		restore_xattrs(r, i);
 		if (e->type != MF_SYMLINK && chmod(r->paths[i], e->mode & 07777)) {
 			say("%s: chmod: %s", r->paths[i], strerror(errno));
 			return -errno;

@@ -1,0 +1,211 @@
+/*
+ * acl.c - POSIX ACL xattr values (contract in acl.h).
+ */
+#include "fs/acl.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define PACL_VERSION 2
+#define PACL_HDR 4
+#define PACL_ENT 8
+
+/* Tags, in the order a valid ACL lists them. */
+enum {
+	PACL_USER_OBJ = 0x01,
+	PACL_USER = 0x02,
+	PACL_GROUP_OBJ = 0x04,
+	PACL_GROUP = 0x08,
+	PACL_MASK = 0x10,
+	PACL_OTHER = 0x20,
+};
+
+static uint16_t le16(const unsigned char *p)
+{
+	return (uint16_t)(p[0] | p[1] << 8);
+}
+
+static uint32_t le32(const unsigned char *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Entries in a value of size bytes; 0 for a value too short to have any (a damaged
+ * store's value reaches pacl_chmod unchecked: never read past it). */
+static size_t nent(size_t size)
+{
+	return size < PACL_HDR ? 0 : (size - PACL_HDR) / PACL_ENT;
+}
+
+static unsigned char *ent(void *v, size_t i)
+{
+	return (unsigned char *)v + PACL_HDR + i * PACL_ENT;
+}
+
+static void set_perm(unsigned char *e, unsigned perm)
+{
+	e[2] = (unsigned char)(perm & 7);
+	e[3] = 0;
+}
+
+int pacl_check(const void *v, size_t size, size_t *n)
+{
+	const unsigned char *p = v;
+	unsigned state = 0, users = 0, seen_mask = 0, nobj = 0;
+	uint32_t prev_id = 0;
+	size_t count, i;
+
+	if (size < PACL_HDR || (size - PACL_HDR) % PACL_ENT)
+		return -EINVAL;
+	if (le32(p) != PACL_VERSION)
+		return -EOPNOTSUPP;
+	count = (size - PACL_HDR) / PACL_ENT;
+	/* Tags must come in the order of the enum: each object once, named ids ascending
+	 * and unique within their tag. */
+	for (i = 0; i < count; i++) {
+		const unsigned char *e = p + PACL_HDR + i * PACL_ENT;
+		unsigned tag = le16(e), perm = le16(e + 2);
+		uint32_t id = le32(e + 4);
+
+		if (perm & ~7u || tag < state)
+			return -EINVAL;
+		switch (tag) {
+		case PACL_USER_OBJ:
+		case PACL_GROUP_OBJ:
+		case PACL_OTHER:
+			nobj++;
+			/* fall through */
+		case PACL_MASK:
+			if (tag == state)
+				return -EINVAL;
+			seen_mask |= tag == PACL_MASK;
+			break;
+		case PACL_USER:
+		case PACL_GROUP:
+			if (tag == state && id <= prev_id)
+				return -EINVAL;
+			users++;
+			break;
+		default:
+			return -EINVAL;
+		}
+		prev_id = id;
+		state = tag;
+	}
+	if (count && (nobj != 3 || (users && !seen_mask)))
+		return -EINVAL;
+	*n = count;
+	return 0;
+}
+
+int pacl_equiv_mode(const void *v, size_t size, mode_t *mode)
+{
+	size_t n = nent(size), i;
+	mode_t m = 0;
+	int mask = -1, not_equiv = 0;
+
+	for (i = 0; i < n; i++) {
+		const unsigned char *e = ent((void *)v, i);
+		unsigned perm = le16(e + 2) & 7;
+
+		switch (le16(e)) {
+		case PACL_USER_OBJ:
+			m |= perm << 6;
+			break;
+		case PACL_GROUP_OBJ:
+			m |= perm << 3;
+			break;
+		case PACL_OTHER:
+			m |= perm;
+			break;
+		case PACL_MASK:
+			mask = (int)perm;
+			not_equiv = 1;
+			break;
+		default:
+			not_equiv = 1;
+			break;
+		}
+	}
+	if (mask >= 0)
+		m = (m & ~(mode_t)S_IRWXG) | (mode_t)mask << 3;
+	*mode = (*mode & ~(mode_t)0777) | m;
+	return not_equiv;
+}
+
+void pacl_chmod(void *v, size_t size, mode_t mode)
+{
+	size_t n = nent(size), i;
+	unsigned char *group = NULL, *mask = NULL;
+
+	for (i = 0; i < n; i++) {
+		unsigned char *e = ent(v, i);
+
+		switch (le16(e)) {
+		case PACL_USER_OBJ:
+			set_perm(e, mode >> 6);
+			break;
+		case PACL_GROUP_OBJ:
+			group = e;
+			break;
+		case PACL_MASK:
+			mask = e;
+			break;
+		case PACL_OTHER:
+			set_perm(e, mode);
+			break;
+		}
+	}
+	if (mask)
+		set_perm(mask, mode >> 3);
+	else if (group)
+		set_perm(group, mode >> 3);
+}
+
+int pacl_create_masq(void *v, size_t size, mode_t *mode)
+{
+	size_t n = nent(size), i;
+	unsigned char *group = NULL, *mask = NULL;
+	mode_t m = *mode;
+	int not_equiv = 0;
+
+	for (i = 0; i < n; i++) {
+		unsigned char *e = ent(v, i);
+		unsigned perm = le16(e + 2);
+
+		switch (le16(e)) {
+		case PACL_USER_OBJ:
+			perm &= (m >> 6) & 7;
+			set_perm(e, perm);
+			m &= (mode_t)(perm << 6) | ~(mode_t)S_IRWXU;
+			break;
+		case PACL_GROUP_OBJ:
+			group = e;
+			break;
+		case PACL_MASK:
+			mask = e;
+			not_equiv = 1;
+			break;
+		case PACL_OTHER:
+			perm &= m & 7;
+			set_perm(e, perm);
+			m &= (mode_t)perm | ~(mode_t)S_IRWXO;
+			break;
+		default:
+			not_equiv = 1;
+			break;
+		}
+	}
+	if (!mask)
+		mask = group; /* pacl_check: a valid ACL has a group entry */
+	if (mask) {
+		unsigned perm = le16(mask + 2) & ((m >> 3) & 7);
+
+		set_perm(mask, perm);
+		m &= (mode_t)(perm << 3) | ~(mode_t)S_IRWXG;
+	}
+	*mode = m;
+	return not_equiv;
+}

@@ -1,0 +1,684 @@
+"""MOUNT/ckpt, POSIX semantics part 2: ACLs, xattr namespaces, killpriv, fallocate,
+SEEK_DATA/SEEK_HOLE, O_TMPFILE and O_DIRECT aio against the page cache.
+
+Each answer is ext4's: run with MLFS_TEST_NATIVE=1 to check the expectations against the
+local ext4. Where mlfs documents a difference (O_TMPFILE, COLLAPSE/INSERT_RANGE) the test
+says so and asserts mlfs's documented answer.
+"""
+import ctypes
+import errno
+import mmap
+import os
+import pwd
+import stat
+import struct
+import subprocess
+import time
+
+import pytest
+
+import mlfs_util as U
+import snap_util as S
+from conftest import BLOCK, NATIVE
+from snap_util import snapenv  # noqa: F401  (fixture)
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+
+FALLOC_FL_KEEP_SIZE = 0x01
+FALLOC_FL_PUNCH_HOLE = 0x02
+FALLOC_FL_COLLAPSE_RANGE = 0x08
+FALLOC_FL_ZERO_RANGE = 0x10
+FALLOC_FL_INSERT_RANGE = 0x20
+NOBODY = 65534
+
+
+def p(ckpt, *parts):
+    return os.path.join(ckpt, *parts)
+
+
+def write_file(path, data, mode=0o644):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        assert os.write(fd, data) == len(data)
+    finally:
+        os.close(fd)
+    os.chmod(path, mode)  # whatever the umask
+
+
+def read_file(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def fallocate(fd, mode, off, length):
+    if libc.fallocate(fd, mode, off, length) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+def mode_of(path):
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def acl_text(path, *flags):
+    """getfacl's entries (no comments), e.g. ['user::rw-', 'group::r--', ...]."""
+    r = subprocess.run(["getfacl", "-acpE", *flags, path], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0, r.stderr
+    return [ln for ln in r.stdout.splitlines() if ln]
+
+
+def setfacl(*args):
+    r = subprocess.run(["setfacl", *args], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, (args, r.stderr)
+
+
+def has_xattr(path, name):
+    try:
+        os.getxattr(path, name, follow_symlinks=False)
+        return True
+    except OSError as e:
+        assert e.errno == errno.ENODATA, e
+        return False
+
+
+@pytest.fixture(scope="session")
+def acl_user():
+    """A second unprivileged user (besides nobody) for the ACL tests; removed at the end."""
+    name = f"mlfsacl{os.getpid()}"
+    r = subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", name],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, f"useradd {name}: {r.stderr}"
+    try:
+        pw = pwd.getpwnam(name)
+        yield pw.pw_uid, pw.pw_gid
+    finally:
+        subprocess.run(["userdel", name], capture_output=True, timeout=60)
+
+
+def cat_as(uid, gid, path):
+    """Runs cat as uid:gid (no supplementary groups); (returncode, stdout, stderr)."""
+    def drop():
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+    r = subprocess.run(["cat", path], capture_output=True, timeout=30, cwd="/",
+                       preexec_fn=drop)
+    return r.returncode, r.stdout, r.stderr.decode(errors="replace")
+
+
+@pytest.fixture
+def umask022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+# --- POSIX ACLs: enforced, in sync with the mode, inherited ------------------------------
+
+def test_acl_restricting_access_acl_sets_mode_and_denies(ckpt, acl_user, umask022):
+    f = p(ckpt, "f")
+    write_file(f, b"secret\n", 0o644)
+    setfacl("-m", "u::rw-,g::---,o::---", f)
+    assert mode_of(f) == 0o600
+    # Equivalent to the mode: not stored, as ext4 (posix_acl_update_mode).
+    assert not has_xattr(f, "system.posix_acl_access")
+    rc, out, err = cat_as(*acl_user, f)
+    assert rc != 0 and "Permission denied" in err, (rc, out, err)
+
+
+def test_acl_named_user_grants_read(ckpt, acl_user, umask022):
+    f = p(ckpt, "f")
+    write_file(f, b"for nobody\n", 0o600)
+    assert cat_as(NOBODY, NOBODY, f)[0] != 0
+    setfacl("-m", "u:nobody:r", f)
+    # The group bits show the mask (r--).
+    assert mode_of(f) == 0o640
+    assert acl_text(f) == ["user::rw-", "user:nobody:r--", "group::---", "mask::r--",
+                           "other::---"]
+    assert cat_as(NOBODY, NOBODY, f)[:2] == (0, b"for nobody\n")
+    rc, _, err = cat_as(*acl_user, f)
+    assert rc != 0 and "Permission denied" in err, err
+
+
+def test_acl_chmod_updates_mask_and_other(ckpt, acl_user, umask022):
+    f = p(ckpt, "f")
+    write_file(f, b"x\n", 0o600)
+    setfacl("-m", "u:nobody:r", f)
+    os.chmod(f, 0o600)  # the mask becomes ---: nobody's entry is masked out
+    assert acl_text(f) == ["user::rw-", "user:nobody:r--", "group::---", "mask::---",
+                           "other::---"]
+    assert cat_as(NOBODY, NOBODY, f)[0] != 0
+    assert cat_as(*acl_user, f)[0] != 0
+    os.chmod(f, 0o644)
+    assert acl_text(f) == ["user::rw-", "user:nobody:r--", "group::---", "mask::r--",
+                           "other::r--"]
+    assert cat_as(NOBODY, NOBODY, f)[:2] == (0, b"x\n")
+    assert cat_as(*acl_user, f)[:2] == (0, b"x\n")
+    os.chmod(f, 0o640)
+    assert acl_text(f) == ["user::rw-", "user:nobody:r--", "group::---", "mask::r--",
+                           "other::---"]
+    assert cat_as(NOBODY, NOBODY, f)[:2] == (0, b"x\n")
+    assert cat_as(*acl_user, f)[0] != 0
+
+
+def test_acl_remove_access_acl(ckpt, umask022):
+    f = p(ckpt, "f")
+    write_file(f, b"x\n", 0o600)
+    setfacl("-m", "u:nobody:r", f)
+    setfacl("-b", f)
+    assert not has_xattr(f, "system.posix_acl_access")
+    assert cat_as(NOBODY, NOBODY, f)[0] != 0
+
+
+def test_acl_default_inherited_by_files_and_dirs(ckpt, acl_user):
+    d = p(ckpt, "d")
+    os.mkdir(d, 0o755)
+    setfacl("-d", "-m", "u::rwx,u:nobody:rw-,g::r-x,m::rwx,o::---", d)
+    default = os.getxattr(d, "system.posix_acl_default")
+    old = os.umask(0o077)  # not applied: the default ACL decides (as ext4)
+    try:
+        write_file_fd = os.open(p(d, "f"), os.O_CREAT | os.O_WRONLY, 0o664)
+        os.write(write_file_fd, b"inherited\n")
+        os.close(write_file_fd)
+        os.mkdir(p(d, "sub"), 0o777)
+    finally:
+        os.umask(old)
+    # The file: default ACL masked by the create mode 0664 (mask rwx & rw- = rw-).
+    assert acl_text(p(d, "f")) == ["user::rw-", "user:nobody:rw-", "group::r-x",
+                                   "mask::rw-", "other::---"]
+    assert mode_of(p(d, "f")) == 0o660
+    # The directory: the same, and the default ACL too.
+    assert acl_text(p(d, "sub")) == ["user::rwx", "user:nobody:rw-", "group::r-x", "mask::rwx",
+                                     "other::---"]
+    assert mode_of(p(d, "sub")) == 0o770
+    assert os.getxattr(p(d, "sub"), "system.posix_acl_default") == default
+    assert cat_as(NOBODY, NOBODY, p(d, "f"))[:2] == (0, b"inherited\n")
+    assert cat_as(*acl_user, p(d, "f"))[0] != 0
+
+
+def test_acl_minimal_default_acl_ignores_umask(ckpt):
+    d = p(ckpt, "d")
+    os.mkdir(d, 0o755)
+    setfacl("-d", "-m", "u::rwx,g::rwx,o::rwx", d)
+    old = os.umask(0o077)
+    try:
+        os.close(os.open(p(d, "f"), os.O_CREAT | os.O_WRONLY, 0o666))
+        os.mkdir(p(d, "sub"), 0o777)
+    finally:
+        os.umask(old)
+    assert mode_of(p(d, "f")) == 0o666
+    assert mode_of(p(d, "sub")) == 0o777
+    # Equivalent to the mode: no access ACL stored; the default is inherited.
+    assert not has_xattr(p(d, "f"), "system.posix_acl_access")
+    assert not has_xattr(p(d, "f"), "system.posix_acl_default")
+    assert has_xattr(p(d, "sub"), "system.posix_acl_default")
+
+
+def test_acl_malformed_einval(ckpt):
+    f = p(ckpt, "f")
+    write_file(f, b"")
+    for bad in (b"\x02\x00\x00\x00\x01", b"\x02\x00\x00\x00" + struct.pack("<HHI", 0x99, 7, 0),
+                b"\x02\x00\x00\x00" + struct.pack("<HHI", 0x20, 7, 0)):  # other only
+        U.expect_errno(errno.EINVAL, os.setxattr, f, "system.posix_acl_access", bad)
+    # Another version: the kernel's own answer, before the request reaches any fs.
+    U.expect_errno(errno.EOPNOTSUPP, os.setxattr, f, "system.posix_acl_access",
+                   b"\x01\x00\x00\x00" + bytes(8))
+    assert mode_of(f) == 0o644
+
+
+def test_acl_setgid_dropped_for_non_member(ckpt, umask022):
+    """ext4 (posix_acl_update_mode): setting an access ACL as a caller outside the
+    file's group and without CAP_FSETID clears setgid."""
+    d = p(ckpt, "pub")
+    os.mkdir(d, 0o777)
+    os.chmod(d, 0o777)
+
+    def make():
+        write_file(p(d, "g"), b"", 0o2775)
+        return mode_of(p(d, "g"))
+    assert U.as_user(make) == ["ok", 0o2775]
+    os.chown(p(d, "g"), NOBODY, 0)  # group root: nobody is not a member
+
+    def acl():
+        subprocess.run(["setfacl", "-m", "u:root:r", p(d, "g")], check=True, timeout=30)
+        return mode_of(p(d, "g"))
+    # chown by root kills setgid when group-executable; set it again as root.
+    os.chmod(p(d, "g"), 0o2775)
+    assert U.as_user(acl) == ["ok", 0o775]
+
+
+@pytest.mark.daemon
+def test_acl_source_without_acl_support(mounter):
+    """The kernel asks MOUNT/data for ACLs when someone other than the owner opens a
+    file: a SOURCE whose file system has no ACLs (procfs here: EOPNOTSUPP) has none,
+    and the open must not fail."""
+    m = mounter(src="/proc/sys/kernel", opts="allow_other")
+    f = os.path.join(m.data, "hostname")
+    assert stat.S_IMODE(os.stat(f).st_mode) == 0o644
+    rc, _, err = cat_as(NOBODY, NOBODY, f)
+    assert rc == 0, err
+
+
+# --- xattr namespaces, trusted., killpriv ------------------------------------------------
+
+def test_xattr_unknown_namespace_eopnotsupp(ckpt):
+    f = p(ckpt, "f")
+    write_file(f, b"")
+    for name in ("foo.bar", "system.foo", "nodot", "userx.a"):
+        U.expect_errno(errno.EOPNOTSUPP, os.setxattr, f, name, b"v")
+        U.expect_errno(errno.EOPNOTSUPP, os.getxattr, f, name)
+        U.expect_errno(errno.EOPNOTSUPP, os.removexattr, f, name)
+    os.setxattr(f, "user.ok", b"1")
+    os.setxattr(f, "trusted.ok", b"2")
+    os.setxattr(f, "security.ok", b"3")
+    assert {"user.ok", "trusted.ok", "security.ok"} <= set(os.listxattr(f))
+
+
+def test_xattr_trusted_root_only(ckpt, umask022):
+    f = p(ckpt, "f")
+    write_file(f, b"", 0o666)
+    os.setxattr(f, "trusted.t", b"root")
+    os.setxattr(f, "user.u", b"all")
+    assert U.as_user(lambda: os.setxattr(f, "trusted.x", b"1")) == ["err", errno.EPERM]
+    assert U.as_user(lambda: os.getxattr(f, "trusted.t").decode()) == ["err", errno.ENODATA]
+    assert U.as_user(lambda: sorted(os.listxattr(f))) == ["ok", ["user.u"]]
+    assert "trusted.t" in os.listxattr(f)
+
+
+def test_xattr_list_large(ckpt):
+    """listxattr always works: names are refused (ENOSPC, as ext4 once its xattr space is
+    full) before their list outgrows XATTR_LIST_MAX (64 KiB), and the size-0 query gives
+    the size needed."""
+    f = p(ckpt, "f")
+    write_file(f, b"")
+    names = []
+    for i in range(400):  # 400 names of 240 bytes: 96 KiB if all were taken
+        n = f"user.{i:04d}" + "n" * 230
+        try:
+            os.setxattr(f, n, b"")
+        except OSError as e:
+            assert e.errno == errno.ENOSPC, e
+            break
+        names.append(n)
+    need = sum(len(n) + 1 for n in names)
+    assert need <= 65536
+    libc.listxattr.restype = ctypes.c_ssize_t
+    assert libc.listxattr(f.encode(), None, ctypes.c_size_t(0)) == need
+    assert sorted(os.listxattr(f)) == sorted(names)
+
+
+def test_chown_clears_capability_and_setuid(ckpt, umask022):
+    f = p(ckpt, "f")
+    write_file(f, b"#!/bin/true\n", 0o755)
+    os.chmod(f, 0o6755)
+    # A v2 file capability: cap_net_raw+ep.
+    cap = struct.pack("<IIIII", 0x02000001, 1 << 13, 1 << 13, 0, 0)
+    os.setxattr(f, "security.capability", cap)
+    assert os.getxattr(f, "security.capability") == cap
+    os.chown(f, NOBODY, NOBODY)
+    assert not has_xattr(f, "security.capability")
+    # Root's chown clears setuid, and setgid of a group-executable file (notify_change).
+    assert mode_of(f) == 0o755
+
+
+def test_write_by_non_root_clears_setuid(ckpt, umask022):
+    d = p(ckpt, "pub")
+    os.mkdir(d, 0o777)
+    os.chmod(d, 0o777)
+    f = p(d, "f")
+    write_file(f, b"old", 0o777)
+    os.chmod(f, 0o6777)
+
+    def append():
+        fd = os.open(f, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, b"new")
+        finally:
+            os.close(fd)
+        return 0
+    assert U.as_user(append) == ["ok", 0]
+    assert mode_of(f) == 0o777
+    # Root's write keeps them (CAP_FSETID).
+    os.chmod(f, 0o6777)
+    with open(f, "ab") as fh:
+        fh.write(b"root")
+    assert mode_of(f) == 0o6777
+
+
+def test_write_clears_capability(ckpt):
+    f = p(ckpt, "f")
+    write_file(f, b"#!/bin/true\n", 0o755)
+    cap = struct.pack("<IIIII", 0x02000001, 1 << 13, 1 << 13, 0, 0)
+    os.setxattr(f, "security.capability", cap)
+    with open(f, "ab") as fh:
+        fh.write(b"x")
+    assert not has_xattr(f, "security.capability")
+
+
+@pytest.mark.daemon
+def test_capability_and_acl_survive_restore(snapenv):
+    env = snapenv()
+    d = env.mount()
+    f = p(d.ckpt, "tool")
+    write_file(f, b"#!/bin/true\n", 0o755)
+    os.chown(f, NOBODY, NOBODY)
+    cap = struct.pack("<IIIII", 0x02000001, 1 << 13, 1 << 13, 0, 0)
+    os.setxattr(f, "security.capability", cap)
+    setfacl("-m", "u:root:r", f)
+    acl = os.getxattr(f, "system.posix_acl_access")
+    S.snap_ok("take", env.mnt, "s", "--wait")
+    os.removexattr(f, "security.capability")
+    S.snap_ok("restore", env.mnt, "s")
+    assert os.getxattr(f, "security.capability") == cap
+    assert os.getxattr(f, "system.posix_acl_access") == acl
+    out = env.path("export")
+    r = S.export(env.store, "s", out)
+    assert r.ok, repr(r)
+    g = os.path.join(out, "tool")
+    assert (os.stat(g).st_uid, os.stat(g).st_gid) == (NOBODY, NOBODY)
+    assert os.getxattr(g, "security.capability") == cap
+    assert os.getxattr(g, "system.posix_acl_access") == acl
+
+
+# --- fallocate ---------------------------------------------------------------------------
+
+def test_fallocate_mode0_extends(ckpt):
+    f = p(ckpt, "f")
+    write_file(f, b"abc")
+    fd = os.open(f, os.O_RDWR)
+    try:
+        fallocate(fd, 0, 0, 3 * BLOCK + 5)
+        assert os.fstat(fd).st_size == 3 * BLOCK + 5
+        fallocate(fd, 0, 0, 10)  # inside: nothing changes
+        assert os.fstat(fd).st_size == 3 * BLOCK + 5
+        data = os.pread(fd, 4 * BLOCK, 0)
+    finally:
+        os.close(fd)
+    U.assert_bytes(data, b"abc" + bytes(3 * BLOCK + 2), "after fallocate mode 0")
+
+
+def test_fallocate_keep_size(ckpt):
+    f = p(ckpt, "f")
+    write_file(f, b"abc")
+    fd = os.open(f, os.O_RDWR)
+    try:
+        fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, 2 * BLOCK)
+        assert os.fstat(fd).st_size == 3
+        assert os.pread(fd, 100, 0) == b"abc"
+    finally:
+        os.close(fd)
+
+
+def test_fallocate_punch_hole(ckpt):
+    f = p(ckpt, "f")
+    data = os.urandom(3 * BLOCK)
+    write_file(f, data)
+    before = os.stat(f).st_blocks
+    fd = os.open(f, os.O_RDWR)
+    try:
+        U.expect_errno(errno.EOPNOTSUPP, fallocate, fd, FALLOC_FL_PUNCH_HOLE, 0, 10)
+        fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, BLOCK // 2, 2 * BLOCK)
+        assert os.fstat(fd).st_size == 3 * BLOCK
+        got = os.pread(fd, 4 * BLOCK, 0)
+        # Past EOF: nothing to do, the size stays.
+        fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 3 * BLOCK, BLOCK)
+        assert os.fstat(fd).st_size == 3 * BLOCK
+    finally:
+        os.close(fd)
+    want = data[:BLOCK // 2] + bytes(2 * BLOCK) + data[BLOCK // 2 + 2 * BLOCK:]
+    U.assert_bytes(got, want, "after punch hole")
+    # The whole block in the middle is gone, the two halves stay.
+    assert os.stat(f).st_blocks <= before - BLOCK // 512, (before, os.stat(f).st_blocks)
+    U.assert_bytes(read_file(f), want, "after punch hole, fresh open")
+
+
+def test_fallocate_zero_range(ckpt):
+    f = p(ckpt, "f")
+    data = os.urandom(2 * BLOCK)
+    write_file(f, data)
+    fd = os.open(f, os.O_RDWR)
+    try:
+        fallocate(fd, FALLOC_FL_ZERO_RANGE, 100, BLOCK)
+        assert os.fstat(fd).st_size == 2 * BLOCK
+        want = data[:100] + bytes(BLOCK) + data[100 + BLOCK:]
+        U.assert_bytes(os.pread(fd, 3 * BLOCK, 0), want, "zero range inside")
+        fallocate(fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 2 * BLOCK - 10, BLOCK)
+        assert os.fstat(fd).st_size == 2 * BLOCK
+        want = want[:-10] + bytes(10)
+        U.assert_bytes(os.pread(fd, 3 * BLOCK, 0), want, "zero range keep size")
+        fallocate(fd, FALLOC_FL_ZERO_RANGE, 2 * BLOCK - 10, BLOCK)
+        assert os.fstat(fd).st_size == 3 * BLOCK - 10
+        want = want[:-10] + bytes(BLOCK)
+        U.assert_bytes(os.pread(fd, 4 * BLOCK, 0), want, "zero range extending")
+    finally:
+        os.close(fd)
+    U.assert_bytes(read_file(f), want, "after zero range, fresh open")
+
+
+def test_fallocate_collapse_insert(ckpt):
+    """ext4 supports COLLAPSE_RANGE and INSERT_RANGE; mlfs (and the FUSE kernel
+    module, which never forwards them) give EOPNOTSUPP, as documented in mlfs.8."""
+    f = p(ckpt, "f")
+    data = os.urandom(4 * BLOCK)
+    write_file(f, data)
+    fd = os.open(f, os.O_RDWR)
+    try:
+        for mode in (FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_INSERT_RANGE):
+            if NATIVE:
+                fallocate(fd, mode, BLOCK, BLOCK)
+            else:
+                U.expect_errno(errno.EOPNOTSUPP, fallocate, fd, mode, BLOCK, BLOCK)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.daemon
+def test_fallocate_enospc_bounded(mounter):
+    """With spill_max, a range larger than statfs's free space is refused (ENOSPC, as
+    ext4 when the disk cannot hold it) and the file is left as it was."""
+    m = mounter(opts="mem_max=64M,spill_max=64M")
+    f = p(m.ckpt, "f")
+    write_file(f, b"abc")
+    sv = os.statvfs(m.ckpt)
+    free = sv.f_bavail * sv.f_frsize
+    fd = os.open(f, os.O_RDWR)
+    try:
+        for mode in (0, FALLOC_FL_KEEP_SIZE):
+            U.expect_errno(errno.ENOSPC, fallocate, fd, mode, 0, free + BLOCK)
+        assert os.fstat(fd).st_size == 3
+        fallocate(fd, 0, 0, 4 * BLOCK)  # what fits is taken
+        assert os.fstat(fd).st_size == 4 * BLOCK
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.daemon
+def test_fallocate_snapshot_sees_zeros(snapenv):
+    """Punching a block shared with a snapshot copies nothing and leaves the snapshot's
+    bytes alone."""
+    env = snapenv()
+    d = env.mount()
+    f = p(d.ckpt, "f")
+    data = os.urandom(3 * BLOCK)
+    write_file(f, data)
+    S.snap_ok("take", env.mnt, "s", "--wait")
+    fd = os.open(f, os.O_RDWR)
+    try:
+        fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 10, 2 * BLOCK)
+        fallocate(fd, FALLOC_FL_ZERO_RANGE, 3 * BLOCK - 1, 2)
+    finally:
+        os.close(fd)
+    want = data[:10] + bytes(2 * BLOCK) + data[10 + 2 * BLOCK:-1] + bytes(2)
+    U.assert_bytes(read_file(f), want, "after punch")
+    S.snap_ok("restore", env.mnt, "s")
+    U.assert_bytes(read_file(f), data, "the snapshot's bytes")
+
+
+# --- SEEK_DATA / SEEK_HOLE ---------------------------------------------------------------
+
+def test_seek_data_hole(ckpt):
+    f = p(ckpt, "f")
+    fd = os.open(f, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, b"a" * BLOCK, 0)
+        os.pwrite(fd, b"b" * BLOCK, 2 * BLOCK)
+        os.ftruncate(fd, 4 * BLOCK)
+        assert os.lseek(fd, 0, os.SEEK_DATA) == 0
+        assert os.lseek(fd, 10, os.SEEK_DATA) == 10
+        assert os.lseek(fd, 0, os.SEEK_HOLE) == BLOCK
+        assert os.lseek(fd, BLOCK + 5, os.SEEK_DATA) == 2 * BLOCK
+        assert os.lseek(fd, BLOCK + 5, os.SEEK_HOLE) == BLOCK + 5
+        assert os.lseek(fd, 2 * BLOCK, os.SEEK_HOLE) == 3 * BLOCK
+        U.expect_errno(errno.ENXIO, os.lseek, fd, 3 * BLOCK, os.SEEK_DATA)
+        U.expect_errno(errno.ENXIO, os.lseek, fd, 4 * BLOCK, os.SEEK_DATA)
+        U.expect_errno(errno.ENXIO, os.lseek, fd, 4 * BLOCK, os.SEEK_HOLE)
+        assert os.lseek(fd, 4 * BLOCK - 1, os.SEEK_HOLE) == 4 * BLOCK - 1
+        # Punched: a hole.
+        fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, BLOCK)
+        assert os.lseek(fd, 0, os.SEEK_DATA) == 2 * BLOCK
+        assert os.lseek(fd, 0, os.SEEK_HOLE) == 0
+    finally:
+        os.close(fd)
+    fd = os.open(p(ckpt, "empty"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        U.expect_errno(errno.ENXIO, os.lseek, fd, 0, os.SEEK_DATA)
+        U.expect_errno(errno.ENXIO, os.lseek, fd, 0, os.SEEK_HOLE)
+    finally:
+        os.close(fd)
+
+
+def test_seek_data_hole_in_data(mounter, tmp_path):
+    """MOUNT/data: a SOURCE file is all data (what a read of it gives); ENXIO at EOF."""
+    src = tmp_path / "src"
+    src.mkdir()
+    os.chmod(tmp_path, 0o755)
+    os.chmod(src, 0o755)
+    (src / "f").write_bytes(os.urandom(BLOCK + 7))
+    m = mounter(src=str(src))
+    fd = os.open(os.path.join(m.data, "f"), os.O_RDONLY)
+    try:
+        assert os.lseek(fd, 5, os.SEEK_DATA) == 5
+        assert os.lseek(fd, 5, os.SEEK_HOLE) == BLOCK + 7
+        U.expect_errno(errno.ENXIO, os.lseek, fd, BLOCK + 7, os.SEEK_DATA)
+        U.expect_errno(errno.ENXIO, os.lseek, fd, BLOCK + 7, os.SEEK_HOLE)
+        assert os.lseek(fd, 3, os.SEEK_SET) == 3
+    finally:
+        os.close(fd)
+
+
+# --- O_TMPFILE ---------------------------------------------------------------------------
+
+def test_o_tmpfile(ckpt):
+    """ext4: an unnamed file, named later by linkat. mlfs: EOPNOTSUPP (libfuse 3.14 has no
+    tmpfile operation: the kernel gets ENOSYS and answers EOPNOTSUPP), documented in mlfs.8;
+    the directory stays as it was."""
+    try:
+        fd = os.open(ckpt, os.O_TMPFILE | os.O_RDWR, 0o600)
+    except OSError as e:
+        assert not NATIVE
+        assert e.errno == errno.EOPNOTSUPP, e
+        assert os.listdir(ckpt) == []
+        # A second try gets the same answer (the kernel remembers) and nothing else broke.
+        U.expect_errno(errno.EOPNOTSUPP, os.open, ckpt, os.O_TMPFILE | os.O_RDWR, 0o600)
+        write_file(p(ckpt, "after"), b"ok")
+        assert read_file(p(ckpt, "after")) == b"ok"
+        return
+    try:
+        os.write(fd, b"tmp data")
+        assert os.listdir(ckpt) == []
+        # linkat(AT_FDCWD, "/proc/self/fd/N", AT_FDCWD, name, AT_SYMLINK_FOLLOW)
+        if libc.linkat(-100, f"/proc/self/fd/{fd}".encode(), -100, p(ckpt, "named").encode(),
+                       0x400) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e))
+    finally:
+        os.close(fd)
+    assert read_file(p(ckpt, "named")) == b"tmp data"
+
+
+# --- O_DIRECT aio write, buffered readers ------------------------------------------------
+
+class Aio:
+    """Linux native aio through raw syscalls (x86_64 numbers): one context, one write."""
+    SYS_io_setup, SYS_io_destroy, SYS_io_getevents, SYS_io_submit = 206, 207, 208, 209
+    IOCB_CMD_PWRITE = 1
+
+    def __init__(self):
+        self.ctx = ctypes.c_ulong(0)
+        libc.syscall.restype = ctypes.c_long
+        if libc.syscall(self.SYS_io_setup, 8, ctypes.byref(self.ctx)) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e))
+
+    def pwrite(self, fd, buf_addr, length, off):
+        iocb = struct.pack("<QIIHhIQQqQII", 0, 0, 0, self.IOCB_CMD_PWRITE, 0, fd, buf_addr,
+                           length, off, 0, 0, 0)
+        cb = ctypes.create_string_buffer(iocb, len(iocb))
+        ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(cb))
+        if libc.syscall(self.SYS_io_submit, self.ctx, 1, ptrs) != 1:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e))
+        ev = ctypes.create_string_buffer(32)
+        while True:
+            n = libc.syscall(self.SYS_io_getevents, self.ctx, 1, 1, ev, None)
+            if n == 1:
+                break
+            assert ctypes.get_errno() == errno.EINTR, ctypes.get_errno()
+        _, _, res, _ = struct.unpack("<QQqq", ev.raw)
+        if res < 0:
+            raise OSError(-res, os.strerror(-res))
+        return res
+
+    def close(self):
+        libc.syscall(self.SYS_io_destroy, self.ctx)
+
+
+def test_buffered_read_after_direct_aio_write(ckpt):
+    """After an O_DIRECT aio write completes, a fresh buffered read sees its bytes while
+    other processes keep reading the range buffered. The daemon drops the range from the
+    kernel's page cache before it replies (ops.c); kernels with
+    fuse_aio_invalidate_worker (the 6.18 this was written on) also do it themselves at
+    the completion, so this fails only on older kernels without the daemon's part."""
+    f = p(ckpt, "f")
+    size = 8 * BLOCK
+    write_file(f, b"\x00" * size)
+    region_off, region_len = BLOCK, BLOCK
+    # Readers in other processes keep the range in the page cache, buffered.
+    readers = []
+    for _ in range(2):
+        readers.append(subprocess.Popen(
+            ["python3", "-c",
+             "import os,sys\n"
+             "fd=os.open(sys.argv[1],os.O_RDONLY)\n"
+             "while True:\n"
+             " os.pread(fd,%d,%d)\n" % (region_len, region_off), f],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    aio = Aio()
+    buf = mmap.mmap(-1, region_len)  # page aligned, as O_DIRECT wants
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    wfd = os.open(f, os.O_WRONLY | os.O_DIRECT)
+    stale = []
+    try:
+        time.sleep(0.2)
+        for i in range(1, 41):
+            buf[:] = bytes([i]) * region_len
+            assert aio.pwrite(wfd, addr, region_len, region_off) == region_len
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                got = os.pread(fd, region_len, region_off)
+            finally:
+                os.close(fd)
+            if got != bytes([i]) * region_len:
+                stale.append((i, got[0], got[-1]))
+    finally:
+        os.close(wfd)
+        aio.close()
+        for r in readers:
+            r.kill()
+            r.wait()
+        del addr
+        buf.close()
+    assert not stale, f"buffered reads after an O_DIRECT aio write returned old bytes: " \
+                      f"(write, first, last byte) {stale[:5]} ({len(stale)} of 40)"
