@@ -50,11 +50,17 @@ DIR_NAMES = ["da", "db", "dc", "dd"]
 MAX_DEPTH = 3
 MAX_ORPHANS = 4
 PAGE = mmap.PAGESIZE
+# The shared area: MOUNT/ckpt/shared/s0..s{NSHARED-1}, made by the coordinator with a
+# fixed size of nworkers * STRIPE bytes and never resized; worker i owns the bytes
+# [i * STRIPE, (i + 1) * STRIPE) of each and models exactly those. STRIPE is no multiple
+# of any block size, so neighbours write different bytes of one block at the same time.
+NSHARED = 2
+STRIPE = 300_007
 
 OPS = (  # name, weight
     ("write", 22), ("read", 22), ("truncate", 8), ("mmap", 5), ("copy", 5),
     ("rename", 7), ("unlink", 5), ("orphan", 8), ("mkdir", 4), ("rmdir", 3),
-    ("listdir", 3), ("create", 3),
+    ("listdir", 3), ("create", 3), ("shared", 8),
 )
 
 
@@ -90,6 +96,8 @@ class Worker:
         self.dirs = {""}
         self.orphans = []          # [fd, bytearray, stale]
         self.saved = {}
+        self.shared = [bytearray(STRIPE) for _ in range(NSHARED)]
+        self.shrink = 0            # ops left in shrink mode after an ENOSPC
         self.log = collections.deque(maxlen=40)
         self.opi = 0
         self.stats = collections.Counter()
@@ -183,6 +191,7 @@ class Worker:
         """An ENOSPC (or EDQUOT/EFBIG-free) failure of a write: accepted only as documented."""
         if e.errno == errno.ENOSPC and self.enospc_ok:
             self.stats["enospc"] += 1
+            self.shrink = 20
             self.note(f"{what}: ENOSPC (accepted, nothing changed)")
             return
         self.fail(f"{what}: {e!r}")
@@ -504,6 +513,38 @@ class Worker:
             os.close(fd)
             self.orphans.pop(k)
 
+    def op_shared(self):
+        k = self.rng.randrange(NSHARED)
+        buf = self.shared[k]
+        p = os.path.join(os.path.dirname(self.root), "shared", f"s{k}")
+        base = self.wid * STRIPE
+        off = self.rng.randrange(STRIPE)
+        n = self.rng.randint(1, min(STRIPE - off, self.rng.choice([64, 4096, 65536, STRIPE])))
+        if self.rng.random() < 0.5:
+            self.note(f"shared s{k}: pread {base + off} len {n}")
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                got = os.pread(fd, n, base + off)
+            finally:
+                os.close(fd)
+            self.check_read(f"shared s{k} pread {base + off} len {n}", got,
+                            bytes(buf[off:off + n]), base + off)
+            return
+        data = self.data(n)
+        self.note(f"shared s{k}: pwrite {base + off} len {n}")
+        fd = os.open(p, os.O_WRONLY)
+        try:
+            try:
+                got = os.pwrite(fd, data, base + off)
+            except OSError as e:
+                self.enospc(f"shared s{k} pwrite", e)
+                return
+        finally:
+            os.close(fd)
+        if got != n and not self.enospc_ok:
+            self.fail(f"shared s{k} pwrite {base + off} len {n}: short write {got}")
+        buf[off:off + got] = data[:got]
+
     def op_mkdir(self):
         rel = self.new_dir_path()
         self.note(f"mkdir {rel}")
@@ -539,7 +580,9 @@ class Worker:
     def run_ops(self, n):
         for _ in range(n):
             self.opi += 1
-            if self.total() > self.cap and self.rng.random() < 0.5:
+            if self.shrink:
+                self.shrink -= 1
+            if (self.total() > self.cap or self.shrink) and self.rng.random() < 0.5:
                 op = self.rng.choice(["truncate", "unlink", "orphan"])
             else:
                 op = self.rng.choices(self.names, self.weights)[0]
@@ -552,7 +595,15 @@ class Worker:
                 self.fail(f"{op}: unexpected {e!r}")
         self.stats["ops"] = self.opi
 
-    def verify(self, root, files, dirs, what):
+    def verify(self, root, files, dirs, shared, what):
+        for k, buf in enumerate(shared):
+            p = os.path.join(root, "shared", f"s{k}")
+            with open(p, "rb") as f:
+                f.seek(self.wid * STRIPE)
+                got = f.read(STRIPE)
+            if got != buf:
+                self.fail(f"{what}: shared/s{k}, stripe of worker {self.wid}: wrong bytes: "
+                          + hexdiff(got, buf, self.wid * STRIPE))
         base = os.path.join(root, f"w{self.wid}")
         seen_f, seen_d = set(), set()
         for dp, dns, fns in os.walk(base):
@@ -586,19 +637,21 @@ class Worker:
             self.run_ops(cmd[1])
         elif c == "mark":
             self.saved[cmd[1]] = ({k: bytes(v) for k, v in self.files.items()},
-                                  set(self.dirs))
+                                  set(self.dirs), [bytes(b) for b in self.shared])
             self.note(f"== snapshot {cmd[1]} taken here")
         elif c == "jump":
-            files, dirs = self.saved[cmd[1]]
+            files, dirs, shared = self.saved[cmd[1]]
             self.files = {k: bytearray(v) for k, v in files.items()}
             self.dirs = set(dirs)
+            self.shared = [bytearray(b) for b in shared]
             self.note(f"== tree is snapshot {cmd[1]} again")
         elif c == "verify":
             if len(cmd) > 2:
-                files, dirs = self.saved[cmd[2]]
-                self.verify(cmd[1], files, dirs, f"snapshot {cmd[2]} exported to {cmd[1]}")
+                files, dirs, shared = self.saved[cmd[2]]
+                self.verify(cmd[1], files, dirs, shared,
+                            f"snapshot {cmd[2]} exported to {cmd[1]}")
             else:
-                self.verify(cmd[1], self.files, self.dirs, "live tree")
+                self.verify(cmd[1], self.files, self.dirs, self.shared, "live tree")
         elif c == "stale":
             for o in self.orphans:
                 o[2] = True

@@ -27,7 +27,7 @@ at its floor by a fake meminfo (MemAvailable 4 kB) and a calm fake PSI file; blo
 a spill dir on a 96 MiB loop-mounted ext4 that fills up (ENOSPC is accepted only as the
 docs say: see model_ops.py).
 
-MLFS_MODEL_OPS (default 20000) operations in total over the configurations;
+MLFS_MODEL_OPS (default 24000) operations in total over the configurations;
 MLFS_MODEL_SEED (default MLFS_TEST_SEED) reproduces a run; MLFS_MODEL_WORKERS (default 3).
 """
 import multiprocessing
@@ -48,7 +48,7 @@ from snap_util import snapenv  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.daemon
 MiB = 1 << 20
-TOTAL_OPS = int(os.environ.get("MLFS_MODEL_OPS", "20000"))
+TOTAL_OPS = int(os.environ.get("MLFS_MODEL_OPS", "24000"))
 SEED = int(os.environ.get("MLFS_MODEL_SEED", str(U.SEED)))
 NWORKERS = int(os.environ.get("MLFS_MODEL_WORKERS", "3"))
 KEEP = 4                 # remembered durable snapshots (older ones are deleted)
@@ -64,8 +64,8 @@ CONFIGS = {
     "spillfull": ("mem_max=16M,mem_min=16M", 44 * MiB, 1 * MiB, True),
 }
 
-EVENTS = (("take", 18), ("take-wait", 14), ("restore", 8), ("verify", 8), ("kill", 5),
-          ("term", 3), ("ctake", 5), ("export", 4), ("none", 20))
+EVENTS = (("take", 18), ("take-wait", 14), ("restore", 8), ("verify", 8), ("kill", 6),
+          ("term", 4), ("export", 4), ("none", 20))
 
 
 class Model:
@@ -88,6 +88,9 @@ class Model:
         self.opts = opts
         self.workers = []
         self.ops_done = 0
+        self.enospc_seen = 0
+        self.tier_max = {}        # highest mlfs-stat gauge seen
+        self.tier_last = {}       # pid -> its last counters (counters are per mount)
 
     # ------------------------------------------------------------ plumbing
     def log(self, msg):
@@ -115,6 +118,31 @@ class Model:
                     f"--- daemon log lines matching {BAD.pattern}: {bad[:10]}\n"
                     f"--- daemon log tail ({self.d.log if self.d else '-'}):\n{logs[-5000:]}",
                     pytrace=False)
+
+    GAUGES = ("dirty_bytes", "spilled_bytes", "mem_bytes", "spill_full")
+    COUNTERS = ("spill_enospc", "write_enospc", "write_waits", "spill_ops", "reload_ops",
+                "budget_cuts")
+
+    def sample_tier(self):
+        """What the tiering did (printed at the end: shows the configuration bit)."""
+        try:
+            st = U.mlfs_stat_json(self.env.mnt)
+        except (AssertionError, OSError, ValueError):
+            return
+        for k in self.GAUGES:
+            if k in st:
+                self.tier_max[k] = max(self.tier_max.get(k, 0), int(st[k]))
+        self.tier_last[self.d.pid] = {k: int(st[k]) for k in self.COUNTERS if k in st}
+        if "mem_budget" in st:
+            self.tier_max["min_budget_MiB"] = min(self.tier_max.get("min_budget_MiB", 1 << 40),
+                                                  int(st["mem_budget"]) >> 20)
+
+    def tier_summary(self):
+        tot = {}
+        for c in self.tier_last.values():
+            for k, v in c.items():
+                tot[k] = tot.get(k, 0) + v
+        return {**self.tier_max, **tot}
 
     def check_daemon(self, what):
         logs = self.daemon_log()
@@ -339,6 +367,10 @@ class Model:
         self.mount()
         for i in range(NWORKERS):
             os.mkdir(os.path.join(self.d.ckpt, f"w{i}"))
+        os.mkdir(os.path.join(self.d.ckpt, "shared"))
+        for k in range(M.NSHARED):
+            with open(os.path.join(self.d.ckpt, "shared", f"s{k}"), "wb") as f:
+                f.truncate(NWORKERS * M.STRIPE)
         self.ev_take(wait=True)
         ctake = None
         while self.ops_done < nops:
@@ -362,7 +394,15 @@ class Model:
                 self.count("ctake")
                 ctake = None
             self.check_daemon(f"{k} ops per worker")
+            self.sample_tier()
+            enospc = sum(st.get("enospc", 0) for st in stats)
             ev = self.rng.choices([e for e, _ in EVENTS], [w for _, w in EVENTS])[0]
+            if enospc > self.enospc_seen:
+                # the spill and memory are full: a durable snapshot lets the governor
+                # drop blocks that are in the store (docs/tiering.md), so writes go on
+                self.enospc_seen = enospc
+                self.log(f"{enospc} ENOSPC so far: take --wait")
+                ev = "take-wait"
             self.count(ev)
             if ev == "take":
                 self.ev_take(False)
@@ -413,9 +453,11 @@ def fake_meminfo(path):
                 "MemAvailable:          4 kB\nCached:                0 kB\n")
 
 
-def loop_spill(env, size_mb=96):
+def loop_spill(env, size_mb=96, ballast_mb=72):
     """A small ext4 on a loop device for the spill dirs; env's teardown unmounts it
-    (after the daemons) and mount -o loop detaches the device (autoclear)."""
+    (after the daemons) and mount -o loop detaches the device (autoclear). A ballast file
+    takes ballast_mb of it, so that the spill fills up with the data volume of the
+    default run (about 6 MiB left for spill files)."""
     img = env.path("spill.img")
     mnt = env.path("spillfs")
     os.mkdir(mnt)
@@ -428,6 +470,10 @@ def loop_spill(env, size_mb=96):
     if r.returncode != 0:
         pytest.fail(f"mount -o loop {img}: {r.stderr}")
     env.extra_mounts.append(mnt)
+    with open(os.path.join(mnt, "ballast"), "wb") as f:
+        for _ in range(ballast_mb):
+            f.write(b"\xa5" * MiB)
+        os.fsync(f.fileno())
     return mnt
 
 
@@ -453,6 +499,6 @@ def test_model(snapenv, cfg, request):
         m.stop_workers()
     ops = stats.get("ops", 0)
     print(f"\nmodel {cfg}: seed {SEED}, {ops} ops by {NWORKERS} workers in "
-          f"{time.monotonic() - t0:.0f} s; events {m.counts}; "
+          f"{time.monotonic() - t0:.0f} s; events {m.counts}; tiering {m.tier_summary()}; "
           + ", ".join(f"{k} {v}" for k, v in sorted(stats.items()) if k != "ops"))
     assert ops >= nops - NWORKERS, f"only {ops} of {nops} operations ran"
