@@ -61,7 +61,7 @@ CONFIGS = {
     "govfloor": ("mem_max=256M,mem_min=16M,meminfo_file={meminfo},pressure_file={psi}",
                  16 * MiB, 1 * MiB, False),
     "bs64k": ("block_size=64K", 12 * MiB, 64 << 10, False),
-    "spillfull": ("mem_max=16M,mem_min=16M", 44 * MiB, 1 * MiB, True),
+    "spillfull": ("mem_max=16M,mem_min=16M", 32 * MiB, 1 * MiB, True),
 }
 
 EVENTS = (("take", 18), ("take-wait", 14), ("restore", 8), ("verify", 8), ("kill", 6),
@@ -89,6 +89,8 @@ class Model:
         self.workers = []
         self.ops_done = 0
         self.enospc_seen = 0
+        self.meminfo = None       # govfloor: MemAvailable goes to 4 kB after round 2
+        self.rounds = 0
         self.tier_max = {}        # highest mlfs-stat gauge seen
         self.tier_last = {}       # pid -> its last counters (counters are per mount)
 
@@ -394,6 +396,10 @@ class Model:
                 self.count("ctake")
                 ctake = None
             self.check_daemon(f"{k} ops per worker")
+            self.rounds += 1
+            if self.meminfo and self.rounds == 2:
+                fake_meminfo(self.meminfo, 4)
+                self.log("MemAvailable: 4 kB from now on")
             self.sample_tier()
             enospc = sum(st.get("enospc", 0) for st in stats)
             ev = self.rng.choices([e for e, _ in EVENTS], [w for _, w in EVENTS])[0]
@@ -447,10 +453,12 @@ class Model:
         return stats
 
 
-def fake_meminfo(path):
-    with open(path, "w") as f:
-        f.write("MemTotal:        8388608 kB\nMemFree:               4 kB\n"
-                "MemAvailable:          4 kB\nCached:                0 kB\n")
+def fake_meminfo(path, avail_kb):
+    """A meminfo file for -o meminfo_file (replaced atomically: the governor rereads it)."""
+    with open(path + ".tmp", "w") as f:
+        f.write(f"MemTotal:        8388608 kB\nMemFree:        {avail_kb} kB\n"
+                f"MemAvailable:   {avail_kb} kB\nCached:                0 kB\n")
+    os.rename(path + ".tmp", path)
 
 
 def loop_spill(env, size_mb=96, ballast_mb=72):
@@ -478,13 +486,14 @@ def loop_spill(env, size_mb=96, ballast_mb=72):
 
 
 @pytest.mark.parametrize("cfg", list(CONFIGS))
-def test_model(snapenv, cfg, request):
+def test_model(snapenv, cfg, request, capsys):
     os.umask(0o022)
     env = snapenv(f"model-{cfg}-")
     m = Model(env, cfg, request)
     if cfg == "govfloor":
         meminfo, psi = env.path("meminfo"), env.path("pressure")
-        fake_meminfo(meminfo)
+        fake_meminfo(meminfo, 4 << 20)   # 4 GiB available at the start
+        m.meminfo = meminfo
         with open(psi, "w") as f:
             f.write("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
                     "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
@@ -498,7 +507,8 @@ def test_model(snapenv, cfg, request):
     finally:
         m.stop_workers()
     ops = stats.get("ops", 0)
-    print(f"\nmodel {cfg}: seed {SEED}, {ops} ops by {NWORKERS} workers in "
-          f"{time.monotonic() - t0:.0f} s; events {m.counts}; tiering {m.tier_summary()}; "
-          + ", ".join(f"{k} {v}" for k, v in sorted(stats.items()) if k != "ops"))
+    with capsys.disabled():   # the seed and the counts show even under pytest -q
+        print(f"\nmodel {cfg}: seed {SEED}, {ops} ops by {NWORKERS} workers in "
+              f"{time.monotonic() - t0:.0f} s; events {m.counts}; tiering {m.tier_summary()}; "
+              + ", ".join(f"{k} {v}" for k, v in sorted(stats.items()) if k != "ops"))
     assert ops >= nops - NWORKERS, f"only {ops} of {nops} operations ran"
