@@ -104,6 +104,7 @@ class Worker:
         self.cap = cfg["cap"]
         self.bs = cfg["bs"]
         self.enospc_ok = cfg["enospc"]
+        self.big = cfg.get("big", 0.03)   # share of writes of 1 B..8 MiB
         self.pool = [self.rng.randbytes(self.bs) for _ in range(3)]
         self.names = [n for n, _ in OPS]
         self.weights = [w for _, w in OPS]
@@ -124,15 +125,15 @@ class Worker:
 
     def size(self):
         r = self.rng.random()
-        if r < 0.55:
+        if r < self.big:
+            n = self.rng.randint(1, 8 * MiB)
+        elif r < 0.55:
             n = self.rng.randint(1, 4 * KiB)
         elif r < 0.85:
             n = self.rng.randint(1, 128 * KiB)
-        elif r < 0.97:
+        else:
             n = self.rng.choice([self.bs - 1, self.bs, self.bs + 1,
                                  self.rng.randint(1, 3 * MiB // 2)])
-        else:
-            n = self.rng.randint(1, 8 * MiB)
         room = self.cap - self.total()
         if room < n:
             n = max(1, min(n, room, 64 * KiB))

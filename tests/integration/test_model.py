@@ -57,7 +57,7 @@ BAD = re.compile(r"Assertion|AddressSanitizer|runtime error|LeakSanitizer")
 
 CONFIGS = {
     # name: (mount options, per-worker data cap, block size, ENOSPC accepted)
-    "mem64": ("mem_max=64M,mem_min=64M", 28 * MiB, 1 * MiB, False),
+    "mem64": ("mem_max=64M,mem_min=64M", 40 * MiB, 1 * MiB, False),
     "govfloor": ("mem_max=256M,mem_min=16M,meminfo_file={meminfo},pressure_file={psi}",
                  16 * MiB, 1 * MiB, False),
     "bs64k": ("block_size=64K", 12 * MiB, 64 << 10, False),
@@ -159,7 +159,8 @@ class Model:
 
     def start_workers(self):
         ctx = multiprocessing.get_context("fork")
-        cfg = {"name": self.name, "cap": self.cap, "bs": self.bs, "enospc": self.enospc}
+        cfg = {"name": self.name, "cap": self.cap, "bs": self.bs, "enospc": self.enospc,
+               "big": 0.1 if self.name == "mem64" else 0.03}  # mem64: past the budget
         for i in range(NWORKERS):
             a, b = ctx.Pipe()
             p = ctx.Process(target=M.worker_main,
@@ -208,6 +209,13 @@ class Model:
             self.fail(f"mlfs-snap failed with the daemon alive: {r!r}")
         return r
 
+    def list(self, target, store=False):
+        """list --json of the mount or the store; a failure is the test's, with the log."""
+        try:
+            return S.list_json(target, store=store)
+        except AssertionError as e:
+            self.fail(f"mlfs-snap list: {e}")
+
     def count(self, ev):
         self.counts[ev] = self.counts.get(ev, 0) + 1
 
@@ -242,7 +250,7 @@ class Model:
         self.covered = name
 
     def refresh_durable(self):
-        for name, e in S.list_json(self.env.mnt).items():
+        for name, e in self.list(self.env.mnt).items():
             if e["state"] == "durable":
                 self.durable.add(name)
 
@@ -311,7 +319,7 @@ class Model:
         self.all("jump", name)
         self.covered = name
         # pending snapshots may or may not have made it; they are never restored again
-        lst = S.list_json(self.env.store, store=True)
+        lst = self.list(self.env.store, store=True)
         for n in [n for n in self.saved if n not in self.durable and n not in lst]:
             self.log(f"pending snapshot {n} lost with the daemon (legitimately)")
             self.saved.remove(n)
@@ -326,19 +334,19 @@ class Model:
         except OSError:
             m = None
         if m:
-            self.fail(f"before {what}: the daemon log reports {m.group(0)!r}")
+            self.fail(f"at {what} (daemon {d.pid}): its log reports {m.group(0)!r}")
 
     def ev_term(self, dirty):
         self.all("close")
         old = self.d
-        before = set(S.list_json(self.env.mnt))
+        before = set(self.list(self.env.mnt))
         self.log(f"SIGTERM {old.pid} (tree {'changed since' if dirty else 'is'} "
                  f"{self.covered or 'a snapshot'})")
         os.kill(old.pid, signal.SIGTERM)
         self.env.wait_exit(old, 120)
         self.check_log_of(old, "SIGTERM exit")
         self.drop_spill(old)
-        lst = S.list_json(self.env.store, store=True)
+        lst = self.list(self.env.store, store=True)
         new = [n for n in lst if n.startswith("preempt-") and n not in before]
         pending_lost = [n for n in before if n not in lst]
         if pending_lost:
