@@ -189,8 +189,9 @@ class Model:
 
     def collect(self, what):
         res, errs = [], []
+        end = time.monotonic() + REPLY_TIMEOUT
         for i, (p, conn) in enumerate(self.workers):
-            if not conn.poll(REPLY_TIMEOUT):
+            if not conn.poll(max(0.0, end - time.monotonic())):
                 self.fail(f"{what}: worker {i} did not answer in {REPLY_TIMEOUT} s "
                           f"(daemon hung?)")
             st, val = conn.recv()
