@@ -538,3 +538,8 @@ def test_model(snapenv, cfg, request, capsys):
               f"{time.monotonic() - t0:.0f} s; events {m.counts}; tiering {m.tier_summary()}; "
               + ", ".join(f"{k} {v}" for k, v in sorted(stats.items()) if k != "ops"))
     assert ops >= nops - NWORKERS, f"only {ops} of {nops} operations ran"
+    if cfg == "spillfull":
+        # the configuration is there to run into a full spill: make sure it did
+        t = m.tier_summary()
+        assert t.get("spill_enospc", 0) + stats.get("enospc", 0) > 0, \
+            f"spillfull: the spill never filled up (tiering {t}): the ballast is too small"
