@@ -578,7 +578,7 @@ class Worker:
                       f"missing {sorted(want - got)}")
 
     # ------------------------------------------------------------ commands
-    def run_ops(self, n):
+    def run_ops(self, n, killable=False):
         for _ in range(n):
             self.opi += 1
             if self.shrink:
@@ -587,6 +587,8 @@ class Worker:
                 op = self.rng.choice(["truncate", "unlink", "orphan"])
             else:
                 op = self.rng.choices(self.names, self.weights)[0]
+            if killable and op == "mmap":
+                op = "write"   # a dead daemon's mmap fault is a SIGBUS, not an error
             self.stats[op] += 1
             try:
                 getattr(self, "op_" + op)()
@@ -632,10 +634,31 @@ class Worker:
                       f"{sorted(seen_d - set(dirs))[:8]} missing {sorted(set(dirs) - seen_d)[:8]}")
         self.stats["verified_bytes"] += sum(len(b) for b in files.values())
 
+    def mount_dead(self):
+        """statfs always asks the daemon (stat may be answered from the kernel's cache):
+        ENOTCONN/ECONNABORTED once it is dead, ENOENT once the mount is detached."""
+        try:
+            os.statvfs(self.root)
+        except OSError:
+            return True
+        return False
+
     def command(self, cmd):
         c = cmd[0]
         if c == "ops":
             self.run_ops(cmd[1])
+        elif c == "ops-until-killed":
+            # The coordinator SIGKILLs the daemon while these run: the first failure
+            # with a dead mount (ENOTCONN, ECONNABORTED, ENOENT once detached, or a short
+            # read) ends the round; the model is then replaced by a durable snapshot's.
+            # A failure while the mount still answers is a real one.
+            try:
+                self.run_ops(cmd[1], killable=True)
+            except Fail as e:
+                if not self.mount_dead():
+                    raise
+                self.note(f"== daemon killed under op #{self.opi}: {str(e)[-200:]}")
+                self.stats["killed_in_op"] += 1
         elif c == "mark":
             self.saved[cmd[1]] = ({k: bytes(v) for k, v in self.files.items()},
                                   set(self.dirs), [bytes(b) for b in self.shared])
@@ -665,6 +688,7 @@ class Worker:
             self.orphans = []
         elif c == "forget":
             self.saved.pop(cmd[1], None)
+        self.stats["ops"] = self.opi
         return dict(self.stats)
 
 

@@ -12,9 +12,12 @@ every listing is compared with an exact in-memory model. Between rounds of opera
 - mlfs-snap restore of a durable snapshot: the model jumps back to its state, fds of
   files unlinked while open stay readable (mlfs-snap(1));
 - SIGKILL of the daemon, remount on a FRESH spill dir with -o restore=LAST_DURABLE: the
-  model jumps back to it (everything since is legitimately lost);
-- SIGTERM: the daemon takes its preempt-* snapshot and persists it; after a remount with
-  -o restore=THAT the model's state at SIGTERM must be there;
+  model jumps back to it (everything since is legitimately lost); half of the kills land
+  while the workers are in the middle of their operations (no mmap then: a dead daemon's
+  page fault is a SIGBUS);
+- SIGTERM: the daemon takes its preempt-* snapshot, persists it and exits 0; after a
+  remount with -o restore=THAT the model's state at SIGTERM must be there; sometimes a
+  second SIGTERM follows within the same second (a job preempted right after restart);
 - full-tree checks, and offline exports (restore --store --to) of durable snapshots,
   each compared with the model's state at its take.
 
@@ -64,7 +67,8 @@ CONFIGS = {
     "spillfull": ("mem_max=16M,mem_min=16M", 32 * MiB, 1 * MiB, True),
 }
 
-EVENTS = (("take", 18), ("take-wait", 14), ("restore", 8), ("verify", 8), ("kill", 6),
+EVENTS = (("take", 18), ("take-wait", 14), ("restore", 8), ("verify", 8), ("kill", 3),
+          ("kill-inflight", 3),
           ("term", 3), ("term2", 2), ("export", 4), ("none", 20))
 
 
@@ -316,6 +320,28 @@ class Model:
         self.env.kill(old)
         self.check_log_of(old, "SIGKILL")
         self.drop_spill(old)
+        self.after_crash(name)
+
+    def ev_kill_inflight(self):
+        """SIGKILL with every worker in the middle of its operations."""
+        self.refresh_durable()
+        name = self.last_durable()
+        k = self.rng.randint(20, 120)
+        for _, conn in self.workers:
+            conn.send(("ops-until-killed", k))
+        time.sleep(self.rng.uniform(0.01, 0.4))
+        old = self.d
+        self.log(f"SIGKILL {old.pid} with ops in flight; back to {name}")
+        self.env.kill(old)
+        stats = self.collect("ops until SIGKILL")
+        self.ops_done = sum(st.get("ops", 0) for st in stats)
+        self.log(f"workers stopped by the kill: {sum(st.get('killed_in_op', 0) for st in stats)}")
+        self.all("close")
+        self.check_log_of(old, "SIGKILL")
+        self.drop_spill(old)
+        self.after_crash(name)
+
+    def after_crash(self, name):
         self.mount(restore=name)
         self.all("jump", name)
         self.covered = name
@@ -398,7 +424,7 @@ class Model:
                 ctake = (name, subprocess.Popen([S.SNAP, "take", env.mnt, name],
                                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE))
             stats = self.all("ops", k)
-            self.ops_done += k * NWORKERS
+            self.ops_done = sum(st.get("ops", 0) for st in stats)
             self.covered = None
             if ctake is not None:
                 name, p = ctake
@@ -435,6 +461,8 @@ class Model:
                 self.verify_live("periodic")
             elif ev == "kill":
                 self.ev_kill()
+            elif ev == "kill-inflight":
+                self.ev_kill_inflight()
             elif ev == "term":
                 self.ev_term(dirty=True)
             elif ev == "term2":
@@ -445,7 +473,6 @@ class Model:
                 time.sleep(1.02 - time.time() % 1)
                 self.ev_term(dirty=True, verify=False)
                 self.all("ops", 3)
-                self.ops_done += 3 * NWORKERS
                 self.covered = None
                 self.ev_term(dirty=True)
             elif ev == "export":
