@@ -97,6 +97,7 @@ struct ckpt_inode {
 	/* ckpt_freeze's scratch (under ns->mu): this inode's entry id in the freeze
 	 * numbered freeze_epoch, so a second name of it becomes a hard link. */
 	uint64_t freeze_epoch, freeze_id;
+	struct ckpt_inode *aprev, *anext; /* ns->all, under ns->all_mu */
 };
 
 struct ckpt_dir { /* an open directory stream: a copy of the listing */
@@ -121,6 +122,13 @@ struct ckpt_ns {
 	size_t nbuckets, nnames;
 	struct ckpt_inode *root;
 	_Atomic uint64_t ninodes; /* changed outside ns->mu too (restore builds inodes unlocked) */
+	/* Every inode alive, named or not (an unlinked file still open, a directory a
+	 * process sits in after rmdir, a restored-over tree the kernel still looks up):
+	 * ckpt_ns_free frees these too, as the daemon may exit (SIGTERM, a lost
+	 * connection) before the kernel forgets them. A leaf lock, taken under ns->mu or
+	 * alone (restore builds inodes unlocked); nothing is taken under it. */
+	pthread_mutex_t all_mu;
+	struct ckpt_inode *all;
 	uint64_t freeze_epoch;
 	_Atomic uint64_t gen; /* bumped by every change: ckpt_generation() */
 };
@@ -164,6 +172,11 @@ static struct ckpt_inode *ckpt_inode_new(struct ckpt_ns *ns, mode_t mode, uid_t 
 	ino->gid = gid;
 	ino->atime = ino->mtime = ino->ctime = ckpt_now();
 	ns->ninodes++;
+	pthread_mutex_lock(&ns->all_mu);
+	if ((ino->anext = ns->all))
+		ns->all->aprev = ino;
+	ns->all = ino;
+	pthread_mutex_unlock(&ns->all_mu);
 	return ino;
 }
 
@@ -187,6 +200,14 @@ static void ckpt_inode_destroy(struct ckpt_ns *ns, struct ckpt_inode *ino)
 	free(ino->target);
 	pthread_rwlock_destroy(&ino->lock);
 	ns->ninodes--;
+	pthread_mutex_lock(&ns->all_mu);
+	if (ino->anext)
+		ino->anext->aprev = ino->aprev;
+	if (ino->aprev)
+		ino->aprev->anext = ino->anext;
+	else
+		ns->all = ino->anext;
+	pthread_mutex_unlock(&ns->all_mu);
 	free(ino);
 }
 
@@ -207,6 +228,7 @@ int ckpt_ns_new(struct mlfs *m, struct ckpt_ns **out)
 	ns->bc = m->bc;
 	ns->bs = bc_block_size(m->bc);
 	pthread_mutex_init(&ns->mu, NULL);
+	pthread_mutex_init(&ns->all_mu, NULL);
 	ns->nbuckets = 1024;
 	ns->names = calloc(ns->nbuckets, sizeof(*ns->names));
 	ns->root = ns->names ? ckpt_inode_new(ns, S_IFDIR | 0755, m->owner, getgid()) : NULL;
@@ -258,11 +280,15 @@ void ckpt_ns_free(struct ckpt_ns *ns)
 {
 	if (!ns)
 		return;
-	/* At unmount the kernel has forgotten every inode and closed every file, so what
-	 * is left is exactly the named tree. */
+	/* The named tree, then whatever the kernel had not forgotten yet (ns->all): at a
+	 * clean unmount nothing, after a SIGTERM or a lost connection the unlinked files
+	 * still open and the like. */
 	ckpt_free_tree(ns, ns->root);
 	ckpt_inode_destroy(ns, ns->root);
+	while (ns->all)
+		ckpt_inode_destroy(ns, ns->all);
 	free(ns->names);
+	pthread_mutex_destroy(&ns->all_mu);
 	pthread_mutex_destroy(&ns->mu);
 	free(ns);
 }

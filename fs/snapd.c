@@ -92,16 +92,6 @@ static struct timespec snapd_abstime(uint64_t ns_from_now)
 				  .tv_nsec = (long)(t % 1000000000ull) };
 }
 
-static void snapd_time_name(char *buf, size_t len, const char *prefix)
-{
-	time_t t = time(NULL);
-	struct tm tm;
-
-	gmtime_r(&t, &tm);
-	snprintf(buf, len, "%s-", prefix);
-	strftime(buf + strlen(buf), len - strlen(buf), "%Y%m%dT%H%M%SZ", &tm);
-}
-
 int snapd_load_block(void *arg, struct bc_block *b, void *buf)
 {
 	struct snapd *sd = arg;
@@ -391,6 +381,30 @@ static int snapd_take(struct snapd *sd, const char *name, int automatic,
 	pthread_mutex_unlock(&sd->mu);
 	*out = job;
 	return 0;
+}
+
+/* Takes a snapshot the daemon names by itself: PREFIX-YYYYmmddTHHMMSSZ, or with -2,
+ * -3, ... when that name exists (a job preempted again within the second of its
+ * restart, an unmount right after a preemption's snapshot): a name collision never
+ * costs a snapshot. The name taken is left in name. */
+static int snapd_take_named(struct snapd *sd, const char *prefix, int automatic, char *name,
+			    size_t len, struct snapd_job **out)
+{
+	time_t t = time(NULL);
+	size_t base;
+	struct tm tm;
+	int rc, k;
+
+	gmtime_r(&t, &tm);
+	snprintf(name, len, "%s-", prefix);
+	strftime(name + strlen(name), len - strlen(name), "%Y%m%dT%H%M%SZ", &tm);
+	base = strlen(name);
+	rc = snapd_take(sd, name, automatic, out);
+	for (k = 2; rc == -EEXIST && k < 1000; k++) {
+		snprintf(name + base, len - base, "-%d", k);
+		rc = snapd_take(sd, name, automatic, out);
+	}
+	return rc;
 }
 
 /* Waits for job to leave PENDING, until deadline_ns (0: forever); calls progress every
@@ -804,10 +818,9 @@ static void *snapd_autosnap(void *arg)
 			break;
 		if (!changed)
 			continue;
-		snapd_time_name(name, sizeof(name), "auto");
 		struct snapd_job *job;
 
-		if ((rc = snapd_take(sd, name, 1, &job)))
+		if ((rc = snapd_take_named(sd, "auto", 1, name, sizeof(name), &job)))
 			log_err("snap: autosnap %s: %s", name, strerror(-rc));
 		else
 			snapd_release(sd, job);
@@ -946,19 +959,12 @@ int snapd_finish_by(struct snapd *sd, const char *why, uint64_t deadline)
 			log_info("snap: %s: nothing changed since the last durable snapshot", why);
 		goto out;
 	}
-	snapd_time_name(name, sizeof(name), why);
 	/* A freeze gives up after a second of writers holding a file (ckpt_freeze):
 	 * again until the deadline, which holds whatever the writers do. */
-	while ((rc = snapd_take(sd, name, 0, &job)) == -EBUSY &&
+	while ((rc = snapd_take_named(sd, why, 0, name, sizeof(name), &job)) == -EBUSY &&
 	       (!deadline || mlfs_now_ns() + 1000000000ull < deadline)) {
 		if (!busy++)
 			log_warn("snap: %s: a writer holds a file; retrying the freeze", why);
-	}
-	if (rc == -EEXIST) {
-		/* Two final snapshots in one second (a preemption's, then the unmount's
-		 * for what changed after it): a distinct name. */
-		snprintf(name + strlen(name), sizeof(name) - strlen(name), "-2");
-		rc = snapd_take(sd, name, 0, &job);
 	}
 	if (rc) {
 		log_err("snap: %s: final snapshot %s not taken: %s", why, name, strerror(-rc));
