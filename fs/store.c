@@ -478,7 +478,7 @@ int store_open(const char *dir, int flags, struct store **out)
 		log_err("store: %s: damaged store layout: %s", dir, strerror(errno));
 		goto fail;
 	}
-	if (fstat(s->lockfd, &st) || !S_ISREG(st.st_mode)) {
+	if (s->lockfd >= 0 && (fstat(s->lockfd, &st) || !S_ISREG(st.st_mode))) {
 		rc = -EINVAL;
 		log_err("store: %s: damaged store layout: lock is not a regular file", dir);
 		goto fail;
