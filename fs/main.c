@@ -7,6 +7,7 @@
  * ready, 0, or with the child's start-up failure, 1 and its one line: the next line of
  * a script can use the mount, or knows why there is none.
  */
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -741,6 +742,16 @@ static int mlfs_daemonize(int *ready_fd)
 
 /* The child is ready: tell the parent (it exits 0), and leave the terminal for
  * syslog. */
+/* glibc's assert() writes to stderr, which is /dev/null once the daemon is detached
+ * (mlfs_ready): a failed assertion would leave no trace but a vanished mount. This
+ * definition takes precedence over glibc's for the daemon's own code and sends the
+ * line where every other line of the daemon goes (syslog) before it aborts. */
+void __assert_fail(const char *expr, const char *file, unsigned int line, const char *func)
+{
+	log_msg(LOG_CRIT, "%s:%u: %s: Assertion '%s' failed", file, line, func, expr);
+	abort();
+}
+
 static void mlfs_ready(int *ready_fd)
 {
 	int null = open("/dev/null", O_RDWR | O_CLOEXEC);
