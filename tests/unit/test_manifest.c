@@ -309,7 +309,9 @@ static void raw_entry(struct raw *r, const struct raw_ent *e)
 	if (r->version >= 2)
 		raw_le(r, (uint64_t)e->flags, 1);
 	raw_le(r, nl, 2);
-	raw_bytes(r, e->name, nl);
+	/* A length over NAME_MAX stands for a field that runs past the end: only the
+	 * name's own bytes follow it (copying nl would read past the string). */
+	raw_bytes(r, e->name, nl > 255 ? strlen(e->name) : nl);
 	raw_le(r, e->mode, 4);
 	raw_le(r, 1000, 4);
 	raw_le(r, 100, 4);
