@@ -1097,11 +1097,13 @@ static int info_cmp(const void *a, const void *b)
 }
 
 
-/* A stream over snaps/ from its start, on a dup of snapfd (closedir closes only the
- * dup). *out is handed over. */
+/* A stream over snaps/ from its start, on a description of its own: a dup of snapfd
+ * would share one directory position with every other listing (list runs beside the
+ * persister's gc and retention), and a gc that missed manifests would delete their
+ * objects. *out is handed over. */
 static int store_snapdir(struct store *s, DIR **out)
 {
-	int fd = dup(s->snapfd);
+	int fd = openat(s->snapfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 
 	if (fd < 0)
 		return -errno;
@@ -1111,7 +1113,6 @@ static int store_snapdir(struct store *s, DIR **out)
 		close(fd);
 		return rc;
 	}
-	rewinddir(*out);
 	return 0;
 }
 
