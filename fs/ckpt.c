@@ -101,6 +101,7 @@ struct ckpt_inode {
 };
 
 struct ckpt_dir { /* an open directory stream: a copy of the listing */
+	struct ckpt_dir *prev, *next; /* ns->dirs, under ns->all_mu */
 	size_t n, cap;
 	struct ckpt_dent_copy {
 		uint64_t st_ino;
@@ -129,6 +130,7 @@ struct ckpt_ns {
 	 * alone (restore builds inodes unlocked); nothing is taken under it. */
 	pthread_mutex_t all_mu;
 	struct ckpt_inode *all;
+	struct ckpt_dir *dirs; /* open directory streams: the same reason, under all_mu */
 	uint64_t freeze_epoch;
 	_Atomic uint64_t gen; /* bumped by every change: ckpt_generation() */
 };
@@ -287,6 +289,8 @@ void ckpt_ns_free(struct ckpt_ns *ns)
 	ckpt_inode_destroy(ns, ns->root);
 	while (ns->all)
 		ckpt_inode_destroy(ns, ns->all);
+	while (ns->dirs)
+		ckpt_releasedir(ns, ns->dirs);
 	free(ns->names);
 	pthread_mutex_destroy(&ns->all_mu);
 	pthread_mutex_destroy(&ns->mu);
@@ -1620,6 +1624,11 @@ int ckpt_opendir(struct ckpt_ns *ns, struct ckpt_inode *dir, struct ckpt_dir **o
 
 	if (!d)
 		return -ENOMEM;
+	pthread_mutex_lock(&ns->all_mu);
+	if ((d->next = ns->dirs))
+		ns->dirs->prev = d;
+	ns->dirs = d;
+	pthread_mutex_unlock(&ns->all_mu);
 	*out = d;
 	return 0;
 }
@@ -1665,6 +1674,14 @@ int ckpt_readdir(struct ckpt_ns *ns, fuse_req_t req, struct ckpt_inode *dir,
 
 void ckpt_releasedir(struct ckpt_ns *ns, struct ckpt_dir *d)
 {
+	pthread_mutex_lock(&ns->all_mu);
+	if (d->next)
+		d->next->prev = d->prev;
+	if (d->prev)
+		d->prev->next = d->next;
+	else
+		ns->dirs = d->next;
+	pthread_mutex_unlock(&ns->all_mu);
 	ckpt_dir_clear(d);
 	free(d->ents);
 	free(d);

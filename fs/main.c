@@ -19,6 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/sysinfo.h>
 #include <sys/wait.h>
@@ -536,8 +538,10 @@ static void *mlfs_signals(void *arg)
 		mlfs_sig.phase = 2;
 		if (mlfs_sig.final_ran)
 			rc = mlfs_sig.final_rc;
-		else if (!mlfs_sig.preempt_running)
-			rc = -ETIMEDOUT; /* main's final rule (or no store) did not finish */
+		else if (!mlfs_sig.preempt_running || !loop_stuck)
+			/* main's final rule (or no store) did not finish: what changed after
+			 * the emergency snapshot may not be durable. */
+			rc = -ETIMEDOUT;
 		if (loop_stuck)
 			/* A FUSE request never returned (a read blocked on SOURCE, say). */
 			log_err("SIGTERM: the FUSE session did not end within the %d s deadline "
@@ -651,12 +655,35 @@ static void mlfs_wait_child(pid_t pid, int fd)
 {
 	char buf[8192], first[1024] = "";
 	size_t len = 0;
-	int ready = 0, status = 0;
+	int ready = 0, status = 0, sfd;
+	sigset_t set;
 
+	/* SIGTERM, SIGINT and SIGHUP are blocked here since mlfs_sig_block; one that came
+	 * before the fork is pending in this process, not the child's, and one that comes
+	 * now is sent to the pid the user knows: this one. Both go on to the daemon, which
+	 * acts on them as on any (a preemption notice during a long start-up is kept). */
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGHUP);
+	sfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
 	for (;;) {
-		ssize_t n = read(fd, buf + len, sizeof(buf) - 1 - len);
+		struct pollfd pf[2] = { { .fd = fd, .events = POLLIN }, { .fd = sfd, .events = POLLIN } };
+		struct signalfd_siginfo si;
 		char *nl, *line = buf;
+		ssize_t n;
 
+		if (poll(pf, sfd >= 0 ? 2 : 1, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			break;
+		}
+		if (sfd >= 0 && (pf[1].revents & POLLIN)) {
+			while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
+				kill(pid, (int)si.ssi_signo);
+			continue;
+		}
+		n = read(fd, buf + len, sizeof(buf) - 1 - len);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n <= 0)
@@ -740,8 +767,6 @@ static int mlfs_daemonize(int *ready_fd)
 	return 0;
 }
 
-/* The child is ready: tell the parent (it exits 0), and leave the terminal for
- * syslog. */
 /* glibc's assert() writes to stderr, which is /dev/null once the daemon is detached
  * (mlfs_ready): a failed assertion would leave no trace but a vanished mount. This
  * definition takes precedence over glibc's for the daemon's own code and sends the
@@ -752,6 +777,8 @@ void __assert_fail(const char *expr, const char *file, unsigned int line, const 
 	abort();
 }
 
+/* The child is ready: tell the parent (it exits 0), and leave the terminal for
+ * syslog. */
 static void mlfs_ready(int *ready_fd)
 {
 	int null = open("/dev/null", O_RDWR | O_CLOEXEC);
@@ -951,6 +978,15 @@ int main(int argc, char **argv)
 	mlfs_sig.final_rc = rc;
 	pthread_mutex_unlock(&mlfs_sig.mu);
 out_unmount:
+	/* From a start-up failure too: past this point the signal thread must touch
+	 * nothing of m (the session and snapd go below), so leave phase 0 and let an
+	 * emergency snapshot it already began finish first. */
+	pthread_mutex_lock(&mlfs_sig.mu);
+	if (mlfs_sig.phase == 0)
+		mlfs_sig.phase = 1;
+	while (mlfs_sig.preempt_running && !mlfs_sig.preempt_done)
+		pthread_cond_wait(&mlfs_sig.cv, &mlfs_sig.mu);
+	pthread_mutex_unlock(&mlfs_sig.mu);
 	mlfs_sig_unmount(se);
 	/* Control commands (a restore tells the kernel to forget names through the
 	 * session) must end before the session goes. */

@@ -668,13 +668,21 @@ static void mlfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 	/* Setting an access ACL keeps setgid only for a member of the file's group: that
 	 * needs the caller's supplementary groups (read from /proc by libfuse). */
 	if (c.uid != 0 && !strcmp(name, "system.posix_acl_access")) {
-		ng = fuse_req_getgroups(req, 64, groups);
-		if (ng > 64 && (g = malloc(ng * sizeof(*g))))
-			ng = fuse_req_getgroups(req, ng, g);
-		else if (ng > 64)
-			ng = 64;
+		int cap = 64;
+
+		ng = fuse_req_getgroups(req, cap, groups);
+		if (ng > cap) {
+			gid_t *big = malloc(ng * sizeof(*big));
+
+			if (big) { /* else the first 64: membership may then be missed */
+				g = big;
+				cap = ng;
+				ng = fuse_req_getgroups(req, cap, g);
+			}
+		}
+		/* The groups may have grown between the two calls: never past the array. */
 		c.groups = g;
-		c.ngroups = ng > 0 ? ng : 0;
+		c.ngroups = ng < 0 ? 0 : ng > cap ? cap : ng;
 	}
 	reply_rc(req, ckpt_setxattr(mlfs_of(req)->ckpt, (struct ckpt_inode *)n, name, value,
 				    size, flags, &c));
