@@ -489,9 +489,12 @@ static void mlfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_
 	 * from older kernels such as 6.1). So drop the range here, once the new bytes are
 	 * in place and before the reply: a read that starts later gets them. Costs one
 	 * write to /dev/fuse per direct request; takes no inode lock, so it cannot wait on
-	 * the writer, which holds its own while it waits for this reply.
+	 * the writer, which holds its own while it waits for this reply. It does wait for
+	 * pages that readahead locked until a READ is answered: with one worker thread
+	 * nobody would answer it, so not with threads=1 (and with N, only if N direct
+	 * writers all waited at once on pages readers of their ranges locked).
 	 */
-	if (fi && (fi->flags & O_DIRECT))
+	if (fi && (fi->flags & O_DIRECT) && m->cfg.threads > 1)
 		fuse_lowlevel_notify_inval_inode(m->se, ino, off, rc);
 	atomic_fetch_add_explicit(&m->st.write_ops, 1, memory_order_relaxed);
 	atomic_fetch_add_explicit(&m->st.bytes_written, rc, memory_order_relaxed);
