@@ -324,14 +324,23 @@ static void *snapd_persister(void *arg)
 	return NULL;
 }
 
-static int snapd_name_taken_locked(struct snapd *sd, const char *name)
+static int snapd_name_pending_locked(struct snapd *sd, const char *name)
+{
+	for (struct snapd_job *j = sd->jobs; j; j = j->next)
+		if (j->state == JOB_PENDING && !strcmp(j->name, name))
+			return 1;
+	return 0;
+}
+
+/* A published snapshot of that name: a stat of the store, so never under sd->mu (a
+ * slow or frozen store would stall list and the persister's progress with it). One
+ * published between this look and the queueing fails at its commit instead (the
+ * publish is create-once). */
+static int snapd_name_published(struct snapd *sd, const char *name)
 {
 	char path[PATH_MAX];
 	struct stat st;
 
-	for (struct snapd_job *j = sd->jobs; j; j = j->next)
-		if (j->state == JOB_PENDING && !strcmp(j->name, name))
-			return 1;
 	snprintf(path, sizeof(path), "%s/snaps/%s", store_path(sd->st), name);
 	return stat(path, &st) == 0;
 }
@@ -351,8 +360,12 @@ static int snapd_take(struct snapd *sd, const char *name, int automatic,
 		return -ENOMEM;
 	snprintf(job->name, sizeof(job->name), "%s", name);
 	job->automatic = automatic;
+	if (snapd_name_published(sd, name)) {
+		free(job);
+		return -EEXIST;
+	}
 	pthread_mutex_lock(&sd->mu);
-	if (snapd_name_taken_locked(sd, name)) {
+	if (snapd_name_pending_locked(sd, name)) {
 		pthread_mutex_unlock(&sd->mu);
 		free(job);
 		return -EEXIST;
