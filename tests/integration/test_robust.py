@@ -278,6 +278,10 @@ def test_stale_sockets_are_removed_at_start(snapenv):
         assert not os.path.exists(stale), "a stale socket survived a daemon start"
         assert os.path.exists(live), "a live socket was removed"
         assert os.path.exists(other), "another user's socket was removed"
+        # The line follows the removal (the whole directory is read first): wait for it.
+        end = time.monotonic() + 30
+        while "stale socket" not in d.output() and time.monotonic() < end:
+            time.sleep(0.05)
         assert "stale socket" in d.output(), d.output()
         env.unmount(d)
     finally:
