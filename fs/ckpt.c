@@ -246,47 +246,21 @@ int ckpt_ns_new(struct mlfs *m, struct ckpt_ns **out)
 	return 0;
 }
 
-/* Frees every name and inode under top (not top itself). Iterative, as every walk of the
- * tree (a 150,000-deep chain of directories overflows an 8 MiB stack when recursing):
- * it always works on the first entry of the current directory, descends into a
- * non-empty subdirectory and climbs back by the parent pointer once one is empty, so
- * it holds no state but the current directory. O(names). */
-static void ckpt_free_tree(struct ckpt_ns *ns, struct ckpt_inode *top)
-{
-	struct ckpt_inode *dir = top;
-
-	for (;;) {
-		struct ckpt_dirent *d = dir->head;
-		struct ckpt_inode *ino;
-
-		if (!d) {
-			dir->tail = NULL;
-			if (dir == top)
-				break;
-			dir = dir->parent;
-			continue;
-		}
-		ino = d->ino;
-		if (S_ISDIR(ino->mode) && ino->head) {
-			dir = ino;
-			continue;
-		}
-		dir->head = d->next;
-		if (--ino->nlink == 0 || S_ISDIR(ino->mode))
-			ckpt_inode_destroy(ns, ino);
-		free(d);
-	}
-}
-
 void ckpt_ns_free(struct ckpt_ns *ns)
 {
+	struct ckpt_dirent *d, *next;
+
 	if (!ns)
 		return;
-	/* The named tree, then whatever the kernel had not forgotten yet (ns->all): at a
-	 * clean unmount nothing, after a SIGTERM or a lost connection the unlinked files
-	 * still open and the like. */
-	ckpt_free_tree(ns, ns->root);
-	ckpt_inode_destroy(ns, ns->root);
+	/* Every name (all are in ns->names: invariant 1), then every inode alive (ns->all:
+	 * the named tree, root included, and what the kernel had not forgotten yet, as after
+	 * a SIGTERM or a lost connection the unlinked files still open). No walk of the
+	 * tree, so any depth: O(names + inodes). */
+	for (size_t i = 0; i < ns->nbuckets; i++)
+		for (d = ns->names[i]; d; d = next) {
+			next = d->hnext;
+			free(d);
+		}
 	while (ns->all)
 		ckpt_inode_destroy(ns, ns->all);
 	while (ns->dirs)
@@ -2008,8 +1982,11 @@ fail:
 }
 
 /* Drops every name under top, depth first, as unlink and rmdir would (inodes still
- * open or looked up live on until released). Iterative, as ckpt_free_tree: the
- * current directory's parent pointer is read before anything can free it (a directory
+ * open or looked up live on until released). Iterative (a 150,000-deep chain of
+ * directories overflows an 8 MiB stack when recursing): it always works on the first
+ * entry of the current directory, descends into a non-empty subdirectory and climbs
+ * back by the parent pointer once one is empty, so it holds no state but the current
+ * directory. The current directory's parent pointer is read before anything can free it (a directory
  * is dropped only from its parent's level). Under ns->mu. */
 static void ckpt_drop_tree_locked(struct ckpt_ns *ns, struct ckpt_inode *top, struct timespec now)
 {

@@ -169,6 +169,24 @@ class SnapEnv:
     def path(self, *p):
         return os.path.join(self.root, *p)
 
+    def loop_ext4(self, name, size_mib, mkfs_args=()):
+        """A fresh ext4 of size_mib on a loop device, mounted on root/name; teardown
+        unmounts it after the daemons (extra_mounts) and mount -o loop detaches the
+        device. Returns the mount point."""
+        mp = self.path(name)
+        os.mkdir(mp)
+        img = self.path(name + ".img")
+        with open(img, "wb") as f:
+            f.truncate(size_mib * MiB)
+        r = subprocess.run(["mkfs.ext4", "-q", "-F", *mkfs_args, img], capture_output=True,
+                           text=True)
+        assert r.returncode == 0, r.stderr
+        r = subprocess.run(["mount", "-o", "loop", img, mp], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.fail(f"cannot loop-mount an ext4 on {mp}: {r.stderr.strip()}")
+        self.extra_mounts.append(mp)
+        return mp
+
     def keep_evidence(self):
         """With MLFS_SNAP_KEEP=DIR, copy the store and the daemon logs there (the suite's
         temp root is removed at the end); returns the copy's path or None."""

@@ -519,18 +519,7 @@ def loop_spill(env, size_mb=96, ballast_mb=72):
     (after the daemons) and mount -o loop detaches the device (autoclear). A ballast file
     takes ballast_mb of it, so that the spill fills up with the data volume of the
     default run (about 6 MiB left for spill files)."""
-    img = env.path("spill.img")
-    mnt = env.path("spillfs")
-    os.mkdir(mnt)
-    with open(img, "wb") as f:
-        f.truncate(size_mb * MiB)
-    r = subprocess.run(["mkfs.ext4", "-q", "-F", img], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.fail(f"mkfs.ext4: {r.stderr}")
-    r = subprocess.run(["mount", "-o", "loop", img, mnt], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.fail(f"mount -o loop {img}: {r.stderr}")
-    env.extra_mounts.append(mnt)
+    mnt = env.loop_ext4("spillfs", size_mb)
     with open(os.path.join(mnt, "ballast"), "wb") as f:
         for _ in range(ballast_mb):
             f.write(b"\xa5" * MiB)

@@ -15,15 +15,12 @@
 Every loop mount made here is unmounted in every path (SnapEnv.extra_mounts, after the
 daemons), and a frozen or read-only one is thawed / made writable first.
 """
-import errno
 import os
 import random
 import signal
 import socket
-import stat
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -105,17 +102,7 @@ def loop_store(snapenv):
     makes it writable and thawed again before SnapEnv unmounts the daemons and then it
     (extra_mounts), so no path leaves the loop mount or a daemon hung on it."""
     env = snapenv()
-    mp = env.path("loopfs")
-    os.mkdir(mp)
-    img = env.path("store.img")
-    with open(img, "wb") as f:
-        f.truncate(64 * MiB)
-    r = subprocess.run(["mkfs.ext4", "-q", "-F", img], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    r = subprocess.run(["mount", "-o", "loop", img, mp], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.fail(f"cannot loop-mount an ext4 for the store: {r.stderr.strip()}")
-    env.extra_mounts.append(mp)
+    mp = env.loop_ext4("loopfs", 64)
     store = os.path.join(mp, "store")
     os.mkdir(store)
     yield env, mp, store

@@ -148,17 +148,7 @@ def test_take_returns_before_persist_and_list_states(snapenv):
     returning with the snapshot listed pending shows it did not wait for the persist
     (a state, not a time: how fast take is belongs to make bench)."""
     env = snapenv()
-    mp = env.path("storefs")
-    os.mkdir(mp)
-    img = env.path("store.img")
-    with open(img, "wb") as f:
-        f.truncate(512 * MiB)
-    r = subprocess.run(["mkfs.ext4", "-q", "-F", img], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    r = subprocess.run(["mount", "-o", "loop", img, mp], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.fail(f"cannot loop-mount an ext4 for the store: {r.stderr.strip()}")
-    env.extra_mounts.append(mp)
+    mp = env.loop_ext4("storefs", 512)
     env.store = os.path.join(mp, "store")
     os.mkdir(env.store)
     d = env.mount()
