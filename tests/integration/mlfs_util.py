@@ -172,6 +172,16 @@ def mlfs_stat_json(mnt):
         raise AssertionError(f"mlfs-stat --json printed no JSON ({e}): {r.stdout[:500]!r}")
 
 
+def write_file(path, data, mode=0o644):
+    """Creates or truncates path with one write(2) of data (mode as the caller's umask
+    leaves it)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        assert os.write(fd, data) == len(data)
+    finally:
+        os.close(fd)
+
+
 def first_diff(a, b):
     n = min(len(a), len(b))
     # Compare in chunks so a 33 MiB mismatch search stays fast.

@@ -33,6 +33,14 @@ STORED = ("durable", "complete")
 
 # ---------------------------------------------------------------- the CLI
 
+def write(path, data, mode=None):
+    """Writes data to path (created or truncated); chmod to mode when given."""
+    with open(path, "wb") as f:
+        f.write(data)
+    if mode is not None:
+        os.chmod(path, mode)
+
+
 class Result:
     def __init__(self, argv, rc, out, err, secs):
         self.argv, self.rc, self.out, self.err, self.secs = argv, rc, out, err, secs

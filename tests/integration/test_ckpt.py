@@ -12,19 +12,12 @@ import time
 import pytest
 
 import mlfs_util as U
+from mlfs_util import write_file
 from conftest import BLOCK, MiB
 
 
 def p(ckpt, *parts):
     return os.path.join(ckpt, *parts)
-
-
-def write_file(path, data, mode=0o644):
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        assert os.write(fd, data) == len(data)
-    finally:
-        os.close(fd)
 
 
 def read_file(path):

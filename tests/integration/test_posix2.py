@@ -38,11 +38,7 @@ def p(ckpt, *parts):
 
 
 def write_file(path, data, mode=0o644):
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        assert os.write(fd, data) == len(data)
-    finally:
-        os.close(fd)
+    U.write_file(path, data, mode)
     os.chmod(path, mode)  # whatever the umask
 
 

@@ -28,6 +28,7 @@ import pytest
 import mlfs_util as U
 import snap_util as S
 from snap_util import snapenv  # noqa: F401  (fixture)
+from snap_util import write
 
 pytestmark = pytest.mark.daemon
 MiB = 1 << 20
@@ -35,11 +36,6 @@ MiB = 1 << 20
 
 def rng_for(name):
     return random.Random(f"{U.SEED}-robust-{name}")
-
-
-def write(path, data):
-    with open(path, "wb") as f:
-        f.write(data)
 
 
 def asan_clean(d):

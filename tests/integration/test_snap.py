@@ -14,6 +14,7 @@ import pytest
 import mlfs_util as U
 import snap_util as S
 from snap_util import snapenv  # noqa: F401  (fixture)
+from snap_util import write
 
 pytestmark = pytest.mark.daemon
 MiB = 1 << 20
@@ -22,13 +23,6 @@ BLOCK = MiB
 
 def rng_for(name):
     return random.Random(f"{U.SEED}-{name}")
-
-
-def write(path, data, mode=None):
-    with open(path, "wb") as f:
-        f.write(data)
-    if mode is not None:
-        os.chmod(path, mode)
 
 
 def build_rich_tree(root, rng):

@@ -18,6 +18,7 @@ import pytest
 import mlfs_util as U
 import snap_util as S
 from snap_util import snapenv  # noqa: F401  (fixture)
+from snap_util import write
 
 pytestmark = pytest.mark.daemon
 MiB = 1 << 20
@@ -26,11 +27,6 @@ BLOCK = MiB
 
 def rng_for(name):
     return random.Random(f"{U.SEED}-{name}")
-
-
-def write(path, data):
-    with open(path, "wb") as f:
-        f.write(data)
 
 
 def compressible(nblocks):

@@ -21,13 +21,9 @@ import pytest
 import mlfs_util as U
 import snap_util as S
 from snap_util import snapenv  # noqa: F401  (fixture)
+from snap_util import write
 
 pytestmark = pytest.mark.daemon
-
-
-def write(path, data):
-    with open(path, "wb") as f:
-        f.write(data)
 
 
 def read(path):
