@@ -104,6 +104,29 @@ def test_concurrent_takes_make_one_group(workerset):
     assert ws.unmount_all(job) == [0, 0, 0, 0]
 
 
+def test_group_of_a_dead_publisher_is_published(workerset):
+    """The worker whose part completed a group died before writing the group file
+    (simulated: the file removed): the group is listed partial with all its parts, and
+    the next daemon start on the store, or a take --group-wait, publishes it."""
+    ws = workerset()
+    job = ws.start(2)
+    write_shards(job, 1)
+    take_all(ws, job, "a", "--group-wait")
+    take_all(ws, job, "b", "--group-wait")
+    for name in ("a", "b"):
+        os.unlink(os.path.join(ws.store, "snaps", name, "group"))
+    e = S.list_json(ws.store, store=True)
+    assert e["a"]["state"] == "partial" and e["a"]["parts"] == 2, e
+    r = job[0].snap("take", "b", "--group-wait")
+    S.assert_clean_failure(r, "take of a name this worker has")
+    assert ws.unmount_all(job) == [0, 0]
+    one = ws.start(1)
+    assert "published group a: its 2 parts were all durable" in one[0].output()
+    e = S.list_json(one[0].mnt)
+    assert e["a"]["state"] == "durable" and e["b"]["state"] == "durable", e
+    assert ws.unmount_all(one) == [0]
+
+
 def test_single_snapshot_restores_on_workers(workerset):
     """A snapshot of a mount without workers (a store of before groups, a single
     manifest) restores on every worker of a job, and a 1-worker job's names stay its
