@@ -16,6 +16,14 @@
  *   preempt-<UTC time> or unmount-<UTC time>) and persists everything pending: within
  *   preempt_deadline seconds on SIGTERM, to the end on unmount. Without a store there is
  *   nothing durable: MOUNT/ckpt lives and dies with the daemon.
+ * - Groups (-o workers=N > 1, fs/store.h): every snapshot this daemon takes is its part
+ *   of a group of that name, durable once the part is (store_commit_part); `take
+ *   --group-wait` waits for the whole group. Names it makes itself agree across the
+ *   job: autosnap names parts after the interval's boundary since the epoch, the final
+ *   snapshot after the last one taken or restored (preempt-<last>), and the final part
+ *   is taken even of an unchanged tree. At start-up, groups whose parts are all there
+ *   but unpublished (a publisher that died) are published. A restore is the union of
+ *   the group's parts, conflicts logged; keep=N counts complete groups.
  * - While mounted with a store, the daemon holds a shared lock on it (STORE/lock), so an
  *   offline `mlfs-snap gc --store` elsewhere gets EBUSY instead of deleting objects that
  *   a lazily restored tree still reads; `mlfs-snap gc MOUNT` runs gc in the daemon,
