@@ -60,6 +60,9 @@ enum {
 	BC_FIRST = 1u << 8,	   /* came in over budget for one reader: evicted before any
 				    * other block, whatever its shard (the epoch policy) */
 	BC_UNPLACED = 1u << 9,	   /* NEW: data block read but not yet offered to the cache */
+	BC_MAPPED = 1u << 10,	   /* data: buf is a read-only MAP_SHARED mapping of SOURCE
+				    * (bc_block_new_mapped): clean file pages the kernel
+				    * reclaims by itself; its copy is SOURCE, never spilled */
 };
 
 /* File identity for data blocks: 128 bits derived from the source file's device,
@@ -115,6 +118,8 @@ struct bc_stats {
 	uint64_t data_resident, ckpt_resident;
 	uint64_t hits, misses, not_admitted;
 	uint64_t dirty_bytes;		     /* ckpt bytes resident and not in the store */
+	uint64_t mapped_bytes;		     /* of mem_bytes, data blocks mapped from SOURCE */
+	uint64_t map_refaults;		     /* mapped blocks found partly reclaimed, re-read */
 };
 
 struct bc;
@@ -135,6 +140,33 @@ void bc_get_stats(struct bc *bc, struct bc_stats *st);
  * before the writer ends with bc_write_end (invariant 6); it is on its shard's list
  * (tracked for spilling) from here on. */
 struct bc_block *bc_block_new(struct bc *bc, enum bc_class cls, uint32_t cap);
+/*
+ * A data block whose buffer is SOURCE itself: len bytes of fd at off (a multiple of the
+ * page size) mapped read-only and MAP_SHARED, and read in now (MADV_POPULATE_READ). Born
+ * NEW like bc_block_new(BC_DATA) (the caller sets no len: it is len; no seal: a mapped
+ * block is never spilled, so its checksum is never used). Why: its pages are clean page
+ * cache of SOURCE, charged to the daemon, which the kernel reclaims in an allocating
+ * neighbour's own path, however fast it allocates, without asking mlfs; a page it took
+ * faults back in from SOURCE, never as zeros. mem_bytes counts the mapping whole
+ * (page-rounded) until it is unmapped; bc_mapped_resident says what the kernel left.
+ * 0 and *out (one reference, handed over), or -errno: -ENODEV, -EACCES, -EINVAL when
+ * SOURCE cannot be mapped (the caller reads it instead), -EIO when the file is shorter
+ * than off + len now (it shrank), -ENOMEM. Blocks on SOURCE I/O; no lock held.
+ * The daemon never reads a mapped buffer itself (a SOURCE truncated underneath would
+ * raise SIGBUS): only the kernel does, in the reply's writev, where a page past the new
+ * end of file is EFAULT and the read fails instead.
+ */
+int bc_block_new_mapped(struct bc *bc, int fd, uint64_t off, uint32_t len,
+			struct bc_block **out);
+/* For a mapped block the caller holds: makes every page of its buffer resident again
+ * if the kernel reclaimed some (mincore, then MADV_POPULATE_READ: one read of the
+ * missing range from SOURCE, not a fault per page in the reply). 0 when all were
+ * resident or another block kind, 1 when pages were read back (counted in
+ * map_refaults), -EIO when SOURCE no longer has them (truncated). Blocks on SOURCE I/O. */
+int bc_block_refault(struct bc *bc, struct bc_block *b);
+/* Bytes of mapped data blocks whose pages are resident now (mincore of each, under its
+ * shard lock: one syscall per mapped block, ~1 us each; for mlfs-stat, not hot paths). */
+uint64_t bc_mapped_resident(struct bc *bc);
 /* Takes one counted reference (the caller already holds one, or a lock that keeps b
  * alive: a shard lock or the owner's map lock). */
 void bc_block_get(struct bc_block *b);

@@ -18,6 +18,10 @@
  *      A page-cache-hot local SOURCE is dropped; a network or throttled one (200 MB/s is
  *      5 ms/MiB against about 1 ms/MiB for NVMe) is spilled. Without a spill tier, or
  *      while it is full or failing, clean data is always dropped.
+ *   M. A data block mapped from SOURCE (BC_MAPPED, bc_block_new_mapped) is dropped,
+ *      whatever rule D says: its pages are SOURCE's page cache, which the kernel also
+ *      reclaims by itself; a spill would only write SOURCE's bytes a second time. Such
+ *      blocks are made only while rule D would drop (tier_maps_data).
  *   S. Checkpoint blocks already in the store: rule A (dropped, the store has them).
  *   K. Dirty checkpoint blocks are spilled, never dropped. When the spill tier is full,
  *      clean data first gives up its spill copies (bc_drop_data_copies: SOURCE has those
@@ -272,6 +276,13 @@ static bool tier_drop_data(struct tier *t)
 	return src && src <= 2 * rel;
 }
 
+bool tier_maps_data(struct tier *t)
+{
+	if (!t || t->cfg.map == TIER_MAP_NEVER)
+		return false;
+	return t->cfg.map == TIER_MAP_ALWAYS || tier_drop_data(t);
+}
+
 /*
  * Rule D', the disk tier as a second cache for data: a data block read while memory is
  * full is kept (spilled at once) rather than thrown away when a later reload from the
@@ -448,7 +459,8 @@ static uint64_t tier_evict_one(struct tier *t, struct bc_block *b)
 		tier_freed(t, freed);
 		return freed;
 	}
-	if (cls == BC_DATA && tier_drop_data(t)) { /* rule D: drop */
+	if (cls == BC_DATA && ((bc_block_flags(b) & BC_MAPPED) || tier_drop_data(t))) {
+		/* rules M and D: drop */
 		freed = bc_evict_done(t->bc, b, true);
 		if (freed)
 			atomic_fetch_add(&t->drops, 1);
