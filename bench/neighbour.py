@@ -26,6 +26,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -169,9 +170,11 @@ def drop_source_cache(src, names):
         os.close(fd)
 
 
-def read_all(data, names):
+def read_all(data, names, drop_kernel=False):
     for n in names:
         with open(os.path.join(data, n), "rb", buffering=0) as f:
+            if drop_kernel:  # the mount's page cache would answer without mlfs
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
             while f.read(1 << 20):
                 pass
 
@@ -181,7 +184,7 @@ def fill(m, names, data_bytes, timeout=30):
     budget regrows by steps, and a read while it is full is served but not kept."""
     deadline = time.monotonic() + timeout
     while True:
-        read_all(m.data, names)
+        read_all(m.data, names, True)
         st = stat_json(m.mnt)
         if st.get("mem_bytes", 0) >= data_bytes * 0.95 or time.monotonic() > deadline:
             return st
@@ -279,6 +282,9 @@ def main():
     ap.add_argument("--opts", default="", help="extra -o options for mlfs")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     a = ap.parse_args()
+    # SIGTERM and SIGHUP unwind through the finally below: unmount, remove the cgroups.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: sys.exit(1))
     data_bytes = 400 * MIB if a.quick else 800 * 1000 * 1000
     grow = 450 * MIB if a.quick else 900 * 1000 * 1000
     limit = 650 * MIB if a.quick else a.limit

@@ -11,6 +11,10 @@
  *           sharded hash table; the cache holds one reference to each cached block.
  *     ckpt  content of MOUNT/ckpt files; owned by file block maps (and frozen snapshot
  *           maps), never hashed. The cache tracks them only to spill them.
+ *   A data block's buffer is memory of the daemon's own (a copy) or, BC_MAPPED, a
+ *   read-only shared mapping of SOURCE (bc_block_new_mapped): clean page cache that the
+ *   kernel may reclaim at any moment and faults back in from SOURCE. mem_bytes counts
+ *   both alike; bc_mapped_resident says how much of the mapped kind is resident.
  * - Reference counts: every pointer to a block that outlives a lock is a counted
  *   reference (bc_block_get/bc_block_put). The buffer of a block whose count is above
  *   one is never modified in place: a writer copies it first (copy on write), which is
