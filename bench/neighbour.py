@@ -17,7 +17,7 @@ blocks from mlfs-stat, the cgroup's page cache from memory.stat).
 
     bench/neighbour.py            # 5 rounds
     bench/neighbour.py --quick    # 2 rounds, 400 MB dataset and neighbour
-Writes bench/results/neighbour.{md,json,png}. Needs root (mounts, cgroups). Everything it
+Writes bench/results/neighbour.{md,json,png} (--quick: bench/work/results-quick/). Needs root (mounts, cgroups). Everything it
 makes is under --work (default /var/tmp/mlfs-neighbour-PID) and /sys/fs/cgroup/memory/
 mlfs-nb-PID-*; both are removed in every path.
 """
@@ -239,15 +239,20 @@ class Sampler(threading.Thread):
         self.t0 = time.monotonic()
 
     def run(self):
-        i, mem = 0, 0
+        i, mem, held = 0, 0, 0
         while not self.stop.is_set():
             if i % 4 == 0:
-                mem = stat_json(self.mnt).get("mem_bytes", mem)
+                st = stat_json(self.mnt)
+                mem = st.get("mem_bytes", mem)
+                # What mlfs holds for real: mapped blocks count by their resident pages.
+                held = mem - st.get("mapped_bytes", 0) + st.get("mapped_resident_bytes", 0) \
+                    if st else held
             ms = cg_memstat(self.cg)
             self.rows.append({"t": time.monotonic() - self.t0,
                               "neighbour": proc_status(self.neighbour, "VmRSS")
                               if self.neighbour else 0,
-                              "mlfs_blocks": mem, "cache": ms.get("cache", 0),
+                              "mlfs_blocks": mem, "mlfs_resident": held,
+                              "cache": ms.get("cache", 0),
                               "rss": ms.get("rss", 0), "mapped": ms.get("mapped_file", 0),
                               "usage": ms.get("cache", 0) + ms.get("rss", 0)})
             i += 1
@@ -261,6 +266,7 @@ def plot(rows, path, title):
     t = [r["t"] for r in rows]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for key, label in (("neighbour", "neighbour RSS"), ("mlfs_blocks", "mlfs blocks (mem_bytes)"),
+                       ("mlfs_resident", "mlfs blocks resident (mapped ones by mincore)"),
                        ("cache", "cgroup page cache (memory.stat cache)"),
                        ("usage", "cgroup usage (rss + cache)")):
         ax.plot(t, [r[key] / MIB for r in rows], label=label)
@@ -280,8 +286,12 @@ def main():
     ap.add_argument("--limit", default=1300 * MIB, type=int)
     ap.add_argument("--work", default="/var/tmp/mlfs-neighbour-%d" % os.getpid())
     ap.add_argument("--opts", default="", help="extra -o options for mlfs")
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--out", help="default bench/results, with --quick bench/work/results-quick "
+                    "(a quick run never overwrites the committed figures)")
     a = ap.parse_args()
+    if not a.out:
+        a.out = os.path.join(HERE, "work", "results-quick") if a.quick else \
+            os.path.join(HERE, "results")
     # SIGTERM and SIGHUP unwind through the finally below: unmount, remove the cgroups.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: sys.exit(1))
@@ -298,7 +308,7 @@ def main():
     cg_m = cg_make(tag + "-m", limit)
     cg_a = cg_make(tag + "-a", limit)
     opts = "cgroup=%s,mem_max=2G,mem_min=64M%s" % (cg_m, ("," + a.opts) if a.opts else "")
-    res = {"limit": limit, "data_bytes": data_bytes, "grow": grow, "step": step,
+    res = {"data_map": os.environ.get("MLFS_DATA_MAP", "auto"), "limit": limit, "data_bytes": data_bytes, "grow": grow, "step": step,
            "opts": opts, "alone": [], "mlfs": [], "oom_mlfs": 0, "oom_alone": 0}
     m = None
     try:
@@ -355,10 +365,12 @@ def main():
     r2 = res["row2"]
     md = ["# Neighbour in mlfs's cgroup (issue 12, rows 1 and 2)", "",
           "`bench/neighbour.py%s`, %s; cgroup v1 limit %d MiB; dataset %d MB from a local "
-          "SOURCE; neighbour %d MB in %d MB steps; %d interleaved rounds. mlfs -o %s. "
+          "SOURCE; neighbour %d MB in %d MB steps; %d interleaved rounds. mlfs -o %s, "
+          "MLFS_DATA_MAP=%s. "
           "The machine is shared with other jobs (noisy)." % (
               " --quick" if a.quick else "", time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              limit >> 20, data_bytes // 10**6, grow // 10**6, step // 10**6, rounds, opts), "",
+              limit >> 20, data_bytes // 10**6, grow // 10**6, step // 10**6, rounds, opts,
+              os.environ.get("MLFS_DATA_MAP", "auto")), "",
           "| what | measured | goal |", "| --- | --- | --- |",
           "| neighbour growth time with mlfs / alone (medians) | %s (%s s / %s s), killed %d of %d "
           "(oom_kill %d; alone %d) | never killed, <= 1.5x |" % (
