@@ -176,7 +176,7 @@ struct bc {
 	_Atomic uint64_t hits, misses, not_admitted, dirty_bytes;
 	_Atomic uint64_t src_ns_per_mib; /* EWMA, bc_source_ns_per_mib */
 	_Atomic uint64_t unplaced;	 /* cap of BC_UNPLACED blocks: bc_unplaced_bytes */
-	_Atomic uint64_t mapped_bytes, map_refaults; /* BC_MAPPED buffers */
+	_Atomic uint64_t mapped_bytes, map_refaults, map_prefetches; /* BC_MAPPED buffers */
 	struct bc_backing backing;
 	struct bc_shard shards[BC_SHARDS];
 };
@@ -386,6 +386,7 @@ void bc_get_stats(struct bc *bc, struct bc_stats *st)
 	st->dirty_bytes = atomic_load(&bc->dirty_bytes);
 	st->mapped_bytes = atomic_load(&bc->mapped_bytes);
 	st->map_refaults = atomic_load(&bc->map_refaults);
+	st->map_prefetches = atomic_load(&bc->map_prefetches);
 }
 
 static struct bc_shard *bc_shard_of(struct bc *bc, struct bc_block *b)
@@ -580,6 +581,40 @@ int bc_block_refault(struct bc *bc, struct bc_block *b)
 		return -EIO; /* EFAULT: SOURCE shrank under the mapping */
 	atomic_fetch_add_explicit(&bc->map_refaults, 1, memory_order_relaxed);
 	return 1;
+}
+
+unsigned bc_mapped_prefetch(struct bc *bc, unsigned max)
+{
+	struct bc_block *v[64];
+	unsigned n = 0, i;
+	int sh;
+
+	if (max > 64)
+		max = 64;
+	if (!atomic_load(&bc->mapped_bytes))
+		return 0;
+	for (sh = 0; sh < BC_SHARDS && n < max; sh++) {
+		struct bc_shard *s = &bc->shards[sh];
+		struct bc_block *b;
+
+		pthread_mutex_lock(&s->mu);
+		for (b = s->lists[BC_DATA][0].head; b && n < max; b = b->lnext) {
+			/* Invariant 10: ref 0 is a block its last put is freeing. A pick in
+			 * flight (BC_IO) is about to unmap it. */
+			if (!(b->flags & BC_MAPPED) || !b->buf || (b->flags & BC_IO) ||
+			    !atomic_load(&b->ref) || bc_mapped_missing(b) <= 0)
+				continue;
+			bc_block_get(b);
+			v[n++] = b;
+		}
+		pthread_mutex_unlock(&s->mu);
+	}
+	for (i = 0; i < n; i++) {
+		madvise(v[i]->buf, v[i]->cap, MADV_WILLNEED);
+		bc_block_put(bc, v[i]);
+	}
+	atomic_fetch_add_explicit(&bc->map_prefetches, n, memory_order_relaxed);
+	return n;
 }
 
 uint64_t bc_mapped_resident(struct bc *bc)

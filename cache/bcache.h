@@ -124,6 +124,7 @@ struct bc_stats {
 	uint64_t dirty_bytes;		     /* ckpt bytes resident and not in the store */
 	uint64_t mapped_bytes;		     /* of mem_bytes, data blocks mapped from SOURCE */
 	uint64_t map_refaults;		     /* mapped blocks found partly reclaimed, re-read */
+	uint64_t map_prefetches;	     /* of those, asked back in the background */
 };
 
 struct bc;
@@ -168,6 +169,11 @@ int bc_block_new_mapped(struct bc *bc, int fd, uint64_t off, uint32_t len,
  * resident or another block kind, 1 when pages were read back (counted in
  * map_refaults), -EIO when SOURCE no longer has them (truncated). Blocks on SOURCE I/O. */
 int bc_block_refault(struct bc *bc, struct bc_block *b);
+/* Background refault (the pressure is gone): for up to max mapped blocks with pages the
+ * kernel reclaimed, asks SOURCE for them again (MADV_WILLNEED: readahead submitted, not
+ * waited for). Returns how many blocks it asked for (counted in map_prefetches). Takes
+ * each shard lock once for a mincore per mapped block; the madvise runs with no lock. */
+unsigned bc_mapped_prefetch(struct bc *bc, unsigned max);
 /* Bytes of mapped data blocks whose pages are resident now (mincore of each, under its
  * shard lock: one syscall per mapped block, ~1 us each; for mlfs-stat, not hot paths). */
 uint64_t bc_mapped_resident(struct bc *bc);

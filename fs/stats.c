@@ -117,6 +117,8 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 	  bc_mapped_resident(m->bc));
 	F("map_refaults", "mapped blocks found partly reclaimed by the kernel and re-read",
 	  bs.map_refaults);
+	F("map_prefetches", "mapped blocks asked back from SOURCE in the background",
+	  bs.map_prefetches);
 	F("data_blocks", "data blocks cached (resident or spilled)", bs.data_blocks);
 	F("data_resident", "data blocks resident in memory", bs.data_resident);
 	F("ckpt_blocks", "checkpoint blocks (resident or spilled)", bs.ckpt_blocks);

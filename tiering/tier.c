@@ -630,6 +630,26 @@ static void tier_reload_done(void *arg, int rc, const struct spill_loc *loc)
 
 /* Brings spilled blocks back while there is room under budget - headroom. Returns
  * whether it started any. */
+/* Rule M's reload: mapped blocks whose pages the kernel took (a neighbour pressed the
+ * cgroup) are asked back from SOURCE in the background once the pressure is gone: not
+ * within REFILL_HOLD of a cut, and only while the budget has grown past mem_bytes by the
+ * headroom (mem_bytes counts mapped blocks whole, so their pages already fit in it; the
+ * margin is the governor's word that memory is free). At most 64 blocks per 250 ms tick
+ * (256 MB/s of 1 MiB blocks); readahead is only submitted, never waited for. */
+static bool tier_refault_mapped(struct tier *t)
+{
+	uint64_t budget = bc_budget(t->bc), headroom;
+	bool held;
+
+	pthread_mutex_lock(&t->mu);
+	held = t->last_cut_ms && tier_now_ms() < t->last_cut_ms + t->cfg.refill_hold_ms;
+	pthread_mutex_unlock(&t->mu);
+	headroom = budget / 16 > 4ull * t->bs ? budget / 16 : 4ull * t->bs;
+	if (held || bc_mem_bytes(t->bc) + headroom >= budget)
+		return false;
+	return bc_mapped_prefetch(t->bc, 64) > 0;
+}
+
 static bool tier_refill(struct tier *t)
 {
 	struct bc_block *v[64];
@@ -710,8 +730,12 @@ static void *tier_thread(void *arg)
 		pthread_mutex_unlock(&t->mu);
 		busy = tier_trim(t);
 		tier_maybe_trim_heap(t, TIER_TRIM_AFTER);
-		if (!tier_excess(t) && bc_mem_bytes(t->bc) <= bc_budget(t->bc))
+		if (!tier_excess(t) && bc_mem_bytes(t->bc) <= bc_budget(t->bc)) {
 			busy |= tier_refill(t);
+			/* Not busy: the readahead it asked for completes on its own, and
+			 * asking again at once would ask for the same pages. */
+			tier_refault_mapped(t);
+		}
 		pthread_mutex_lock(&t->mu);
 		if (t->want_settle && bc_mem_bytes(t->bc) <= bc_budget(t->bc)) {
 			t->want_settle = false;

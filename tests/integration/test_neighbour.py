@@ -6,7 +6,8 @@ dataset byte is held once.
   neighbour in the same cgroup allocates as fast as Python can until the cgroup would
   be full without mlfs's memory: it is never OOM-killed, every byte of MOUNT/data read
   while it holds the memory and after is right (blocks whose pages the kernel took are
-  read back, numpy.memmap and mmap too), and mlfs holds the dataset again once it left.
+  read back, numpy.memmap and mmap too), and once it left mlfs reads back in the
+  background what the kernel took and holds the dataset again.
 - test_neighbour_with_dirty_checkpoint: the same with dirty checkpoint blocks and a spill
   dir, the neighbour growing at a rate the spill disk sustains (dirty blocks are the
   daemon's own memory: no kernel can drop them): they are spilled, the neighbour is not
@@ -184,9 +185,27 @@ def test_neighbour_takes_clean_data_back(memcg, mounter):
             assert st2["map_refaults"] > refaults0, (st1, st2)
         assert cg_oom_kills(memcg) in (None, 0)
         assert nb.poll() is None, "the neighbour died while mlfs was read"
+        # Take some pages of mlfs's blocks away as the kernel would (a read above may
+        # have brought them all back): dropped from SOURCE's page cache outside mlfs.
+        for n in names[:3]:
+            fd = os.open(os.path.join(src, n), os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
         release(nb)
         nb = None
-        # The neighbour left: the budget grows back and mlfs holds the dataset again.
+        # The neighbour left: mapped blocks whose pages the kernel took are asked back
+        # from SOURCE in the background, without a read.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            s = m.stat()
+            if s["map_prefetches"] > 0 and \
+                    s["mapped_resident_bytes"] >= s["mapped_bytes"] - 4 * MiB:
+                break
+            time.sleep(0.25)
+        assert s["map_prefetches"] > 0 and \
+            s["mapped_resident_bytes"] >= s["mapped_bytes"] - 4 * MiB, \
+            f"mapped blocks not read back after the neighbour left: {s}"
+        # And the budget grows back: mlfs holds the whole dataset again once read.
         st3 = fill(m, files, 300 * MiB)
         assert st3["mem_bytes"] >= 300 * MiB, f"no reload after the neighbour left: {st3}"
         assert st3["budget_cuts"] >= 1, st3
