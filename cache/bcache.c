@@ -586,6 +586,8 @@ int bc_block_refault(struct bc *bc, struct bc_block *b)
 unsigned bc_mapped_prefetch(struct bc *bc, unsigned max)
 {
 	struct bc_block *v[64];
+	void *addr[64];
+	uint32_t len[64];
 	unsigned n = 0, i;
 	int sh;
 
@@ -604,13 +606,17 @@ unsigned bc_mapped_prefetch(struct bc *bc, unsigned max)
 			if (!(b->flags & BC_MAPPED) || !b->buf || (b->flags & BC_IO) ||
 			    !atomic_load(&b->ref) || bc_mapped_missing(b) <= 0)
 				continue;
+			/* Our reference keeps the mapping: an eviction frees no buffer whose
+			 * block gained a reference since its pick (bc_evict_done). */
 			bc_block_get(b);
+			addr[n] = b->buf;
+			len[n] = b->cap;
 			v[n++] = b;
 		}
 		pthread_mutex_unlock(&s->mu);
 	}
 	for (i = 0; i < n; i++) {
-		madvise(v[i]->buf, v[i]->cap, MADV_WILLNEED);
+		madvise(addr[i], len[i], MADV_WILLNEED);
 		bc_block_put(bc, v[i]);
 	}
 	atomic_fetch_add_explicit(&bc->map_prefetches, n, memory_order_relaxed);
