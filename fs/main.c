@@ -909,6 +909,10 @@ int main(int argc, char **argv)
 		fprintf(stderr, "mlfs: cannot mount on %s\n", m.cfg.mountpoint);
 		goto out_destroy;
 	}
+	if ((r = mlfs_ops_set_io(se))) {
+		fprintf(stderr, "mlfs: cannot read requests: %s\n", strerror(-r));
+		goto out_unmount;
+	}
 	if (!m.cfg.foreground && (r = mlfs_daemonize(&ready_fd))) {
 		fprintf(stderr, "mlfs: cannot start the daemon: %s\n", strerror(-r));
 		goto out_unmount;
