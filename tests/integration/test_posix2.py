@@ -742,6 +742,70 @@ def test_o_tmpfile_second_user(ckpt, acl_user):
     assert os.listdir(closed) == [] and os.listdir(noexec) == []
 
 
+def test_o_tmpfile_default_acl(ckpt):
+    """A directory's default ACL applies to a tmpfile as to a created file (not the
+    umask), and the file keeps it when it is linked."""
+    d = p(ckpt, "d")
+    os.mkdir(d, 0o755)
+    setfacl("-d", "-m", "u::rwx,u:nobody:rw-,g::r-x,m::rwx,o::---", d)
+    old = os.umask(0o077)
+    try:
+        fd = tmpfile(d, mode=0o664)
+    finally:
+        os.umask(old)
+    try:
+        assert stat.S_IMODE(os.fstat(fd).st_mode) == 0o660
+        os.write(fd, b"acl\n")
+        U.link_fd(fd, p(d, "f"))
+    finally:
+        os.close(fd)
+    assert acl_text(p(d, "f")) == ["user::rw-", "user:nobody:rw-", "group::r-x",
+                                   "mask::rw-", "other::---"]
+    assert cat_as(NOBODY, NOBODY, p(d, "f"))[:2] == (0, b"acl\n")
+
+
+def test_o_tmpfile_concurrent(ckpt):
+    """Many tmpfiles made, written, linked or dropped by several threads at once, beside
+    plain creates: every request goes through the read hook of whichever worker reads
+    it (clone_fd), and each file ends as it should."""
+    import threading
+    errs = []
+
+    def worker(t):
+        try:
+            for i in range(40):
+                data = f"{t}-{i}".encode() * 100
+                fd = tmpfile(ckpt, os.O_RDWR | (os.O_EXCL if i % 4 == 3 else 0))
+                try:
+                    os.write(fd, data)
+                    if i % 2 == 0:
+                        U.link_fd(fd, p(ckpt, f"t{t}-{i}"))
+                    assert os.pread(fd, len(data) + 1, 0) == data
+                finally:
+                    os.close(fd)
+                write_file(p(ckpt, f"c{t}-{i}"), data)
+        except BaseException as e:  # noqa: B902 - reported below
+            errs.append(repr(e))
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errs, errs
+    want = {f"t{t}-{i}" for t in range(6) for i in range(0, 40, 2)}
+    want |= {f"c{t}-{i}" for t in range(6) for i in range(40)}
+    assert set(os.listdir(ckpt)) == want
+    for t in range(6):
+        for i in range(0, 40, 2):
+            assert read_file(p(ckpt, f"t{t}-{i}")) == f"{t}-{i}".encode() * 100
+    if not NATIVE:  # the unnamed ones are gone: the root and the named files are left
+        deadline = time.monotonic() + 10  # FORGET comes asynchronously after the close
+        while ckpt_inodes(ckpt) != len(want) + 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ckpt_inodes(ckpt) == len(want) + 1
+
+
 @pytest.mark.daemon
 def test_o_tmpfile_freed_on_close(ckpt_mount):
     """Without a name the file goes at its last close, blocks and inode (ckpt.c invariant
