@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/limits.h>
 #include <linux/openat2.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
@@ -578,9 +579,34 @@ int data_getxattr(struct data_ns *ns, struct data_node *n, const char *name, voi
 	return (int)data_xattr(ns, n, name, buf, size);
 }
 
-int data_listxattr(struct data_ns *ns, struct data_node *n, char *buf, size_t size)
+int data_listxattr(struct data_ns *ns, struct data_node *n, char *buf, size_t size,
+		   int privileged)
 {
-	return (int)data_xattr(ns, n, NULL, buf, size);
+	size_t need = 0, len;
+	ssize_t all;
+	char *list, *p;
+
+	if (privileged)
+		return (int)data_xattr(ns, n, NULL, buf, size);
+	/* The whole list, whatever the caller's size: the kernel returns at most
+	 * XATTR_LIST_MAX (64 KiB) and E2BIG beyond, so this never needs a second try. */
+	if (!(list = malloc(XATTR_LIST_MAX + 1)))
+		return -ENOMEM;
+	all = data_xattr(ns, n, NULL, list, XATTR_LIST_MAX);
+	if (all >= 0)
+		list[all] = '\0'; /* a last name without its NUL still ends */
+	for (p = list; all > 0 && p < list + all; p += len) {
+		len = strnlen(p, list + all - p) + 1;
+		if (!strncmp(p, "trusted.", 8))
+			continue;
+		if (size && need + len <= size)
+			memcpy(buf + need, p, len);
+		need += len;
+	}
+	free(list);
+	if (all < 0)
+		return (int)all;
+	return size && need > size ? -ERANGE : (int)need;
 }
 
 /* Opens n's source file into f and revalidates it (invariant 2): a changed file gets

@@ -802,7 +802,8 @@ static void mlfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 	if (size && !(buf = malloc(size)))
 		return reply_rc(req, -ENOMEM);
 	if (n->kind == MLFS_DATA)
-		rc = data_listxattr(m->data, (struct data_node *)n, buf, size);
+		rc = data_listxattr(m->data, (struct data_node *)n, buf, size,
+				    fuse_req_ctx(req)->uid == 0);
 	else if (n->kind == MLFS_CKPT) {
 		struct ckpt_ctx c = ctx_of(req);
 

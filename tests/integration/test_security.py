@@ -160,6 +160,49 @@ def test_data_symlink_inside_source_still_a_symlink(user_src):
     assert os.listdir(p) == ["f"]
 
 
+def test_data_trusted_xattr_names_hidden_from_users(user_src, other_user):
+    """ext4 lists trusted.* names only to a privileged caller; the daemon reads SOURCE as
+    root, so MOUNT/data filtered nothing and any user saw them (the values stay the
+    kernel's to refuse). Sizes asked for and lists fetched agree, at the top level and
+    deeper."""
+    import ctypes
+    m = user_src
+    os.makedirs(os.path.join(m.src, "pub", "deep"))
+    for rel in ("top", os.path.join("pub", "deep", "f")):
+        f = os.path.join(m.src, rel)
+        with open(f, "wb") as fh:
+            fh.write(b"x")
+        os.chmod(f, 0o644)
+        os.setxattr(f, "trusted.secret_name", b"v")
+        os.setxattr(f, "user.a", b"1")
+        os.setxattr(f, "trusted.another", b"v")
+        os.setxattr(f, "user.b", b"2")
+    for rel in ("pub", os.path.join("pub", "deep")):
+        os.chmod(os.path.join(m.src, rel), 0o755)
+
+    def run():
+        libc = ctypes.CDLL(None, use_errno=True)
+        out = []
+        for rel in ("top", "pub/deep/f"):
+            p = os.path.join(m.data, rel).encode()
+            need = libc.listxattr(p, None, 0)
+            exact = ctypes.create_string_buffer(need)
+            got = libc.listxattr(p, exact, need)
+            short = libc.listxattr(p, ctypes.create_string_buffer(need - 1), need - 1)
+            names = [n.decode() for n in exact.raw.split(b"\0") if n]
+            out.append([need, got, names, short, ctypes.get_errno()])
+        return out
+
+    kind, out = as_other(other_user, run)
+    assert kind == "ok", out
+    for need, got, names, short, err in out:
+        assert sorted(names) == ["user.a", "user.b"]
+        assert need == got == len("user.a\0user.b\0")
+        assert (short, err) == (-1, errno.ERANGE)
+    assert sorted(os.listxattr(os.path.join(m.data, "pub", "deep", "f"))) == [
+        "trusted.another", "trusted.secret_name", "user.a", "user.b"]  # root sees all
+
+
 # ---------------------------------------------------------------- 2. the store is private
 
 def _walk(top):
