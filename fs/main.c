@@ -171,7 +171,9 @@ static int opt_number(const char *name, const char *val, enum opt_kind kind, dou
 	uint64_t uv = 0;
 	double v = 0;
 	char *end;
-	int bad = !val || !*val || !((val[0] >= '0' && val[0] <= '9') || val[0] == '.');
+	/* Decimal only: strtod would also take hex ("0x10", "0x1p4"). */
+	int bad = !val || !*val || !((val[0] >= '0' && val[0] <= '9') || val[0] == '.') ||
+		  strpbrk(val, "xX");
 
 	if (!bad && kind == OPT_SIZE) {
 		bad = mlfs_parse_size(val, &uv) != 0;
