@@ -373,6 +373,38 @@ def test_root_controls_a_users_mount_without_allow_other(user_mount):
     assert r.rc == 0, r
 
 
+def test_tools_refuse_a_mount_naming_another_users_socket(user_mount, test_root):
+    """The tools find a daemon through an xattr that whatever FUSE server is mounted there
+    answers. A FUSE mount (bindfs of a directory carrying that xattr) naming the socket of
+    the other user's daemon made root's mlfs-snap take a snapshot of that user's mount,
+    which nobody named. The socket must belong to whoever made the mount at the path."""
+    r = user_mount.mount()
+    assert r.returncode == 0, r
+    sock = [n for n in os.listdir(user_mount.sockdir) if n.endswith(".sock")]
+    assert len(sock) == 1, sock
+    fake = tempfile.mkdtemp(prefix="fake-", dir=test_root)
+    mnt = tempfile.mkdtemp(prefix="fakemnt-", dir=test_root)
+    os.setxattr(fake, "user.mlfs.control",
+                os.path.join(user_mount.sockdir, sock[0]).encode())
+    r = subprocess.run(["bindfs", fake, mnt], capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        pytest.skip(f"bindfs: {r.stderr.strip()}")
+    try:
+        assert os.getxattr(mnt, "user.mlfs.control").decode().endswith(sock[0])
+        r = S.snap("take", mnt, "not-yours", "--wait")
+        assert r.rc != 0 and "not an mlfs mount point" in r.err, r
+        r = subprocess.run([U.MLFS_STAT, "--json", mnt], capture_output=True, text=True,
+                           timeout=30)
+        assert r.returncode != 0 and "not an mlfs mount point" in r.stderr, r.stderr
+    finally:
+        U.fusermount_u(mnt)
+        if U.is_mounted(mnt):
+            U.force_unmount(mnt)
+    assert "not-yours" not in S.list_json(user_mount.mnt)
+    # The user's own mount is still root's to control (mount table path).
+    S.snap_ok("take", user_mount.mnt, "by-root", "--wait")
+
+
 @pytest.mark.parametrize("squat", ["foreign", "symlink", "open"])
 def test_socket_dir_made_by_someone_else_is_refused(user_mount, test_root, squat):
     """/tmp/mlfs-UID made first by another user (here root), a symlink to a directory
