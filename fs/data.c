@@ -29,7 +29,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <linux/limits.h>
 #include <linux/openat2.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
@@ -579,15 +578,14 @@ int data_getxattr(struct data_ns *ns, struct data_node *n, const char *name, voi
 	return (int)data_xattr(ns, n, name, buf, size);
 }
 
-int data_listxattr(struct data_ns *ns, struct data_node *n, char *buf, size_t size,
-		   int privileged)
+/* data_listxattr for an unprivileged caller: SOURCE's list without trusted.* names. */
+static int data_listxattr_public(struct data_ns *ns, struct data_node *n, char *buf,
+				 size_t size)
 {
 	size_t need = 0, len;
 	ssize_t all;
 	char *list, *p;
 
-	if (privileged)
-		return (int)data_xattr(ns, n, NULL, buf, size);
 	/* The whole list, whatever the caller's size: the kernel returns at most
 	 * XATTR_LIST_MAX (64 KiB) and E2BIG beyond, so this never needs a second try. */
 	if (!(list = malloc(XATTR_LIST_MAX + 1)))
@@ -607,6 +605,14 @@ int data_listxattr(struct data_ns *ns, struct data_node *n, char *buf, size_t si
 	if (all < 0)
 		return (int)all;
 	return size && need > size ? -ERANGE : (int)need;
+}
+
+int data_listxattr(struct data_ns *ns, struct data_node *n, char *buf, size_t size,
+		   int privileged)
+{
+	if (!privileged)
+		return data_listxattr_public(ns, n, buf, size);
+	return (int)data_xattr(ns, n, NULL, buf, size);
 }
 
 /* Opens n's source file into f and revalidates it (invariant 2): a changed file gets
