@@ -81,6 +81,9 @@ struct ckpt_inode {
 	uint64_t data_bytes; /* sum of its blocks' len: st_blocks; invariant 3 as size */
 	struct timespec atime, mtime, ctime;
 	uint64_t nlookup;
+	/* An O_TMPFILE file made without O_EXCL, not yet linked: link may give it its first
+	 * name although nlink is 0 (ckpt_link), as the kernel's I_LINKABLE. Under ns->mu. */
+	int linkable;
 	uint32_t nopen;
 	uint32_t nwrite; /* of nopen, opened O_WRONLY/O_RDWR: the freeze flags the file */
 	/* Restored with -o workers=N > 1 and its content unchanged since: the freeze flags
@@ -622,7 +625,9 @@ int ckpt_setattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct stat *
 	return 0;
 }
 
-/* Shared by mknod, mkdir and symlink: a new inode named name in dir. */
+/* Shared by mknod, mkdir, symlink and tmpfile: a new inode named name in dir, or with
+ * no name when name is NULL (O_TMPFILE: nlink 0, dir unchanged; the tree as a snapshot
+ * sees it is unchanged too, so the generation stays). */
 static int ckpt_create_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
 			      mode_t mode, const struct ckpt_ctx *c, struct ckpt_inode **out)
 {
@@ -634,7 +639,7 @@ static int ckpt_create_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, const 
 
 	if (!S_ISDIR(dir->mode) || dir->nlink == 0)
 		return dir->nlink == 0 ? -ENOENT : -ENOTDIR;
-	if (ckpt_find_locked(ns, dir, name))
+	if (name && ckpt_find_locked(ns, dir, name))
 		return -EEXIST;
 	if ((rc = ckpt_acl_inherit_locked(dir, &mode, c, &acl, &acl_size, &dacl)))
 		return rc;
@@ -653,17 +658,19 @@ static int ckpt_create_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, const 
 		dacl = NULL;
 	free(acl);
 	free(dacl);
-	if (!rc)
+	if (!rc && name)
 		rc = ckpt_link_locked(ns, dir, name, ino);
 	if (rc) {
 		if (ino)
 			ckpt_inode_destroy(ns, ino);
 		return rc;
 	}
+	*out = ino;
+	if (!name)
+		return 0;
 	ino->nlink = 1;
 	dir->mtime = dir->ctime = ino->ctime;
 	ckpt_changed(ns);
-	*out = ino;
 	return 0;
 }
 
@@ -681,6 +688,21 @@ int ckpt_mknod(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name, mod
 	pthread_mutex_lock(&ns->mu);
 	if (!(rc = ckpt_create_locked(ns, dir, name, mode, c, &ino))) {
 		ino->rdev = rdev;
+		ckpt_entry_locked(ns, ino, e);
+	}
+	pthread_mutex_unlock(&ns->mu);
+	return rc;
+}
+
+int ckpt_tmpfile(struct ckpt_ns *ns, struct ckpt_inode *dir, mode_t mode, int linkable,
+		 const struct ckpt_ctx *c, struct fuse_entry_param *e)
+{
+	struct ckpt_inode *ino;
+	int rc;
+
+	pthread_mutex_lock(&ns->mu);
+	if (!(rc = ckpt_create_locked(ns, dir, NULL, S_IFREG | (mode & 07777), c, &ino))) {
+		ino->linkable = linkable;
 		ckpt_entry_locked(ns, ino, e);
 	}
 	pthread_mutex_unlock(&ns->mu);
@@ -744,13 +766,14 @@ int ckpt_link(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_inode *dir
 		rc = -EPERM;
 	else if (!S_ISDIR(dir->mode))
 		rc = -ENOTDIR;
-	else if (dir->nlink == 0 || ino->nlink == 0)
-		rc = -ENOENT;
+	else if (dir->nlink == 0 || (ino->nlink == 0 && !ino->linkable))
+		rc = -ENOENT; /* an unlinked file, or an O_TMPFILE one made with O_EXCL */
 	else if (ino->nlink >= 65000)
 		rc = -EMLINK; /* ext4's EXT4_LINK_MAX */
 	else if (ckpt_find_locked(ns, dir, name))
 		rc = -EEXIST;
 	else if (!(rc = ckpt_link_locked(ns, dir, name, ino))) {
+		ino->linkable = 0; /* unlinked again, it stays unlinked (ext4) */
 		ino->nlink++;
 		ino->ctime = dir->mtime = dir->ctime = ckpt_now();
 		ckpt_changed(ns);

@@ -63,6 +63,12 @@ int ckpt_mkdir(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name, mod
 	       const struct ckpt_ctx *c, struct fuse_entry_param *e);
 int ckpt_symlink(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
 		 const char *target, const struct ckpt_ctx *c, struct fuse_entry_param *e);
+/* O_TMPFILE: a regular file with no name (nlink 0) made as mknod makes one in dir (owner,
+ * umask or default ACL, setgid group). It lives while looked up or open (invariant 2 of
+ * ckpt.c) and is in no snapshot; if linkable (no O_EXCL), ckpt_link may give it its
+ * first name, once. */
+int ckpt_tmpfile(struct ckpt_ns *ns, struct ckpt_inode *dir, mode_t mode, int linkable,
+		 const struct ckpt_ctx *c, struct fuse_entry_param *e);
 int ckpt_link(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_inode *dir,
 	      const char *name, struct fuse_entry_param *e);
 int ckpt_unlink(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name);

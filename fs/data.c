@@ -579,8 +579,40 @@ int data_getxattr(struct data_ns *ns, struct data_node *n, const char *name, voi
 	return (int)data_xattr(ns, n, name, buf, size);
 }
 
-int data_listxattr(struct data_ns *ns, struct data_node *n, char *buf, size_t size)
+/* data_listxattr for an unprivileged caller: SOURCE's list without trusted.* names. */
+static int data_listxattr_public(struct data_ns *ns, struct data_node *n, char *buf,
+				 size_t size)
 {
+	size_t need = 0, len;
+	ssize_t all;
+	char *list, *p;
+
+	/* The whole list, whatever the caller's size: the kernel returns at most
+	 * XATTR_LIST_MAX (64 KiB) and E2BIG beyond, so this never needs a second try. */
+	if (!(list = malloc(XATTR_LIST_MAX + 1)))
+		return -ENOMEM;
+	all = data_xattr(ns, n, NULL, list, XATTR_LIST_MAX);
+	if (all >= 0)
+		list[all] = '\0'; /* a last name without its NUL still ends */
+	for (p = list; all > 0 && p < list + all; p += len) {
+		len = strnlen(p, list + all - p) + 1;
+		if (!strncmp(p, "trusted.", 8))
+			continue;
+		if (size && need + len <= size)
+			memcpy(buf + need, p, len);
+		need += len;
+	}
+	free(list);
+	if (all < 0)
+		return (int)all;
+	return size && need > size ? -ERANGE : (int)need;
+}
+
+int data_listxattr(struct data_ns *ns, struct data_node *n, char *buf, size_t size,
+		   int privileged)
+{
+	if (!privileged)
+		return data_listxattr_public(ns, n, buf, size);
 	return (int)data_xattr(ns, n, NULL, buf, size);
 }
 

@@ -176,7 +176,9 @@ static int opt_number(const char *name, const char *val, enum opt_kind kind, dou
 	uint64_t uv = 0;
 	double v = 0;
 	char *end;
-	int bad = !val || !*val || !((val[0] >= '0' && val[0] <= '9') || val[0] == '.');
+	/* Decimal only: strtod would also take hex ("0x10", "0x1p4"). */
+	int bad = !val || !*val || !((val[0] >= '0' && val[0] <= '9') || val[0] == '.') ||
+		  strpbrk(val, "xX");
 
 	if (!bad && kind == OPT_SIZE) {
 		bad = mlfs_parse_size(val, &uv) != 0;
@@ -946,6 +948,10 @@ int main(int argc, char **argv)
 	if (fuse_session_mount(se, m.cfg.mountpoint)) {
 		fprintf(stderr, "mlfs: cannot mount on %s\n", m.cfg.mountpoint);
 		goto out_destroy;
+	}
+	if ((r = mlfs_ops_set_io(se))) {
+		fprintf(stderr, "mlfs: cannot read requests: %s\n", strerror(-r));
+		goto out_unmount;
 	}
 	if (!m.cfg.foreground && (r = mlfs_daemonize(&ready_fd))) {
 		fprintf(stderr, "mlfs: cannot start the daemon: %s\n", strerror(-r));

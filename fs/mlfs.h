@@ -112,5 +112,9 @@ int mlfs_stats_prom(struct mlfs *m, char *buf, size_t len);
 
 /* The FUSE operation table (ops.c). */
 extern const struct fuse_lowlevel_ops mlfs_ops;
+/* Reads the session's requests through ops.c (O_TMPFILE, which libfuse 3.14 does not
+ * handle, becomes a CREATE there). After fuse_session_mount, before the loop; 0 or
+ * -errno. */
+int mlfs_ops_set_io(struct fuse_session *se);
 
 #endif

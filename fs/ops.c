@@ -16,7 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/xattr.h>
+#include <linux/fuse.h>
 #include <unistd.h>
 
 #include "cache/bcache.h"
@@ -86,6 +88,9 @@ static void mlfs_op_init(void *userdata, struct fuse_conn_info *conn)
 		conn->want &= ~FUSE_CAP_ATOMIC_O_TRUNC;
 	if (conn->capable & FUSE_CAP_SPLICE_MOVE)
 		conn->want &= ~FUSE_CAP_SPLICE_MOVE;
+	/* Requests read by splice would bypass mlfs_io_read (O_TMPFILE). libfuse offers
+	 * none with a read hook and no splice hook; this keeps it so whatever it offers. */
+	conn->want &= ~FUSE_CAP_SPLICE_READ;
 	/*
 	 * POSIX ACLs as ext4: the kernel caches and enforces them (this also implies
 	 * default_permissions, which mlfs always sets), MOUNT/ckpt stores them and keeps
@@ -377,6 +382,48 @@ static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 	}
 }
 
+/*
+ * O_TMPFILE. The kernel sends FUSE_TMPFILE (opcode 51), a CREATE in all but the opcode
+ * (the same fuse_create_in, a name, the same entry + open reply), but libfuse 3.14 has
+ * no handler for it and answers ENOSYS, which the kernel turns into EOPNOTSUPP for the
+ * rest of the mount. So mlfs reads requests itself (fuse_session_custom_io, installed
+ * by mlfs_ops_set_io before the first request): a TMPFILE is relabelled CREATE with the
+ * name "/", which no real CREATE can carry (a name has no '/'), and mlfs_op_create
+ * makes it a file with no name. Everything else of libfuse's (the caller's uid, gid
+ * and umask, interrupts, the reply) is the CREATE path's. Costs one compare per
+ * request; works with clone_fd, as libfuse passes each worker's own fd to the hook.
+ * No request is read by splice (mlfs_op_init), so every one passes through here.
+ */
+#define MLFS_TMPFILE_NAME "/"
+
+static ssize_t mlfs_io_read(int fd, void *buf, size_t len, void *userdata)
+{
+	struct fuse_in_header *in = buf;
+	ssize_t n = read(fd, buf, len);
+	size_t head = sizeof(*in) + sizeof(struct fuse_create_in);
+
+	/* A TMPFILE too short to hold a name stays one: libfuse answers ENOSYS. */
+	if (n >= (ssize_t)(head + sizeof(MLFS_TMPFILE_NAME)) && in->opcode == FUSE_TMPFILE &&
+	    in->len >= head + sizeof(MLFS_TMPFILE_NAME)) {
+		in->opcode = FUSE_CREATE;
+		memcpy((char *)buf + head, MLFS_TMPFILE_NAME, sizeof(MLFS_TMPFILE_NAME));
+	}
+	return n;
+}
+
+static ssize_t mlfs_io_writev(int fd, struct iovec *iov, int count, void *userdata)
+{
+	return writev(fd, iov, count);
+}
+
+int mlfs_ops_set_io(struct fuse_session *se)
+{
+	static const struct fuse_custom_io io = { .read = mlfs_io_read,
+						  .writev = mlfs_io_writev };
+
+	return fuse_session_custom_io(se, &io, fuse_session_fd(se));
+}
+
 static void mlfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
 			   struct fuse_file_info *fi)
 {
@@ -386,7 +433,11 @@ static void mlfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, 
 	struct ckpt_inode *dir;
 	int rc = ckpt_parent(parent, &dir);
 
-	if (!rc)
+	/* O_TMPFILE (mlfs_io_read); without O_EXCL it may be linked later (the kernel
+	 * checks that as well: I_LINKABLE). */
+	if (!rc && !strcmp(name, MLFS_TMPFILE_NAME))
+		rc = ckpt_tmpfile(m->ckpt, dir, mode, !(fi->flags & O_EXCL), &c, &e);
+	else if (!rc)
 		rc = ckpt_mknod(m->ckpt, dir, name, S_IFREG | (mode & 07777), 0, &c, &e);
 	if (rc)
 		return reply_rc(req, rc);
@@ -752,7 +803,8 @@ static void mlfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 	if (size && !(buf = malloc(size)))
 		return reply_rc(req, -ENOMEM);
 	if (n->kind == MLFS_DATA)
-		rc = data_listxattr(m->data, (struct data_node *)n, buf, size);
+		rc = data_listxattr(m->data, (struct data_node *)n, buf, size,
+				    fuse_req_ctx(req)->uid == 0);
 	else if (n->kind == MLFS_CKPT) {
 		struct ckpt_ctx c = ctx_of(req);
 

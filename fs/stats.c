@@ -63,7 +63,8 @@ int mlfs_parse_time(const char *s, double *out)
 	double v, mul = 1;
 	char *end;
 
-	if (!s || !*s || *s == '-')
+	/* A decimal number: strtod alone would also take nan, inf and hex (0x10, 0x1p4). */
+	if (!s || !((*s >= '0' && *s <= '9') || *s == '.') || strpbrk(s, "xX"))
 		return -EINVAL;
 	errno = 0;
 	v = strtod(s, &end);

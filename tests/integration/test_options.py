@@ -36,7 +36,9 @@ BAD_NUMBERS = [
     for val in ("nan", "inf", "-inf", "1e400", "-1", "", " 5", "18446744073709551616",
                 "99999999999999999999T")
 ] + [("autosnap", "1e300d"), ("mtbf", "1e300h"), ("data_timeout", "1e300"),
-     ("spill_max", "1"), ("spill_max", "4K"), ("threads", "1e3"), ("keep", "0x10")]
+     ("spill_max", "1"), ("spill_max", "4K"), ("threads", "1e3"), ("keep", "0x10"),
+     ("data_timeout", "0x10"), ("autosnap", "0x10"), ("mtbf", "0x1p4h"),
+     ("data_timeout", "0x1p-2")]
 
 
 @pytest.mark.parametrize("opt,val", BAD_NUMBERS,
