@@ -97,6 +97,7 @@
  *   data fl_mu -> bcache shard mutex
  *   leaves, taken under none of the above and taking nothing: tier t->mu (tier.c
  *   invariant 7), spill lock, uring lock, gov lock, data mu, ctl mu.
+ *   bc->pool_mu (the buffer pool) is such a leaf too: never under a shard mutex.
  * The shard mutexes are leaves too: never two at once, never held across I/O, a copy
  * or hash of block contents, or a call out of this module (the backing's hooks, which
  * take t->mu and do I/O, run with none held).
@@ -177,6 +178,13 @@ struct bc {
 	_Atomic uint64_t src_ns_per_mib; /* EWMA, bc_source_ns_per_mib */
 	_Atomic uint64_t unplaced;	 /* cap of BC_UNPLACED blocks: bc_unplaced_bytes */
 	_Atomic uint64_t mapped_bytes, map_refaults, map_prefetches; /* BC_MAPPED buffers */
+	/* The buffer pool ("Buffer pool" below). Lock order: pool_mu is a leaf, taken
+	 * under no other lock (not a shard mutex: buffers are pooled after it is dropped)
+	 * and taking none; free() is called outside it. */
+	pthread_mutex_t pool_mu;
+	void *pool;			 /* freed block-sized buffers, linked by first word */
+	_Atomic uint64_t pool_bytes;	 /* pool_cap x buffers in the pool */
+	uint32_t pool_cap;		 /* footprint of a malloc(block_size) */
 	struct bc_backing backing;
 	struct bc_shard shards[BC_SHARDS];
 };
@@ -246,6 +254,17 @@ int bc_new(uint32_t block_size, uint64_t budget, struct bc **out)
 		return -ENOMEM;
 	bc->block_size = block_size;
 	bc->budget = budget;
+	pthread_mutex_init(&bc->pool_mu, NULL);
+	{
+		void *p = malloc(block_size);
+
+		if (!p) {
+			free(bc);
+			return -ENOMEM;
+		}
+		bc->pool_cap = (uint32_t)malloc_usable_size(p);
+		free(p);
+	}
 	for (i = 0; i < BC_SHARDS; i++) {
 		struct bc_shard *s = &bc->shards[i];
 
@@ -266,26 +285,122 @@ out_free:
 	return -ENOMEM;
 }
 
-static void bc_buf_free(struct bc *bc, struct bc_block *b)
+/*
+ * Buffer pool. A fresh block buffer is a fresh mapping (M_MMAP_THRESHOLD, main.c): its
+ * first touch costs a page fault and a cleared page per 4 KiB, and on a VM whose
+ * balloon reports free pages to the host (the one these figures come from) a host
+ * fault as well: perf showed clear_page and the fault path at ~45% of the daemon's
+ * time in `dd bs=1M` into MOUNT/ckpt. So a checkpoint block's buffer of exactly one
+ * block that the job let go of (bc_buf_free) is not freed at once but kept, still
+ * mapped and faulted, and handed to the next allocation of that size (a checkpoint
+ * block, a data block, a reload): the next checkpoint reuses the last one's memory.
+ *
+ * The pool holds only memory the budget grants and nobody uses: pool_bytes never
+ * passes min(budget / BC_POOL_DIV, budget - mem_bytes). Every budget cut trims it at
+ * once (bc_set_budget, before the tier evicts anything), and so does any allocation
+ * that grows mem_bytes past that bound, so mem_bytes + pool_bytes stays within the
+ * budget whenever mem_bytes alone does: the pool is the first memory given back.
+ * Cost: a pooled buffer is not zeroed again; nothing reads a buffer past a block's
+ * len (ckpt.c invariant 4 serves zeros there), so none is needed.
+ */
+#define BC_POOL_DIV 4
+
+static uint64_t bc_pool_limit(const struct bc *bc)
 {
-	if (!b->buf)
-		return;
-	if (b->flags & BC_MAPPED) {
-		/* Unmapping alone would leave the pages in SOURCE's page cache, charged
-		 * to the daemon: what the governor asked back would stay taken. PAGEOUT
-		 * drops the clean pages only this mapping holds (a page another mapping
-		 * of the range also maps stays); no I/O, they are clean. */
-		madvise(b->buf, b->cap, MADV_PAGEOUT);
-		munmap(b->buf, b->cap);
-		atomic_fetch_sub(&bc->mapped_bytes, b->cap);
-	} else {
-		free(b->buf);
+	uint64_t budget = atomic_load(&bc->budget), mem = atomic_load(&bc->mem_bytes);
+	uint64_t room = budget > mem ? budget - mem : 0;
+
+	return room < budget / BC_POOL_DIV ? room : budget / BC_POOL_DIV;
+}
+
+/* A pooled buffer of pool_cap bytes, or NULL. */
+static void *bc_pool_get(struct bc *bc)
+{
+	void *p;
+
+	if (!atomic_load_explicit(&bc->pool_bytes, memory_order_relaxed))
+		return NULL;
+	pthread_mutex_lock(&bc->pool_mu);
+	p = bc->pool;
+	if (p) {
+		bc->pool = *(void **)p;
+		atomic_fetch_sub(&bc->pool_bytes, bc->pool_cap);
 	}
+	pthread_mutex_unlock(&bc->pool_mu);
+	return p;
+}
+
+/* Frees pooled buffers until the pool is within its bound; free() outside the lock. */
+static void bc_pool_trim(struct bc *bc)
+{
+	void *list = NULL, *p;
+
+	if (atomic_load_explicit(&bc->pool_bytes, memory_order_relaxed) <= bc_pool_limit(bc))
+		return;
+	pthread_mutex_lock(&bc->pool_mu);
+	while (bc->pool && atomic_load(&bc->pool_bytes) > bc_pool_limit(bc)) {
+		p = bc->pool;
+		bc->pool = *(void **)p;
+		atomic_fetch_sub(&bc->pool_bytes, bc->pool_cap);
+		*(void **)p = list;
+		list = p;
+	}
+	pthread_mutex_unlock(&bc->pool_mu);
+	while ((p = list)) {
+		list = *(void **)p;
+		free(p);
+	}
+}
+
+/* Frees buf (a malloc'd buffer of footprint cap, no longer counted in mem_bytes), or
+ * keeps it in the pool when it is block-sized and the bound leaves room. */
+static void bc_pool_put(struct bc *bc, void *buf, uint32_t cap)
+{
+	bool kept = false;
+
+	if (cap == bc->pool_cap) {
+		pthread_mutex_lock(&bc->pool_mu);
+		if (atomic_load(&bc->pool_bytes) + cap <= bc_pool_limit(bc)) {
+			*(void **)buf = bc->pool;
+			bc->pool = buf;
+			atomic_fetch_add(&bc->pool_bytes, cap);
+			kept = true;
+		}
+		pthread_mutex_unlock(&bc->pool_mu);
+	}
+	if (!kept)
+		free(buf);
+}
+
+/* Frees b's buffer; with `pool`, into the pool when it fits there. Only buffers the job
+ * let go of are pooled (a checkpoint block freed by its last put: a file truncated,
+ * unlinked or replaced, a snapshot persisted); an eviction frees memory to meet the
+ * budget, and pooling that would defeat it. */
+static void bc_buf_free(struct bc *bc, struct bc_block *b, bool pool)
+{
+	void *buf = b->buf;
+
+	if (!buf)
+		return;
 	b->buf = NULL;
 	atomic_fetch_sub(&bc->mem_bytes, b->cap);
 	atomic_fetch_sub(&bc->resident[b->cls], 1);
 	if (b->cls == BC_CKPT && !(b->flags & BC_STORED))
 		atomic_fetch_sub(&bc->dirty_bytes, b->cap);
+	if (b->flags & BC_MAPPED) {
+		/* Unmapping alone would leave the pages in SOURCE's page cache, charged
+		 * to the daemon: what the governor asked back would stay taken. PAGEOUT
+		 * drops the clean pages only this mapping holds (a page another mapping
+		 * of the range also maps stays); no I/O, they are clean. A mapping never
+		 * goes to the pool, which holds malloc'd checkpoint buffers only. */
+		madvise(buf, b->cap, MADV_PAGEOUT);
+		munmap(buf, b->cap);
+		atomic_fetch_sub(&bc->mapped_bytes, b->cap);
+	} else if (pool) {
+		bc_pool_put(bc, buf, b->cap);
+	} else {
+		free(buf);
+	}
 }
 
 /* Allocates b->buf of cap bytes (invariant 1). Buffers are plain malloc: the daemon sets
@@ -303,6 +418,12 @@ static uint32_t bc_footprint(void *buf)
 
 static int bc_buf_alloc(struct bc *bc, struct bc_block *b, uint32_t cap, bool zero)
 {
+	/* A block-sized buffer comes from the pool when it has one (not zeroed: see
+	 * "Buffer pool"); anything else, or an empty pool, from malloc. */
+	if (cap == bc->block_size && (b->buf = bc_pool_get(bc))) {
+		cap = bc->pool_cap;
+		goto counted;
+	}
 	b->buf = zero ? calloc(1, cap ? cap : 1) : malloc(cap ? cap : 1);
 	if (!b->buf)
 		return -ENOMEM;
@@ -315,11 +436,13 @@ static int bc_buf_alloc(struct bc *bc, struct bc_block *b, uint32_t cap, bool ze
 		if (zero && cap > want)
 			memset((char *)b->buf + want, 0, cap - want);
 	}
+counted:
 	b->cap = cap;
 	atomic_fetch_add(&bc->mem_bytes, cap);
 	atomic_fetch_add(&bc->resident[b->cls], 1);
 	if (b->cls == BC_CKPT && !(b->flags & BC_STORED))
 		atomic_fetch_add(&bc->dirty_bytes, cap);
+	bc_pool_trim(bc); /* mem_bytes grew: the pool's bound shrank */
 	return 0;
 }
 
@@ -340,7 +463,7 @@ void bc_free(struct bc *bc)
 
 			for (; b; b = n) {
 				n = b->hnext;
-				bc_buf_free(bc, b);
+				bc_buf_free(bc, b, false);
 				free(b);
 			}
 		}
@@ -348,6 +471,13 @@ void bc_free(struct bc *bc)
 		pthread_mutex_destroy(&s->mu);
 		pthread_cond_destroy(&s->cv);
 	}
+	while (bc->pool) {
+		void *p = bc->pool;
+
+		bc->pool = *(void **)p;
+		free(p);
+	}
+	pthread_mutex_destroy(&bc->pool_mu);
 	free(bc);
 }
 
@@ -359,6 +489,12 @@ uint32_t bc_block_size(const struct bc *bc)
 void bc_set_budget(struct bc *bc, uint64_t budget)
 {
 	atomic_store(&bc->budget, budget);
+	bc_pool_trim(bc); /* a cut gives the pool back first, at once */
+}
+
+uint64_t bc_pool_bytes(const struct bc *bc)
+{
+	return atomic_load(&bc->pool_bytes);
 }
 
 uint64_t bc_budget(const struct bc *bc)
@@ -387,6 +523,7 @@ void bc_get_stats(struct bc *bc, struct bc_stats *st)
 	st->mapped_bytes = atomic_load(&bc->mapped_bytes);
 	st->map_refaults = atomic_load(&bc->map_refaults);
 	st->map_prefetches = atomic_load(&bc->map_prefetches);
+	st->pool_bytes = atomic_load(&bc->pool_bytes);
 }
 
 static struct bc_shard *bc_shard_of(struct bc *bc, struct bc_block *b)
@@ -670,7 +807,7 @@ static void bc_block_destroy(struct bc *bc, struct bc_block *b)
 		b->flags &= ~BC_SPILLED;
 		bc->backing.unspill(bc->backing.arg, b);
 	}
-	bc_buf_free(bc, b);
+	bc_buf_free(bc, b, b->cls == BC_CKPT);
 	atomic_fetch_sub(&bc->blocks[b->cls], 1);
 	free(b);
 }
@@ -934,16 +1071,25 @@ int bc_block_reserve(struct bc *bc, struct bc_block *b, uint32_t cap)
 		return 0;
 	if (cap > bc->block_size)
 		cap = bc->block_size;
-	nb = realloc(b->buf, cap);
-	if (!nb)
-		return -ENOMEM;
-	cap = bc_footprint(nb);
-	memset((char *)nb + b->cap, 0, cap - b->cap);
+	if (cap == bc->block_size && (nb = bc_pool_get(bc))) {
+		/* Only len bytes mean anything (past len reads as zeros: ckpt.c invariant
+		 * 4), so the copy is len bytes and the rest is not cleared. */
+		memcpy(nb, b->buf, b->len);
+		free(b->buf);
+		cap = bc->pool_cap;
+	} else {
+		nb = realloc(b->buf, cap);
+		if (!nb)
+			return -ENOMEM;
+		cap = bc_footprint(nb);
+		memset((char *)nb + b->cap, 0, cap - b->cap);
+	}
 	atomic_fetch_add(&bc->mem_bytes, cap - b->cap);
 	if (!(b->flags & BC_STORED))
 		atomic_fetch_add(&bc->dirty_bytes, cap - b->cap);
 	b->buf = nb;
 	b->cap = cap;
+	bc_pool_trim(bc);
 	return 0;
 }
 
@@ -1077,7 +1223,7 @@ uint64_t bc_evict_done(struct bc *bc, struct bc_block *b, bool release)
 			/* Stays listed as a non-resident entry (invariant 5). */
 			freed = b->cap;
 			bc_list_del(bc_list_of(s, b), b);
-			bc_buf_free(bc, b);
+			bc_buf_free(bc, b, false);
 			bc_list_push(bc_list_of(s, b), b);
 		} else if (b->flags & BC_HASHED) {
 			freed = b->cap; /* by the last put below */
@@ -1320,6 +1466,7 @@ void bc_load_end(struct bc *bc, struct bc_block *b, void *buf, int rc)
 	pthread_cond_broadcast(&s->cv);
 	pthread_mutex_unlock(&s->mu);
 	free(buf);
+	bc_pool_trim(bc); /* mem_bytes may have grown: the pool's bound shrank */
 	if (unhashed)
 		bc_block_put(bc, b);
 	if (over && bc->backing.over_budget)
@@ -1334,7 +1481,9 @@ int bc_block_load(struct bc *bc, struct bc_block *b)
 	rc = bc_load_begin(bc, b, true);
 	if (rc)
 		return rc > 0 ? 0 : rc;
-	buf = malloc(b->len ? b->len : 1);
+	buf = b->len == bc->block_size ? bc_pool_get(bc) : NULL;
+	if (!buf)
+		buf = malloc(b->len ? b->len : 1);
 	if (!buf)
 		rc = -ENOMEM;
 	else if (!bc->backing.load)

@@ -125,6 +125,7 @@ struct bc_stats {
 	uint64_t mapped_bytes;		     /* of mem_bytes, data blocks mapped from SOURCE */
 	uint64_t map_refaults;		     /* mapped blocks found partly reclaimed, re-read */
 	uint64_t map_prefetches;	     /* of those, asked back in the background */
+	uint64_t pool_bytes;		     /* freed block buffers kept for reuse */
 };
 
 struct bc;
@@ -135,10 +136,15 @@ uint32_t bc_block_size(const struct bc *bc);
 void bc_set_budget(struct bc *bc, uint64_t budget);
 uint64_t bc_budget(const struct bc *bc);
 uint64_t bc_mem_bytes(const struct bc *bc);
+/* Freed block-sized buffers kept mapped for the next allocation (not in mem_bytes):
+ * at most min(budget/4, budget - mem_bytes); a budget cut frees them at once, before
+ * anything is evicted. So mem_bytes + pool_bytes is what the block memory really
+ * costs, and stays within the budget whenever mem_bytes does. */
+uint64_t bc_pool_bytes(const struct bc *bc);
 void bc_get_stats(struct bc *bc, struct bc_stats *st);
 
-/* A new block with a buffer of `cap` bytes (zeroed for ckpt), len 0 for ckpt, `cap`
- * for data; one reference, handed to the caller. NULL when memory is short.
+/* A new block with a buffer of `cap` bytes, len 0 for ckpt, `cap` for data; bytes past
+ * len are unspecified (a pooled buffer is not cleared: nothing reads past len); one reference, handed to the caller. NULL when memory is short.
  * A data block is born NEW (BC_UNPLACED, checksum stale): the caller reads into it,
  * sets its len, seals it and offers it (bc_insert) or puts it.
  * A ckpt block is born WRITING, for the writer that asked for it: no trim can pick it

@@ -346,6 +346,32 @@ static void mlfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 	reply_rc(req, rc);
 }
 
+/*
+ * Checkpoint files opened write-only get FOPEN_DIRECT_IO: the kernel hands each write(2)
+ * to us straight from the writer's pages instead of first copying it into page-cache
+ * pages of the mount (fresh pages: a fault and a clear each on this VM) that would then
+ * hold the checkpoint a second time beside our blocks. torch.save, dd and `open(..., "wb")`
+ * all open write-only. Safe for mmap: a write-only descriptor cannot be mapped. What other
+ * descriptors of the file have cached is dropped by mlfs_op_write once the new bytes
+ * are in place (see there). Measured in docs/performance.md, "The
+ * checkpoint write path". Write semantics are unchanged: a write reaches the daemon
+ * before write() returns, so a take after it contains it.
+ */
+/* The handle of a checkpoint file opened direct (ckpt files use no handle otherwise):
+ * mlfs_op_write invalidates cached pages after a write only through such a handle, so a
+ * write through the page cache (a mode without OPEN, where the kernel holds the written
+ * pages locked until we answer) never waits on its own writer. */
+#define MLFS_FH_CKPT_DIRECT 1
+
+static bool ckpt_direct(const struct mlfs *m, int flags)
+{
+	/* Not with -o immutable: there OPEN answers ENOSYS, so a write-only descriptor of an
+	 * existing file writes through the page cache, holding its pages locked while the
+	 * WRITE is in flight; mlfs_op_write must not invalidate them (it would wait on the
+	 * writer, which waits on it). So no descriptor is direct there, created ones neither. */
+	return !m->cfg.immutable && (flags & O_ACCMODE) == O_WRONLY;
+}
+
 static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct mlfs *m = mlfs_of(req);
@@ -370,6 +396,8 @@ static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 		/* Every change goes through this kernel, so its cached pages stay true;
 		 * a restore swaps in new inodes, never old pages. */
 		fi->keep_cache = 1;
+		fi->direct_io = ckpt_direct(m, fi->flags);
+		fi->fh = fi->direct_io ? MLFS_FH_CKPT_DIRECT : 0;
 	} else {
 		return reply_rc(req, -EISDIR);
 	}
@@ -447,6 +475,8 @@ static void mlfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, 
 	if (!m->cfg.immutable)
 		ckpt_open(m->ckpt, (struct ckpt_inode *)e.ino, fi->flags);
 	fi->keep_cache = 1;
+	fi->direct_io = ckpt_direct(m, fi->flags);
+	fi->fh = fi->direct_io ? MLFS_FH_CKPT_DIRECT : 0;
 	if (fuse_reply_create(req, &e, fi) == -ENOENT) {
 		if (!m->cfg.immutable)
 			ckpt_release(m->ckpt, (struct ckpt_inode *)e.ino, fi->flags);
@@ -534,8 +564,10 @@ static void mlfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_
 	if (rc < 0)
 		return reply_rc(req, rc);
 	/*
-	 * An O_DIRECT write goes around this inode's page cache, which buffered readers (and
-	 * keep_cache) may have filled with the old bytes while the write was in flight. The
+	 * An O_DIRECT write, or any write through a handle opened direct (FOPEN_DIRECT_IO:
+	 * ckpt_direct, MLFS_FH_CKPT_DIRECT), goes around this inode's page cache, which
+	 * buffered readers (and keep_cache) may have filled with the old bytes while the
+	 * write was in flight. The
 	 * kernel invalidates after a synchronous direct write, and after an async one only
 	 * since fuse_aio_invalidate_worker (present in the 6.18 this was tested on, missing
 	 * from older kernels such as 6.1). So drop the range here, once the new bytes are
@@ -546,7 +578,8 @@ static void mlfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_
 	 * nobody would answer it, so not with threads=1 (and with N, only if N direct
 	 * writers all waited at once on pages readers of their ranges locked).
 	 */
-	if (fi && (fi->flags & O_DIRECT) && m->cfg.threads > 1)
+	if (fi && !fi->writepage &&
+	    ((fi->flags & O_DIRECT) || fi->fh == MLFS_FH_CKPT_DIRECT) && m->cfg.threads > 1)
 		fuse_lowlevel_notify_inval_inode(m->se, ino, off, rc);
 	atomic_fetch_add_explicit(&m->st.write_ops, 1, memory_order_relaxed);
 	atomic_fetch_add_explicit(&m->st.bytes_written, rc, memory_order_relaxed);

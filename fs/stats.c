@@ -125,6 +125,8 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 	F("ckpt_blocks", "checkpoint blocks (resident or spilled)", bs.ckpt_blocks);
 	F("ckpt_resident", "checkpoint blocks resident in memory", bs.ckpt_resident);
 	F("dirty_bytes", "checkpoint bytes in memory not yet in the store", bs.dirty_bytes);
+	F("pool_bytes", "freed block buffers kept mapped for reuse (not in mem_bytes)",
+	  bs.pool_bytes);
 	F("hits", "data block lookups served from memory", bs.hits);
 	F("misses", "data block lookups not in memory", bs.misses);
 	F("not_admitted", "misses not cached because the budget was full", bs.not_admitted);

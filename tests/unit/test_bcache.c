@@ -14,6 +14,10 @@
  * - RESIDENT -> EVICTING -> NONRESIDENT -> LOADING -> RESIDENT keeps mem_bytes exact.
  * - bc_block_put with a concurrent last put (run under DEBUG=1 / TSan: the flag read
  *   after the decrement was a use after free).
+ * - The buffer pool: a checkpoint block's freed block-sized buffer is reused by the next
+ *   allocation (and by a buffer growing to a block, keeping its bytes); it stays within
+ *   min(budget/4, budget - mem_bytes), a budget cut empties it at once, and neither an
+ *   eviction nor a data block's free fills it.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -445,6 +449,105 @@ static void test_mapped_block(void)
 	bc_free(bc);
 }
 
+/* Issue 12: the pool of freed block buffers, and its bounds. */
+static void test_pool(void)
+{
+	struct bc *bc = new_cache(BIG);
+	struct bc_block *a, *b, *v[4];
+	struct bc_stats st;
+	uint64_t cap;
+	void *buf;
+
+	a = ckpt_block(bc, BS, 1);
+	cap = bc_block_cap(a);
+	buf = bc_block_buf(a);
+	EXPECT_EQ(bc_pool_bytes(bc), 0);
+	bc_block_disown(bc, a); /* the file let go: the buffer goes to the pool */
+	EXPECT_EQ(bc_pool_bytes(bc), cap);
+	EXPECT_EQ(bc_mem_bytes(bc), 0);
+	bc_get_stats(bc, &st);
+	EXPECT_EQ(st.pool_bytes, cap);
+	b = ckpt_block(bc, BS, 2); /* reused, not a fresh mapping */
+	EXPECT(bc_block_buf(b) == buf);
+	EXPECT_EQ(bc_pool_bytes(bc), 0);
+	EXPECT_EQ(bc_mem_bytes(bc), cap);
+	bc_block_disown(bc, b);
+	EXPECT_EQ(bc_pool_bytes(bc), cap);
+
+	/* A buffer growing to a whole block takes the pooled one and keeps its bytes. */
+	a = bc_block_new(bc, BC_CKPT, 4096);
+	memset(bc_block_buf(a), 7, 100);
+	bc_block_set_len(a, 100);
+	EXPECT_EQ(bc_block_reserve(bc, a, BS), 0);
+	EXPECT(bc_block_buf(a) == buf);
+	EXPECT_EQ(bc_pool_bytes(bc), 0);
+	EXPECT_EQ(bc_mem_bytes(bc), cap);
+	EXPECT_EQ(((unsigned char *)bc_block_buf(a))[99], 7);
+	bc_write_end(bc, a);
+	bc_block_disown(bc, a);
+	EXPECT_EQ(bc_pool_bytes(bc), cap);
+
+	/* A budget cut gives the pool back at once. */
+	bc_set_budget(bc, 2 * cap);
+	EXPECT_EQ(bc_pool_bytes(bc), 0);
+
+	/* Within budget/4 and budget - mem_bytes: with a budget of 4 blocks, budget/4 is
+	 * one block. */
+	bc_set_budget(bc, 4 * cap);
+	a = ckpt_block(bc, BS, 1);
+	b = ckpt_block(bc, BS, 2);
+	bc_block_disown(bc, a);
+	EXPECT_EQ(bc_pool_bytes(bc), cap); /* room 3 blocks, budget/4 one block */
+	bc_block_disown(bc, b);
+	EXPECT_EQ(bc_pool_bytes(bc), cap); /* budget/4 reached: freed at once */
+	/* Memory growing past budget - mem_bytes trims the pool. */
+	a = ckpt_block(bc, BS, 1);	   /* takes the pooled buffer */
+	EXPECT_EQ(bc_pool_bytes(bc), 0);
+	b = ckpt_block(bc, BS, 2);
+	bc_block_disown(bc, b);
+	EXPECT_EQ(bc_pool_bytes(bc), cap); /* mem 1, pool 1: within 4 */
+	b = ckpt_block(bc, BS, 3);	   /* from the pool again */
+	struct bc_block *c = ckpt_block(bc, BS, 4);
+	struct bc_block *d = ckpt_block(bc, BS, 5);
+	EXPECT_EQ(bc_mem_bytes(bc), 4 * cap);
+	bc_block_disown(bc, d);
+	EXPECT_EQ(bc_pool_bytes(bc), cap); /* mem 3 + pool 1 = budget */
+	d = bc_block_new(bc, BC_CKPT, 8192); /* not block-sized: malloc; trims the pool */
+	EXPECT_EQ(bc_pool_bytes(bc), 0);
+	bc_write_end(bc, d);
+	bc_block_disown(bc, d);
+	bc_block_disown(bc, c);
+	bc_block_disown(bc, b);
+
+	/* An eviction frees memory to meet the budget: never into the pool. */
+	bc_set_budget(bc, BIG);
+	bc_block_disown(bc, a);
+	bc_set_budget(bc, 0); /* empty the pool */
+	EXPECT_EQ(bc_pool_bytes(bc), 0);
+	bc_set_budget(bc, BIG);
+	a = ckpt_block(bc, BS, 9);
+	keep_copy(a);
+	EXPECT_EQ(pick(bc, v, 4, BC_CKPT, 0), 1);
+	bc_set_spilled(bc, v[0], 0, BS, 0, false);
+	EXPECT_EQ(bc_evict_done(bc, v[0], true), cap);
+	EXPECT_EQ(bc_pool_bytes(bc), 0);
+	EXPECT_EQ(bc_mem_bytes(bc), 0);
+	EXPECT_EQ(bc_block_load(bc, a), 0); /* a reload of a whole block */
+	EXPECT_EQ(((unsigned char *)bc_block_buf(a))[0], 9);
+	bc_block_disown(bc, a);
+	EXPECT_EQ(bc_pool_bytes(bc), cap);
+	drop_copies();
+
+	/* A data block's buffer is not pooled when it goes, but a data block takes one. */
+	a = bc_block_new(bc, BC_DATA, BS);
+	EXPECT(a != NULL);
+	EXPECT_EQ(bc_pool_bytes(bc), 0);
+	bc_block_put(bc, a);
+	EXPECT_EQ(bc_pool_bytes(bc), 0);
+	EXPECT_EQ(bc_mem_bytes(bc), 0);
+	bc_free(bc); /* frees what the pool holds (ASan: no leak) */
+}
+
 int main(void)
 {
 	test_fresh_block_not_pickable();
@@ -454,5 +557,6 @@ int main(void)
 	test_data_life();
 	test_put_race();
 	test_mapped_block();
+	test_pool();
 	return test_summary();
 }
