@@ -25,6 +25,10 @@
  *     marks its env unusable). Every write then fails with -EIO until reopened.
  *  7. store_get_block() never reports success for bytes whose XXH3-128 differs from the
  *     name asked for; a mismatch is -EIO and a log line naming the object's path.
+ *  8. FORMAT is created once and never rewritten in place: each creator writes its own
+ *     temporary (FORMAT.tmp.<pid>.<random>), fsyncs it and publishes it without
+ *     replacing; a peer that published first wins and its FORMAT is judged as any
+ *     store's. So N processes creating one store at once all succeed.
  *
  * The life of a snapshot:
  *
@@ -311,11 +315,12 @@ out_close:
 
 /* ---- open / close ---- */
 
-/* 0 if dirfd holds nothing but what store_create makes before FORMAT; -EINVAL if it
+/* 0 if dirfd holds nothing but what store_create makes before FORMAT (a peer's
+ * FORMAT, published while we looked, included: check_format judges it); -EINVAL if it
  * holds anything else (it is some other directory, not a store). */
 static int store_dir_is_fresh(int dirfd)
 {
-	static const char *const ours[] = { ".", "..", "objects", "snaps", "lock", "FORMAT.tmp" };
+	static const char *const ours[] = { ".", "..", "objects", "snaps", "lock", "FORMAT" };
 	int fd = dup(dirfd), rc = 0;
 	struct dirent *d;
 	DIR *dp;
@@ -329,6 +334,8 @@ static int store_dir_is_fresh(int dirfd)
 	while (!rc && (d = readdir(dp))) {
 		size_t i;
 
+		if (!strncmp(d->d_name, "FORMAT.tmp", 10))
+			continue;	/* a creator's temporary, ours or a peer's */
 		for (i = 0; i < sizeof(ours) / sizeof(ours[0]); i++)
 			if (!strcmp(d->d_name, ours[i]))
 				break;
@@ -339,10 +346,45 @@ static int store_dir_is_fresh(int dirfd)
 	return rc;
 }
 
+/* Publish FORMAT create-once (invariant 8): N creators at once each write their own
+ * temporary and link it to FORMAT without replacing; EEXIST means a peer published
+ * first, and check_format then judges its content like any store's. */
+static int store_create_format(int dfd)
+{
+	char buf[64], tmp[96];
+	uint64_t rnd = 0;
+	int fd, rc, n;
+
+	if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != (ssize_t)sizeof(rnd))
+		rnd = (uint64_t)time(NULL);
+	snprintf(tmp, sizeof(tmp), "FORMAT.tmp.%ld.%016llx", (long)getpid(),
+		 (unsigned long long)rnd);
+	fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return -errno;
+	n = snprintf(buf, sizeof(buf), FORMAT_TEXT, STORE_FORMAT_VERSION);
+	rc = write_all(fd, buf, (size_t)n);
+	if (!rc && fsync(fd))
+		rc = -errno;
+	if (close(fd) && !rc)
+		rc = -errno;
+	if (!rc && renameat2(dfd, tmp, dfd, "FORMAT", RENAME_NOREPLACE)) {
+		rc = -errno;
+		if (rc == -EINVAL || rc == -ENOSYS || rc == -ENOTSUP)
+			rc = linkat(dfd, tmp, dfd, "FORMAT", 0) ? -errno : 0;
+		if (rc == -EEXIST)
+			rc = 0;	/* a peer's: check_format judges it */
+	}
+	unlinkat(dfd, tmp, 0);	/* gone already after a rename */
+	if (!rc && fsync(dfd))
+		rc = -errno;
+	return rc;
+}
+
 static int store_create(const char *dir)
 {
 	char buf[64];
-	int dfd, fd, rc = 0, n;
+	int dfd, fd, rc = 0;
 
 	/* Private: a checkpoint's bytes are its owner's (objects would otherwise let any
 	 * local user read a 0600 file of MOUNT/ckpt). An existing DIR keeps its mode; all
@@ -354,12 +396,13 @@ static int store_create(const char *dir)
 		return -errno;
 	/* An existing store is opened as it is (check_format judges its FORMAT, so a
 	 * store of another version is refused, never relabelled). A directory holding
-	 * anything but the pieces a create interrupted by a crash leaves is not made a
-	 * store behind its owner's back. */
+	 * anything but the pieces a create interrupted by a crash (or a peer creating
+	 * it right now) leaves is not made a store behind its owner's back. */
 	if (faccessat(dfd, "FORMAT", F_OK, 0) == 0)
 		goto out_close;
 	if ((rc = store_dir_is_fresh(dfd)))
 		goto out_close;
+	/* Every step tolerates a peer doing the same at the same time: EEXIST is fine. */
 	if ((mkdirat(dfd, "objects", 0700) && errno != EEXIST) ||
 	    (mkdirat(dfd, "snaps", 0700) && errno != EEXIST)) {
 		rc = -errno;
@@ -380,24 +423,8 @@ static int store_create(const char *dir)
 		goto out_close;
 	}
 	close(fd);
-	/* FORMAT last, via tmp+rename: a dir with FORMAT is a whole store. */
-	fd = openat(dfd, "FORMAT.tmp",
-		    O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
-	if (fd < 0) {
-		rc = -errno;
-		goto out_close;
-	}
-	n = snprintf(buf, sizeof(buf), FORMAT_TEXT, STORE_FORMAT_VERSION);
-	rc = write_all(fd, buf, (size_t)n);
-	if (!rc && fsync(fd))
-		rc = -errno;
-	close(fd);
-	if (!rc && renameat(dfd, "FORMAT.tmp", dfd, "FORMAT"))
-		rc = -errno;
-	if (!rc && fsync(dfd))
-		rc = -errno;
-	if (rc)
-		unlinkat(dfd, "FORMAT.tmp", 0);
+	/* FORMAT last: a dir with FORMAT is a whole store. */
+	rc = store_create_format(dfd);
 out_close:
 	close(dfd);
 	return rc;

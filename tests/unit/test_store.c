@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -124,6 +125,39 @@ static int commit_blocks(struct store *s, const char *name, const unsigned *seed
 	rc = store_commit(s, m);
 	mf_free(m);
 	return rc;
+}
+
+/* N processes creating one store at once on an empty dir all succeed (before: all wrote
+ * and renamed the same FORMAT.tmp, and 2-3 of 4 failed), rounds of 8 forks each. */
+static void test_create_concurrent(void)
+{
+	char p[512];
+	int failed = 0;
+
+	for (int round = 0; round < 20; round++) {
+		pid_t pids[8];
+
+		snprintf(p, sizeof(p), "%s/race%d", root, round);
+		for (int i = 0; i < 8; i++) {
+			pids[i] = fork();
+			if (pids[i] == 0) {
+				struct store *s;
+				int rc = store_open(p, STORE_CREATE, &s);
+
+				if (!rc)
+					store_close(s);
+				_exit(rc ? 1 : 0);
+			}
+		}
+		for (int i = 0; i < 8; i++) {
+			int st = 0;
+
+			waitpid(pids[i], &st, 0);
+			failed += !WIFEXITED(st) || WEXITSTATUS(st);
+		}
+		EXPECT_EQ(count_files(p, "FORMAT.tmp"), 0);	/* every temporary gone */
+	}
+	EXPECT_EQ(failed, 0);
 }
 
 static void test_open(void)
@@ -802,6 +836,7 @@ int main(void)
 		return 1;
 	}
 	test_open();
+	test_create_concurrent();
 	path_of(p, sizeof(p), root, "objects");
 	test_objects(p);
 	path_of(p, sizeof(p), root, "damage");
