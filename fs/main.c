@@ -46,7 +46,7 @@
 struct mlfs_opts {
 	char *store, *spill, *restore, *pressure_file, *meminfo_file, *cgroup;
 	char *mem_max, *mem_min, *block_size, *spill_max, *data_timeout, *threads;
-	char *preempt_deadline, *autosnap, *keep, *mtbf;
+	char *preempt_deadline, *autosnap, *keep, *mtbf, *workers, *worker;
 	int show_help, show_version, foreground, debug, immutable;
 };
 
@@ -68,6 +68,8 @@ static const struct fuse_opt mlfs_opt_spec[] = {
 	OPT("autosnap=%s", autosnap),
 	OPT("keep=%s", keep),
 	OPT("mtbf=%s", mtbf),
+	OPT("workers=%s", workers),
+	OPT("worker=%s", worker),
 	OPT("-h", show_help),
 	OPT("--help", show_help),
 	OPT("-V", show_version),
@@ -85,7 +87,8 @@ static void mlfs_opts_free(struct mlfs_opts *o)
 	char **strs[] = { &o->store, &o->spill, &o->restore, &o->pressure_file,
 			  &o->meminfo_file, &o->cgroup, &o->mem_max, &o->mem_min,
 			  &o->block_size, &o->spill_max, &o->data_timeout, &o->threads,
-			  &o->preempt_deadline, &o->autosnap, &o->keep, &o->mtbf };
+			  &o->preempt_deadline, &o->autosnap, &o->keep, &o->mtbf,
+			  &o->workers, &o->worker };
 
 	for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++) {
 		free(*strs[i]);
@@ -131,6 +134,8 @@ static void usage(FILE *f)
 "                         (90s, 10m, 2h); auto: the Young/Daly interval from mtbf\n"
 "  -o keep=N              keep the N newest automatic snapshots (default: all)\n"
 "  -o mtbf=TIME           mean time between failures for autosnap=auto (default 1h)\n"
+"  -o workers=N,worker=K  this is worker K (0..N-1) of a job of N sharing the store:\n"
+"                         snapshots are groups of N parts (default: workers=1)\n"
 "  -o threads=N           most FUSE worker threads (default %d)\n"
 "  -o data_timeout=S      kernel attribute cache time for MOUNTPOINT/data (default %.0f)\n"
 "  -o immutable           promise SOURCE does not change while mounted: opens cost\n"
@@ -376,9 +381,37 @@ static int build_config(struct mlfs_opts *o, const char *src, const char *mnt,
 			return 1;
 		c->keep = (unsigned)v;
 	}
-	if (!c->store && (o->restore || o->autosnap || o->keep)) {
+	c->workers = 1;
+	if (o->workers && opt_number("workers", o->workers, OPT_INT, 1, MLFS_WORKERS_MAX, NULL, &v))
+		return 1;
+	if (o->workers)
+		c->workers = (unsigned)v;
+	if (o->worker) {
+		if (opt_number("worker", o->worker, OPT_INT, 0, MLFS_WORKERS_MAX - 1, NULL, &v))
+			return 1;
+		c->worker = (unsigned)v;
+	}
+	if (c->worker >= c->workers) {
+		fprintf(stderr, "mlfs: -o worker=%u: a worker number is 0..workers-1 (workers=%u)\n",
+			c->worker, c->workers);
+		return 1;
+	}
+	if (c->workers > 1 && !o->worker) {
+		fprintf(stderr, "mlfs: -o workers=%u needs -o worker=K (0..%u): each worker's "
+			"number\n", c->workers, c->workers - 1);
+		return 1;
+	}
+	/* Group names must be the same on every worker: autosnap=auto's interval follows
+	 * each worker's own persist time, so their auto- names would never meet. */
+	if (c->workers > 1 && c->autosnap_auto) {
+		fprintf(stderr, "mlfs: -o autosnap=auto cannot name groups alike on %u workers: "
+			"give a fixed interval (autosnap=TIME)\n", c->workers);
+		return 1;
+	}
+	if (!c->store && (o->restore || o->autosnap || o->keep || c->workers > 1)) {
 		fprintf(stderr, "mlfs: -o %s needs -o store=DIR\n",
-			o->restore ? "restore" : o->autosnap ? "autosnap" : "keep");
+			o->restore ? "restore" : o->autosnap ? "autosnap" : o->keep ? "keep"
+								      : "workers");
 		return 1;
 	}
 	c->immutable = o->immutable;

@@ -148,6 +148,24 @@ long mf_find(const struct mf_manifest *m, uint64_t id);
  */
 int mf_path(const struct mf_manifest *m, size_t idx, char *buf, size_t size);
 
+/*
+ * The union of a group's parts (one manifest per worker) as one tree, *out handed over:
+ * what ckpt_restore shows on every worker after a group restore. Directories merge; a
+ * path that several parts hold with the same content (type, size and every block, or a
+ * symlink's target) is one entry; a path held with different contents is a conflict:
+ * the earliest part's entry stays (and under a directory that lost, that part's subtree
+ * is left out), *conflicts counts them and fn (may be NULL) is called once for each
+ * with the losing part p, its entry index idx, and the parts that hold the path
+ * (kept_part, p's index). Metadata (mode, owner, times) of merged entries is the first
+ * part's. Ids are renumbered; time_ns is the newest part's; new_bytes the sum; files,
+ * logical_bytes and open_writes are counted over the union. -EINVAL for n == 0, -ENOMEM.
+ * O(total entries + blocks compared).
+ */
+typedef void (*mf_conflict_fn)(void *arg, const struct mf_manifest *p, size_t idx,
+			       unsigned kept_part, unsigned part);
+int mf_merge(struct mf_manifest *const *parts, size_t n, mf_conflict_fn fn, void *arg,
+	     struct mf_manifest **out, uint64_t *conflicts);
+
 /* 1 if s is a valid entry (or snapshot) name: 1..255 bytes, no '/', not "." or "..". */
 int mf_name_valid(const char *s, size_t len);
 

@@ -49,7 +49,13 @@ struct mlfs_config {
 	unsigned keep;		/* -o keep=N: automatic snapshots kept, 0 = all */
 	double mtbf_s;		/* -o mtbf=TIME */
 	int mtbf_given;
+	unsigned workers;	/* -o workers=N: workers of the job sharing the store, >= 1 */
+	unsigned worker;	/* -o worker=K: this one, 0..workers-1 */
 };
+
+/* The most workers one group may have (-o workers): far above any job's, low enough
+ * that a group's N parts are listed and merged in one go. */
+#define MLFS_WORKERS_MAX 4096
 
 struct mlfs_stats {
 	_Atomic uint64_t source_bytes_read, source_reads, source_errors, direct_reads;

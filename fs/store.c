@@ -29,6 +29,14 @@
  *     temporary (FORMAT.tmp.<pid>.<random>), fsyncs it and publishes it without
  *     replacing; a peer that published first wins and its FORMAT is judged as any
  *     store's. So N processes creating one store at once all succeed.
+ *  9. Groups (-o workers=N > 1): snaps/NAME/ holds worker K's manifest as part-K-of-N,
+ *     each published by the commit protocol (invariant 2) into that directory, and the
+ *     group is visible iff snaps/NAME/group exists: written create-once (rename without
+ *     replacing) by a worker that found all N parts, fsynced them and checked them; it
+ *     names each part's size and XXH3-128, so a part that changed or vanished is damage.
+ *     Two workers publishing at once both succeed (EEXIST is the other's identical
+ *     file). Every part, of complete and partial groups, is a manifest for gc; partial
+ *     groups untouched for the grace time are removed by gc.
  *
  * The life of a snapshot:
  *
@@ -96,6 +104,7 @@ struct store {
 	char token[64];		/* pid, handle, random: unique among processes and hosts */
 	int (*hook)(void *arg, int step);
 	void *hook_arg;
+	unsigned partial_grace_s;	/* gc keeps partial groups younger than this */
 };
 
 /* ---- small helpers ---- */
@@ -472,6 +481,7 @@ int store_open(const char *dir, int flags, struct store **out)
 	if (!s)
 		return -ENOMEM;
 	s->dirfd = s->objfd = s->snapfd = s->lockfd = -1;
+	s->partial_grace_s = STORE_PARTIAL_GRACE_S;
 	pthread_mutex_init(&s->mu, NULL);
 	s->path = strdup(dir);
 	if (!s->path) {
@@ -545,6 +555,11 @@ void store_close(struct store *s)
 	hset_free(&s->put);
 	free(s->path);
 	free(s);
+}
+
+void store_set_partial_grace(struct store *s, unsigned seconds)
+{
+	s->partial_grace_s = seconds;
 }
 
 void store_set_commit_hook(struct store *s, int (*hook)(void *arg, int step), void *arg)
@@ -971,12 +986,13 @@ static int commit_check_objects(struct store *s, const struct mf_manifest *m)
 	return 0;
 }
 
-/* Commit step 2: the manifest under a temporary name, fsynced. */
-static int commit_write_tmp(struct store *s, const char *tmp, const void *buf, size_t len)
+/* Commit step 2: the manifest under a temporary name in dfd (snaps/ or a group's
+ * directory), fsynced. */
+static int commit_write_tmp(int dfd, const char *tmp, const void *buf, size_t len)
 {
 	int fd, rc;
 
-	fd = openat(s->snapfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0400);
+	fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0400);
 	if (fd < 0)
 		return -errno;
 	rc = write_all(fd, buf, len);
@@ -989,33 +1005,28 @@ static int commit_write_tmp(struct store *s, const char *tmp, const void *buf, s
 
 /* Commit step 3: publish without replacing. renameat2 NOREPLACE where the filesystem has
  * it; else link(2), which also fails with EEXIST (NFS, older kernels). */
-static int commit_publish(struct store *s, const char *tmp, const char *name)
+static int commit_publish(int dfd, const char *tmp, const char *name)
 {
-	if (renameat2(s->snapfd, tmp, s->snapfd, name, RENAME_NOREPLACE) == 0)
+	if (renameat2(dfd, tmp, dfd, name, RENAME_NOREPLACE) == 0)
 		return 0;
 	if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
 		return -errno;
-	if (linkat(s->snapfd, tmp, s->snapfd, name, 0))
+	if (linkat(dfd, tmp, dfd, name, 0))
 		return -errno;
-	unlinkat(s->snapfd, tmp, 0);
+	unlinkat(dfd, tmp, 0);
 	return 0;
 }
 
-int store_commit(struct store *s, const struct mf_manifest *m)
+/* Steps 1..3 of the commit protocol for m, published as fname in dfd (snaps/ itself,
+ * or a group's directory for a part). Caller holds s->mu; ends the session either way. */
+static int commit_to_locked(struct store *s, const struct mf_manifest *m, int dfd,
+			    const char *fname)
 {
 	char tmp[MF_NAME_MAX + 80];
-	struct stat st;
 	void *buf = NULL;
 	size_t len;
 	int rc, staged = 0;
 
-	pthread_mutex_lock(&s->mu);
-	if ((rc = store_name_valid(m->name)))
-		goto fail;
-	if (fstatat(s->snapfd, m->name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
-		rc = -EEXIST;	/* early, before any work; step 3 re-checks atomically */
-		goto fail;
-	}
 	if ((rc = session_begin(s)))
 		goto fail;
 	/* The name goes in hashed: ".tmp." + a 255-byte name + the token would pass
@@ -1036,41 +1047,509 @@ int store_commit(struct store *s, const struct mf_manifest *m)
 	if ((rc = commit_hook(s, 2)))
 		goto fail;
 	staged = 1;
-	if ((rc = commit_write_tmp(s, tmp, buf, len)))
+	if ((rc = commit_write_tmp(dfd, tmp, buf, len)))
 		goto fail;
 	if ((rc = commit_hook(s, 3)))
 		goto fail;
-	if ((rc = commit_publish(s, tmp, m->name)))
+	if ((rc = commit_publish(dfd, tmp, fname)))
 		goto fail;
 	staged = 0;
-	if ((rc = sync_dir(s, s->snapfd)))
+	if ((rc = sync_dir(s, dfd)))
 		goto fail;
-
 	session_end(s);
-	pthread_mutex_unlock(&s->mu);
 	free(buf);
 	return 0;
 fail:
 	if (staged)
-		unlinkat(s->snapfd, tmp, 0);
+		unlinkat(dfd, tmp, 0);
 	session_end(s);
-	pthread_mutex_unlock(&s->mu);
 	free(buf);
-	if (rc != -EEXIST && rc != -EINVAL)
+	return rc;
+}
+
+int store_commit(struct store *s, const struct mf_manifest *m)
+{
+	struct stat st;
+	int rc;
+
+	pthread_mutex_lock(&s->mu);
+	if ((rc = store_name_valid(m->name)))
+		goto out;
+	if (fstatat(s->snapfd, m->name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+		rc = -EEXIST;	/* early, before any work; step 3 re-checks atomically */
+		goto out;
+	}
+	rc = commit_to_locked(s, m, s->snapfd, m->name);
+out:
+	pthread_mutex_unlock(&s->mu);
+	if (rc && rc != -EEXIST && rc != -EINVAL)
 		log_err("store: %s: commit of snapshot %s failed: %s", s->path, m->name, strerror(-rc));
+	return rc;
+}
+
+/* ---- groups: snaps/NAME/part-K-of-N and snaps/NAME/group (invariant 8) ---- */
+
+#define GROUP_FILE "group"
+#define GROUP_MAGIC "mlfs-group\nversion 1\n"
+
+/* Worker K of N's part file name. */
+static void part_name(unsigned k, unsigned n, char buf[48])
+{
+	snprintf(buf, 48, "part-%u-of-%u", k, n);
+}
+
+/* 0 if d is "part-K-of-N" with K < N <= STORE_WORKERS_MAX written the one way
+ * part_name writes it (so no two spellings name one part); else -EINVAL. */
+static int part_parse(const char *d, unsigned *k, unsigned *n)
+{
+	char again[48];
+	unsigned a, b;
+
+	if (sscanf(d, "part-%u-of-%u", &a, &b) != 2 || b == 0 || b > STORE_WORKERS_MAX || a >= b)
+		return -EINVAL;
+	part_name(a, b, again);
+	if (strcmp(again, d))
+		return -EINVAL;
+	*k = a;
+	*n = b;
+	return 0;
+}
+
+/* The group directory snaps/<name>, opened (-ENOENT, or -ENOTDIR for a plain
+ * manifest). The fd is handed over. */
+static int group_open(struct store *s, const char *name)
+{
+	int fd = openat(s->snapfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+
+	if (fd < 0)
+		return errno == ELOOP ? -ENOTDIR : -errno;
+	return fd;
+}
+
+/* What a group directory holds: the worker count its parts name (0: no part yet, -1:
+ * parts of different counts, which never complete), a bitmap of the parts present
+ * (have[] of STORE_WORKERS_MAX bits), their count, whether "group" exists, and the
+ * newest mtime of anything in it. O(entries). */
+struct group_scan {
+	int workers;
+	unsigned nparts;
+	int complete;
+	int64_t newest_ns;
+	uint8_t have[STORE_WORKERS_MAX / 8];
+};
+
+static int group_scan(int gfd, struct group_scan *g)
+{
+	struct dirent *d;
+	struct stat st;
+	DIR *dir;
+	int fd = openat(gfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+	memset(g, 0, sizeof(*g));
+	if (fd < 0)
+		return -errno;
+	if (!(dir = fdopendir(fd))) {
+		close(fd);
+		return -ENOMEM;
+	}
+	while ((d = readdir(dir))) {
+		unsigned k, n;
+
+		if (!fstatat(gfd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) && d->d_name[0] != '.') {
+			int64_t t = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+
+			if (t > g->newest_ns)
+				g->newest_ns = t;
+		}
+		if (!strcmp(d->d_name, GROUP_FILE)) {
+			g->complete = 1;
+			continue;
+		}
+		if (part_parse(d->d_name, &k, &n))
+			continue;
+		if (g->workers && g->workers != (int)n)
+			g->workers = -1;
+		else if (!g->workers)
+			g->workers = (int)n;
+		if (!(g->have[k / 8] & (1u << (k % 8)))) {
+			g->have[k / 8] |= (uint8_t)(1u << (k % 8));
+			g->nparts++;
+		}
+	}
+	closedir(dir);
+	return 0;
+}
+
+/* Reads and checks one part: decodes (its checksum) and carries the group's name.
+ * *m (may be NULL) handed over; the file's size and XXH3-128 in size/hash. */
+static int part_load(struct store *s, int gfd, const char *name, const char *pname,
+		     struct mf_manifest **m, uint64_t *size, uint8_t hash[STORE_HASH_LEN])
+{
+	struct mf_manifest *p = NULL;
+	void *buf;
+	size_t len;
+	int rc = slurp(gfd, pname, &buf, &len);
+
+	if (rc) {
+		if (rc != -ENOENT)
+			log_err("store: %s/snaps/%s/%s: %s", s->path, name, pname,
+				rc == -EINVAL ? "not a regular file of a sane size" : strerror(-rc));
+		return rc == -EINVAL ? -EIO : rc;
+	}
+	if (size)
+		*size = len;
+	if (hash)
+		hash128(buf, len, hash);
+	rc = mf_decode(buf, len, &p);
+	free(buf);
+	if (rc == -ENOMEM)
+		return rc;
+	if (!rc && strcmp(p->name, name))
+		rc = -EINVAL;	/* a part copied into another group */
+	if (rc) {
+		mf_free(p);
+		log_err("store: damaged part %s/snaps/%s/%s (%s); not used", s->path, name, pname,
+			rc == -EIO ? "checksum mismatch" : "does not parse");
+		return -EIO;
+	}
+	if (m)
+		*m = p;
+	else
+		mf_free(p);
+	return 0;
+}
+
+/* The group file's bytes for n parts of sizes/hashes: text, ending with an XXH3-64 of
+ * everything before its last line. *out handed over. */
+static int group_encode(const char *name, unsigned n, const uint64_t *sizes,
+			uint8_t (*hashes)[STORE_HASH_LEN], char **out, size_t *len)
+{
+	size_t cap = 128 + strlen(name) + (size_t)n * 80, at;
+	char *b = malloc(cap), hex[33];
+
+	if (!b)
+		return -ENOMEM;
+	at = (size_t)snprintf(b, cap, GROUP_MAGIC "workers %u\n", n);
+	for (unsigned k = 0; k < n; k++) {
+		hex16(hashes[k], hex);
+		at += (size_t)snprintf(b + at, cap - at, "part %u %llu %s\n", k,
+				       (unsigned long long)sizes[k], hex);
+	}
+	at += (size_t)snprintf(b + at, cap - at, "name %s\n", name);
+	at += (size_t)snprintf(b + at, cap - at, "check %016llx\n",
+			       (unsigned long long)XXH3_64bits(b, at));
+	*out = b;
+	*len = at;
+	return 0;
+}
+
+/* Parses and checks a group file: the checksum, the magic, the name, N parts in order.
+ * *n, and sizes/hashes (malloc'd, handed over). -EIO on any damage. */
+static int group_decode(const char *buf, size_t len, const char *name, unsigned *n,
+			uint64_t **sizes, uint8_t (**hashes)[STORE_HASH_LEN])
+{
+	char *txt = malloc(len + 1), *line, *save, *last;
+	unsigned long long check, sz;
+	unsigned w = 0, k = 0, kk;
+	char hex[40];
+	int rc = -EIO;
+
+	*sizes = NULL;
+	*hashes = NULL;
+	if (!txt)
+		return -ENOMEM;
+	memcpy(txt, buf, len);
+	txt[len] = 0;
+	/* the last line: "check HEX\n", over every byte before it */
+	if (len < 2 || strlen(txt) != len || txt[len - 1] != '\n')
+		goto out;
+	txt[len - 1] = 0;
+	last = strrchr(txt, '\n');
+	if (!last || sscanf(last + 1, "check %16llx", &check) != 1 ||
+	    XXH3_64bits(txt, (size_t)(last + 1 - txt)) != check)
+		goto out;
+	*last = 0;
+	if (strncmp(txt, GROUP_MAGIC, strlen(GROUP_MAGIC)))
+		goto out;
+	line = strtok_r(txt + strlen(GROUP_MAGIC), "\n", &save);
+	if (!line || sscanf(line, "workers %u", &w) != 1 || !w || w > STORE_WORKERS_MAX)
+		goto out;
+	rc = -ENOMEM;
+	if (!(*sizes = calloc(w, sizeof(**sizes))) || !(*hashes = calloc(w, STORE_HASH_LEN)))
+		goto out;
+	rc = -EIO;
+	for (k = 0; k < w; k++) {
+		line = strtok_r(NULL, "\n", &save);
+		if (!line || sscanf(line, "part %u %llu %39s", &kk, &sz, hex) != 3 || kk != k ||
+		    unhex(hex, (*hashes)[k]))
+			goto out;
+		(*sizes)[k] = sz;
+	}
+	line = strtok_r(NULL, "\n", &save);
+	if (!line || strncmp(line, "name ", 5) || strcmp(line + 5, name) ||
+	    strtok_r(NULL, "\n", &save))
+		goto out;
+	*n = w;
+	rc = 0;
+out:
+	if (rc) {
+		free(*sizes);
+		free(*hashes);
+		*sizes = NULL;
+		*hashes = NULL;
+	}
+	free(txt);
+	return rc;
+}
+
+int store_group_publish(struct store *s, const char *name)
+{
+	uint8_t (*hashes)[STORE_HASH_LEN] = NULL;
+	struct group_scan g;
+	uint64_t *sizes = NULL;
+	char pname[48], tmp[128], *buf = NULL;
+	size_t len;
+	int gfd, rc;
+
+	if (s->broken)
+		return s->broken;
+	if ((rc = store_name_valid(name)))
+		return rc;
+	if ((gfd = group_open(s, name)) < 0)
+		return gfd;
+	if ((rc = group_scan(gfd, &g)))
+		goto out;
+	if (g.complete) {
+		rc = 1;
+		goto out;
+	}
+	if (g.workers <= 0 || g.nparts < (unsigned)g.workers) {
+		rc = 0;	/* partial: the worker that writes the last part publishes */
+		goto out;
+	}
+	rc = -ENOMEM;
+	if (!(sizes = calloc((size_t)g.workers, sizeof(*sizes))) ||
+	    !(hashes = calloc((size_t)g.workers, STORE_HASH_LEN)))
+		goto out;
+	/* Every part durable (its writer fsynced it before the rename; fsync again here,
+	 * as the group will vouch for it) and whole: its checksum verifies. */
+	for (unsigned k = 0; k < (unsigned)g.workers; k++) {
+		int fd;
+
+		part_name(k, (unsigned)g.workers, pname);
+		fd = openat(gfd, pname, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+		if (fd < 0 || fsync(fd)) {
+			rc = -errno;
+			if (fd >= 0)
+				close(fd);
+			goto out;
+		}
+		close(fd);
+		if ((rc = part_load(s, gfd, name, pname, NULL, &sizes[k], hashes[k])))
+			goto out;
+	}
+	if ((rc = group_encode(name, (unsigned)g.workers, sizes, hashes, &buf, &len)))
+		goto out;
+	snprintf(tmp, sizeof(tmp), ".tmp.group.%s", s->token);
+	if ((rc = commit_write_tmp(gfd, tmp, buf, len)))
+		goto out_unlink;
+	/* Create-once: two workers that both saw every part both get here; the second
+	 * finds the first's group file, with the same content (the parts never change). */
+	rc = commit_publish(gfd, tmp, GROUP_FILE);
+	if (rc == -EEXIST)
+		rc = 0;
+	if (rc)
+		goto out_unlink;
+	if ((rc = sync_dir(s, gfd)))
+		goto out_unlink;
+	rc = 1;
+out_unlink:
+	unlinkat(gfd, tmp, 0);
+out:
+	close(gfd);
+	free(buf);
+	free(sizes);
+	free(hashes);
+	if (rc < 0)
+		log_err("store: %s: publish of group %s failed: %s", s->path, name, strerror(-rc));
+	return rc;
+}
+
+int store_commit_part(struct store *s, const struct mf_manifest *m, unsigned worker,
+		      unsigned workers, int *complete)
+{
+	struct group_scan g;
+	struct stat st;
+	char pname[48];
+	int gfd = -1, rc;
+
+	if (complete)
+		*complete = 0;
+	if (workers < 2 || workers > STORE_WORKERS_MAX || worker >= workers)
+		return -EINVAL;
+	pthread_mutex_lock(&s->mu);
+	if ((rc = store_name_valid(m->name)))
+		goto out;
+	if (s->broken) {
+		rc = s->broken;
+		goto out;
+	}
+	/* The group's directory: made by the first worker, found by the others. */
+	if (mkdirat(s->snapfd, m->name, 0700) && errno != EEXIST) {
+		rc = -errno;
+		goto out;
+	}
+	if ((gfd = group_open(s, m->name)) < 0) {
+		rc = gfd == -ENOTDIR ? -EEXIST : gfd;	/* a single snapshot of that name */
+		goto out;
+	}
+	/* mkdir durable before anything is put in it (NFS, ext4: a dir entry needs its
+	 * parent's fsync). */
+	if ((rc = sync_dir(s, s->snapfd)))
+		goto out;
+	if ((rc = group_scan(gfd, &g)))
+		goto out;
+	part_name(worker, workers, pname);
+	if (g.complete || (g.workers && g.workers != (int)workers) ||
+	    fstatat(gfd, pname, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+		rc = -EEXIST;	/* our part, or a group of another worker count */
+		goto out;
+	}
+	rc = commit_to_locked(s, m, gfd, pname);
+out:
+	if (gfd >= 0)
+		close(gfd);
+	pthread_mutex_unlock(&s->mu);
+	if (rc) {
+		if (rc != -EEXIST && rc != -EINVAL)
+			log_err("store: %s: commit of part %u of snapshot %s failed: %s", s->path,
+				worker, m->name, strerror(-rc));
+		return rc;
+	}
+	/* Whoever writes the last part publishes; a failure here leaves the group partial
+	 * for store_group_publish to finish later (any worker's next start or list). */
+	rc = store_group_publish(s, m->name);
+	if (complete)
+		*complete = rc > 0;
+	return 0;
+}
+
+int store_name_taken(struct store *s, const char *name, unsigned worker, unsigned workers)
+{
+	struct group_scan g;
+	struct stat st;
+	char pname[48];
+	int gfd;
+
+	if (fstatat(s->snapfd, name, &st, AT_SYMLINK_NOFOLLOW))
+		return 0;
+	if (!S_ISDIR(st.st_mode) || workers < 2)
+		return 1;
+	if ((gfd = group_open(s, name)) < 0)
+		return 1;
+	part_name(worker, workers, pname);
+	if (group_scan(gfd, &g) || g.complete || (g.workers && g.workers != (int)workers) ||
+	    fstatat(gfd, pname, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+		close(gfd);
+		return 1;
+	}
+	close(gfd);
+	return 0;
+}
+
+int store_group_state(struct store *s, const char *name, unsigned *parts, unsigned *workers)
+{
+	struct group_scan g;
+	int gfd, rc;
+
+	if ((rc = store_name_valid(name)))
+		return rc;
+	if ((gfd = group_open(s, name)) < 0)
+		return gfd;
+	rc = group_scan(gfd, &g);
+	close(gfd);
+	if (rc)
+		return rc;
+	*parts = g.nparts;
+	*workers = g.workers > 0 ? (unsigned)g.workers : 0;
+	return g.complete;
+}
+
+/* A complete group's union (mf_merge): the group file checked, then each part against
+ * the size and XXH3-128 it names. -ENOENT, -EAGAIN if partial, -EIO on damage. */
+static int group_load(struct store *s, const char *name, mf_conflict_fn fn, void *arg,
+		      struct mf_manifest **out, uint64_t *conflicts)
+{
+	struct mf_manifest **parts = NULL;
+	uint8_t (*hashes)[STORE_HASH_LEN] = NULL, h[STORE_HASH_LEN];
+	uint64_t *sizes = NULL, sz;
+	unsigned n = 0, k;
+	void *buf;
+	size_t len;
+	char pname[48];
+	int gfd, rc;
+
+	if ((gfd = group_open(s, name)) < 0)
+		return gfd;
+	rc = slurp(gfd, GROUP_FILE, &buf, &len);
+	if (rc == -ENOENT) {
+		rc = -EAGAIN;
+		goto out;
+	}
+	if (rc) {
+		rc = rc == -EINVAL ? -EIO : rc;
+		goto out;
+	}
+	rc = group_decode(buf, len, name, &n, &sizes, &hashes);
+	free(buf);
+	if (rc) {
+		if (rc == -EIO)
+			log_err("store: damaged group file %s/snaps/%s/group; not used", s->path, name);
+		goto out;
+	}
+	if (!(parts = calloc(n, sizeof(*parts)))) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	for (k = 0; k < n; k++) {
+		part_name(k, n, pname);
+		rc = part_load(s, gfd, name, pname, &parts[k], &sz, h);
+		if (rc == -ENOENT)
+			rc = -EIO;	/* the group vouches for it: a lost part is damage */
+		if (!rc && (sz != sizes[k] || memcmp(h, hashes[k], STORE_HASH_LEN))) {
+			log_err("store: %s/snaps/%s/%s is not the part its group names; not used",
+				s->path, name, pname);
+			rc = -EIO;
+		}
+		if (rc)
+			goto out;
+	}
+	rc = mf_merge(parts, n, fn, arg, out, conflicts);
+out:
+	for (k = 0; parts && k < n; k++)
+		mf_free(parts[k]);
+	free(parts);
+	free(sizes);
+	free(hashes);
+	close(gfd);
 	return rc;
 }
 
 /* ---- manifests ---- */
 
-int store_load_manifest(struct store *s, const char *name, struct mf_manifest **out)
+int store_load_snapshot(struct store *s, const char *name, mf_conflict_fn fn, void *arg,
+			struct mf_manifest **out, uint64_t *conflicts)
 {
+	struct stat st;
 	void *buf;
 	size_t len;
 	int rc;
 
+	*conflicts = 0;
 	if ((rc = store_name_valid(name)))
 		return rc;
+	if (fstatat(s->snapfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
+		return group_load(s, name, fn, arg, out, conflicts);
 	rc = slurp(s->snapfd, name, &buf, &len);
 	if (rc == -EINVAL) {
 		/* not a regular file or absurdly large: not what commit wrote */
@@ -1099,6 +1578,14 @@ int store_load_manifest(struct store *s, const char *name, struct mf_manifest **
 	return 0;
 }
 
+int store_load_manifest(struct store *s, const char *name, struct mf_manifest **out)
+{
+	uint64_t conflicts;
+	int rc = store_load_snapshot(s, name, NULL, NULL, out, &conflicts);
+
+	return rc == -EAGAIN ? -ENOENT : rc;	/* a partial group is no snapshot yet */
+}
+
 /* 1 if snaps/<name> is a regular file (or gone meanwhile: the caller's load says so);
  * else 0, with a log line: a FIFO, socket, device, directory or symlink there is
  * nothing commit wrote, and opening it could block or lead elsewhere. */
@@ -1112,6 +1599,74 @@ static int snap_entry_regular(struct store *s, const char *name)
 		 S_ISLNK(st.st_mode) ? "a symlink" : S_ISFIFO(st.st_mode) ? "a FIFO"
 		 : S_ISDIR(st.st_mode) ? "a directory" : "a special file");
 	return 0;
+}
+
+/* 1 if snaps/<name> is a group's directory (scanned into *g), 0 if not a directory,
+ * -ENOENT if gone. */
+static int snap_entry_group(struct store *s, const char *name, struct group_scan *g)
+{
+	struct stat st;
+	int gfd, rc;
+
+	if (fstatat(s->snapfd, name, &st, AT_SYMLINK_NOFOLLOW))
+		return -ENOENT;
+	if (!S_ISDIR(st.st_mode))
+		return 0;
+	if ((gfd = group_open(s, name)) < 0)
+		return -ENOENT;
+	rc = group_scan(gfd, g);
+	close(gfd);
+	return rc ? rc : 1;
+}
+
+/* A partial group's figures for list: the parts present, merged (their newest time,
+ * the files of their union). -EIO if a part is damaged. */
+static int group_partial_info(struct store *s, const char *name, const struct group_scan *g,
+			      struct mf_manifest **out)
+{
+	struct mf_manifest **parts = NULL;
+	uint64_t conflicts;
+	unsigned np = 0;
+	char pname[48];
+	int gfd, rc = 0;
+
+	if (g->workers <= 0) {
+		/* no part yet (a worker between mkdir and rename), or parts of two worker
+		 * counts: an empty tree carries the listing */
+		struct mf_manifest *m = calloc(1, sizeof(*m));
+
+		if (!m)
+			return -ENOMEM;
+		snprintf(m->name, sizeof(m->name), "%s", name);
+		*out = m;
+		return 0;
+	}
+	if ((gfd = group_open(s, name)) < 0)
+		return gfd;
+	if (!(parts = calloc((size_t)g->workers, sizeof(*parts)))) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	for (unsigned k = 0; k < (unsigned)g->workers && !rc; k++) {
+		if (!(g->have[k / 8] & (1u << (k % 8))))
+			continue;
+		part_name(k, (unsigned)g->workers, pname);
+		rc = part_load(s, gfd, name, pname, &parts[np], NULL, NULL);
+		if (rc == -ENOENT)
+			rc = 0;
+		else if (!rc)
+			np++;
+	}
+	if (!rc && !np)
+		rc = -ENOENT;
+	if (!rc)
+		rc = mf_merge(parts, np, NULL, NULL, out, &conflicts);
+out:
+	for (unsigned k = 0; parts && k < np; k++)
+		mf_free(parts[k]);
+	free(parts);
+	close(gfd);
+	return rc;
 }
 
 static int info_cmp(const void *a, const void *b)
@@ -1163,12 +1718,21 @@ int store_list(struct store *s, int flags, struct store_snap_info **out, size_t 
 			log_warn("store: ignoring stray file %s/snaps/%s", s->path, d->d_name);
 			continue;
 		}
-		if (!snap_entry_regular(s, d->d_name))
+		struct group_scan g = { 0 };
+		uint64_t conflicts = 0;
+		int group = snap_entry_group(s, d->d_name, &g);
+
+		if (group < 0)
+			continue;	/* gone meanwhile */
+		if (!group && !snap_entry_regular(s, d->d_name))
 			continue;
-		rc = store_load_manifest(s, d->d_name, &m);
-		if (rc == -ENOENT) {
+		if (group && !g.complete)
+			rc = group_partial_info(s, d->d_name, &g, &m);
+		else
+			rc = store_load_snapshot(s, d->d_name, NULL, NULL, &m, &conflicts);
+		if (rc == -ENOENT || rc == -EAGAIN) {
 			rc = 0;
-			continue;	/* deleted meanwhile */
+			continue;	/* deleted or being made meanwhile */
 		}
 		if (rc && rc != -EIO)
 			goto out;
@@ -1191,11 +1755,15 @@ int store_list(struct store *s, int flags, struct store_snap_info **out, size_t 
 		i = &v[nv++];
 		memset(i, 0, sizeof(*i));
 		snprintf(i->name, sizeof(i->name), "%s", d->d_name);
+		i->workers = group ? (g.workers > 0 ? (uint32_t)g.workers : 0) : 1;
+		i->parts = group ? g.nparts : 1;
 		if (rc) {
 			i->state = STORE_SNAP_DAMAGED;
 			rc = 0;
 			continue;
 		}
+		i->state = group && !g.complete ? STORE_SNAP_PARTIAL : STORE_SNAP_COMPLETE;
+		i->conflicts = conflicts;
 		i->time_ns = m->time_ns;
 		i->files = m->files;
 		i->logical_bytes = m->logical_bytes;
@@ -1226,13 +1794,56 @@ int store_latest(struct store *s, char *name)
 		return rc;
 	rc = -ENOENT;
 	while (n--) {
-		if (v[n].open_writes)
-			continue;	/* may hold a torn file: by name only */
+		if (v[n].open_writes || v[n].state != STORE_SNAP_COMPLETE || v[n].conflicts)
+			continue;	/* a torn file, a partial group, or a conflict */
 		snprintf(name, MF_NAME_MAX + 1, "%s", v[n].name);
 		rc = 0;
 		break;
 	}
 	free(v);
+	return rc;
+}
+
+/* A group goes as a single manifest does: first what makes it visible (its group
+ * file, fsynced: from then on it is no snapshot), then its parts and the directory.
+ * Two workers' retention may delete one group at once: whoever removes the group file
+ * returns 0, the other -ENOENT; the rest tolerates the race. */
+static int group_delete(struct store *s, const char *name)
+{
+	struct dirent *d;
+	DIR *dir;
+	int gfd, fd, rc;
+
+	if ((gfd = group_open(s, name)) < 0)
+		return gfd == -ENOTDIR ? -ENOENT : gfd;
+	rc = unlinkat(gfd, GROUP_FILE, 0) ? -errno : 0;
+	if (rc == -ENOENT) {
+		/* a partial group: deleting it is allowed (its parts go) */
+		struct group_scan g;
+
+		rc = group_scan(gfd, &g);
+		if (!rc && !g.nparts && !g.complete)
+			rc = -ENOENT;
+	}
+	if (!rc)
+		rc = sync_dir(s, gfd);
+	if (rc)
+		goto out;
+	if ((fd = openat(gfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) >= 0 &&
+	    (dir = fdopendir(fd))) {
+		while ((d = readdir(dir)))
+			if (strcmp(d->d_name, ".") && strcmp(d->d_name, ".."))
+				unlinkat(gfd, d->d_name, 0);
+		closedir(dir);
+	} else if (fd >= 0) {
+		close(fd);
+	}
+	if (unlinkat(s->snapfd, name, AT_REMOVEDIR) && errno != ENOENT && errno != ENOTEMPTY)
+		rc = -errno;
+	if (!rc)
+		rc = sync_dir(s, s->snapfd);
+out:
+	close(gfd);
 	return rc;
 }
 
@@ -1245,15 +1856,100 @@ int store_delete(struct store *s, const char *name)
 	if (s->broken)
 		return s->broken;
 	/* Invariant 5: the manifest goes first and alone; its objects wait for gc. */
-	if (unlinkat(s->snapfd, name, 0))
+	if (unlinkat(s->snapfd, name, 0) == 0)
+		return sync_dir(s, s->snapfd);
+	if (errno != EISDIR && errno != EPERM)
 		return -errno;
-	return sync_dir(s, s->snapfd);
+	return group_delete(s, name);
 }
 
 /* ---- gc ---- */
 
-/* Mark every object the published manifests name; remove stale temporary manifests. */
-static int gc_mark(struct store *s, struct hset *live)
+/* Marks every non-hole block of m in live. */
+static int gc_mark_one(void *arg, const struct mf_manifest *m)
+{
+	struct hset *live = arg;
+
+	for (size_t i = 0; i < m->nentries; i++)
+		for (uint64_t k = 0; k < m->entries[i].nblocks; k++)
+			if (!(m->entries[i].blocks[k].flags & MF_BLOCK_HOLE) &&
+			    !hset_find(live, m->entries[i].blocks[k].hash, 1))
+				return -ENOMEM;
+	return 0;
+}
+
+/* A group directory for gc: stale temporaries go (invariant 4); a partial group whose
+ * newest file is older than the grace time goes whole (its parts will never be joined
+ * by the missing ones: a worker that crashed, or took one snapshot more); every other
+ * part is a manifest for fn. Returns 1 if it removed the group. */
+static int gc_group(struct store *s, const char *name, int (*fn)(void *, const struct mf_manifest *),
+		    void *arg)
+{
+	struct group_scan g;
+	struct dirent *d;
+	DIR *dir;
+	int gfd, fd, rc, removed = 0;
+	struct timespec now;
+
+	if ((gfd = group_open(s, name)) < 0)
+		return gfd == -ENOENT ? 0 : gfd;
+	if ((rc = group_scan(gfd, &g)))
+		goto out;
+	clock_gettime(CLOCK_REALTIME, &now);
+	if (!g.complete && (int64_t)now.tv_sec * 1000000000 + now.tv_nsec - g.newest_ns >
+			   (int64_t)s->partial_grace_s * 1000000000) {
+		log_info("store: %s: gc removes partial group %s (%u of %d parts, untouched for "
+			 "over %u s)", s->path, name, g.nparts, g.workers, s->partial_grace_s);
+		rc = group_delete(s, name);
+		rc = rc == -ENOENT ? 0 : rc < 0 ? rc : 1;
+		goto out;
+	}
+	if ((fd = openat(gfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+		rc = -errno;
+		goto out;
+	}
+	if (!(dir = fdopendir(fd))) {
+		close(fd);
+		rc = -ENOMEM;
+		goto out;
+	}
+	while (!rc && (d = readdir(dir))) {
+		struct mf_manifest *m;
+		unsigned k, n;
+
+		if (!strncmp(d->d_name, ".tmp.", 5)) {
+			removed |= unlinkat(gfd, d->d_name, 0) == 0;
+			continue;
+		}
+		if (part_parse(d->d_name, &k, &n))
+			continue;
+		rc = part_load(s, gfd, name, d->d_name, &m, NULL, NULL);
+		if (rc == -ENOENT) {
+			rc = 0;
+			continue;
+		}
+		if (rc == -EIO)
+			log_err("store: %s: gc refused: damaged part snaps/%s/%s; verify, then "
+				"delete the group", s->path, name, d->d_name);
+		if (!rc) {
+			rc = fn(arg, m);
+			mf_free(m);
+		}
+	}
+	closedir(dir);
+	if (!rc && removed)
+		rc = sync_dir(s, gfd);
+out:
+	close(gfd);
+	return rc;
+}
+
+/* Calls fn for every manifest in snaps/: published single snapshots and every part of
+ * every group, complete or partial (invariant 8); removes stale temporary manifests
+ * and partial groups past the grace time. The one place that knows where manifests
+ * live: gc marks from it. Under the exclusive lock (no session anywhere). */
+static int store_each_manifest(struct store *s, int (*fn)(void *, const struct mf_manifest *),
+			       void *arg)
 {
 	struct dirent *d;
 	DIR *dir;
@@ -1263,6 +1959,7 @@ static int gc_mark(struct store *s, struct hset *live)
 		return rc;
 	while (!rc && (d = readdir(dir))) {
 		struct mf_manifest *m;
+		struct stat st;
 
 		if (!strcmp(d->d_name, ".") || !strcmp(d->d_name, ".."))
 			continue;
@@ -1272,25 +1969,38 @@ static int gc_mark(struct store *s, struct hset *live)
 				removed = 1;
 			continue;
 		}
-		if (store_name_valid(d->d_name) || !snap_entry_regular(s, d->d_name))
+		if (store_name_valid(d->d_name))
 			continue;	/* not a manifest: names no object, not ours to remove */
+		if (!fstatat(s->snapfd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) && S_ISDIR(st.st_mode)) {
+			rc = gc_group(s, d->d_name, fn, arg);
+			rc = rc > 0 ? 0 : rc;
+			continue;
+		}
+		if (!snap_entry_regular(s, d->d_name))
+			continue;
 		rc = store_load_manifest(s, d->d_name, &m);
+		if (rc == -ENOENT) {
+			rc = 0;	/* deleted meanwhile */
+			continue;
+		}
 		if (rc == -EIO)
 			log_err("store: %s: gc refused: damaged manifest snaps/%s; verify, then "
 				"delete it", s->path, d->d_name);
 		if (rc)
 			break;
-		for (size_t i = 0; i < m->nentries && !rc; i++)
-			for (uint64_t k = 0; k < m->entries[i].nblocks && !rc; k++)
-				if (!(m->entries[i].blocks[k].flags & MF_BLOCK_HOLE) &&
-				    !hset_find(live, m->entries[i].blocks[k].hash, 1))
-					rc = -ENOMEM;
+		rc = fn(arg, m);
 		mf_free(m);
 	}
 	closedir(dir);
 	if (!rc && removed)
 		rc = sync_dir(s, s->snapfd);
 	return rc;
+}
+
+/* Mark every object any manifest names (invariant 8: parts of partial groups too). */
+static int gc_mark(struct store *s, struct hset *live)
+{
+	return store_each_manifest(s, gc_mark_one, live);
 }
 
 static int gc_sweep_dir(struct store *s, int i, struct hset *live, uint64_t *objs, uint64_t *bytes)

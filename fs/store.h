@@ -121,16 +121,20 @@ int store_recover(struct store *s);
 void store_set_commit_hook(struct store *s, int (*hook)(void *arg, int step), void *arg);
 
 enum store_snap_state {
-	STORE_SNAP_COMPLETE = 0,	/* published, manifest verifies */
+	STORE_SNAP_COMPLETE = 0,	/* published, manifest verifies (a group: all parts) */
 	STORE_SNAP_DAMAGED = 1,		/* manifest fails its checksum or does not parse */
+	STORE_SNAP_PARTIAL = 2,		/* a group without its group file: parts of workers */
 };
 
 struct store_snap_info {
 	char name[MF_NAME_MAX + 1];
-	int64_t time_ns;
-	uint64_t files, logical_bytes, new_bytes;
+	int64_t time_ns;		/* a group: its newest part's */
+	uint64_t files, logical_bytes, new_bytes;	/* a group: of the union of its parts */
 	uint64_t open_writes;		/* files open for writing at the take (0: version 1) */
 	int state;			/* enum store_snap_state */
+	uint32_t workers;		/* 1: a single manifest; N: a group of N (0: unknown) */
+	uint32_t parts;			/* parts present (workers when complete) */
+	uint64_t conflicts;		/* paths two parts hold with different contents */
 };
 
 #define STORE_LIST_DAMAGED 0x1	/* include damaged manifests (state DAMAGED, figures 0) */
@@ -157,8 +161,43 @@ int store_latest(struct store *s, char *name);
  */
 int store_load_manifest(struct store *s, const char *name, struct mf_manifest **out);
 
-/* Remove snaps/<name> and fsync snaps/; its objects go at the next gc. -ENOENT. */
+/* Like store_load_manifest, for single snapshots and groups alike: a complete group is
+ * the union of its parts (mf_merge), *conflicts the paths two parts hold with
+ * different contents (fn called for each). -EAGAIN for a partial group. */
+int store_load_snapshot(struct store *s, const char *name, mf_conflict_fn fn, void *arg,
+			struct mf_manifest **out, uint64_t *conflicts);
+
+/* Remove snaps/<name> (a group: its group file first, then its parts) and fsync snaps/;
+ * its objects go at the next gc. -ENOENT. */
 int store_delete(struct store *s, const char *name);
+
+/*
+ * Groups: the snapshots of a job of N workers sharing the store (fs/store.c invariant 8;
+ * docs/store-format.md). Worker K's snapshot NAME is its part, snaps/NAME/part-K-of-N;
+ * NAME is visible (list COMPLETE, load, latest) once all N parts are durable and one
+ * worker published snaps/NAME/group.
+ */
+#define STORE_WORKERS_MAX 4096		/* most workers of one group */
+#define STORE_PARTIAL_GRACE_S 21600	/* gc leaves partial groups this young (6 h) */
+
+/* The commit protocol for worker's part of m->name, then store_group_publish. 0 once
+ * the part is durable (*complete, may be NULL: the group is complete too); -EEXIST if
+ * this worker's part exists, the group is complete, the name is a single snapshot, or
+ * the group's parts are of another worker count; else as store_commit. */
+int store_commit_part(struct store *s, const struct mf_manifest *m, unsigned worker,
+		      unsigned workers, int *complete);
+/* Publish snaps/name/group if every part is there (fsynced and checked first): 1 if
+ * the group is complete (by us or another worker), 0 if parts are missing, -errno.
+ * Create-once: any number of workers may call it at once. */
+int store_group_publish(struct store *s, const char *name);
+/* 1 complete, 0 partial (*parts of *workers present; *workers 0 if unknown), -ENOENT
+ * if no group of that name, -ENOTDIR if a single snapshot. A stat and a listing. */
+int store_group_state(struct store *s, const char *name, unsigned *parts, unsigned *workers);
+/* 1 if worker (of workers) cannot take name: a single snapshot has it, or (workers > 1)
+ * its part exists, the group is complete or of another count. Stats only. */
+int store_name_taken(struct store *s, const char *name, unsigned worker, unsigned workers);
+/* gc's grace for partial groups (default STORE_PARTIAL_GRACE_S); tests set 0. */
+void store_set_partial_grace(struct store *s, unsigned seconds);
 
 /*
  * Remove every object no published manifest names and every stale temporary file.

@@ -61,10 +61,23 @@ static int open_store(const char *dir, int flags, struct store **s)
 	return rc;
 }
 
-/* NAME or "latest" -> a loaded, verified manifest; says why not. */
+static void say_conflict(void *arg, const struct mf_manifest *p, size_t idx, unsigned kept,
+			 unsigned part)
+{
+	char path[1024];
+
+	if (mf_path(p, idx, path, sizeof(path)) < 0)
+		snprintf(path, sizeof(path), "(a long path)");
+	say("group '%s': conflict: parts %u and %u hold %s with different contents; part %u's "
+	    "is restored", (const char *)arg, kept, part, path, kept);
+}
+
+/* NAME or "latest" -> a loaded, verified manifest (a group: the union of its parts);
+ * says why not. */
 static int load(struct store *s, const char *dir, const char *name, struct mf_manifest **m)
 {
 	char latest[MF_NAME_MAX + 1];
+	uint64_t conflicts = 0;
 	int rc;
 
 	if (!strcmp(name, "latest")) {
@@ -81,8 +94,18 @@ static int load(struct store *s, const char *dir, const char *name, struct mf_ma
 		say("invalid snapshot name '%s'", name);
 		return -EINVAL;
 	}
-	rc = store_load_manifest(s, name, m);
-	if (rc == -ENOENT)
+	rc = store_load_snapshot(s, name, say_conflict, (void *)name, m, &conflicts);
+	if (!rc && conflicts)
+		say("group '%s': %" PRIu64 " conflict%s: the lowest part's version of each is "
+		    "restored", name, conflicts, conflicts == 1 ? "" : "s");
+	if (rc == -EAGAIN) {
+		unsigned parts = 0, workers = 0;
+
+		store_group_state(s, name, &parts, &workers);
+		say("%s: group '%s' is partial (%u of %u parts): not restorable", dir, name, parts,
+		    workers);
+		rc = -ENOENT;
+	} else if (rc == -ENOENT)
 		say("%s: no snapshot named '%s'", dir, name);
 	else if (rc == -EIO)
 		say("snapshot '%s' is damaged (manifest checksum mismatch); not used", name);
@@ -140,7 +163,8 @@ void snap_print_list(const struct store_snap_info *v, const char *const *states,
 	for (size_t i = 0; i < n; i++) {
 		const struct store_snap_info *x = &v[i];
 		const char *state = states ? states[i]
-				    : x->state == STORE_SNAP_DAMAGED ? "damaged" : "durable";
+				    : x->state == STORE_SNAP_DAMAGED ? "damaged"
+				    : x->state == STORE_SNAP_PARTIAL ? "partial" : "durable";
 		int damaged = !strcmp(state, "damaged");
 		char t[32], lb[32], nb[32];
 
@@ -150,9 +174,10 @@ void snap_print_list(const struct store_snap_info *v, const char *const *states,
 			json_str(x->name);
 			printf(", \"time\": \"%s\", \"time_ns\": %" PRId64 ", \"files\": %" PRIu64
 			       ", \"logical_bytes\": %" PRIu64 ", \"new_bytes\": %" PRIu64
-			       ", \"state\": \"%s\", \"open_for_write\": %" PRIu64 "}",
+			       ", \"state\": \"%s\", \"open_for_write\": %" PRIu64 ", \"workers\": %"
+			       PRIu32 ", \"parts\": %" PRIu32 ", \"conflicts\": %" PRIu64 "}",
 			       damaged ? "" : t, x->time_ns, x->files, x->logical_bytes, x->new_bytes,
-			       state, x->open_writes);
+			       state, x->open_writes, x->workers, x->parts, x->conflicts);
 			continue;
 		}
 		fmt_bytes(x->logical_bytes, lb, sizeof(lb));
@@ -162,8 +187,14 @@ void snap_print_list(const struct store_snap_info *v, const char *const *states,
 		else
 			printf("%-24s %-20s %8" PRIu64 " %12s %12s %s", x->name, t, x->files, lb, nb,
 			       state);
-		/* A snapshot with files open for writing may hold a torn write: 'latest'
-		 * skips it (store_latest). */
+		/* Groups: a partial one is no snapshot yet; one with conflicts is never
+		 * latest (store_latest), nor one with files open for writing (a torn write). */
+		if (!damaged && !strcmp(state, "partial"))
+			printf(" (%" PRIu32 " of %" PRIu32 " parts; not restorable)", x->parts, x->workers);
+		else if (!damaged && x->workers > 1)
+			printf(" (group of %" PRIu32 ")", x->workers);
+		if (!damaged && x->conflicts)
+			printf(" (conflicts: %" PRIu64 "; not latest)", x->conflicts);
 		if (!damaged && x->open_writes)
 			printf(" (open-for-write: %" PRIu64 " file%s; not latest)", x->open_writes,
 			       x->open_writes == 1 ? "" : "s");
