@@ -407,7 +407,8 @@ static int snapd_take(struct snapd *sd, const char *name, int automatic,
 /* The name a worker of a group job gives its final snapshot (workers > 1): derived from
  * the last snapshot it took or restored, which all workers share when they took the same
  * ones, never from its clock: why-BASE, BASE being that last name without an earlier
- * final's prefix and counter ("preempt-step-100-2" -> "step-100"), or "start". Workers
+ * final's prefix ("preempt-step-100" -> "step-100"; a counter is kept: "step-100-2"
+ * cannot tell it from a name the user gave), or "start". Workers
  * with one history therefore try the same names in the same order (the counter below)
  * and their final parts meet in one group. */
 static void snapd_group_base(struct snapd *sd, const char *why, char *name, size_t len)
@@ -420,15 +421,8 @@ static void snapd_group_base(struct snapd *sd, const char *why, char *name, size
 	pthread_mutex_unlock(&sd->mu);
 	const char *b = last;
 
-	if (!strncmp(b, "preempt-", 8) || !strncmp(b, "unmount-", 8)) {
-		char *dash;
-
+	if (!strncmp(b, "preempt-", 8) || !strncmp(b, "unmount-", 8))
 		b += 8;
-		dash = strrchr(b, '-');
-		if (dash && dash[1] && strspn(dash + 1, "0123456789") == strlen(dash + 1) &&
-		    dash != b)
-			*dash = 0;
-	}
 	n = strlen(b);
 	if (n > 200)
 		n = 200; /* room for the prefix and a counter within MF_NAME_MAX */

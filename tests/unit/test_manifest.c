@@ -728,12 +728,128 @@ static void test_garbage(void)
 	EXPECT(d == NULL);
 }
 
+/* ---- mf_merge: the union of a group's parts ---- */
+
+struct conflict_log {
+	int n;
+	char paths[8][64];
+};
+
+static void on_conflict(void *arg, const struct mf_manifest *p, size_t idx, unsigned kept,
+			unsigned part)
+{
+	struct conflict_log *c = arg;
+
+	if (c->n < 8)
+		mf_path(p, idx, c->paths[c->n], sizeof(c->paths[0]));
+	c->n++;
+	EXPECT(kept < part);
+}
+
+static struct mf_manifest *part_new(void)
+{
+	struct mf_manifest *m = calloc(1, sizeof(*m));
+
+	strcpy(m->name, "g");
+	add(m, 0, "", MF_DIR);
+	return m;
+}
+
+/* Index of the union's entry at path, or -1. */
+static long find_path(const struct mf_manifest *m, const char *path)
+{
+	char buf[256];
+
+	for (size_t i = 0; i < m->nentries; i++)
+		if (mf_path(m, i, buf, sizeof(buf)) >= 0 && !strcmp(buf, path))
+			return (long)i;
+	return -1;
+}
+
+/* Issue 11: every worker of a restored group sees all parts' trees: directories merge,
+ * equal files are one, files two parts hold differently are conflicts (the first part's
+ * stays), hard links follow their inode into the union. */
+static void test_merge(void)
+{
+	struct mf_manifest *p[3], *u = NULL;
+	struct conflict_log c = { 0 };
+	struct mf_entry *e;
+	uint64_t conflicts = 99, d0, d1, d2;
+	void *buf;
+	size_t len;
+
+	/* part 0: ckpt/step-1/{shard-0, meta}, x (dir) */
+	p[0] = part_new();
+	d0 = add(p[0], 1, "step-1", MF_DIR)->id;
+	set_blocks(add(p[0], d0, "shard-0", MF_FILE), 5000, 4096, 0);
+	set_blocks(add(p[0], d0, "meta", MF_FILE), 10, 4096, 0);
+	add(p[0], 1, "x", MF_DIR);
+	p[0]->time_ns = 5;
+	/* part 1: step-1/{shard-1, meta (same bytes), link -> shard-1}, x a file: conflict,
+	 * clash (differs from part 2's) */
+	p[1] = part_new();
+	d1 = add(p[1], 1, "step-1", MF_DIR)->id;
+	e = add(p[1], d1, "shard-1", MF_FILE);
+	set_blocks(e, 9000, 4096, 0);
+	e->blocks[0].hash[0] ^= 1;
+	uint64_t s1 = e->id;
+	set_blocks(add(p[1], d1, "meta", MF_FILE), 10, 4096, 0);
+	e = add(p[1], d1, "hard", MF_FILE);
+	e->link = s1;
+	set_blocks(add(p[1], 1, "x", MF_FILE), 1, 4096, 0);
+	set_blocks(add(p[1], 1, "clash", MF_FILE), 100, 4096, 0);
+	p[1]->time_ns = 9;
+	/* part 2: step-1/shard-2, clash with other bytes, a symlink */
+	p[2] = part_new();
+	d2 = add(p[2], 1, "step-1", MF_DIR)->id;
+	set_blocks(add(p[2], d2, "shard-2", MF_FILE), 4096, 4096, 0);
+	set_blocks(add(p[2], 1, "clash", MF_FILE), 200, 4096, 0);
+	e = add(p[2], 1, "sym", MF_SYMLINK);
+	e->target = strdup("step-1/shard-2");
+	e->size = strlen(e->target);
+	p[2]->time_ns = 7;
+
+	EXPECT_EQ(mf_merge(p, 3, on_conflict, &c, &u, &conflicts), 0);
+	EXPECT_EQ(conflicts, 2);
+	EXPECT_EQ(c.n, 2);
+	EXPECT(!strcmp(c.paths[0], "x") && !strcmp(c.paths[1], "clash"));
+	EXPECT(u != NULL);
+	if (!u)
+		goto out;
+	EXPECT_EQ(u->time_ns, 9);
+	/* root, step-1, shard-0, meta, x, shard-1, hard, clash, shard-2, sym */
+	EXPECT_EQ(u->nentries, 10);
+	EXPECT(find_path(u, "step-1/shard-0") > 0 && find_path(u, "step-1/shard-1") > 0 &&
+	       find_path(u, "step-1/shard-2") > 0 && find_path(u, "step-1/meta") > 0 &&
+	       find_path(u, "sym") > 0);
+	long x = find_path(u, "x"), cl = find_path(u, "clash"), h = find_path(u, "step-1/hard");
+
+	EXPECT(x > 0 && u->entries[x].type == MF_DIR);		/* part 0's stays */
+	EXPECT(cl > 0 && u->entries[cl].size == 100);		/* part 1's stays */
+	EXPECT(h > 0 && u->entries[h].link == u->entries[find_path(u, "step-1/shard-1")].id);
+	EXPECT_EQ(u->files, 5);	/* shard-0..2, meta, clash; x is a dir; the link once */
+	EXPECT_EQ(u->logical_bytes, 5000 + 10 + 9000 + 100 + 4096);
+	/* The union obeys every tree rule: it encodes. */
+	EXPECT_EQ(mf_encode(u, &buf, &len), 0);
+	free(buf);
+	mf_free(u);
+	/* One part: itself, renumbered. No parts: refused. */
+	EXPECT_EQ(mf_merge(p, 1, NULL, NULL, &u, &conflicts), 0);
+	EXPECT(conflicts == 0 && u && u->nentries == p[0]->nentries);
+	mf_free(u);
+	EXPECT_EQ(mf_merge(p, 0, NULL, NULL, &u, &conflicts), -EINVAL);
+out:
+	for (int i = 0; i < 3; i++)
+		mf_free(p[i]);
+}
+
 int main(void)
 {
 	test_round_trip();
 	test_every_truncation_and_flip();
 	test_rules();
 	test_garbage();
+	test_merge();
 	test_crafted_counts();
 	test_crafted_names();
 	test_crafted_tree();

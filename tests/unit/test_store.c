@@ -826,6 +826,227 @@ static void test_stray(const char *dir)
 	store_close(s);
 }
 
+/* ---- groups (issue 11) ---- */
+
+/* Worker k of n commits its part of name: one file "shard-<k>" (or "model.pt" with
+ * seed, for conflicts). Returns store_commit_part's result. */
+static int commit_part(struct store *s, const char *name, const char *file, unsigned seed,
+		       unsigned k, unsigned n, int *complete)
+{
+	uint8_t h[1][16];
+	char buf[BS];
+	struct mf_manifest *m;
+	int rc;
+
+	fill(buf, BS, seed, 0);
+	if ((rc = store_put_block(s, buf, BS, h[0], NULL)))
+		return rc;
+	m = one_file(name, h, 1);
+	free(m->entries[1].name);
+	m->entries[1].name = strdup(file);
+	rc = store_commit_part(s, m, k, n, complete);
+	mf_free(m);
+	if (rc)
+		store_abort(s);	/* as the persister does: the put's session ends */
+	return rc;
+}
+
+#define GROUP_N 4
+#define GROUP_ROUNDS 8
+
+/* GROUP_N processes commit their parts of each of GROUP_ROUNDS groups at once (a pipe
+ * releases them together): every part durable, exactly one group file, the union
+ * holds every worker's file. */
+static void test_group_publish(const char *dir)
+{
+	struct store_snap_info *v = NULL;
+	struct store *s;
+	int go[2], st;
+	pid_t pid[GROUP_N];
+	size_t n = 0;
+	char p[512], nm[MF_NAME_MAX + 1];
+
+	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
+	store_close(s);
+	EXPECT_EQ(pipe(go), 0);
+	for (unsigned k = 0; k < GROUP_N; k++) {
+		pid[k] = fork();
+		if (pid[k] == 0) {
+			struct store *w;
+			char c, name[32], file[32];
+			int fails = 0;
+
+			close(go[1]);
+			if (store_open(dir, 0, &w) || read(go[0], &c, 1) != 0)
+				_exit(2);
+			for (int r = 0; r < GROUP_ROUNDS; r++) {
+				snprintf(name, sizeof(name), "g%d", r);
+				snprintf(file, sizeof(file), "shard-%u", k);
+				fails += commit_part(w, name, file, 100 * r + k, k, GROUP_N, NULL) != 0;
+			}
+			store_close(w);
+			_exit(fails ? 1 : 0);
+		}
+	}
+	close(go[0]);
+	close(go[1]);	/* EOF: all start at once */
+	for (unsigned k = 0; k < GROUP_N; k++) {
+		EXPECT_EQ(waitpid(pid[k], &st, 0), pid[k]);
+		EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	}
+	EXPECT_EQ(store_open(dir, 0, &s), 0);
+	for (int r = 0; r < GROUP_ROUNDS; r++) {
+		struct mf_manifest *m = NULL;
+		char g[64];
+
+		snprintf(g, sizeof(g), "snaps/g%d", r);
+		path_of(p, sizeof(p), dir, g);
+		EXPECT_EQ(count_files(p, NULL), GROUP_N + 1);	/* parts + group, no tmp */
+		EXPECT_EQ(count_files(p, "group"), 1);
+		EXPECT_EQ(count_files(p, "part-"), GROUP_N);
+		snprintf(g, sizeof(g), "g%d", r);
+		EXPECT_EQ(store_load_manifest(s, g, &m), 0);
+		EXPECT(m && m->nentries == GROUP_N + 1 && m->files == GROUP_N);
+		mf_free(m);
+	}
+	EXPECT_EQ(store_list(s, 0, &v, &n), 0);
+	EXPECT_EQ(n, GROUP_ROUNDS);
+	for (size_t i = 0; i < n; i++)
+		EXPECT(v[i].state == STORE_SNAP_COMPLETE && v[i].workers == GROUP_N &&
+		       v[i].parts == GROUP_N && v[i].files == GROUP_N && !v[i].conflicts);
+	free(v);
+	EXPECT_EQ(store_latest(s, nm), 0);
+	EXPECT_EQ(store_verify(s, NULL, NULL, NULL), 0);
+	store_close(s);
+}
+
+/* Partial groups: listed as partial, never latest or loaded; their parts' objects kept
+ * by gc until the grace time, then collected; a part once there is never taken again;
+ * a group whose publisher died is published by the next look; conflicts are counted
+ * and keep a group from latest; a group deletes whole; a changed part is damage. */
+static void test_group_states(const char *dir)
+{
+	struct store_snap_info *v = NULL;
+	struct mf_manifest *m = NULL;
+	uint64_t objs = 0, bytes = 0, conflicts;
+	unsigned parts, workers;
+	struct store *s;
+	size_t n = 0;
+	char nm[MF_NAME_MAX + 1], p[512], buf[BS];
+	uint8_t h[16];
+	int complete = -1;
+
+	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
+	EXPECT_EQ(commit_part(s, "full", "shard-0", 1, 0, 2, &complete), 0);
+	EXPECT_EQ(complete, 0);
+	EXPECT_EQ(commit_part(s, "full", "shard-1", 2, 1, 2, &complete), 0);
+	EXPECT_EQ(complete, 1);
+	/* partial: 2 of 3, newer than "full" */
+	EXPECT_EQ(commit_part(s, "half", "shard-0", 3, 0, 3, NULL), 0);
+	EXPECT_EQ(commit_part(s, "half", "shard-1", 4, 1, 3, NULL), 0);
+	EXPECT_EQ(commit_part(s, "half", "shard-1", 5, 1, 3, NULL), -EEXIST);	/* create-once */
+	EXPECT_EQ(commit_part(s, "half", "shard-2", 5, 0, 2, NULL), -EEXIST);	/* another N */
+	EXPECT_EQ(commit_blocks(s, "half", (const unsigned[]){ 5 }, 1), -EEXIST); /* a single */
+	store_abort(s);
+	EXPECT_EQ(commit_part(s, "single", "x", 6, 0, 2, NULL), 0);
+	EXPECT_EQ(commit_blocks(s, "plain", (const unsigned[]){ 7 }, 1), 0);
+	EXPECT_EQ(commit_part(s, "plain", "x", 6, 0, 2, NULL), -EEXIST);
+	EXPECT_EQ(store_name_taken(s, "half", 2, 3), 0);
+	EXPECT_EQ(store_name_taken(s, "half", 1, 3), 1);
+	EXPECT_EQ(store_name_taken(s, "plain", 0, 1), 1);
+	EXPECT_EQ(store_group_state(s, "half", &parts, &workers), 0);
+	EXPECT(parts == 2 && workers == 3);
+	EXPECT_EQ(store_load_manifest(s, "half", &m), -ENOENT);
+	EXPECT_EQ(store_load_snapshot(s, "half", NULL, NULL, &m, &conflicts), -EAGAIN);
+	EXPECT_EQ(store_list(s, 0, &v, &n), 0);
+	int seen = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		if (!strcmp(v[i].name, "half")) {
+			seen++;
+			EXPECT(v[i].state == STORE_SNAP_PARTIAL && v[i].parts == 2 && v[i].workers == 3);
+			EXPECT_EQ(v[i].files, 2);
+		}
+		if (!strcmp(v[i].name, "full"))
+			EXPECT(v[i].state == STORE_SNAP_COMPLETE && v[i].workers == 2);
+	}
+	EXPECT_EQ(seen, 1);
+	free(v);
+	/* latest: "plain" (newest complete); never "half" or "single" */
+	EXPECT_EQ(store_latest(s, nm), 0);
+	EXPECT(!strcmp(nm, "plain") || !strcmp(nm, "full"));
+	EXPECT_EQ(store_delete(s, "plain"), 0);
+	EXPECT_EQ(store_latest(s, nm), 0);
+	EXPECT(!strcmp(nm, "full"));
+
+	/* gc within the grace time: the partial groups' objects stay */
+	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
+	fill(buf, BS, 3, 0);
+	{
+		XXH128_canonical_t c;
+
+		XXH128_canonicalFromHash(&c, XXH3_128bits(buf, BS));
+		memcpy(h, c.digest, 16);
+	}
+	EXPECT_EQ(store_get_block(s, h, buf, BS), BS);
+
+	/* conflict: both parts hold model.pt, with different bytes */
+	EXPECT_EQ(commit_part(s, "clash", "model.pt", 8, 0, 2, NULL), 0);
+	EXPECT_EQ(commit_part(s, "clash", "model.pt", 9, 1, 2, &complete), 0);
+	EXPECT_EQ(complete, 1);
+	EXPECT_EQ(store_load_snapshot(s, "clash", NULL, NULL, &m, &conflicts), 0);
+	EXPECT_EQ(conflicts, 1);
+	mf_free(m);
+	/* the same bytes on both: one file, no conflict */
+	EXPECT_EQ(commit_part(s, "same", "model.pt", 10, 0, 2, NULL), 0);
+	EXPECT_EQ(commit_part(s, "same", "model.pt", 10, 1, 2, NULL), 0);
+	EXPECT_EQ(store_list(s, 0, &v, &n), 0);
+	for (size_t i = 0; i < n; i++) {
+		if (!strcmp(v[i].name, "clash"))
+			EXPECT(v[i].conflicts == 1 && v[i].state == STORE_SNAP_COMPLETE);
+		if (!strcmp(v[i].name, "same"))
+			EXPECT(v[i].conflicts == 0 && v[i].files == 1);
+	}
+	free(v);
+	EXPECT_EQ(store_latest(s, nm), 0);
+	EXPECT(!strcmp(nm, "same"));
+	EXPECT_EQ(store_delete(s, "same"), 0);
+	EXPECT_EQ(store_latest(s, nm), 0);
+	EXPECT(!strcmp(nm, "full"));	/* "clash" is newer but has a conflict */
+
+	/* the publisher died after the last part: the next look publishes */
+	path_of(p, sizeof(p), dir, "snaps/full/group");
+	EXPECT_EQ(unlink(p), 0);
+	EXPECT_EQ(store_group_state(s, "full", &parts, &workers), 0);
+	EXPECT_EQ(store_group_publish(s, "full"), 1);
+	EXPECT_EQ(store_group_publish(s, "full"), 1);	/* again: already complete */
+	EXPECT_EQ(store_group_state(s, "full", &parts, &workers), 1);
+
+	/* a part changed after the group: damage, never the union */
+	path_of(p, sizeof(p), dir, "snaps/clash/part-1-of-2");
+	{
+		int fd = open(p, O_WRONLY);
+
+		EXPECT(fd >= 0 && pwrite(fd, "X", 1, 40) == 1);
+		close(fd);
+	}
+	EXPECT_EQ(store_load_manifest(s, "clash", &m), -EIO);
+	EXPECT_EQ(store_delete(s, "clash"), 0);
+	EXPECT(!exists(dir, "snaps/clash"));
+	EXPECT_EQ(store_delete(s, "clash"), -ENOENT);
+
+	/* past the grace time: partial groups go, with their objects */
+	store_set_partial_grace(s, 0);
+	sleep(1);
+	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
+	EXPECT(!exists(dir, "snaps/half") && !exists(dir, "snaps/single"));
+	EXPECT(exists(dir, "snaps/full/group"));
+	fill(buf, BS, 3, 0);
+	EXPECT_EQ(store_get_block(s, h, buf, BS), -ENOENT);
+	EXPECT_EQ(store_verify(s, NULL, NULL, NULL), 0);
+	store_close(s);
+}
+
 int main(void)
 {
 	char p[512], cmd[600];
@@ -855,6 +1076,10 @@ int main(void)
 	test_leftovers(p);
 	path_of(p, sizeof(p), root, "stray");
 	test_stray(p);
+	path_of(p, sizeof(p), root, "group");
+	test_group_publish(p);
+	path_of(p, sizeof(p), root, "groupstates");
+	test_group_states(p);
 	path_of(p, sizeof(p), root, "mnt");
 	test_full(p);
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
