@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
 
@@ -206,6 +207,11 @@ class Volume:
         self.started_glusterd = None   # seconds it took, when we started it
         self.timings = {}
         self.is_up = False
+        # Held by a brick restart (a test's background thread) and by down(): the
+        # teardown never runs while a restart is between its kill and `start force`,
+        # which would start the volume again after its stop.
+        self.op_lock = threading.Lock()
+        self.closing = False
 
     def subdir(self, prefix):
         """A fresh directory on the volume."""
@@ -270,8 +276,10 @@ class Volume:
             old = signal.signal(signal.SIGINT, signal.SIG_IGN)
         except ValueError:   # not the main thread
             pass
+        self.closing = True
         try:
-            return self._down()
+            with self.op_lock:
+                return self._down()
         finally:
             if old is not None:
                 signal.signal(signal.SIGINT, old)
@@ -296,7 +304,9 @@ class Volume:
         # A brick whose glusterd was gone: its glusterfsd may still hold the dir.
         for pid in _brick_pids_by_cmdline(self.name):
             _kill(pid)
+        t1 = time.monotonic()
         shutil.rmtree(self.root, ignore_errors=True)
+        self.timings["rm_s"] = time.monotonic() - t1
         with _Locked():
             try:
                 os.unlink(os.path.join(STATE_DIR, "users", self.name))
@@ -360,6 +370,12 @@ class Volume:
         """Kills brick i's glusterfsd (SIGKILL: a server crash), leaves it down for
         down_s, starts it again (volume start force) and waits until it is online and
         the volume healed. Returns seconds from the kill to healed."""
+        with self.op_lock:
+            if self.closing:
+                raise GlusterError(f"volume {self.name} is being torn down")
+            return self._restart_brick(i, down_s, heal_timeout)
+
+    def _restart_brick(self, i, down_s, heal_timeout):
         t = time.monotonic()
         pids = {p: pid for p, pid, _ in self.status()}
         pid = pids.get(self.bricks[i])
@@ -485,7 +501,8 @@ if pytest is not None:
             errs = vol.down()
             t = vol.timings
             sys.stderr.write(f"\ngluster: volume {vol.name} down in {t.get('down_s', 0):.1f} s "
-                             f"(umount+stop+delete {t.get('stop_s', 0):.1f} s, glusterd stop "
+                             f"(umount+stop+delete {t.get('stop_s', 0):.1f} s, bricks removed in "
+                             f"{t.get('rm_s', 0):.1f} s, glusterd stop "
                              f"{t.get('glusterd_stop_s', 0):.1f} s)\n")
             assert not errs, f"GlusterFS teardown: {errs}"
 

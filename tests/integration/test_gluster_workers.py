@@ -1,0 +1,122 @@
+"""Many workers on a real distributed filesystem (issue 11): four daemons (-o workers=4,
+worker=K) with their one store and SOURCE on a GlusterFS volume (replica 3 with an
+arbiter, bricks on this machine: gluster_util's session fixture gluster_volume), while
+the volume's brick processes restart one at a time.
+
+The steps are test_workers.py's (whose helpers this reuses), on GlusterFS:
+1. All four start at once on an empty store directory; rounds of concurrent takes of the
+   same names, every group complete, while every brick restarts in turn and the workers
+   read MOUNT/data; SIGTERM to all four at once makes one complete group of durable
+   parts; restore latest on fresh mounts of 4 and of 2 workers shows every shard.
+"""
+import os
+import random
+import threading
+
+import pytest
+
+import mlfs_util as U
+import snap_util as S
+import workers_util as W
+from test_workers import expect_union, shard, take_all, write_shards
+from workers_util import workerset  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.daemon
+MiB = 1 << 20
+
+
+def gluster_workerset(workerset, vol):
+    """A WorkerSet whose store (empty) and SOURCE (a few files) are on the volume;
+    returns (ws, {SOURCE file: bytes})."""
+    ws = workerset(store=vol.subdir("wstore-"), src=vol.subdir("wsrc-"), prefix="gw-")
+    rng = random.Random(U.SEED)
+    files = {f"d{i}.bin": rng.randbytes(MiB + 1000 * i) for i in range(3)}
+    for n, data in files.items():
+        S.write(os.path.join(ws.src, n), data)
+    return ws, files
+
+
+def read_data(job, files):
+    """Every worker reads every SOURCE file through MOUNT/data: bytes right."""
+    for w in job:
+        for n, data in files.items():
+            with open(os.path.join(w.mnt, "data", n), "rb") as f:
+                U.assert_bytes(f.read(), data, f"worker {w.k}: data/{n}")
+
+
+class Background:
+    """fn() in a thread; join() re-raises what it raised. A context manager: the
+    thread is always joined, also when the test fails meanwhile."""
+
+    def __init__(self, fn):
+        self.err = None
+        self.res = None
+
+        def run():
+            try:
+                self.res = fn()
+            except BaseException as e:   # noqa: B036 (handed to the test's thread)
+                self.err = e
+
+        self.t = threading.Thread(target=run)
+        self.t.start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.t.join()
+
+    def alive(self):
+        return self.t.is_alive()
+
+    def join(self):
+        self.t.join()
+        if self.err:
+            raise self.err
+        return self.res
+
+
+def test_four_workers_through_brick_restarts(workerset, gluster_volume):
+    ws, files = gluster_workerset(workerset, gluster_volume)
+    # stagger=False: all four create the empty store at the same instant.
+    job = ws.start(4, opts="preempt_deadline=60", stagger=False)
+    read_data(job, files)
+    v = 0
+    with Background(gluster_volume.restart_bricks) as restarts:
+        while restarts.alive() or v < 2:
+            v += 1
+            write_shards(job, v)
+            rs = take_all(ws, job, f"step-{v}", "--group-wait")
+            assert all(f"group step-{v} complete" in r.out for r in rs), rs
+            read_data(job, files)
+        restarts.join()
+    snaps = S.list_json(ws.store, store=True)
+    for i in range(1, v + 1):
+        e = snaps[f"step-{i}"]
+        assert e["state"] == "durable" and e["workers"] == 4 and e["parts"] == 4, e
+    assert W.group_parts(ws.store, f"step-{v}") == \
+        ["group"] + [f"part-{k}-of-4" for k in range(4)]
+
+    # The whole job preempted: one complete group of its final parts.
+    write_shards(job, v + 1)
+    codes = ws.sigterm_all(job, timeout=120)
+    logs = "\n".join(w.output() for w in job)
+    assert codes == [0, 0, 0, 0], f"exit codes {codes}:\n{logs}"
+    final = f"preempt-step-{v}"
+    e = S.list_json(ws.store, store=True).get(final)
+    assert e and e["state"] == "durable" and e["workers"] == 4 and e["parts"] == 4, \
+        (e, logs)
+    r = S.snap("verify", "--store", ws.store)
+    assert r.ok, r
+
+    job = ws.start(4, restore="latest")
+    for w in job:
+        assert f"restored {final}" in w.output(), w.output()
+        expect_union(w.ckpt, 4, v + 1)
+    read_data(job, files)
+    assert ws.unmount_all(job) == [0, 0, 0, 0]
+    job = ws.start(2, restore="latest")
+    for w in job:
+        expect_union(w.ckpt, 4, v + 1)
+    assert ws.unmount_all(job) == [0, 0]
