@@ -550,9 +550,11 @@ static int ctl_take(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 			wait = 1;
 		else if (!strcmp(argv[i], "--group-wait"))
 			wait = group_wait = 1;
-		else if (!strcmp(argv[i], "--timeout") && i + 1 < argc) {
+		else if (!strcmp(argv[i], "--timeout")) {
+			if (i + 1 == argc)
+				return ctl_fail(r, "take: --timeout needs SECONDS"), -EINVAL;
 			timeout = strtod(argv[++i], &end);
-			if (*end || !(timeout >= 0 && timeout <= 86400 * 7))
+			if (!*argv[i] || *end || !(timeout >= 0 && timeout <= 86400 * 7))
 				return ctl_fail(r, "take: bad --timeout '%s' (seconds, 0..604800)",
 						argv[i]), -EINVAL;
 		} else if (!name)

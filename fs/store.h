@@ -216,7 +216,10 @@ struct store_fault {
 	const char *object;	/* store-relative path of the damaged object or manifest */
 	const char *file;	/* path in the snapshot using it; NULL for a manifest fault */
 	uint64_t block;		/* block index within that file */
-	int error;		/* -EIO damaged, -ENOENT missing */
+	int error;		/* -EIO damaged, -ENOENT missing; -EEXIST a group's conflict:
+				 * file is held with different contents by parts[0] and
+				 * parts[1] (parts[0]'s is restored); not counted as a fault */
+	unsigned parts[2];
 };
 
 typedef void (*store_fault_fn)(void *arg, const struct store_fault *f);
@@ -224,7 +227,8 @@ typedef void (*store_fault_fn)(void *arg, const struct store_fault *f);
 /*
  * Read every object of snapshot name (NULL: of all snapshots, damaged manifests
  * included) and check every checksum. fn (may be NULL) is called once per damaged
- * manifest and once per use of a damaged object by a file. Returns the number of faults
+ * manifest, once per use of a damaged object by a file, and once per conflict of a
+ * group (error -EEXIST; a report, not a fault). Returns the number of faults
  * (damaged manifests + distinct damaged objects), or -errno if it could not run.
  * Reads each distinct object once.
  */

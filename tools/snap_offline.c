@@ -570,6 +570,14 @@ static void put_escaped(FILE *f, const char *str)
 static void print_fault(void *arg, const struct store_fault *f)
 {
 	put_escaped(stdout, f->snap);
+	if (f->error == -EEXIST) {
+		/* a group's conflict: reported, not damage (not counted) */
+		fputs(": conflict: ", stdout);
+		put_escaped(stdout, f->file);
+		printf(" (parts %u and %u hold it with different contents; part %u's is "
+		       "restored)\n", f->parts[0], f->parts[1], f->parts[0]);
+		return;
+	}
 	if (f->file) {
 		fputs(": damaged: ", stdout);
 		put_escaped(stdout, f->file);

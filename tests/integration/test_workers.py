@@ -95,7 +95,33 @@ def test_concurrent_takes_make_one_group(workerset):
     assert e["state"] == "partial" and e["parts"] == 1 and e["workers"] == 4, e
     r = S.snap("list", "--store", ws.store)
     assert "1 of 4 parts" in r.out, r
+    r = job[1].snap("restore", "step-2")
+    S.assert_clean_failure(r, "restore of a partial group")
+    assert "partial (1 of 4 parts)" in r.err, r
+    r = S.export(ws.store, "step-2", os.path.join(ws.root, "out"))
+    S.assert_clean_failure(r, "export of a partial group")
+    assert os.listdir(os.path.join(job[1].ckpt, "step")) == ["shard-1"]  # unchanged
     assert ws.unmount_all(job) == [0, 0, 0, 0]
+
+
+def test_single_snapshot_restores_on_workers(workerset):
+    """A snapshot of a mount without workers (a store of before groups, a single
+    manifest) restores on every worker of a job, and a 1-worker job's names stay its
+    clock's (no group directory)."""
+    ws = workerset()
+    one = ws.start(1)
+    U.write_file(os.path.join(one[0].ckpt, "model.pt"), shard(7, 7))
+    r = one[0].snap("take", "solo", "--wait")
+    assert r.rc == 0, r
+    assert ws.unmount_all(one) == [0]
+    assert os.path.isfile(os.path.join(ws.store, "snaps", "solo"))
+    job = ws.start(3, restore="solo")
+    for w in job:
+        with open(os.path.join(w.ckpt, "model.pt"), "rb") as f:
+            U.assert_bytes(f.read(), shard(7, 7), f"worker {w.k}: model.pt")
+    assert ws.unmount_all(job) == [0, 0, 0]
+    e = S.list_json(ws.store, store=True)
+    assert e["solo"]["workers"] == 1 and e["unmount-solo"]["workers"] == 3, e
 
 
 def test_sigterm_all_then_restore_on_4_and_2(workerset):
@@ -193,6 +219,8 @@ def test_conflict_is_reported_and_not_latest(workerset):
     assert r.rc == 0 and "restored good" in r.out, r
     r = S.snap("list", "--store", ws.store)
     assert "conflicts: 1" in r.out, r
+    r = S.snap("verify", "--store", ws.store)
+    assert r.rc == 0 and "clash: conflict: same-name (parts 0 and 1" in r.out, r
     assert ws.unmount_all(job) == [0, 0]
 
 
