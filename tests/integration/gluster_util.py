@@ -305,6 +305,11 @@ class Volume:
         for pid in _brick_pids_by_cmdline(self.name):
             _kill(pid)
         t1 = time.monotonic()
+        # The bricks hold every file twice (its path and .glusterfs/xx/yy/GFID) in two
+        # levels of hash dirs: three rm -rf at once take a third of one rmtree's time.
+        rms = [subprocess.Popen(["rm", "-rf", "--one-file-system", b]) for b in self.bricks]
+        for p in rms:
+            p.wait()
         shutil.rmtree(self.root, ignore_errors=True)
         self.timings["rm_s"] = time.monotonic() - t1
         with _Locked():
