@@ -10,14 +10,22 @@
  *     present and durable before it was published: commit step 1 syncs and checks them
  *     all, step 2 writes and fsyncs it under a temporary name, step 3 renames it without
  *     replacing and fsyncs snaps/. A name, once published, never changes content.
- *  3. Locking: a session holds STORE/lock shared (flock) from its first put until its
- *     commit or abort; gc holds it exclusive. gc therefore never runs while any snapshot
- *     is in flight anywhere, and an object no published manifest names belongs to nobody.
- *  4. Temporary files (names containing ".tmp.") live only inside a session; under the
- *     exclusive lock each one is a crashed writer's leftover and gc removes it. Every
- *     write has a name never used before (handle token + write number), so a leftover
- *     that a failed session could not unlink (store read-only or gone) is never taken
- *     for a later write's file: an object is there only under its final name.
+ *  3. Leases (fs/lease.h), not locks: every writable handle keeps STORE/leases/<token>
+ *     fresh, naming what it needs: the objects its owner's live tree reads (the lease
+ *     source) and every object its session put or relies on. gc removes an object only
+ *     if no manifest and no fresh lease names it and it is older than the grace time,
+ *     in two phases: rename it to <hex>.gc.<token>, then mark again (manifests and
+ *     leases read anew) and put back what is now named. A commit writes its lease
+ *     naming every object of its manifest, then checks they all exist (step 1b): a gc
+ *     that renamed one before that write is seen by the check; one that renames after
+ *     it sees the lease in its second mark. So gc runs while every daemon stays mounted
+ *     and still never takes what a snapshot in flight or a live tree needs.
+ *  4. Temporary files (names containing ".tmp.") live only inside a session or a
+ *     commit; one older than the grace time is a crashed writer's leftover and gc
+ *     removes it. Every write has a name never used before (handle token + write
+ *     number), so a leftover that a failed session could not unlink (store read-only or
+ *     gone) is never taken for a later write's file: an object is there only under its
+ *     final name.
  *  5. Delete removes only the manifest (then fsyncs snaps/); only gc removes objects, and
  *     only unreferenced ones. No crash can leave a manifest naming a missing object.
  *  6. After a failed fsync of a directory the handle is broken: the kernel may have
@@ -64,6 +72,7 @@
 #include <xxhash.h>
 
 #include "cache/log.h"
+#include "fs/lease.h"
 
 #define OBJ_MAGIC "MLOB"
 #define OBJ_VERSION 1
@@ -89,11 +98,19 @@ struct pend {
 
 struct store {
 	char *path;
-	int dirfd, objfd, snapfd, lockfd;
-	/* Guards everything below. A leaf: taken under snapd's store_mu or nothing;
-	 * nothing taken under it. */
+	int dirfd, objfd, snapfd, leasefd;
+	struct lease_keeper *lease;	/* writable handles: invariant 3 */
+	/* Guards lease_src, lease_arg, lease_put. Taken under mu, or alone (the lease
+	 * thread); nothing is taken under it. */
+	pthread_mutex_t lmu;
+	store_lease_fn lease_src;	/* what the owner's live tree reads (may be NULL) */
+	void *lease_arg;
+	struct hset lease_put;	/* every hash put in this session: named by the lease */
+	/* Guards everything below. Taken under snapd's store_mu or nothing; under it only
+	 * lmu, the lease keeper's lock and, through the lease source in a commit's lease
+	 * refresh (commit_lease), the block cache's shard locks. */
 	pthread_mutex_t mu;
-	int session;		/* LOCK_SH held (invariant 3) */
+	int session;		/* a session is open (its puts are named by the lease) */
 	int broken;		/* invariant 6 */
 	struct pend *pending;	/* objects written as tmp, not yet renamed */
 	size_t npending, cap;
@@ -329,7 +346,8 @@ out_close:
  * holds anything else (it is some other directory, not a store). */
 static int store_dir_is_fresh(int dirfd)
 {
-	static const char *const ours[] = { ".", "..", "objects", "snaps", "lock", "FORMAT" };
+	static const char *const ours[] = { ".", "..", "objects", "snaps", "leases", "lock",
+					    "FORMAT" };
 	int fd = dup(dirfd), rc = 0;
 	struct dirent *d;
 	DIR *dp;
@@ -393,7 +411,7 @@ static int store_create_format(int dfd)
 static int store_create(const char *dir)
 {
 	char buf[64];
-	int dfd, fd, rc = 0;
+	int dfd, rc = 0;
 
 	/* Private: a checkpoint's bytes are its owner's (objects would otherwise let any
 	 * local user read a 0600 file of MOUNT/ckpt). An existing DIR keeps its mode; all
@@ -413,7 +431,8 @@ static int store_create(const char *dir)
 		goto out_close;
 	/* Every step tolerates a peer doing the same at the same time: EEXIST is fine. */
 	if ((mkdirat(dfd, "objects", 0700) && errno != EEXIST) ||
-	    (mkdirat(dfd, "snaps", 0700) && errno != EEXIST)) {
+	    (mkdirat(dfd, "snaps", 0700) && errno != EEXIST) ||
+	    (mkdirat(dfd, "leases", 0700) && errno != EEXIST)) {
 		rc = -errno;
 		goto out_close;
 	}
@@ -426,12 +445,6 @@ static int store_create(const char *dir)
 			goto out_close;
 		}
 	}
-	fd = openat(dfd, "lock", O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
-	if (fd < 0) {
-		rc = -errno;
-		goto out_close;
-	}
-	close(fd);
 	/* FORMAT last: a dir with FORMAT is a whole store. */
 	rc = store_create_format(dfd);
 out_close:
@@ -439,6 +452,7 @@ out_close:
 	return rc;
 }
 
+/* The store's format version (1 or 2), or -EINVAL not a store, -EPROTONOSUPPORT. */
 static int check_format(struct store *s)
 {
 	char buf[64], want[64];
@@ -458,12 +472,103 @@ static int check_format(struct store *s)
 	free(p);
 	if (sscanf(buf, "mlfs-store\nversion %d\n", &v) != 1)
 		return -EINVAL;
-	if (v != STORE_FORMAT_VERSION)
+	if (v != STORE_FORMAT_VERSION && v != 1)
 		return -EPROTONOSUPPORT;
 	snprintf(want, sizeof(want), FORMAT_TEXT, v);
 	if (len != strlen(want) || strcmp(buf, want))
 		return -EINVAL;
-	return 0;
+	return v;
+}
+
+/* A version 1 store opened for writing becomes version 2: leases/ made, then FORMAT
+ * replaced (own temporary, fsynced, renamed over; fsync of DIR). The bytes of objects and
+ * manifests are the same in both; what changes is the protocol: version 2 writers take
+ * no flock, so an older mlfs, whose gc trusts its exclusive flock, must refuse the store
+ * from now on, which the new FORMAT makes it do. */
+static int store_upgrade_v1(struct store *s)
+{
+	char buf[64], tmp[96];
+	int fd, rc, n;
+
+	if (mkdirat(s->dirfd, "leases", 0700) && errno != EEXIST)
+		return -errno;
+	snprintf(tmp, sizeof(tmp), "FORMAT.tmp.%s", s->token);
+	fd = openat(s->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return -errno;
+	n = snprintf(buf, sizeof(buf), FORMAT_TEXT, STORE_FORMAT_VERSION);
+	rc = write_all(fd, buf, (size_t)n);
+	if (!rc && fsync(fd))
+		rc = -errno;
+	if (close(fd) && !rc)
+		rc = -errno;
+	if (!rc && renameat(s->dirfd, tmp, s->dirfd, "FORMAT"))
+		rc = -errno;
+	if (rc)
+		unlinkat(s->dirfd, tmp, 0);
+	else if (fsync(s->dirfd))
+		rc = -errno;
+	if (!rc)
+		log_info("store: %s: upgraded from format version 1 to %d", s->path,
+			 STORE_FORMAT_VERSION);
+	return rc;
+}
+
+/* The lease's content (invariant 3): the owner's live tree, then this session's puts.
+ * Runs on the lease thread, or under s->mu in a commit's refresh; takes only lmu, so a
+ * long commit never holds up the periodic refresh. */
+static int store_lease_fill(void *arg, struct lease_buf *b)
+{
+	struct store *s = arg;
+	uint8_t (*h)[STORE_HASH_LEN] = NULL;
+	size_t n = 0;
+	store_lease_fn src;
+	void *sarg;
+	int rc = 0;
+
+	pthread_mutex_lock(&s->lmu);
+	src = s->lease_src;
+	sarg = s->lease_arg;
+	pthread_mutex_unlock(&s->lmu);
+	if (src && (rc = src(sarg, &h, &n)))
+		return rc;
+	for (size_t i = 0; i < n && !rc; i++)
+		rc = lease_buf_add(b, h[i]);
+	free(h);
+	pthread_mutex_lock(&s->lmu);
+	for (size_t i = 0; i < s->lease_put.cap && !rc; i++)
+		if (s->lease_put.vals[i])
+			rc = lease_buf_add(b, s->lease_put.keys[i]);
+	pthread_mutex_unlock(&s->lmu);
+	return rc;
+}
+
+void store_set_lease_source(struct store *s, store_lease_fn fn, void *arg)
+{
+	pthread_mutex_lock(&s->lmu);
+	s->lease_src = fn;
+	s->lease_arg = arg;
+	pthread_mutex_unlock(&s->lmu);
+}
+
+int store_lease_run(struct store *s)
+{
+	return s->lease ? lease_keeper_run(s->lease) : 0;
+}
+
+int store_lease_refresh(struct store *s)
+{
+	return s->lease ? lease_keeper_refresh(s->lease, NULL, NULL) : -EROFS;
+}
+
+int store_lease_status(struct store *s, int64_t *age_ns)
+{
+	if (!s->lease) {
+		if (age_ns)
+			*age_ns = 0;
+		return 0;
+	}
+	return lease_keeper_status(s->lease, age_ns);
 }
 
 int store_open(const char *dir, int flags, struct store **out)
@@ -471,18 +576,27 @@ int store_open(const char *dir, int flags, struct store **out)
 	static unsigned seq;
 	struct store *s;
 	struct timespec ts;
-	struct stat st;
 	uint64_t rnd;
-	int rc;
+	int rc, version;
 
 	if ((flags & STORE_CREATE) && (rc = store_create(dir)))
 		return rc;
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
-	s->dirfd = s->objfd = s->snapfd = s->lockfd = -1;
+	s->dirfd = s->objfd = s->snapfd = s->leasefd = -1;
 	s->partial_grace_s = STORE_PARTIAL_GRACE_S;
 	pthread_mutex_init(&s->mu, NULL);
+	pthread_mutex_init(&s->lmu, NULL);
+	/* pid + handle number + 64 random bits (time if getrandom fails): unique among
+	 * handles, processes and hosts sharing the store, even a pid reused after a reboot
+	 * whose clock went back. Each write adds its own number (tmp_object_name). */
+	if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != (ssize_t)sizeof(rnd)) {
+		clock_gettime(CLOCK_REALTIME, &ts);
+		rnd = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	}
+	snprintf(s->token, sizeof(s->token), "%ld-%u-%016llx", (long)getpid(),
+		 __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED), (unsigned long long)rnd);
 	s->path = strdup(dir);
 	if (!s->path) {
 		rc = -ENOMEM;
@@ -493,8 +607,9 @@ int store_open(const char *dir, int flags, struct store **out)
 		rc = errno == ENOTDIR ? -EINVAL : -errno;
 		goto fail;
 	}
-	if ((rc = check_format(s)))
+	if ((version = rc = check_format(s)) < 0)
 		goto fail;
+	rc = 0;
 	s->objfd = openat(s->dirfd, "objects", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	s->snapfd = openat(s->dirfd, "snaps", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (flags & STORE_RDONLY) {
@@ -503,32 +618,29 @@ int store_open(const char *dir, int flags, struct store **out)
 		 * So a store on a read-only filesystem, or one the caller may only read,
 		 * opens; every write through this handle fails with -EROFS. */
 		s->broken = -EROFS;
-	} else {
-		/* Read-only: a shared lock needs no more (NFS too), and a store whose lock
-		 * file a daemon holds open for writing cannot be remounted read-only; gc
-		 * opens its own descriptor for the exclusive lock (store_gc_keep). */
-		s->lockfd = openat(s->dirfd, "lock",
-				   O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+	} else if (version == 1 && (rc = store_upgrade_v1(s))) {
+		log_err("store: %s: cannot upgrade a version 1 store: %s", dir, strerror(-rc));
+		goto fail;
 	}
-	if (s->objfd < 0 || s->snapfd < 0 || (s->lockfd < 0 && !(flags & STORE_RDONLY))) {
+	if (s->objfd < 0 || s->snapfd < 0) {
 		rc = -errno;
 		log_err("store: %s: damaged store layout: %s", dir, strerror(errno));
 		goto fail;
 	}
-	if (s->lockfd >= 0 && (fstat(s->lockfd, &st) || !S_ISREG(st.st_mode))) {
-		rc = -EINVAL;
-		log_err("store: %s: damaged store layout: lock is not a regular file", dir);
-		goto fail;
+	if (!(flags & STORE_RDONLY)) {
+		/* Invariant 3: a writer's lease exists from its open to its close. */
+		s->leasefd = openat(s->dirfd, "leases", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (s->leasefd < 0) {
+			rc = -errno;
+			log_err("store: %s: damaged store layout: leases: %s", dir, strerror(errno));
+			goto fail;
+		}
+		if ((rc = lease_keeper_start(s->leasefd, dir, s->token, store_lease_fill, s,
+					     &s->lease))) {
+			log_err("store: %s: cannot write a lease: %s", dir, strerror(-rc));
+			goto fail;
+		}
 	}
-	/* pid + handle number + 64 random bits (time if getrandom fails): unique among
-	 * handles, processes and hosts sharing the store, even a pid reused after a reboot
-	 * whose clock went back. Each write adds its own number (tmp_object_name). */
-	if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != (ssize_t)sizeof(rnd)) {
-		clock_gettime(CLOCK_REALTIME, &ts);
-		rnd = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-	}
-	snprintf(s->token, sizeof(s->token), "%ld-%u-%016llx", (long)getpid(),
-		 __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED), (unsigned long long)rnd);
 	*out = s;
 	return 0;
 fail:
@@ -542,8 +654,9 @@ void store_close(struct store *s)
 		return;
 	if (s->session)
 		store_abort(s);
-	if (s->lockfd >= 0)
-		close(s->lockfd);
+	lease_keeper_stop(s->lease);
+	if (s->leasefd >= 0)
+		close(s->leasefd);
 	if (s->snapfd >= 0)
 		close(s->snapfd);
 	if (s->objfd >= 0)
@@ -551,8 +664,10 @@ void store_close(struct store *s)
 	if (s->dirfd >= 0)
 		close(s->dirfd);
 	pthread_mutex_destroy(&s->mu);
+	pthread_mutex_destroy(&s->lmu);
 	free(s->pending);
 	hset_free(&s->put);
+	hset_free(&s->lease_put);
 	free(s->path);
 	free(s);
 }
@@ -583,24 +698,17 @@ int store_name_valid(const char *name)
 
 /* ---- sessions (invariant 3) ---- */
 
-/* Caller holds s->mu. May block while a gc holds the lock exclusive. */
+/* Caller holds s->mu. A session takes no lock (invariant 3): its lease names its puts. */
 static int session_begin(struct store *s)
 {
 	if (s->broken)
 		return s->broken;
-	if (s->session)
-		return 0;
-	while (flock(s->lockfd, LOCK_SH)) {
-		if (errno != EINTR) {
-			log_err("store: %s: cannot lock: %s", s->path, strerror(errno));
-			return -errno;
-		}
-	}
 	s->session = 1;
 	return 0;
 }
 
-/* Caller holds s->mu. Removes temporary objects not yet renamed and drops the lock.
+/* Caller holds s->mu. Removes temporary objects not yet renamed; the lease stops naming
+ * the session's puts at its next refresh.
  * An unlink that fails (the store went read-only or away) leaves a file whose name no
  * later write reuses; gc removes it (invariant 4). */
 static void session_end(struct store *s)
@@ -614,8 +722,10 @@ static void session_end(struct store *s)
 	s->npending = 0;
 	hset_free(&s->put);
 	memset(&s->put, 0, sizeof(s->put));
-	if (s->session)
-		flock(s->lockfd, LOCK_UN);
+	pthread_mutex_lock(&s->lmu);
+	hset_free(&s->lease_put);
+	memset(&s->lease_put, 0, sizeof(s->lease_put));
+	pthread_mutex_unlock(&s->lmu);
 	s->session = 0;
 }
 
@@ -698,6 +808,13 @@ int store_put_block(struct store *s, const void *buf, uint32_t len, uint8_t hash
 			*put = 1;
 		else if (!hset_find(&s->put, hash_out, 1))
 			rc = -ENOMEM;
+	}
+	if (rc >= 0) {
+		/* Named by the lease before anything relies on it (invariant 3). */
+		pthread_mutex_lock(&s->lmu);
+		if (!hset_find(&s->lease_put, hash_out, 1))
+			rc = -ENOMEM;
+		pthread_mutex_unlock(&s->lmu);
 	}
 	pthread_mutex_unlock(&s->mu);
 	if (rc)
@@ -965,8 +1082,30 @@ static int commit_hook(struct store *s, int step)
 	return s->hook ? s->hook(s->hook_arg, step) : 0;
 }
 
+/* Commit step 1a (invariant 3): the lease names every object of m before step 1b checks
+ * they exist, so a gc either renamed one away before (the check sees it) or reads this
+ * lease in its second mark (and puts it back). A lease that cannot be written, or has
+ * lapsed, fails the commit: nothing would protect its objects. */
+static int commit_lease(struct store *s, const struct mf_manifest *m)
+{
+	struct lease_buf b = { 0 };
+	int rc = 0;
+
+	if (!s->lease)
+		return -EROFS;
+	for (size_t i = 0; i < m->nentries && !rc; i++)
+		for (uint64_t k = 0; k < m->entries[i].nblocks && !rc; k++)
+			if (!(m->entries[i].blocks[k].flags & MF_BLOCK_HOLE))
+				rc = lease_buf_add(&b, m->entries[i].blocks[k].hash);
+	if (!rc)
+		rc = lease_keeper_refresh(s->lease, &b, NULL);
+	lease_buf_free(&b);
+	return rc;
+}
+
 /* Commit step 1b (invariant 2): a manifest may name only objects that are there now,
- * under our shared lock, so gc cannot take them before the rename. One stat per block. */
+ * after our lease named them (step 1a), so gc cannot take them before the rename. One
+ * stat per block. */
 static int commit_check_objects(struct store *s, const struct mf_manifest *m)
 {
 	for (size_t i = 0; i < m->nentries; i++) {
@@ -1039,6 +1178,8 @@ static int commit_to_locked(struct store *s, const struct mf_manifest *m, int df
 	if ((rc = commit_hook(s, 1)))
 		goto fail;
 	if ((rc = sync_objects_locked(s)))
+		goto fail;
+	if ((rc = commit_lease(s, m)))
 		goto fail;
 	if ((rc = commit_check_objects(s, m)))
 		goto fail;
@@ -1865,6 +2006,11 @@ int store_delete(struct store *s, const char *name)
 
 /* ---- gc ---- */
 
+static int64_t ts_ns(const struct timespec *ts)
+{
+	return (int64_t)ts->tv_sec * 1000000000 + ts->tv_nsec;
+}
+
 /* Marks every non-hole block of m in live. */
 static int gc_mark_one(void *arg, const struct mf_manifest *m)
 {
@@ -1882,21 +2028,21 @@ static int gc_mark_one(void *arg, const struct mf_manifest *m)
  * newest file is older than the grace time goes whole (its parts will never be joined
  * by the missing ones: a worker that crashed, or took one snapshot more); every other
  * part is a manifest for fn. Returns 1 if it removed the group. */
-static int gc_group(struct store *s, const char *name, int (*fn)(void *, const struct mf_manifest *),
-		    void *arg)
+static int gc_group(struct store *s, const char *name, int64_t now, int64_t tmp_grace_ns,
+		    int (*fn)(void *, const struct mf_manifest *), void *arg)
 {
 	struct group_scan g;
 	struct dirent *d;
 	DIR *dir;
 	int gfd, fd, rc, removed = 0;
-	struct timespec now;
+	struct timespec wall;
 
 	if ((gfd = group_open(s, name)) < 0)
 		return gfd == -ENOENT ? 0 : gfd;
 	if ((rc = group_scan(gfd, &g)))
 		goto out;
-	clock_gettime(CLOCK_REALTIME, &now);
-	if (!g.complete && (int64_t)now.tv_sec * 1000000000 + now.tv_nsec - g.newest_ns >
+	clock_gettime(CLOCK_REALTIME, &wall);
+	if (!g.complete && ts_ns(&wall) - g.newest_ns >
 			   (int64_t)s->partial_grace_s * 1000000000) {
 		log_info("store: %s: gc removes partial group %s (%u of %d parts, untouched for "
 			 "over %u s)", s->path, name, g.nparts, g.workers, s->partial_grace_s);
@@ -1918,7 +2064,14 @@ static int gc_group(struct store *s, const char *name, int (*fn)(void *, const s
 		unsigned k, n;
 
 		if (!strncmp(d->d_name, ".tmp.", 5)) {
-			removed |= unlinkat(gfd, d->d_name, 0) == 0;
+			struct stat st;
+
+			/* Another worker's part may be being written right now (no exclusive
+			 * lock any more: leases): only a temporary older than the grace time
+			 * is a crashed commit's (invariant 4). */
+			if (!fstatat(gfd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) &&
+			    now - ts_ns(&st.st_mtim) >= tmp_grace_ns)
+				removed |= unlinkat(gfd, d->d_name, 0) == 0;
 			continue;
 		}
 		if (part_parse(d->d_name, &k, &n))
@@ -1944,16 +2097,16 @@ out:
 	return rc;
 }
 
-/* Calls fn for every manifest in snaps/: published single snapshots and every part of
- * every group, complete or partial (invariant 8); removes stale temporary manifests
- * and partial groups past the grace time. The one place that knows where manifests
- * live: gc marks from it. Under the exclusive lock (no session anywhere). */
-static int store_each_manifest(struct store *s, int (*fn)(void *, const struct mf_manifest *),
-			       void *arg)
+/* Marks every object any manifest in snaps/ names: published single snapshots and every
+ * part of every group, complete or partial (invariant 9); removes group temporaries and
+ * partial groups past their grace times. The one place that knows where manifests live.
+ * Temporaries directly in snaps/ are gc_snap_tmps's. */
+static int gc_mark_manifests(struct store *s, const struct lease_times *t, int64_t now,
+			     struct hset *live)
 {
 	struct dirent *d;
 	DIR *dir;
-	int rc = 0, removed = 0;
+	int rc;
 
 	if ((rc = store_snapdir(s, &dir)))
 		return rc;
@@ -1961,18 +2114,12 @@ static int store_each_manifest(struct store *s, int (*fn)(void *, const struct m
 		struct mf_manifest *m;
 		struct stat st;
 
-		if (!strcmp(d->d_name, ".") || !strcmp(d->d_name, ".."))
-			continue;
-		if (!strncmp(d->d_name, ".tmp.", 5)) {
-			/* invariant 4: no session is open, so this is a crashed commit's */
-			if (unlinkat(s->snapfd, d->d_name, 0) == 0)
-				removed = 1;
-			continue;
-		}
+		if (d->d_name[0] == '.')
+			continue;	/* ., .., temporaries (gc_snap_tmps) */
 		if (store_name_valid(d->d_name))
 			continue;	/* not a manifest: names no object, not ours to remove */
 		if (!fstatat(s->snapfd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) && S_ISDIR(st.st_mode)) {
-			rc = gc_group(s, d->d_name, fn, arg);
+			rc = gc_group(s, d->d_name, now, t->grace_ns, gc_mark_one, live);
 			rc = rc > 0 ? 0 : rc;
 			continue;
 		}
@@ -1988,28 +2135,90 @@ static int store_each_manifest(struct store *s, int (*fn)(void *, const struct m
 				"delete it", s->path, d->d_name);
 		if (rc)
 			break;
-		rc = fn(arg, m);
+		rc = gc_mark_one(live, m);
 		mf_free(m);
 	}
 	closedir(dir);
-	if (!rc && removed)
-		rc = sync_dir(s, s->snapfd);
 	return rc;
 }
 
-/* Mark every object any manifest names (invariant 8: parts of partial groups too). */
-static int gc_mark(struct store *s, struct hset *live)
+static int gc_lease_add(void *arg, const uint8_t h[STORE_HASH_LEN])
 {
-	return store_each_manifest(s, gc_mark_one, live);
+	return hset_find(arg, h, 1) ? 0 : -ENOMEM;
 }
 
-static int gc_sweep_dir(struct store *s, int i, struct hset *live, uint64_t *objs, uint64_t *bytes)
+/* The live set (invariant 3): every object a manifest, keep or a fresh lease names. */
+static int gc_mark(struct store *s, const struct lease_times *t, int64_t now,
+		   const uint8_t (*keep)[STORE_HASH_LEN], size_t nkeep, struct hset *live)
 {
-	char name[8];
+	int rc;
+
+	if ((rc = gc_mark_manifests(s, t, now, live)))
+		return rc;
+	for (size_t k = 0; k < nkeep; k++)
+		if (!hset_find(live, keep[k], 1))
+			return -ENOMEM;
+	return lease_scan(s->leasefd, t, now, gc_lease_add, live);
+}
+
+/* Temporary manifests older than the grace time: crashed commits' (invariant 4). */
+static int gc_snap_tmps(struct store *s, const struct lease_times *t, int64_t now)
+{
 	struct dirent *d;
 	struct stat st;
 	DIR *dir;
-	int fd, rc = 0, removed = 0;
+	int rc, removed = 0;
+
+	if ((rc = store_snapdir(s, &dir)))
+		return rc;
+	while ((d = readdir(dir))) {
+		if (strncmp(d->d_name, ".tmp.", 5) ||
+		    fstatat(s->snapfd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) ||
+		    now - ts_ns(&st.st_mtim) < t->grace_ns)
+			continue;
+		if (unlinkat(s->snapfd, d->d_name, 0) == 0)
+			removed = 1;
+	}
+	closedir(dir);
+	return removed ? sync_dir(s, s->snapfd) : 0;
+}
+
+/* An object gc moved aside in phase 1: objects/xx/<hex>.gc.<token>. */
+struct gc_trash {
+	uint8_t hash[STORE_HASH_LEN];
+	uint64_t size;
+};
+
+struct gc_run {
+	struct store *s;
+	const struct lease_times *t;
+	int64_t now;
+	struct hset *live;
+	struct gc_trash *trash;
+	size_t ntrash, cap;
+	uint64_t tmp_bytes;
+	uint8_t touched[256];
+};
+
+static void gc_trash_name(const struct store *s, const uint8_t h[STORE_HASH_LEN], char *buf,
+			  size_t size)
+{
+	char hex[33];
+
+	hex16(h, hex);
+	snprintf(buf, size, "%s.gc.%s", hex, s->token);
+}
+
+/* Phase 1 in objects/xx: temporaries and other gcs' trash older than the grace time go;
+ * an object nothing names and older than the grace time is renamed to our trash name. */
+static int gc_sweep_dir(struct gc_run *g, int i)
+{
+	struct store *s = g->s;
+	char name[8], trash[160];
+	struct dirent *d;
+	struct stat st;
+	DIR *dir;
+	int fd, rc = 0;
 
 	snprintf(name, sizeof(name), "%02x", i);
 	fd = openat(s->objfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -2022,26 +2231,121 @@ static int gc_sweep_dir(struct store *s, int i, struct hset *live, uint64_t *obj
 	}
 	while ((d = readdir(dir))) {
 		uint8_t h[STORE_HASH_LEN];
-		int tmp = strstr(d->d_name, ".tmp.") != NULL;
+		int tmp = strstr(d->d_name, ".tmp.") || strstr(d->d_name, ".gc.");
 
-		if (!tmp && (strlen(d->d_name) != 32 || unhex(d->d_name, h) || hset_find(live, h, 0)))
+		if (!tmp && (strlen(d->d_name) != 32 || unhex(d->d_name, h) || hset_find(g->live, h, 0)))
 			continue;	/* live, or not ours to touch */
-		if (fstatat(fd, d->d_name, &st, AT_SYMLINK_NOFOLLOW))
+		if (tmp && strlen(d->d_name) > 32 && d->d_name[32] == '.') {
+			char hex[33];
+
+			memcpy(hex, d->d_name, 32);
+			hex[32] = 0;
+			if (!unhex(hex, h) && hset_find(g->live, h, 0))
+				continue;	/* a session's, named by its lease */
+		}
+		if (fstatat(fd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode))
 			continue;
-		if (unlinkat(fd, d->d_name, 0)) {
+		/* Young files may belong to a writer whose lease does not name them yet.
+		 * Trash keeps the object's mtime across the rename: its ctime is when. */
+		if (g->now - ts_ns(tmp ? &st.st_ctim : &st.st_mtim) < g->t->grace_ns)
+			continue;
+		if (tmp) {
+			if (unlinkat(fd, d->d_name, 0) == 0) {
+				g->tmp_bytes += (uint64_t)st.st_size;
+				g->touched[i] = 1;
+			}
+			continue;
+		}
+		if (g->ntrash == g->cap) {
+			size_t cap = g->cap ? 2 * g->cap : 256;
+			void *p = realloc(g->trash, cap * sizeof(*g->trash));
+
+			if (!p) {
+				rc = -ENOMEM;
+				break;
+			}
+			g->trash = p;
+			g->cap = cap;
+		}
+		gc_trash_name(s, h, trash, sizeof(trash));
+		if (renameat(fd, d->d_name, fd, trash)) {
+			if (errno == ENOENT)
+				continue;	/* another gc took it */
 			rc = -errno;
 			break;
 		}
-		removed = 1;
-		*bytes += (uint64_t)st.st_size;
-		if (!tmp)
-			(*objs)++;
+		memcpy(g->trash[g->ntrash].hash, h, STORE_HASH_LEN);
+		g->trash[g->ntrash++].size = (uint64_t)st.st_size;
+		g->touched[i] = 1;
 	}
-	/* Not invariant 6: an unlink that does not last only brings back an unreferenced
-	 * object, which the next gc removes again. */
-	if (removed && fsync(dirfd(dir)))
-		rc = -errno;
 	closedir(dir);
+	return rc;
+}
+
+/* Phase 2: put back every trashed object that is named now (a commit or restore that
+ * named it after phase 1's mark), remove the rest; fsync the directories changed.
+ * live2 NULL (the second mark failed): put every one back. */
+static int gc_settle(struct gc_run *g, struct hset *live2, uint64_t *objs, uint64_t *bytes)
+{
+	struct store *s = g->s;
+	char name[48], trash[160];
+	int rc = 0;
+
+	for (size_t i = 0; i < g->ntrash; i++) {
+		const uint8_t *h = g->trash[i].hash;
+
+		store_object_name(h, name);
+		gc_trash_name(s, h, trash + 3, sizeof(trash) - 3);
+		memcpy(trash, name + 8, 3);	/* "xx/" */
+		if (!live2 || hset_find(live2, h, 0)) {
+			if (renameat2(s->objfd, trash, s->objfd, name + 8, RENAME_NOREPLACE) == 0)
+				continue;
+			if (errno == EEXIST)
+				unlinkat(s->objfd, trash, 0);	/* a writer put it again */
+			else if (renameat(s->objfd, trash, s->objfd, name + 8) && !rc)
+				rc = -errno;	/* no NOREPLACE here: same bytes anyway */
+			continue;
+		}
+		if (unlinkat(s->objfd, trash, 0)) {
+			if (!rc)
+				rc = -errno;
+			continue;
+		}
+		(*objs)++;
+		*bytes += g->trash[i].size;
+	}
+	*bytes += g->tmp_bytes;
+	/* Not invariant 6: an unlink that does not last only brings back an object nothing
+	 * names, which the next gc removes again; a put-back that does not last is a
+	 * named object lost, so a failure here is the handle's (sync_dir). */
+	for (int i = 0; i < 256 && !rc; i++) {
+		int fd;
+
+		if (!g->touched[i])
+			continue;
+		snprintf(name, sizeof(name), "%02x", i);
+		fd = openat(s->objfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (fd < 0)
+			return -errno;
+		rc = sync_dir(s, fd);
+		close(fd);
+	}
+	return rc;
+}
+
+/* A version 1 daemon still mounted holds STORE/lock shared for life and would gc under
+ * its exclusive flock without reading leases: refuse while one is there. */
+static int gc_no_old_daemon(struct store *s)
+{
+	int fd = openat(s->dirfd, "lock", O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK), rc = 0;
+
+	if (fd < 0)
+		return 0;	/* a version 2 store: no lock file */
+	if (flock(fd, LOCK_EX | LOCK_NB))
+		rc = errno == EWOULDBLOCK ? -EBUSY : 0;
+	else
+		flock(fd, LOCK_UN);
+	close(fd);
 	return rc;
 }
 
@@ -2053,44 +2357,43 @@ int store_gc(struct store *s, uint64_t *removed_objects, uint64_t *freed_bytes)
 int store_gc_keep(struct store *s, const uint8_t (*keep)[STORE_HASH_LEN], size_t nkeep,
 		  uint64_t *removed_objects, uint64_t *freed_bytes)
 {
-	struct hset live = { 0 };
+	struct hset live = { 0 }, live2 = { 0 };
+	struct gc_run g = { .s = s, .live = &live };
 	uint64_t objs = 0, bytes = 0;
-	int rc = 0, xfd = -1;
+	int rc = 0;
 
 	pthread_mutex_lock(&s->mu);
-	if (s->broken || s->session) {
-		rc = s->broken ? s->broken : -EBUSY;
-		goto out_unlock;
+	if (s->broken || s->session || !s->lease) {
+		rc = s->broken ? s->broken : s->session ? -EBUSY : -EROFS;
+		goto out;
 	}
-	/* Invariant 3: exclusive, and without waiting so gc never stalls a snapshot. On
-	 * NFS an exclusive flock is a write lock, which needs a descriptor open for
-	 * writing: gc's own, for its duration only. */
-	xfd = openat(s->dirfd, "lock", O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-	if (xfd < 0) {
-		rc = -errno;
-		goto out_unlock;
-	}
-	if (flock(xfd, LOCK_EX | LOCK_NB)) {
-		rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
-		goto out_unlock;
-	}
-	if ((rc = gc_mark(s, &live)))
-		goto out_release;
-	for (size_t k = 0; k < nkeep; k++) {
-		if (!hset_find(&live, keep[k], 1)) {
-			rc = -ENOMEM;
-			goto out_release;
-		}
-	}
+	if ((rc = gc_no_old_daemon(s)))
+		goto out;
+	g.t = lease_keeper_times(s->lease);
+	/* "now" is our own lease's mtime, stamped by the store's filesystem like every
+	 * time we compare it with (lease.h: clocks). */
+	if ((rc = lease_keeper_refresh(s->lease, NULL, &g.now)))
+		goto out;
+	if ((rc = gc_mark(s, g.t, g.now, keep, nkeep, &live)))
+		goto out;
+	if ((rc = gc_snap_tmps(s, g.t, g.now)))
+		goto out;
 	for (int i = 0; i < 256 && !rc; i++)
-		rc = gc_sweep_dir(s, i, &live, &objs, &bytes);
-out_release:
-	flock(xfd, LOCK_UN);
-out_unlock:
-	if (xfd >= 0)
-		close(xfd);
+		rc = gc_sweep_dir(&g, i);
+	/* Phase 2 (invariant 3), also after a phase 1 error: trash is settled either way. */
+	if (g.ntrash || !rc) {
+		/* Without a second mark nothing may be removed: all is put back. */
+		int rc2 = g.ntrash ? gc_mark(s, g.t, g.now, keep, nkeep, &live2) : 0;
+
+		rc = rc ? rc : rc2;
+		rc2 = gc_settle(&g, rc2 ? NULL : &live2, &objs, &bytes);
+		rc = rc ? rc : rc2;
+	}
+out:
 	pthread_mutex_unlock(&s->mu);
 	hset_free(&live);
+	hset_free(&live2);
+	free(g.trash);
 	if (removed_objects)
 		*removed_objects = objs;
 	if (freed_bytes)

@@ -49,7 +49,7 @@
 
 #include "fs/manifest.h"
 
-#define STORE_FORMAT_VERSION 1
+#define STORE_FORMAT_VERSION 2
 #define STORE_HASH_LEN MF_HASH_LEN
 
 /* store_open() flags */
@@ -116,6 +116,26 @@ int store_broken(struct store *s);
  * snapshot until a restart; a reopen would give no more (the kernel's state is per
  * file, not per handle). */
 int store_recover(struct store *s);
+
+/*
+ * Leases (fs/lease.h, fs/store.c invariant 3). A writable handle keeps a lease from its
+ * open to its close, refreshed by a thread every 10 s: it names every object put in the
+ * open session and what fn (may be NULL) returns: the objects the owner's live tree
+ * still reads (*out malloc'd, handed over, *n entries; bc_collect_stored's shape). fn
+ * runs on the lease thread with no store lock held. Set it once, before relying on it.
+ */
+typedef int (*store_lease_fn)(void *arg, uint8_t (**out)[STORE_HASH_LEN], size_t *n);
+void store_set_lease_source(struct store *s, store_lease_fn fn, void *arg);
+/* Start the refresh thread (a daemon: after its fork; a short-lived tool need not: its
+ * lease is written at open and at each commit and gc). 0 or -errno. */
+int store_lease_run(struct store *s);
+/* Refresh the lease now (after a restore swapped the tree). 0 or -errno (logged). */
+int store_lease_refresh(struct store *s);
+/* 0 while the lease is fresh; -ENOLCK after a failed refresh, and for good once it
+ * lapsed (not refreshed for 60 s: a gc may have taken what the tree reads): refuse new
+ * snapshots then. *age_ns (may be NULL): time since the last successful refresh. A
+ * reader's handle has no lease: always 0. */
+int store_lease_status(struct store *s, int64_t *age_ns);
 
 /* Test hook: called at the start of commit step 1, 2 and 3; non-zero fails the commit. */
 void store_set_commit_hook(struct store *s, int (*hook)(void *arg, int step), void *arg);

@@ -178,10 +178,125 @@ static void test_open(void)
 	store_close(s);
 	path_of(p, sizeof(p), root, "empty/FORMAT");
 	f = fopen(p, "w");
-	fputs("mlfs-store\nversion 2\n", f);
+	fputs("mlfs-store\nversion 3\n", f);
 	fclose(f);
 	path_of(p, sizeof(p), root, "empty");
 	EXPECT_EQ(store_open(p, 0, &s), -EPROTONOSUPPORT);
+
+	/* A version 1 store: read as it is; a writer upgrades it to 2 (leases/ made). */
+	path_of(p, sizeof(p), root, "empty/FORMAT");
+	f = fopen(p, "w");
+	fputs("mlfs-store\nversion 1\n", f);
+	fclose(f);
+	path_of(p, sizeof(p), root, "empty/leases");
+	rmdir(p);
+	path_of(p, sizeof(p), root, "empty");
+	EXPECT_EQ(store_open(p, STORE_RDONLY, &s), 0);
+	store_close(s);
+	EXPECT(!exists(p, "leases"));
+	EXPECT_EQ(store_open(p, 0, &s), 0);
+	store_close(s);
+	EXPECT(exists(p, "leases"));
+	path_of(p, sizeof(p), root, "empty/FORMAT");
+	f = fopen(p, "r");
+	{
+		char line[64] = "";
+
+		EXPECT(f && fread(line, 1, sizeof(line) - 1, f) == 21);
+		EXPECT(!strcmp(line, "mlfs-store\nversion 2\n"));
+	}
+	if (f)
+		fclose(f);
+}
+
+/* Past the grace time of MLFS_LEASE_TIMES (set in main): what gc may now judge old. */
+static void age(void)
+{
+	usleep(1100 * 1000);
+}
+
+static uint8_t lease_src_hash[16];
+static int lease_src_calls;
+
+static int lease_src(void *arg, uint8_t (**out)[16], size_t *n)
+{
+	(void)arg;
+	*out = malloc(16);
+	if (!*out)
+		return -ENOMEM;
+	memcpy((*out)[0], lease_src_hash, 16);
+	*n = 1;
+	lease_src_calls++;
+	return 0;
+}
+
+/* Leases (invariant 3): an object of a deleted snapshot that another handle's live tree
+ * still reads (its lease source) survives gc while that lease is fresh, and goes once
+ * the lease is stale; a lease that does not parse stops gc while fresh; the keeper's
+ * thread refreshes by itself; a closed handle's lease is gone. */
+static void test_leases(const char *dir)
+{
+	static char buf[BS];
+	struct store *s, *r;
+	uint64_t objs = 0, bytes = 0;
+	char p[512];
+	int64_t age_ns = -1;
+	FILE *f;
+
+	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
+	EXPECT_EQ(commit_blocks(s, "x", (const unsigned[]){ 500 }, 1), 0);
+	fill(buf, BS, 500, 0);
+	{
+		XXH128_canonical_t c;
+
+		XXH128_canonicalFromHash(&c, XXH3_128bits(buf, BS));
+		memcpy(lease_src_hash, c.digest, 16);
+	}
+	EXPECT_EQ(store_open(dir, 0, &r), 0);	/* the "reader": a restored tree */
+	store_set_lease_source(r, lease_src, NULL);
+	EXPECT_EQ(store_lease_run(r), 0);
+	EXPECT_EQ(store_delete(s, "x"), 0);
+	age();
+	EXPECT(lease_src_calls >= 3);			/* refreshed by its thread */
+	EXPECT_EQ(store_lease_status(r, &age_ns), 0);
+	EXPECT(age_ns >= 0 && age_ns < 1000000000ll);
+	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
+	EXPECT_EQ(objs, 0);
+	EXPECT_EQ(store_get_block(s, lease_src_hash, buf, BS), BS);
+
+	/* A fresh lease that does not parse: gc refuses, removes nothing. */
+	path_of(p, sizeof(p), dir, "leases/junk");
+	f = fopen(p, "w");
+	fputs("mlfs-lease 1\nnot a hash\n", f);
+	fclose(f);
+	EXPECT_EQ(store_gc(s, &objs, &bytes), -EIO);
+	unlink(p);
+
+	/* The reader's lease stops being refreshed (its process died: close removes the
+	 * file, so copy it back as a dead process would leave it): stale, then collected. */
+	{
+		char from[300], to[300], cmd[1400];
+
+		snprintf(from, sizeof(from), "%s/leases", dir);
+		snprintf(to, sizeof(to), "%s/dead-lease", root);
+		snprintf(cmd, sizeof(cmd), "mkdir -p \"%s\" && cp -p \"%s\"/* \"%s\"", to, from, to);
+		EXPECT_EQ(system(cmd), 0);
+		store_close(r);
+		snprintf(cmd, sizeof(cmd), "cp -p \"%s\"/* \"%s\"", to, from);
+		EXPECT_EQ(system(cmd), 0);
+	}
+	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);	/* still fresh: kept */
+	EXPECT_EQ(objs, 0);
+	age();
+	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);	/* stale now */
+	EXPECT_EQ(objs, 1);
+	EXPECT_EQ(store_get_block(s, lease_src_hash, buf, BS), -ENOENT);
+	age();
+	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
+	path_of(p, sizeof(p), dir, "leases");
+	EXPECT_EQ(count_files(p, NULL), 1);	/* only s's own: the dead one removed */
+	store_close(s);
+	EXPECT_EQ(count_files(p, NULL), 0);
 }
 
 static void test_objects(const char *dir)
@@ -421,6 +536,9 @@ static void test_commit(const char *dir)
 	EXPECT_EQ(store_latest(s, nm), 0);
 	EXPECT(!strcmp(nm, "s1"));
 	EXPECT_EQ(store_gc(s, NULL, NULL), 0);
+	EXPECT(exists(dir, "snaps/.tmp.s3.999-1-1"));	/* young: maybe a commit's */
+	age();
+	EXPECT_EQ(store_gc(s, NULL, NULL), 0);
 	EXPECT(!exists(dir, "snaps/.tmp.s3.999-1-1"));
 	EXPECT(exists(dir, "snaps/s1"));
 	store_close(s);
@@ -444,18 +562,34 @@ static void test_gc(const char *dir)
 	EXPECT_EQ(store_sync_objects(s), 0);
 	store_abort(s);
 	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
+	EXPECT_EQ(objs, 0);			/* younger than the grace time */
+	age();
+	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
 	EXPECT_EQ(objs, 1);
 	EXPECT_EQ(bytes, BS + 40);
 	EXPECT_EQ(count_objects(dir, NULL), 3);
 	EXPECT_EQ(store_get_block(s, h, buf, BS), -ENOENT);
 
-	/* gc never runs during a session, in this handle or another (invariant 3). */
+	/* gc runs beside another handle's session (no lock: invariant 3) and keeps what
+	 * that session's fresh lease names, written or not yet synced, however old. */
 	EXPECT_EQ(store_open(dir, 0, &s2), 0);
 	fill(buf, BS, 100, 0);
 	EXPECT_EQ(store_put_block(s2, buf, BS, h, NULL), 0);
-	EXPECT_EQ(store_gc(s, &objs, &bytes), -EBUSY);
-	EXPECT_EQ(store_gc(s2, &objs, &bytes), -EBUSY);
+	EXPECT_EQ(store_lease_refresh(s2), 0);		/* the lease thread's work */
+	age();
+	EXPECT_EQ(store_lease_refresh(s2), 0);		/* fresh, the object old */
+	EXPECT_EQ(store_gc(s2, &objs, &bytes), -EBUSY);	/* its own session: not here */
+	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
+	EXPECT_EQ(objs, 0);
+	EXPECT_EQ(count_objects(dir, ".tmp."), 1);	/* kept: leased */
+	EXPECT_EQ(store_sync_objects(s2), 0);
+	age();
+	EXPECT_EQ(store_lease_refresh(s2), 0);
+	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
+	EXPECT_EQ(objs, 0);
+	EXPECT_EQ(store_get_block(s, h, buf, BS), BS);	/* kept: leased, not yet named */
 	EXPECT_EQ(commit_blocks(s2, "c", c, 1), 0);	/* ends s2's session */
+	EXPECT_EQ(store_lease_refresh(s2), 0);		/* no longer names 100 */
 	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
 	EXPECT_EQ(objs, 1);				/* 100: put, never named */
 	store_close(s2);
@@ -464,6 +598,7 @@ static void test_gc(const char *dir)
 	EXPECT_EQ(store_delete(s, "a"), 0);
 	EXPECT_EQ(store_delete(s, "a"), -ENOENT);
 	EXPECT(!exists(dir, "snaps/a"));
+	age();
 	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
 	EXPECT_EQ(objs, 1);
 	EXPECT_EQ(count_objects(dir, NULL), 3);	/* 32, 33, 34 */
@@ -1051,6 +1186,9 @@ int main(void)
 {
 	char p[512], cmd[600];
 
+	/* Lease times short enough to test gc's grace and staleness rules: refresh 0.2 s,
+	 * stale 0.5 s, grace 1 s (age() waits past it). */
+	setenv("MLFS_LEASE_TIMES", "0.2,0.5,1", 1);
 	snprintf(root, sizeof(root), "/tmp/test_store.XXXXXX");
 	if (!mkdtemp(root)) {
 		perror("mkdtemp");
@@ -1068,6 +1206,8 @@ int main(void)
 	test_gc(p);
 	path_of(p, sizeof(p), root, "names");
 	test_names(p);
+	path_of(p, sizeof(p), root, "leases");
+	test_leases(p);
 	path_of(p, sizeof(p), root, "threads");
 	test_threads(p);
 	path_of(p, sizeof(p), root, "listgc");
