@@ -8,10 +8,15 @@ The steps are test_workers.py's (whose helpers this reuses), on GlusterFS:
    same names, every group complete, while every brick restarts in turn and the workers
    read MOUNT/data; SIGTERM to all four at once makes one complete group of durable
    parts; restore latest on fresh mounts of 4 and of 2 workers shows every shard.
+2. gc and delete from one worker while the others persist and read, during brick
+   restarts: gc runs (nothing refuses it for the others being mounted), frees what the
+   deleted group alone held, and deletes nothing a live worker or a kept group needs.
 """
 import os
 import random
+import re
 import threading
+import time
 
 import pytest
 
@@ -120,3 +125,79 @@ def test_four_workers_through_brick_restarts(workerset, gluster_volume):
     for w in job:
         expect_union(w.ckpt, 4, v + 1)
     assert ws.unmount_all(job) == [0, 0]
+
+
+# Lease times for the gc test (MLFS_LEASE_TIMES, fs/lease.h): refresh 1 s, stale 8 s,
+# grace 10 s. Stale must outlast a brick restart's write stall (2-3 s each here), or a
+# live worker's lease would look dead; grace is waited out once.
+GLUSTER_LEASES = "1,8,10"
+GRACE_S = 10.5
+
+
+def gc_removed(r):
+    """The objects a `mlfs-snap gc MNT` says it removed."""
+    m = re.search(r"removed (\d+) objects", r.out)
+    assert m, f"gc printed no count: {r!r}"
+    return int(m.group(1))
+
+
+def test_gc_and_delete_while_workers_persist_through_brick_restarts(workerset,
+                                                                   gluster_volume,
+                                                                   monkeypatch):
+    """gc and delete from one worker while the others persist and read, during brick
+    restarts: gc runs (the others being mounted refuses nothing), frees what the deleted
+    group alone held, and deletes nothing a live worker or a kept group needs."""
+    monkeypatch.setenv("MLFS_LEASE_TIMES", GLUSTER_LEASES)
+    ws, files = gluster_workerset(workerset, gluster_volume)
+    job = ws.start(4, opts="preempt_deadline=60", stagger=False)
+    for v in (1, 2):
+        write_shards(job, v)
+        take_all(ws, job, f"step-{v}", "--group-wait")
+    # step-1's shards are in no other snapshot: deleted, they are garbage once past the
+    # grace time. The live trees (step-2's bytes) and step-2 must stay.
+    r = job[0].snap("delete", "step-1")
+    assert r.rc == 0, r
+    time.sleep(GRACE_S)
+    v = 3
+    others = job[1:]
+
+    def persist_and_read():
+        for w in others:
+            U.write_file(os.path.join(w.ckpt, "step", f"shard-{w.k}"), shard(w.k, v))
+        rs = ws.run_all(others, lambda w: w.snap("take", "step-3", "--wait", timeout=180))
+        for w, r in zip(others, rs):
+            assert r.rc == 0, f"worker {w.k}: {r!r}"
+        read_data(others, files)
+
+    # Worker 0 collects garbage while workers 1-3 write, persist their step-3 parts and
+    # read data/, and while the bricks restart one by one.
+    with Background(gluster_volume.restart_bricks) as restarts, \
+            Background(persist_and_read) as bg:
+        r = job[0].snap("gc", timeout=180)
+        assert r.rc == 0, f"gc from worker 0 while workers 1-3 are mounted: {r!r}"
+        removed = gc_removed(r)
+        bg.join()
+        restarts.join()
+    U.write_file(os.path.join(job[0].ckpt, "step", "shard-0"), shard(0, v))
+    time.sleep(0.3)   # the kernel's RELEASE (test_workers.write_shards)
+    r = job[0].snap("take", "step-3", "--group-wait", timeout=180)
+    assert r.rc == 0, r
+    # Again after the restarts, with every worker mounted.
+    r = job[1].snap("gc", timeout=180)
+    assert r.rc == 0, f"gc from worker 1 while all are mounted: {r!r}"
+    removed += gc_removed(r)
+    # step-1's four shards, two blocks each, were in no other snapshot
+    assert removed >= 8, f"gc removed {removed} objects, want step-1's 8 at least"
+    r = S.snap("verify", "--store", ws.store)
+    assert r.ok, r
+    assert ws.unmount_all(job) == [0, 0, 0, 0]
+    snaps = S.list_json(ws.store, store=True)
+    assert "step-1" not in snaps and snaps["step-3"]["state"] == "durable", snaps
+    job = ws.start(2, restore="latest")     # unmount-step-3: step-3's bytes
+    for w in job:
+        expect_union(w.ckpt, 4, v)
+    assert ws.unmount_all(job) == [0, 0]
+    job = ws.start(4, restore="step-2")      # what gc kept of the older group
+    for w in job:
+        expect_union(w.ckpt, 4, 2)
+    assert ws.unmount_all(job) == [0, 0, 0, 0]
