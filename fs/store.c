@@ -72,7 +72,9 @@
 #include <xxhash.h>
 
 #include "cache/log.h"
+#include "fs/hset.h"
 #include "fs/lease.h"
+#include "fs/pack.h"
 
 #define OBJ_MAGIC "MLOB"
 #define OBJ_VERSION 1
@@ -82,29 +84,22 @@
 #define FORMAT_TEXT "mlfs-store\nversion %d\n"
 #define MANIFEST_MAX (1ull << 32)	/* refuse to slurp anything larger as a manifest */
 
-/* A set of object hashes with an int per hash (gc: referenced; verify: status;
- * a session: put already). */
-struct hset {
-	uint8_t (*keys)[STORE_HASH_LEN];
-	int *vals;	/* 0 = empty slot */
-	size_t cap, n;
-};
-
-/* An object written in this session under its temporary name, not yet renamed. */
-struct pend {
-	uint8_t hash[STORE_HASH_LEN];
-	uint64_t seq;	/* the write's number: its temporary name */
-};
-
 struct store {
 	char *path;
-	int dirfd, objfd, snapfd, leasefd;
+	int dirfd, objfd, snapfd, leasefd, packfd;	/* objfd: -1 without objects/ (v1) */
+	struct pack_set *packs;		/* the index of STORE/packs */
+	/* Guards pw. Taken under mu (commit, abort) or alone (put); nothing under it but
+	 * the pack set's own lock. */
+	pthread_mutex_t pmu;
+	struct pack_writer *pw;		/* the session's open pack, NULL between packs */
 	struct lease_keeper *lease;	/* writable handles: invariant 3 */
 	/* Guards lease_src, lease_arg, lease_put. Taken under mu, or alone (the lease
 	 * thread); nothing is taken under it. */
 	pthread_mutex_t lmu;
 	store_lease_fn lease_src;	/* what the owner's live tree reads (may be NULL) */
 	void *lease_arg;
+	uint8_t pw_id[16];		/* the pack being written: named by the lease */
+	int pw_named;
 	struct hset lease_put;	/* every hash put in this session: named by the lease */
 	/* Guards everything below. Taken under snapd's store_mu or nothing; under it only
 	 * lmu, the lease keeper's lock and, through the lease source in a commit's lease
@@ -112,11 +107,8 @@ struct store {
 	pthread_mutex_t mu;
 	int session;		/* a session is open (its puts are named by the lease) */
 	int broken;		/* invariant 6 */
-	struct pend *pending;	/* objects written as tmp, not yet renamed */
-	size_t npending, cap;
 	struct hset put;	/* hashes put in this session: 1 written or being written,
 				 * 2 its write failed (may be put again) */
-	uint64_t seq;		/* writes by this handle: each temporary name is new */
 	int full_sync;		/* after store_recover: the next commit syncs every dir */
 	char token[64];		/* pid, handle, random: unique among processes and hosts */
 	int (*hook)(void *arg, int step);
@@ -145,27 +137,34 @@ void store_object_name(const uint8_t hash[STORE_HASH_LEN], char buf[48])
 	snprintf(buf, 48, "objects/%.2s/%s", hex, hex);
 }
 
-/* The temporary name of write seq of this handle: new for every write, so a leftover
- * of a failed session (an unlink refused by a read-only or unreachable store) can never
- * be taken for a later write's file (invariant 4). */
-static void tmp_object_name(const struct store *s, const struct pend *p, char *buf, size_t size)
+int store_object_where(struct store *s, const uint8_t hash[STORE_HASH_LEN], char path[64],
+		       uint64_t *off)
 {
-	char hex[33];
+	int rc;
 
-	hex16(p->hash, hex);
-	snprintf(buf, size, "%.2s/%s.tmp.%s.%llx", hex, hex, s->token,
-		 (unsigned long long)p->seq);
+	if (!s->packs)
+		return -ENOENT;
+	if ((rc = pack_set_scan(s->packs)))
+		return rc;
+	return pack_set_where(s->packs, hash, path, off);
+}
+
+int store_object_count(struct store *s, uint64_t *n)
+{
+	int rc;
+
+	*n = 0;
+	if (!s->packs)
+		return 0;
+	if ((rc = pack_set_scan(s->packs)))
+		return rc;
+	*n = pack_set_count(s->packs);
+	return 0;
 }
 
 const char *store_path(const struct store *s)
 {
 	return s->path;
-}
-
-static void put_le(unsigned char *p, uint64_t v, int n)
-{
-	for (int i = 0; i < n; i++)
-		p[i] = (unsigned char)(v >> (8 * i));
 }
 
 static uint64_t get_le(const unsigned char *p, int n)
@@ -223,55 +222,6 @@ static int read_all(int fd, void *buf, size_t len)
 	return 0;
 }
 
-/* ---- a set of object hashes with an int per hash (gc: referenced; verify: status) ---- */
-
-
-static uint64_t hset_slot(const uint8_t *h)
-{
-	return get_le(h, 8);	/* the keys are hashes already */
-}
-
-static int *hset_find(struct hset *t, const uint8_t h[STORE_HASH_LEN], int insert)
-{
-	size_t i;
-
-	if (insert && 2 * (t->n + 1) > t->cap) {
-		struct hset old = *t;
-
-		t->cap = old.cap ? 2 * old.cap : 1024;
-		t->keys = calloc(t->cap, STORE_HASH_LEN);
-		t->vals = calloc(t->cap, sizeof(int));
-		if (!t->keys || !t->vals) {
-			free(t->keys);
-			free(t->vals);
-			*t = old;
-			return NULL;
-		}
-		t->n = 0;
-		for (size_t j = 0; j < old.cap; j++)
-			if (old.vals[j])
-				*hset_find(t, old.keys[j], 1) = old.vals[j];
-		free(old.keys);
-		free(old.vals);
-	}
-	if (!t->cap)
-		return NULL;
-	for (i = hset_slot(h) & (t->cap - 1); t->vals[i]; i = (i + 1) & (t->cap - 1))
-		if (!memcmp(t->keys[i], h, STORE_HASH_LEN))
-			return &t->vals[i];
-	if (!insert)
-		return NULL;
-	memcpy(t->keys[i], h, STORE_HASH_LEN);
-	t->n++;
-	t->vals[i] = 1;
-	return &t->vals[i];
-}
-
-static void hset_free(struct hset *t)
-{
-	free(t->keys);
-	free(t->vals);
-}
 
 static int unhex(const char *s, uint8_t out[STORE_HASH_LEN])
 {
@@ -346,8 +296,8 @@ out_close:
  * holds anything else (it is some other directory, not a store). */
 static int store_dir_is_fresh(int dirfd)
 {
-	static const char *const ours[] = { ".", "..", "objects", "snaps", "leases", "lock",
-					    "FORMAT" };
+	static const char *const ours[] = { ".", "..", "objects", "packs", "snaps", "leases",
+					    "lock", "FORMAT" };
 	int fd = dup(dirfd), rc = 0;
 	struct dirent *d;
 	DIR *dp;
@@ -410,7 +360,6 @@ static int store_create_format(int dfd)
 
 static int store_create(const char *dir)
 {
-	char buf[64];
 	int dfd, rc = 0;
 
 	/* Private: a checkpoint's bytes are its owner's (objects would otherwise let any
@@ -430,20 +379,11 @@ static int store_create(const char *dir)
 	if ((rc = store_dir_is_fresh(dfd)))
 		goto out_close;
 	/* Every step tolerates a peer doing the same at the same time: EEXIST is fine. */
-	if ((mkdirat(dfd, "objects", 0700) && errno != EEXIST) ||
+	if ((mkdirat(dfd, "packs", 0700) && errno != EEXIST) ||
 	    (mkdirat(dfd, "snaps", 0700) && errno != EEXIST) ||
 	    (mkdirat(dfd, "leases", 0700) && errno != EEXIST)) {
 		rc = -errno;
 		goto out_close;
-	}
-	/* All 256 fan-out dirs up front: puts never create directories, so the only dirs
-	 * a commit must fsync are the ones it renamed objects into. */
-	for (int i = 0; i < 256; i++) {
-		snprintf(buf, sizeof(buf), "objects/%02x", i);
-		if (mkdirat(dfd, buf, 0700) && errno != EEXIST) {
-			rc = -errno;
-			goto out_close;
-		}
 	}
 	/* FORMAT last: a dir with FORMAT is a whole store. */
 	rc = store_create_format(dfd);
@@ -490,7 +430,8 @@ static int store_upgrade_v1(struct store *s)
 	char buf[64], tmp[96];
 	int fd, rc, n;
 
-	if (mkdirat(s->dirfd, "leases", 0700) && errno != EEXIST)
+	if ((mkdirat(s->dirfd, "leases", 0700) && errno != EEXIST) ||
+	    (mkdirat(s->dirfd, "packs", 0700) && errno != EEXIST))
 		return -errno;
 	snprintf(tmp, sizeof(tmp), "FORMAT.tmp.%s", s->token);
 	fd = openat(s->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -539,6 +480,8 @@ static int store_lease_fill(void *arg, struct lease_buf *b)
 	for (size_t i = 0; i < s->lease_put.cap && !rc; i++)
 		if (s->lease_put.vals[i])
 			rc = lease_buf_add(b, s->lease_put.keys[i]);
+	if (!rc && s->pw_named)
+		rc = lease_buf_add(b, s->pw_id);
 	pthread_mutex_unlock(&s->lmu);
 	return rc;
 }
@@ -584,9 +527,10 @@ int store_open(const char *dir, int flags, struct store **out)
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
-	s->dirfd = s->objfd = s->snapfd = s->leasefd = -1;
+	s->dirfd = s->objfd = s->snapfd = s->leasefd = s->packfd = -1;
 	s->partial_grace_s = STORE_PARTIAL_GRACE_S;
 	pthread_mutex_init(&s->mu, NULL);
+	pthread_mutex_init(&s->pmu, NULL);
 	pthread_mutex_init(&s->lmu, NULL);
 	/* pid + handle number + 64 random bits (time if getrandom fails): unique among
 	 * handles, processes and hosts sharing the store, even a pid reused after a reboot
@@ -611,7 +555,17 @@ int store_open(const char *dir, int flags, struct store **out)
 		goto fail;
 	rc = 0;
 	s->objfd = openat(s->dirfd, "objects", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (s->objfd < 0 && errno != ENOENT) {	/* absent: made by version 2, packs only */
+		rc = -errno;
+		log_err("store: %s: damaged store layout: objects: %s", dir, strerror(errno));
+		goto fail;
+	}
 	s->snapfd = openat(s->dirfd, "snaps", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (s->snapfd < 0) {
+		rc = -errno;
+		log_err("store: %s: damaged store layout: snaps: %s", dir, strerror(errno));
+		goto fail;
+	}
 	if (flags & STORE_RDONLY) {
 		/* A reader never writes: not even the lock file, which it does not take
 		 * (list, verify and restore read published, immutable files; invariant 2).
@@ -622,11 +576,15 @@ int store_open(const char *dir, int flags, struct store **out)
 		log_err("store: %s: cannot upgrade a version 1 store: %s", dir, strerror(-rc));
 		goto fail;
 	}
-	if (s->objfd < 0 || s->snapfd < 0) {
+	if (version > 1 || !(flags & STORE_RDONLY))
+		s->packfd = openat(s->dirfd, "packs", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (s->packfd < 0 && (version > 1 || !(flags & STORE_RDONLY))) {
 		rc = -errno;
-		log_err("store: %s: damaged store layout: %s", dir, strerror(errno));
+		log_err("store: %s: damaged store layout: packs: %s", dir, strerror(errno));
 		goto fail;
 	}
+	if (s->packfd >= 0 && (rc = pack_set_new(s->packfd, dir, &s->packs)))
+		goto fail;
 	if (!(flags & STORE_RDONLY)) {
 		/* Invariant 3: a writer's lease exists from its open to its close. */
 		s->leasefd = openat(s->dirfd, "leases", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -655,6 +613,10 @@ void store_close(struct store *s)
 	if (s->session)
 		store_abort(s);
 	lease_keeper_stop(s->lease);
+	pack_writer_abort(s->packs, &s->pw);
+	pack_set_free(s->packs);
+	if (s->packfd >= 0)
+		close(s->packfd);
 	if (s->leasefd >= 0)
 		close(s->leasefd);
 	if (s->snapfd >= 0)
@@ -665,7 +627,7 @@ void store_close(struct store *s)
 		close(s->dirfd);
 	pthread_mutex_destroy(&s->mu);
 	pthread_mutex_destroy(&s->lmu);
-	free(s->pending);
+	pthread_mutex_destroy(&s->pmu);
 	hset_free(&s->put);
 	hset_free(&s->lease_put);
 	free(s->path);
@@ -701,25 +663,29 @@ int store_name_valid(const char *name)
 /* Caller holds s->mu. A session takes no lock (invariant 3): its lease names its puts. */
 static int session_begin(struct store *s)
 {
+	int rc;
+
 	if (s->broken)
 		return s->broken;
+	if (s->session)
+		return 0;
+	/* Learn the packs other writers made since, so dedup sees them (one listing of
+	 * packs/ per snapshot, plus the new packs' indexes). */
+	if ((rc = pack_set_scan(s->packs)))
+		return rc;
 	s->session = 1;
 	return 0;
 }
 
-/* Caller holds s->mu. Removes temporary objects not yet renamed; the lease stops naming
- * the session's puts at its next refresh.
- * An unlink that fails (the store went read-only or away) leaves a file whose name no
- * later write reuses; gc removes it (invariant 4). */
+/* Caller holds s->mu. Removes the pack being written, if any (objects in packs already
+ * finished stay, unreferenced, for gc); the lease stops naming the session's puts at
+ * its next refresh. An unlink that fails (the store went read-only or away) leaves a
+ * temporary whose name no later write reuses; gc removes it (invariant 4). */
 static void session_end(struct store *s)
 {
-	char tmp[160];
-
-	for (size_t i = 0; i < s->npending; i++) {
-		tmp_object_name(s, &s->pending[i], tmp, sizeof(tmp));
-		unlinkat(s->objfd, tmp, 0);
-	}
-	s->npending = 0;
+	pthread_mutex_lock(&s->pmu);
+	pack_writer_abort(s->packs, &s->pw);
+	pthread_mutex_unlock(&s->pmu);
 	hset_free(&s->put);
 	memset(&s->put, 0, sizeof(s->put));
 	pthread_mutex_lock(&s->lmu);
@@ -766,6 +732,10 @@ static int object_exists(struct store *s, const uint8_t hash[STORE_HASH_LEN])
 	struct stat st;
 	int fd, ok;
 
+	if (s->packs && pack_set_has(s->packs, hash))
+		return 1;	/* in a published pack: its index verified (invariant 1) */
+	if (s->objfd < 0)
+		return 0;
 	store_object_name(hash, name);
 	fd = openat(s->objfd, name + 8, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 	if (fd < 0)
@@ -780,21 +750,17 @@ static int object_exists(struct store *s, const uint8_t hash[STORE_HASH_LEN])
 int store_put_block(struct store *s, const void *buf, uint32_t len, uint8_t hash_out[STORE_HASH_LEN],
 		    uint64_t *new_bytes)
 {
-	unsigned char hdr[OBJ_HDR];
-	char tmp[160];
 	char *z = NULL;
 	const void *payload = buf;
 	uint32_t stored = len;
 	uint8_t flags = OBJ_RAW;
-	struct pend p;
-	int fd, rc, bound, zl, *put;
+	int rc, bound, zl, *put;
 
 	if (new_bytes)
 		*new_bytes = 0;
 	if (len == 0 || len > MF_BLOCK_SIZE_MAX)
 		return -EINVAL;
 	hash128(buf, len, hash_out);
-	memcpy(p.hash, hash_out, STORE_HASH_LEN);
 	pthread_mutex_lock(&s->mu);
 	rc = session_begin(s);
 	/* Put already in this session (written, or being written by another thread):
@@ -834,54 +800,16 @@ int store_put_block(struct store *s, const void *buf, uint32_t len, uint8_t hash
 			flags = OBJ_LZ4;
 		}
 	}
-	memcpy(hdr, OBJ_MAGIC, 4);
-	hdr[4] = OBJ_VERSION;
-	hdr[5] = flags;
-	put_le(hdr + 6, 0, 2);
-	put_le(hdr + 8, len, 4);
-	put_le(hdr + 12, stored, 4);
-	memcpy(hdr + 16, hash_out, STORE_HASH_LEN);
-	put_le(hdr + 32, XXH3_64bits(hdr, 32), 8);
-
-	pthread_mutex_lock(&s->mu);
-	p.seq = ++s->seq;
-	pthread_mutex_unlock(&s->mu);
-	tmp_object_name(s, &p, tmp, sizeof(tmp));
-	/* O_EXCL: a name is never reused (tmp_object_name), so EEXIST is some other
-	 * writer's file, never "already written": a failure, not a dedup. */
-	fd = openat(s->objfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0400);
-	if (fd < 0) {
-		rc = -errno;
-		goto out_free;
-	}
-	rc = write_all(fd, hdr, OBJ_HDR);
-	if (!rc)
-		rc = write_all(fd, payload, stored);
-	if (close(fd) && !rc)
-		rc = -errno;	/* NFS reports a full server at close */
-	if (rc) {
-		unlinkat(s->objfd, tmp, 0);
-		goto out_free;
-	}
-	pthread_mutex_lock(&s->mu);
-	if (s->npending == s->cap) {
-		size_t cap = s->cap ? 2 * s->cap : 256;
-		void *np = realloc(s->pending, cap * sizeof(*s->pending));
-
-		if (!np) {
-			pthread_mutex_unlock(&s->mu);
-			unlinkat(s->objfd, tmp, 0);
-			rc = -ENOMEM;
-			goto out_free;
-		}
-		s->pending = np;
-		s->cap = cap;
-	}
-	s->pending[s->npending++] = p;
-	pthread_mutex_unlock(&s->mu);
-	if (new_bytes)
+	/* Appended to the session's pack: one create and one fsync per PACK_TARGET bytes,
+	 * not per object (pack.h). Puts of several threads take turns here. */
+	pthread_mutex_lock(&s->pmu);
+	rc = pack_writer_add(s->packs, &s->pw, hash_out, len, flags == OBJ_LZ4, payload, stored);
+	pthread_mutex_lock(&s->lmu);
+	s->pw_named = pack_writer_id(s->pw, s->pw_id);
+	pthread_mutex_unlock(&s->lmu);
+	pthread_mutex_unlock(&s->pmu);
+	if (!rc && new_bytes)
 		*new_bytes = OBJ_HDR + stored;
-out_free:
 	if (rc) {
 		pthread_mutex_lock(&s->mu);
 		put = hset_find(&s->put, hash_out, 0);
@@ -910,8 +838,16 @@ int store_get_block(struct store *s, const uint8_t hash[STORE_HASH_LEN], void *b
 	char *z = NULL;
 	int fd, rc;
 
+	/* Packs first (every object written since version 2), then a version 1 object. */
+	rc = s->packs ? pack_set_get(s->packs, hash, buf, len) : -ENOENT;
+	if (rc != -ENOENT)
+		return rc;
 	store_object_name(hash, name);
 	snprintf(path, sizeof(path), "%s/%s", s->path, name);
+	if (s->objfd < 0) {
+		log_err("store: missing object %s: in no pack", path);
+		return -ENOENT;
+	}
 	fd = openat(s->objfd, name + 8, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 	if (fd < 0 && errno == ELOOP)
 		return obj_damaged(path, "a symlink, not an object");
@@ -978,60 +914,31 @@ out_close:
 /* Commit step 1 (invariant 1). Caller holds s->mu. */
 static int sync_objects_locked(struct store *s)
 {
-	uint8_t touched[256] = { 0 };
-	char tmp[160], name[48];
-	int rc = 0;
+	int rc;
 
 	if (s->broken)
 		return s->broken;
-	if (s->full_sync)
-		memset(touched, 1, sizeof(touched));	/* store_recover: every dir */
-	else if (s->npending == 0)
-		return 0;
-	/* One flush for the whole batch; the objects are still under temporary names, so a
-	 * failure here leaves nothing half-published (session_end removes them). */
-	if (syncfs(s->objfd)) {
-		rc = -errno;
-		log_err("store: %s: syncfs: %s", s->path, strerror(errno));
+	/* The session's open pack: index, fsync, rename, fsync packs/ (pack.h). */
+	pthread_mutex_lock(&s->pmu);
+	rc = pack_writer_finish(s->packs, &s->pw);
+	pthread_mutex_unlock(&s->pmu);
+	if (rc == -EIO)
+		s->broken = -EIO;	/* invariant 6: packs/ may have lost a name */
+	if (rc)
 		return rc;
-	}
-	while (s->npending) {
-		const struct pend *p = &s->pending[s->npending - 1];
-		const uint8_t *h = p->hash;
-
-		tmp_object_name(s, p, tmp, sizeof(tmp));
-		store_object_name(h, name);
-		if (renameat(s->objfd, tmp, s->objfd, name + 8)) {
+	if (s->full_sync) {
+		/* store_recover: what an earlier failed fsync may have dropped is flushed
+		 * or found missing (step 1b) before anything relies on it. */
+		if (syncfs(s->dirfd)) {
 			rc = -errno;
-			log_err("store: %s: rename %s: %s", s->path, tmp, strerror(errno));
-			break;
+			log_err("store: %s: syncfs: %s", s->path, strerror(errno));
+			return rc;
 		}
-		touched[h[0]] = 1;
-		s->npending--;
-	}
-	for (int i = 0; i < 256; i++) {
-		int fd;
-
-		if (!touched[i])
-			continue;
-		snprintf(name, sizeof(name), "%02x", i);
-		fd = openat(s->objfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-		if (fd < 0) {
-			s->broken = -EIO;
-			return -EIO;
-		}
-		if (sync_dir(s, fd)) {
-			close(fd);
-			return -EIO;
-		}
-		close(fd);
-	}
-	if (!rc && s->full_sync) {
-		if (sync_dir(s, s->snapfd))
+		if (sync_dir(s, s->packfd) || sync_dir(s, s->snapfd))
 			return -EIO;
 		s->full_sync = 0;
 	}
-	return rc;
+	return 0;
 }
 
 int store_broken(struct store *s)
@@ -1180,6 +1087,9 @@ static int commit_to_locked(struct store *s, const struct mf_manifest *m, int df
 	if ((rc = sync_objects_locked(s)))
 		goto fail;
 	if ((rc = commit_lease(s, m)))
+		goto fail;
+	/* Packs gone since the session began (a gc) are forgotten before the check. */
+	if ((rc = pack_set_scan(s->packs)))
 		goto fail;
 	if ((rc = commit_check_objects(s, m)))
 		goto fail;
@@ -2142,6 +2052,11 @@ static int gc_mark_manifests(struct store *s, const struct lease_times *t, int64
 	return rc;
 }
 
+static int gc_live(void *arg, const uint8_t h[STORE_HASH_LEN])
+{
+	return hset_find(arg, h, 0) != NULL;
+}
+
 static int gc_lease_add(void *arg, const uint8_t h[STORE_HASH_LEN])
 {
 	return hset_find(arg, h, 1) ? 0 : -ENOMEM;
@@ -2359,6 +2274,7 @@ int store_gc_keep(struct store *s, const uint8_t (*keep)[STORE_HASH_LEN], size_t
 {
 	struct hset live = { 0 }, live2 = { 0 };
 	struct gc_run g = { .s = s, .live = &live };
+	struct pack_gc *pg = NULL;
 	uint64_t objs = 0, bytes = 0;
 	int rc = 0;
 
@@ -2378,16 +2294,25 @@ int store_gc_keep(struct store *s, const uint8_t (*keep)[STORE_HASH_LEN], size_t
 		goto out;
 	if ((rc = gc_snap_tmps(s, g.t, g.now)))
 		goto out;
-	for (int i = 0; i < 256 && !rc; i++)
-		rc = gc_sweep_dir(&g, i);
+	for (int i = 0; i < 256 && !rc && s->objfd >= 0; i++)
+		rc = gc_sweep_dir(&g, i);	/* version 1 objects */
+	if (!rc)
+		rc = pack_gc_sweep(s->packs, gc_live, &live, g.now, g.t->grace_ns, s->token, &pg,
+				   &g.tmp_bytes);
 	/* Phase 2 (invariant 3), also after a phase 1 error: trash is settled either way. */
-	if (g.ntrash || !rc) {
+	{
+		int trashed = g.ntrash || (pg && pack_gc_trashed(pg));
 		/* Without a second mark nothing may be removed: all is put back. */
-		int rc2 = g.ntrash ? gc_mark(s, g.t, g.now, keep, nkeep, &live2) : 0;
+		int mrc = trashed ? gc_mark(s, g.t, g.now, keep, nkeep, &live2) : 0, rc2;
 
+		rc = rc ? rc : mrc;
+		rc2 = gc_settle(&g, mrc ? NULL : &live2, &objs, &bytes);
 		rc = rc ? rc : rc2;
-		rc2 = gc_settle(&g, rc2 ? NULL : &live2, &objs, &bytes);
-		rc = rc ? rc : rc2;
+		if (pg) {
+			rc2 = pack_gc_settle(s->packs, pg, mrc ? NULL : gc_live, &live2, &objs,
+					     &bytes);
+			rc = rc ? rc : rc2;
+		}
 	}
 out:
 	pthread_mutex_unlock(&s->mu);

@@ -257,6 +257,13 @@ int store_verify(struct store *s, const char *name, store_fault_fn fn, void *arg
 /* Store-relative object path "objects/xx/<32 hex>" for hash into buf[48]. */
 void store_object_name(const uint8_t hash[STORE_HASH_LEN], char buf[48]);
 
+/* Where the packed object hash is: "packs/<id>.pack" into path[64] and the offset of
+ * its record; -ENOENT if no pack holds it. Rescans packs/. For tests and tools. */
+int store_object_where(struct store *s, const uint8_t hash[STORE_HASH_LEN], char path[64],
+		       uint64_t *off);
+/* Distinct objects in the store's packs (version 1 objects not counted). Rescans. */
+int store_object_count(struct store *s, uint64_t *n);
+
 /* The store's directory as given to store_open() (borrowed, lives as long as s). */
 const char *store_path(const struct store *s);
 

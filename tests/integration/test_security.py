@@ -177,7 +177,7 @@ def _snapshot_of_private_file(env):
     os.chmod(f, 0o600)
     S.snap_ok("take", env.mnt, "s1", "--wait")
     env.unmount(d)
-    return S.object_path(env.store, SECRET * 1000)
+    return S.object_loc(env.store, SECRET * 1000)[0]   # the pack holding its object
 
 
 def test_store_objects_unreadable_by_other_users(snapenv, other_user):
@@ -235,8 +235,8 @@ def test_verify_escapes_control_characters(snapenv):
             f.write(blob)
     S.snap_ok("take", env.mnt, "s1", "--wait")
     env.unmount(d)
-    for blob in data:
-        os.unlink(S.object_path(env.store, blob))
+    for pack in {S.object_loc(env.store, blob)[0] for blob in data}:
+        os.unlink(pack)                   # holds just these two objects: both missing
     r = S.snap("verify", "--store", env.store)
     assert r.rc == 1, r
     lines = r.out.splitlines()

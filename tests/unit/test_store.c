@@ -56,16 +56,39 @@ static int count_files(const char *dir, const char *needle)
 	return n;
 }
 
+/* needle NULL: distinct objects in the store's packs; else files in packs/ whose name
+ * holds needle (".tmp.": packs being written). */
 static int count_objects(const char *store, const char *needle)
 {
+	struct store *s;
+	uint64_t n = 0;
 	char p[512];
-	int n = 0;
 
-	for (int i = 0; i < 256; i++) {
-		snprintf(p, sizeof(p), "%s/objects/%02x", store, i);
-		n += count_files(p, needle);
+	if (needle) {
+		path_of(p, sizeof(p), store, "packs");
+		return count_files(p, needle);
 	}
-	return n;
+	if (store_open(store, STORE_RDONLY, &s))
+		return -1;
+	if (store_object_count(s, &n))
+		n = (uint64_t)-1;
+	store_close(s);
+	return (int)n;
+}
+
+/* The absolute path of the pack holding hash and its record's offset there. */
+static int object_at(struct store *s, const char *dir, const uint8_t *h, char *path, size_t size,
+		     off_t *off)
+{
+	char rel[64];
+	uint64_t o;
+	int rc = store_object_where(s, h, rel, &o);
+
+	if (rc)
+		return rc;
+	path_of(path, size, dir, rel);
+	*off = (off_t)o;
+	return 0;
 }
 
 static void fill(void *buf, size_t len, unsigned seed, int compressible)
@@ -277,8 +300,8 @@ static void test_leases(const char *dir)
 	{
 		char from[300], to[300], cmd[1400];
 
-		snprintf(from, sizeof(from), "%s/leases", dir);
-		snprintf(to, sizeof(to), "%s/dead-lease", root);
+		path_of(from, sizeof(from), dir, "leases");
+		path_of(to, sizeof(to), root, "dead-lease");
 		snprintf(cmd, sizeof(cmd), "mkdir -p \"%s\" && cp -p \"%s\"/* \"%s\"", to, from, to);
 		EXPECT_EQ(system(cmd), 0);
 		store_close(r);
@@ -321,16 +344,24 @@ static void test_objects(const char *dir)
 	snprintf(p, sizeof(p), "objects/%.2s/%s", hex, hex);
 	EXPECT(!strcmp(name, p));
 	EXPECT(nb > 0 && nb < BS - BS / 8 + 40);	/* compressible: stored lz4 */
-	/* Invisible until commit step 1 (invariant 1), then under its final name. */
+	/* Invisible until commit step 1 (invariant 1): in a pack being written; then in a
+	 * published pack, packs/<id>.pack. */
 	EXPECT(!exists(dir, name));
 	EXPECT_EQ(count_objects(dir, ".tmp."), 1);
+	EXPECT_EQ(store_get_block(s, h, back, BS), -ENOENT);
 	EXPECT_EQ(store_put_block(s, buf, BS, h2, &nb), 0);	/* same session: dedup */
 	EXPECT_EQ(nb, 0);
 	EXPECT_EQ(store_sync_objects(s), 0);
-	EXPECT(exists(dir, name));
 	EXPECT_EQ(count_objects(dir, ".tmp."), 0);
-	path_of(p, sizeof(p), dir, name);
-	EXPECT(stat(p, &st) == 0 && st.st_size < BS);
+	EXPECT_EQ(count_objects(dir, ".pack"), 1);
+	EXPECT_EQ(count_objects(dir, NULL), 1);
+	{
+		off_t off = 0;
+
+		EXPECT_EQ(object_at(s, dir, h, p, sizeof(p), &off), 0);
+		EXPECT(stat(p, &st) == 0 && st.st_size < BS);	/* the pack: lz4 inside */
+		EXPECT_EQ(off, 16);	/* the first record, after the pack header */
+	}
 	EXPECT_EQ(store_get_block(s, h, back, BS), BS);
 	EXPECT(!memcmp(buf, back, BS));
 	EXPECT_EQ(store_put_block(s, buf, BS, h2, &nb), 0);	/* already stored: dedup */
@@ -397,18 +428,23 @@ static void test_damage(const char *dir)
 	EXPECT_EQ(store_put_block(s, buf, BS, h, NULL), 0);
 	store_abort(s);
 	store_object_name(h, name);
-	path_of(p, sizeof(p), dir, name);
-	flip_byte(p, 40 + 1000);	/* in the payload */
-	EXPECT_EQ(store_get_block(s, h, buf, BS), -EIO);
-	EXPECT_EQ(store_verify(s, "good", on_fault, &fs), 1);
-	EXPECT_EQ(fs.n, 1);
-	EXPECT(!strcmp(fs.file, "model.pt"));
-	EXPECT(!strcmp(fs.object, name));
-	flip_byte(p, 40 + 1000);
-	EXPECT_EQ(store_get_block(s, h, buf, BS), BS);
-	flip_byte(p, 20);		/* in the header */
-	EXPECT_EQ(store_get_block(s, h, buf, BS), -EIO);
-	flip_byte(p, 20);
+	{
+		off_t off = 0;
+
+		EXPECT_EQ(object_at(s, dir, h, p, sizeof(p), &off), 0);
+		flip_byte(p, off + 40 + 1000);	/* in the payload */
+		EXPECT_EQ(store_get_block(s, h, buf, BS), -EIO);
+		EXPECT_EQ(store_verify(s, "good", on_fault, &fs), 1);
+		EXPECT_EQ(fs.n, 1);
+		EXPECT(!strcmp(fs.file, "model.pt"));
+		EXPECT(!strcmp(fs.object, name));
+		flip_byte(p, off + 40 + 1000);
+		EXPECT_EQ(store_get_block(s, h, buf, BS), BS);
+		flip_byte(p, off + 20);		/* in the record's header */
+		EXPECT_EQ(store_get_block(s, h, buf, BS), -EIO);
+		flip_byte(p, off + 20);
+		EXPECT_EQ(store_get_block(s, h, buf, BS), BS);
+	}
 
 	/* A damaged manifest: not listed, refused by load, counted by verify, stops gc. */
 	path_of(p, sizeof(p), dir, "snaps/good");
@@ -433,6 +469,8 @@ static void test_damage(const char *dir)
 struct hook_state {
 	const char *dir;
 	const char *obj;
+	struct store *s;
+	const uint8_t *hash;
 	int steps, fail_at, seen_obj_at_2, manifest_before_3, tmp_at_3;
 	const char *race;	/* at step 3, another writer publishes this name */
 };
@@ -443,8 +481,12 @@ static int hook(void *arg, int step)
 	char p[512];
 
 	hs->steps = hs->steps * 10 + step;
-	if (step == 2)
-		hs->seen_obj_at_2 = exists(hs->dir, hs->obj);
+	if (step == 2) {
+		uint64_t off;
+
+		hs->seen_obj_at_2 = store_object_where(hs->s, hs->hash, p, &off) == 0 &&
+				    strstr(p, ".pack") && exists(hs->dir, p);
+	}
 	if (step == 3) {
 		path_of(p, sizeof(p), hs->dir, "snaps");
 		hs->manifest_before_3 = exists(hs->dir, "snaps/s1");
@@ -477,6 +519,8 @@ static void test_commit(const char *dir)
 	fill(buf, BS, 21, 0);
 	EXPECT_EQ(store_put_block(s, buf, BS, h[0], NULL), 0);
 	store_object_name(h[0], name);
+	hs.s = s;
+	hs.hash = h[0];
 	m = one_file("s1", h, 1);
 
 	/* A failure at step 3 leaves no manifest and no temporary file. */
@@ -488,7 +532,7 @@ static void test_commit(const char *dir)
 	path_of(p, sizeof(p), dir, "snaps");
 	EXPECT_EQ(count_files(p, NULL), 0);
 
-	/* The real commit: objects at final names by step 2; at step 3 only a tmp. */
+	/* The real commit: objects in a published pack by step 2; at step 3 only a tmp. */
 	hs.steps = 0;
 	hs.fail_at = 0;
 	EXPECT_EQ(store_commit(s, m), 0);
@@ -547,15 +591,15 @@ static void test_commit(const char *dir)
 static void test_gc(const char *dir)
 {
 	static char buf[BS];
-	static const unsigned a[] = { 31, 32 }, b[] = { 32, 33 }, c[] = { 34 };
+	static const unsigned a[] = { 30, 31, 32 }, b[] = { 32, 33 }, c[] = { 34 };
 	uint8_t h[16];
 	struct store *s, *s2;
 	uint64_t objs = 9, bytes = 9;
 
 	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
-	EXPECT_EQ(commit_blocks(s, "a", a, 2), 0);
+	EXPECT_EQ(commit_blocks(s, "a", a, 3), 0);
 	EXPECT_EQ(commit_blocks(s, "b", b, 2), 0);
-	EXPECT_EQ(count_objects(dir, NULL), 3);	/* block 32 stored once */
+	EXPECT_EQ(count_objects(dir, NULL), 4);	/* block 32 stored once */
 	/* An orphan: synced, then abandoned. */
 	fill(buf, BS, 99, 0);
 	EXPECT_EQ(store_put_block(s, buf, BS, h, NULL), 0);
@@ -566,8 +610,8 @@ static void test_gc(const char *dir)
 	age();
 	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
 	EXPECT_EQ(objs, 1);
-	EXPECT_EQ(bytes, BS + 40);
-	EXPECT_EQ(count_objects(dir, NULL), 3);
+	EXPECT_EQ(bytes, BS + 128);	/* its pack: header 16, record 40 + BS, index 40, tail 32 */
+	EXPECT_EQ(count_objects(dir, NULL), 4);
 	EXPECT_EQ(store_get_block(s, h, buf, BS), -ENOENT);
 
 	/* gc runs beside another handle's session (no lock: invariant 3) and keeps what
@@ -600,7 +644,7 @@ static void test_gc(const char *dir)
 	EXPECT(!exists(dir, "snaps/a"));
 	age();
 	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
-	EXPECT_EQ(objs, 1);
+	EXPECT_EQ(objs, 2);			/* a's pack mostly dead: 32 repacked */
 	EXPECT_EQ(count_objects(dir, NULL), 3);	/* 32, 33, 34 */
 	fill(buf, BS, 32, 0);
 	EXPECT_EQ(store_put_block(s, buf, BS, h, &objs), 0);
@@ -825,28 +869,24 @@ out_umount:
 /* The path of the one temporary object under dir/objects into out. */
 static int find_tmp(const char *dir, char *out, size_t len)
 {
+	struct dirent *d;
 	char p[512];
+	DIR *dd;
 
-	for (int i = 0; i < 256; i++) {
-		struct dirent *d;
-		DIR *dd;
+	path_of(p, sizeof(p), dir, "packs");
+	if (!(dd = opendir(p)))
+		return -1;
+	while ((d = readdir(dd))) {
+		if (strstr(d->d_name, ".tmp.")) {
+			int w = snprintf(out, len, "%s/%s", p, d->d_name);
 
-		if (snprintf(p, sizeof(p), "%s/objects/%02x", dir, i) >= (int)sizeof(p))
-			abort();
-		if (!(dd = opendir(p)))
-			continue;
-		while ((d = readdir(dd))) {
-			if (strstr(d->d_name, ".tmp.")) {
-				int w = snprintf(out, len, "%s/%s", p, d->d_name);
-
-				closedir(dd);
-				if (w < 0 || (size_t)w >= len)
-					abort();
-				return 0;
-			}
+			closedir(dd);
+			if (w < 0 || (size_t)w >= len)
+				abort();
+			return 0;
 		}
-		closedir(dd);
 	}
+	closedir(dd);
 	return -1;
 }
 
@@ -880,7 +920,7 @@ static void test_leftovers(const char *dir)
 	EXPECT_EQ(store_get_block(s, h, back, BS), BS);
 	EXPECT(!memcmp(buf, back, BS));
 
-	/* A final name holding an empty file: written again, not trusted. */
+	/* A version 1 object name holding an empty file: written again, not trusted. */
 	fill(buf, BS, 78, 0);
 	{
 		XXH128_canonical_t c;
@@ -889,6 +929,11 @@ static void test_leftovers(const char *dir)
 		memcpy(h, c.digest, 16);
 	}
 	store_object_name(h, name);
+	path_of(p, sizeof(p), dir, "objects");
+	mkdir(p, 0700);
+	path_of(p, sizeof(p), dir, name);
+	*strrchr(p, '/') = 0;
+	mkdir(p, 0700);
 	path_of(p, sizeof(p), dir, name);
 	fd = open(p, O_WRONLY | O_CREAT | O_EXCL, 0444);
 	EXPECT(fd >= 0);
@@ -899,6 +944,24 @@ static void test_leftovers(const char *dir)
 	mf_free(m);
 	EXPECT_EQ(store_get_block(s, h, back, BS), BS);
 	EXPECT(!memcmp(buf, back, BS));
+
+	/* A pack name holding a file that is no whole pack (a crash of a filesystem
+	 * without data ordering, a stray copy): its objects are missing, never trusted;
+	 * a put writes them again. */
+	store_close(s);
+	path_of(p, sizeof(p), dir, "packs/00000000000000000000000000000000.pack");
+	fd = open(p, O_WRONLY | O_CREAT | O_EXCL, 0444);
+	EXPECT(fd >= 0 && write(fd, "MLFSPACK", 8) == 8);
+	close(fd);
+	EXPECT_EQ(store_open(dir, 0, &s), 0);
+	fill(buf, BS, 79, 0);
+	EXPECT_EQ(store_put_block(s, buf, BS, h, NULL), 0);
+	m = one_file("after-torn-pack", &h, 1);
+	EXPECT_EQ(store_commit(s, m), 0);
+	mf_free(m);
+	EXPECT_EQ(store_get_block(s, h, back, BS), BS);
+	EXPECT(!memcmp(buf, back, BS));
+	EXPECT_EQ(store_verify(s, NULL, NULL, NULL), 0);
 	store_close(s);
 }
 
@@ -950,8 +1013,17 @@ static void test_stray(const char *dir)
 		memcpy(h, c.digest, 16);
 	}
 	store_object_name(h, name);
+	path_of(p, sizeof(p), dir, "objects");
+	mkdir(p, 0700);
+	path_of(p, sizeof(p), dir, name);
+	*strrchr(p, '/') = 0;
+	mkdir(p, 0700);
 	path_of(p, sizeof(p), dir, name);
 	EXPECT_EQ(mkfifo(p, 0644), 0);
+	path_of(p, sizeof(p), dir, "packs/11111111111111111111111111111111.pack");
+	EXPECT_EQ(mkfifo(p, 0644), 0);			/* skipped by the scan, never opened */
+	store_close(s);					/* objects/ is opened at open */
+	EXPECT_EQ(store_open(dir, 0, &s), 0);
 	EXPECT_EQ(store_get_block(s, h, back, BS), -EIO);
 	EXPECT_EQ(store_put_block(s, buf, BS, h, NULL), 0);
 	EXPECT_EQ(store_sync_objects(s), 0);
