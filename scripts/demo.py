@@ -473,7 +473,7 @@ def group_job(bindir, tmp, state):
                     data=os.path.join(src, "train.bin"))
     mnts = [start_worker(bindir, src, store, tmp, 1, k, "", state) for k in range(2)]
     out1 = os.path.join(tmp, "g-out-1")
-    job = start_job(2, [m for m, _ in mnts], out1, ["--snap", snap, "--step-sleep", "0.4"],
+    job = start_job(2, [m for m, _ in mnts], out1, ["--snap", snap, "--pause-at", "5"],
                     state)
     end = time.monotonic() + 120
     while not (progress(out1) and progress(out1)["step"] >= 5):

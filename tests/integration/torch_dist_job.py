@@ -25,7 +25,7 @@ Progress goes to OUT/rank-R.json after every step (losses as float.hex, exact).
 
 Usage: torch_dist_job.py --rank R --world W --port P --mnt MNT --out DIR
                          [--steps N] [--every K] [--snap MLFS_SNAP] [--resume]
-                         [--step-sleep S] [--seed S]
+                         [--step-sleep S] [--pause-at STEP] [--seed S]
 """
 import argparse
 import hashlib
@@ -192,6 +192,9 @@ def main():
     ap.add_argument("--snap", help="mlfs-snap: take a group snapshot at every checkpoint")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--step-sleep", type=float, default=0.0)
+    ap.add_argument("--pause-at", type=int, default=0,
+                    help="after this step, wait (up to 120 s) to be preempted: a test's "
+                         "fixed point in mid-training")
     ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args()
     data = args.data or os.path.join(args.mnt, "data", "train.bin")
@@ -245,6 +248,8 @@ def main():
         os.rename(tmp, progress)
         if args.step_sleep:
             time.sleep(args.step_sleep)
+        if step == args.pause_at:
+            time.sleep(120)
     dist.barrier()
     dist.destroy_process_group()
 
