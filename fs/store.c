@@ -74,6 +74,7 @@
 #define OBJ_LZ4 1
 #define OBJ_HDR 40	/* magic 4, version 1, flags 1, pad 2, lens 8, hash 16, csum 8 */
 #define FORMAT_TEXT "mlfs-store\nversion %d\n"
+#define LZ4_PROBE (64 * 1024)	/* bytes compressed to judge a block (store_put_block) */
 #define MANIFEST_MAX (1ull << 32)	/* refuse to slurp anything larger as a manifest */
 
 struct store {
@@ -775,6 +776,18 @@ int store_put_block(struct store *s, const void *buf, uint32_t len, uint8_t hash
 
 	bound = LZ4_compressBound((int)len);
 	z = bound > 0 ? malloc((size_t)bound) : NULL;
+	/* A block whose first LZ4_PROBE bytes do not shrink by 1/8 is stored raw without
+	 * compressing the rest: random-looking bytes (fp16/fp32 weights, optimizer state)
+	 * cost a full lz4 pass per MiB otherwise, the largest CPU cost of a persist on a
+	 * small machine. A block compressible only past its head is stored raw: bytes, not
+	 * correctness. */
+	if (z && len > 2 * LZ4_PROBE) {
+		zl = LZ4_compress_default(buf, z, LZ4_PROBE, bound);
+		if (zl <= 0 || zl > LZ4_PROBE - LZ4_PROBE / 8) {
+			free(z);
+			z = NULL;
+		}
+	}
 	if (z) {
 		zl = LZ4_compress_default(buf, z, (int)len, bound);
 		/* Compress only when it saves at least 1/8: decompressing costs CPU on every
