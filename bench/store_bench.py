@@ -2,7 +2,7 @@
 """mlfs store benchmark: persist and restore throughput against dd and a sequential read
 of the same bytes in the same directory, and gc time for a store of 10,000 objects.
 
-    bench/store_bench.py [--quick] [--rounds N] [--size MIB] [--out-dir DIR] [TARGET]
+    bench/store_bench.py [--quick] [--rounds N] [--size MIB] [--out-dir DIR] [--tag T] [TARGET]
 
 TARGET (default /var/tmp) is the directory the store and dd's file go to: a local ext4,
 or a GlusterFS (NFS, ...) mount, to measure that filesystem. Per round, interleaved (dd
@@ -24,8 +24,9 @@ snapshots deleted, then `mlfs-snap gc --store` timed, once while the store's dae
 still mounted and idle (leases) and the garbage is past the grace time.
 
 Medians over the rounds and the ratios persist/dd and restore/read go to a markdown
-table on stdout and to OUT-DIR/store-bench.{md,json} (default bench/results; --quick:
-store-bench-quick.*). The machine may be shared: the table says so beside its figures.
+table on stdout and to OUT-DIR/store-bench[-TAG].{md,json} (default bench/results;
+--quick: store-bench[-TAG]-quick.*). On GlusterFS: scripts/gluster-volume.sh up DIR makes
+a volume and prints its mount point, the TARGET; --tag gluster. The machine may be shared: the table says so beside its figures.
 Needs root (FUSE). Every mount is undone on every exit path.
 """
 import argparse
@@ -264,6 +265,7 @@ def main():
     ap.add_argument("--size", type=int, default=None, help="MiB per round (default 512)")
     ap.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     ap.add_argument("--no-gc", action="store_true", help="skip the gc measurement")
+    ap.add_argument("--tag", default="", help="results as store-bench-TAG.* (e.g. gluster)")
     args = ap.parse_args()
     args.size = args.size or (64 if args.quick else 512)
     args.rounds = args.rounds or (2 if args.quick else 5)
@@ -319,7 +321,8 @@ def main():
     text = "\n".join(lines) + "\n"
     print(text)
     os.makedirs(args.out_dir, exist_ok=True)
-    base = os.path.join(args.out_dir, "store-bench" + ("-quick" if args.quick else ""))
+    base = os.path.join(args.out_dir, "store-bench" + (f"-{args.tag}" if args.tag else "") +
+                        ("-quick" if args.quick else ""))
     with open(base + ".md", "w") as f:
         f.write(text)
     with open(base + ".json", "w") as f:

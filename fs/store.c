@@ -3,9 +3,10 @@
  * docs/store-format.md).
  *
  * Invariants (cited in the code as "invariant N"):
- *  1. A file under a final object name objects/xx/<hex> is complete and durable: it was
- *     written under a temporary name, flushed (syncfs) and only then renamed. It never
- *     changes: a second rename over it carries the same bytes (content addressed).
+ *  1. A file named packs/<id>.pack is complete and durable: it was written under a
+ *     temporary name, fsynced, and only then renamed (then packs/ fsynced); ids are 128
+ *     random bits, never reused, so it never changes. (A version 1 object under
+ *     objects/xx/<hex> was likewise renamed into place only once flushed.)
  *  2. A manifest under snaps/<name> is complete and names only objects that were
  *     present and durable before it was published: commit step 1 syncs and checks them
  *     all, step 2 writes and fsyncs it under a temporary name, step 3 renames it without
@@ -40,7 +41,7 @@
  *
  * The life of a snapshot:
  *
- *   (none) --put--> WRITING --step 1: objects synced, all present--> OBJECTS_DURABLE
+ *   (none) --put--> WRITING --step 1: pack finished, lease named, all present--> OBJECTS_DURABLE
  *     --step 2: snaps/.tmp.* fsynced--> STAGED --step 3: rename, fsync snaps/--> PUBLISHED
  *   PUBLISHED --delete--> DELETED (objects unreferenced) --gc--> (none)
  *   PUBLISHED --bit rot--> DAMAGED: ignored by list, refused by load, named by verify
