@@ -3,9 +3,10 @@
  * docs/store-format.md).
  *
  * Invariants (cited in the code as "invariant N"):
- *  1. A file under a final object name objects/xx/<hex> is complete and durable: it was
- *     written under a temporary name, flushed (syncfs) and only then renamed. It never
- *     changes: a second rename over it carries the same bytes (content addressed).
+ *  1. A file named packs/<id>.pack is complete and durable: it was written under a
+ *     temporary name, fsynced, and only then renamed (then packs/ fsynced); ids are 128
+ *     random bits, never reused, so it never changes. (A version 1 object under
+ *     objects/xx/<hex> was likewise renamed into place only once flushed.)
  *  2. A manifest under snaps/<name> is complete and names only objects that were
  *     present and durable before it was published: commit step 1 syncs and checks them
  *     all, step 2 writes and fsyncs it under a temporary name, step 3 renames it without
@@ -48,7 +49,7 @@
  *
  * The life of a snapshot:
  *
- *   (none) --put--> WRITING --step 1: objects synced, all present--> OBJECTS_DURABLE
+ *   (none) --put--> WRITING --step 1: pack finished, lease named, all present--> OBJECTS_DURABLE
  *     --step 2: snaps/.tmp.* fsynced--> STAGED --step 3: rename, fsync snaps/--> PUBLISHED
  *   PUBLISHED --delete--> DELETED (objects unreferenced) --gc--> (none)
  *   PUBLISHED --bit rot--> DAMAGED: ignored by list, refused by load, named by verify
@@ -82,6 +83,7 @@
 #define OBJ_LZ4 1
 #define OBJ_HDR 40	/* magic 4, version 1, flags 1, pad 2, lens 8, hash 16, csum 8 */
 #define FORMAT_TEXT "mlfs-store\nversion %d\n"
+#define LZ4_PROBE (64 * 1024)	/* bytes compressed to judge a block (store_put_block) */
 #define MANIFEST_MAX (1ull << 32)	/* refuse to slurp anything larger as a manifest */
 
 struct store {
@@ -790,6 +792,18 @@ int store_put_block(struct store *s, const void *buf, uint32_t len, uint8_t hash
 
 	bound = LZ4_compressBound((int)len);
 	z = bound > 0 ? malloc((size_t)bound) : NULL;
+	/* A block whose first LZ4_PROBE bytes do not shrink by 1/8 is stored raw without
+	 * compressing the rest: random-looking bytes (fp16/fp32 weights, optimizer state)
+	 * cost a full lz4 pass per MiB otherwise, the largest CPU cost of a persist on a
+	 * small machine. A block compressible only past its head is stored raw: bytes, not
+	 * correctness. */
+	if (z && len > 2 * LZ4_PROBE) {
+		zl = LZ4_compress_default(buf, z, LZ4_PROBE, bound);
+		if (zl <= 0 || zl > LZ4_PROBE - LZ4_PROBE / 8) {
+			free(z);
+			z = NULL;
+		}
+	}
 	if (z) {
 		zl = LZ4_compress_default(buf, z, (int)len, bound);
 		/* Compress only when it saves at least 1/8: decompressing costs CPU on every

@@ -76,3 +76,24 @@ def test_take_refused_while_the_lease_cannot_be_refreshed(snapenv, monkeypatch):
     assert U.mlfs_stat_json(env.mnt).get("store_lease_failed") == 0
     env.unmount(d)
     S.snap_ok("verify", "--store", store)
+
+
+def test_init_by_many_at_once_all_succeed(snapenv):
+    """mlfs-snap init --store on one empty directory, eight at once: every one exits 0
+    (before: all wrote and renamed the same FORMAT.tmp, and some failed), and the store
+    mounts."""
+    env = snapenv()
+    store = env.path("fresh-store")
+    os.mkdir(store)
+    procs = [subprocess.Popen([S.SNAP, "init", "--store", store], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(8)]
+    outs = [(p.wait(timeout=60), p.stderr.read()) for p in procs]
+    assert all(rc == 0 for rc, _ in outs), outs
+    assert sorted(os.listdir(store)) == ["FORMAT", "leases", "packs", "snaps"]
+    with open(os.path.join(store, "FORMAT")) as f:
+        assert f.read() == "mlfs-store\nversion 2\n"
+    d = env.mount(store=store)
+    write(os.path.join(d.ckpt, "a"), b"a" * 5000)
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    env.unmount(d)
+    S.snap_ok("verify", "--store", store)

@@ -320,6 +320,44 @@ static void test_leases(const char *dir)
 	EXPECT_EQ(count_files(p, NULL), 1);	/* only s's own: the dead one removed */
 	store_close(s);
 	EXPECT_EQ(count_files(p, NULL), 0);
+
+	/* A daemon's lease that cannot be written: status -ENOLCK (takes refused) while
+	 * refreshes fail, fine again after one succeeds; once not refreshed for the stale
+	 * time it has lapsed for good, even after later refreshes succeed. A directory in
+	 * place of its temporary makes every write fail (EISDIR), even for root. */
+	{
+		char block[700];
+		struct dirent *d;
+		DIR *dd;
+
+		EXPECT_EQ(store_open(dir, 0, &r), 0);
+		EXPECT_EQ(store_lease_run(r), 0);
+		EXPECT_EQ(store_lease_status(r, NULL), 0);
+		block[0] = 0;
+		dd = opendir(p);
+		while (dd && (d = readdir(dd)))
+			if (d->d_name[0] != '.' && strlen(d->d_name) < 100)
+				snprintf(block, sizeof(block), "%s/.tmp.%s", p, d->d_name);
+		if (dd)
+			closedir(dd);
+		EXPECT(block[0]);
+		EXPECT_EQ(mkdir(block, 0700), 0);	/* the store "unwritable" */
+		EXPECT_EQ(store_lease_refresh(r), -EISDIR);
+		EXPECT_EQ(store_lease_status(r, NULL), -ENOLCK);
+		EXPECT_EQ(rmdir(block), 0);
+		EXPECT_EQ(store_lease_refresh(r), 0);	/* within the stale time: fine */
+		EXPECT_EQ(store_lease_status(r, NULL), 0);
+		EXPECT_EQ(mkdir(block, 0700), 0);
+		usleep(700 * 1000);			/* past stale (0.5 s), no refresh */
+		EXPECT_EQ(store_lease_status(r, &age_ns), -ENOLCK);
+		EXPECT(age_ns >= 500000000ll);
+		EXPECT_EQ(rmdir(block), 0);
+		EXPECT_EQ(store_lease_refresh(r), -ENOLCK);	/* written, but lapsed */
+		EXPECT_EQ(store_lease_status(r, NULL), -ENOLCK);
+		EXPECT_EQ(commit_blocks(r, "after-lapse", (const unsigned[]){ 501 }, 1), -ENOLCK);
+		EXPECT(!exists(dir, "snaps/after-lapse"));
+		store_close(r);
+	}
 }
 
 static void test_objects(const char *dir)
