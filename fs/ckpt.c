@@ -83,6 +83,11 @@ struct ckpt_inode {
 	uint64_t nlookup;
 	uint32_t nopen;
 	uint32_t nwrite; /* of nopen, opened O_WRONLY/O_RDWR: the freeze flags the file */
+	/* Restored with -o workers=N > 1 and its content unchanged since: the freeze flags
+	 * it MF_ENTRY_INHERITED, so a group's union prefers a worker's rewrite of it to
+	 * the other workers' untouched copies (mf_merge). Cleared by every content change
+	 * (write, truncate, fallocate), under the inode's write lock; read by the freeze. */
+	_Atomic int inherited;
 	struct ckpt_xattr *xattrs;
 	size_t xattr_bytes;
 	/* directories */
@@ -536,6 +541,7 @@ static int ckpt_truncate_locked(struct ckpt_ns *ns, struct ckpt_inode *ino, uint
 	struct bc_block *b;
 	int rc;
 
+	ino->inherited = 0;
 	/* The partial last block first: it may fail (a copy), and then nothing changed. */
 	if (tail && keep && keep - 1 < ino->nblocks && (b = ino->blocks[keep - 1]) &&
 	    bc_block_len(b) > tail) {
@@ -1057,6 +1063,7 @@ int ckpt_write(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *buf, size
 	if (end > CKPT_FILE_MAX || end < (uint64_t)off)
 		return -EFBIG;
 	pthread_rwlock_wrlock(&ino->lock);
+	ino->inherited = 0;
 	if ((rc = ckpt_blocks_reserve(ino, (end + ns->bs - 1) / ns->bs)))
 		goto out;
 	while (pos < end) {
@@ -1110,6 +1117,8 @@ static int ckpt_zero_range_locked(struct ckpt_ns *ns, struct ckpt_inode *ino, ui
 {
 	uint64_t first = start / ns->bs, last = (end - 1) / ns->bs, i, dropped = 0;
 	struct bc_block *b;
+
+	ino->inherited = 0;
 	int rc;
 
 	/* Only the two end blocks can be partial: i takes first, then last. */
@@ -1771,6 +1780,8 @@ static int ckpt_freeze_entry_locked(struct ckpt_ns *ns, struct ckpt_fz *z,
 		if (ino->nwrite) { /* its content may be a write cut in the middle */
 			e->flags |= MF_ENTRY_OPEN_WRITE;
 			mf->open_writes++;
+		} else if (ino->inherited) {
+			e->flags |= MF_ENTRY_INHERITED; /* as restored: version 3 (manifest.h) */
 		}
 	} else {
 		/* FIFOs, sockets and device nodes have no place in a checkpoint store
@@ -1940,6 +1951,9 @@ static struct ckpt_inode *ckpt_inode_from(struct ckpt_ns *ns, const struct mf_en
 	ino->mtime = ckpt_ts_of(e->mtime_ns);
 	ino->ctime = ckpt_ts_of(e->ctime_ns);
 	ino->size = e->size;
+	/* A job of several workers: every worker now holds every part's files; one that
+	 * rewrites a file must win over the others' untouched copies at the next group. */
+	ino->inherited = e->type == MF_FILE && ns->m->cfg.workers > 1;
 	for (uint64_t j = 0; e->type == MF_FILE && j < e->nblocks; j++)
 		if (!(e->blocks[j].flags & MF_BLOCK_HOLE))
 			ino->data_bytes += e->blocks[j].len;

@@ -233,18 +233,31 @@ static int mf_check_xattrs(const struct mf_entry *e)
 	return rc;
 }
 
+/* The version m is written in: its own, or for 0 the lowest that holds its flags. */
+static uint32_t mf_version(const struct mf_manifest *m)
+{
+	if (m->version)
+		return m->version;
+	for (size_t i = 0; i < m->nentries; i++)
+		if (m->entries[i].flags & MF_ENTRY_INHERITED)
+			return 3;
+	return MF_VERSION;
+}
+
 static int mf_check_entry(const struct mf_manifest *m, size_t i)
 {
 	const struct mf_entry *e = &m->entries[i];
 	size_t nlen = e->name ? strlen(e->name) : 0;
-	uint32_t version = m->version ? m->version : MF_VERSION;
+	uint32_t version = mf_version(m);
 	long j;
 	int rc;
 
 	if (e->type < MF_FILE || e->type > MF_SYMLINK || (e->mode & ~07777u))
 		return -EINVAL;
-	if ((e->flags & ~MF_ENTRY_OPEN_WRITE) ||
-	    (e->flags && (version < 2 || e->type != MF_FILE || e->link)))
+	if ((e->flags & ~(MF_ENTRY_OPEN_WRITE | MF_ENTRY_INHERITED)) ||
+	    (e->flags && (version < 2 || e->type != MF_FILE || e->link)) ||
+	    ((e->flags & MF_ENTRY_INHERITED) &&
+	     (version < 3 || (e->flags & MF_ENTRY_OPEN_WRITE))))
 		return -EINVAL;
 	if (i == 0) {
 		if (e->id != 1 || e->parent || e->link || nlen || e->type != MF_DIR)
@@ -319,7 +332,7 @@ static int mf_check(const struct mf_manifest *m)
 	if (!mf_name_valid(m->name, strnlen(m->name, sizeof(m->name))) ||
 	    strnlen(m->name, sizeof(m->name)) > MF_NAME_MAX || m->nentries == 0 || !m->entries)
 		return -EINVAL;
-	if (m->version > MF_VERSION || m->flags)
+	if (m->version > MF_VERSION_MAX || m->flags)
 		return -EINVAL;
 	for (size_t i = 0; i < m->nentries; i++)
 		if ((rc = mf_check_entry(m, i)))
@@ -338,7 +351,7 @@ int mf_encode(const struct mf_manifest *m, void **buf, size_t *len)
 
 	if ((rc = mf_check(m)))
 		return rc;
-	version = m->version ? m->version : MF_VERSION;
+	version = mf_version(m);
 	w_bytes(&w, mf_magic, sizeof(mf_magic));
 	w_le(&w, version, 4);
 	w_le(&w, m->flags, 4);
@@ -512,7 +525,7 @@ int mf_decode(const void *buf, size_t len, struct mf_manifest **out)
 		return -EIO;
 	r.pos = 8;
 	version = (uint32_t)r_le(&r, 4);
-	if (version < 1 || version > MF_VERSION)
+	if (version < 1 || version > MF_VERSION_MAX)
 		return -EINVAL;
 	entry_min = MF_ENTRY_MIN + (version >= 2);
 	r.len = len - MF_HASH_LEN;	/* the checksum is not part of the body */
@@ -565,22 +578,25 @@ fail:
 	return rc;
 }
 
+/* Frees what e owns (not e). */
+static void mf_entry_release(struct mf_entry *e)
+{
+	free(e->name);
+	free(e->target);
+	for (uint32_t k = 0; k < e->nxattrs; k++) {
+		free(e->xattrs[k].name);
+		free(e->xattrs[k].value);
+	}
+	free(e->xattrs);
+	free(e->blocks);
+}
+
 void mf_free(struct mf_manifest *m)
 {
 	if (!m)
 		return;
-	for (size_t i = 0; i < m->nentries; i++) {
-		struct mf_entry *e = &m->entries[i];
-
-		free(e->name);
-		free(e->target);
-		for (uint32_t k = 0; k < e->nxattrs; k++) {
-			free(e->xattrs[k].name);
-			free(e->xattrs[k].value);
-		}
-		free(e->xattrs);
-		free(e->blocks);
-	}
+	for (size_t i = 0; i < m->nentries; i++)
+		mf_entry_release(&m->entries[i]);
 	free(m->entries);
 	free(m);
 }
@@ -758,9 +774,30 @@ static int mf_union_add(struct mf_union *u, const struct mf_manifest *p, unsigne
 		}
 		at = mf_union_find(u, parent, e->name);
 		if (at >= 0) {
-			const struct mf_entry *have = mf_content(u->m, &u->m->entries[at]);
+			struct mf_entry *slot = &u->m->entries[at];
+			const struct mf_entry *have = mf_content(u->m, slot), *mine = mf_content(p, e);
 
-			if (mf_same(have, mf_content(p, e))) {
+			if (mf_same(have, mine) || (mine->flags & MF_ENTRY_INHERITED &&
+						    !(have->flags & MF_ENTRY_INHERITED))) {
+				map[i] = at; /* the same, or ours is an untouched copy */
+				continue;
+			}
+			if ((have->flags & MF_ENTRY_INHERITED) && !(mine->flags & MF_ENTRY_INHERITED) &&
+			    !slot->link && !e->link && mine->type == MF_FILE &&
+			    slot->type == MF_FILE) {
+				/* an untouched copy in the union, rewritten by this part: the
+				 * rewrite stands (its id, parent and name stay; links to it see
+				 * the new content, as links to one inode do) */
+				struct mf_entry d;
+
+				if (mf_entry_copy(&d, e))
+					return -ENOMEM;
+				d.id = slot->id;
+				d.parent = slot->parent;
+				d.link = 0;
+				mf_entry_release(slot);
+				*slot = d;
+				(*owner)[at] = pi;
 				map[i] = at;
 				continue;
 			}
@@ -838,9 +875,12 @@ int mf_merge(struct mf_manifest *const *parts, size_t n, mf_conflict_fn fn, void
 		if ((rc = mf_union_add(&u, parts[k], (unsigned)k, &owner, map, fn, arg, conflicts)))
 			goto out;
 	}
-	/* The summary of the union: files (links once), bytes, open files. */
+	/* The summary of the union: files (links once), bytes, open files. Its entries
+	 * are nobody's inherited copies: the flag is the parts' business. */
 	for (size_t i = 0; i < u.m->nentries; i++) {
-		const struct mf_entry *e = &u.m->entries[i];
+		struct mf_entry *e = &u.m->entries[i];
+
+		e->flags &= (uint8_t)~MF_ENTRY_INHERITED;
 
 		if (e->type != MF_FILE || e->link)
 			continue;

@@ -104,6 +104,29 @@ def test_concurrent_takes_make_one_group(workerset):
     assert ws.unmount_all(job) == [0, 0, 0, 0]
 
 
+def test_group_of_a_dead_publisher_is_published(workerset):
+    """The worker whose part completed a group died before writing the group file
+    (simulated: the file removed): the group is listed partial with all its parts, and
+    the next daemon start on the store, or a take --group-wait, publishes it."""
+    ws = workerset()
+    job = ws.start(2)
+    write_shards(job, 1)
+    take_all(ws, job, "a", "--group-wait")
+    take_all(ws, job, "b", "--group-wait")
+    for name in ("a", "b"):
+        os.unlink(os.path.join(ws.store, "snaps", name, "group"))
+    e = S.list_json(ws.store, store=True)
+    assert e["a"]["state"] == "partial" and e["a"]["parts"] == 2, e
+    r = job[0].snap("take", "b", "--group-wait")
+    S.assert_clean_failure(r, "take of a name this worker has")
+    assert ws.unmount_all(job) == [0, 0]
+    one = ws.start(1)
+    assert "published group a: its 2 parts were all durable" in one[0].output()
+    e = S.list_json(one[0].mnt)
+    assert e["a"]["state"] == "durable" and e["b"]["state"] == "durable", e
+    assert ws.unmount_all(one) == [0]
+
+
 def test_single_snapshot_restores_on_workers(workerset):
     """A snapshot of a mount without workers (a store of before groups, a single
     manifest) restores on every worker of a job, and a 1-worker job's names stay its
@@ -157,6 +180,10 @@ def test_sigterm_all_then_restore_on_4_and_2(workerset):
         assert "restored unmount-step-1" in w.output(), w.output()
     for w in job:
         U.write_file(os.path.join(w.ckpt, f"new-{w.k}"), shard(w.k, 3))
+    # worker 0 rewrites a shard both restored: its rewrite wins over worker 1's
+    # untouched copy (no conflict)
+    U.write_file(os.path.join(job[0].ckpt, "step", "shard-3"), shard(3, 4))
+    time.sleep(0.3)     # RELEASE is asynchronous (write_shards)
     take_all(ws, job, "step-2", "--group-wait")
     e = S.list_json(ws.store, store=True)["step-2"]
     assert e["state"] == "durable" and e["workers"] == 2 and e["conflicts"] == 0, e
@@ -168,8 +195,12 @@ def test_sigterm_all_then_restore_on_4_and_2(workerset):
     # one worker (no workers option) restores the 2-worker group: everything
     one = ws.start(1)
     r = one[0].snap("restore", "step-2")
-    assert r.rc == 0 and "restored step-2" in r.out, r
-    expect_union(one[0].ckpt, 4, 2)
+    assert r.rc == 0 and "restored step-2" in r.out and "conflict" not in r.out, r
+    for k in range(3):
+        with open(os.path.join(one[0].ckpt, "step", f"shard-{k}"), "rb") as f:
+            U.assert_bytes(f.read(), shard(k, 2), f"shard-{k}")
+    with open(os.path.join(one[0].ckpt, "step", "shard-3"), "rb") as f:
+        U.assert_bytes(f.read(), shard(3, 4), "shard-3, rewritten by worker 0")
     for k in range(2):
         with open(os.path.join(one[0].ckpt, f"new-{k}"), "rb") as f:
             U.assert_bytes(f.read(), shard(k, 3), f"new-{k}")

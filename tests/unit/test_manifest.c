@@ -669,10 +669,53 @@ static void test_versions_and_open_writes(void)
 		free(buf);
 		mf_free(m);
 	}
-	raw_begin(&r, 3, 1);
+	/* The first version unknown (3 is read since issue 11: INHERITED). */
+	raw_begin(&r, MF_VERSION_MAX + 1, 1);
 	raw_root(&r);
 	raw_seal(&r);
 	EXPECT_EQ(decode_rc(&r), -EINVAL);
+	/* Version 3: INHERITED on a file, decoded and re-encoded byte for byte; not in
+	 * version 2, not with OPEN_WRITE, not on a directory. */
+	a.flags = MF_ENTRY_INHERITED;
+	m = NULL;
+	raw_begin(&r, 3, 2);
+	raw_root(&r);
+	raw_entry(&r, &a);
+	raw_seal(&r);
+	EXPECT_EQ(mf_decode(r.b, r.n, &m), 0);
+	if (m) {
+		EXPECT_EQ(m->version, 3);
+		EXPECT_EQ(m->open_writes, 0);
+		EXPECT_EQ(mf_encode(m, &buf, &len), 0);
+		EXPECT(len == r.n && !memcmp(buf, r.b, len));
+		free(buf);
+		/* version 0 picks the lowest that holds the flags: 3 here, 2 without */
+		m->version = 0;
+		EXPECT_EQ(mf_encode(m, &buf, &len), 0);
+		EXPECT(len == r.n && !memcmp(buf, r.b, len));
+		free(buf);
+		m->entries[1].flags = 0;
+		EXPECT_EQ(mf_encode(m, &buf, &len), 0);
+		EXPECT(len > 12 && ((unsigned char *)buf)[8] == MF_VERSION);
+		free(buf);
+		mf_free(m);
+	}
+	CRAFTED(-EINVAL, a, d);		/* crafted() writes version 2 */
+	raw_begin(&r, 3, 2);
+	raw_root(&r);
+	a.flags = MF_ENTRY_INHERITED | MF_ENTRY_OPEN_WRITE;
+	raw_entry(&r, &a);
+	raw_seal(&r);
+	EXPECT_EQ(decode_rc(&r), -EINVAL);
+	a.flags = 0;
+	d.flags = MF_ENTRY_INHERITED;
+	raw_begin(&r, 3, 3);
+	raw_root(&r);
+	raw_entry(&r, &a);
+	raw_entry(&r, &d);
+	raw_seal(&r);
+	EXPECT_EQ(decode_rc(&r), -EINVAL);
+	d.flags = 0;
 	raw_begin(&r, 0, 1);
 	raw_root(&r);
 	raw_seal(&r);
@@ -838,6 +881,41 @@ static void test_merge(void)
 	EXPECT(conflicts == 0 && u && u->nentries == p[0]->nentries);
 	mf_free(u);
 	EXPECT_EQ(mf_merge(p, 0, NULL, NULL, &u, &conflicts), -EINVAL);
+
+	/* After a group restore every worker holds every file, flagged INHERITED until it
+	 * changes: a rewrite by one part wins over the others' untouched copies, whichever
+	 * part comes first; two rewrites still conflict. */
+	{
+		struct mf_manifest *q[3];
+		long at;
+
+		for (int k = 0; k < 3; k++) {
+			q[k] = part_new();
+			e = add(q[k], 1, "meta", MF_FILE);
+			set_blocks(e, 10 + (k == 1), 4096, 0);	/* part 1 rewrote it */
+			if (k != 1)
+				e->flags = MF_ENTRY_INHERITED;
+			e = add(q[k], 1, "shard", MF_FILE);
+			set_blocks(e, 20 + k, 4096, 0);	/* 1 and 2 both rewrote it */
+			if (k == 0)
+				e->flags = MF_ENTRY_INHERITED;
+		}
+		c.n = 0;
+		EXPECT_EQ(mf_merge(q, 3, on_conflict, &c, &u, &conflicts), 0);
+		EXPECT_EQ(conflicts, 1);
+		EXPECT(c.n == 1 && !strcmp(c.paths[0], "shard"));
+		at = u ? find_path(u, "meta") : -1;
+		EXPECT(at > 0 && u->entries[at].size == 11 && !u->entries[at].flags);
+		at = u ? find_path(u, "shard") : -1;
+		EXPECT(at > 0 && u->entries[at].size == 21);	/* part 1's rewrite; 2's conflicts */
+		if (u) {
+			EXPECT_EQ(mf_encode(u, &buf, &len), 0);
+			free(buf);
+		}
+		mf_free(u);
+		for (int k = 0; k < 3; k++)
+			mf_free(q[k]);
+	}
 out:
 	for (int i = 0; i < 3; i++)
 		mf_free(p[i]);
