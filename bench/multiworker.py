@@ -11,17 +11,18 @@ removed by tests/integration/gluster_util.py), rounds interleaved:
   group   4 daemons (-o workers=4,worker=K) on one store; each writes MB MiB of new
           bytes into its MOUNT/ckpt; then all four run `mlfs-snap take NAME --group-wait`
           at once: the time to the last return (every part durable, the group published).
-  dd      the peer: the same 4 x MB MiB written by 4 `dd bs=1M conv=fsync` at once into
-          the store's directory: what the shared filesystem itself takes.
+  dd      the peer: the same 4 x MB MiB (from page-cached files) copied by 4 `dd bs=1M
+          conv=fsync` at once into the store's directory: what the filesystem itself takes.
   gc      a store of OBJECTS objects (small distinct files, each one object, written by
           the 4 workers as one group snapshot), half of them then only in a deleted
-          group; `mlfs-snap gc MNT` on worker 0 while all 4 stay mounted; its peer, a
-          `find STORE -type f` of the same store (the walk that any gc needs).
+          group; `mlfs-snap gc MNT` on worker 0 while all 4 stay mounted, past the lease
+          grace time (MLFS_LEASE_TIMES=1,8,10 for this run: gc keeps younger files); its
+          peer, a `find STORE -type f` of the same store (the walk that any gc needs).
 
 OBJECTS is 10,000 (--quick: 2,000), MB 64 (--quick: 16). The table (medians) goes to
 bench/results/multiworker.md and .json (--quick: multiworker-quick.*). --store-bench also
-runs bench/store_bench.py (persist and restore against dd) with its work directory on
-each target. Needs root (FUSE, glusterd). Every mount and the volume are undone on every
+runs bench/store_bench.py (persist and restore against dd) with its TARGET on each
+target, its tables copied to bench/results/store-bench-{ext4,gluster}[-quick].*. Needs root (FUSE, glusterd). Every mount and the volume are undone on every
 exit path.
 """
 import argparse
@@ -45,6 +46,10 @@ import workers_util as W    # noqa: E402
 
 MiB = 1 << 20
 WORK = "/var/tmp/mlfs-bench-multiworker"
+# Lease times (MLFS_LEASE_TIMES, fs/lease.h: refresh, stale, grace in seconds) for the
+# daemons and tools of this run: a grace of 10 s instead of 120 s, waited out before gc.
+LEASES = "1,8,10"
+GRACE_S = 10.5
 
 
 def log(msg):
@@ -67,14 +72,16 @@ def take_group(ws, job, name):
     return dt
 
 
-def dd_peer(dirpath, mb):
-    """4 dd conv=fsync at once, mb MiB each, into dirpath; seconds to the last."""
+def dd_peer(dirpath, srcs):
+    """4 dd bs=1M conv=fsync at once, each copying one of srcs (page-cached files of
+    random bytes, so dd pays for no random generation) into dirpath; seconds to the
+    last."""
     procs = []
     t = time.monotonic()
     for k in range(4):
         procs.append(subprocess.Popen(
-            ["dd", "if=/dev/urandom", f"of={os.path.join(dirpath, f'dd-{k}')}", "bs=1M",
-             f"count={mb}", "conv=fsync", "status=none"]))
+            ["dd", f"if={srcs[k]}", f"of={os.path.join(dirpath, f'dd-{k}')}", "bs=1M",
+             "conv=fsync", "status=none"]))
     for p in procs:
         p.wait()
     dt = time.monotonic() - t
@@ -96,12 +103,16 @@ def one_target(name, base, a, rounds):
             # interleaved: dd first in odd rounds
             order = ("dd", "group") if r % 2 else ("group", "dd")
             for what in order:
+                srcs = []
+                for k in range(4):   # new bytes each round: nothing dedups
+                    srcs.append(os.path.join(WORK, f"bytes-{k}"))
+                    with open(srcs[-1], "wb") as f:
+                        f.write(os.urandom(a.mb * MiB))
                 if what == "dd":
-                    res["dd_s"].append(dd_peer(ws.store, a.mb))
+                    res["dd_s"].append(dd_peer(ws.store, srcs))
                     continue
                 for w in job:
-                    with open(os.path.join(w.ckpt, f"big-{w.k}"), "wb") as f:
-                        f.write(os.urandom(a.mb * MiB))
+                    shutil.copyfile(srcs[w.k], os.path.join(w.ckpt, f"big-{w.k}"))
                 time.sleep(0.3)   # the kernel's RELEASE, as test_workers does
                 res["group_s"].append(take_group(ws, job, f"g-{r}"))
             log(f"{name}: round {r}: group {res['group_s'][-1]:.2f} s, 4 x dd "
@@ -130,6 +141,9 @@ def one_target(name, base, a, rounds):
         rr = job[0].snap("delete", "many-all")
         if rr.rc != 0:
             raise RuntimeError(f"delete many-all: {rr!r}")
+        # gc keeps files younger than the lease grace time (LEASES above): wait it out,
+        # so that this gc removes the garbage rather than only walking past it.
+        time.sleep(GRACE_S)
         log(f"{name}: store of {a.objects} small objects built in "
             f"{time.monotonic() - t:.1f} s")
         t = time.monotonic()
@@ -159,15 +173,24 @@ def one_target(name, base, a, rounds):
 
 
 def store_bench(name, base, a):
-    """bench/store_bench.py (h-store's persist/restore vs dd) on this target."""
+    """bench/store_bench.py (persist and restore against dd and a sequential read) with
+    its TARGET on this target; its table is copied to results/store-bench-NAME.*."""
     sb = os.path.join(HERE, "store_bench.py")
     if not os.path.exists(sb):
         log("bench/store_bench.py is not in this tree: --store-bench skipped")
         return None
-    argv = [sys.executable, sb, "--dir", base] + (["--quick"] if a.quick else []) + \
-        ["--out", os.path.join(os.path.dirname(a.out), f"store-bench-{name}.md")]
+    target = os.path.join(base, "store-bench")
+    os.makedirs(target, exist_ok=True)
+    outdir = tempfile.mkdtemp(prefix="store-bench-out-", dir=WORK)
+    argv = [sys.executable, sb, target, "--out-dir", outdir] + (["--quick"] if a.quick else [])
     log(f"{name}: {' '.join(argv)}")
     r = subprocess.run(argv, stdin=subprocess.DEVNULL)
+    dest = os.path.dirname(os.path.abspath(a.out))
+    for f in os.listdir(outdir):
+        stem, ext = os.path.splitext(f)
+        shutil.copy(os.path.join(outdir, f),
+                    os.path.join(dest, stem.replace("store-bench", f"store-bench-{name}", 1)
+                                 + ext))
     return r.returncode
 
 
@@ -192,6 +215,7 @@ def main():
         if not os.access(b, os.X_OK):
             sys.exit(f"multiworker: {b} missing (run make)")
     os.makedirs(WORK, exist_ok=True)
+    os.environ["MLFS_LEASE_TIMES"] = LEASES
     load0 = os.getloadavg()[0]
     results = {}
     vol = None

@@ -16,9 +16,9 @@ still this machine, so the traffic never leaves it.
 Volume names are mlfs-PID-N (unique per run). A volume whose creating process is dead
 (a session killed with SIGKILL) is removed by the next up() that finds it.
 
-Costs, measured on the 2-core test VM: glusterd start about 1.5 s; volume create + start +
-mount about 1.5 s; teardown about 3.5 s (volume stop waits for the bricks). One brick
-restart with its heal: 1-3 s.
+Costs, measured on the 2-core test VM (shared, loaded): glusterd start 2-8 s; volume
+create + start + mount 1.5-3 s; teardown 5-10 s (volume stop waits for the bricks, then
+the bricks' files are removed). One brick restart with its heal: 2-3 s.
 
 Also a command line, used by scripts/gluster-volume.sh:
   python3 gluster_util.py up [DIR]    -> prints the mount point (volume stays up)
