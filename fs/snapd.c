@@ -62,7 +62,6 @@ struct snapd_job {
 struct snapd {
 	struct mlfs *m;
 	struct store *st;
-	int pin_fd;		  /* shared lock on STORE/lock while mounted */
 	/* Invariant 4. Taken with nothing held; held across store I/O and block loads
 	 * (the persister's whole job): store, bcache shard and sd->mu may be taken under
 	 * it. The tier's store loader (snapd_load_block) must never take it. */
@@ -535,6 +534,28 @@ static int snapd_group_wait(struct snapd *sd, struct ctl_req *r, const char *nam
 			sd->m->cfg.workers), -ETIMEDOUT;
 }
 
+/* A take whose snapshot no lease would protect fails now, loudly, rather than its
+ * objects (or the live tree's) vanishing under a gc elsewhere (store.h: leases). */
+static int snapd_lease_check(struct snapd *sd, struct ctl_req *r)
+{
+	int64_t age = 0;
+	int rc = store_lease_status(sd->st, &age);
+
+	/* A failed refresh that a retry now fixes (the store is back) is no reason to
+	 * refuse; a lapsed lease stays refused (store_lease_refresh: -ENOLCK). */
+	if (rc && !store_lease_refresh(sd->st))
+		rc = 0;
+	if (rc)
+		ctl_fail(r, "take: the store lease was not refreshed for %.0f s (see the log: "
+			    "the store is unreachable or read-only); nothing taken", age / 1e9);
+	return rc;
+}
+
+int snapd_lease_status(struct snapd *sd, int64_t *age_ns)
+{
+	return store_lease_status(sd->st, age_ns);
+}
+
 static int ctl_take(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 {
 	struct snapd *sd = snapd_of(m);
@@ -564,6 +585,8 @@ static int ctl_take(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 	}
 	if (!name)
 		return ctl_fail(r, "take: a snapshot NAME is needed"), -EINVAL;
+	if ((rc = snapd_lease_check(sd, r)))
+		return rc;
 	if ((rc = snapd_take(sd, name, 0, &job))) {
 		if (rc == -EINVAL)
 			ctl_fail(r, "take: bad snapshot name (no '/', no leading '.', no control "
@@ -729,6 +752,9 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 	else
 		snprintf(msg, msglen, "restored %s: %" PRIu64 " files, %" PRIu64 " bytes", name,
 			 mf->files, mf->logical_bytes);
+	if (!rc && store_lease_refresh(sd->st))
+		log_err("snap: restored %s, but the store lease naming its objects could not be "
+			"written: a gc elsewhere may take them", name);
 	if (!rc) {
 		/* The tree is now a durable snapshot's, as of the swap. */
 		pthread_mutex_lock(&sd->mu);
@@ -795,8 +821,16 @@ static int ctl_delete(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 	return 0;
 }
 
-/* gc keeping the objects the live tree reads: invariant 4 (between jobs) and our own
- * shared pin released for the duration, since gc needs the lock exclusive. */
+/* The lease source (store.h): the objects the live tree reads. Lease thread, no lock. */
+static int snapd_lease_source(void *arg, uint8_t (**out)[16], size_t *n)
+{
+	struct snapd *sd = arg;
+
+	return bc_collect_stored(sd->m->bc, out, n);
+}
+
+/* gc keeping the objects the live tree reads: invariant 4 (between jobs). Other
+ * daemons' trees and snapshots in flight are kept by their leases. */
 static int snapd_gc(struct snapd *sd, uint64_t *objs, uint64_t *bytes)
 {
 	uint8_t (*keep)[16] = NULL;
@@ -805,11 +839,8 @@ static int snapd_gc(struct snapd *sd, uint64_t *objs, uint64_t *bytes)
 
 	pthread_mutex_lock(&sd->store_mu);
 	rc = bc_collect_stored(sd->m->bc, &keep, &n);
-	if (!rc) {
-		flock(sd->pin_fd, LOCK_UN);
+	if (!rc)
 		rc = store_gc_keep(sd->st, (const uint8_t (*)[16])keep, n, objs, bytes);
-		flock(sd->pin_fd, LOCK_SH);
-	}
 	pthread_mutex_unlock(&sd->store_mu);
 	free(keep);
 	return rc;
@@ -1005,14 +1036,13 @@ static struct snapd *snapd_of(struct mlfs *m)
 
 int snapd_new(struct mlfs *m, struct snapd **out)
 {
-	char path[PATH_MAX], msg[512];
+	char msg[512];
 	struct snapd *sd = calloc(1, sizeof(*sd));
 	int rc;
 
 	if (!sd)
 		return -ENOMEM;
 	sd->m = m;
-	sd->pin_fd = -1;
 	pthread_mutex_init(&sd->mu, NULL);
 	pthread_mutex_init(&sd->store_mu, NULL);
 	{
@@ -1030,15 +1060,9 @@ int snapd_new(struct mlfs *m, struct snapd **out)
 			: rc == -EPROTONOSUPPORT ? "made by another mlfs version" : strerror(-rc));
 		goto out_free;
 	}
-	snprintf(path, sizeof(path), "%s/lock", store_path(sd->st));
-	/* Read-only: a shared lock needs no more, and a lock file held open for writing
-	 * would keep the store's filesystem from being remounted read-only. */
-	sd->pin_fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-	if (sd->pin_fd < 0 || flock(sd->pin_fd, LOCK_SH)) {
-		rc = -errno;
-		fprintf(stderr, "mlfs: store %s: cannot lock: %s\n", m->cfg.store, strerror(-rc));
-		goto out_close;
-	}
+	/* The store's lease names what the live tree reads (fs/store.c invariant 3): gc,
+	 * here or on any other worker, keeps it while this mount lives. */
+	store_set_lease_source(sd->st, snapd_lease_source, sd);
 	snapd_the = sd;
 	snapd_publish_pending_groups(sd);
 	if (m->cfg.restore) {
@@ -1065,8 +1089,6 @@ int snapd_new(struct mlfs *m, struct snapd **out)
 
 out_close:
 	snapd_the = NULL;
-	if (sd->pin_fd >= 0)
-		close(sd->pin_fd);
 	store_close(sd->st);
 out_free:
 	free(sd);
@@ -1075,7 +1097,11 @@ out_free:
 
 int snapd_start(struct snapd *sd)
 {
-	int rc = pthread_create(&sd->persister, NULL, snapd_persister, sd);
+	int rc = store_lease_run(sd->st);
+
+	if (rc)
+		return rc;
+	rc = pthread_create(&sd->persister, NULL, snapd_persister, sd);
 
 	if (rc)
 		return -rc;
@@ -1177,8 +1203,6 @@ void snapd_free(struct snapd *sd)
 		ckpt_frozen_free(sd->m->ckpt, j->fz);
 		free(j);
 	}
-	if (sd->pin_fd >= 0)
-		close(sd->pin_fd);
 	store_close(sd->st);
 	snapd_the = NULL;
 	free(sd);

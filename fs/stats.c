@@ -16,6 +16,7 @@
 #include "cache/bcache.h"
 #include "fs/data.h"
 #include "fs/mlfs.h"
+#include "fs/snapd.h"
 #include "tiering/tier.h"
 
 struct mlfs *mlfs_g;
@@ -141,6 +142,15 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 	F("bytes_written", "bytes written to MOUNT/ckpt", atomic_load(&m->st.bytes_written));
 	F("csum_errors", "blocks whose checksum did not verify", atomic_load(&m->st.csum_errors));
 	F("data_nodes", "MOUNT/data names the kernel holds", data_nodes(m->data));
+	if (m->snapd) {
+		int64_t age = 0;
+		int bad = snapd_lease_status(m->snapd, &age) != 0;
+
+		F("store_lease_failed", "1 while the store lease is not refreshed: takes fail",
+		  bad);
+		F("store_lease_age_s", "seconds since the store lease was last refreshed",
+		  age / 1000000000);
+	}
 	tier_get_stats(m->tier, &ts);
 	F("spilled_bytes", "logical bytes of blocks in the spill tier", ts.spilled_bytes);
 	F("spilled_disk_bytes", "bytes the spill tier uses on disk", ts.spilled_disk_bytes);

@@ -3,21 +3,30 @@
  * docs/store-format.md).
  *
  * Invariants (cited in the code as "invariant N"):
- *  1. A file under a final object name objects/xx/<hex> is complete and durable: it was
- *     written under a temporary name, flushed (syncfs) and only then renamed. It never
- *     changes: a second rename over it carries the same bytes (content addressed).
+ *  1. A file named packs/<id>.pack is complete and durable: it was written under a
+ *     temporary name, fsynced, and only then renamed (then packs/ fsynced); ids are 128
+ *     random bits, never reused, so it never changes. (A version 1 object under
+ *     objects/xx/<hex> was likewise renamed into place only once flushed.)
  *  2. A manifest under snaps/<name> is complete and names only objects that were
  *     present and durable before it was published: commit step 1 syncs and checks them
  *     all, step 2 writes and fsyncs it under a temporary name, step 3 renames it without
  *     replacing and fsyncs snaps/. A name, once published, never changes content.
- *  3. Locking: a session holds STORE/lock shared (flock) from its first put until its
- *     commit or abort; gc holds it exclusive. gc therefore never runs while any snapshot
- *     is in flight anywhere, and an object no published manifest names belongs to nobody.
- *  4. Temporary files (names containing ".tmp.") live only inside a session; under the
- *     exclusive lock each one is a crashed writer's leftover and gc removes it. Every
- *     write has a name never used before (handle token + write number), so a leftover
- *     that a failed session could not unlink (store read-only or gone) is never taken
- *     for a later write's file: an object is there only under its final name.
+ *  3. Leases (fs/lease.h), not locks: every writable handle keeps STORE/leases/<token>
+ *     fresh, naming what it needs: the objects its owner's live tree reads (the lease
+ *     source) and every object its session put or relies on. gc removes an object only
+ *     if no manifest and no fresh lease names it and it is older than the grace time,
+ *     in two phases: rename it to <hex>.gc.<token>, then mark again (manifests and
+ *     leases read anew) and put back what is now named. A commit writes its lease
+ *     naming every object of its manifest, then checks they all exist (step 1b): a gc
+ *     that renamed one before that write is seen by the check; one that renames after
+ *     it sees the lease in its second mark. So gc runs while every daemon stays mounted
+ *     and still never takes what a snapshot in flight or a live tree needs.
+ *  4. Temporary files (names containing ".tmp.") live only inside a session or a
+ *     commit; one older than the grace time is a crashed writer's leftover and gc
+ *     removes it. Every write has a name never used before (handle token + write
+ *     number), so a leftover that a failed session could not unlink (store read-only or
+ *     gone) is never taken for a later write's file: an object is there only under its
+ *     final name.
  *  5. Delete removes only the manifest (then fsyncs snaps/); only gc removes objects, and
  *     only unreferenced ones. No crash can leave a manifest naming a missing object.
  *  6. After a failed fsync of a directory the handle is broken: the kernel may have
@@ -25,7 +34,11 @@
  *     marks its env unusable). Every write then fails with -EIO until reopened.
  *  7. store_get_block() never reports success for bytes whose XXH3-128 differs from the
  *     name asked for; a mismatch is -EIO and a log line naming the object's path.
- *  8. Groups (-o workers=N > 1): snaps/NAME/ holds worker K's manifest as part-K-of-N,
+ *  8. FORMAT is created once and never rewritten in place: each creator writes its own
+ *     temporary (FORMAT.tmp.<pid>.<random>), fsyncs it and publishes it without
+ *     replacing; a peer that published first wins and its FORMAT is judged as any
+ *     store's. So N processes creating one store at once all succeed.
+ *  9. Groups (-o workers=N > 1): snaps/NAME/ holds worker K's manifest as part-K-of-N,
  *     each published by the commit protocol (invariant 2) into that directory, and the
  *     group is visible iff snaps/NAME/group exists: written create-once (rename without
  *     replacing) by a worker that found all N parts, fsynced them and checked them; it
@@ -36,7 +49,7 @@
  *
  * The life of a snapshot:
  *
- *   (none) --put--> WRITING --step 1: objects synced, all present--> OBJECTS_DURABLE
+ *   (none) --put--> WRITING --step 1: pack finished, lease named, all present--> OBJECTS_DURABLE
  *     --step 2: snaps/.tmp.* fsynced--> STAGED --step 3: rename, fsync snaps/--> PUBLISHED
  *   PUBLISHED --delete--> DELETED (objects unreferenced) --gc--> (none)
  *   PUBLISHED --bit rot--> DAMAGED: ignored by list, refused by load, named by verify
@@ -60,6 +73,9 @@
 #include <xxhash.h>
 
 #include "cache/log.h"
+#include "fs/hset.h"
+#include "fs/lease.h"
+#include "fs/pack.h"
 
 #define OBJ_MAGIC "MLOB"
 #define OBJ_VERSION 1
@@ -67,35 +83,34 @@
 #define OBJ_LZ4 1
 #define OBJ_HDR 40	/* magic 4, version 1, flags 1, pad 2, lens 8, hash 16, csum 8 */
 #define FORMAT_TEXT "mlfs-store\nversion %d\n"
+#define LZ4_PROBE (64 * 1024)	/* bytes compressed to judge a block (store_put_block) */
 #define MANIFEST_MAX (1ull << 32)	/* refuse to slurp anything larger as a manifest */
-
-/* A set of object hashes with an int per hash (gc: referenced; verify: status;
- * a session: put already). */
-struct hset {
-	uint8_t (*keys)[STORE_HASH_LEN];
-	int *vals;	/* 0 = empty slot */
-	size_t cap, n;
-};
-
-/* An object written in this session under its temporary name, not yet renamed. */
-struct pend {
-	uint8_t hash[STORE_HASH_LEN];
-	uint64_t seq;	/* the write's number: its temporary name */
-};
 
 struct store {
 	char *path;
-	int dirfd, objfd, snapfd, lockfd;
-	/* Guards everything below. A leaf: taken under snapd's store_mu or nothing;
-	 * nothing taken under it. */
+	int dirfd, objfd, snapfd, leasefd, packfd;	/* objfd: -1 without objects/ (v1) */
+	struct pack_set *packs;		/* the index of STORE/packs */
+	/* Guards pw. Taken under mu (commit, abort) or alone (put); nothing under it but
+	 * the pack set's own lock. */
+	pthread_mutex_t pmu;
+	struct pack_writer *pw;		/* the session's open pack, NULL between packs */
+	struct lease_keeper *lease;	/* writable handles: invariant 3 */
+	/* Guards lease_src, lease_arg, lease_put. Taken under mu, or alone (the lease
+	 * thread); nothing is taken under it. */
+	pthread_mutex_t lmu;
+	store_lease_fn lease_src;	/* what the owner's live tree reads (may be NULL) */
+	void *lease_arg;
+	uint8_t pw_id[16];		/* the pack being written: named by the lease */
+	int pw_named;
+	struct hset lease_put;	/* every hash put in this session: named by the lease */
+	/* Guards everything below. Taken under snapd's store_mu or nothing; under it only
+	 * lmu, the lease keeper's lock and, through the lease source in a commit's lease
+	 * refresh (commit_lease), the block cache's shard locks. */
 	pthread_mutex_t mu;
-	int session;		/* LOCK_SH held (invariant 3) */
+	int session;		/* a session is open (its puts are named by the lease) */
 	int broken;		/* invariant 6 */
-	struct pend *pending;	/* objects written as tmp, not yet renamed */
-	size_t npending, cap;
 	struct hset put;	/* hashes put in this session: 1 written or being written,
 				 * 2 its write failed (may be put again) */
-	uint64_t seq;		/* writes by this handle: each temporary name is new */
 	int full_sync;		/* after store_recover: the next commit syncs every dir */
 	char token[64];		/* pid, handle, random: unique among processes and hosts */
 	int (*hook)(void *arg, int step);
@@ -124,27 +139,34 @@ void store_object_name(const uint8_t hash[STORE_HASH_LEN], char buf[48])
 	snprintf(buf, 48, "objects/%.2s/%s", hex, hex);
 }
 
-/* The temporary name of write seq of this handle: new for every write, so a leftover
- * of a failed session (an unlink refused by a read-only or unreachable store) can never
- * be taken for a later write's file (invariant 4). */
-static void tmp_object_name(const struct store *s, const struct pend *p, char *buf, size_t size)
+int store_object_where(struct store *s, const uint8_t hash[STORE_HASH_LEN], char path[64],
+		       uint64_t *off)
 {
-	char hex[33];
+	int rc;
 
-	hex16(p->hash, hex);
-	snprintf(buf, size, "%.2s/%s.tmp.%s.%llx", hex, hex, s->token,
-		 (unsigned long long)p->seq);
+	if (!s->packs)
+		return -ENOENT;
+	if ((rc = pack_set_scan(s->packs)))
+		return rc;
+	return pack_set_where(s->packs, hash, path, off);
+}
+
+int store_object_count(struct store *s, uint64_t *n)
+{
+	int rc;
+
+	*n = 0;
+	if (!s->packs)
+		return 0;
+	if ((rc = pack_set_scan(s->packs)))
+		return rc;
+	*n = pack_set_count(s->packs);
+	return 0;
 }
 
 const char *store_path(const struct store *s)
 {
 	return s->path;
-}
-
-static void put_le(unsigned char *p, uint64_t v, int n)
-{
-	for (int i = 0; i < n; i++)
-		p[i] = (unsigned char)(v >> (8 * i));
 }
 
 static uint64_t get_le(const unsigned char *p, int n)
@@ -202,55 +224,6 @@ static int read_all(int fd, void *buf, size_t len)
 	return 0;
 }
 
-/* ---- a set of object hashes with an int per hash (gc: referenced; verify: status) ---- */
-
-
-static uint64_t hset_slot(const uint8_t *h)
-{
-	return get_le(h, 8);	/* the keys are hashes already */
-}
-
-static int *hset_find(struct hset *t, const uint8_t h[STORE_HASH_LEN], int insert)
-{
-	size_t i;
-
-	if (insert && 2 * (t->n + 1) > t->cap) {
-		struct hset old = *t;
-
-		t->cap = old.cap ? 2 * old.cap : 1024;
-		t->keys = calloc(t->cap, STORE_HASH_LEN);
-		t->vals = calloc(t->cap, sizeof(int));
-		if (!t->keys || !t->vals) {
-			free(t->keys);
-			free(t->vals);
-			*t = old;
-			return NULL;
-		}
-		t->n = 0;
-		for (size_t j = 0; j < old.cap; j++)
-			if (old.vals[j])
-				*hset_find(t, old.keys[j], 1) = old.vals[j];
-		free(old.keys);
-		free(old.vals);
-	}
-	if (!t->cap)
-		return NULL;
-	for (i = hset_slot(h) & (t->cap - 1); t->vals[i]; i = (i + 1) & (t->cap - 1))
-		if (!memcmp(t->keys[i], h, STORE_HASH_LEN))
-			return &t->vals[i];
-	if (!insert)
-		return NULL;
-	memcpy(t->keys[i], h, STORE_HASH_LEN);
-	t->n++;
-	t->vals[i] = 1;
-	return &t->vals[i];
-}
-
-static void hset_free(struct hset *t)
-{
-	free(t->keys);
-	free(t->vals);
-}
 
 static int unhex(const char *s, uint8_t out[STORE_HASH_LEN])
 {
@@ -320,11 +293,13 @@ out_close:
 
 /* ---- open / close ---- */
 
-/* 0 if dirfd holds nothing but what store_create makes before FORMAT; -EINVAL if it
+/* 0 if dirfd holds nothing but what store_create makes before FORMAT (a peer's
+ * FORMAT, published while we looked, included: check_format judges it); -EINVAL if it
  * holds anything else (it is some other directory, not a store). */
 static int store_dir_is_fresh(int dirfd)
 {
-	static const char *const ours[] = { ".", "..", "objects", "snaps", "lock", "FORMAT.tmp" };
+	static const char *const ours[] = { ".", "..", "objects", "packs", "snaps", "leases",
+					    "lock", "FORMAT" };
 	int fd = dup(dirfd), rc = 0;
 	struct dirent *d;
 	DIR *dp;
@@ -338,6 +313,8 @@ static int store_dir_is_fresh(int dirfd)
 	while (!rc && (d = readdir(dp))) {
 		size_t i;
 
+		if (!strncmp(d->d_name, "FORMAT.tmp", 10))
+			continue;	/* a creator's temporary, ours or a peer's */
 		for (i = 0; i < sizeof(ours) / sizeof(ours[0]); i++)
 			if (!strcmp(d->d_name, ours[i]))
 				break;
@@ -348,10 +325,44 @@ static int store_dir_is_fresh(int dirfd)
 	return rc;
 }
 
+/* Publish FORMAT create-once (invariant 8): N creators at once each write their own
+ * temporary and link it to FORMAT without replacing; EEXIST means a peer published
+ * first, and check_format then judges its content like any store's. */
+static int store_create_format(int dfd)
+{
+	char buf[64], tmp[96];
+	uint64_t rnd = 0;
+	int fd, rc, n;
+
+	if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != (ssize_t)sizeof(rnd))
+		rnd = (uint64_t)time(NULL);
+	snprintf(tmp, sizeof(tmp), "FORMAT.tmp.%ld.%016llx", (long)getpid(),
+		 (unsigned long long)rnd);
+	fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return -errno;
+	n = snprintf(buf, sizeof(buf), FORMAT_TEXT, STORE_FORMAT_VERSION);
+	rc = write_all(fd, buf, (size_t)n);
+	if (!rc && fsync(fd))
+		rc = -errno;
+	if (close(fd) && !rc)
+		rc = -errno;
+	if (!rc && renameat2(dfd, tmp, dfd, "FORMAT", RENAME_NOREPLACE)) {
+		rc = -errno;
+		if (rc == -EINVAL || rc == -ENOSYS || rc == -ENOTSUP)
+			rc = linkat(dfd, tmp, dfd, "FORMAT", 0) ? -errno : 0;
+		if (rc == -EEXIST)
+			rc = 0;	/* a peer's: check_format judges it */
+	}
+	unlinkat(dfd, tmp, 0);	/* gone already after a rename */
+	if (!rc && fsync(dfd))
+		rc = -errno;
+	return rc;
+}
+
 static int store_create(const char *dir)
 {
-	char buf[64];
-	int dfd, fd, rc = 0, n;
+	int dfd, rc = 0;
 
 	/* Private: a checkpoint's bytes are its owner's (objects would otherwise let any
 	 * local user read a 0600 file of MOUNT/ckpt). An existing DIR keeps its mode; all
@@ -363,55 +374,27 @@ static int store_create(const char *dir)
 		return -errno;
 	/* An existing store is opened as it is (check_format judges its FORMAT, so a
 	 * store of another version is refused, never relabelled). A directory holding
-	 * anything but the pieces a create interrupted by a crash leaves is not made a
-	 * store behind its owner's back. */
+	 * anything but the pieces a create interrupted by a crash (or a peer creating
+	 * it right now) leaves is not made a store behind its owner's back. */
 	if (faccessat(dfd, "FORMAT", F_OK, 0) == 0)
 		goto out_close;
 	if ((rc = store_dir_is_fresh(dfd)))
 		goto out_close;
-	if ((mkdirat(dfd, "objects", 0700) && errno != EEXIST) ||
-	    (mkdirat(dfd, "snaps", 0700) && errno != EEXIST)) {
+	/* Every step tolerates a peer doing the same at the same time: EEXIST is fine. */
+	if ((mkdirat(dfd, "packs", 0700) && errno != EEXIST) ||
+	    (mkdirat(dfd, "snaps", 0700) && errno != EEXIST) ||
+	    (mkdirat(dfd, "leases", 0700) && errno != EEXIST)) {
 		rc = -errno;
 		goto out_close;
 	}
-	/* All 256 fan-out dirs up front: puts never create directories, so the only dirs
-	 * a commit must fsync are the ones it renamed objects into. */
-	for (int i = 0; i < 256; i++) {
-		snprintf(buf, sizeof(buf), "objects/%02x", i);
-		if (mkdirat(dfd, buf, 0700) && errno != EEXIST) {
-			rc = -errno;
-			goto out_close;
-		}
-	}
-	fd = openat(dfd, "lock", O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
-	if (fd < 0) {
-		rc = -errno;
-		goto out_close;
-	}
-	close(fd);
-	/* FORMAT last, via tmp+rename: a dir with FORMAT is a whole store. */
-	fd = openat(dfd, "FORMAT.tmp",
-		    O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
-	if (fd < 0) {
-		rc = -errno;
-		goto out_close;
-	}
-	n = snprintf(buf, sizeof(buf), FORMAT_TEXT, STORE_FORMAT_VERSION);
-	rc = write_all(fd, buf, (size_t)n);
-	if (!rc && fsync(fd))
-		rc = -errno;
-	close(fd);
-	if (!rc && renameat(dfd, "FORMAT.tmp", dfd, "FORMAT"))
-		rc = -errno;
-	if (!rc && fsync(dfd))
-		rc = -errno;
-	if (rc)
-		unlinkat(dfd, "FORMAT.tmp", 0);
+	/* FORMAT last: a dir with FORMAT is a whole store. */
+	rc = store_create_format(dfd);
 out_close:
 	close(dfd);
 	return rc;
 }
 
+/* The store's format version (1 or 2), or -EINVAL not a store, -EPROTONOSUPPORT. */
 static int check_format(struct store *s)
 {
 	char buf[64], want[64];
@@ -431,12 +414,106 @@ static int check_format(struct store *s)
 	free(p);
 	if (sscanf(buf, "mlfs-store\nversion %d\n", &v) != 1)
 		return -EINVAL;
-	if (v != STORE_FORMAT_VERSION)
+	if (v != STORE_FORMAT_VERSION && v != 1)
 		return -EPROTONOSUPPORT;
 	snprintf(want, sizeof(want), FORMAT_TEXT, v);
 	if (len != strlen(want) || strcmp(buf, want))
 		return -EINVAL;
-	return 0;
+	return v;
+}
+
+/* A version 1 store opened for writing becomes version 2: leases/ made, then FORMAT
+ * replaced (own temporary, fsynced, renamed over; fsync of DIR). The bytes of objects and
+ * manifests are the same in both; what changes is the protocol: version 2 writers take
+ * no flock, so an older mlfs, whose gc trusts its exclusive flock, must refuse the store
+ * from now on, which the new FORMAT makes it do. */
+static int store_upgrade_v1(struct store *s)
+{
+	char buf[64], tmp[96];
+	int fd, rc, n;
+
+	if ((mkdirat(s->dirfd, "leases", 0700) && errno != EEXIST) ||
+	    (mkdirat(s->dirfd, "packs", 0700) && errno != EEXIST))
+		return -errno;
+	snprintf(tmp, sizeof(tmp), "FORMAT.tmp.%s", s->token);
+	fd = openat(s->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return -errno;
+	n = snprintf(buf, sizeof(buf), FORMAT_TEXT, STORE_FORMAT_VERSION);
+	rc = write_all(fd, buf, (size_t)n);
+	if (!rc && fsync(fd))
+		rc = -errno;
+	if (close(fd) && !rc)
+		rc = -errno;
+	if (!rc && renameat(s->dirfd, tmp, s->dirfd, "FORMAT"))
+		rc = -errno;
+	if (rc)
+		unlinkat(s->dirfd, tmp, 0);
+	else if (fsync(s->dirfd))
+		rc = -errno;
+	if (!rc)
+		log_info("store: %s: upgraded from format version 1 to %d", s->path,
+			 STORE_FORMAT_VERSION);
+	return rc;
+}
+
+/* The lease's content (invariant 3): the owner's live tree, then this session's puts.
+ * Runs on the lease thread, or under s->mu in a commit's refresh; takes only lmu, so a
+ * long commit never holds up the periodic refresh. */
+static int store_lease_fill(void *arg, struct lease_buf *b)
+{
+	struct store *s = arg;
+	uint8_t (*h)[STORE_HASH_LEN] = NULL;
+	size_t n = 0;
+	store_lease_fn src;
+	void *sarg;
+	int rc = 0;
+
+	pthread_mutex_lock(&s->lmu);
+	src = s->lease_src;
+	sarg = s->lease_arg;
+	pthread_mutex_unlock(&s->lmu);
+	if (src && (rc = src(sarg, &h, &n)))
+		return rc;
+	for (size_t i = 0; i < n && !rc; i++)
+		rc = lease_buf_add(b, h[i]);
+	free(h);
+	pthread_mutex_lock(&s->lmu);
+	for (size_t i = 0; i < s->lease_put.cap && !rc; i++)
+		if (s->lease_put.vals[i])
+			rc = lease_buf_add(b, s->lease_put.keys[i]);
+	if (!rc && s->pw_named)
+		rc = lease_buf_add(b, s->pw_id);
+	pthread_mutex_unlock(&s->lmu);
+	return rc;
+}
+
+void store_set_lease_source(struct store *s, store_lease_fn fn, void *arg)
+{
+	pthread_mutex_lock(&s->lmu);
+	s->lease_src = fn;
+	s->lease_arg = arg;
+	pthread_mutex_unlock(&s->lmu);
+}
+
+int store_lease_run(struct store *s)
+{
+	return s->lease ? lease_keeper_run(s->lease) : 0;
+}
+
+int store_lease_refresh(struct store *s)
+{
+	return s->lease ? lease_keeper_refresh(s->lease, NULL, NULL) : -EROFS;
+}
+
+int store_lease_status(struct store *s, int64_t *age_ns)
+{
+	if (!s->lease) {
+		if (age_ns)
+			*age_ns = 0;
+		return 0;
+	}
+	return lease_keeper_status(s->lease, age_ns);
 }
 
 int store_open(const char *dir, int flags, struct store **out)
@@ -444,18 +521,28 @@ int store_open(const char *dir, int flags, struct store **out)
 	static unsigned seq;
 	struct store *s;
 	struct timespec ts;
-	struct stat st;
 	uint64_t rnd;
-	int rc;
+	int rc, version;
 
 	if ((flags & STORE_CREATE) && (rc = store_create(dir)))
 		return rc;
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
-	s->dirfd = s->objfd = s->snapfd = s->lockfd = -1;
+	s->dirfd = s->objfd = s->snapfd = s->leasefd = s->packfd = -1;
 	s->partial_grace_s = STORE_PARTIAL_GRACE_S;
 	pthread_mutex_init(&s->mu, NULL);
+	pthread_mutex_init(&s->pmu, NULL);
+	pthread_mutex_init(&s->lmu, NULL);
+	/* pid + handle number + 64 random bits (time if getrandom fails): unique among
+	 * handles, processes and hosts sharing the store, even a pid reused after a reboot
+	 * whose clock went back. Each write adds its own number (tmp_object_name). */
+	if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != (ssize_t)sizeof(rnd)) {
+		clock_gettime(CLOCK_REALTIME, &ts);
+		rnd = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	}
+	snprintf(s->token, sizeof(s->token), "%ld-%u-%016llx", (long)getpid(),
+		 __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED), (unsigned long long)rnd);
 	s->path = strdup(dir);
 	if (!s->path) {
 		rc = -ENOMEM;
@@ -466,42 +553,54 @@ int store_open(const char *dir, int flags, struct store **out)
 		rc = errno == ENOTDIR ? -EINVAL : -errno;
 		goto fail;
 	}
-	if ((rc = check_format(s)))
+	if ((version = rc = check_format(s)) < 0)
 		goto fail;
+	rc = 0;
 	s->objfd = openat(s->dirfd, "objects", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (s->objfd < 0 && errno != ENOENT) {	/* absent: made by version 2, packs only */
+		rc = -errno;
+		log_err("store: %s: damaged store layout: objects: %s", dir, strerror(errno));
+		goto fail;
+	}
 	s->snapfd = openat(s->dirfd, "snaps", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (s->snapfd < 0) {
+		rc = -errno;
+		log_err("store: %s: damaged store layout: snaps: %s", dir, strerror(errno));
+		goto fail;
+	}
 	if (flags & STORE_RDONLY) {
 		/* A reader never writes: not even the lock file, which it does not take
 		 * (list, verify and restore read published, immutable files; invariant 2).
 		 * So a store on a read-only filesystem, or one the caller may only read,
 		 * opens; every write through this handle fails with -EROFS. */
 		s->broken = -EROFS;
-	} else {
-		/* Read-only: a shared lock needs no more (NFS too), and a store whose lock
-		 * file a daemon holds open for writing cannot be remounted read-only; gc
-		 * opens its own descriptor for the exclusive lock (store_gc_keep). */
-		s->lockfd = openat(s->dirfd, "lock",
-				   O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+	} else if (version == 1 && (rc = store_upgrade_v1(s))) {
+		log_err("store: %s: cannot upgrade a version 1 store: %s", dir, strerror(-rc));
+		goto fail;
 	}
-	if (s->objfd < 0 || s->snapfd < 0 || (s->lockfd < 0 && !(flags & STORE_RDONLY))) {
+	if (version > 1 || !(flags & STORE_RDONLY))
+		s->packfd = openat(s->dirfd, "packs", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (s->packfd < 0 && (version > 1 || !(flags & STORE_RDONLY))) {
 		rc = -errno;
-		log_err("store: %s: damaged store layout: %s", dir, strerror(errno));
+		log_err("store: %s: damaged store layout: packs: %s", dir, strerror(errno));
 		goto fail;
 	}
-	if (s->lockfd >= 0 && (fstat(s->lockfd, &st) || !S_ISREG(st.st_mode))) {
-		rc = -EINVAL;
-		log_err("store: %s: damaged store layout: lock is not a regular file", dir);
+	if (s->packfd >= 0 && (rc = pack_set_new(s->packfd, dir, &s->packs)))
 		goto fail;
+	if (!(flags & STORE_RDONLY)) {
+		/* Invariant 3: a writer's lease exists from its open to its close. */
+		s->leasefd = openat(s->dirfd, "leases", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (s->leasefd < 0) {
+			rc = -errno;
+			log_err("store: %s: damaged store layout: leases: %s", dir, strerror(errno));
+			goto fail;
+		}
+		if ((rc = lease_keeper_start(s->leasefd, dir, s->token, store_lease_fill, s,
+					     &s->lease))) {
+			log_err("store: %s: cannot write a lease: %s", dir, strerror(-rc));
+			goto fail;
+		}
 	}
-	/* pid + handle number + 64 random bits (time if getrandom fails): unique among
-	 * handles, processes and hosts sharing the store, even a pid reused after a reboot
-	 * whose clock went back. Each write adds its own number (tmp_object_name). */
-	if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != (ssize_t)sizeof(rnd)) {
-		clock_gettime(CLOCK_REALTIME, &ts);
-		rnd = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-	}
-	snprintf(s->token, sizeof(s->token), "%ld-%u-%016llx", (long)getpid(),
-		 __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED), (unsigned long long)rnd);
 	*out = s;
 	return 0;
 fail:
@@ -515,8 +614,13 @@ void store_close(struct store *s)
 		return;
 	if (s->session)
 		store_abort(s);
-	if (s->lockfd >= 0)
-		close(s->lockfd);
+	lease_keeper_stop(s->lease);
+	pack_writer_abort(s->packs, &s->pw);
+	pack_set_free(s->packs);
+	if (s->packfd >= 0)
+		close(s->packfd);
+	if (s->leasefd >= 0)
+		close(s->leasefd);
 	if (s->snapfd >= 0)
 		close(s->snapfd);
 	if (s->objfd >= 0)
@@ -524,8 +628,10 @@ void store_close(struct store *s)
 	if (s->dirfd >= 0)
 		close(s->dirfd);
 	pthread_mutex_destroy(&s->mu);
-	free(s->pending);
+	pthread_mutex_destroy(&s->lmu);
+	pthread_mutex_destroy(&s->pmu);
 	hset_free(&s->put);
+	hset_free(&s->lease_put);
 	free(s->path);
 	free(s);
 }
@@ -556,39 +662,38 @@ int store_name_valid(const char *name)
 
 /* ---- sessions (invariant 3) ---- */
 
-/* Caller holds s->mu. May block while a gc holds the lock exclusive. */
+/* Caller holds s->mu. A session takes no lock (invariant 3): its lease names its puts. */
 static int session_begin(struct store *s)
 {
+	int rc;
+
 	if (s->broken)
 		return s->broken;
 	if (s->session)
 		return 0;
-	while (flock(s->lockfd, LOCK_SH)) {
-		if (errno != EINTR) {
-			log_err("store: %s: cannot lock: %s", s->path, strerror(errno));
-			return -errno;
-		}
-	}
+	/* Learn the packs other writers made since, so dedup sees them (one listing of
+	 * packs/ per snapshot, plus the new packs' indexes). */
+	if ((rc = pack_set_scan(s->packs)))
+		return rc;
 	s->session = 1;
 	return 0;
 }
 
-/* Caller holds s->mu. Removes temporary objects not yet renamed and drops the lock.
- * An unlink that fails (the store went read-only or away) leaves a file whose name no
- * later write reuses; gc removes it (invariant 4). */
+/* Caller holds s->mu. Removes the pack being written, if any (objects in packs already
+ * finished stay, unreferenced, for gc); the lease stops naming the session's puts at
+ * its next refresh. An unlink that fails (the store went read-only or away) leaves a
+ * temporary whose name no later write reuses; gc removes it (invariant 4). */
 static void session_end(struct store *s)
 {
-	char tmp[160];
-
-	for (size_t i = 0; i < s->npending; i++) {
-		tmp_object_name(s, &s->pending[i], tmp, sizeof(tmp));
-		unlinkat(s->objfd, tmp, 0);
-	}
-	s->npending = 0;
+	pthread_mutex_lock(&s->pmu);
+	pack_writer_abort(s->packs, &s->pw);
+	pthread_mutex_unlock(&s->pmu);
 	hset_free(&s->put);
 	memset(&s->put, 0, sizeof(s->put));
-	if (s->session)
-		flock(s->lockfd, LOCK_UN);
+	pthread_mutex_lock(&s->lmu);
+	hset_free(&s->lease_put);
+	memset(&s->lease_put, 0, sizeof(s->lease_put));
+	pthread_mutex_unlock(&s->lmu);
 	s->session = 0;
 }
 
@@ -629,6 +734,10 @@ static int object_exists(struct store *s, const uint8_t hash[STORE_HASH_LEN])
 	struct stat st;
 	int fd, ok;
 
+	if (s->packs && pack_set_has(s->packs, hash))
+		return 1;	/* in a published pack: its index verified (invariant 1) */
+	if (s->objfd < 0)
+		return 0;
 	store_object_name(hash, name);
 	fd = openat(s->objfd, name + 8, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 	if (fd < 0)
@@ -643,21 +752,17 @@ static int object_exists(struct store *s, const uint8_t hash[STORE_HASH_LEN])
 int store_put_block(struct store *s, const void *buf, uint32_t len, uint8_t hash_out[STORE_HASH_LEN],
 		    uint64_t *new_bytes)
 {
-	unsigned char hdr[OBJ_HDR];
-	char tmp[160];
 	char *z = NULL;
 	const void *payload = buf;
 	uint32_t stored = len;
 	uint8_t flags = OBJ_RAW;
-	struct pend p;
-	int fd, rc, bound, zl, *put;
+	int rc, bound, zl, *put;
 
 	if (new_bytes)
 		*new_bytes = 0;
 	if (len == 0 || len > MF_BLOCK_SIZE_MAX)
 		return -EINVAL;
 	hash128(buf, len, hash_out);
-	memcpy(p.hash, hash_out, STORE_HASH_LEN);
 	pthread_mutex_lock(&s->mu);
 	rc = session_begin(s);
 	/* Put already in this session (written, or being written by another thread):
@@ -672,6 +777,13 @@ int store_put_block(struct store *s, const void *buf, uint32_t len, uint8_t hash
 		else if (!hset_find(&s->put, hash_out, 1))
 			rc = -ENOMEM;
 	}
+	if (rc >= 0) {
+		/* Named by the lease before anything relies on it (invariant 3). */
+		pthread_mutex_lock(&s->lmu);
+		if (!hset_find(&s->lease_put, hash_out, 1))
+			rc = -ENOMEM;
+		pthread_mutex_unlock(&s->lmu);
+	}
 	pthread_mutex_unlock(&s->mu);
 	if (rc)
 		return rc < 0 ? rc : 0;
@@ -680,6 +792,18 @@ int store_put_block(struct store *s, const void *buf, uint32_t len, uint8_t hash
 
 	bound = LZ4_compressBound((int)len);
 	z = bound > 0 ? malloc((size_t)bound) : NULL;
+	/* A block whose first LZ4_PROBE bytes do not shrink by 1/8 is stored raw without
+	 * compressing the rest: random-looking bytes (fp16/fp32 weights, optimizer state)
+	 * cost a full lz4 pass per MiB otherwise, the largest CPU cost of a persist on a
+	 * small machine. A block compressible only past its head is stored raw: bytes, not
+	 * correctness. */
+	if (z && len > 2 * LZ4_PROBE) {
+		zl = LZ4_compress_default(buf, z, LZ4_PROBE, bound);
+		if (zl <= 0 || zl > LZ4_PROBE - LZ4_PROBE / 8) {
+			free(z);
+			z = NULL;
+		}
+	}
 	if (z) {
 		zl = LZ4_compress_default(buf, z, (int)len, bound);
 		/* Compress only when it saves at least 1/8: decompressing costs CPU on every
@@ -690,54 +814,16 @@ int store_put_block(struct store *s, const void *buf, uint32_t len, uint8_t hash
 			flags = OBJ_LZ4;
 		}
 	}
-	memcpy(hdr, OBJ_MAGIC, 4);
-	hdr[4] = OBJ_VERSION;
-	hdr[5] = flags;
-	put_le(hdr + 6, 0, 2);
-	put_le(hdr + 8, len, 4);
-	put_le(hdr + 12, stored, 4);
-	memcpy(hdr + 16, hash_out, STORE_HASH_LEN);
-	put_le(hdr + 32, XXH3_64bits(hdr, 32), 8);
-
-	pthread_mutex_lock(&s->mu);
-	p.seq = ++s->seq;
-	pthread_mutex_unlock(&s->mu);
-	tmp_object_name(s, &p, tmp, sizeof(tmp));
-	/* O_EXCL: a name is never reused (tmp_object_name), so EEXIST is some other
-	 * writer's file, never "already written": a failure, not a dedup. */
-	fd = openat(s->objfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0400);
-	if (fd < 0) {
-		rc = -errno;
-		goto out_free;
-	}
-	rc = write_all(fd, hdr, OBJ_HDR);
-	if (!rc)
-		rc = write_all(fd, payload, stored);
-	if (close(fd) && !rc)
-		rc = -errno;	/* NFS reports a full server at close */
-	if (rc) {
-		unlinkat(s->objfd, tmp, 0);
-		goto out_free;
-	}
-	pthread_mutex_lock(&s->mu);
-	if (s->npending == s->cap) {
-		size_t cap = s->cap ? 2 * s->cap : 256;
-		void *np = realloc(s->pending, cap * sizeof(*s->pending));
-
-		if (!np) {
-			pthread_mutex_unlock(&s->mu);
-			unlinkat(s->objfd, tmp, 0);
-			rc = -ENOMEM;
-			goto out_free;
-		}
-		s->pending = np;
-		s->cap = cap;
-	}
-	s->pending[s->npending++] = p;
-	pthread_mutex_unlock(&s->mu);
-	if (new_bytes)
+	/* Appended to the session's pack: one create and one fsync per PACK_TARGET bytes,
+	 * not per object (pack.h). Puts of several threads take turns here. */
+	pthread_mutex_lock(&s->pmu);
+	rc = pack_writer_add(s->packs, &s->pw, hash_out, len, flags == OBJ_LZ4, payload, stored);
+	pthread_mutex_lock(&s->lmu);
+	s->pw_named = pack_writer_id(s->pw, s->pw_id);
+	pthread_mutex_unlock(&s->lmu);
+	pthread_mutex_unlock(&s->pmu);
+	if (!rc && new_bytes)
 		*new_bytes = OBJ_HDR + stored;
-out_free:
 	if (rc) {
 		pthread_mutex_lock(&s->mu);
 		put = hset_find(&s->put, hash_out, 0);
@@ -766,8 +852,16 @@ int store_get_block(struct store *s, const uint8_t hash[STORE_HASH_LEN], void *b
 	char *z = NULL;
 	int fd, rc;
 
+	/* Packs first (every object written since version 2), then a version 1 object. */
+	rc = s->packs ? pack_set_get(s->packs, hash, buf, len) : -ENOENT;
+	if (rc != -ENOENT)
+		return rc;
 	store_object_name(hash, name);
 	snprintf(path, sizeof(path), "%s/%s", s->path, name);
+	if (s->objfd < 0) {
+		log_err("store: missing object %s: in no pack", path);
+		return -ENOENT;
+	}
 	fd = openat(s->objfd, name + 8, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 	if (fd < 0 && errno == ELOOP)
 		return obj_damaged(path, "a symlink, not an object");
@@ -834,60 +928,31 @@ out_close:
 /* Commit step 1 (invariant 1). Caller holds s->mu. */
 static int sync_objects_locked(struct store *s)
 {
-	uint8_t touched[256] = { 0 };
-	char tmp[160], name[48];
-	int rc = 0;
+	int rc;
 
 	if (s->broken)
 		return s->broken;
-	if (s->full_sync)
-		memset(touched, 1, sizeof(touched));	/* store_recover: every dir */
-	else if (s->npending == 0)
-		return 0;
-	/* One flush for the whole batch; the objects are still under temporary names, so a
-	 * failure here leaves nothing half-published (session_end removes them). */
-	if (syncfs(s->objfd)) {
-		rc = -errno;
-		log_err("store: %s: syncfs: %s", s->path, strerror(errno));
+	/* The session's open pack: index, fsync, rename, fsync packs/ (pack.h). */
+	pthread_mutex_lock(&s->pmu);
+	rc = pack_writer_finish(s->packs, &s->pw);
+	pthread_mutex_unlock(&s->pmu);
+	if (rc == -EIO)
+		s->broken = -EIO;	/* invariant 6: packs/ may have lost a name */
+	if (rc)
 		return rc;
-	}
-	while (s->npending) {
-		const struct pend *p = &s->pending[s->npending - 1];
-		const uint8_t *h = p->hash;
-
-		tmp_object_name(s, p, tmp, sizeof(tmp));
-		store_object_name(h, name);
-		if (renameat(s->objfd, tmp, s->objfd, name + 8)) {
+	if (s->full_sync) {
+		/* store_recover: what an earlier failed fsync may have dropped is flushed
+		 * or found missing (step 1b) before anything relies on it. */
+		if (syncfs(s->dirfd)) {
 			rc = -errno;
-			log_err("store: %s: rename %s: %s", s->path, tmp, strerror(errno));
-			break;
+			log_err("store: %s: syncfs: %s", s->path, strerror(errno));
+			return rc;
 		}
-		touched[h[0]] = 1;
-		s->npending--;
-	}
-	for (int i = 0; i < 256; i++) {
-		int fd;
-
-		if (!touched[i])
-			continue;
-		snprintf(name, sizeof(name), "%02x", i);
-		fd = openat(s->objfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-		if (fd < 0) {
-			s->broken = -EIO;
-			return -EIO;
-		}
-		if (sync_dir(s, fd)) {
-			close(fd);
-			return -EIO;
-		}
-		close(fd);
-	}
-	if (!rc && s->full_sync) {
-		if (sync_dir(s, s->snapfd))
+		if (sync_dir(s, s->packfd) || sync_dir(s, s->snapfd))
 			return -EIO;
 		s->full_sync = 0;
 	}
-	return rc;
+	return 0;
 }
 
 int store_broken(struct store *s)
@@ -938,8 +1003,30 @@ static int commit_hook(struct store *s, int step)
 	return s->hook ? s->hook(s->hook_arg, step) : 0;
 }
 
+/* Commit step 1a (invariant 3): the lease names every object of m before step 1b checks
+ * they exist, so a gc either renamed one away before (the check sees it) or reads this
+ * lease in its second mark (and puts it back). A lease that cannot be written, or has
+ * lapsed, fails the commit: nothing would protect its objects. */
+static int commit_lease(struct store *s, const struct mf_manifest *m)
+{
+	struct lease_buf b = { 0 };
+	int rc = 0;
+
+	if (!s->lease)
+		return -EROFS;
+	for (size_t i = 0; i < m->nentries && !rc; i++)
+		for (uint64_t k = 0; k < m->entries[i].nblocks && !rc; k++)
+			if (!(m->entries[i].blocks[k].flags & MF_BLOCK_HOLE))
+				rc = lease_buf_add(&b, m->entries[i].blocks[k].hash);
+	if (!rc)
+		rc = lease_keeper_refresh(s->lease, &b, NULL);
+	lease_buf_free(&b);
+	return rc;
+}
+
 /* Commit step 1b (invariant 2): a manifest may name only objects that are there now,
- * under our shared lock, so gc cannot take them before the rename. One stat per block. */
+ * after our lease named them (step 1a), so gc cannot take them before the rename. One
+ * stat per block. */
 static int commit_check_objects(struct store *s, const struct mf_manifest *m)
 {
 	for (size_t i = 0; i < m->nentries; i++) {
@@ -1012,6 +1099,11 @@ static int commit_to_locked(struct store *s, const struct mf_manifest *m, int df
 	if ((rc = commit_hook(s, 1)))
 		goto fail;
 	if ((rc = sync_objects_locked(s)))
+		goto fail;
+	if ((rc = commit_lease(s, m)))
+		goto fail;
+	/* Packs gone since the session began (a gc) are forgotten before the check. */
+	if ((rc = pack_set_scan(s->packs)))
 		goto fail;
 	if ((rc = commit_check_objects(s, m)))
 		goto fail;
@@ -1838,6 +1930,11 @@ int store_delete(struct store *s, const char *name)
 
 /* ---- gc ---- */
 
+static int64_t ts_ns(const struct timespec *ts)
+{
+	return (int64_t)ts->tv_sec * 1000000000 + ts->tv_nsec;
+}
+
 /* Marks every non-hole block of m in live. */
 static int gc_mark_one(void *arg, const struct mf_manifest *m)
 {
@@ -1855,21 +1952,21 @@ static int gc_mark_one(void *arg, const struct mf_manifest *m)
  * newest file is older than the grace time goes whole (its parts will never be joined
  * by the missing ones: a worker that crashed, or took one snapshot more); every other
  * part is a manifest for fn. Returns 1 if it removed the group. */
-static int gc_group(struct store *s, const char *name, int (*fn)(void *, const struct mf_manifest *),
-		    void *arg)
+static int gc_group(struct store *s, const char *name, int64_t now, int64_t tmp_grace_ns,
+		    int (*fn)(void *, const struct mf_manifest *), void *arg)
 {
 	struct group_scan g;
 	struct dirent *d;
 	DIR *dir;
 	int gfd, fd, rc, removed = 0;
-	struct timespec now;
+	struct timespec wall;
 
 	if ((gfd = group_open(s, name)) < 0)
 		return gfd == -ENOENT ? 0 : gfd;
 	if ((rc = group_scan(gfd, &g)))
 		goto out;
-	clock_gettime(CLOCK_REALTIME, &now);
-	if (!g.complete && (int64_t)now.tv_sec * 1000000000 + now.tv_nsec - g.newest_ns >
+	clock_gettime(CLOCK_REALTIME, &wall);
+	if (!g.complete && ts_ns(&wall) - g.newest_ns >
 			   (int64_t)s->partial_grace_s * 1000000000) {
 		log_info("store: %s: gc removes partial group %s (%u of %d parts, untouched for "
 			 "over %u s)", s->path, name, g.nparts, g.workers, s->partial_grace_s);
@@ -1891,7 +1988,14 @@ static int gc_group(struct store *s, const char *name, int (*fn)(void *, const s
 		unsigned k, n;
 
 		if (!strncmp(d->d_name, ".tmp.", 5)) {
-			removed |= unlinkat(gfd, d->d_name, 0) == 0;
+			struct stat st;
+
+			/* Another worker's part may be being written right now (no exclusive
+			 * lock any more: leases): only a temporary older than the grace time
+			 * is a crashed commit's (invariant 4). */
+			if (!fstatat(gfd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) &&
+			    now - ts_ns(&st.st_mtim) >= tmp_grace_ns)
+				removed |= unlinkat(gfd, d->d_name, 0) == 0;
 			continue;
 		}
 		if (part_parse(d->d_name, &k, &n))
@@ -1917,16 +2021,16 @@ out:
 	return rc;
 }
 
-/* Calls fn for every manifest in snaps/: published single snapshots and every part of
- * every group, complete or partial (invariant 8); removes stale temporary manifests
- * and partial groups past the grace time. The one place that knows where manifests
- * live: gc marks from it. Under the exclusive lock (no session anywhere). */
-static int store_each_manifest(struct store *s, int (*fn)(void *, const struct mf_manifest *),
-			       void *arg)
+/* Marks every object any manifest in snaps/ names: published single snapshots and every
+ * part of every group, complete or partial (invariant 9); removes group temporaries and
+ * partial groups past their grace times. The one place that knows where manifests live.
+ * Temporaries directly in snaps/ are gc_snap_tmps's. */
+static int gc_mark_manifests(struct store *s, const struct lease_times *t, int64_t now,
+			     struct hset *live)
 {
 	struct dirent *d;
 	DIR *dir;
-	int rc = 0, removed = 0;
+	int rc;
 
 	if ((rc = store_snapdir(s, &dir)))
 		return rc;
@@ -1934,18 +2038,12 @@ static int store_each_manifest(struct store *s, int (*fn)(void *, const struct m
 		struct mf_manifest *m;
 		struct stat st;
 
-		if (!strcmp(d->d_name, ".") || !strcmp(d->d_name, ".."))
-			continue;
-		if (!strncmp(d->d_name, ".tmp.", 5)) {
-			/* invariant 4: no session is open, so this is a crashed commit's */
-			if (unlinkat(s->snapfd, d->d_name, 0) == 0)
-				removed = 1;
-			continue;
-		}
+		if (d->d_name[0] == '.')
+			continue;	/* ., .., temporaries (gc_snap_tmps) */
 		if (store_name_valid(d->d_name))
 			continue;	/* not a manifest: names no object, not ours to remove */
 		if (!fstatat(s->snapfd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) && S_ISDIR(st.st_mode)) {
-			rc = gc_group(s, d->d_name, fn, arg);
+			rc = gc_group(s, d->d_name, now, t->grace_ns, gc_mark_one, live);
 			rc = rc > 0 ? 0 : rc;
 			continue;
 		}
@@ -1961,28 +2059,95 @@ static int store_each_manifest(struct store *s, int (*fn)(void *, const struct m
 				"delete it", s->path, d->d_name);
 		if (rc)
 			break;
-		rc = fn(arg, m);
+		rc = gc_mark_one(live, m);
 		mf_free(m);
 	}
 	closedir(dir);
-	if (!rc && removed)
-		rc = sync_dir(s, s->snapfd);
 	return rc;
 }
 
-/* Mark every object any manifest names (invariant 8: parts of partial groups too). */
-static int gc_mark(struct store *s, struct hset *live)
+static int gc_live(void *arg, const uint8_t h[STORE_HASH_LEN])
 {
-	return store_each_manifest(s, gc_mark_one, live);
+	return hset_find(arg, h, 0) != NULL;
 }
 
-static int gc_sweep_dir(struct store *s, int i, struct hset *live, uint64_t *objs, uint64_t *bytes)
+static int gc_lease_add(void *arg, const uint8_t h[STORE_HASH_LEN])
 {
-	char name[8];
+	return hset_find(arg, h, 1) ? 0 : -ENOMEM;
+}
+
+/* The live set (invariant 3): every object a manifest, keep or a fresh lease names. */
+static int gc_mark(struct store *s, const struct lease_times *t, int64_t now,
+		   const uint8_t (*keep)[STORE_HASH_LEN], size_t nkeep, struct hset *live)
+{
+	int rc;
+
+	if ((rc = gc_mark_manifests(s, t, now, live)))
+		return rc;
+	for (size_t k = 0; k < nkeep; k++)
+		if (!hset_find(live, keep[k], 1))
+			return -ENOMEM;
+	return lease_scan(s->leasefd, t, now, gc_lease_add, live);
+}
+
+/* Temporary manifests older than the grace time: crashed commits' (invariant 4). */
+static int gc_snap_tmps(struct store *s, const struct lease_times *t, int64_t now)
+{
 	struct dirent *d;
 	struct stat st;
 	DIR *dir;
-	int fd, rc = 0, removed = 0;
+	int rc, removed = 0;
+
+	if ((rc = store_snapdir(s, &dir)))
+		return rc;
+	while ((d = readdir(dir))) {
+		if (strncmp(d->d_name, ".tmp.", 5) ||
+		    fstatat(s->snapfd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) ||
+		    now - ts_ns(&st.st_mtim) < t->grace_ns)
+			continue;
+		if (unlinkat(s->snapfd, d->d_name, 0) == 0)
+			removed = 1;
+	}
+	closedir(dir);
+	return removed ? sync_dir(s, s->snapfd) : 0;
+}
+
+/* An object gc moved aside in phase 1: objects/xx/<hex>.gc.<token>. */
+struct gc_trash {
+	uint8_t hash[STORE_HASH_LEN];
+	uint64_t size;
+};
+
+struct gc_run {
+	struct store *s;
+	const struct lease_times *t;
+	int64_t now;
+	struct hset *live;
+	struct gc_trash *trash;
+	size_t ntrash, cap;
+	uint64_t tmp_bytes;
+	uint8_t touched[256];
+};
+
+static void gc_trash_name(const struct store *s, const uint8_t h[STORE_HASH_LEN], char *buf,
+			  size_t size)
+{
+	char hex[33];
+
+	hex16(h, hex);
+	snprintf(buf, size, "%s.gc.%s", hex, s->token);
+}
+
+/* Phase 1 in objects/xx: temporaries and other gcs' trash older than the grace time go;
+ * an object nothing names and older than the grace time is renamed to our trash name. */
+static int gc_sweep_dir(struct gc_run *g, int i)
+{
+	struct store *s = g->s;
+	char name[8], trash[160];
+	struct dirent *d;
+	struct stat st;
+	DIR *dir;
+	int fd, rc = 0;
 
 	snprintf(name, sizeof(name), "%02x", i);
 	fd = openat(s->objfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -1995,26 +2160,121 @@ static int gc_sweep_dir(struct store *s, int i, struct hset *live, uint64_t *obj
 	}
 	while ((d = readdir(dir))) {
 		uint8_t h[STORE_HASH_LEN];
-		int tmp = strstr(d->d_name, ".tmp.") != NULL;
+		int tmp = strstr(d->d_name, ".tmp.") || strstr(d->d_name, ".gc.");
 
-		if (!tmp && (strlen(d->d_name) != 32 || unhex(d->d_name, h) || hset_find(live, h, 0)))
+		if (!tmp && (strlen(d->d_name) != 32 || unhex(d->d_name, h) || hset_find(g->live, h, 0)))
 			continue;	/* live, or not ours to touch */
-		if (fstatat(fd, d->d_name, &st, AT_SYMLINK_NOFOLLOW))
+		if (tmp && strlen(d->d_name) > 32 && d->d_name[32] == '.') {
+			char hex[33];
+
+			memcpy(hex, d->d_name, 32);
+			hex[32] = 0;
+			if (!unhex(hex, h) && hset_find(g->live, h, 0))
+				continue;	/* a session's, named by its lease */
+		}
+		if (fstatat(fd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode))
 			continue;
-		if (unlinkat(fd, d->d_name, 0)) {
+		/* Young files may belong to a writer whose lease does not name them yet.
+		 * Trash keeps the object's mtime across the rename: its ctime is when. */
+		if (g->now - ts_ns(tmp ? &st.st_ctim : &st.st_mtim) < g->t->grace_ns)
+			continue;
+		if (tmp) {
+			if (unlinkat(fd, d->d_name, 0) == 0) {
+				g->tmp_bytes += (uint64_t)st.st_size;
+				g->touched[i] = 1;
+			}
+			continue;
+		}
+		if (g->ntrash == g->cap) {
+			size_t cap = g->cap ? 2 * g->cap : 256;
+			void *p = realloc(g->trash, cap * sizeof(*g->trash));
+
+			if (!p) {
+				rc = -ENOMEM;
+				break;
+			}
+			g->trash = p;
+			g->cap = cap;
+		}
+		gc_trash_name(s, h, trash, sizeof(trash));
+		if (renameat(fd, d->d_name, fd, trash)) {
+			if (errno == ENOENT)
+				continue;	/* another gc took it */
 			rc = -errno;
 			break;
 		}
-		removed = 1;
-		*bytes += (uint64_t)st.st_size;
-		if (!tmp)
-			(*objs)++;
+		memcpy(g->trash[g->ntrash].hash, h, STORE_HASH_LEN);
+		g->trash[g->ntrash++].size = (uint64_t)st.st_size;
+		g->touched[i] = 1;
 	}
-	/* Not invariant 6: an unlink that does not last only brings back an unreferenced
-	 * object, which the next gc removes again. */
-	if (removed && fsync(dirfd(dir)))
-		rc = -errno;
 	closedir(dir);
+	return rc;
+}
+
+/* Phase 2: put back every trashed object that is named now (a commit or restore that
+ * named it after phase 1's mark), remove the rest; fsync the directories changed.
+ * live2 NULL (the second mark failed): put every one back. */
+static int gc_settle(struct gc_run *g, struct hset *live2, uint64_t *objs, uint64_t *bytes)
+{
+	struct store *s = g->s;
+	char name[48], trash[160];
+	int rc = 0;
+
+	for (size_t i = 0; i < g->ntrash; i++) {
+		const uint8_t *h = g->trash[i].hash;
+
+		store_object_name(h, name);
+		gc_trash_name(s, h, trash + 3, sizeof(trash) - 3);
+		memcpy(trash, name + 8, 3);	/* "xx/" */
+		if (!live2 || hset_find(live2, h, 0)) {
+			if (renameat2(s->objfd, trash, s->objfd, name + 8, RENAME_NOREPLACE) == 0)
+				continue;
+			if (errno == EEXIST)
+				unlinkat(s->objfd, trash, 0);	/* a writer put it again */
+			else if (renameat(s->objfd, trash, s->objfd, name + 8) && !rc)
+				rc = -errno;	/* no NOREPLACE here: same bytes anyway */
+			continue;
+		}
+		if (unlinkat(s->objfd, trash, 0)) {
+			if (!rc)
+				rc = -errno;
+			continue;
+		}
+		(*objs)++;
+		*bytes += g->trash[i].size;
+	}
+	*bytes += g->tmp_bytes;
+	/* Not invariant 6: an unlink that does not last only brings back an object nothing
+	 * names, which the next gc removes again; a put-back that does not last is a
+	 * named object lost, so a failure here is the handle's (sync_dir). */
+	for (int i = 0; i < 256 && !rc; i++) {
+		int fd;
+
+		if (!g->touched[i])
+			continue;
+		snprintf(name, sizeof(name), "%02x", i);
+		fd = openat(s->objfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (fd < 0)
+			return -errno;
+		rc = sync_dir(s, fd);
+		close(fd);
+	}
+	return rc;
+}
+
+/* A version 1 daemon still mounted holds STORE/lock shared for life and would gc under
+ * its exclusive flock without reading leases: refuse while one is there. */
+static int gc_no_old_daemon(struct store *s)
+{
+	int fd = openat(s->dirfd, "lock", O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK), rc = 0;
+
+	if (fd < 0)
+		return 0;	/* a version 2 store: no lock file */
+	if (flock(fd, LOCK_EX | LOCK_NB))
+		rc = errno == EWOULDBLOCK ? -EBUSY : 0;
+	else
+		flock(fd, LOCK_UN);
+	close(fd);
 	return rc;
 }
 
@@ -2026,44 +2286,53 @@ int store_gc(struct store *s, uint64_t *removed_objects, uint64_t *freed_bytes)
 int store_gc_keep(struct store *s, const uint8_t (*keep)[STORE_HASH_LEN], size_t nkeep,
 		  uint64_t *removed_objects, uint64_t *freed_bytes)
 {
-	struct hset live = { 0 };
+	struct hset live = { 0 }, live2 = { 0 };
+	struct gc_run g = { .s = s, .live = &live };
+	struct pack_gc *pg = NULL;
 	uint64_t objs = 0, bytes = 0;
-	int rc = 0, xfd = -1;
+	int rc = 0;
 
 	pthread_mutex_lock(&s->mu);
-	if (s->broken || s->session) {
-		rc = s->broken ? s->broken : -EBUSY;
-		goto out_unlock;
+	if (s->broken || s->session || !s->lease) {
+		rc = s->broken ? s->broken : s->session ? -EBUSY : -EROFS;
+		goto out;
 	}
-	/* Invariant 3: exclusive, and without waiting so gc never stalls a snapshot. On
-	 * NFS an exclusive flock is a write lock, which needs a descriptor open for
-	 * writing: gc's own, for its duration only. */
-	xfd = openat(s->dirfd, "lock", O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-	if (xfd < 0) {
-		rc = -errno;
-		goto out_unlock;
-	}
-	if (flock(xfd, LOCK_EX | LOCK_NB)) {
-		rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
-		goto out_unlock;
-	}
-	if ((rc = gc_mark(s, &live)))
-		goto out_release;
-	for (size_t k = 0; k < nkeep; k++) {
-		if (!hset_find(&live, keep[k], 1)) {
-			rc = -ENOMEM;
-			goto out_release;
+	if ((rc = gc_no_old_daemon(s)))
+		goto out;
+	g.t = lease_keeper_times(s->lease);
+	/* "now" is our own lease's mtime, stamped by the store's filesystem like every
+	 * time we compare it with (lease.h: clocks). */
+	if ((rc = lease_keeper_refresh(s->lease, NULL, &g.now)))
+		goto out;
+	if ((rc = gc_mark(s, g.t, g.now, keep, nkeep, &live)))
+		goto out;
+	if ((rc = gc_snap_tmps(s, g.t, g.now)))
+		goto out;
+	for (int i = 0; i < 256 && !rc && s->objfd >= 0; i++)
+		rc = gc_sweep_dir(&g, i);	/* version 1 objects */
+	if (!rc)
+		rc = pack_gc_sweep(s->packs, gc_live, &live, g.now, g.t->grace_ns, s->token, &pg,
+				   &g.tmp_bytes);
+	/* Phase 2 (invariant 3), also after a phase 1 error: trash is settled either way. */
+	{
+		int trashed = g.ntrash || (pg && pack_gc_trashed(pg));
+		/* Without a second mark nothing may be removed: all is put back. */
+		int mrc = trashed ? gc_mark(s, g.t, g.now, keep, nkeep, &live2) : 0, rc2;
+
+		rc = rc ? rc : mrc;
+		rc2 = gc_settle(&g, mrc ? NULL : &live2, &objs, &bytes);
+		rc = rc ? rc : rc2;
+		if (pg) {
+			rc2 = pack_gc_settle(s->packs, pg, mrc ? NULL : gc_live, &live2, &objs,
+					     &bytes);
+			rc = rc ? rc : rc2;
 		}
 	}
-	for (int i = 0; i < 256 && !rc; i++)
-		rc = gc_sweep_dir(s, i, &live, &objs, &bytes);
-out_release:
-	flock(xfd, LOCK_UN);
-out_unlock:
-	if (xfd >= 0)
-		close(xfd);
+out:
 	pthread_mutex_unlock(&s->mu);
 	hset_free(&live);
+	hset_free(&live2);
+	free(g.trash);
 	if (removed_objects)
 		*removed_objects = objs;
 	if (freed_bytes)

@@ -25,7 +25,8 @@ const char snap_offline_usage[] =
 	"       mlfs-snap restore --store DIR NAME|latest --to DIR\n"
 	"       mlfs-snap verify --store DIR [NAME]\n"
 	"       mlfs-snap gc --store DIR\n"
-	"       mlfs-snap delete --store DIR NAME\n";
+	"       mlfs-snap delete --store DIR NAME\n"
+	"       mlfs-snap init --store DIR\n";
 
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
@@ -685,9 +686,22 @@ int snap_delete(const char *store_dir, const char *name)
 	return 0;
 }
 
+int snap_init(const char *store_dir)
+{
+	struct store *s;
+
+	/* STORE_CREATE is create-once (fs/store.c invariant 8): any number of init calls
+	 * and daemons at once on one empty directory all succeed. */
+	if (open_store(store_dir, STORE_CREATE, &s))
+		return 1;
+	store_close(s);
+	printf("%s: mlfs store ready (format version %d)\n", store_dir, STORE_FORMAT_VERSION);
+	return 0;
+}
+
 /* ---- argument parsing ---- */
 
-static const char *const subcmds[] = { "list", "restore", "verify", "gc", "delete" };
+static const char *const subcmds[] = { "list", "restore", "verify", "gc", "delete", "init" };
 
 int snap_offline_wants(int argc, char **argv)
 {
@@ -759,6 +773,8 @@ int snap_offline_main(int argc, char **argv)
 		return snap_verify(store, pos[0]);
 	if (!strcmp(cmd, "gc") && npos == 0)
 		return snap_gc(store);
+	if (!strcmp(cmd, "init") && npos == 0)
+		return snap_init(store);
 	if (!strcmp(cmd, "delete")) {
 		if (npos != 1)
 			return usage("delete needs a snapshot NAME");

@@ -127,7 +127,9 @@ def test_log_names_a_store_object_once(snapenv):
     S.snap_ok("take", env.mnt, "s1", "--wait")
     env.unmount(d)
     obj = S.object_path(env.store, blob)
-    os.unlink(obj)
+    pack = S.object_loc(env.store, blob)[0]
+    assert len([v for v in S.pack_index(env.store).values() if v[0] == pack]) == 1
+    os.unlink(pack)                       # its pack holds it alone: missing
     d = env.mount(opts="restore=s1", foreground=True)
     with pytest.raises(OSError):
         with open(os.path.join(d.ckpt, "f"), "rb") as f:

@@ -220,7 +220,7 @@ def _snapshot_of_private_file(env):
     os.chmod(f, 0o600)
     S.snap_ok("take", env.mnt, "s1", "--wait")
     env.unmount(d)
-    return S.object_path(env.store, SECRET * 1000)
+    return S.object_loc(env.store, SECRET * 1000)[0]   # the pack holding its object
 
 
 def test_store_objects_unreadable_by_other_users(snapenv, other_user):
@@ -248,7 +248,7 @@ def test_store_readers_open_read_only(snapenv):
     for argv in (["mount", "--bind", env.store, ro],
                  ["mount", "-o", "remount,ro,bind", ro]):
         subprocess.run(argv, check=True, capture_output=True)
-    os.unlink(os.path.join(env.store, "lock"))  # a store whose lock was never made
+    assert not os.path.exists(os.path.join(env.store, "lock"))  # version 2: no lock file
     before = S.store_files(env.store)
     r = S.snap_ok("list", "--store", ro)
     assert "s1" in r.out
@@ -278,8 +278,8 @@ def test_verify_escapes_control_characters(snapenv):
             f.write(blob)
     S.snap_ok("take", env.mnt, "s1", "--wait")
     env.unmount(d)
-    for blob in data:
-        os.unlink(S.object_path(env.store, blob))
+    for pack in {S.object_loc(env.store, blob)[0] for blob in data}:
+        os.unlink(pack)                   # holds just these two objects: both missing
     r = S.snap("verify", "--store", env.store)
     assert r.rc == 1, r
     lines = r.out.splitlines()
