@@ -1577,6 +1577,35 @@ int ckpt_removexattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *nam
 	return rc;
 }
 
+int ckpt_kill_priv(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct ckpt_ctx *c)
+{
+	mode_t kill = 0;
+	struct ckpt_xattr **pp;
+	int changed = 0;
+
+	pthread_mutex_lock(&ns->mu);
+	if (S_ISREG(ino->mode) && c->uid != 0) {
+		if (ino->mode & S_ISUID)
+			kill |= S_ISUID;
+		if ((ino->mode & (S_ISGID | S_IXGRP)) == (S_ISGID | S_IXGRP))
+			kill |= S_ISGID;
+	}
+	if (kill) {
+		ino->mode &= ~kill;
+		changed = 1;
+	}
+	if ((pp = ckpt_xattr_find_locked(ino, "security.capability"))) {
+		ckpt_xattr_del_locked(ino, pp);
+		changed = 1;
+	}
+	if (changed) {
+		ino->ctime = ckpt_now();
+		ckpt_changed(ns);
+	}
+	pthread_mutex_unlock(&ns->mu);
+	return changed;
+}
+
 static void ckpt_dir_clear(struct ckpt_dir *d)
 {
 	size_t i;

@@ -90,6 +90,15 @@ int ckpt_read(struct ckpt_ns *ns, struct ckpt_inode *ino, size_t size, off_t off
 /* Returns bytes written (all of size) or -errno (-ENOSPC, -ENOMEM, -EFBIG). */
 int ckpt_write(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *buf, size_t size,
 	       off_t off);
+/*
+ * What the kernel does itself before a buffered write (file_remove_privs) but not before
+ * a write through a FOPEN_DIRECT_IO handle (fs/fuse/file.c, without
+ * FUSE_CAP_HANDLE_KILLPRIV_V2): clears setuid, and setgid when group-executable, unless
+ * the writer is root (uid 0 stands for CAP_FSETID, as elsewhere here), and removes
+ * security.capability. 1 if it changed anything (the caller drops the kernel's cached
+ * attributes), else 0. Takes ns->mu: pointer work.
+ */
+int ckpt_kill_priv(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct ckpt_ctx *c);
 
 /*
  * fallocate(2): mode 0 and FALLOC_FL_KEEP_SIZE extend the size (unless KEEP_SIZE) but

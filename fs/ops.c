@@ -560,6 +560,13 @@ static void mlfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_
 
 	if (n->kind != MLFS_CKPT)
 		return reply_rc(req, -EROFS);
+	/* The kernel removed the privileges itself unless the handle is direct. */
+	if (fi && fi->fh == MLFS_FH_CKPT_DIRECT) {
+		struct ckpt_ctx c = ctx_of(req);
+
+		if (ckpt_kill_priv(m->ckpt, (struct ckpt_inode *)n, &c))
+			fuse_lowlevel_notify_inval_inode(m->se, ino, -1, 0); /* attributes only */
+	}
 	rc = ckpt_write(m->ckpt, (struct ckpt_inode *)n, buf, size, off);
 	if (rc < 0)
 		return reply_rc(req, rc);
