@@ -383,12 +383,16 @@ int lease_keeper_run(struct lease_keeper *k)
 {
 	int rc;
 
-	if (k->running)
+	pthread_mutex_lock(&k->mu);
+	if (k->running) {
+		pthread_mutex_unlock(&k->mu);
 		return 0;
+	}
+	k->running = 1;		/* before the thread reads it (keeper_write_locked) */
 	if ((rc = pthread_create(&k->thread, NULL, keeper_main, k)))
-		return -rc;
-	k->running = 1;
-	return 0;
+		k->running = 0;
+	pthread_mutex_unlock(&k->mu);
+	return -rc;
 }
 
 const struct lease_times *lease_keeper_times(const struct lease_keeper *k)
@@ -428,13 +432,16 @@ int lease_keeper_status(struct lease_keeper *k, int64_t *age_ns)
 
 void lease_keeper_stop(struct lease_keeper *k)
 {
+	int running;
+
 	if (!k)
 		return;
 	pthread_mutex_lock(&k->mu);
 	k->stopping = 1;
 	pthread_cond_broadcast(&k->cv);
+	running = k->running;
 	pthread_mutex_unlock(&k->mu);
-	if (k->running)
+	if (running)
 		pthread_join(k->thread, NULL);
 	unlinkat(k->dirfd, k->token, 0);
 	pthread_cond_destroy(&k->cv);
