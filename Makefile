@@ -174,7 +174,7 @@ clean:
 # build/fuzz/crash-*: reproduce with build/fuzz/fuzz_<target> FILE).
 FUZZ_CC ?= clang
 FUZZ_SECONDS ?= $(or $(MLFS_FUZZ_SECONDS),60)
-FUZZ_TARGETS := manifest ctl
+FUZZ_TARGETS := manifest ctl pack lease
 FUZZ_FLAGS := -std=gnu11 -g -O1 -fno-omit-frame-pointer -D_GNU_SOURCE -I. \
 	-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	$(shell pkg-config --cflags fuse3 libxxhash 2>/dev/null)
@@ -190,10 +190,12 @@ fuzz-build: $(FUZZ_TARGETS:%=build/fuzz/fuzz_%)
 
 build/fuzz/fuzz_manifest: tests/fuzz/fuzz_manifest.c fs/manifest.c fs/manifest.h
 build/fuzz/fuzz_ctl: tests/fuzz/fuzz_ctl.c fs/ctl.c cache/log.c fs/ctl.h fs/mlfs.h
+build/fuzz/fuzz_pack: tests/fuzz/fuzz_pack.c fs/pack.c fs/hset.c cache/log.c fs/pack.h fs/hset.h
+build/fuzz/fuzz_lease: tests/fuzz/fuzz_lease.c fs/lease.c cache/log.c fs/lease.h
 $(FUZZ_TARGETS:%=build/fuzz/fuzz_%):
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  FUZZ-CC $@")
-	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $(filter %.c,$^) -lxxhash -pthread
+	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $(filter %.c,$^) -llz4 -lxxhash -pthread
 
 fuzz: fuzz-build
 	$(Q)rc=0; for t in $(FUZZ_TARGETS); do \

@@ -147,8 +147,7 @@ out_free:
 	return rc;
 }
 
-/* Parse one lease's bytes; add() each object. -EINVAL if it is not a whole lease. */
-static int lease_parse(const char *p, size_t len, int (*add)(void *, const uint8_t *), void *arg)
+int lease_parse(const char *p, size_t len, int (*add)(void *, const uint8_t *), void *arg)
 {
 	size_t head = strlen(LEASE_HEAD), n, off;
 	unsigned long long sum;

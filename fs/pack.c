@@ -374,6 +374,18 @@ fail:
 	return rc;
 }
 
+int pack_check_fd(int fd, size_t *n)
+{
+	struct pack *p;
+	int rc = pack_load(fd, "00000000000000000000000000000000", &p);
+
+	if (rc)
+		return rc;
+	*n = p->n;
+	pack_free(p);
+	return 0;
+}
+
 static int bad_known_locked(struct pack_set *ps, const char *id)
 {
 	for (size_t i = 0; i < ps->nbad; i++)

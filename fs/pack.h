@@ -46,6 +46,10 @@ const char *pack_rec_bad(const uint8_t hdr[PACK_REC_HDR], const uint8_t hash[16]
 int pack_rec_decode(const uint8_t hdr[PACK_REC_HDR], const void *payload, void *buf, uint32_t len,
 		    const uint8_t hash[16], const char **why);
 
+/* 0 and the number of objects in *n if fd holds a whole pack whose index verifies (the
+ * checks of a scan), else -EINVAL, or the read's -errno. For the fuzz target. */
+int pack_check_fd(int fd, size_t *n);
+
 struct pack_set;
 
 /* packdir: an open STORE/packs (borrowed, outlives ps); store_path for log lines. */
