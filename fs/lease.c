@@ -280,7 +280,14 @@ struct lease_keeper {
 	int failed;		/* the last refresh failed */
 	int lapsed;		/* no refresh succeeded for stale_ns: for good */
 	int64_t last_ok;	/* CLOCK_MONOTONIC of the last successful write */
+	uint64_t digest;	/* of the sorted names last written */
+	int have_digest;
 };
+
+static int cmp16(const void *a, const void *b)
+{
+	return memcmp(a, b, 16);
+}
 
 /* Caller holds k->mu. */
 static int keeper_write_locked(struct lease_keeper *k, const struct lease_buf *extra,
@@ -289,11 +296,32 @@ static int keeper_write_locked(struct lease_keeper *k, const struct lease_buf *e
 	struct lease_buf b = { 0 };
 	int rc = k->fill ? k->fill(k->arg, &b) : 0;
 
+	uint64_t digest = 0;
+
 	for (size_t i = 0; !rc && extra && i < extra->n; i++)
 		rc = lease_buf_add(&b, extra->h[i]);
-	if (!rc)
+	if (!rc) {
+		if (b.n)
+			qsort(b.h, b.n, 16, cmp16);
+		digest = XXH3_64bits(b.h ? (const void *)b.h : "", b.n * 16);
 		rc = lease_write(k->dirfd, k->token, &b, mtime_ns);
+	}
+	if ((rc == -ENOSPC || rc == -EDQUOT) && k->have_digest && digest == k->digest) {
+		/* A full store, and the lease would name what it names already: touching
+		 * the file refreshes it as well (an inode update needs no new block), so a
+		 * full disk alone never lets a live lease go stale. */
+		struct stat st;
+
+		rc = utimensat(k->dirfd, k->token, NULL, AT_SYMLINK_NOFOLLOW) ? -errno : 0;
+		if (!rc && mtime_ns)
+			rc = fstatat(k->dirfd, k->token, &st, AT_SYMLINK_NOFOLLOW) ? -errno
+				: (*mtime_ns = mtime_of(&st), 0);
+	}
 	lease_buf_free(&b);
+	if (!rc) {
+		k->digest = digest;
+		k->have_digest = 1;
+	}
 	if (!rc && k->running && !k->lapsed && mono_ns() - k->last_ok >= k->t.stale_ns) {
 		/* Written, but too late: a gc may have judged it stale meanwhile. Only a
 		 * running keeper (a daemon's) can lapse: a tool's lease names only its

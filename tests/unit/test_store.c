@@ -884,6 +884,16 @@ static void test_full(const char *mnt)
 	m = one_file("after", hs, 2);
 	EXPECT_EQ(store_commit(s, m), -ENOSPC);
 	mf_free(m);
+	/* A full store alone never lets a live lease go stale: a refresh naming what the
+	 * lease named already touches the file instead of writing a new one. */
+	unlink(filler);
+	EXPECT_EQ(store_lease_refresh(s), 0);		/* room: written */
+	fd = open(filler, O_CREAT | O_WRONLY, 0644);
+	while (write(fd, buf, BS) > 0)
+		;
+	close(fd);
+	EXPECT_EQ(store_lease_refresh(s), 0);		/* full: touched */
+	EXPECT_EQ(store_lease_status(s, NULL), 0);
 	path_of(p, sizeof(p), dir, "snaps");
 	EXPECT_EQ(count_files(p, NULL), 1);	/* "before" only, no tmp */
 	EXPECT_EQ(count_objects(dir, ".tmp."), 0);
