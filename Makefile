@@ -145,7 +145,8 @@ demo:
 
 # All benchmarks: data path (issue 5), tiering (issue 3), snapshots (issue 4), a neighbour
 # in mlfs's memory cgroup and checkpoint writes (issue 12: bench/neighbour.py,
-# bench/ckpt_write.py), many workers on ext4 and GlusterFS (issue 11, bench/multiworker.py).
+# bench/ckpt_write.py), many workers and the store's throughput on ext4 and GlusterFS
+# (issue 11, bench/multiworker.py --store-bench, which runs bench/store_bench.py on both).
 # BENCH_ARGS goes to bench/run.sh whole; of it, only --quick goes to the others (they take no
 # --only/--rounds of run.sh's kind). One failing benchmark does not skip the others; make
 # fails at the end if any did. Each script also runs alone.
@@ -158,7 +159,7 @@ bench:
 	$(PYTHON) bench/snap_bench.py $(filter --quick,$(BENCH_ARGS)) || { rc=1; echo "make bench: bench/snap_bench.py failed" >&2; }; \
 	$(PYTHON) bench/neighbour.py $(filter --quick,$(BENCH_ARGS)) || { rc=1; echo "make bench: bench/neighbour.py failed" >&2; }; \
 	$(PYTHON) bench/ckpt_write.py $(filter --quick,$(BENCH_ARGS)) || { rc=1; echo "make bench: bench/ckpt_write.py failed" >&2; }; \
-	$(PYTHON) bench/multiworker.py $(filter --quick,$(BENCH_ARGS)) || { rc=1; echo "make bench: bench/multiworker.py failed" >&2; }; \
+	$(PYTHON) bench/multiworker.py --store-bench $(filter --quick,$(BENCH_ARGS)) || { rc=1; echo "make bench: bench/multiworker.py failed" >&2; }; \
 	exit $$rc
 
 install: $(BINS)
@@ -179,7 +180,7 @@ clean:
 # build/fuzz/crash-*: reproduce with build/fuzz/fuzz_<target> FILE).
 FUZZ_CC ?= clang
 FUZZ_SECONDS ?= $(or $(MLFS_FUZZ_SECONDS),60)
-FUZZ_TARGETS := manifest ctl
+FUZZ_TARGETS := manifest ctl pack lease
 FUZZ_FLAGS := -std=gnu11 -g -O1 -fno-omit-frame-pointer -D_GNU_SOURCE -I. \
 	-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	$(shell pkg-config --cflags fuse3 libxxhash 2>/dev/null)
@@ -195,10 +196,12 @@ fuzz-build: $(FUZZ_TARGETS:%=build/fuzz/fuzz_%)
 
 build/fuzz/fuzz_manifest: tests/fuzz/fuzz_manifest.c fs/manifest.c fs/manifest.h
 build/fuzz/fuzz_ctl: tests/fuzz/fuzz_ctl.c fs/ctl.c cache/log.c fs/ctl.h fs/mlfs.h
+build/fuzz/fuzz_pack: tests/fuzz/fuzz_pack.c fs/pack.c fs/hset.c cache/log.c fs/pack.h fs/hset.h
+build/fuzz/fuzz_lease: tests/fuzz/fuzz_lease.c fs/lease.c cache/log.c fs/lease.h
 $(FUZZ_TARGETS:%=build/fuzz/fuzz_%):
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  FUZZ-CC $@")
-	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $(filter %.c,$^) -lxxhash -pthread
+	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $(filter %.c,$^) -llz4 -lxxhash -pthread
 
 fuzz: fuzz-build
 	$(Q)rc=0; for t in $(FUZZ_TARGETS); do \

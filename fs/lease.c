@@ -147,8 +147,7 @@ out_free:
 	return rc;
 }
 
-/* Parse one lease's bytes; add() each object. -EINVAL if it is not a whole lease. */
-static int lease_parse(const char *p, size_t len, int (*add)(void *, const uint8_t *), void *arg)
+int lease_parse(const char *p, size_t len, int (*add)(void *, const uint8_t *), void *arg)
 {
 	size_t head = strlen(LEASE_HEAD), n, off;
 	unsigned long long sum;
@@ -281,7 +280,14 @@ struct lease_keeper {
 	int failed;		/* the last refresh failed */
 	int lapsed;		/* no refresh succeeded for stale_ns: for good */
 	int64_t last_ok;	/* CLOCK_MONOTONIC of the last successful write */
+	uint64_t digest;	/* of the sorted names last written */
+	int have_digest;
 };
+
+static int cmp16(const void *a, const void *b)
+{
+	return memcmp(a, b, 16);
+}
 
 /* Caller holds k->mu. */
 static int keeper_write_locked(struct lease_keeper *k, const struct lease_buf *extra,
@@ -290,11 +296,32 @@ static int keeper_write_locked(struct lease_keeper *k, const struct lease_buf *e
 	struct lease_buf b = { 0 };
 	int rc = k->fill ? k->fill(k->arg, &b) : 0;
 
+	uint64_t digest = 0;
+
 	for (size_t i = 0; !rc && extra && i < extra->n; i++)
 		rc = lease_buf_add(&b, extra->h[i]);
-	if (!rc)
+	if (!rc) {
+		if (b.n)
+			qsort(b.h, b.n, 16, cmp16);
+		digest = XXH3_64bits(b.h ? (const void *)b.h : "", b.n * 16);
 		rc = lease_write(k->dirfd, k->token, &b, mtime_ns);
+	}
+	if ((rc == -ENOSPC || rc == -EDQUOT) && k->have_digest && digest == k->digest) {
+		/* A full store, and the lease would name what it names already: touching
+		 * the file refreshes it as well (an inode update needs no new block), so a
+		 * full disk alone never lets a live lease go stale. */
+		struct stat st;
+
+		rc = utimensat(k->dirfd, k->token, NULL, AT_SYMLINK_NOFOLLOW) ? -errno : 0;
+		if (!rc && mtime_ns)
+			rc = fstatat(k->dirfd, k->token, &st, AT_SYMLINK_NOFOLLOW) ? -errno
+				: (*mtime_ns = mtime_of(&st), 0);
+	}
 	lease_buf_free(&b);
+	if (!rc) {
+		k->digest = digest;
+		k->have_digest = 1;
+	}
 	if (!rc && k->running && !k->lapsed && mono_ns() - k->last_ok >= k->t.stale_ns) {
 		/* Written, but too late: a gc may have judged it stale meanwhile. Only a
 		 * running keeper (a daemon's) can lapse: a tool's lease names only its
@@ -383,12 +410,16 @@ int lease_keeper_run(struct lease_keeper *k)
 {
 	int rc;
 
-	if (k->running)
+	pthread_mutex_lock(&k->mu);
+	if (k->running) {
+		pthread_mutex_unlock(&k->mu);
 		return 0;
+	}
+	k->running = 1;		/* before the thread reads it (keeper_write_locked) */
 	if ((rc = pthread_create(&k->thread, NULL, keeper_main, k)))
-		return -rc;
-	k->running = 1;
-	return 0;
+		k->running = 0;
+	pthread_mutex_unlock(&k->mu);
+	return -rc;
 }
 
 const struct lease_times *lease_keeper_times(const struct lease_keeper *k)
@@ -428,13 +459,16 @@ int lease_keeper_status(struct lease_keeper *k, int64_t *age_ns)
 
 void lease_keeper_stop(struct lease_keeper *k)
 {
+	int running;
+
 	if (!k)
 		return;
 	pthread_mutex_lock(&k->mu);
 	k->stopping = 1;
 	pthread_cond_broadcast(&k->cv);
+	running = k->running;
 	pthread_mutex_unlock(&k->mu);
-	if (k->running)
+	if (running)
 		pthread_join(k->thread, NULL);
 	unlinkat(k->dirfd, k->token, 0);
 	pthread_cond_destroy(&k->cv);

@@ -81,6 +81,11 @@ int lease_write(int leasedir, const char *token, const struct lease_buf *b, int6
 int lease_scan(int leasedir, const struct lease_times *t, int64_t now_ns,
 	       int (*add)(void *arg, const uint8_t h[16]), void *arg);
 
+/* Parse one lease's bytes (len exactly), calling add(arg, hash) for each line; -EINVAL
+ * if they are not a whole lease (then add may have been called for some lines), else
+ * add's first error or 0. lease_scan's parser, public for the fuzz target. */
+int lease_parse(const char *p, size_t len, int (*add)(void *arg, const uint8_t h[16]), void *arg);
+
 /* Fills b with what the owner needs now; runs on the keeper's thread with no keeper lock
  * held. Returns 0 or -errno (the refresh then fails). */
 typedef int (*lease_fill_fn)(void *arg, struct lease_buf *b);

@@ -374,6 +374,18 @@ fail:
 	return rc;
 }
 
+int pack_check_fd(int fd, size_t *n)
+{
+	struct pack *p;
+	int rc = pack_load(fd, "00000000000000000000000000000000", &p);
+
+	if (rc)
+		return rc;
+	*n = p->n;
+	pack_free(p);
+	return 0;
+}
+
 static int bad_known_locked(struct pack_set *ps, const char *id)
 {
 	for (size_t i = 0; i < ps->nbad; i++)
@@ -566,6 +578,31 @@ int pack_set_where(struct pack_set *ps, const uint8_t hash[16], char buf[64], ui
 		snprintf(buf, 64, "packs/%s.pack", l->p->id);
 		*off = l->p->ents[l->e].off;
 		rc = 0;
+	}
+	pthread_mutex_unlock(&ps->mu);
+	return rc;
+}
+
+static void id_bytes(const char *id, uint8_t out[16])
+{
+	for (int i = 0; i < 16; i++) {
+		int hi = id[2 * i], lo = id[2 * i + 1];
+
+		hi = hi <= '9' ? hi - '0' : hi - 'a' + 10;
+		lo = lo <= '9' ? lo - '0' : lo - 'a' + 10;
+		out[i] = (uint8_t)(hi << 4 | lo);
+	}
+}
+
+int pack_set_pack_of(struct pack_set *ps, const uint8_t hash[16], uint8_t id[16])
+{
+	struct loc *l;
+	int rc = 0;
+
+	pthread_mutex_lock(&ps->mu);
+	if ((l = lookup_locked(ps, hash))) {
+		id_bytes(l->p->id, id);
+		rc = 1;
 	}
 	pthread_mutex_unlock(&ps->mu);
 	return rc;
@@ -1114,8 +1151,13 @@ int pack_gc_sweep(struct pack_set *ps, pack_live_fn live, void *arg, int64_t now
 		size_t nlive = 0;
 		char file[48], trash[160];
 
+		uint8_t id[16];
+
 		if (now_ns - p->mtime_ns < grace_ns)
 			continue;	/* maybe a writer's, not yet named by its lease */
+		id_bytes(p->id, id);
+		if (live(arg, id))
+			continue;	/* a fresh lease names the pack: all of it stays */
 		for (size_t e = 0; e < p->n; e++) {
 			rec_bytes += PACK_REC_HDR + (uint64_t)p->ents[e].stored;
 			if (live(arg, p->ents[e].hash)) {
@@ -1184,6 +1226,11 @@ int pack_gc_settle(struct pack_set *ps, struct pack_gc *g, pack_live_fn live2, v
 		char file[48], trash[160];
 		int back = !live2 || rc;
 		uint64_t dead = 0;
+		uint8_t id[16];
+
+		id_bytes(t->id, id);
+		if (!back && live2(arg, id))
+			back = 1;	/* a lease names the pack now */
 
 		for (size_t k = 0; k < t->n && !back; k++) {
 			if (!live2(arg, t->hashes[k]))

@@ -46,6 +46,10 @@ const char *pack_rec_bad(const uint8_t hdr[PACK_REC_HDR], const uint8_t hash[16]
 int pack_rec_decode(const uint8_t hdr[PACK_REC_HDR], const void *payload, void *buf, uint32_t len,
 		    const uint8_t hash[16], const char **why);
 
+/* 0 and the number of objects in *n if fd holds a whole pack whose index verifies (the
+ * checks of a scan), else -EINVAL, or the read's -errno. For the fuzz target. */
+int pack_check_fd(int fd, size_t *n);
+
 struct pack_set;
 
 /* packdir: an open STORE/packs (borrowed, outlives ps); store_path for log lines. */
@@ -63,6 +67,10 @@ int pack_set_has(struct pack_set *ps, const uint8_t hash[16]);
 /* Store-relative path of the pack holding hash ("packs/<id>.pack") into buf[64] and the
  * record's offset; -ENOENT if no known pack has it. For tests and log lines. */
 int pack_set_where(struct pack_set *ps, const uint8_t hash[16], char buf[64], uint64_t *off);
+
+/* 1 and the id of the known pack holding hash (its first copy) as 16 bytes, else 0. A
+ * lease names a pack by this id (the shape of an object hash): gc keeps the whole pack. */
+int pack_set_pack_of(struct pack_set *ps, const uint8_t hash[16], uint8_t id[16]);
 
 /* Distinct objects in known packs. */
 uint64_t pack_set_count(struct pack_set *ps);

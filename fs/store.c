@@ -457,18 +457,41 @@ static int store_upgrade_v1(struct store *s)
 	return rc;
 }
 
-/* The lease's content (invariant 3): the owner's live tree, then this session's puts.
- * Runs on the lease thread, or under s->mu in a commit's refresh; takes only lmu, so a
- * long commit never holds up the periodic refresh. */
+/* Name object h in b (once): by the id of the pack holding it when a known pack does,
+ * else by itself. One line per pack, not per object: a tree of a million blocks leases a
+ * few thousand packs, and gc keeps a leased pack whole (fs/pack.h). */
+static int lease_name(struct store *s, struct hset *seen, struct lease_buf *b,
+		      const uint8_t h[STORE_HASH_LEN])
+{
+	uint8_t id[STORE_HASH_LEN];
+	const uint8_t *name = h;
+
+	if (s->packs && pack_set_pack_of(s->packs, h, id))
+		name = id;
+	if (hset_find(seen, name, 0))
+		return 0;
+	if (!hset_find(seen, name, 1))
+		return -ENOMEM;
+	return lease_buf_add(b, name);
+}
+
+/* The lease's content (invariant 3): the owner's live tree, then this session's puts
+ * and the pack it is writing. Runs on the lease thread, or under s->mu in a commit's
+ * refresh; takes only lmu (and the pack set's lock), so a long commit never holds up
+ * the periodic refresh. Lists packs/ first: a pack a gc moved an object into is named,
+ * not the one it left (a refresh comes long before that new pack is out of grace). */
 static int store_lease_fill(void *arg, struct lease_buf *b)
 {
 	struct store *s = arg;
 	uint8_t (*h)[STORE_HASH_LEN] = NULL;
+	struct hset seen = { 0 };
 	size_t n = 0;
 	store_lease_fn src;
 	void *sarg;
 	int rc = 0;
 
+	if (s->packs)
+		pack_set_scan(s->packs);	/* a failure: names from the index as it is */
 	pthread_mutex_lock(&s->lmu);
 	src = s->lease_src;
 	sarg = s->lease_arg;
@@ -476,15 +499,16 @@ static int store_lease_fill(void *arg, struct lease_buf *b)
 	if (src && (rc = src(sarg, &h, &n)))
 		return rc;
 	for (size_t i = 0; i < n && !rc; i++)
-		rc = lease_buf_add(b, h[i]);
+		rc = lease_name(s, &seen, b, h[i]);
 	free(h);
 	pthread_mutex_lock(&s->lmu);
 	for (size_t i = 0; i < s->lease_put.cap && !rc; i++)
 		if (s->lease_put.vals[i])
-			rc = lease_buf_add(b, s->lease_put.keys[i]);
+			rc = lease_name(s, &seen, b, s->lease_put.keys[i]);
 	if (!rc && s->pw_named)
 		rc = lease_buf_add(b, s->pw_id);
 	pthread_mutex_unlock(&s->lmu);
+	hset_free(&seen);
 	return rc;
 }
 
@@ -687,6 +711,9 @@ static void session_end(struct store *s)
 {
 	pthread_mutex_lock(&s->pmu);
 	pack_writer_abort(s->packs, &s->pw);
+	pthread_mutex_lock(&s->lmu);
+	s->pw_named = 0;
+	pthread_mutex_unlock(&s->lmu);
 	pthread_mutex_unlock(&s->pmu);
 	hset_free(&s->put);
 	memset(&s->put, 0, sizeof(s->put));
@@ -935,6 +962,9 @@ static int sync_objects_locked(struct store *s)
 	/* The session's open pack: index, fsync, rename, fsync packs/ (pack.h). */
 	pthread_mutex_lock(&s->pmu);
 	rc = pack_writer_finish(s->packs, &s->pw);
+	pthread_mutex_lock(&s->lmu);
+	s->pw_named = 0;	/* no pack in flight: the lease stops naming one */
+	pthread_mutex_unlock(&s->lmu);
 	pthread_mutex_unlock(&s->pmu);
 	if (rc == -EIO)
 		s->broken = -EIO;	/* invariant 6: packs/ may have lost a name */
@@ -1010,6 +1040,7 @@ static int commit_hook(struct store *s, int step)
 static int commit_lease(struct store *s, const struct mf_manifest *m)
 {
 	struct lease_buf b = { 0 };
+	struct hset seen = { 0 };
 	int rc = 0;
 
 	if (!s->lease)
@@ -1017,10 +1048,11 @@ static int commit_lease(struct store *s, const struct mf_manifest *m)
 	for (size_t i = 0; i < m->nentries && !rc; i++)
 		for (uint64_t k = 0; k < m->entries[i].nblocks && !rc; k++)
 			if (!(m->entries[i].blocks[k].flags & MF_BLOCK_HOLE))
-				rc = lease_buf_add(&b, m->entries[i].blocks[k].hash);
+				rc = lease_name(s, &seen, &b, m->entries[i].blocks[k].hash);
 	if (!rc)
 		rc = lease_keeper_refresh(s->lease, &b, NULL);
 	lease_buf_free(&b);
+	hset_free(&seen);
 	return rc;
 }
 

@@ -124,6 +124,23 @@ static void flip(const char *path, off_t off)
 	close(fd);
 }
 
+/* A lease source: the 40 objects of test_write_read. */
+static int src_40(void *arg, uint8_t (**out)[16], size_t *n)
+{
+	static char buf[BS];
+	const unsigned *seeds = arg;
+
+	*out = malloc(40 * 16);
+	if (!*out)
+		return -ENOMEM;
+	for (int i = 0; i < 40; i++) {
+		fill(buf, BS, seeds[i]);
+		hash_of(buf, BS, (*out)[i]);
+	}
+	*n = 40;
+	return 0;
+}
+
 /* One session, many objects: one pack, every object readable and verified. */
 static void test_write_read(const char *dir)
 {
@@ -155,6 +172,38 @@ static void test_write_read(const char *dir)
 		EXPECT(!memcmp(one, back, len));
 	}
 	store_close(s);
+	/* A lease names packs, not objects: a reader whose tree holds all 40 objects of
+	 * one pack writes one line for them. */
+	{
+		struct store *r;
+		char lp[512], line[128];
+		struct dirent *d;
+		DIR *dd;
+		FILE *f;
+		int lines = 0;
+
+		EXPECT_EQ(store_open(dir, 0, &r), 0);
+		store_set_lease_source(r, src_40, seeds);
+		EXPECT_EQ(store_lease_refresh(r), 0);
+		path_of(lp, sizeof(lp), dir, "leases");
+		dd = opendir(lp);
+		while (dd && (d = readdir(dd))) {
+			char fp[800];
+
+			if (d->d_name[0] == '.')
+				continue;
+			snprintf(fp, sizeof(fp), "%s/%s", lp, d->d_name);
+			f = fopen(fp, "r");
+			while (f && fgets(line, sizeof(line), f))
+				lines++;
+			if (f)
+				fclose(f);
+		}
+		if (dd)
+			closedir(dd);
+		EXPECT_EQ(lines, 3);	/* "mlfs-lease 1", one pack id, "end ..." */
+		store_close(r);
+	}
 	/* A fresh handle learns the pack from its index. */
 	EXPECT_EQ(store_open(dir, STORE_RDONLY, &s), 0);
 	for (int i = 0; i < 40; i++)
