@@ -1184,7 +1184,7 @@ out:
 	return rc;
 }
 
-/* ---- groups: snaps/NAME/part-K-of-N and snaps/NAME/group (invariant 8) ---- */
+/* ---- groups: snaps/NAME/part-K-of-N and snaps/NAME/group (invariant 9) ---- */
 
 #define GROUP_FILE "group"
 #define GROUP_MAGIC "mlfs-group\nversion 1\n"
