@@ -3,7 +3,7 @@
 ext4 and on a GlusterFS volume (replica 3 with an arbiter, bricks on this machine).
 
     bench/multiworker.py [--quick] [--rounds N] [--targets ext4,gluster] [--out FILE]
-                         [--store-bench]
+                         [--store-bench [TARGETS]]
 
 Per target (the store and SOURCE on /var/tmp's ext4, or on a GlusterFS volume made and
 removed by tests/integration/gluster_util.py), rounds interleaved:
@@ -20,9 +20,9 @@ removed by tests/integration/gluster_util.py), rounds interleaved:
           peer, a `find STORE -type f` of the same store (the walk that any gc needs).
 
 OBJECTS is 10,000 (--quick: 2,000), MB 64 (--quick: 16). The table (medians) goes to
-bench/results/multiworker.md and .json (--quick: multiworker-quick.*). --store-bench also
-runs bench/store_bench.py (persist and restore against dd) with its TARGET on each
-target, its tables copied to bench/results/store-bench-{ext4,gluster}[-quick].*. Needs root (FUSE, glusterd). Every mount and the volume are undone on every
+bench/results/multiworker.md and .json (--quick: multiworker-quick.*). --store-bench
+[TARGETS] (e.g. gluster; alone: both) also runs bench/store_bench.py --tag TARGET (persist and restore
+against dd) with its TARGET directory on those targets: results/store-bench-TARGET.*. Needs root (FUSE, glusterd). Every mount and the volume are undone on every
 exit path.
 """
 import argparse
@@ -173,25 +173,15 @@ def one_target(name, base, a, rounds):
 
 
 def store_bench(name, base, a):
-    """bench/store_bench.py (persist and restore against dd and a sequential read) with
-    its TARGET on this target; its table is copied to results/store-bench-NAME.*."""
+    """bench/store_bench.py (persist and restore against dd and a cold sequential read)
+    with its TARGET on this target: results/store-bench-NAME[-quick].*."""
     sb = os.path.join(HERE, "store_bench.py")
-    if not os.path.exists(sb):
-        log("bench/store_bench.py is not in this tree: --store-bench skipped")
-        return None
     target = os.path.join(base, "store-bench")
     os.makedirs(target, exist_ok=True)
-    outdir = tempfile.mkdtemp(prefix="store-bench-out-", dir=WORK)
-    argv = [sys.executable, sb, target, "--out-dir", outdir] + (["--quick"] if a.quick else [])
+    argv = [sys.executable, sb, "--tag", name, "--out-dir",
+            os.path.dirname(os.path.abspath(a.out)), target] + (["--quick"] if a.quick else [])
     log(f"{name}: {' '.join(argv)}")
-    r = subprocess.run(argv, stdin=subprocess.DEVNULL)
-    dest = os.path.dirname(os.path.abspath(a.out))
-    for f in os.listdir(outdir):
-        stem, ext = os.path.splitext(f)
-        shutil.copy(os.path.join(outdir, f),
-                    os.path.join(dest, stem.replace("store-bench", f"store-bench-{name}", 1)
-                                 + ext))
-    return r.returncode
+    return subprocess.run(argv, stdin=subprocess.DEVNULL).returncode
 
 
 def main():
@@ -202,7 +192,9 @@ def main():
     ap.add_argument("--objects", type=int)
     ap.add_argument("--mb", type=int)
     ap.add_argument("--out")
-    ap.add_argument("--store-bench", action="store_true")
+    ap.add_argument("--store-bench", nargs="?", const="ext4,gluster", default="",
+                    metavar="TARGETS", help="also run bench/store_bench.py on these targets "
+                    "(default with the flag alone: ext4,gluster)")
     a = ap.parse_args()
     a.rounds = a.rounds or (3 if a.quick else 5)
     a.objects = a.objects or (2000 if a.quick else 10000)
@@ -241,7 +233,7 @@ def main():
                 sys.exit(f"multiworker: unknown target {target} (ext4, gluster)")
             try:
                 results[target] = one_target(target, base, a, a.rounds)
-                if a.store_bench:
+                if target in a.store_bench.split(","):
                     results[target]["store_bench_rc"] = store_bench(target, base, a)
             finally:
                 shutil.rmtree(base, ignore_errors=True)
