@@ -17,7 +17,22 @@
  *    the swap races with us. A symlink inside SOURCE is still shown as a symlink (its
  *    target is the caller's kernel's to resolve, as on any filesystem).
  *    Cost: a node below the top level pays one openat2 of its parent directory per
- *    stat/readlink/xattr (the node table holds no fds, data.h), ~1-2 us.
+ *    stat/readlink/xattr/open (the node table holds no fds, data.h), ~1-2 us.
+ * 4. An OPEN costs no open of SOURCE: data_open stats the file (invariant 3's parent
+ *    fd and one fstatat), compares the fid and answers; the SOURCE fd is opened by
+ *    the first READ of the handle that misses the kernel's page cache (data_file_fd),
+ *    which on a warm epoch is none, so RELEASE has nothing to close either. If that
+ *    fd turns out to be another file than the one the OPEN saw (changed between the
+ *    two), the node's fid is poisoned (DATA_FID_POISON): the kernel may now hold pages
+ *    of both, and the next OPEN then finds a change and drops them (invariant 2).
+ *    Measured in docs/performance.md ("Where the time goes on a warm epoch").
+ * 5. Pages are dropped by the opener's own kernel after our reply (open without
+ *    keep_cache), so a second opener told "unchanged" could read the old pages before
+ *    the first one's drop ran. Every open within DATA_SETTLE_NS of a detected change
+ *    is therefore answered without keep_cache too (each such reader drops the pages
+ *    itself before its read). Likewise a READ served from a handle whose file is no
+ *    longer the node's current one (opened before a change) poisons the node's fid,
+ *    since the kernel caches what it reads under the node's pages.
  */
 #include "fs/data.h"
 
@@ -44,17 +59,25 @@ struct data_node {
 	struct data_node *parent; /* NULL for the root */
 	struct data_node *hnext;
 	struct bc_fid fid;	  /* invariant 2 */
+	uint64_t changed_ns;	  /* when an open last found fid changed (invariant 5) */
 	uint64_t nlookup;
 	uint32_t nchild;
 	uint16_t namelen;
 	char name[];
 };
 
+/* An open file. data_open only stats SOURCE (invariant 4); fd is opened by the first
+ * read that needs SOURCE, under mu, and published with a release store so that a
+ * reader who sees fd >= 0 also sees the fid and size that go with it. */
 struct data_file {
-	int fd;
-	struct bc_fid fid;
+	_Atomic int fd;		/* -1 until a read needed SOURCE */
+	struct bc_fid fid;	/* as of open, or of the fd once opened */
 	uint64_t size;
 	struct data_node *n;
+	/* Held only to open fd (one openat2 and one fstat of SOURCE): only reads of this
+	 * handle wait on it, and they need the fd. A leaf: nothing is taken under it but
+	 * ns->mu and the cache's shard mutexes (bc_drop_fid). */
+	pthread_mutex_t mu;
 	struct data_file *prev, *next; /* ns->files, under ns->mu (data_open's only) */
 };
 
@@ -137,6 +160,15 @@ static struct bc_fid data_fid_of(const struct stat *st)
 	XXH128_hash_t h = XXH3_128bits(key, sizeof(key));
 
 	return (struct bc_fid){ .hi = h.high64, .lo = h.low64 };
+}
+
+/* No source file hashes to this (an XXH3-128 of zero): a node whose kernel pages may
+ * mix two versions of its file (invariant 4) holds it, so that its next open differs. */
+static const struct bc_fid DATA_FID_POISON = { 0, 0 };
+
+static int data_fid_eq(const struct bc_fid *a, const struct bc_fid *b)
+{
+	return a->hi == b->hi && a->lo == b->lo;
 }
 
 int data_ns_new(struct mlfs *m, const char *source, struct data_ns **out)
@@ -416,6 +448,7 @@ static struct data_node *data_node_get(struct data_ns *ns, struct data_node *par
 		n->hdr.st_ino = atomic_fetch_add(&data_next_ino, 1);
 		n->parent = parent;
 		n->fid = data_fid_of(st);
+		n->changed_ns = 0;
 		n->nlookup = 0;
 		n->nchild = 0;
 		n->namelen = (uint16_t)len;
@@ -583,63 +616,166 @@ int data_listxattr(struct data_ns *ns, struct data_node *n, char *buf, size_t si
 	return (int)data_xattr(ns, n, NULL, buf, size);
 }
 
-/* Opens n's source file into f and revalidates it (invariant 2): a changed file gets
- * a new id and its old blocks are dropped. *changed tells the caller whether the
- * kernel's cached pages may be stale. */
-static int data_file_init(struct data_ns *ns, struct data_node *n, struct data_file *f,
-			  int *changed)
+/* How long after a detected change every open of the file still drops the kernel's
+ * pages (invariant 5): far longer than an opener's kernel takes from our reply to its
+ * page drop, and free on an unchanged dataset. */
+#define DATA_SETTLE_NS (10ull * 1000000000ull)
+
+/* Records fid as n's current id (invariant 2): when it differs from the one n held,
+ * the old id's blocks are dropped. Returns whether the kernel's cached pages of n may
+ * be stale: it differed, or did within DATA_SETTLE_NS (invariant 5). */
+static int data_node_revalidate(struct data_ns *ns, struct data_node *n,
+				const struct bc_fid *fid)
+{
+	uint64_t now = mlfs_now_ns();
+	struct bc_fid old;
+	int settling;
+
+	pthread_mutex_lock(&ns->mu);
+	old = n->fid;
+	n->fid = *fid;
+	if (!data_fid_eq(&old, fid))
+		n->changed_ns = now;
+	settling = n->changed_ns && now - n->changed_ns < DATA_SETTLE_NS;
+	pthread_mutex_unlock(&ns->mu);
+	if (data_fid_eq(&old, fid))
+		return settling;
+	log_debug("data: %s changed underneath, dropping its cached blocks", n->name);
+	bc_drop_fid(ns->m->bc, &old);
+	return 1;
+}
+
+/* Makes n's next open find a change (invariant 4, 5): the kernel may hold pages of a
+ * version other than the current one. Drops no block. */
+static void data_node_poison(struct data_ns *ns, struct data_node *n)
+{
+	pthread_mutex_lock(&ns->mu);
+	n->fid = DATA_FID_POISON;
+	pthread_mutex_unlock(&ns->mu);
+}
+
+/* Whether f still reads n's current file: a handle opened before a change may read
+ * the old version, which the kernel then caches as n's pages (invariant 5). */
+static void data_file_check_current(struct data_ns *ns, struct data_file *f)
+{
+	int current;
+
+	pthread_mutex_lock(&ns->mu);
+	current = data_fid_eq(&f->n->fid, &f->fid);
+	pthread_mutex_unlock(&ns->mu);
+	if (!current)
+		data_node_poison(ns, f->n);
+}
+
+/* Opens n's source file (invariant 3) and fstats it: fd or -errno. */
+static int data_open_source(struct data_ns *ns, struct data_node *n, struct stat *st)
 {
 	char path[PATH_MAX];
-	struct bc_fid old;
-	struct stat st;
-	int rc;
+	int fd, rc;
 
 	if ((rc = data_path(n, path, sizeof(path))))
 		return rc;
-	f->fd = data_open_beneath(ns, path, O_RDONLY);
-	if (f->fd < 0)
-		return f->fd;
-	if (fstat(f->fd, &st) < 0) {
+	fd = data_open_beneath(ns, path, O_RDONLY);
+	if (fd < 0)
+		return fd;
+	if (fstat(fd, st) < 0) {
 		rc = -errno;
-		close(f->fd);
+		close(fd);
 		return rc;
 	}
 	/* The source is read in whole blocks in our own order: the kernel's readahead on
 	 * it would only read what we already asked for. */
-	posix_fadvise(f->fd, 0, 0, POSIX_FADV_RANDOM);
+	posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
+	return fd;
+}
+
+/* Opens n's source file into f and revalidates it (invariant 2): a changed file gets
+ * a new id and its old blocks are dropped. */
+static int data_file_init(struct data_ns *ns, struct data_node *n, struct data_file *f)
+{
+	struct stat st;
+	int fd = data_open_source(ns, n, &st);
+
+	if (fd < 0)
+		return fd;
 	f->fid = data_fid_of(&st);
 	f->size = st.st_size;
 	f->n = n;
-	pthread_mutex_lock(&ns->mu);
-	old = n->fid;
-	n->fid = f->fid;
-	pthread_mutex_unlock(&ns->mu);
-	*changed = old.hi != f->fid.hi || old.lo != f->fid.lo;
-	if (*changed) {
-		log_debug("data: %s changed underneath, dropping its cached blocks", path);
-		bc_drop_fid(ns->m->bc, &old);
-	}
+	atomic_store(&f->fd, fd);
+	data_node_revalidate(ns, n, &f->fid);
 	return 0;
+}
+
+/* The SOURCE fd of f, opened by the first caller (invariant 4): fd or -errno. */
+static int data_file_fd(struct data_ns *ns, struct data_file *f)
+{
+	struct bc_fid fid;
+	struct stat st;
+	int fd = atomic_load_explicit(&f->fd, memory_order_acquire);
+
+	if (fd >= 0)
+		return fd;
+	pthread_mutex_lock(&f->mu);
+	fd = atomic_load_explicit(&f->fd, memory_order_relaxed);
+	if (fd >= 0)
+		goto out;
+	fd = data_open_source(ns, f->n, &st);
+	if (fd < 0)
+		goto out;
+	fid = data_fid_of(&st);
+	if (!data_fid_eq(&fid, &f->fid)) {
+		/* Changed since the OPEN that let the kernel keep its pages: serve the file
+		 * as it is now (as an fd opened at OPEN would for a rewrite in place), and
+		 * make the next OPEN drop whatever the kernel mixed in the meantime. */
+		data_node_poison(ns, f->n);
+		bc_drop_fid(ns->m->bc, &f->fid);
+		f->fid = fid;
+		f->size = st.st_size;
+	}
+	atomic_store_explicit(&f->fd, fd, memory_order_release);
+out:
+	pthread_mutex_unlock(&f->mu);
+	return fd;
 }
 
 int data_open(struct data_ns *ns, struct data_node *n, struct fuse_file_info *fi,
 	      struct data_file **out)
 {
-	struct data_file *f = calloc(1, sizeof(*f));
-	int changed, rc;
+	struct data_file *f;
+	struct stat st;
+	int changed, dfd, rc = 0;
 
+	/* Invariant 4: a stat, not an open. The parent is opened beneath SOURCE and the
+	 * last name is not followed (invariant 3). */
+	if (!n->parent)
+		return -EISDIR;
+	dfd = data_parent_fd(ns, n);
+	if (dfd < 0)
+		return dfd;
+	if (fstatat(dfd, n->name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		rc = -errno;
+	data_put_fd(ns, dfd);
+	if (rc)
+		return rc;
+	if (S_ISLNK(st.st_mode))
+		return -ELOOP; /* replaced by a symlink since the kernel looked it up */
+	if (S_ISDIR(st.st_mode))
+		return -EISDIR;
+	f = calloc(1, sizeof(*f));
 	if (!f)
 		return -ENOMEM;
-	if ((rc = data_file_init(ns, n, f, &changed))) {
-		free(f);
-		return rc;
-	}
+	f->fd = -1;
+	f->fid = data_fid_of(&st);
+	f->size = st.st_size;
+	f->n = n;
+	pthread_mutex_init(&f->mu, NULL);
+	changed = data_node_revalidate(ns, n, &f->fid);
 	/*
 	 * keep_cache: the kernel page cache keeps this file's pages across opens, so a warm
 	 * epoch is served at page-cache speed without a request reaching us. It is safe
 	 * because the dataset only changes by whole-file replacement or rewrite, which
-	 * changes size or mtime: then the fid changes, the pages are invalidated by opening
-	 * without keep_cache, and the old blocks are dropped (invariant 2).
+	 * changes size, mtime or ctime: then the fid changes, the pages are invalidated by
+	 * opening without keep_cache, and the old blocks are dropped (invariant 2).
 	 */
 	fi->keep_cache = !changed;
 	pthread_mutex_lock(&ns->mu);
@@ -652,10 +788,10 @@ int data_open(struct data_ns *ns, struct data_node *n, struct fuse_file_info *fi
 int data_read_unopened(struct data_ns *ns, struct data_node *n, size_t size, off_t off,
 		       struct mlfs_seg *segs)
 {
-	struct data_file f = { 0 };
-	int changed, rc;
+	struct data_file f = { .fd = -1 };
+	int rc;
 
-	if ((rc = data_file_init(ns, n, &f, &changed)))
+	if ((rc = data_file_init(ns, n, &f)))
 		return rc;
 	rc = data_read(ns, &f, size, off, segs);
 	close(f.fd);
@@ -667,7 +803,9 @@ void data_release(struct data_ns *ns, struct data_file *f)
 	pthread_mutex_lock(&ns->mu);
 	DATA_UNLINK(&ns->files, f);
 	pthread_mutex_unlock(&ns->mu);
-	close(f->fd);
+	if (f->fd >= 0)
+		close(f->fd);
+	pthread_mutex_destroy(&f->mu);
 	free(f);
 }
 
@@ -802,6 +940,8 @@ int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
 	uint64_t end;
 	int n = 0, rc;
 
+	if ((rc = data_file_fd(ns, f)) < 0)
+		return rc;
 	if ((uint64_t)off >= f->size)
 		return 0;
 	end = f->size - off < size ? f->size : off + size;
@@ -836,6 +976,7 @@ int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
 		segs[n++] = (struct mlfs_seg){ .b = b, .off = boff, .len = len };
 		off += len;
 	}
+	data_file_check_current(ns, f);
 	return n;
 
 fail:

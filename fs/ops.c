@@ -359,6 +359,13 @@ static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 		if ((rc = data_open(m->data, (struct data_node *)n, fi, &f)))
 			return reply_rc(req, rc);
 		fi->fh = (uint64_t)f;
+		/* Changed underneath: no keep_cache drops the kernel's pages, but its
+		 * attributes (data_timeout) still hold the old size, which would cut a read
+		 * or an mmap of a grown file short (or SIGBUS one that shrank). Invalidate
+		 * them first: attributes only (offset -1), which locks no page, so it is
+		 * safe from a worker even with threads=1. */
+		if (!fi->keep_cache && m->se)
+			fuse_lowlevel_notify_inval_inode(m->se, ino, -1, 0);
 	} else if (n->kind == MLFS_CKPT) {
 		if ((rc = ckpt_open(m->ckpt, (struct ckpt_inode *)n, fi->flags)))
 			return reply_rc(req, rc);
