@@ -9,7 +9,8 @@ mlfs in the default mode the OPEN and RELEASE requests, where SOURCE is revalida
 
 Targets, each mounted fresh over the same SOURCE and unmounted on every exit path:
   native     the files of SOURCE read directly
-  mlfs       bin/mlfs, default mode
+  mlfs       bin/mlfs, default mode (every open revalidates: OPEN + RELEASE requests)
+  mlfs-watch bin/mlfs -o watch (no OPEN/RELEASE; inotify pushes SOURCE changes)
   mlfs-imm   bin/mlfs -o immutable (no OPEN/RELEASE: the user's promise)
   mergerfs   cache.files=auto-full etc. (the options of bench/run.sh)
   bindfs     auto_cache, --multithreaded (the options of bench/run.sh)
@@ -201,7 +202,7 @@ def main():
     ap.add_argument("--work", default=os.path.join(HERE, "work", "epoch"))
     ap.add_argument("--out")
     ap.add_argument("--mlfs", default=os.path.join(TOP, "bin", "mlfs"))
-    ap.add_argument("--targets", default="native,mlfs,mlfs-imm,mergerfs,bindfs")
+    ap.add_argument("--targets", default="native,mlfs,mlfs-watch,mlfs-imm,mergerfs,bindfs")
     ap.add_argument("--variant", action="append", default=[],
                     help="NAME=OPTS (extra -o options for bin/mlfs) or NAME=@BINARY")
     a = ap.parse_args()
@@ -230,7 +231,8 @@ def main():
             shutil.copy2(os.path.join(os.path.dirname(binary), b), os.path.join(d, b))
         return os.path.join(d, "mlfs")
 
-    variants = {"mlfs": (a.mlfs, ""), "mlfs-imm": (a.mlfs, "immutable")}
+    variants = {"mlfs": (a.mlfs, ""), "mlfs-watch": (a.mlfs, "watch"),
+                "mlfs-imm": (a.mlfs, "immutable")}
     names = [t for t in a.targets.split(",") if t]
     for v in a.variant:
         name, _, spec = v.partition("=")

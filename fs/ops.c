@@ -46,6 +46,13 @@ static struct mlfs_node *node_of(fuse_ino_t ino)
 	return n;
 }
 
+/* -o immutable, or -o watch where it took (data.h): the first OPEN answers ENOSYS and
+ * the kernel sends no OPEN or RELEASE again on this mount (FUSE no_open). */
+static int mlfs_no_open(struct mlfs *m)
+{
+	return m->cfg.immutable || data_watching(m->data);
+}
+
 static void reply_rc(fuse_req_t req, int rc)
 {
 	fuse_reply_err(req, rc < 0 ? -rc : 0);
@@ -82,7 +89,7 @@ static void mlfs_op_init(void *userdata, struct fuse_conn_info *conn)
 	conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
 	/* Without OPEN requests (-o immutable) O_TRUNC must come as a setattr: with
 	 * atomic O_TRUNC the kernel would leave it to an OPEN that never comes. */
-	if (m->cfg.immutable)
+	if (mlfs_no_open(m))
 		conn->want &= ~FUSE_CAP_ATOMIC_O_TRUNC;
 	if (conn->capable & FUSE_CAP_SPLICE_MOVE)
 		conn->want &= ~FUSE_CAP_SPLICE_MOVE;
@@ -348,10 +355,12 @@ static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 	struct data_file *f;
 	int rc;
 
-	/* -o immutable: the first open answers ENOSYS and the kernel sends no OPEN or
-	 * RELEASE again on this mount (FUSE no_open), with keep_cache for every file: a
-	 * round trip less per opened sample. Reads then come without a handle (below). */
-	if (m->cfg.immutable)
+	/* -o immutable or -o watch: the first open answers ENOSYS and the kernel sends no
+	 * OPEN or RELEASE again on this mount (FUSE no_open), with keep_cache for every
+	 * file: a round trip less per opened sample. Reads then come without a handle
+	 * (below); with watch, changes of SOURCE drop the kernel's pages (data.c
+	 * invariant 6). */
+	if (mlfs_no_open(m))
 		return reply_rc(req, -ENOSYS);
 	if (n->kind == MLFS_DATA) {
 		if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC))
@@ -400,11 +409,11 @@ static void mlfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, 
 	/* -o immutable: once an OPEN was answered ENOSYS the kernel sends no RELEASE, not
 	 * even for created files, so no open is counted there (nor released, below): the
 	 * lookup count alone keeps an unlinked file alive while it is open. */
-	if (!m->cfg.immutable)
+	if (!mlfs_no_open(m))
 		ckpt_open(m->ckpt, (struct ckpt_inode *)e.ino, fi->flags);
 	fi->keep_cache = 1;
 	if (fuse_reply_create(req, &e, fi) == -ENOENT) {
-		if (!m->cfg.immutable)
+		if (!mlfs_no_open(m))
 			ckpt_release(m->ckpt, (struct ckpt_inode *)e.ino, fi->flags);
 		ckpt_forget(m->ckpt, (struct ckpt_inode *)e.ino, 1);
 	}
@@ -417,7 +426,7 @@ static void mlfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_inf
 
 	if (n->kind == MLFS_DATA && fi->fh)
 		data_release(m->data, (struct data_file *)fi->fh);
-	else if (n->kind == MLFS_CKPT && !m->cfg.immutable) /* see mlfs_op_create */
+	else if (n->kind == MLFS_CKPT && !mlfs_no_open(m)) /* see mlfs_op_create */
 		ckpt_release(m->ckpt, (struct ckpt_inode *)n, fi->flags);
 	fuse_reply_err(req, 0);
 }
