@@ -148,6 +148,7 @@ struct data_ns {
 	struct data_node **wnodes;
 	size_t nwnodes;
 	_Atomic uint64_t wevents;
+	_Atomic int wfailed; /* a directory could not be watched (logged once) */
 };
 
 /* Links h (a data_file or data_dir) at the head of *head; caller holds ns->mu. */
@@ -277,10 +278,13 @@ static void data_watch_dir(struct data_ns *ns, int dfd, struct data_node *n)
 	rc = fd < 0 ? -errno : data_watch_add(ns, n, fd);
 	if (fd >= 0)
 		close(fd);
-	if (rc)
+	/* Logged once: past inotify's limit every new directory would say the same. */
+	if (rc && !atomic_exchange(&ns->wfailed, 1))
 		log_warn("data: cannot watch %s in SOURCE (%s): a change of a file in it is "
-			 "not pushed to the kernel, as with -o immutable", n->name,
-			 rc == -EREMOTE ? "not a local filesystem" : strerror(-rc));
+			 "not pushed to the kernel, as with -o immutable (nor in any other "
+			 "directory that cannot be watched; not logged again)", n->name,
+			 rc == -EREMOTE ? "not a local filesystem" :
+			 rc == -ENOSPC ? "fs.inotify.max_user_watches reached" : strerror(-rc));
 }
 
 /* Sets up -o watch, or logs why not and leaves ns->ifd at -1 (per-open checks). */

@@ -107,3 +107,32 @@ def test_watch_falls_back_where_source_is_not_local(mount_mlfs, monkeypatch):
     assert "every open revalidates SOURCE instead" in m.stderr()
     new = CHANGES[1](path, old)  # same size, same mtime: only ctime tells
     U.assert_bytes(_read(view), new, "the next open after the change")
+
+
+def test_watch_directory_on_another_filesystem_is_logged(mounter):
+    """A directory of SOURCE where another filesystem is mounted (here a FUSE one,
+    where a writer elsewhere raises no event) is not watched: one log line says so,
+    and its files still read right."""
+    import shutil
+    import subprocess
+    if not shutil.which("bindfs"):
+        pytest.skip("bindfs not installed")
+    m = mounter.foreground(opts="watch")
+    other = mounter.tempdir("other-")
+    with open(os.path.join(other, "x"), "wb") as f:
+        f.write(b"elsewhere")
+    sub = os.path.join(m.src, "sub")
+    os.mkdir(sub)
+    subprocess.run(["bindfs", "-r", "--no-allow-other", other, sub], check=True,
+                   capture_output=True, timeout=60)
+    try:
+        assert _read(os.path.join(m.data, "sub", "x")) == b"elsewhere"
+        assert "cannot watch sub in SOURCE (not a local filesystem)" in m.stderr()
+        assert m.proc.poll() is None
+    finally:
+        for _ in range(50):
+            if subprocess.run(["fusermount3", "-u", sub], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        else:
+            subprocess.run(["fusermount3", "-uz", sub], capture_output=True)
