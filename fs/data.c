@@ -326,6 +326,11 @@ int data_watching(struct data_ns *ns)
 	return ns->ifd >= 0;
 }
 
+uint64_t data_watch_events(struct data_ns *ns)
+{
+	return atomic_load(&ns->wevents);
+}
+
 int data_ns_new(struct mlfs *m, const char *source, struct data_ns **out)
 {
 	struct data_ns *ns = calloc(1, sizeof(*ns));

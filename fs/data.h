@@ -48,6 +48,8 @@ uint64_t data_nodes(struct data_ns *ns);
  * data.c invariant 6 and mlfs(8).
  */
 int data_watching(struct data_ns *ns);
+/* inotify events that reached a node the kernel holds (counted once applied). */
+uint64_t data_watch_events(struct data_ns *ns);
 /* Starts the watch thread (no-op when not watching); after daemonizing. */
 int data_watch_start(struct data_ns *ns, struct fuse_session *se);
 /* Stops it; before the session is destroyed. Idempotent. */

@@ -60,8 +60,10 @@ def test_watch_change_reaches_cached_pages(mount_mlfs, change):
     m = mount_mlfs(opts="watch")
     path, view, old = _cached_file(m)
     assert _no_open(view)
+    assert m.stat()["data_watch"] == 1
     new = change(path, old)
     _until(lambda: _read(view), new, f"read after {change.__name__}")
+    assert m.stat()["watch_events"] > 0
 
 
 @pytest.mark.parametrize("change", CHANGES, ids=CHANGE_IDS)
@@ -105,6 +107,7 @@ def test_watch_falls_back_where_source_is_not_local(mount_mlfs, monkeypatch):
     path, view, old = _cached_file(m)
     assert not _no_open(view)
     assert "every open revalidates SOURCE instead" in m.stderr()
+    assert m.stat()["data_watch"] == 0
     new = CHANGES[1](path, old)  # same size, same mtime: only ctime tells
     U.assert_bytes(_read(view), new, "the next open after the change")
 
