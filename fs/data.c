@@ -272,7 +272,12 @@ static void data_watch_dir(struct data_ns *ns, int dfd, struct data_node *n)
 {
 	int fd, rc;
 
-	if (ns->ifd < 0 || n->wd)
+	if (ns->ifd < 0)
+		return;
+	pthread_mutex_lock(&ns->mu);
+	rc = n->wd;
+	pthread_mutex_unlock(&ns->mu);
+	if (rc)
 		return;
 	fd = openat(dfd, n->name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	rc = fd < 0 ? -errno : data_watch_add(ns, n, fd);
@@ -678,6 +683,8 @@ int data_lookup(struct data_ns *ns, struct data_node *parent, const char *name,
 	return rc;
 }
 
+static void data_unwatch_locked(struct data_ns *ns, struct data_node *n);
+
 static void data_unref_locked(struct data_ns *ns, struct data_node *n)
 {
 	while (n->parent && n->nlookup == 0 && n->nchild == 0) {
@@ -688,10 +695,7 @@ static void data_unref_locked(struct data_ns *ns, struct data_node *n)
 			;
 		*pp = n->hnext;
 		ns->nnodes--;
-		if (n->wd > 0) { /* invariant 6; a syscall that does no I/O */
-			ns->wnodes[n->wd] = NULL;
-			inotify_rm_watch(ns->ifd, n->wd);
-		}
+		data_unwatch_locked(ns, n); /* invariant 6; a syscall that does no I/O */
 		free(n);
 		parent->nchild--;
 		n = parent;
@@ -1266,6 +1270,18 @@ static struct data_node *data_child_locked(struct data_ns *ns, struct data_node 
 	return NULL;
 }
 
+/* Drops directory node n's watch; caller holds ns->mu. The next lookup of n watches
+ * whatever directory then has its name (a directory renamed away keeps its inode's
+ * watch otherwise, and the one put in its place would have none). */
+static void data_unwatch_locked(struct data_ns *ns, struct data_node *n)
+{
+	if (n->wd <= 0)
+		return;
+	ns->wnodes[n->wd] = NULL;
+	inotify_rm_watch(ns->ifd, n->wd);
+	n->wd = 0;
+}
+
 /* The FUSE ino of a data node: its address (mlfs.h), the data root's too. */
 static fuse_ino_t data_ino(struct data_node *n)
 {
@@ -1320,6 +1336,7 @@ static void data_watch_event(struct data_ns *ns, const struct inotify_event *ev)
 		dino = data_ino(d->parent);
 		cino = data_ino(d);
 		memcpy(name, d->name, d->namelen + 1);
+		data_unwatch_locked(ns, d);
 	} else {
 		if (!ev->len || strlen(ev->name) > NAME_MAX)
 			goto out_unlock;
@@ -1327,6 +1344,8 @@ static void data_watch_event(struct data_ns *ns, const struct inotify_event *ev)
 		dino = data_ino(d);
 		c = data_child_locked(ns, d, name);
 		cino = c ? data_ino(c) : 0;
+		if (c && (ev->mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO)))
+			data_unwatch_locked(ns, c);
 	}
 	pthread_mutex_unlock(&ns->mu);
 	atomic_fetch_add(&ns->wevents, 1);

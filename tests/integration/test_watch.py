@@ -139,3 +139,23 @@ def test_watch_directory_on_another_filesystem_is_logged(mounter):
             time.sleep(0.1)
         else:
             subprocess.run(["fusermount3", "-uz", sub], capture_output=True)
+
+
+def test_watch_directory_replaced_under_its_name(mount_mlfs):
+    """A watched directory renamed away and another put at its name: changes in the new
+    one are pushed too (the watch follows the name, not the old inode)."""
+    m = mount_mlfs(opts="watch")
+    d = os.path.join(m.src, "cls")
+    os.mkdir(d)
+    with open(os.path.join(d, "a"), "wb") as f:
+        f.write(b"first")
+    view = os.path.join(m.data, "cls", "a")
+    assert _read(view) == b"first" and _read(view) == b"first"
+    os.rename(d, os.path.join(m.src, "cls.old"))
+    os.mkdir(d)
+    with open(os.path.join(d, "a"), "wb") as f:
+        f.write(b"second")
+    _until(lambda: _read(view), b"second", "a file of the new directory")
+    with open(os.path.join(d, "a"), "r+b") as f:
+        f.write(b"THIRD!")
+    _until(lambda: _read(view), b"THIRD!", "rewritten in the new directory")
