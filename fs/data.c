@@ -45,7 +45,10 @@
  *    the old pages (the window is the watch thread's wake-up); a hard link changed
  *    through a name in another directory, and writes through a shared mapping until
  *    the writer closes, raise no event here; a lost-event overflow invalidates every
- *    node. A directory that cannot be watched (inotify's limit, a non-local
+ *    node. A directory whose name is made, removed or renamed over loses its watch
+ *    and everything below it is dropped from the kernel (data_watch_drop_below): its
+ *    node comes back under the same ino, and the kernel would keep walking its old
+ *    names below it. A directory that cannot be watched (inotify's limit, a non-local
  *    filesystem mounted inside SOURCE) is logged and served as with -o immutable.
  *    Events on nodes are sent without ns->mu held (the kernel may wait on a page a
  *    worker is filling); nodes freed meanwhile only cost an ENOENT from the kernel.
@@ -1313,9 +1316,62 @@ static void data_watch_overflow(struct data_ns *ns)
 	free(inos);
 }
 
+/* The name of directory node top now names another directory, or none: drop every
+ * node below it from the kernel (pages, attributes and name) and their watches, which
+ * watch the old inodes. The kernel would otherwise keep walking its cached names
+ * below top, since top's node, keyed by name, comes back under the same ino; a walk
+ * after this looks each of them up again, which watches the directories now there.
+ * Scans the whole node table (a directory replaced under a dataset is rare) and
+ * copies the names it invalidates. top is only compared: it may be freed by now. */
+static void data_watch_drop_below(struct data_ns *ns, struct data_node *top)
+{
+	struct drop { fuse_ino_t ino, pino; char *name; } *v = NULL;
+	size_t i, n = 0, cap = 0;
+
+	pthread_mutex_lock(&ns->mu);
+	for (i = 0; i < ns->nbuckets; i++) {
+		for (struct data_node *x = ns->buckets[i]; x; x = x->hnext) {
+			const struct data_node *a = x->parent;
+
+			while (a && a != top)
+				a = a->parent;
+			if (!a)
+				continue;
+			data_unwatch_locked(ns, x);
+			if (n == cap) {
+				struct drop *nv = realloc(v, (cap = cap ? 2 * cap : 64) * sizeof(*v));
+
+				if (!nv)
+					goto out_nomem;
+				v = nv;
+			}
+			v[n].ino = data_ino(x);
+			v[n].pino = data_ino(x->parent);
+			if (!(v[n].name = strdup(x->name)))
+				goto out_nomem;
+			n++;
+		}
+	}
+	pthread_mutex_unlock(&ns->mu);
+	for (i = 0; i < n; i++) {
+		fuse_lowlevel_notify_inval_inode(ns->se, v[i].ino, 0, 0);
+		fuse_lowlevel_notify_inval_entry(ns->se, v[i].pino, v[i].name, strlen(v[i].name));
+		free(v[i].name);
+	}
+	free(v);
+	return;
+out_nomem:
+	pthread_mutex_unlock(&ns->mu);
+	for (i = 0; i < n; i++)
+		free(v[i].name);
+	free(v);
+	log_err("data: no memory to invalidate the names below a replaced directory: the "
+		"kernel may serve old pages of files in the directory now at its name");
+}
+
 static void data_watch_event(struct data_ns *ns, const struct inotify_event *ev)
 {
-	struct data_node *d, *c;
+	struct data_node *d, *c, *below = NULL;
 	fuse_ino_t dino = 0, cino = 0;
 	char name[NAME_MAX + 1];
 
@@ -1337,6 +1393,8 @@ static void data_watch_event(struct data_ns *ns, const struct inotify_event *ev)
 		cino = data_ino(d);
 		memcpy(name, d->name, d->namelen + 1);
 		data_unwatch_locked(ns, d);
+		if (d->nchild)
+			below = d;
 	} else {
 		if (!ev->len || strlen(ev->name) > NAME_MAX)
 			goto out_unlock;
@@ -1344,10 +1402,16 @@ static void data_watch_event(struct data_ns *ns, const struct inotify_event *ev)
 		dino = data_ino(d);
 		c = data_child_locked(ns, d, name);
 		cino = c ? data_ino(c) : 0;
-		if (c && (ev->mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO)))
+		if (c && (ev->mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO))) {
 			data_unwatch_locked(ns, c);
+			if (c->nchild)
+				below = c;
+		}
 	}
+	/* A node with children is pinned by them (invariant 1): still there below. */
 	pthread_mutex_unlock(&ns->mu);
+	if (below)
+		data_watch_drop_below(ns, below);
 	atomic_fetch_add(&ns->wevents, 1);
 	if (cino)
 		fuse_lowlevel_notify_inval_inode(ns->se, cino, 0, 0);
