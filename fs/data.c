@@ -25,6 +25,8 @@
  *    fd turns out to be another file than the one the OPEN saw (changed between the
  *    two), the node's fid is poisoned (DATA_FID_POISON): the kernel may now hold pages
  *    of both, and the next OPEN then finds a change and drops them (invariant 2).
+ *    The price: a file removed from SOURCE between an OPEN and the first READ that
+ *    misses fails that READ (ENOENT), where an fd taken at OPEN read the old file.
  *    Measured in docs/performance.md ("Where the time goes on a warm epoch").
  * 5. Pages are dropped by the opener's own kernel after our reply (open without
  *    keep_cache), so a second opener told "unchanged" could read the old pages before
