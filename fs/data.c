@@ -18,16 +18,10 @@
  *    target is the caller's kernel's to resolve, as on any filesystem).
  *    Cost: a node below the top level pays one openat2 of its parent directory per
  *    stat/readlink/xattr/open (the node table holds no fds, data.h), ~1-2 us.
- * 4. An OPEN costs no open of SOURCE: data_open stats the file (invariant 3's parent
- *    fd and one fstatat), compares the fid and answers; the SOURCE fd is opened by
- *    the first READ of the handle that misses the kernel's page cache (data_file_fd),
- *    which on a warm epoch is none, so RELEASE has nothing to close either. If that
- *    fd turns out to be another file than the one the OPEN saw (changed between the
- *    two), the node's fid is poisoned (DATA_FID_POISON): the kernel may now hold pages
- *    of both, and the next OPEN then finds a change and drops them (invariant 2).
- *    The price: a file removed from SOURCE between an OPEN and the first READ that
- *    misses fails that READ (ENOENT), where an fd taken at OPEN read the old file.
- *    Measured in docs/performance.md ("Where the time goes on a warm epoch").
+ * 4. An OPEN opens the SOURCE file (data_file_init) and RELEASE closes it, as a
+ *    native reader's open would: a stat-only OPEN with the fd deferred to the first
+ *    READ that misses bought nothing measurable (the cost of an OPEN is the request,
+ *    docs/performance.md) and would fail reads of a file removed after its open.
  * 5. Pages are dropped by the opener's own kernel after our reply (open without
  *    keep_cache), so a second opener told "unchanged" could read the old pages before
  *    the first one's drop ran. Every open within DATA_SETTLE_NS of a detected change
@@ -92,18 +86,11 @@ struct data_node {
 	char name[];
 };
 
-/* An open file. data_open only stats SOURCE (invariant 4); fd is opened by the first
- * read that needs SOURCE, under mu, and published with a release store so that a
- * reader who sees fd >= 0 also sees the fid and size that go with it. */
 struct data_file {
-	_Atomic int fd;		/* -1 until a read needed SOURCE */
-	struct bc_fid fid;	/* as of open, or of the fd once opened */
+	int fd;
+	struct bc_fid fid;
 	uint64_t size;
 	struct data_node *n;
-	/* Held only to open fd (one openat2 and one fstat of SOURCE): only reads of this
-	 * handle wait on it, and they need the fd. A leaf: nothing is taken under it but
-	 * ns->mu and the cache's shard mutexes (bc_drop_fid). */
-	pthread_mutex_t mu;
 	struct data_file *prev, *next; /* ns->files, under ns->mu (data_open's only) */
 };
 
@@ -200,7 +187,7 @@ static struct bc_fid data_fid_of(const struct stat *st)
 }
 
 /* No source file hashes to this (an XXH3-128 of zero): a node whose kernel pages may
- * mix two versions of its file (invariant 4) holds it, so that its next open differs. */
+ * mix two versions of its file (invariant 5) holds it, so that its next open differs. */
 static const struct bc_fid DATA_FID_POISON = { 0, 0 };
 
 static int data_fid_eq(const struct bc_fid *a, const struct bc_fid *b)
@@ -829,7 +816,7 @@ static int data_node_revalidate(struct data_ns *ns, struct data_node *n,
 	return 1;
 }
 
-/* Makes n's next open find a change (invariant 4, 5): the kernel may hold pages of a
+/* Makes n's next open find a change (invariant 5): the kernel may hold pages of a
  * version other than the current one. Drops no block. */
 static void data_node_poison(struct data_ns *ns, struct data_node *n)
 {
@@ -874,86 +861,36 @@ static int data_open_source(struct data_ns *ns, struct data_node *n, struct stat
 }
 
 /* Opens n's source file into f and revalidates it (invariant 2): a changed file gets
- * a new id and its old blocks are dropped. */
-static int data_file_init(struct data_ns *ns, struct data_node *n, struct data_file *f)
+ * a new id and its old blocks are dropped. *changed tells the caller whether the
+ * kernel's cached pages may be stale (invariant 5). */
+static int data_file_init(struct data_ns *ns, struct data_node *n, struct data_file *f,
+			  int *changed)
 {
 	struct stat st;
 	int fd = data_open_source(ns, n, &st);
 
 	if (fd < 0)
 		return fd;
+	f->fd = fd;
 	f->fid = data_fid_of(&st);
 	f->size = st.st_size;
 	f->n = n;
-	atomic_store(&f->fd, fd);
-	data_node_revalidate(ns, n, &f->fid);
+	*changed = data_node_revalidate(ns, n, &f->fid);
 	return 0;
-}
-
-/* The SOURCE fd of f, opened by the first caller (invariant 4): fd or -errno. */
-static int data_file_fd(struct data_ns *ns, struct data_file *f)
-{
-	struct bc_fid fid;
-	struct stat st;
-	int fd = atomic_load_explicit(&f->fd, memory_order_acquire);
-
-	if (fd >= 0)
-		return fd;
-	pthread_mutex_lock(&f->mu);
-	fd = atomic_load_explicit(&f->fd, memory_order_relaxed);
-	if (fd >= 0)
-		goto out;
-	fd = data_open_source(ns, f->n, &st);
-	if (fd < 0)
-		goto out;
-	fid = data_fid_of(&st);
-	if (!data_fid_eq(&fid, &f->fid)) {
-		/* Changed since the OPEN that let the kernel keep its pages: serve the file
-		 * as it is now (as an fd opened at OPEN would for a rewrite in place), and
-		 * make the next OPEN drop whatever the kernel mixed in the meantime. */
-		data_node_poison(ns, f->n);
-		bc_drop_fid(ns->m->bc, &f->fid);
-		f->fid = fid;
-		f->size = st.st_size;
-	}
-	atomic_store_explicit(&f->fd, fd, memory_order_release);
-out:
-	pthread_mutex_unlock(&f->mu);
-	return fd;
 }
 
 int data_open(struct data_ns *ns, struct data_node *n, struct fuse_file_info *fi,
 	      struct data_file **out)
 {
-	struct data_file *f;
-	struct stat st;
-	int changed, dfd, rc = 0;
+	struct data_file *f = calloc(1, sizeof(*f));
+	int changed, rc;
 
-	/* Invariant 4: a stat, not an open. The parent is opened beneath SOURCE and the
-	 * last name is not followed (invariant 3). */
-	if (!n->parent)
-		return -EISDIR;
-	dfd = data_parent_fd(ns, n);
-	if (dfd < 0)
-		return dfd;
-	if (fstatat(dfd, n->name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-		rc = -errno;
-	data_put_fd(ns, dfd);
-	if (rc)
-		return rc;
-	if (S_ISLNK(st.st_mode))
-		return -ELOOP; /* replaced by a symlink since the kernel looked it up */
-	if (S_ISDIR(st.st_mode))
-		return -EISDIR;
-	f = calloc(1, sizeof(*f));
 	if (!f)
 		return -ENOMEM;
-	f->fd = -1;
-	f->fid = data_fid_of(&st);
-	f->size = st.st_size;
-	f->n = n;
-	pthread_mutex_init(&f->mu, NULL);
-	changed = data_node_revalidate(ns, n, &f->fid);
+	if ((rc = data_file_init(ns, n, f, &changed))) {
+		free(f);
+		return rc;
+	}
 	/*
 	 * keep_cache: the kernel page cache keeps this file's pages across opens, so a warm
 	 * epoch is served at page-cache speed without a request reaching us. It is safe
@@ -972,10 +909,10 @@ int data_open(struct data_ns *ns, struct data_node *n, struct fuse_file_info *fi
 int data_read_unopened(struct data_ns *ns, struct data_node *n, size_t size, off_t off,
 		       struct mlfs_seg *segs)
 {
-	struct data_file f = { .fd = -1 };
-	int rc;
+	struct data_file f = { 0 };
+	int changed, rc;
 
-	if ((rc = data_file_init(ns, n, &f)))
+	if ((rc = data_file_init(ns, n, &f, &changed)))
 		return rc;
 	rc = data_read(ns, &f, size, off, segs);
 	close(f.fd);
@@ -987,9 +924,7 @@ void data_release(struct data_ns *ns, struct data_file *f)
 	pthread_mutex_lock(&ns->mu);
 	DATA_UNLINK(&ns->files, f);
 	pthread_mutex_unlock(&ns->mu);
-	if (f->fd >= 0)
-		close(f->fd);
-	pthread_mutex_destroy(&f->mu);
+	close(f->fd);
 	free(f);
 }
 
@@ -1124,8 +1059,6 @@ int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
 	uint64_t end;
 	int n = 0, rc;
 
-	if ((rc = data_file_fd(ns, f)) < 0)
-		return rc;
 	if ((uint64_t)off >= f->size)
 		return 0;
 	end = f->size - off < size ? f->size : off + size;

@@ -367,9 +367,10 @@ def test_changed_source_several_readers(mount_mlfs, change):
 
 
 def test_changed_between_open_and_first_read(mount_mlfs):
-    """An OPEN only stats SOURCE; the first READ opens it (data.c invariant 4). A file
-    replaced in between is read as it is at the READ, and the next open drops whatever
-    the kernel kept of either version."""
+    """A file replaced between an open and its first read: the open file reads one
+    version or the other, never a mix of bytes, and the next open drops whatever the
+    kernel kept (data.c invariant 5: a handle that no longer reads the node's current
+    file poisons its fid)."""
     m = mount_mlfs()
     path = os.path.join(m.src, "late.bin")
     old = random.Random(5).randbytes(2 * BLOCK + 5)
