@@ -17,7 +17,37 @@
  *    the swap races with us. A symlink inside SOURCE is still shown as a symlink (its
  *    target is the caller's kernel's to resolve, as on any filesystem).
  *    Cost: a node below the top level pays one openat2 of its parent directory per
- *    stat/readlink/xattr (the node table holds no fds, data.h), ~1-2 us.
+ *    stat/readlink/xattr/open (the node table holds no fds, data.h), ~1-2 us.
+ * 4. An OPEN opens the SOURCE file (data_file_init) and RELEASE closes it, as a
+ *    native reader's open would: a stat-only OPEN with the fd deferred to the first
+ *    READ that misses bought nothing measurable (the cost of an OPEN is the request,
+ *    docs/performance.md) and would fail reads of a file removed after its open.
+ * 5. Pages are dropped by the opener's own kernel after our reply (open without
+ *    keep_cache), so a second opener told "unchanged" could read the old pages before
+ *    the first one's drop ran. Every open within DATA_SETTLE_NS of a detected change
+ *    is therefore answered without keep_cache too (each such reader drops the pages
+ *    itself before its read). Likewise a READ served from a handle whose file is no
+ *    longer the node's current one (opened before a change) poisons the node's fid,
+ *    since the kernel caches what it reads under the node's pages.
+ * 6. -o watch, on a local SOURCE only: every directory node holds an inotify watch
+ *    from its first lookup until it is freed (n->wd, ns->wnodes), and the watch thread
+ *    turns each event on a name in it into fuse_lowlevel_notify_inval_inode (pages
+ *    and attributes) for that name's node and, for a name made, removed or renamed,
+ *    notify_inval_entry. The mount then runs without OPEN (ops.c), which is what makes
+ *    an open free. Since nodes are keyed by name and every read without a handle
+ *    revalidates (data_read_unopened), dropping the kernel's copy is enough: the next
+ *    read comes to us and finds the current file. What this does not promise: an event
+ *    is applied after the writer's call returned, so an open in between may still get
+ *    the old pages (the window is the watch thread's wake-up); a hard link changed
+ *    through a name in another directory, and writes through a shared mapping until
+ *    the writer closes, raise no event here; a lost-event overflow invalidates every
+ *    node. A directory whose name is made, removed or renamed over loses its watch
+ *    and everything below it is dropped from the kernel (data_watch_drop_below): its
+ *    node comes back under the same ino, and the kernel would keep walking its old
+ *    names below it. A directory that cannot be watched (inotify's limit, a non-local
+ *    filesystem mounted inside SOURCE) is logged and served as with -o immutable.
+ *    Events on nodes are sent without ns->mu held (the kernel may wait on a page a
+ *    worker is filling); nodes freed meanwhile only cost an ENOENT from the kernel.
  */
 #include "fs/data.h"
 
@@ -29,7 +59,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/magic.h>
 #include <linux/openat2.h>
+#include <poll.h>
+#include <sys/inotify.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/xattr.h>
@@ -45,7 +79,9 @@ struct data_node {
 	struct data_node *parent; /* NULL for the root */
 	struct data_node *hnext;
 	struct bc_fid fid;	  /* invariant 2 */
+	uint64_t changed_ns;	  /* when an open last found fid changed (invariant 5) */
 	uint64_t nlookup;
+	int wd;			  /* a directory's inotify watch, 0 for none (invariant 6) */
 	uint32_t nchild;
 	uint16_t namelen;
 	char name[];
@@ -95,6 +131,17 @@ struct data_ns {
 	 * unmount with files open ends the session without RELEASE). */
 	struct data_file *files;
 	struct data_dir *dirs;
+	/* -o watch (invariant 6): the inotify fd (-1 when not watching), its thread, and
+	 * the directory node of each watch descriptor (wnodes[wd], under mu). */
+	int ifd;
+	int wstop[2]; /* the thread's stop pipe */
+	pthread_t wthread;
+	int wstarted;
+	struct fuse_session *se;
+	struct data_node **wnodes;
+	size_t nwnodes;
+	_Atomic uint64_t wevents;
+	_Atomic int wfailed; /* a directory could not be watched (logged once) */
 };
 
 /* Links h (a data_file or data_dir) at the head of *head; caller holds ns->mu. */
@@ -138,6 +185,148 @@ static struct bc_fid data_fid_of(const struct stat *st)
 	XXH128_hash_t h = XXH3_128bits(key, sizeof(key));
 
 	return (struct bc_fid){ .hi = h.high64, .lo = h.low64 };
+}
+
+/* No source file hashes to this (an XXH3-128 of zero): a node whose kernel pages may
+ * mix two versions of its file (invariant 5) holds it, so that its next open differs. */
+static const struct bc_fid DATA_FID_POISON = { 0, 0 };
+
+static int data_fid_eq(const struct bc_fid *a, const struct bc_fid *b)
+{
+	return a->hi == b->hi && a->lo == b->lo;
+}
+
+/* Filesystems whose every change raises an inotify event on this host: no other host
+ * writes to them. Network and cluster filesystems (NFS, GlusterFS through FUSE, SMB,
+ * Lustre) are left out: a writer elsewhere would go unseen. */
+static int data_fs_local(int fd)
+{
+	static const unsigned long local[] = { EXT4_SUPER_MAGIC, XFS_SUPER_MAGIC,
+					      BTRFS_SUPER_MAGIC, TMPFS_MAGIC, F2FS_SUPER_MAGIC };
+	struct statfs sf;
+	size_t i;
+
+	/* MLFS_DATA_WATCH_REMOTE=1: treat SOURCE as remote (the fallback's tests). */
+	if (getenv("MLFS_DATA_WATCH_REMOTE") || fstatfs(fd, &sf) < 0)
+		return 0;
+	for (i = 0; i < sizeof(local) / sizeof(local[0]); i++)
+		if ((unsigned long)sf.f_type == local[i])
+			return 1;
+	return 0;
+}
+
+#define DATA_WATCH_MASK (IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_CREATE | IN_DELETE | \
+			 IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF | \
+			 IN_ONLYDIR)
+
+/* Watches directory node n through dirfd, an fd of that directory (invariant 6).
+ * 0 or -errno: -EREMOTE on a filesystem data_fs_local refuses, -EEXIST when the
+ * directory is already watched as another node (a bind mount inside SOURCE). */
+static int data_watch_add(struct data_ns *ns, struct data_node *n, int dirfd)
+{
+	char path[64];
+	int wd, rc = 0;
+
+	if (!data_fs_local(dirfd))
+		return -EREMOTE;
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", dirfd);
+	wd = inotify_add_watch(ns->ifd, path, DATA_WATCH_MASK);
+	if (wd < 0)
+		return -errno;
+	pthread_mutex_lock(&ns->mu);
+	if ((size_t)wd >= ns->nwnodes) {
+		size_t nn = ns->nwnodes ? ns->nwnodes : 256;
+		struct data_node **w;
+
+		while (nn <= (size_t)wd)
+			nn *= 2;
+		w = realloc(ns->wnodes, nn * sizeof(*w));
+		if (!w) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		memset(w + ns->nwnodes, 0, (nn - ns->nwnodes) * sizeof(*w));
+		ns->wnodes = w;
+		ns->nwnodes = nn;
+	}
+	if (ns->wnodes[wd] && ns->wnodes[wd] != n) {
+		rc = -EEXIST;
+		goto out;
+	}
+	ns->wnodes[wd] = n;
+	n->wd = wd;
+out:
+	pthread_mutex_unlock(&ns->mu);
+	return rc;
+}
+
+/* A directory node the kernel just looked up (dfd: its parent, beneath SOURCE). */
+static void data_watch_dir(struct data_ns *ns, int dfd, struct data_node *n)
+{
+	int fd, rc;
+
+	if (ns->ifd < 0)
+		return;
+	pthread_mutex_lock(&ns->mu);
+	rc = n->wd;
+	pthread_mutex_unlock(&ns->mu);
+	if (rc)
+		return;
+	fd = openat(dfd, n->name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	rc = fd < 0 ? -errno : data_watch_add(ns, n, fd);
+	if (fd >= 0)
+		close(fd);
+	/* Logged once: past inotify's limit every new directory would say the same. */
+	if (rc && !atomic_exchange(&ns->wfailed, 1))
+		log_warn("data: cannot watch %s in SOURCE (%s): a change of a file in it is "
+			 "not pushed to the kernel, as with -o immutable (nor in any other "
+			 "directory that cannot be watched; not logged again)", n->name,
+			 rc == -EREMOTE ? "not a local filesystem" :
+			 rc == -ENOSPC ? "fs.inotify.max_user_watches reached" : strerror(-rc));
+}
+
+/* Sets up -o watch, or logs why not and leaves ns->ifd at -1 (per-open checks). */
+static void data_watch_init(struct data_ns *ns)
+{
+	int rc;
+
+	ns->ifd = -1;
+	ns->wstop[0] = ns->wstop[1] = -1;
+	if (!ns->m->cfg.watch)
+		return;
+	if (!data_fs_local(ns->src_fd)) {
+		log_warn("data: -o watch: SOURCE is not on a local filesystem, where a writer "
+			 "on another host raises no event: every open revalidates SOURCE instead");
+		return;
+	}
+	ns->ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+	if (ns->ifd < 0 || pipe2(ns->wstop, O_CLOEXEC) < 0) {
+		rc = -errno;
+		goto fail;
+	}
+	if ((rc = data_watch_add(ns, ns->root, ns->src_fd)))
+		goto fail;
+	log_info("data: watching SOURCE with inotify: opens cost no request");
+	return;
+fail:
+	log_warn("data: -o watch: %s: every open revalidates SOURCE instead", strerror(-rc));
+	if (ns->ifd >= 0)
+		close(ns->ifd);
+	if (ns->wstop[0] >= 0) {
+		close(ns->wstop[0]);
+		close(ns->wstop[1]);
+	}
+	ns->ifd = ns->wstop[0] = ns->wstop[1] = -1;
+}
+
+int data_watching(struct data_ns *ns)
+{
+	return ns->ifd >= 0;
+}
+
+uint64_t data_watch_events(struct data_ns *ns)
+{
+	return atomic_load(&ns->wevents);
 }
 
 int data_ns_new(struct mlfs *m, const char *source, struct data_ns **out)
@@ -188,6 +377,7 @@ int data_ns_new(struct mlfs *m, const char *source, struct data_ns **out)
 	ns->root->hdr.st_ino = 2;
 	ns->root->fid = data_fid_of(&st);
 	ns->root->nlookup = 1; /* pinned: the mount root's entry */
+	data_watch_init(ns);
 	*out = ns;
 	return 0;
 
@@ -207,6 +397,13 @@ void data_ns_free(struct data_ns *ns)
 
 	if (!ns)
 		return;
+	data_watch_stop(ns);
+	if (ns->ifd >= 0) {
+		close(ns->ifd);
+		close(ns->wstop[0]);
+		close(ns->wstop[1]);
+	}
+	free(ns->wnodes);
 	while (ns->files)
 		data_release(ns, ns->files);
 	while (ns->dirs)
@@ -417,6 +614,8 @@ static struct data_node *data_node_get(struct data_ns *ns, struct data_node *par
 		n->hdr.st_ino = atomic_fetch_add(&data_next_ino, 1);
 		n->parent = parent;
 		n->fid = data_fid_of(st);
+		n->changed_ns = 0;
+		n->wd = 0;
 		n->nlookup = 0;
 		n->nchild = 0;
 		n->namelen = (uint16_t)len;
@@ -447,6 +646,8 @@ static int data_lookup_at(struct data_ns *ns, int dfd, struct data_node *parent,
 	n = data_node_get(ns, parent, name, &e->attr);
 	if (!n)
 		return -ENOMEM;
+	if (S_ISDIR(e->attr.st_mode))
+		data_watch_dir(ns, dfd, n);
 	e->ino = (fuse_ino_t)n;
 	data_fill_attr(n, &e->attr);
 	e->attr_timeout = e->entry_timeout = ns->m->cfg.data_timeout;
@@ -475,6 +676,8 @@ int data_lookup(struct data_ns *ns, struct data_node *parent, const char *name,
 	return rc;
 }
 
+static void data_unwatch_locked(struct data_ns *ns, struct data_node *n);
+
 static void data_unref_locked(struct data_ns *ns, struct data_node *n)
 {
 	while (n->parent && n->nlookup == 0 && n->nchild == 0) {
@@ -485,6 +688,7 @@ static void data_unref_locked(struct data_ns *ns, struct data_node *n)
 			;
 		*pp = n->hnext;
 		ns->nnodes--;
+		data_unwatch_locked(ns, n); /* invariant 6; a syscall that does no I/O */
 		free(n);
 		parent->nchild--;
 		n = parent;
@@ -616,42 +820,95 @@ int data_listxattr(struct data_ns *ns, struct data_node *n, char *buf, size_t si
 	return (int)data_xattr(ns, n, NULL, buf, size);
 }
 
-/* Opens n's source file into f and revalidates it (invariant 2): a changed file gets
- * a new id and its old blocks are dropped. *changed tells the caller whether the
- * kernel's cached pages may be stale. */
-static int data_file_init(struct data_ns *ns, struct data_node *n, struct data_file *f,
-			  int *changed)
+/* How long after a detected change every open of the file still drops the kernel's
+ * pages (invariant 5): far longer than an opener's kernel takes from our reply to its
+ * page drop, and free on an unchanged dataset. */
+#define DATA_SETTLE_NS (10ull * 1000000000ull)
+
+/* Records fid as n's current id (invariant 2): when it differs from the one n held,
+ * the old id's blocks are dropped. Returns whether the kernel's cached pages of n may
+ * be stale: it differed, or did within DATA_SETTLE_NS (invariant 5). */
+static int data_node_revalidate(struct data_ns *ns, struct data_node *n,
+				const struct bc_fid *fid)
+{
+	uint64_t now = mlfs_now_ns();
+	struct bc_fid old;
+	int settling;
+
+	pthread_mutex_lock(&ns->mu);
+	old = n->fid;
+	n->fid = *fid;
+	if (!data_fid_eq(&old, fid))
+		n->changed_ns = now;
+	settling = n->changed_ns && now - n->changed_ns < DATA_SETTLE_NS;
+	pthread_mutex_unlock(&ns->mu);
+	if (data_fid_eq(&old, fid))
+		return settling;
+	log_debug("data: %s changed underneath, dropping its cached blocks", n->name);
+	bc_drop_fid(ns->m->bc, &old);
+	return 1;
+}
+
+/* Makes n's next open find a change (invariant 5): the kernel may hold pages of a
+ * version other than the current one. Drops no block. */
+static void data_node_poison(struct data_ns *ns, struct data_node *n)
+{
+	pthread_mutex_lock(&ns->mu);
+	n->fid = DATA_FID_POISON;
+	pthread_mutex_unlock(&ns->mu);
+}
+
+/* Whether f still reads n's current file: a handle opened before a change may read
+ * the old version, which the kernel then caches as n's pages (invariant 5). */
+static void data_file_check_current(struct data_ns *ns, struct data_file *f)
+{
+	int current;
+
+	pthread_mutex_lock(&ns->mu);
+	current = data_fid_eq(&f->n->fid, &f->fid);
+	pthread_mutex_unlock(&ns->mu);
+	if (!current)
+		data_node_poison(ns, f->n);
+}
+
+/* Opens n's source file (invariant 3) and fstats it: fd or -errno. */
+static int data_open_source(struct data_ns *ns, struct data_node *n, struct stat *st)
 {
 	char path[PATH_MAX];
-	struct bc_fid old;
-	struct stat st;
-	int rc;
+	int fd, rc;
 
 	if ((rc = data_path(n, path, sizeof(path))))
 		return rc;
-	f->fd = data_open_beneath(ns, path, O_RDONLY);
-	if (f->fd < 0)
-		return f->fd;
-	if (fstat(f->fd, &st) < 0) {
+	fd = data_open_beneath(ns, path, O_RDONLY);
+	if (fd < 0)
+		return fd;
+	if (fstat(fd, st) < 0) {
 		rc = -errno;
-		close(f->fd);
+		close(fd);
 		return rc;
 	}
 	/* The source is read in whole blocks in our own order: the kernel's readahead on
 	 * it would only read what we already asked for. */
-	posix_fadvise(f->fd, 0, 0, POSIX_FADV_RANDOM);
+	posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
+	return fd;
+}
+
+/* Opens n's source file into f and revalidates it (invariant 2): a changed file gets
+ * a new id and its old blocks are dropped. *changed tells the caller whether the
+ * kernel's cached pages may be stale (invariant 5). */
+static int data_file_init(struct data_ns *ns, struct data_node *n, struct data_file *f,
+			  int *changed)
+{
+	struct stat st;
+	int fd = data_open_source(ns, n, &st);
+
+	if (fd < 0)
+		return fd;
+	f->fd = fd;
 	f->fid = data_fid_of(&st);
 	f->size = st.st_size;
 	f->n = n;
-	pthread_mutex_lock(&ns->mu);
-	old = n->fid;
-	n->fid = f->fid;
-	pthread_mutex_unlock(&ns->mu);
-	*changed = old.hi != f->fid.hi || old.lo != f->fid.lo;
-	if (*changed) {
-		log_debug("data: %s changed underneath, dropping its cached blocks", path);
-		bc_drop_fid(ns->m->bc, &old);
-	}
+	*changed = data_node_revalidate(ns, n, &f->fid);
 	return 0;
 }
 
@@ -671,8 +928,8 @@ int data_open(struct data_ns *ns, struct data_node *n, struct fuse_file_info *fi
 	 * keep_cache: the kernel page cache keeps this file's pages across opens, so a warm
 	 * epoch is served at page-cache speed without a request reaching us. It is safe
 	 * because the dataset only changes by whole-file replacement or rewrite, which
-	 * changes size or mtime: then the fid changes, the pages are invalidated by opening
-	 * without keep_cache, and the old blocks are dropped (invariant 2).
+	 * changes size, mtime or ctime: then the fid changes, the pages are invalidated by
+	 * opening without keep_cache, and the old blocks are dropped (invariant 2).
 	 */
 	fi->keep_cache = !changed;
 	pthread_mutex_lock(&ns->mu);
@@ -902,6 +1159,7 @@ int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
 		segs[n++] = (struct mlfs_seg){ .b = b, .off = boff, .len = len };
 		off += len;
 	}
+	data_file_check_current(ns, f);
 	return n;
 
 fail:
@@ -1001,4 +1259,228 @@ void data_releasedir(struct data_ns *ns, struct data_dir *d)
 	pthread_mutex_unlock(&ns->mu);
 	closedir(d->dp);
 	free(d);
+}
+
+/* The node of name in directory d, or NULL; caller holds ns->mu. */
+static struct data_node *data_child_locked(struct data_ns *ns, struct data_node *d,
+					   const char *name)
+{
+	size_t len = strlen(name);
+	struct data_node *n = ns->buckets[data_name_hash(d, name, len) & (ns->nbuckets - 1)];
+
+	for (; n; n = n->hnext)
+		if (n->parent == d && n->namelen == len && !memcmp(n->name, name, len))
+			return n;
+	return NULL;
+}
+
+/* Drops directory node n's watch; caller holds ns->mu. The next lookup of n watches
+ * whatever directory then has its name (a directory renamed away keeps its inode's
+ * watch otherwise, and the one put in its place would have none). */
+static void data_unwatch_locked(struct data_ns *ns, struct data_node *n)
+{
+	if (n->wd <= 0)
+		return;
+	ns->wnodes[n->wd] = NULL;
+	inotify_rm_watch(ns->ifd, n->wd);
+	n->wd = 0;
+}
+
+/* The FUSE ino of a data node: its address (mlfs.h), the data root's too. */
+static fuse_ino_t data_ino(struct data_node *n)
+{
+	return (fuse_ino_t)n;
+}
+
+/* Events were lost: drop the kernel's pages and attributes of every node. Allocates
+ * one pointer per node; without that memory it logs and does what it can: nothing. */
+static void data_watch_overflow(struct data_ns *ns)
+{
+	fuse_ino_t *inos;
+	size_t i, n = 0;
+
+	pthread_mutex_lock(&ns->mu);
+	inos = malloc((ns->nnodes + 1) * sizeof(*inos));
+	if (inos)
+		for (i = 0; i < ns->nbuckets; i++)
+			for (struct data_node *x = ns->buckets[i]; x; x = x->hnext)
+				inos[n++] = data_ino(x);
+	pthread_mutex_unlock(&ns->mu);
+	if (!inos) {
+		log_err("data: inotify lost events and there is no memory to invalidate every "
+			"file: the kernel may serve old pages of files changed meanwhile");
+		return;
+	}
+	log_warn("data: inotify lost events: invalidating all %zu files and directories", n);
+	for (i = 0; i < n; i++)
+		fuse_lowlevel_notify_inval_inode(ns->se, inos[i], 0, 0);
+	free(inos);
+}
+
+/* The name of directory node top now names another directory, or none: drop every
+ * node below it from the kernel (pages, attributes and name) and their watches, which
+ * watch the old inodes. The kernel would otherwise keep walking its cached names
+ * below top, since top's node, keyed by name, comes back under the same ino; a walk
+ * after this looks each of them up again, which watches the directories now there.
+ * Scans the whole node table (a directory replaced under a dataset is rare) and
+ * copies the names it invalidates. top is only compared: it may be freed by now. */
+static void data_watch_drop_below(struct data_ns *ns, struct data_node *top)
+{
+	struct drop { fuse_ino_t ino, pino; char *name; } *v = NULL;
+	size_t i, n = 0, cap = 0;
+
+	pthread_mutex_lock(&ns->mu);
+	for (i = 0; i < ns->nbuckets; i++) {
+		for (struct data_node *x = ns->buckets[i]; x; x = x->hnext) {
+			const struct data_node *a = x->parent;
+
+			while (a && a != top)
+				a = a->parent;
+			if (!a)
+				continue;
+			data_unwatch_locked(ns, x);
+			if (n == cap) {
+				struct drop *nv = realloc(v, (cap = cap ? 2 * cap : 64) * sizeof(*v));
+
+				if (!nv)
+					goto out_nomem;
+				v = nv;
+			}
+			v[n].ino = data_ino(x);
+			v[n].pino = data_ino(x->parent);
+			if (!(v[n].name = strdup(x->name)))
+				goto out_nomem;
+			n++;
+		}
+	}
+	pthread_mutex_unlock(&ns->mu);
+	for (i = 0; i < n; i++) {
+		fuse_lowlevel_notify_inval_inode(ns->se, v[i].ino, 0, 0);
+		fuse_lowlevel_notify_inval_entry(ns->se, v[i].pino, v[i].name, strlen(v[i].name));
+		free(v[i].name);
+	}
+	free(v);
+	return;
+out_nomem:
+	pthread_mutex_unlock(&ns->mu);
+	for (i = 0; i < n; i++)
+		free(v[i].name);
+	free(v);
+	log_err("data: no memory to invalidate the names below a replaced directory: the "
+		"kernel may serve old pages of files in the directory now at its name");
+}
+
+static void data_watch_event(struct data_ns *ns, const struct inotify_event *ev)
+{
+	struct data_node *d, *c, *below = NULL;
+	fuse_ino_t dino = 0, cino = 0;
+	char name[NAME_MAX + 1];
+
+	if (ev->mask & IN_Q_OVERFLOW)
+		return data_watch_overflow(ns);
+	pthread_mutex_lock(&ns->mu);
+	d = ev->wd > 0 && (size_t)ev->wd < ns->nwnodes ? ns->wnodes[ev->wd] : NULL;
+	if (!d)
+		goto out_unlock;
+	if (ev->mask & IN_IGNORED) { /* removed with its directory */
+		ns->wnodes[ev->wd] = NULL;
+		d->wd = 0;
+		goto out_unlock;
+	}
+	if (ev->mask & (IN_DELETE_SELF | IN_MOVE_SELF)) {
+		if (!d->parent)
+			goto out_unlock;
+		dino = data_ino(d->parent);
+		cino = data_ino(d);
+		memcpy(name, d->name, d->namelen + 1);
+		data_unwatch_locked(ns, d);
+		if (d->nchild)
+			below = d;
+	} else {
+		if (!ev->len || strlen(ev->name) > NAME_MAX)
+			goto out_unlock;
+		strcpy(name, ev->name);
+		dino = data_ino(d);
+		c = data_child_locked(ns, d, name);
+		cino = c ? data_ino(c) : 0;
+		if (c && (ev->mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO))) {
+			data_unwatch_locked(ns, c);
+			if (c->nchild)
+				below = c;
+		}
+	}
+	/* A node with children is pinned by them (invariant 1): still there below. */
+	pthread_mutex_unlock(&ns->mu);
+	if (below)
+		data_watch_drop_below(ns, below);
+	atomic_fetch_add(&ns->wevents, 1);
+	if (cino)
+		fuse_lowlevel_notify_inval_inode(ns->se, cino, 0, 0);
+	if (ev->mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF |
+			IN_MOVE_SELF))
+		fuse_lowlevel_notify_inval_entry(ns->se, dino, name, strlen(name));
+	return;
+out_unlock:
+	pthread_mutex_unlock(&ns->mu);
+}
+
+static void *data_watch_main(void *arg)
+{
+	struct data_ns *ns = arg;
+	char buf[64 * 1024] __attribute__((aligned(__alignof__(struct inotify_event))));
+	struct pollfd pf[2] = { { .fd = ns->ifd, .events = POLLIN },
+				{ .fd = ns->wstop[0], .events = POLLIN } };
+
+	for (;;) {
+		ssize_t len;
+		char *p;
+
+		if (poll(pf, 2, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			log_err("data: watch thread: poll: %s", strerror(errno));
+			break;
+		}
+		if (pf[1].revents)
+			break;
+		len = read(ns->ifd, buf, sizeof(buf));
+		if (len < 0 && (errno == EAGAIN || errno == EINTR))
+			continue;
+		if (len <= 0) {
+			log_err("data: watch thread: read: %s", len < 0 ? strerror(errno) : "EOF");
+			break;
+		}
+		for (p = buf; p < buf + len;) {
+			const struct inotify_event *ev = (const void *)p;
+
+			data_watch_event(ns, ev);
+			p += sizeof(*ev) + ev->len;
+		}
+	}
+	return NULL;
+}
+
+int data_watch_start(struct data_ns *ns, struct fuse_session *se)
+{
+	int rc;
+
+	if (ns->ifd < 0)
+		return 0;
+	ns->se = se;
+	if ((rc = pthread_create(&ns->wthread, NULL, data_watch_main, ns)))
+		return -rc;
+	ns->wstarted = 1;
+	return 0;
+}
+
+void data_watch_stop(struct data_ns *ns)
+{
+	char c = 0;
+
+	if (!ns || !ns->wstarted)
+		return;
+	if (write(ns->wstop[1], &c, 1) < 0)
+		log_err("data: cannot stop the watch thread: %s", strerror(errno));
+	pthread_join(ns->wthread, NULL);
+	ns->wstarted = 0;
 }

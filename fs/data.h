@@ -35,6 +35,26 @@ struct data_node *data_root(struct data_ns *ns);
 /* Number of nodes alive (looked up and not forgotten). */
 uint64_t data_nodes(struct data_ns *ns);
 
+/*
+ * Watching SOURCE (-o watch). data_ns_new decides: with cfg.watch, a SOURCE on a local
+ * filesystem (ext2/3/4, xfs, btrfs, tmpfs, f2fs) and inotify at hand, every directory
+ * the kernel looks up gets an inotify watch, and a thread turns each change of a file
+ * or name in it into kernel invalidations (pages and attributes, the name) through the
+ * session. Then no OPEN is needed to revalidate (data_watching: the mount runs without
+ * OPEN requests, as -o immutable). Elsewhere (NFS, GlusterFS: a writer on another host
+ * raises no event) it logs why and every open revalidates as without the option.
+ * The limits (an event is applied after the writer's call returned, hard links changed
+ * through another name, writes through a shared mapping before its close) are in
+ * data.c invariant 6 and mlfs(8).
+ */
+int data_watching(struct data_ns *ns);
+/* inotify events that reached a node the kernel holds (counted once applied). */
+uint64_t data_watch_events(struct data_ns *ns);
+/* Starts the watch thread (no-op when not watching); after daemonizing. */
+int data_watch_start(struct data_ns *ns, struct fuse_session *se);
+/* Stops it; before the session is destroyed. Idempotent. */
+void data_watch_stop(struct data_ns *ns);
+
 /* Looks name up in parent and fills e; takes one lookup reference on success. */
 int data_lookup(struct data_ns *ns, struct data_node *parent, const char *name,
 		struct fuse_entry_param *e);

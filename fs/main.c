@@ -47,7 +47,7 @@ struct mlfs_opts {
 	char *store, *spill, *restore, *pressure_file, *meminfo_file, *cgroup;
 	char *mem_max, *mem_min, *block_size, *spill_max, *data_timeout, *threads;
 	char *preempt_deadline, *autosnap, *keep, *mtbf, *workers, *worker;
-	int show_help, show_version, foreground, debug, immutable;
+	int show_help, show_version, foreground, debug, immutable, watch;
 };
 
 #define OPT(t, p) { t, offsetof(struct mlfs_opts, p), 1 }
@@ -75,6 +75,7 @@ static const struct fuse_opt mlfs_opt_spec[] = {
 	OPT("-V", show_version),
 	OPT("--version", show_version),
 	OPT("immutable", immutable),
+	OPT("watch", watch),
 	OPT("-f", foreground),
 	OPT("-d", debug),
 	OPT("debug", debug),
@@ -140,6 +141,9 @@ static void usage(FILE *f)
 "  -o data_timeout=S      kernel attribute cache time for MOUNTPOINT/data (default %.0f)\n"
 "  -o immutable           promise SOURCE does not change while mounted: opens cost\n"
 "                         no request (a changed file may then be read stale)\n"
+"  -o watch               opens cost no request either; SOURCE changes are pushed to\n"
+"                         the kernel as inotify reports them (local filesystems only;\n"
+"                         elsewhere every open revalidates, as by default)\n"
 "  -o allow_other         let other users in (with default_permissions, always on)\n"
 "SIZE takes K, M, G or T (powers of 1024). See mlfs(8).\n",
 		MLFS_THREADS_DEFAULT, MLFS_DATA_TIMEOUT);
@@ -417,6 +421,7 @@ static int build_config(struct mlfs_opts *o, const char *src, const char *mnt,
 		return 1;
 	}
 	c->immutable = o->immutable;
+	c->watch = o->watch && !o->immutable; /* immutable already promises more */
 	c->foreground = o->foreground || o->debug;
 	c->debug = o->debug;
 	return 0;
@@ -966,6 +971,10 @@ int main(int argc, char **argv)
 	}
 	if ((r = tier_start(m.tier)))
 		goto out_unmount; /* tier said why */
+	if ((r = data_watch_start(m.data, se))) {
+		fprintf(stderr, "mlfs: watch thread: %s\n", strerror(-r));
+		goto out_unmount;
+	}
 	if ((r = ctl_start(m.ctl))) {
 		fprintf(stderr, "mlfs: control thread: %s\n", strerror(-r));
 		goto out_unmount;
@@ -1036,6 +1045,7 @@ out_unmount:
 	 * session) must end before the session goes. */
 	ctl_free(m.ctl);
 	m.ctl = NULL;
+	data_watch_stop(m.data); /* it notifies the kernel through the session */
 out_destroy:
 	fuse_session_destroy(se);
 out_stop:

@@ -48,6 +48,13 @@ static struct mlfs_node *node_of(fuse_ino_t ino)
 	return n;
 }
 
+/* -o immutable, or -o watch where it took (data.h): the first OPEN answers ENOSYS and
+ * the kernel sends no OPEN or RELEASE again on this mount (FUSE no_open). */
+static int mlfs_no_open(struct mlfs *m)
+{
+	return m->cfg.immutable || data_watching(m->data);
+}
+
 static void reply_rc(fuse_req_t req, int rc)
 {
 	fuse_reply_err(req, rc < 0 ? -rc : 0);
@@ -84,7 +91,7 @@ static void mlfs_op_init(void *userdata, struct fuse_conn_info *conn)
 	conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
 	/* Without OPEN requests (-o immutable) O_TRUNC must come as a setattr: with
 	 * atomic O_TRUNC the kernel would leave it to an OPEN that never comes. */
-	if (m->cfg.immutable)
+	if (mlfs_no_open(m))
 		conn->want &= ~FUSE_CAP_ATOMIC_O_TRUNC;
 	if (conn->capable & FUSE_CAP_SPLICE_MOVE)
 		conn->want &= ~FUSE_CAP_SPLICE_MOVE;
@@ -363,13 +370,13 @@ static void mlfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
  * pages locked until we answer) never waits on its own writer. */
 #define MLFS_FH_CKPT_DIRECT 1
 
-static bool ckpt_direct(const struct mlfs *m, int flags)
+static bool ckpt_direct(struct mlfs *m, int flags)
 {
-	/* Not with -o immutable: there OPEN answers ENOSYS, so a write-only descriptor of an
+	/* Not without OPEN (-o immutable, -o watch): there OPEN answers ENOSYS, so a write-only descriptor of an
 	 * existing file writes through the page cache, holding its pages locked while the
 	 * WRITE is in flight; mlfs_op_write must not invalidate them (it would wait on the
 	 * writer, which waits on it). So no descriptor is direct there, created ones neither. */
-	return !m->cfg.immutable && (flags & O_ACCMODE) == O_WRONLY;
+	return !mlfs_no_open(m) && (flags & O_ACCMODE) == O_WRONLY;
 }
 
 static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -379,10 +386,12 @@ static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 	struct data_file *f;
 	int rc;
 
-	/* -o immutable: the first open answers ENOSYS and the kernel sends no OPEN or
-	 * RELEASE again on this mount (FUSE no_open), with keep_cache for every file: a
-	 * round trip less per opened sample. Reads then come without a handle (below). */
-	if (m->cfg.immutable)
+	/* -o immutable or -o watch: the first open answers ENOSYS and the kernel sends no
+	 * OPEN or RELEASE again on this mount (FUSE no_open), with keep_cache for every
+	 * file: a round trip less per opened sample. Reads then come without a handle
+	 * (below); with watch, changes of SOURCE drop the kernel's pages (data.c
+	 * invariant 6). */
+	if (mlfs_no_open(m))
 		return reply_rc(req, -ENOSYS);
 	if (n->kind == MLFS_DATA) {
 		if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC))
@@ -390,6 +399,13 @@ static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 		if ((rc = data_open(m->data, (struct data_node *)n, fi, &f)))
 			return reply_rc(req, rc);
 		fi->fh = (uint64_t)f;
+		/* Changed underneath: no keep_cache drops the kernel's pages, but its
+		 * attributes (data_timeout) still hold the old size, which would cut a read
+		 * or an mmap of a grown file short (or SIGBUS one that shrank). Invalidate
+		 * them first: attributes only (offset -1), which locks no page, so it is
+		 * safe from a worker even with threads=1. */
+		if (!fi->keep_cache && m->se)
+			fuse_lowlevel_notify_inval_inode(m->se, ino, -1, 0);
 	} else if (n->kind == MLFS_CKPT) {
 		if ((rc = ckpt_open(m->ckpt, (struct ckpt_inode *)n, fi->flags)))
 			return reply_rc(req, rc);
@@ -472,13 +488,13 @@ static void mlfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, 
 	/* -o immutable: once an OPEN was answered ENOSYS the kernel sends no RELEASE, not
 	 * even for created files, so no open is counted there (nor released, below): the
 	 * lookup count alone keeps an unlinked file alive while it is open. */
-	if (!m->cfg.immutable)
+	if (!mlfs_no_open(m))
 		ckpt_open(m->ckpt, (struct ckpt_inode *)e.ino, fi->flags);
 	fi->keep_cache = 1;
 	fi->direct_io = ckpt_direct(m, fi->flags);
 	fi->fh = fi->direct_io ? MLFS_FH_CKPT_DIRECT : 0;
 	if (fuse_reply_create(req, &e, fi) == -ENOENT) {
-		if (!m->cfg.immutable)
+		if (!mlfs_no_open(m))
 			ckpt_release(m->ckpt, (struct ckpt_inode *)e.ino, fi->flags);
 		ckpt_forget(m->ckpt, (struct ckpt_inode *)e.ino, 1);
 	}
@@ -491,7 +507,7 @@ static void mlfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_inf
 
 	if (n->kind == MLFS_DATA && fi->fh)
 		data_release(m->data, (struct data_file *)fi->fh);
-	else if (n->kind == MLFS_CKPT && !m->cfg.immutable) /* see mlfs_op_create */
+	else if (n->kind == MLFS_CKPT && !mlfs_no_open(m)) /* see mlfs_op_create */
 		ckpt_release(m->ckpt, (struct ckpt_inode *)n, fi->flags);
 	fuse_reply_err(req, 0);
 }

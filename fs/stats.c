@@ -151,6 +151,10 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 		F("store_lease_age_s", "seconds since the store lease was last refreshed",
 		  age / 1000000000);
 	}
+	F("data_watch", "1 when -o watch took effect: SOURCE changes pushed, no OPEN",
+	  data_watching(m->data));
+	F("watch_events", "SOURCE changes pushed to the kernel (-o watch)",
+	  data_watch_events(m->data));
 	tier_get_stats(m->tier, &ts);
 	F("spilled_bytes", "logical bytes of blocks in the spill tier", ts.spilled_bytes);
 	F("spilled_disk_bytes", "bytes the spill tier uses on disk", ts.spilled_disk_bytes);

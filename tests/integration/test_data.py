@@ -254,6 +254,157 @@ def test_source_changed_underneath(mount_mlfs, how, new_size):
         os.close(keep_open)
 
 
+# ---- SOURCE changed underneath while its pages are in the kernel's page cache (issue 12):
+# the next open+read through MOUNT/data gets the new bytes, whatever the kind of change.
+# Each change keeps what a revalidation could be fooled by: the same size, an mtime set
+# to a fixed value, a new inode.
+OLD_MTIME = 1_500_000_000_000_000_000
+NEW_MTIME = 1_700_000_000_000_000_000
+
+
+def _same_size_new_mtime(path, old):
+    new = bytes(b ^ 0x5A for b in old)
+    with open(path, "r+b") as f:
+        f.write(new)
+    os.utime(path, ns=(NEW_MTIME, NEW_MTIME))
+    return new
+
+
+def _same_size_same_mtime(path, old):
+    """mtime set back to the old value (rsync -t, touch -m): only ctime tells."""
+    new = bytes(b ^ 0xA5 for b in old)
+    with open(path, "r+b") as f:
+        f.write(new)
+    os.utime(path, ns=(OLD_MTIME, OLD_MTIME))
+    return new
+
+
+def _renamed_over_same_size(path, old):
+    new = bytes(b ^ 0x33 for b in old)
+    with open(path + ".tmp", "wb") as f:
+        f.write(new)
+    os.utime(path + ".tmp", ns=(OLD_MTIME, OLD_MTIME))
+    os.rename(path + ".tmp", path)
+    return new
+
+
+def _truncated(path, old):
+    os.truncate(path, len(old) // 3)
+    return old[:len(old) // 3]
+
+
+def _appended(path, old):
+    extra = random.Random(len(old)).randbytes(BLOCK + 77)
+    with open(path, "ab") as f:
+        f.write(extra)
+    return old + extra
+
+
+CHANGES = [_same_size_new_mtime, _same_size_same_mtime, _renamed_over_same_size,
+           _truncated, _appended]
+CHANGE_IDS = ["same-size-new-mtime", "same-size-same-mtime", "rename-same-size",
+              "truncated", "appended"]
+
+
+def _cached_file(m, size=BLOCK + 4096 * 3 + 11):
+    """A SOURCE file read once through the mount, so the kernel holds its pages."""
+    path = os.path.join(m.src, "c.bin")
+    old = random.Random(size).randbytes(size)
+    with open(path, "wb") as f:
+        f.write(old)
+    os.utime(path, ns=(OLD_MTIME, OLD_MTIME))
+    view = os.path.join(m.data, "c.bin")
+    for _ in range(2):  # the second read is served by the kernel's page cache
+        with open(view, "rb") as f:
+            U.assert_bytes(f.read(), old, "before the change")
+    return path, view, old
+
+
+@pytest.mark.parametrize("change", CHANGES, ids=CHANGE_IDS)
+def test_changed_source_cached_pages_not_served(mount_mlfs, change):
+    m = mount_mlfs()
+    path, view, old = _cached_file(m)
+    new = change(path, old)
+    with open(view, "rb") as f:
+        U.assert_bytes(f.read(), new, f"read after {change.__name__}")
+    with open(view, "rb") as f:  # and again, now from whatever the kernel kept
+        U.assert_bytes(f.read(), new, f"second read after {change.__name__}")
+
+
+@pytest.mark.parametrize("change", CHANGES, ids=CHANGE_IDS)
+def test_changed_source_mmap_reader(mount_mlfs, change):
+    m = mount_mlfs()
+    path, view, old = _cached_file(m)
+    with open(view, "rb") as f:
+        with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mm:
+            U.assert_bytes(mm[:], old, "mmap before the change")
+    new = change(path, old)
+    with open(view, "rb") as f:
+        with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mm:
+            U.assert_bytes(mm[:], new, f"mmap after {change.__name__}")
+
+
+@pytest.mark.parametrize("change", CHANGES, ids=CHANGE_IDS)
+def test_changed_source_several_readers(mount_mlfs, change):
+    import threading
+    m = mount_mlfs()
+    path, view, old = _cached_file(m)
+    new = change(path, old)
+    got, start = {}, threading.Barrier(4)
+
+    def reader(i):
+        start.wait()
+        with open(view, "rb") as f:
+            got[i] = f.read()
+
+    ts = [threading.Thread(target=reader, args=(i,)) for i in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for i in range(4):
+        U.assert_bytes(got[i], new, f"reader {i} after {change.__name__}")
+
+
+def test_changed_between_open_and_first_read(mount_mlfs):
+    """A file replaced between an open and its first read: the open file reads one
+    version or the other, never a mix of bytes, and the next open drops whatever the
+    kernel kept (data.c invariant 5: a handle that no longer reads the node's current
+    file poisons its fid)."""
+    m = mount_mlfs()
+    path = os.path.join(m.src, "late.bin")
+    old = random.Random(5).randbytes(2 * BLOCK + 5)
+    with open(path, "wb") as f:
+        f.write(old)
+    view = os.path.join(m.data, "late.bin")
+    os.stat(view)
+    fd = os.open(view, os.O_RDONLY)  # OPEN: nothing cached yet, nothing read
+    try:
+        new = _renamed_over_same_size(path, old)
+        first = os.pread(fd, BLOCK, 0)
+        assert first in (old[:BLOCK], new[:BLOCK]), "a byte of neither version"
+    finally:
+        os.close(fd)
+    with open(view, "rb") as f:
+        U.assert_bytes(f.read(), new, "reopened after the change")
+
+
+def test_data_open_of_missing_source_file(mount_mlfs):
+    """A file removed from SOURCE after the kernel looked it up: open fails (ENOENT),
+    the daemon lives on."""
+    m = mount_mlfs()
+    path = os.path.join(m.src, "gone.bin")
+    with open(path, "wb") as f:
+        f.write(b"x" * 100)
+    view = os.path.join(m.data, "gone.bin")
+    os.stat(view)
+    os.unlink(path)
+    with pytest.raises(OSError) as e:
+        open(view, "rb").close()
+    assert e.value.errno == errno.ENOENT
+    assert os.listdir(m.data) == []
+
+
 def test_statfs(data_mount, dataset):
     st = os.statvfs(data_mount.data)
     assert st.f_bsize > 0 and st.f_frsize > 0

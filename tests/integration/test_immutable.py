@@ -1,4 +1,5 @@
-"""-o immutable: the fast path for a dataset that does not change while mounted.
+"""-o immutable: the fast path for a dataset that does not change while mounted
+(and -o watch, which runs without OPEN requests in the same way).
 
 The kernel sends no OPEN or RELEASE (FUSE no_open) after the first open, so reads reach
 the daemon without a file handle and every file keeps its page cache. What must still
@@ -18,8 +19,10 @@ import mlfs_util as U
 MiB = 1 << 20
 
 
-@pytest.fixture
-def imm(mounter):
+@pytest.fixture(params=["immutable", "watch"])
+def imm(request, mounter):
+    """A mount without OPEN requests: -o immutable, or -o watch (issue 12), which runs
+    the same way and must keep the same semantics."""
     src = mounter.tempdir("imm-src-")
     rng = random.Random(U.SEED)
     files = {}
@@ -28,7 +31,9 @@ def imm(mounter):
         with open(os.path.join(src, name), "wb") as f:
             f.write(data)
         files[name] = data
-    m = mounter(src, "immutable")
+    m = mounter(src, request.param)
+    if request.param == "watch":
+        assert m.stat()["data_watch"] == 1, "watch did not take effect on this SOURCE"
     m.files = files
     return m
 

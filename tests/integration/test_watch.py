@@ -1,0 +1,161 @@
+"""-o watch: no OPEN requests, SOURCE changes pushed to the kernel by inotify (issue 12).
+
+The push comes after the writer's call returned (data.c invariant 6), so these tests
+wait for the new bytes (up to WAIT seconds) instead of reading once: what they check is
+that the change arrives at all, through reads, mmap and new names. The per-open check's
+tests (read once, right after the change) are in test_data.py.
+"""
+import errno
+import mmap
+import os
+import time
+
+import pytest
+
+import mlfs_util as U
+from test_data import CHANGES, CHANGE_IDS, _cached_file
+
+pytestmark = pytest.mark.daemon
+
+WAIT = 20.0  # seconds: far above the watch thread's wake-up, even on a loaded machine
+
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _read_mmap(path):
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return b""
+        with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mm:
+            return mm[:]
+
+
+def _until(fn, want, what):
+    deadline = time.monotonic() + WAIT
+    while True:
+        got = fn()
+        if got == want or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    U.assert_bytes(got, want, what)
+
+
+def _no_open(path):
+    """True when the kernel sends no OPEN: a data file opens for writing (FUSE no_open;
+    the write then fails), where a per-open check refuses it with EROFS at open."""
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError as e:
+        assert e.errno == errno.EROFS
+        return False
+    os.close(fd)
+    return True
+
+
+@pytest.mark.parametrize("change", CHANGES, ids=CHANGE_IDS)
+def test_watch_change_reaches_cached_pages(mount_mlfs, change):
+    m = mount_mlfs(opts="watch")
+    path, view, old = _cached_file(m)
+    assert _no_open(view)
+    assert m.stat()["data_watch"] == 1
+    new = change(path, old)
+    _until(lambda: _read(view), new, f"read after {change.__name__}")
+    assert m.stat()["watch_events"] > 0
+
+
+@pytest.mark.parametrize("change", CHANGES, ids=CHANGE_IDS)
+def test_watch_change_reaches_mmap_reader(mount_mlfs, change):
+    m = mount_mlfs(opts="watch")
+    path, view, old = _cached_file(m)
+    U.assert_bytes(_read_mmap(view), old, "mmap before the change")
+    new = change(path, old)
+    _until(lambda: _read_mmap(view), new, f"mmap after {change.__name__}")
+
+
+def test_watch_new_directory_and_names(mount_mlfs):
+    """A directory made after the mount is watched from its first lookup; a name that
+    appears, goes and comes back is seen each time."""
+    m = mount_mlfs(opts="watch")
+    d = os.path.join(m.src, "late", "sub")
+    os.makedirs(d)
+    with open(os.path.join(d, "a"), "wb") as f:
+        f.write(b"one")
+    view = os.path.join(m.data, "late", "sub", "a")
+    assert _read(view) == b"one" and _read(view) == b"one"
+    with open(os.path.join(d, "a"), "r+b") as f:
+        f.write(b"two")
+    _until(lambda: _read(view), b"two", "rewritten in a new directory")
+    os.unlink(os.path.join(d, "a"))
+    deadline = time.monotonic() + WAIT
+    while os.path.exists(view) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not os.path.exists(view)
+    with open(os.path.join(d, "a"), "wb") as f:
+        f.write(b"three!")
+    _until(lambda: _read(view), b"three!", "made again")
+
+
+def test_watch_falls_back_where_source_is_not_local(mount_mlfs, monkeypatch):
+    """On a filesystem where another host may write (stood in for by
+    MLFS_DATA_WATCH_REMOTE=1) watch is refused with a log line, and every open
+    revalidates: a change is seen by the very next open, as without the option."""
+    monkeypatch.setenv("MLFS_DATA_WATCH_REMOTE", "1")
+    m = mount_mlfs(opts="watch")
+    path, view, old = _cached_file(m)
+    assert not _no_open(view)
+    assert "every open revalidates SOURCE instead" in m.stderr()
+    assert m.stat()["data_watch"] == 0
+    new = CHANGES[1](path, old)  # same size, same mtime: only ctime tells
+    U.assert_bytes(_read(view), new, "the next open after the change")
+
+
+def test_watch_directory_on_another_filesystem_is_logged(mounter):
+    """A directory of SOURCE where another filesystem is mounted (here a FUSE one,
+    where a writer elsewhere raises no event) is not watched: one log line says so,
+    and its files still read right."""
+    import shutil
+    import subprocess
+    if not shutil.which("bindfs"):
+        pytest.skip("bindfs not installed")
+    m = mounter.foreground(opts="watch")
+    other = mounter.tempdir("other-")
+    with open(os.path.join(other, "x"), "wb") as f:
+        f.write(b"elsewhere")
+    sub = os.path.join(m.src, "sub")
+    os.mkdir(sub)
+    subprocess.run(["bindfs", "-r", "--no-allow-other", other, sub], check=True,
+                   capture_output=True, timeout=60)
+    try:
+        assert _read(os.path.join(m.data, "sub", "x")) == b"elsewhere"
+        assert "cannot watch sub in SOURCE (not a local filesystem)" in m.stderr()
+        assert m.proc.poll() is None
+    finally:
+        for _ in range(50):
+            if subprocess.run(["fusermount3", "-u", sub], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        else:
+            subprocess.run(["fusermount3", "-uz", sub], capture_output=True)
+
+
+def test_watch_directory_replaced_under_its_name(mount_mlfs):
+    """A watched directory renamed away and another put at its name: changes in the new
+    one are pushed too (the watch follows the name, not the old inode)."""
+    m = mount_mlfs(opts="watch")
+    d = os.path.join(m.src, "cls")
+    os.mkdir(d)
+    with open(os.path.join(d, "a"), "wb") as f:
+        f.write(b"first")
+    view = os.path.join(m.data, "cls", "a")
+    assert _read(view) == b"first" and _read(view) == b"first"
+    os.rename(d, os.path.join(m.src, "cls.old"))
+    os.mkdir(d)
+    with open(os.path.join(d, "a"), "wb") as f:
+        f.write(b"second")
+    _until(lambda: _read(view), b"second", "a file of the new directory")
+    with open(os.path.join(d, "a"), "r+b") as f:
+        f.write(b"THIRD!")
+    _until(lambda: _read(view), b"THIRD!", "rewritten in the new directory")
