@@ -143,8 +143,10 @@ demo:
 	$(Q)$(MAKE) --no-print-directory all
 	$(Q)$(PYTHON) scripts/demo.py
 
-# All benchmarks: data path (issue 5), tiering (issue 3), snapshots (issue 4). BENCH_ARGS
-# goes to bench/run.sh whole; of it, only --quick goes to the other two (they take no
+# All benchmarks: data path (issue 5), tiering (issue 3), snapshots (issue 4), a neighbour
+# in mlfs's memory cgroup and checkpoint writes (issue 12: bench/neighbour.py,
+# bench/ckpt_write.py), many workers on ext4 and GlusterFS (issue 11, bench/multiworker.py).
+# BENCH_ARGS goes to bench/run.sh whole; of it, only --quick goes to the others (they take no
 # --only/--rounds of run.sh's kind). One failing benchmark does not skip the others; make
 # fails at the end if any did. Each script also runs alone.
 bench:
@@ -154,6 +156,9 @@ bench:
 	bench/run.sh $(BENCH_ARGS) || { rc=1; echo "make bench: bench/run.sh failed" >&2; }; \
 	bench/tiering.sh $(filter --quick,$(BENCH_ARGS)) || { rc=1; echo "make bench: bench/tiering.sh failed" >&2; }; \
 	$(PYTHON) bench/snap_bench.py $(filter --quick,$(BENCH_ARGS)) || { rc=1; echo "make bench: bench/snap_bench.py failed" >&2; }; \
+	$(PYTHON) bench/neighbour.py $(filter --quick,$(BENCH_ARGS)) || { rc=1; echo "make bench: bench/neighbour.py failed" >&2; }; \
+	$(PYTHON) bench/ckpt_write.py $(filter --quick,$(BENCH_ARGS)) || { rc=1; echo "make bench: bench/ckpt_write.py failed" >&2; }; \
+	$(PYTHON) bench/multiworker.py $(filter --quick,$(BENCH_ARGS)) || { rc=1; echo "make bench: bench/multiworker.py failed" >&2; }; \
 	exit $$rc
 
 install: $(BINS)

@@ -46,6 +46,8 @@
  * Transitions, who performs them, who calls, under which lock (all take the shard
  * mutex inside; none is called with a shard mutex held):
  *   bc_block_new        -> NEW | WRITING  data.c (no lock) | ckpt.c (inode wrlock)
+ *   bc_block_new_mapped -> NEW (+MAPPED)  data.c (no lock); a MAPPED block is never
+ *                       spilled: EVICTING ends in FREED (tier.c rule M)
  *   bc_insert           NEW -> RESIDENT   data.c (no lock)
  *   bc_write_begin      RESIDENT -> WRITING, or -EBUSY (no change)   ckpt.c (inode wrlock)
  *   bc_block_clone      -> WRITING (a new block)                      ckpt.c (inode wrlock)
@@ -95,6 +97,7 @@
  *   data fl_mu -> bcache shard mutex
  *   leaves, taken under none of the above and taking nothing: tier t->mu (tier.c
  *   invariant 7), spill lock, uring lock, gov lock, data mu, ctl mu.
+ *   bc->pool_mu (the buffer pool) is such a leaf too: never under a shard mutex.
  * The shard mutexes are leaves too: never two at once, never held across I/O, a copy
  * or hash of block contents, or a call out of this module (the backing's hooks, which
  * take t->mu and do I/O, run with none held).
@@ -107,10 +110,19 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include "cache/log.h"
+
+#ifndef MADV_PAGEOUT
+#define MADV_PAGEOUT 21
+#endif
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
 
 #define BC_SHARDS 64
 #define BC_BUCKETS_MIN 1024
@@ -165,6 +177,14 @@ struct bc {
 	_Atomic uint64_t hits, misses, not_admitted, dirty_bytes;
 	_Atomic uint64_t src_ns_per_mib; /* EWMA, bc_source_ns_per_mib */
 	_Atomic uint64_t unplaced;	 /* cap of BC_UNPLACED blocks: bc_unplaced_bytes */
+	_Atomic uint64_t mapped_bytes, map_refaults, map_prefetches; /* BC_MAPPED buffers */
+	/* The buffer pool ("Buffer pool" below). Lock order: pool_mu is a leaf, taken
+	 * under no other lock (not a shard mutex: buffers are pooled after it is dropped)
+	 * and taking none; free() is called outside it. */
+	pthread_mutex_t pool_mu;
+	void *pool;			 /* freed block-sized buffers, linked by first word */
+	_Atomic uint64_t pool_bytes;	 /* pool_cap x buffers in the pool */
+	uint32_t pool_cap;		 /* footprint of a malloc(block_size) */
 	struct bc_backing backing;
 	struct bc_shard shards[BC_SHARDS];
 };
@@ -234,6 +254,17 @@ int bc_new(uint32_t block_size, uint64_t budget, struct bc **out)
 		return -ENOMEM;
 	bc->block_size = block_size;
 	bc->budget = budget;
+	pthread_mutex_init(&bc->pool_mu, NULL);
+	{
+		void *p = malloc(block_size);
+
+		if (!p) {
+			free(bc);
+			return -ENOMEM;
+		}
+		bc->pool_cap = (uint32_t)malloc_usable_size(p);
+		free(p);
+	}
 	for (i = 0; i < BC_SHARDS; i++) {
 		struct bc_shard *s = &bc->shards[i];
 
@@ -254,16 +285,122 @@ out_free:
 	return -ENOMEM;
 }
 
-static void bc_buf_free(struct bc *bc, struct bc_block *b)
+/*
+ * Buffer pool. A fresh block buffer is a fresh mapping (M_MMAP_THRESHOLD, main.c): its
+ * first touch costs a page fault and a cleared page per 4 KiB, and on a VM whose
+ * balloon reports free pages to the host (the one these figures come from) a host
+ * fault as well: perf showed clear_page and the fault path at ~45% of the daemon's
+ * time in `dd bs=1M` into MOUNT/ckpt. So a checkpoint block's buffer of exactly one
+ * block that the job let go of (bc_buf_free) is not freed at once but kept, still
+ * mapped and faulted, and handed to the next allocation of that size (a checkpoint
+ * block, a data block, a reload): the next checkpoint reuses the last one's memory.
+ *
+ * The pool holds only memory the budget grants and nobody uses: pool_bytes never
+ * passes min(budget / BC_POOL_DIV, budget - mem_bytes). Every budget cut trims it at
+ * once (bc_set_budget, before the tier evicts anything), and so does any allocation
+ * that grows mem_bytes past that bound, so mem_bytes + pool_bytes stays within the
+ * budget whenever mem_bytes alone does: the pool is the first memory given back.
+ * Cost: a pooled buffer is not zeroed again; nothing reads a buffer past a block's
+ * len (ckpt.c invariant 4 serves zeros there), so none is needed.
+ */
+#define BC_POOL_DIV 4
+
+static uint64_t bc_pool_limit(const struct bc *bc)
 {
-	if (!b->buf)
+	uint64_t budget = atomic_load(&bc->budget), mem = atomic_load(&bc->mem_bytes);
+	uint64_t room = budget > mem ? budget - mem : 0;
+
+	return room < budget / BC_POOL_DIV ? room : budget / BC_POOL_DIV;
+}
+
+/* A pooled buffer of pool_cap bytes, or NULL. */
+static void *bc_pool_get(struct bc *bc)
+{
+	void *p;
+
+	if (!atomic_load_explicit(&bc->pool_bytes, memory_order_relaxed))
+		return NULL;
+	pthread_mutex_lock(&bc->pool_mu);
+	p = bc->pool;
+	if (p) {
+		bc->pool = *(void **)p;
+		atomic_fetch_sub(&bc->pool_bytes, bc->pool_cap);
+	}
+	pthread_mutex_unlock(&bc->pool_mu);
+	return p;
+}
+
+/* Frees pooled buffers until the pool is within its bound; free() outside the lock. */
+static void bc_pool_trim(struct bc *bc)
+{
+	void *list = NULL, *p;
+
+	if (atomic_load_explicit(&bc->pool_bytes, memory_order_relaxed) <= bc_pool_limit(bc))
 		return;
-	free(b->buf);
+	pthread_mutex_lock(&bc->pool_mu);
+	while (bc->pool && atomic_load(&bc->pool_bytes) > bc_pool_limit(bc)) {
+		p = bc->pool;
+		bc->pool = *(void **)p;
+		atomic_fetch_sub(&bc->pool_bytes, bc->pool_cap);
+		*(void **)p = list;
+		list = p;
+	}
+	pthread_mutex_unlock(&bc->pool_mu);
+	while ((p = list)) {
+		list = *(void **)p;
+		free(p);
+	}
+}
+
+/* Frees buf (a malloc'd buffer of footprint cap, no longer counted in mem_bytes), or
+ * keeps it in the pool when it is block-sized and the bound leaves room. */
+static void bc_pool_put(struct bc *bc, void *buf, uint32_t cap)
+{
+	bool kept = false;
+
+	if (cap == bc->pool_cap) {
+		pthread_mutex_lock(&bc->pool_mu);
+		if (atomic_load(&bc->pool_bytes) + cap <= bc_pool_limit(bc)) {
+			*(void **)buf = bc->pool;
+			bc->pool = buf;
+			atomic_fetch_add(&bc->pool_bytes, cap);
+			kept = true;
+		}
+		pthread_mutex_unlock(&bc->pool_mu);
+	}
+	if (!kept)
+		free(buf);
+}
+
+/* Frees b's buffer; with `pool`, into the pool when it fits there. Only buffers the job
+ * let go of are pooled (a checkpoint block freed by its last put: a file truncated,
+ * unlinked or replaced, a snapshot persisted); an eviction frees memory to meet the
+ * budget, and pooling that would defeat it. */
+static void bc_buf_free(struct bc *bc, struct bc_block *b, bool pool)
+{
+	void *buf = b->buf;
+
+	if (!buf)
+		return;
 	b->buf = NULL;
 	atomic_fetch_sub(&bc->mem_bytes, b->cap);
 	atomic_fetch_sub(&bc->resident[b->cls], 1);
 	if (b->cls == BC_CKPT && !(b->flags & BC_STORED))
 		atomic_fetch_sub(&bc->dirty_bytes, b->cap);
+	if (b->flags & BC_MAPPED) {
+		/* Unmapping alone would leave the pages in SOURCE's page cache, charged
+		 * to the daemon: what the governor asked back would stay taken. PAGEOUT
+		 * drops the clean pages only this mapping holds (a page another mapping
+		 * of the range also maps stays); no I/O, they are clean. A mapping never
+		 * goes to the pool, which holds malloc'd checkpoint buffers only. */
+		madvise(buf, b->cap, MADV_PAGEOUT);
+		munmap(buf, b->cap);
+		atomic_fetch_sub(&bc->mapped_bytes, b->cap);
+	} else if (pool) {
+		bc_pool_put(bc, buf, b->cap);
+	} else {
+		free(buf);
+	}
 }
 
 /* Allocates b->buf of cap bytes (invariant 1). Buffers are plain malloc: the daemon sets
@@ -281,6 +418,12 @@ static uint32_t bc_footprint(void *buf)
 
 static int bc_buf_alloc(struct bc *bc, struct bc_block *b, uint32_t cap, bool zero)
 {
+	/* A block-sized buffer comes from the pool when it has one (not zeroed: see
+	 * "Buffer pool"); anything else, or an empty pool, from malloc. */
+	if (cap == bc->block_size && (b->buf = bc_pool_get(bc))) {
+		cap = bc->pool_cap;
+		goto counted;
+	}
 	b->buf = zero ? calloc(1, cap ? cap : 1) : malloc(cap ? cap : 1);
 	if (!b->buf)
 		return -ENOMEM;
@@ -293,11 +436,13 @@ static int bc_buf_alloc(struct bc *bc, struct bc_block *b, uint32_t cap, bool ze
 		if (zero && cap > want)
 			memset((char *)b->buf + want, 0, cap - want);
 	}
+counted:
 	b->cap = cap;
 	atomic_fetch_add(&bc->mem_bytes, cap);
 	atomic_fetch_add(&bc->resident[b->cls], 1);
 	if (b->cls == BC_CKPT && !(b->flags & BC_STORED))
 		atomic_fetch_add(&bc->dirty_bytes, cap);
+	bc_pool_trim(bc); /* mem_bytes grew: the pool's bound shrank */
 	return 0;
 }
 
@@ -318,7 +463,7 @@ void bc_free(struct bc *bc)
 
 			for (; b; b = n) {
 				n = b->hnext;
-				bc_buf_free(bc, b);
+				bc_buf_free(bc, b, false);
 				free(b);
 			}
 		}
@@ -326,6 +471,13 @@ void bc_free(struct bc *bc)
 		pthread_mutex_destroy(&s->mu);
 		pthread_cond_destroy(&s->cv);
 	}
+	while (bc->pool) {
+		void *p = bc->pool;
+
+		bc->pool = *(void **)p;
+		free(p);
+	}
+	pthread_mutex_destroy(&bc->pool_mu);
 	free(bc);
 }
 
@@ -337,6 +489,12 @@ uint32_t bc_block_size(const struct bc *bc)
 void bc_set_budget(struct bc *bc, uint64_t budget)
 {
 	atomic_store(&bc->budget, budget);
+	bc_pool_trim(bc); /* a cut gives the pool back first, at once */
+}
+
+uint64_t bc_pool_bytes(const struct bc *bc)
+{
+	return atomic_load(&bc->pool_bytes);
 }
 
 uint64_t bc_budget(const struct bc *bc)
@@ -362,6 +520,10 @@ void bc_get_stats(struct bc *bc, struct bc_stats *st)
 	st->misses = atomic_load(&bc->misses);
 	st->not_admitted = atomic_load(&bc->not_admitted);
 	st->dirty_bytes = atomic_load(&bc->dirty_bytes);
+	st->mapped_bytes = atomic_load(&bc->mapped_bytes);
+	st->map_refaults = atomic_load(&bc->map_refaults);
+	st->map_prefetches = atomic_load(&bc->map_prefetches);
+	st->pool_bytes = atomic_load(&bc->pool_bytes);
 }
 
 static struct bc_shard *bc_shard_of(struct bc *bc, struct bc_block *b)
@@ -473,6 +635,157 @@ struct bc_block *bc_block_new(struct bc *bc, enum bc_class cls, uint32_t cap)
 	return b;
 }
 
+static uint32_t bc_page_size(void)
+{
+	static uint32_t ps;
+
+	if (!ps)
+		ps = (uint32_t)sysconf(_SC_PAGESIZE);
+	return ps;
+}
+
+int bc_block_new_mapped(struct bc *bc, int fd, uint64_t off, uint32_t len,
+			struct bc_block **out)
+{
+	uint32_t ps = bc_page_size(), cap = (len + ps - 1) / ps * ps;
+	struct bc_block *b;
+	void *p;
+	int rc;
+
+	if (!len || off % ps)
+		return -EINVAL;
+	b = calloc(1, sizeof(*b));
+	if (!b)
+		return -ENOMEM;
+	p = mmap(NULL, cap, PROT_READ, MAP_SHARED, fd, (off_t)off);
+	if (p == MAP_FAILED) {
+		rc = -errno;
+		free(b);
+		return rc;
+	}
+	/* Read it in now, with readahead, on this thread (where pread ran before):
+	 * a fault per page later would be synchronous 4 KiB reads in the reply. A range
+	 * past SOURCE's end of file is EFAULT here, never a SIGBUS. */
+	if (madvise(p, cap, MADV_POPULATE_READ) < 0 && errno != EINVAL) {
+		rc = errno == EFAULT ? -EIO : -errno;
+		munmap(p, cap);
+		free(b);
+		return rc;
+	}
+	b->cls = BC_DATA;
+	atomic_init(&b->ref, 1);
+	b->buf = p;
+	b->cap = cap;
+	b->len = len;
+	b->born_ns = bc_now_ns();
+	b->flags = BC_UNPLACED | BC_CSUM_STALE | BC_MAPPED; /* NEW */
+	atomic_fetch_add(&bc->mem_bytes, cap);
+	atomic_fetch_add(&bc->mapped_bytes, cap);
+	atomic_fetch_add(&bc->resident[BC_DATA], 1);
+	atomic_fetch_add(&bc->unplaced, cap);
+	atomic_fetch_add(&bc->blocks[BC_DATA], 1);
+	*out = b;
+	return 0;
+}
+
+/* Pages of a mapped buffer not resident now; -errno from mincore. */
+static long bc_mapped_missing(const struct bc_block *b)
+{
+	unsigned char vec[BC_BLOCK_MAX / 4096];
+	size_t n = b->cap / bc_page_size(), i;
+	long missing = 0;
+
+	if (n > sizeof(vec))
+		return -EINVAL;
+	if (mincore(b->buf, b->cap, vec) < 0)
+		return -errno;
+	for (i = 0; i < n; i++)
+		missing += !(vec[i] & 1);
+	return missing;
+}
+
+int bc_block_refault(struct bc *bc, struct bc_block *b)
+{
+	long missing;
+
+	if (!(atomic_load(&b->flags) & BC_MAPPED) || !b->buf)
+		return 0;
+	missing = bc_mapped_missing(b);
+	if (missing == 0)
+		return 0;
+	/* mincore failing is no reason to fail the read: populate anyway. */
+	if (madvise(b->buf, b->cap, MADV_POPULATE_READ) < 0 && errno != EINVAL)
+		return -EIO; /* EFAULT: SOURCE shrank under the mapping */
+	atomic_fetch_add_explicit(&bc->map_refaults, 1, memory_order_relaxed);
+	return 1;
+}
+
+unsigned bc_mapped_prefetch(struct bc *bc, unsigned max)
+{
+	struct bc_block *v[64];
+	void *addr[64];
+	uint32_t len[64];
+	unsigned n = 0, i;
+	int sh;
+
+	if (max > 64)
+		max = 64;
+	if (!atomic_load(&bc->mapped_bytes))
+		return 0;
+	for (sh = 0; sh < BC_SHARDS && n < max; sh++) {
+		struct bc_shard *s = &bc->shards[sh];
+		struct bc_block *b;
+
+		pthread_mutex_lock(&s->mu);
+		for (b = s->lists[BC_DATA][0].head; b && n < max; b = b->lnext) {
+			/* Invariant 10: ref 0 is a block its last put is freeing. A pick in
+			 * flight (BC_IO) is about to unmap it. */
+			if (!(b->flags & BC_MAPPED) || !b->buf || (b->flags & BC_IO) ||
+			    !atomic_load(&b->ref) || bc_mapped_missing(b) <= 0)
+				continue;
+			/* Our reference keeps the mapping: an eviction frees no buffer whose
+			 * block gained a reference since its pick (bc_evict_done). */
+			bc_block_get(b);
+			addr[n] = b->buf;
+			len[n] = b->cap;
+			v[n++] = b;
+		}
+		pthread_mutex_unlock(&s->mu);
+	}
+	for (i = 0; i < n; i++) {
+		madvise(addr[i], len[i], MADV_WILLNEED);
+		bc_block_put(bc, v[i]);
+	}
+	atomic_fetch_add_explicit(&bc->map_prefetches, n, memory_order_relaxed);
+	return n;
+}
+
+uint64_t bc_mapped_resident(struct bc *bc)
+{
+	uint64_t total = 0;
+	int i;
+
+	if (!atomic_load(&bc->mapped_bytes))
+		return 0;
+	for (i = 0; i < BC_SHARDS; i++) {
+		struct bc_shard *s = &bc->shards[i];
+		struct bc_block *b;
+
+		pthread_mutex_lock(&s->mu);
+		for (b = s->lists[BC_DATA][0].head; b; b = b->lnext) {
+			long missing;
+
+			if (!(b->flags & BC_MAPPED) || !b->buf)
+				continue;
+			missing = bc_mapped_missing(b);
+			if (missing >= 0)
+				total += b->cap - (uint64_t)missing * bc_page_size();
+		}
+		pthread_mutex_unlock(&s->mu);
+	}
+	return total;
+}
+
 /* b is placed in the cache (hashed) or gone: it stops counting as unplaced. */
 static void bc_placed(struct bc *bc, struct bc_block *b)
 {
@@ -494,7 +807,7 @@ static void bc_block_destroy(struct bc *bc, struct bc_block *b)
 		b->flags &= ~BC_SPILLED;
 		bc->backing.unspill(bc->backing.arg, b);
 	}
-	bc_buf_free(bc, b);
+	bc_buf_free(bc, b, b->cls == BC_CKPT);
 	atomic_fetch_sub(&bc->blocks[b->cls], 1);
 	free(b);
 }
@@ -758,16 +1071,25 @@ int bc_block_reserve(struct bc *bc, struct bc_block *b, uint32_t cap)
 		return 0;
 	if (cap > bc->block_size)
 		cap = bc->block_size;
-	nb = realloc(b->buf, cap);
-	if (!nb)
-		return -ENOMEM;
-	cap = bc_footprint(nb);
-	memset((char *)nb + b->cap, 0, cap - b->cap);
+	if (cap == bc->block_size && (nb = bc_pool_get(bc))) {
+		/* Only len bytes mean anything (past len reads as zeros: ckpt.c invariant
+		 * 4), so the copy is len bytes and the rest is not cleared. */
+		memcpy(nb, b->buf, b->len);
+		free(b->buf);
+		cap = bc->pool_cap;
+	} else {
+		nb = realloc(b->buf, cap);
+		if (!nb)
+			return -ENOMEM;
+		cap = bc_footprint(nb);
+		memset((char *)nb + b->cap, 0, cap - b->cap);
+	}
 	atomic_fetch_add(&bc->mem_bytes, cap - b->cap);
 	if (!(b->flags & BC_STORED))
 		atomic_fetch_add(&bc->dirty_bytes, cap - b->cap);
 	b->buf = nb;
 	b->cap = cap;
+	bc_pool_trim(bc);
 	return 0;
 }
 
@@ -790,7 +1112,10 @@ void bc_block_seal(struct bc *bc, struct bc_block *b)
 	struct bc_shard *s = bc_shard_of(bc, b);
 	uint64_t csum;
 
-	if (!(b->flags & BC_CSUM_STALE))
+	/* A mapped block is never hashed: the daemon does not read its pages itself (a
+	 * SOURCE truncated underneath would raise SIGBUS), and nothing verifies it: its
+	 * copy is SOURCE, it is never spilled. */
+	if (!(b->flags & BC_CSUM_STALE) || (b->flags & BC_MAPPED))
 		return;
 	/* Hash outside the lock: the caller's reference plus the rule that shared blocks
 	 * are never written in place (invariant 3) keep the bytes still. */
@@ -898,7 +1223,7 @@ uint64_t bc_evict_done(struct bc *bc, struct bc_block *b, bool release)
 			/* Stays listed as a non-resident entry (invariant 5). */
 			freed = b->cap;
 			bc_list_del(bc_list_of(s, b), b);
-			bc_buf_free(bc, b);
+			bc_buf_free(bc, b, false);
 			bc_list_push(bc_list_of(s, b), b);
 		} else if (b->flags & BC_HASHED) {
 			freed = b->cap; /* by the last put below */
@@ -1141,6 +1466,7 @@ void bc_load_end(struct bc *bc, struct bc_block *b, void *buf, int rc)
 	pthread_cond_broadcast(&s->cv);
 	pthread_mutex_unlock(&s->mu);
 	free(buf);
+	bc_pool_trim(bc); /* mem_bytes may have grown: the pool's bound shrank */
 	if (unhashed)
 		bc_block_put(bc, b);
 	if (over && bc->backing.over_budget)
@@ -1155,7 +1481,9 @@ int bc_block_load(struct bc *bc, struct bc_block *b)
 	rc = bc_load_begin(bc, b, true);
 	if (rc)
 		return rc > 0 ? 0 : rc;
-	buf = malloc(b->len ? b->len : 1);
+	buf = b->len == bc->block_size ? bc_pool_get(bc) : NULL;
+	if (!buf)
+		buf = malloc(b->len ? b->len : 1);
 	if (!buf)
 		rc = -ENOMEM;
 	else if (!bc->backing.load)

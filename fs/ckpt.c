@@ -87,8 +87,16 @@ struct ckpt_inode {
 	uint64_t data_bytes; /* sum of its blocks' len: st_blocks; invariant 3 as size */
 	struct timespec atime, mtime, ctime;
 	uint64_t nlookup;
+	/* An O_TMPFILE file made without O_EXCL, not yet linked: link may give it its first
+	 * name although nlink is 0 (ckpt_link), as the kernel's I_LINKABLE. Under ns->mu. */
+	int linkable;
 	uint32_t nopen;
 	uint32_t nwrite; /* handles writing (invariant 6): the freeze flags the file */
+	/* Restored with -o workers=N > 1 and its content unchanged since: the freeze flags
+	 * it MF_ENTRY_INHERITED, so a group's union prefers a worker's rewrite of it to
+	 * the other workers' untouched copies (mf_merge). Cleared by every content change
+	 * (write, truncate, fallocate), under the inode's write lock; read by the freeze. */
+	_Atomic int inherited;
 	struct ckpt_xattr *xattrs;
 	size_t xattr_bytes;
 	/* directories */
@@ -542,6 +550,7 @@ static int ckpt_truncate_locked(struct ckpt_ns *ns, struct ckpt_inode *ino, uint
 	struct bc_block *b;
 	int rc;
 
+	ino->inherited = 0;
 	/* The partial last block first: it may fail (a copy), and then nothing changed. */
 	if (tail && keep && keep - 1 < ino->nblocks && (b = ino->blocks[keep - 1]) &&
 	    bc_block_len(b) > tail) {
@@ -622,7 +631,9 @@ int ckpt_setattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct stat *
 	return 0;
 }
 
-/* Shared by mknod, mkdir and symlink: a new inode named name in dir. */
+/* Shared by mknod, mkdir, symlink and tmpfile: a new inode named name in dir, or with
+ * no name when name is NULL (O_TMPFILE: nlink 0, dir unchanged; the tree as a snapshot
+ * sees it is unchanged too, so the generation stays). */
 static int ckpt_create_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
 			      mode_t mode, const struct ckpt_ctx *c, struct ckpt_inode **out)
 {
@@ -634,7 +645,7 @@ static int ckpt_create_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, const 
 
 	if (!S_ISDIR(dir->mode) || dir->nlink == 0)
 		return dir->nlink == 0 ? -ENOENT : -ENOTDIR;
-	if (ckpt_find_locked(ns, dir, name))
+	if (name && ckpt_find_locked(ns, dir, name))
 		return -EEXIST;
 	if ((rc = ckpt_acl_inherit_locked(dir, &mode, c, &acl, &acl_size, &dacl)))
 		return rc;
@@ -653,17 +664,19 @@ static int ckpt_create_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, const 
 		dacl = NULL;
 	free(acl);
 	free(dacl);
-	if (!rc)
+	if (!rc && name)
 		rc = ckpt_link_locked(ns, dir, name, ino);
 	if (rc) {
 		if (ino)
 			ckpt_inode_destroy(ns, ino);
 		return rc;
 	}
+	*out = ino;
+	if (!name)
+		return 0;
 	ino->nlink = 1;
 	dir->mtime = dir->ctime = ino->ctime;
 	ckpt_changed(ns);
-	*out = ino;
 	return 0;
 }
 
@@ -681,6 +694,21 @@ int ckpt_mknod(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name, mod
 	pthread_mutex_lock(&ns->mu);
 	if (!(rc = ckpt_create_locked(ns, dir, name, mode, c, &ino))) {
 		ino->rdev = rdev;
+		ckpt_entry_locked(ns, ino, e);
+	}
+	pthread_mutex_unlock(&ns->mu);
+	return rc;
+}
+
+int ckpt_tmpfile(struct ckpt_ns *ns, struct ckpt_inode *dir, mode_t mode, int linkable,
+		 const struct ckpt_ctx *c, struct fuse_entry_param *e)
+{
+	struct ckpt_inode *ino;
+	int rc;
+
+	pthread_mutex_lock(&ns->mu);
+	if (!(rc = ckpt_create_locked(ns, dir, NULL, S_IFREG | (mode & 07777), c, &ino))) {
+		ino->linkable = linkable;
 		ckpt_entry_locked(ns, ino, e);
 	}
 	pthread_mutex_unlock(&ns->mu);
@@ -744,13 +772,14 @@ int ckpt_link(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_inode *dir
 		rc = -EPERM;
 	else if (!S_ISDIR(dir->mode))
 		rc = -ENOTDIR;
-	else if (dir->nlink == 0 || ino->nlink == 0)
-		rc = -ENOENT;
+	else if (dir->nlink == 0 || (ino->nlink == 0 && !ino->linkable))
+		rc = -ENOENT; /* an unlinked file, or an O_TMPFILE one made with O_EXCL */
 	else if (ino->nlink >= 65000)
 		rc = -EMLINK; /* ext4's EXT4_LINK_MAX */
 	else if (ckpt_find_locked(ns, dir, name))
 		rc = -EEXIST;
 	else if (!(rc = ckpt_link_locked(ns, dir, name, ino))) {
+		ino->linkable = 0; /* unlinked again, it stays unlinked (ext4) */
 		ino->nlink++;
 		ino->ctime = dir->mtime = dir->ctime = ckpt_now();
 		ckpt_changed(ns);
@@ -1117,6 +1146,7 @@ int ckpt_write(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *buf, size
 	if (end > CKPT_FILE_MAX || end < (uint64_t)off)
 		return -EFBIG;
 	pthread_rwlock_wrlock(&ino->lock);
+	ino->inherited = 0;
 	if ((rc = ckpt_blocks_reserve(ino, (end + ns->bs - 1) / ns->bs)))
 		goto out;
 	while (pos < end) {
@@ -1170,6 +1200,8 @@ static int ckpt_zero_range_locked(struct ckpt_ns *ns, struct ckpt_inode *ino, ui
 {
 	uint64_t first = start / ns->bs, last = (end - 1) / ns->bs, i, dropped = 0;
 	struct bc_block *b;
+
+	ino->inherited = 0;
 	int rc;
 
 	/* Only the two end blocks can be partial: i takes first, then last. */
@@ -1605,6 +1637,35 @@ int ckpt_removexattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *nam
 	return rc;
 }
 
+int ckpt_kill_priv(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct ckpt_ctx *c)
+{
+	mode_t kill = 0;
+	struct ckpt_xattr **pp;
+	int changed = 0;
+
+	pthread_mutex_lock(&ns->mu);
+	if (S_ISREG(ino->mode) && c->uid != 0) {
+		if (ino->mode & S_ISUID)
+			kill |= S_ISUID;
+		if ((ino->mode & (S_ISGID | S_IXGRP)) == (S_ISGID | S_IXGRP))
+			kill |= S_ISGID;
+	}
+	if (kill) {
+		ino->mode &= ~kill;
+		changed = 1;
+	}
+	if ((pp = ckpt_xattr_find_locked(ino, "security.capability"))) {
+		ckpt_xattr_del_locked(ino, pp);
+		changed = 1;
+	}
+	if (changed) {
+		ino->ctime = ckpt_now();
+		ckpt_changed(ns);
+	}
+	pthread_mutex_unlock(&ns->mu);
+	return changed;
+}
+
 static void ckpt_dir_clear(struct ckpt_dir *d)
 {
 	size_t i;
@@ -1831,6 +1892,8 @@ static int ckpt_freeze_entry_locked(struct ckpt_ns *ns, struct ckpt_fz *z,
 		if (ino->nwrite) { /* its content may be a write cut in the middle */
 			e->flags |= MF_ENTRY_OPEN_WRITE;
 			mf->open_writes++;
+		} else if (ino->inherited) {
+			e->flags |= MF_ENTRY_INHERITED; /* as restored: version 3 (manifest.h) */
 		}
 	} else {
 		/* FIFOs, sockets and device nodes have no place in a checkpoint store
@@ -2000,6 +2063,9 @@ static struct ckpt_inode *ckpt_inode_from(struct ckpt_ns *ns, const struct mf_en
 	ino->mtime = ckpt_ts_of(e->mtime_ns);
 	ino->ctime = ckpt_ts_of(e->ctime_ns);
 	ino->size = e->size;
+	/* A job of several workers: every worker now holds every part's files; one that
+	 * rewrites a file must win over the others' untouched copies at the next group. */
+	ino->inherited = e->type == MF_FILE && ns->m->cfg.workers > 1;
 	for (uint64_t j = 0; e->type == MF_FILE && j < e->nblocks; j++)
 		if (!(e->blocks[j].flags & MF_BLOCK_HOLE))
 			ino->data_bytes += e->blocks[j].len;

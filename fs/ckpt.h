@@ -63,6 +63,12 @@ int ckpt_mkdir(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name, mod
 	       const struct ckpt_ctx *c, struct fuse_entry_param *e);
 int ckpt_symlink(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
 		 const char *target, const struct ckpt_ctx *c, struct fuse_entry_param *e);
+/* O_TMPFILE: a regular file with no name (nlink 0) made as mknod makes one in dir (owner,
+ * umask or default ACL, setgid group). It lives while looked up or open (invariant 2 of
+ * ckpt.c) and is in no snapshot; if linkable (no O_EXCL), ckpt_link may give it its
+ * first name, once. */
+int ckpt_tmpfile(struct ckpt_ns *ns, struct ckpt_inode *dir, mode_t mode, int linkable,
+		 const struct ckpt_ctx *c, struct fuse_entry_param *e);
 int ckpt_link(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_inode *dir,
 	      const char *name, struct fuse_entry_param *e);
 int ckpt_unlink(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name);
@@ -101,6 +107,15 @@ int ckpt_read(struct ckpt_ns *ns, struct ckpt_inode *ino, size_t size, off_t off
 /* Returns bytes written (all of size) or -errno (-ENOSPC, -ENOMEM, -EFBIG). */
 int ckpt_write(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *buf, size_t size,
 	       off_t off);
+/*
+ * What the kernel does itself before a buffered write (file_remove_privs) but not before
+ * a write through a FOPEN_DIRECT_IO handle (fs/fuse/file.c, without
+ * FUSE_CAP_HANDLE_KILLPRIV_V2): clears setuid, and setgid when group-executable, unless
+ * the writer is root (uid 0 stands for CAP_FSETID, as elsewhere here), and removes
+ * security.capability. 1 if it changed anything (the caller drops the kernel's cached
+ * attributes), else 0. Takes ns->mu: pointer work.
+ */
+int ckpt_kill_priv(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct ckpt_ctx *c);
 
 /*
  * fallocate(2): mode 0 and FALLOC_FL_KEEP_SIZE extend the size (unless KEEP_SIZE) but

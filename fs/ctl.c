@@ -488,6 +488,45 @@ static void ctl_unescape(char *s)
 	*d = '\0';
 }
 
+/* The uid that made the FUSE mount at abs (user_id= in /proc/self/mountinfo: set by
+ * the kernel from the mounter, which no FUSE server can change); the last mount on top
+ * wins. 0, -ENOTCONN if no FUSE mount is there, or -errno. */
+static int ctl_mount_owner(const char *abs, uid_t *out)
+{
+	char line[8192];
+	uid_t uid = (uid_t)-1;
+	FILE *f;
+
+	if (!(f = fopen("/proc/self/mountinfo", "re")))
+		return -errno;
+	while (fgets(line, sizeof(line), f)) {
+		char *save, *mp, *sep, *tok, *uidopt;
+
+		strtok_r(line, " ", &save);	/* id */
+		strtok_r(NULL, " ", &save);	/* parent */
+		strtok_r(NULL, " ", &save);	/* maj:min */
+		strtok_r(NULL, " ", &save);	/* root */
+		mp = strtok_r(NULL, " ", &save);
+		sep = mp ? strstr(save, " - ") : NULL;
+		if (!sep)
+			continue;
+		ctl_unescape(mp);
+		tok = strtok_r(sep + 3, " ", &save); /* fstype */
+		if (strcmp(mp, abs) || !tok || strncmp(tok, "fuse", 4))
+			continue;
+		strtok_r(NULL, " ", &save);	/* source */
+		tok = strtok_r(NULL, " \n", &save);
+		uidopt = tok ? strstr(tok, "user_id=") : NULL;
+		if (uidopt)
+			uid = (uid_t)strtoul(uidopt + 8, NULL, 10); /* the last mount on top wins */
+	}
+	fclose(f);
+	if (uid == (uid_t)-1)
+		return -ENOTCONN;
+	*out = uid;
+	return 0;
+}
+
 /*
  * Root's way to the daemon of a mount made without allow_other, which FUSE keeps even
  * root out of: the mount's owner (user_id= in /proc/self/mountinfo) and the mount
@@ -497,12 +536,12 @@ static void ctl_unescape(char *s)
  */
 static int ctl_find_as_root(const char *mountpoint, char *buf, size_t len)
 {
-	char abs[4096], line[8192], dir[96], name[32], given[4096];
+	char abs[4096], dir[96], name[32], given[4096];
 	const char *slash;
 	uid_t uid = (uid_t)-1;
 	struct stat st;
 	size_t n;
-	FILE *f;
+	int rc;
 
 	/* The mount point's own path without entering it: realpath of its parent. */
 	n = (size_t)snprintf(given, sizeof(given), "%s", mountpoint);
@@ -528,32 +567,8 @@ static int ctl_find_as_root(const char *mountpoint, char *buf, size_t len)
 		if (n >= sizeof(abs))
 			return -ENAMETOOLONG;
 	}
-	if (!(f = fopen("/proc/self/mountinfo", "re")))
-		return -EACCES;
-	while (fgets(line, sizeof(line), f)) {
-		char *save, *mp, *sep, *tok, *uidopt;
-
-		strtok_r(line, " ", &save);	/* id */
-		strtok_r(NULL, " ", &save);	/* parent */
-		strtok_r(NULL, " ", &save);	/* maj:min */
-		strtok_r(NULL, " ", &save);	/* root */
-		mp = strtok_r(NULL, " ", &save);
-		sep = mp ? strstr(save, " - ") : NULL;
-		if (!sep)
-			continue;
-		ctl_unescape(mp);
-		tok = strtok_r(sep + 3, " ", &save); /* fstype */
-		if (strcmp(mp, abs) || !tok || strncmp(tok, "fuse", 4))
-			continue;
-		strtok_r(NULL, " ", &save);	/* source */
-		tok = strtok_r(NULL, " \n", &save);
-		uidopt = tok ? strstr(tok, "user_id=") : NULL;
-		if (uidopt)
-			uid = (uid_t)strtoul(uidopt + 8, NULL, 10); /* the last mount on top wins */
-	}
-	fclose(f);
-	if (uid == (uid_t)-1)
-		return -ENOTCONN;
+	if ((rc = ctl_mount_owner(abs, &uid)))
+		return rc == -ENOTCONN ? rc : -EACCES;
 	ctl_sock_name(abs, name, sizeof(name));
 	for (int i = 0; i < 2; i++) {
 		char xdg[64];
@@ -571,6 +586,32 @@ static int ctl_find_as_root(const char *mountpoint, char *buf, size_t len)
 	return -EACCES;
 }
 
+/*
+ * The xattr that names the socket comes from whatever FUSE server answers at
+ * mountpoint: a user's own FUSE mount (with allow_other) could name another daemon's
+ * socket, and root's tools, allowed everywhere, would then take, restore or delete
+ * snapshots of a mount nobody named. So the socket must belong to the user who made the
+ * mount (mountinfo's user_id, which the kernel sets), as every mlfs daemon's does (it
+ * runs as that user). -ENOTCONN otherwise (not an mlfs mount as far as we can tell).
+ */
+static int ctl_check_owner(const char *mountpoint, const char *sock)
+{
+	char *abs = realpath(mountpoint, NULL);
+	struct stat st;
+	uid_t uid;
+	int rc;
+
+	if (!abs)
+		return -errno;
+	rc = ctl_mount_owner(abs, &uid);
+	free(abs);
+	if (rc)
+		return rc;
+	if (lstat(sock, &st) < 0)
+		return errno == ENOENT ? -ENOTCONN : -errno;
+	return S_ISSOCK(st.st_mode) && st.st_uid == uid ? 0 : -ENOTCONN;
+}
+
 int ctl_connect(const char *mountpoint)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -579,15 +620,20 @@ int ctl_connect(const char *mountpoint)
 
 	n = getxattr(mountpoint, MLFS_CTL_XATTR, sa.sun_path, sizeof(sa.sun_path) - 1);
 	if (n < 0 && (errno == EACCES || errno == EPERM) && geteuid() == 0) {
+		/* From the mount table: the owner is checked there. */
 		int rc = ctl_find_as_root(mountpoint, sa.sun_path, sizeof(sa.sun_path));
 
 		if (rc)
 			return rc == -ENOTCONN ? rc : -EPERM;
-		n = (ssize_t)strlen(sa.sun_path);
-	}
-	if (n < 0)
+	} else if (n < 0) {
 		return errno == ENODATA || errno == ENOTSUP ? -ENOTCONN : -errno;
-	sa.sun_path[n] = '\0';
+	} else {
+		int rc;
+
+		sa.sun_path[n] = '\0';
+		if ((rc = ctl_check_owner(mountpoint, sa.sun_path)))
+			return rc;
+	}
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -errno;

@@ -9,7 +9,8 @@
  *   Nobody else can connect; the server also checks SO_PEERCRED and answers EPERM to
  *   anyone but root (uid 0, always allowed) and that user.
  * - The tools find the socket from the mount point: getxattr(MOUNT, MLFS_CTL_XATTR)
- *   on the mount root returns its path. Root, whom FUSE keeps out of a mount without
+ *   on the mount root returns its path, used only if the socket belongs to the user who
+ *   made that mount (mountinfo's user_id): any FUSE server can answer the xattr. Root, whom FUSE keeps out of a mount without
  *   allow_other, derives it instead from the mount's user_id in /proc/self/mountinfo
  *   and the mount point (not found if that daemon had a non-default XDG_RUNTIME_DIR).
  * - Protocol, one request per connection: the client sends its arguments joined by

@@ -38,6 +38,7 @@
 
 #include "cache/bcache.h"
 #include "cache/log.h"
+#include "tiering/tier.h"
 
 struct data_node {
 	struct mlfs_node hdr;
@@ -578,8 +579,40 @@ int data_getxattr(struct data_ns *ns, struct data_node *n, const char *name, voi
 	return (int)data_xattr(ns, n, name, buf, size);
 }
 
-int data_listxattr(struct data_ns *ns, struct data_node *n, char *buf, size_t size)
+/* data_listxattr for an unprivileged caller: SOURCE's list without trusted.* names. */
+static int data_listxattr_public(struct data_ns *ns, struct data_node *n, char *buf,
+				 size_t size)
 {
+	size_t need = 0, len;
+	ssize_t all;
+	char *list, *p;
+
+	/* The whole list, whatever the caller's size: the kernel returns at most
+	 * XATTR_LIST_MAX (64 KiB) and E2BIG beyond, so this never needs a second try. */
+	if (!(list = malloc(XATTR_LIST_MAX + 1)))
+		return -ENOMEM;
+	all = data_xattr(ns, n, NULL, list, XATTR_LIST_MAX);
+	if (all >= 0)
+		list[all] = '\0'; /* a last name without its NUL still ends */
+	for (p = list; all > 0 && p < list + all; p += len) {
+		len = strnlen(p, list + all - p) + 1;
+		if (!strncmp(p, "trusted.", 8))
+			continue;
+		if (size && need + len <= size)
+			memcpy(buf + need, p, len);
+		need += len;
+	}
+	free(list);
+	if (all < 0)
+		return (int)all;
+	return size && need > size ? -ERANGE : (int)need;
+}
+
+int data_listxattr(struct data_ns *ns, struct data_node *n, char *buf, size_t size,
+		   int privileged)
+{
+	if (!privileged)
+		return data_listxattr_public(ns, n, buf, size);
 	return (int)data_xattr(ns, n, NULL, buf, size);
 }
 
@@ -712,12 +745,36 @@ static int data_fill(struct data_ns *ns, struct data_file *f, uint64_t idx,
 {
 	uint32_t bs = bc_block_size(ns->m->bc);
 	uint64_t off = idx * bs;
+	uint32_t len = f->size - off < bs ? (uint32_t)(f->size - off) : bs;
 	struct bc_block *b;
 	int rc;
 
-	if ((rc = data_pread(ns, f, off, f->size - off < bs ? (uint32_t)(f->size - off) : bs, &b)))
+	/* Rule M of tier.c: a block SOURCE gives back cheaply is SOURCE's own page cache,
+	 * mapped, which the kernel reclaims by itself at any speed (bcache.h,
+	 * bc_block_new_mapped); a SOURCE that cannot be mapped is read as before. */
+	if (tier_maps_data(ns->m->tier)) {
+		rc = bc_block_new_mapped(ns->m->bc, f->fd, off, len, &b);
+		if (!rc) {
+			atomic_fetch_add(&ns->m->st.source_bytes_read, len);
+			atomic_fetch_add(&ns->m->st.source_reads, 1);
+			*out = bc_insert(ns->m->bc, b, &f->fid, idx);
+			return 0;
+		}
+		if (rc == -EIO || rc == -ENOMEM) {
+			atomic_fetch_add(&ns->m->st.source_errors, 1);
+			log_err("data: mapping %s at %llu failed: %s (source %s)", f->n->name,
+				(unsigned long long)off,
+				rc == -EIO ? "file shrank underneath" : strerror(-rc), ns->src_path);
+			return rc;
+		}
+	}
+	if ((rc = data_pread(ns, f, off, len, &b)))
 		return rc;
 	bc_block_seal(ns->m->bc, b); /* the checksum a spill copy is verified against */
+	/* The block holds these bytes now: SOURCE's page cache of them would be a second
+	 * copy charged to the daemon, which the governor would take for memory the
+	 * kernel can give back and the kernel for memory of the daemon's (issue 12). */
+	posix_fadvise(f->fd, (off_t)off, len, POSIX_FADV_DONTNEED);
 	*out = bc_insert(ns->m->bc, b, &f->fid, idx);
 	return 0;
 }
@@ -815,6 +872,15 @@ int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
 			 * still has the block, so read it again from there. */
 			bc_block_put(ns->m->bc, b);
 			b = NULL;
+		}
+		/* A mapped block whose pages the kernel reclaimed: read them back from
+		 * SOURCE now, in one go (they would fault back in the reply anyway, a page
+		 * at a time; never as zeros). SOURCE no longer has them: the read fails. */
+		if (b && (rc = bc_block_refault(ns->m->bc, b)) < 0) {
+			bc_block_put(ns->m->bc, b);
+			log_err("data: %s changed underneath: its mapped block %llu is gone",
+				f->n->name, (unsigned long long)idx);
+			goto fail;
 		}
 		if (!b && !bc_admits(ns->m->bc)) {
 			/* Nothing would be kept, in memory or on disk: read the rest of the

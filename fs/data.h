@@ -44,7 +44,11 @@ int data_readlink(struct data_ns *ns, struct data_node *n, char *buf, size_t siz
 int data_statfs(struct data_ns *ns, struct statvfs *sv);
 int data_getxattr(struct data_ns *ns, struct data_node *n, const char *name, void *buf,
 		  size_t size);
-int data_listxattr(struct data_ns *ns, struct data_node *n, char *buf, size_t size);
+/* The names SOURCE lists, but trusted.* ones only for a privileged caller (as ext4 lists
+ * them only to CAP_SYS_ADMIN): the daemon reads SOURCE as root and would show them to
+ * anyone. */
+int data_listxattr(struct data_ns *ns, struct data_node *n, char *buf, size_t size,
+		   int privileged);
 
 /* Open files: *out is handed to the caller until data_release. */
 int data_open(struct data_ns *ns, struct data_node *n, struct fuse_file_info *fi,

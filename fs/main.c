@@ -46,7 +46,7 @@
 struct mlfs_opts {
 	char *store, *spill, *restore, *pressure_file, *meminfo_file, *cgroup;
 	char *mem_max, *mem_min, *block_size, *spill_max, *data_timeout, *threads;
-	char *preempt_deadline, *autosnap, *keep, *mtbf;
+	char *preempt_deadline, *autosnap, *keep, *mtbf, *workers, *worker;
 	int show_help, show_version, foreground, debug, immutable;
 };
 
@@ -68,6 +68,8 @@ static const struct fuse_opt mlfs_opt_spec[] = {
 	OPT("autosnap=%s", autosnap),
 	OPT("keep=%s", keep),
 	OPT("mtbf=%s", mtbf),
+	OPT("workers=%s", workers),
+	OPT("worker=%s", worker),
 	OPT("-h", show_help),
 	OPT("--help", show_help),
 	OPT("-V", show_version),
@@ -85,7 +87,8 @@ static void mlfs_opts_free(struct mlfs_opts *o)
 	char **strs[] = { &o->store, &o->spill, &o->restore, &o->pressure_file,
 			  &o->meminfo_file, &o->cgroup, &o->mem_max, &o->mem_min,
 			  &o->block_size, &o->spill_max, &o->data_timeout, &o->threads,
-			  &o->preempt_deadline, &o->autosnap, &o->keep, &o->mtbf };
+			  &o->preempt_deadline, &o->autosnap, &o->keep, &o->mtbf,
+			  &o->workers, &o->worker };
 
 	for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++) {
 		free(*strs[i]);
@@ -131,6 +134,8 @@ static void usage(FILE *f)
 "                         (90s, 10m, 2h); auto: the Young/Daly interval from mtbf\n"
 "  -o keep=N              keep the N newest automatic snapshots (default: all)\n"
 "  -o mtbf=TIME           mean time between failures for autosnap=auto (default 1h)\n"
+"  -o workers=N,worker=K  this is worker K (0..N-1) of a job of N sharing the store:\n"
+"                         snapshots are groups of N parts (default: workers=1)\n"
 "  -o threads=N           most FUSE worker threads (default %d)\n"
 "  -o data_timeout=S      kernel attribute cache time for MOUNTPOINT/data (default %.0f)\n"
 "  -o immutable           promise SOURCE does not change while mounted: opens cost\n"
@@ -171,7 +176,9 @@ static int opt_number(const char *name, const char *val, enum opt_kind kind, dou
 	uint64_t uv = 0;
 	double v = 0;
 	char *end;
-	int bad = !val || !*val || !((val[0] >= '0' && val[0] <= '9') || val[0] == '.');
+	/* Decimal only: strtod would also take hex ("0x10", "0x1p4"). */
+	int bad = !val || !*val || !((val[0] >= '0' && val[0] <= '9') || val[0] == '.') ||
+		  strpbrk(val, "xX");
 
 	if (!bad && kind == OPT_SIZE) {
 		bad = mlfs_parse_size(val, &uv) != 0;
@@ -376,9 +383,37 @@ static int build_config(struct mlfs_opts *o, const char *src, const char *mnt,
 			return 1;
 		c->keep = (unsigned)v;
 	}
-	if (!c->store && (o->restore || o->autosnap || o->keep)) {
+	c->workers = 1;
+	if (o->workers && opt_number("workers", o->workers, OPT_INT, 1, MLFS_WORKERS_MAX, NULL, &v))
+		return 1;
+	if (o->workers)
+		c->workers = (unsigned)v;
+	if (o->worker) {
+		if (opt_number("worker", o->worker, OPT_INT, 0, MLFS_WORKERS_MAX - 1, NULL, &v))
+			return 1;
+		c->worker = (unsigned)v;
+	}
+	if (c->worker >= c->workers) {
+		fprintf(stderr, "mlfs: -o worker=%u: a worker number is 0..workers-1 (workers=%u)\n",
+			c->worker, c->workers);
+		return 1;
+	}
+	if (c->workers > 1 && !o->worker) {
+		fprintf(stderr, "mlfs: -o workers=%u needs -o worker=K (0..%u): each worker's "
+			"number\n", c->workers, c->workers - 1);
+		return 1;
+	}
+	/* Group names must be the same on every worker: autosnap=auto's interval follows
+	 * each worker's own persist time, so their auto- names would never meet. */
+	if (c->workers > 1 && c->autosnap_auto) {
+		fprintf(stderr, "mlfs: -o autosnap=auto cannot name groups alike on %u workers: "
+			"give a fixed interval (autosnap=TIME)\n", c->workers);
+		return 1;
+	}
+	if (!c->store && (o->restore || o->autosnap || o->keep || c->workers > 1)) {
 		fprintf(stderr, "mlfs: -o %s needs -o store=DIR\n",
-			o->restore ? "restore" : o->autosnap ? "autosnap" : "keep");
+			o->restore ? "restore" : o->autosnap ? "autosnap" : o->keep ? "keep"
+								      : "workers");
 		return 1;
 	}
 	c->immutable = o->immutable;
@@ -560,10 +595,11 @@ static void *mlfs_signals(void *arg)
 
 /* The tier manager's configuration from the mount options. MLFS_TIER_DROP=always|never
  * overrides rule D of tiering/tier.c (tests and benchmarks that need spills from a
- * page-cache-hot SOURCE, or none). */
+ * page-cache-hot SOURCE, or none); MLFS_DATA_MAP=never|always rule M (the A/B of
+ * docs/tiering.md). */
 static void mlfs_tier_config(const struct mlfs_config *c, struct tier_config *tc)
 {
-	const char *drop = getenv("MLFS_TIER_DROP");
+	const char *drop = getenv("MLFS_TIER_DROP"), *map = getenv("MLFS_DATA_MAP");
 
 	tier_config_defaults(tc);
 	tc->spill_dir = c->spill;
@@ -579,6 +615,10 @@ static void mlfs_tier_config(const struct mlfs_config *c, struct tier_config *tc
 		tc->drop = TIER_DROP_ALWAYS;
 	else if (drop && !strcmp(drop, "never"))
 		tc->drop = TIER_DROP_NEVER;
+	if (map && !strcmp(map, "never"))
+		tc->map = TIER_MAP_NEVER;
+	else if (map && !strcmp(map, "always"))
+		tc->map = TIER_MAP_ALWAYS;
 }
 
 /* Builds the daemon's parts. Each failure is said in exactly one line: by the part
@@ -908,6 +948,10 @@ int main(int argc, char **argv)
 	if (fuse_session_mount(se, m.cfg.mountpoint)) {
 		fprintf(stderr, "mlfs: cannot mount on %s\n", m.cfg.mountpoint);
 		goto out_destroy;
+	}
+	if ((r = mlfs_ops_set_io(se))) {
+		fprintf(stderr, "mlfs: cannot read requests: %s\n", strerror(-r));
+		goto out_unmount;
 	}
 	if (!m.cfg.foreground && (r = mlfs_daemonize(&ready_fd))) {
 		fprintf(stderr, "mlfs: cannot start the daemon: %s\n", strerror(-r));

@@ -11,6 +11,7 @@
 #include "fs/manifest.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -232,18 +233,31 @@ static int mf_check_xattrs(const struct mf_entry *e)
 	return rc;
 }
 
+/* The version m is written in: its own, or for 0 the lowest that holds its flags. */
+static uint32_t mf_version(const struct mf_manifest *m)
+{
+	if (m->version)
+		return m->version;
+	for (size_t i = 0; i < m->nentries; i++)
+		if (m->entries[i].flags & MF_ENTRY_INHERITED)
+			return 3;
+	return MF_VERSION;
+}
+
 static int mf_check_entry(const struct mf_manifest *m, size_t i)
 {
 	const struct mf_entry *e = &m->entries[i];
 	size_t nlen = e->name ? strlen(e->name) : 0;
-	uint32_t version = m->version ? m->version : MF_VERSION;
+	uint32_t version = mf_version(m);
 	long j;
 	int rc;
 
 	if (e->type < MF_FILE || e->type > MF_SYMLINK || (e->mode & ~07777u))
 		return -EINVAL;
-	if ((e->flags & ~MF_ENTRY_OPEN_WRITE) ||
-	    (e->flags && (version < 2 || e->type != MF_FILE || e->link)))
+	if ((e->flags & ~(MF_ENTRY_OPEN_WRITE | MF_ENTRY_INHERITED)) ||
+	    (e->flags && (version < 2 || e->type != MF_FILE || e->link)) ||
+	    ((e->flags & MF_ENTRY_INHERITED) &&
+	     (version < 3 || (e->flags & MF_ENTRY_OPEN_WRITE))))
 		return -EINVAL;
 	if (i == 0) {
 		if (e->id != 1 || e->parent || e->link || nlen || e->type != MF_DIR)
@@ -318,7 +332,7 @@ static int mf_check(const struct mf_manifest *m)
 	if (!mf_name_valid(m->name, strnlen(m->name, sizeof(m->name))) ||
 	    strnlen(m->name, sizeof(m->name)) > MF_NAME_MAX || m->nentries == 0 || !m->entries)
 		return -EINVAL;
-	if (m->version > MF_VERSION || m->flags)
+	if (m->version > MF_VERSION_MAX || m->flags)
 		return -EINVAL;
 	for (size_t i = 0; i < m->nentries; i++)
 		if ((rc = mf_check_entry(m, i)))
@@ -337,7 +351,7 @@ int mf_encode(const struct mf_manifest *m, void **buf, size_t *len)
 
 	if ((rc = mf_check(m)))
 		return rc;
-	version = m->version ? m->version : MF_VERSION;
+	version = mf_version(m);
 	w_bytes(&w, mf_magic, sizeof(mf_magic));
 	w_le(&w, version, 4);
 	w_le(&w, m->flags, 4);
@@ -511,7 +525,7 @@ int mf_decode(const void *buf, size_t len, struct mf_manifest **out)
 		return -EIO;
 	r.pos = 8;
 	version = (uint32_t)r_le(&r, 4);
-	if (version < 1 || version > MF_VERSION)
+	if (version < 1 || version > MF_VERSION_MAX)
 		return -EINVAL;
 	entry_min = MF_ENTRY_MIN + (version >= 2);
 	r.len = len - MF_HASH_LEN;	/* the checksum is not part of the body */
@@ -564,22 +578,25 @@ fail:
 	return rc;
 }
 
+/* Frees what e owns (not e). */
+static void mf_entry_release(struct mf_entry *e)
+{
+	free(e->name);
+	free(e->target);
+	for (uint32_t k = 0; k < e->nxattrs; k++) {
+		free(e->xattrs[k].name);
+		free(e->xattrs[k].value);
+	}
+	free(e->xattrs);
+	free(e->blocks);
+}
+
 void mf_free(struct mf_manifest *m)
 {
 	if (!m)
 		return;
-	for (size_t i = 0; i < m->nentries; i++) {
-		struct mf_entry *e = &m->entries[i];
-
-		free(e->name);
-		free(e->target);
-		for (uint32_t k = 0; k < e->nxattrs; k++) {
-			free(e->xattrs[k].name);
-			free(e->xattrs[k].value);
-		}
-		free(e->xattrs);
-		free(e->blocks);
-	}
+	for (size_t i = 0; i < m->nentries; i++)
+		mf_entry_release(&m->entries[i]);
 	free(m->entries);
 	free(m);
 }
@@ -609,4 +626,275 @@ int mf_path(const struct mf_manifest *m, size_t idx, char *buf, size_t size)
 	}
 	memmove(buf, buf + pos, size - pos);
 	return (int)(size - pos - 1);
+}
+
+/* ---- merge: the union of a group's parts (mf_merge) ---- */
+
+/* The merged tree so far, and an index over (parent, name) -> entry, open addressing
+ * with linear probing (slots hold index + 1, 0 empty). */
+struct mf_union {
+	struct mf_manifest *m;
+	size_t cap;
+	size_t *slot;
+	size_t nslot;
+};
+
+static uint64_t mf_union_key(uint64_t parent, const char *name)
+{
+	return XXH3_64bits_withSeed(name, strlen(name), parent);
+}
+
+static int mf_union_grow(struct mf_union *u)
+{
+	size_t n = u->nslot ? 2 * u->nslot : 1024, *s = calloc(n, sizeof(*s));
+
+	if (!s)
+		return -ENOMEM;
+	for (size_t i = 1; i < u->m->nentries; i++) { /* the root has no name */
+		const struct mf_entry *e = &u->m->entries[i];
+		size_t h = mf_union_key(e->parent, e->name) & (n - 1);
+
+		while (s[h])
+			h = (h + 1) & (n - 1);
+		s[h] = i + 1;
+	}
+	free(u->slot);
+	u->slot = s;
+	u->nslot = n;
+	return 0;
+}
+
+/* Index of parent's child name in the union, or -1. */
+static long mf_union_find(const struct mf_union *u, uint64_t parent, const char *name)
+{
+	size_t h = mf_union_key(parent, name) & (u->nslot - 1);
+
+	for (; u->slot[h]; h = (h + 1) & (u->nslot - 1)) {
+		const struct mf_entry *e = &u->m->entries[u->slot[h] - 1];
+
+		if (e->parent == parent && !strcmp(e->name, name))
+			return (long)(u->slot[h] - 1);
+	}
+	return -1;
+}
+
+/* A deep copy of e (everything it owns) into *d, with the union's id, parent, link. */
+static int mf_entry_copy(struct mf_entry *d, const struct mf_entry *e)
+{
+	*d = *e;
+	d->name = strdup(e->name);
+	d->target = e->target ? strdup(e->target) : NULL;
+	d->xattrs = e->nxattrs ? calloc(e->nxattrs, sizeof(*d->xattrs)) : NULL;
+	d->blocks = e->nblocks ? malloc(e->nblocks * sizeof(*d->blocks)) : NULL;
+	if (!d->name || (e->target && !d->target) || (e->nxattrs && !d->xattrs) ||
+	    (e->nblocks && !d->blocks))
+		goto fail;
+	if (e->nblocks)
+		memcpy(d->blocks, e->blocks, e->nblocks * sizeof(*d->blocks));
+	for (uint32_t i = 0; i < e->nxattrs; i++) {
+		d->xattrs[i].name = strdup(e->xattrs[i].name);
+		d->xattrs[i].value_len = e->xattrs[i].value_len;
+		d->xattrs[i].value = e->xattrs[i].value_len ? malloc(e->xattrs[i].value_len) : NULL;
+		if (!d->xattrs[i].name || (e->xattrs[i].value_len && !d->xattrs[i].value))
+			goto fail;
+		if (e->xattrs[i].value_len)
+			memcpy(d->xattrs[i].value, e->xattrs[i].value, e->xattrs[i].value_len);
+	}
+	return 0;
+fail:
+	for (uint32_t i = 0; d->xattrs && i < e->nxattrs; i++) {
+		free(d->xattrs[i].name);
+		free(d->xattrs[i].value);
+	}
+	free(d->xattrs);
+	free(d->blocks);
+	free(d->target);
+	free(d->name);
+	memset(d, 0, sizeof(*d));
+	return -ENOMEM;
+}
+
+/* The entry holding e's content: e itself, or the target of a hard link. */
+static const struct mf_entry *mf_content(const struct mf_manifest *m, const struct mf_entry *e)
+{
+	long t = e->link ? mf_find(m, e->link) : -1;
+
+	return t >= 0 ? &m->entries[t] : e;
+}
+
+/* 1 if a and b hold the same thing at one path: two directories (they merge), or the
+ * same type with the same bytes (files: size and every block; symlinks: target).
+ * Metadata (times, mode, owner) may differ: the first part's is kept. */
+static int mf_same(const struct mf_entry *a, const struct mf_entry *b)
+{
+	if (a->type != b->type)
+		return 0;
+	if (a->type == MF_DIR)
+		return 1;
+	if (a->type == MF_SYMLINK)
+		return !strcmp(a->target, b->target);
+	if (a->size != b->size || a->nblocks != b->nblocks || a->block_size != b->block_size)
+		return 0;
+	for (uint64_t k = 0; k < a->nblocks; k++)
+		if (a->blocks[k].len != b->blocks[k].len || a->blocks[k].flags != b->blocks[k].flags ||
+		    memcmp(a->blocks[k].hash, b->blocks[k].hash, MF_HASH_LEN))
+			return 0;
+	return 1;
+}
+
+/* Adds part p's entries to the union: map[i] is where p's entry i went (-1: dropped,
+ * its parent lost to a conflict, or itself in conflict). */
+static int mf_union_add(struct mf_union *u, const struct mf_manifest *p, unsigned pi,
+			unsigned **owner, long *map, mf_conflict_fn fn, void *arg,
+			uint64_t *conflicts)
+{
+	map[0] = 0; /* roots merge */
+	for (size_t i = 1; i < p->nentries; i++) {
+		const struct mf_entry *e = &p->entries[i];
+		long pp = mf_find(p, e->parent), at, tgt = -1;
+		uint64_t parent;
+
+		map[i] = -1;
+		if (pp < 0 || map[pp] < 0)
+			continue; /* under a conflict: the first part's tree stands there */
+		parent = u->m->entries[map[pp]].id;
+		if (e->link) {
+			long t = mf_find(p, e->link);
+
+			if (t < 0 || map[t] < 0) {
+				/* its inode lost a conflict elsewhere: this path has no content */
+				(*conflicts)++;
+				if (fn)
+					fn(arg, p, i, pi, pi);
+				continue;
+			}
+			tgt = map[t];
+			if (u->m->entries[tgt].link)
+				tgt = mf_find(u->m, u->m->entries[tgt].link);
+		}
+		at = mf_union_find(u, parent, e->name);
+		if (at >= 0) {
+			struct mf_entry *slot = &u->m->entries[at];
+			const struct mf_entry *have = mf_content(u->m, slot), *mine = mf_content(p, e);
+
+			if (mf_same(have, mine) || (mine->flags & MF_ENTRY_INHERITED &&
+						    !(have->flags & MF_ENTRY_INHERITED))) {
+				map[i] = at; /* the same, or ours is an untouched copy */
+				continue;
+			}
+			if ((have->flags & MF_ENTRY_INHERITED) && !(mine->flags & MF_ENTRY_INHERITED) &&
+			    !slot->link && !e->link && mine->type == MF_FILE &&
+			    slot->type == MF_FILE) {
+				/* an untouched copy in the union, rewritten by this part: the
+				 * rewrite stands (its id, parent and name stay; links to it see
+				 * the new content, as links to one inode do) */
+				struct mf_entry d;
+
+				if (mf_entry_copy(&d, e))
+					return -ENOMEM;
+				d.id = slot->id;
+				d.parent = slot->parent;
+				d.link = 0;
+				mf_entry_release(slot);
+				*slot = d;
+				(*owner)[at] = pi;
+				map[i] = at;
+				continue;
+			}
+			(*conflicts)++;
+			if (fn)
+				fn(arg, p, i, (*owner)[at], pi);
+			continue;
+		}
+		/* A new path: append (parent first, ids increase: the tree rules hold). */
+		if (u->m->nentries == u->cap) {
+			size_t cap = 2 * u->cap;
+			void *ne = realloc(u->m->entries, cap * sizeof(*u->m->entries));
+			void *no = ne ? realloc(*owner, cap * sizeof(**owner)) : NULL;
+
+			if (ne)
+				u->m->entries = ne;
+			if (!no)
+				return -ENOMEM;
+			*owner = no;
+			u->cap = cap;
+		}
+		if (2 * (u->m->nentries + 1) > u->nslot && mf_union_grow(u))
+			return -ENOMEM;
+		struct mf_entry *d = &u->m->entries[u->m->nentries];
+
+		if (mf_entry_copy(d, e))
+			return -ENOMEM;
+		d->id = u->m->nentries + 1;
+		d->parent = parent;
+		d->link = tgt >= 0 ? u->m->entries[tgt].id : 0;
+		(*owner)[u->m->nentries] = pi;
+		size_t h = mf_union_key(d->parent, d->name) & (u->nslot - 1);
+
+		while (u->slot[h])
+			h = (h + 1) & (u->nslot - 1);
+		u->slot[h] = u->m->nentries + 1;
+		map[i] = (long)u->m->nentries++;
+	}
+	return 0;
+}
+
+int mf_merge(struct mf_manifest *const *parts, size_t n, mf_conflict_fn fn, void *arg,
+	     struct mf_manifest **out, uint64_t *conflicts)
+{
+	struct mf_union u = { 0 };
+	unsigned *owner = NULL;
+	long *map = NULL;
+	int rc = -ENOMEM;
+
+	*conflicts = 0;
+	if (!n)
+		return -EINVAL;
+	u.m = calloc(1, sizeof(*u.m));
+	u.cap = 64;
+	if (!u.m || !(u.m->entries = calloc(u.cap, sizeof(*u.m->entries))) ||
+	    !(owner = calloc(u.cap, sizeof(*owner))))
+		goto out;
+	snprintf(u.m->name, sizeof(u.m->name), "%s", parts[0]->name);
+	u.m->version = MF_VERSION;
+	if ((rc = mf_entry_copy(&u.m->entries[0], &parts[0]->entries[0])))
+		goto out;
+	u.m->nentries = 1;
+	if ((rc = mf_union_grow(&u)))
+		goto out;
+	for (size_t k = 0; k < n; k++) {
+		long *nm = realloc(map, (parts[k]->nentries ? parts[k]->nentries : 1) * sizeof(*map));
+
+		rc = -ENOMEM;
+		if (!nm)
+			goto out;
+		map = nm;
+		if (parts[k]->time_ns > u.m->time_ns)
+			u.m->time_ns = parts[k]->time_ns;
+		u.m->new_bytes += parts[k]->new_bytes;
+		if ((rc = mf_union_add(&u, parts[k], (unsigned)k, &owner, map, fn, arg, conflicts)))
+			goto out;
+	}
+	/* The summary of the union: files (links once), bytes, open files. Its entries
+	 * are nobody's inherited copies: the flag is the parts' business. */
+	for (size_t i = 0; i < u.m->nentries; i++) {
+		struct mf_entry *e = &u.m->entries[i];
+
+		e->flags &= (uint8_t)~MF_ENTRY_INHERITED;
+
+		if (e->type != MF_FILE || e->link)
+			continue;
+		u.m->files++;
+		u.m->logical_bytes += e->size;
+		u.m->open_writes += !!(e->flags & MF_ENTRY_OPEN_WRITE);
+	}
+	*out = u.m;
+	u.m = NULL;
+	rc = 0;
+out:
+	mf_free(u.m);
+	free(u.slot);
+	free(owner);
+	free(map);
+	return rc;
 }

@@ -41,13 +41,15 @@
  *   - xattr names are 1..255 bytes without NUL, distinct within an entry; a value is at
  *     most MF_XATTR_VALUE_MAX bytes and names plus values of one entry at most
  *     MF_XATTR_TOTAL_MAX;
- *   - entry flags (version 2): only MF_ENTRY_OPEN_WRITE, only on a file that is not a
- *     link; a version 1 manifest has none.
+ *   - entry flags (version 2): only MF_ENTRY_OPEN_WRITE, and (version 3) at most one of
+ *     it and MF_ENTRY_INHERITED, only on a file that is not a link; a version 1
+ *     manifest has none.
  *
- * Versions: mf_decode reads version 1 (no entry flags) and 2; a decoded manifest keeps
- * its version and mf_encode writes that version again, byte for byte (decode then
+ * Versions: mf_decode reads version 1 (no entry flags), 2 and 3; a decoded manifest
+ * keeps its version and mf_encode writes that version again, byte for byte (decode then
  * encode is the identity, which tests/fuzz/fuzz_manifest.c checks). version 0 means
- * MF_VERSION.
+ * MF_VERSION, or 3 when an entry carries MF_ENTRY_INHERITED (so a manifest without
+ * one stays readable by a version-2 mlfs).
  */
 #ifndef MLFS_MANIFEST_H
 #define MLFS_MANIFEST_H
@@ -56,6 +58,7 @@
 #include <stdint.h>
 
 #define MF_VERSION 2		/* written by default; 1 is still read and re-encoded */
+#define MF_VERSION_MAX 3	/* read; written (version 0) when an entry is INHERITED */
 #define MF_HASH_LEN 16		/* XXH3-128, canonical (big-endian) byte order */
 #define MF_NAME_MAX 255
 #define MF_TARGET_MAX 4095
@@ -72,6 +75,10 @@ enum mf_type { MF_FILE = 1, MF_DIR = 2, MF_SYMLINK = 3 };
  * (O_WRONLY/O_RDWR) by someone, so its content may be a torn write (a torch.save cut
  * by a SIGTERM); "latest" skips snapshots that have any (fs/store.h store_latest). */
 #define MF_ENTRY_OPEN_WRITE 0x1
+/* Entry flag (version 3). INHERITED: a file of a worker (-o workers=N > 1) as a group
+ * restore gave it, unchanged since: mf_merge prefers another part's rewrite of that
+ * path to it, rather than calling the two a conflict. */
+#define MF_ENTRY_INHERITED 0x2
 
 struct mf_block {
 	uint8_t hash[MF_HASH_LEN];	/* names STORE/objects/xx/<hex>; zero for a hole */
@@ -147,6 +154,26 @@ long mf_find(const struct mf_manifest *m, uint64_t id);
  * Costs O(depth * log n).
  */
 int mf_path(const struct mf_manifest *m, size_t idx, char *buf, size_t size);
+
+/*
+ * The union of a group's parts (one manifest per worker) as one tree, *out handed over:
+ * what ckpt_restore shows on every worker after a group restore. Directories merge; a
+ * path that several parts hold with the same content (type, size and every block, or a
+ * symlink's target) is one entry; a path held with different contents is a conflict:
+ * the earliest part's entry stays (and under a directory that lost, that part's subtree
+ * is left out), *conflicts counts them and fn (may be NULL) is called once for each
+ * with the losing part p, its entry index idx, and the parts that hold the path
+ * (kept_part, p's index). Not a conflict: a file one part rewrote where another holds
+ * it MF_ENTRY_INHERITED (as restored, untouched): the rewrite wins. Metadata (mode,
+ * owner, times) of merged entries is the first part's; the union carries no INHERITED
+ * flags. Ids are renumbered; time_ns is the newest part's; new_bytes the sum; files,
+ * logical_bytes and open_writes are counted over the union. -EINVAL for n == 0, -ENOMEM.
+ * O(total entries + blocks compared).
+ */
+typedef void (*mf_conflict_fn)(void *arg, const struct mf_manifest *p, size_t idx,
+			       unsigned kept_part, unsigned part);
+int mf_merge(struct mf_manifest *const *parts, size_t n, mf_conflict_fn fn, void *arg,
+	     struct mf_manifest **out, uint64_t *conflicts);
 
 /* 1 if s is a valid entry (or snapshot) name: 1..255 bytes, no '/', not "." or "..". */
 int mf_name_valid(const char *s, size_t len);

@@ -50,7 +50,13 @@ struct mlfs_config {
 	unsigned keep;		/* -o keep=N: automatic snapshots kept, 0 = all */
 	double mtbf_s;		/* -o mtbf=TIME */
 	int mtbf_given;
+	unsigned workers;	/* -o workers=N: workers of the job sharing the store, >= 1 */
+	unsigned worker;	/* -o worker=K: this one, 0..workers-1 */
 };
+
+/* The most workers one group may have (-o workers): far above any job's, low enough
+ * that a group's N parts are listed and merged in one go. */
+#define MLFS_WORKERS_MAX 4096
 
 struct mlfs_stats {
 	_Atomic uint64_t source_bytes_read, source_reads, source_errors, direct_reads;
@@ -108,5 +114,9 @@ int mlfs_stats_prom(struct mlfs *m, char *buf, size_t len);
 
 /* The FUSE operation table (ops.c). */
 extern const struct fuse_lowlevel_ops mlfs_ops;
+/* Reads the session's requests through ops.c (O_TMPFILE, which libfuse 3.14 does not
+ * handle, becomes a CREATE there). After fuse_session_mount, before the loop; 0 or
+ * -errno. */
+int mlfs_ops_set_io(struct fuse_session *se);
 
 #endif

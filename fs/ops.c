@@ -16,7 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/xattr.h>
+#include <linux/fuse.h>
 #include <unistd.h>
 
 #include "cache/bcache.h"
@@ -86,6 +88,9 @@ static void mlfs_op_init(void *userdata, struct fuse_conn_info *conn)
 		conn->want &= ~FUSE_CAP_ATOMIC_O_TRUNC;
 	if (conn->capable & FUSE_CAP_SPLICE_MOVE)
 		conn->want &= ~FUSE_CAP_SPLICE_MOVE;
+	/* Requests read by splice would bypass mlfs_io_read (O_TMPFILE). libfuse offers
+	 * none with a read hook and no splice hook; this keeps it so whatever it offers. */
+	conn->want &= ~FUSE_CAP_SPLICE_READ;
 	/*
 	 * POSIX ACLs as ext4: the kernel caches and enforces them (this also implies
 	 * default_permissions, which mlfs always sets), MOUNT/ckpt stores them and keeps
@@ -344,6 +349,50 @@ static void mlfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 	reply_rc(req, rc);
 }
 
+/*
+ * Checkpoint files opened write-only get FOPEN_DIRECT_IO: the kernel hands each write(2)
+ * to us straight from the writer's pages instead of first copying it into page-cache
+ * pages of the mount (fresh pages: a fault and a clear each on this VM) that would then
+ * hold the checkpoint a second time beside our blocks. torch.save, dd and `open(..., "wb")`
+ * all open write-only. Safe for mmap: a write-only descriptor cannot be mapped. What other
+ * descriptors of the file have cached is dropped by mlfs_op_write once the new bytes
+ * are in place (see there). Measured in docs/performance.md, "The
+ * checkpoint write path". Write semantics are unchanged: a write reaches the daemon
+ * before write() returns, so a take after it contains it.
+ */
+/* fi->fh of a checkpoint file: its struct ckpt_file (an open with write access, from
+ * ckpt_open; 0 for read-only opens), with bit 0 set when opened direct (malloc's
+ * alignment keeps it clear in the pointer). mlfs_op_write invalidates cached pages
+ * after a write only through a direct handle, so a write through the page cache (a mode
+ * without OPEN, where the kernel holds the written pages locked until we answer) never
+ * waits on its own writer. */
+#define MLFS_FH_CKPT_DIRECT 1
+
+static uint64_t ckpt_fh(struct ckpt_file *cf, bool direct)
+{
+	assert(!((uint64_t)cf & MLFS_FH_CKPT_DIRECT));
+	return (uint64_t)cf | (direct ? MLFS_FH_CKPT_DIRECT : 0);
+}
+
+static struct ckpt_file *ckpt_file_of(const struct fuse_file_info *fi)
+{
+	return (struct ckpt_file *)(fi->fh & ~(uint64_t)MLFS_FH_CKPT_DIRECT);
+}
+
+static bool ckpt_fh_direct(const struct fuse_file_info *fi)
+{
+	return fi->fh & MLFS_FH_CKPT_DIRECT;
+}
+
+static bool ckpt_direct(const struct mlfs *m, int flags)
+{
+	/* Not with -o immutable: there OPEN answers ENOSYS, so a write-only descriptor of an
+	 * existing file writes through the page cache, holding its pages locked while the
+	 * WRITE is in flight; mlfs_op_write must not invalidate them (it would wait on the
+	 * writer, which waits on it). So no descriptor is direct there, created ones neither. */
+	return !m->cfg.immutable && (flags & O_ACCMODE) == O_WRONLY;
+}
+
 static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct mlfs *m = mlfs_of(req);
@@ -369,11 +418,12 @@ static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 		if ((rc = ckpt_open(m->ckpt, (struct ckpt_inode *)n, fi->flags,
 				    fuse_req_ctx(req)->pid, &cf)))
 			return reply_rc(req, rc);
-		fi->fh = (uint64_t)cf;
 		fi->noflush = !cf; /* FLUSH only for handles with write access */
 		/* Every change goes through this kernel, so its cached pages stay true;
 		 * a restore swaps in new inodes, never old pages. */
 		fi->keep_cache = 1;
+		fi->direct_io = ckpt_direct(m, fi->flags);
+		fi->fh = ckpt_fh(cf, fi->direct_io);
 	} else {
 		return reply_rc(req, -EISDIR);
 	}
@@ -382,8 +432,50 @@ static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 		if (n->kind == MLFS_DATA)
 			data_release(m->data, f);
 		else
-			ckpt_release(m->ckpt, (struct ckpt_inode *)n, (struct ckpt_file *)fi->fh);
+			ckpt_release(m->ckpt, (struct ckpt_inode *)n, ckpt_file_of(fi));
 	}
+}
+
+/*
+ * O_TMPFILE. The kernel sends FUSE_TMPFILE (opcode 51), a CREATE in all but the opcode
+ * (the same fuse_create_in, a name, the same entry + open reply), but libfuse 3.14 has
+ * no handler for it and answers ENOSYS, which the kernel turns into EOPNOTSUPP for the
+ * rest of the mount. So mlfs reads requests itself (fuse_session_custom_io, installed
+ * by mlfs_ops_set_io before the first request): a TMPFILE is relabelled CREATE with the
+ * name "/", which no real CREATE can carry (a name has no '/'), and mlfs_op_create
+ * makes it a file with no name. Everything else of libfuse's (the caller's uid, gid
+ * and umask, interrupts, the reply) is the CREATE path's. Costs one compare per
+ * request; works with clone_fd, as libfuse passes each worker's own fd to the hook.
+ * No request is read by splice (mlfs_op_init), so every one passes through here.
+ */
+#define MLFS_TMPFILE_NAME "/"
+
+static ssize_t mlfs_io_read(int fd, void *buf, size_t len, void *userdata)
+{
+	struct fuse_in_header *in = buf;
+	ssize_t n = read(fd, buf, len);
+	size_t head = sizeof(*in) + sizeof(struct fuse_create_in);
+
+	/* A TMPFILE too short to hold a name stays one: libfuse answers ENOSYS. */
+	if (n >= (ssize_t)(head + sizeof(MLFS_TMPFILE_NAME)) && in->opcode == FUSE_TMPFILE &&
+	    in->len >= head + sizeof(MLFS_TMPFILE_NAME)) {
+		in->opcode = FUSE_CREATE;
+		memcpy((char *)buf + head, MLFS_TMPFILE_NAME, sizeof(MLFS_TMPFILE_NAME));
+	}
+	return n;
+}
+
+static ssize_t mlfs_io_writev(int fd, struct iovec *iov, int count, void *userdata)
+{
+	return writev(fd, iov, count);
+}
+
+int mlfs_ops_set_io(struct fuse_session *se)
+{
+	static const struct fuse_custom_io io = { .read = mlfs_io_read,
+						  .writev = mlfs_io_writev };
+
+	return fuse_session_custom_io(se, &io, fuse_session_fd(se));
 }
 
 static void mlfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
@@ -396,7 +488,11 @@ static void mlfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, 
 	struct ckpt_file *cf = NULL;
 	int rc = ckpt_parent(parent, &dir);
 
-	if (!rc)
+	/* O_TMPFILE (mlfs_io_read); without O_EXCL it may be linked later (the kernel
+	 * checks that as well: I_LINKABLE). */
+	if (!rc && !strcmp(name, MLFS_TMPFILE_NAME))
+		rc = ckpt_tmpfile(m->ckpt, dir, mode, !(fi->flags & O_EXCL), &c, &e);
+	else if (!rc)
 		rc = ckpt_mknod(m->ckpt, dir, name, S_IFREG | (mode & 07777), 0, &c, &e);
 	if (rc)
 		return reply_rc(req, rc);
@@ -409,9 +505,10 @@ static void mlfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, 
 		ckpt_forget(m->ckpt, (struct ckpt_inode *)e.ino, 1); /* the entry never sent */
 		return reply_rc(req, rc);
 	}
-	fi->fh = (uint64_t)cf;
 	fi->noflush = !cf; /* FLUSH only for handles with write access */
 	fi->keep_cache = 1;
+	fi->direct_io = ckpt_direct(m, fi->flags);
+	fi->fh = ckpt_fh(cf, fi->direct_io);
 	if (fuse_reply_create(req, &e, fi) == -ENOENT) {
 		if (!m->cfg.immutable)
 			ckpt_release(m->ckpt, (struct ckpt_inode *)e.ino, cf);
@@ -427,7 +524,7 @@ static void mlfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_inf
 	if (n->kind == MLFS_DATA && fi->fh)
 		data_release(m->data, (struct data_file *)fi->fh);
 	else if (n->kind == MLFS_CKPT && !m->cfg.immutable) /* see mlfs_op_create */
-		ckpt_release(m->ckpt, (struct ckpt_inode *)n, (struct ckpt_file *)fi->fh);
+		ckpt_release(m->ckpt, (struct ckpt_inode *)n, ckpt_file_of(fi));
 	fuse_reply_err(req, 0);
 }
 
@@ -450,8 +547,8 @@ static void mlfs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info 
 
 	if (m->cfg.immutable || !m->noflush)
 		return reply_rc(req, -ENOSYS);
-	if (n->kind == MLFS_CKPT && fi->fh)
-		ckpt_file_flush(m->ckpt, (struct ckpt_inode *)n, (struct ckpt_file *)fi->fh,
+	if (n->kind == MLFS_CKPT && ckpt_file_of(fi))
+		ckpt_file_flush(m->ckpt, (struct ckpt_inode *)n, ckpt_file_of(fi),
 				fuse_req_ctx(req)->pid);
 	fuse_reply_err(req, 0);
 }
@@ -460,25 +557,26 @@ static void mlfs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info 
  * one writev, with no copy of ours) and drops their references. */
 static void reply_segs(fuse_req_t req, struct mlfs *m, struct mlfs_seg *segs, int n)
 {
-	/* buf[] is the bufvec's trailing array, sized here for n pieces. */
-	struct fuse_bufvec *bv = alloca(sizeof(*bv) + n * sizeof(struct fuse_buf));
+	/* One iovec per piece, written by libfuse in one writev: the kernel copies
+	 * straight from the block buffers. fuse_reply_data would memcpy a reply of several
+	 * pieces into a bounce buffer in this process, which for a block mapped from
+	 * SOURCE (bc_block_new_mapped) truncated underneath would be a SIGBUS; in the
+	 * kernel's copy it is EFAULT, and the reader gets EIO. */
+	struct iovec *iov = alloca((n ? n : 1) * sizeof(*iov));
 	size_t total = 0;
 	int i;
 
-	memset(bv, 0, sizeof(*bv));
-	bv->count = n;
 	for (i = 0; i < n; i++) {
-		struct fuse_buf *fb = &bv->buf[i];
-
-		memset(fb, 0, sizeof(*fb));
-		fb->mem = segs[i].b ? (char *)bc_block_buf(segs[i].b) + segs[i].off :
-				      (char *)mlfs_zeros;
-		fb->size = segs[i].len;
+		iov[i].iov_base = segs[i].b ? (char *)bc_block_buf(segs[i].b) + segs[i].off :
+					      (char *)mlfs_zeros;
+		iov[i].iov_len = segs[i].len;
 		total += segs[i].len;
 	}
-	if (n == 0)
-		bv->count = 1; /* one empty piece: the reply to a read at end of file */
-	fuse_reply_data(req, bv, FUSE_BUF_NO_SPLICE);
+	if (n == 0) { /* one empty piece: the reply to a read at end of file */
+		iov[0].iov_base = (char *)mlfs_zeros;
+		iov[0].iov_len = 0;
+	}
+	fuse_reply_iov(req, iov, n ? n : 1);
 	atomic_fetch_add_explicit(&m->st.bytes_served, total, memory_order_relaxed);
 	for (i = 0; i < n; i++)
 		if (segs[i].b)
@@ -522,14 +620,23 @@ static void mlfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_
 	/* Through a handle closed once already (a dup'ed descriptor, a forked child, a
 	 * shared mapping's write-back): it counts as writing again, before the bytes land,
 	 * so a freeze that holds them flags the file. */
-	if (fi && fi->fh)
-		ckpt_file_write(m->ckpt, (struct ckpt_inode *)n, (struct ckpt_file *)fi->fh);
+	if (fi && ckpt_file_of(fi))
+		ckpt_file_write(m->ckpt, (struct ckpt_inode *)n, ckpt_file_of(fi));
+	/* The kernel removed the privileges itself unless the handle is direct. */
+	if (fi && ckpt_fh_direct(fi)) {
+		struct ckpt_ctx c = ctx_of(req);
+
+		if (ckpt_kill_priv(m->ckpt, (struct ckpt_inode *)n, &c))
+			fuse_lowlevel_notify_inval_inode(m->se, ino, -1, 0); /* attributes only */
+	}
 	rc = ckpt_write(m->ckpt, (struct ckpt_inode *)n, buf, size, off);
 	if (rc < 0)
 		return reply_rc(req, rc);
 	/*
-	 * An O_DIRECT write goes around this inode's page cache, which buffered readers (and
-	 * keep_cache) may have filled with the old bytes while the write was in flight. The
+	 * An O_DIRECT write, or any write through a handle opened direct (FOPEN_DIRECT_IO:
+	 * ckpt_direct, MLFS_FH_CKPT_DIRECT), goes around this inode's page cache, which
+	 * buffered readers (and keep_cache) may have filled with the old bytes while the
+	 * write was in flight. The
 	 * kernel invalidates after a synchronous direct write, and after an async one only
 	 * since fuse_aio_invalidate_worker (present in the 6.18 this was tested on, missing
 	 * from older kernels such as 6.1). So drop the range here, once the new bytes are
@@ -540,7 +647,8 @@ static void mlfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_
 	 * nobody would answer it, so not with threads=1 (and with N, only if N direct
 	 * writers all waited at once on pages readers of their ranges locked).
 	 */
-	if (fi && (fi->flags & O_DIRECT) && m->cfg.threads > 1)
+	if (fi && !fi->writepage &&
+	    ((fi->flags & O_DIRECT) || ckpt_fh_direct(fi)) && m->cfg.threads > 1)
 		fuse_lowlevel_notify_inval_inode(m->se, ino, off, rc);
 	atomic_fetch_add_explicit(&m->st.write_ops, 1, memory_order_relaxed);
 	atomic_fetch_add_explicit(&m->st.bytes_written, rc, memory_order_relaxed);
@@ -795,7 +903,8 @@ static void mlfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 	if (size && !(buf = malloc(size)))
 		return reply_rc(req, -ENOMEM);
 	if (n->kind == MLFS_DATA)
-		rc = data_listxattr(m->data, (struct data_node *)n, buf, size);
+		rc = data_listxattr(m->data, (struct data_node *)n, buf, size,
+				    fuse_req_ctx(req)->uid == 0);
 	else if (n->kind == MLFS_CKPT) {
 		struct ckpt_ctx c = ctx_of(req);
 

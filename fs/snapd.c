@@ -56,12 +56,12 @@ struct snapd_job {
 	uint64_t open_writes; /* files open for writing at its freeze: never "latest" */
 	int64_t time_ns;
 	int waiters;
+	int complete; /* workers > 1: its group was complete when its part was durable */
 };
 
 struct snapd {
 	struct mlfs *m;
 	struct store *st;
-	int pin_fd;		  /* shared lock on STORE/lock while mounted */
 	/* Invariant 4. Taken with nothing held; held across store I/O and block loads
 	 * (the persister's whole job): store, bcache shard and sd->mu may be taken under
 	 * it. The tier's store loader (snapd_load_block) must never take it. */
@@ -76,6 +76,10 @@ struct snapd {
 	int have_durable;	  /* durable_gen is known (a persist or restore happened) */
 	double delta_s;		  /* last measured persist time */
 	uint64_t delta_bytes;
+	/* The last snapshot taken or restored (under sd->mu): with workers > 1 the final
+	 * snapshot is named after it, a name every worker of the job derives alike. */
+	char last[MF_NAME_MAX + 1];
+	int final_taken; /* snapd_finish took a final snapshot (under sd->mu) */
 };
 
 /* The longest autosnap interval honoured: a year. Longer ones (autosnap=1e30, mtbf=inf
@@ -185,6 +189,9 @@ static int snapd_persist(struct snapd *sd, struct snapd_job *job, int trust_stor
 		}
 	}
 	mf->new_bytes = new_bytes;
+	if (sd->m->cfg.workers > 1)
+		return store_commit_part(sd->st, mf, sd->m->cfg.worker, sd->m->cfg.workers,
+					 &job->complete);
 	return store_commit(sd->st, mf);
 }
 
@@ -258,10 +265,11 @@ static void snapd_run_job(struct snapd *sd, struct snapd_job *job)
 		log_err("snap: persist of %s failed: %s; earlier snapshots are intact", job->name,
 			strerror(-rc));
 	else
-		log_info("snap: %s durable: %" PRIu64 " files, %" PRIu64 " bytes, %" PRIu64
-			 " new, %.2f s%s", job->name, job->files, job->logical, job->new_bytes, secs,
+		log_info("snap: %s%s durable: %" PRIu64 " files, %" PRIu64 " bytes, %" PRIu64
+			 " new, %.2f s%s%s", job->name, sd->m->cfg.workers > 1 ? " (this worker's part)"
+			 : "", job->files, job->logical, job->new_bytes, secs,
 			 job->open_writes ? "; files were open for writing: not used as latest"
-					  : "");
+					  : "", job->complete ? "; its group is complete" : "");
 	pthread_mutex_lock(&sd->mu);
 	job->state = rc ? JOB_FAILED : JOB_DURABLE;
 	job->rc = rc;
@@ -338,11 +346,9 @@ static int snapd_name_pending_locked(struct snapd *sd, const char *name)
  * publish is create-once). */
 static int snapd_name_published(struct snapd *sd, const char *name)
 {
-	char path[PATH_MAX];
-	struct stat st;
-
-	snprintf(path, sizeof(path), "%s/snaps/%s", store_path(sd->st), name);
-	return stat(path, &st) == 0;
+	/* With workers > 1 only this worker's part counts: the others' parts of the same
+	 * name are what make the group. */
+	return store_name_taken(sd->st, name, sd->m->cfg.worker, sd->m->cfg.workers);
 }
 
 /* Freezes MOUNT/ckpt as snapshot name and queues it. *out is the job, held for the
@@ -385,6 +391,7 @@ static int snapd_take(struct snapd *sd, const char *name, int automatic,
 	job->time_ns = job->fz->mf->time_ns;
 	job->waiters = 1; /* the caller's: snapd_wait or snapd_release drops it */
 	job->gen = job->fz->gen;
+	snprintf(sd->last, sizeof(sd->last), "%s", name);
 	struct snapd_job **pp = &sd->jobs;
 
 	while (*pp)
@@ -396,21 +403,50 @@ static int snapd_take(struct snapd *sd, const char *name, int automatic,
 	return 0;
 }
 
-/* Takes a snapshot the daemon names by itself: PREFIX-YYYYmmddTHHMMSSZ, or with -2,
- * -3, ... when that name exists (a job preempted again within the second of its
- * restart, an unmount right after a preemption's snapshot): a name collision never
- * costs a snapshot. The name taken is left in name. */
-static int snapd_take_named(struct snapd *sd, const char *prefix, int automatic, char *name,
-			    size_t len, struct snapd_job **out)
+/* The name a worker of a group job gives its final snapshot (workers > 1): derived from
+ * the last snapshot it took or restored, which all workers share when they took the same
+ * ones, never from its clock: why-BASE, BASE being that last name without an earlier
+ * final's prefix ("preempt-step-100" -> "step-100"; a counter is kept: "step-100-2"
+ * cannot tell it from a name the user gave), or "start". Workers
+ * with one history therefore try the same names in the same order (the counter below)
+ * and their final parts meet in one group. */
+static void snapd_group_base(struct snapd *sd, const char *why, char *name, size_t len)
 {
-	time_t t = time(NULL);
+	char last[MF_NAME_MAX + 1];
+	size_t n;
+
+	pthread_mutex_lock(&sd->mu);
+	snprintf(last, sizeof(last), "%s", sd->last[0] ? sd->last : "start");
+	pthread_mutex_unlock(&sd->mu);
+	const char *b = last;
+
+	if (!strncmp(b, "preempt-", 8) || !strncmp(b, "unmount-", 8))
+		b += 8;
+	n = strlen(b);
+	if (n > 200)
+		n = 200; /* room for the prefix and a counter within MF_NAME_MAX */
+	snprintf(name, len, "%s-%.*s", why, (int)n, b);
+}
+
+/* Takes a snapshot the daemon names by itself, PREFIX-YYYYmmddTHHMMSSZ (workers = 1),
+ * or with workers > 1 a name every worker derives alike (autosnap: the interval's
+ * boundary, passed in as t; final snapshots: snapd_group_base). With -2, -3, ... when
+ * that name exists (for this worker): a name collision never costs a snapshot. The
+ * name taken is left in name. */
+static int snapd_take_named(struct snapd *sd, const char *prefix, int automatic, time_t t,
+			    char *name, size_t len, struct snapd_job **out)
+{
 	size_t base;
 	struct tm tm;
 	int rc, k;
 
-	gmtime_r(&t, &tm);
-	snprintf(name, len, "%s-", prefix);
-	strftime(name + strlen(name), len - strlen(name), "%Y%m%dT%H%M%SZ", &tm);
+	if (sd->m->cfg.workers > 1 && !automatic) {
+		snapd_group_base(sd, prefix, name, len);
+	} else {
+		gmtime_r(&t, &tm);
+		snprintf(name, len, "%s-", prefix);
+		strftime(name + strlen(name), len - strlen(name), "%Y%m%dT%H%M%SZ", &tm);
+	}
 	base = strlen(name);
 	rc = snapd_take(sd, name, automatic, out);
 	for (k = 2; rc == -EEXIST && k < 1000; k++) {
@@ -468,27 +504,96 @@ static void ctl_progress(void *arg, uint64_t done, uint64_t total)
 
 static struct snapd *snapd_of(struct mlfs *m);
 
+/* take --group-wait: polls the store (a listing of the group's directory every 100 ms)
+ * until the group is complete or timeout_s passed. Also publishes the group itself when
+ * every part is there but nobody did (a worker that died after its part). */
+static int snapd_group_wait(struct snapd *sd, struct ctl_req *r, const char *name,
+			    double timeout_s)
+{
+	uint64_t end = mlfs_now_ns() + (uint64_t)(timeout_s * 1e9);
+	unsigned parts = 0, workers = 0;
+	int rc;
+
+	for (;;) {
+		rc = store_group_state(sd->st, name, &parts, &workers);
+		if (rc == 0 && workers && parts == workers)
+			rc = store_group_publish(sd->st, name);
+		if (rc == 1) {
+			ctl_out(r, "group %s complete: %u parts", name, sd->m->cfg.workers);
+			return 0;
+		}
+		if (rc < 0)
+			return ctl_fail(r, "take: group '%s': %s", name, strerror(-rc)), rc;
+		if (mlfs_now_ns() >= end)
+			break;
+		ctl_out(r, "progress group %s: %u of %u parts", name, parts, sd->m->cfg.workers);
+		usleep(100000);
+	}
+	return ctl_fail(r, "take: group '%s' still partial after %.0f s: %u of %u parts durable "
+			   "(the other workers have not taken it)", name, timeout_s, parts,
+			sd->m->cfg.workers), -ETIMEDOUT;
+}
+
+/* A take whose snapshot no lease would protect fails now, loudly, rather than its
+ * objects (or the live tree's) vanishing under a gc elsewhere (store.h: leases). */
+static int snapd_lease_check(struct snapd *sd, struct ctl_req *r)
+{
+	int64_t age = 0;
+	int rc = store_lease_status(sd->st, &age);
+
+	/* A failed refresh that a retry now fixes (the store is back) is no reason to
+	 * refuse; a lapsed lease stays refused (store_lease_refresh: -ENOLCK). */
+	if (rc && !store_lease_refresh(sd->st))
+		rc = 0;
+	if (rc)
+		ctl_fail(r, "take: the store lease was not refreshed for %.0f s (see the log: "
+			    "the store is unreachable or read-only); nothing taken", age / 1e9);
+	return rc;
+}
+
+int snapd_lease_status(struct snapd *sd, int64_t *age_ns)
+{
+	return store_lease_status(sd->st, age_ns);
+}
+
 static int ctl_take(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 {
 	struct snapd *sd = snapd_of(m);
 	struct snapd_job *job;
-	int wait = 0, i, rc;
+	int wait = 0, group_wait = 0, i, rc;
+	double timeout = 600;
 	const char *name = NULL;
 
 	for (i = 1; i < argc; i++) {
+		char *end;
+
 		if (!strcmp(argv[i], "--wait"))
 			wait = 1;
-		else if (!name)
+		else if (!strcmp(argv[i], "--group-wait"))
+			wait = group_wait = 1;
+		else if (!strcmp(argv[i], "--timeout")) {
+			if (i + 1 == argc)
+				return ctl_fail(r, "take: --timeout needs SECONDS"), -EINVAL;
+			timeout = strtod(argv[++i], &end);
+			if (!*argv[i] || *end || !(timeout >= 0 && timeout <= 86400 * 7))
+				return ctl_fail(r, "take: bad --timeout '%s' (seconds, 0..604800)",
+						argv[i]), -EINVAL;
+		} else if (!name)
 			name = argv[i];
 		else
 			return ctl_fail(r, "take: unexpected argument '%s'", argv[i]), -EINVAL;
 	}
 	if (!name)
 		return ctl_fail(r, "take: a snapshot NAME is needed"), -EINVAL;
+	if ((rc = snapd_lease_check(sd, r)))
+		return rc;
 	if ((rc = snapd_take(sd, name, 0, &job))) {
 		if (rc == -EINVAL)
 			ctl_fail(r, "take: bad snapshot name (no '/', no leading '.', no control "
 				    "characters, at most 255 bytes, not 'latest')");
+		else if (rc == -EEXIST && m->cfg.workers > 1)
+			ctl_fail(r, "take: '%s' exists already (this worker's part, a complete group, "
+				    "or a group of another worker count)", name);
 		else if (rc == -EEXIST)
 			ctl_fail(r, "take: a snapshot named '%s' exists already", name);
 		else if (rc == -EBUSY)
@@ -512,6 +617,10 @@ static int ctl_take(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 	if (rc)
 		return ctl_fail(r, "take: persist of '%s' failed: %s", name, strerror(-rc)), rc;
 	ctl_out(r, "durable %s", name);
+	if (m->cfg.workers > 1)
+		ctl_out(r, "part %u of %u of %s durable", m->cfg.worker, m->cfg.workers, name);
+	if (group_wait && m->cfg.workers > 1)
+		return snapd_group_wait(sd, r, name, timeout);
 	return 0;
 }
 
@@ -555,14 +664,16 @@ static int ctl_list(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 		free(pend);
 		return ctl_fail(r, "list: %s", strerror(-rc)), rc;
 	}
-	/* One record a line: NAME TIME_NS FILES LOGICAL NEW STATE OPEN_WRITES, tab
-	 * separated (OPEN_WRITES last: older clients read the first six); the client
-	 * prints them as the offline list does. */
+	/* One record a line: NAME TIME_NS FILES LOGICAL NEW STATE OPEN_WRITES WORKERS
+	 * PARTS CONFLICTS, tab separated (new fields last: older clients read the first
+	 * six or seven); the client prints them as the offline list does. */
 	for (i = 0; i < n; i++)
 		ctl_out(r, "snap\t%s\t%" PRId64 "\t%" PRIu64 "\t%" PRIu64 "\t%" PRIu64 "\t%s\t%"
-			   PRIu64, v[i].name, v[i].time_ns, v[i].files, v[i].logical_bytes,
-			v[i].new_bytes, v[i].state == STORE_SNAP_DAMAGED ? "damaged" : "durable",
-			v[i].open_writes);
+			   PRIu64 "\t%" PRIu32 "\t%" PRIu32 "\t%" PRIu64, v[i].name, v[i].time_ns,
+			v[i].files, v[i].logical_bytes, v[i].new_bytes,
+			v[i].state == STORE_SNAP_DAMAGED ? "damaged"
+			: v[i].state == STORE_SNAP_PARTIAL ? "partial" : "durable",
+			v[i].open_writes, v[i].workers, v[i].parts, v[i].conflicts);
 	for (i = 0; i < np; i++) {
 		int listed = 0;
 
@@ -570,8 +681,9 @@ static int ctl_list(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 			listed |= !strcmp(v[k].name, pend[i].name);
 		if (!listed)
 			ctl_out(r, "snap\t%s\t%" PRId64 "\t%" PRIu64 "\t%" PRIu64 "\t%" PRIu64
-				   "\tpending\t%" PRIu64, pend[i].name, pend[i].time_ns, pend[i].files,
-				pend[i].logical_bytes, pend[i].new_bytes, pend[i].open_writes);
+				   "\tpending\t%" PRIu64 "\t%u\t0\t0", pend[i].name, pend[i].time_ns,
+				pend[i].files, pend[i].logical_bytes, pend[i].new_bytes,
+				pend[i].open_writes, m->cfg.workers);
 	}
 	free(pend);
 	free(v);
@@ -580,11 +692,24 @@ static int ctl_list(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 
 /* Restores name (or "latest") into MOUNT/ckpt; tells the kernel to forget the old
  * names when mounted. */
+/* A conflict of a group restore: logged with its path (restore's output counts them). */
+static void snapd_conflict(void *arg, const struct mf_manifest *p, size_t idx, unsigned kept,
+			   unsigned part)
+{
+	char path[1024];
+
+	if (mf_path(p, idx, path, sizeof(path)) < 0)
+		snprintf(path, sizeof(path), "(a long path)");
+	log_warn("snap: group %s: conflict: parts %u and %u hold ckpt/%s with different "
+		 "contents; part %u's is shown", (const char *)arg, kept, part, path, kept);
+}
+
 static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t msglen)
 {
 	char name[MF_NAME_MAX + 1], **old = NULL;
 	struct mf_manifest *mf = NULL;
-	uint64_t gen = 0;
+	uint64_t gen = 0, conflicts = 0;
+	unsigned parts = 0, workers = 0;
 	size_t nold = 0, i;
 	int rc;
 
@@ -595,8 +720,14 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 		rc = store_name_valid(want) ? -EINVAL
 					    : (snprintf(name, sizeof(name), "%s", want), 0);
 	if (!rc)
-		rc = store_load_manifest(sd->st, name, &mf);
+		rc = store_load_snapshot(sd->st, name, snapd_conflict, name, &mf, &conflicts);
 	pthread_mutex_unlock(&sd->store_mu);
+	if (rc == -EAGAIN) {
+		store_group_state(sd->st, name, &parts, &workers);
+		snprintf(msg, msglen, "group '%s' in %s is partial (%u of %u parts): nothing "
+			 "restored", name, store_path(sd->st), parts, workers);
+		return -ENOENT;
+	}
 	if (rc) {
 		snprintf(msg, msglen, rc == -ENOENT && !strcmp(want, "latest")
 				      ? "no snapshot usable as '%s' in %s (none, or only damaged ones "
@@ -614,14 +745,22 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 			 name, sd->m->cfg.block_size);
 	else if (rc)
 		snprintf(msg, msglen, "restore of '%s': %s", name, strerror(-rc));
+	else if (conflicts)
+		snprintf(msg, msglen, "restored %s: %" PRIu64 " files, %" PRIu64 " bytes; "
+			 "conflicts: %" PRIu64 " (paths two parts hold differently, see the log)",
+			 name, mf->files, mf->logical_bytes, conflicts);
 	else
 		snprintf(msg, msglen, "restored %s: %" PRIu64 " files, %" PRIu64 " bytes", name,
 			 mf->files, mf->logical_bytes);
+	if (!rc && store_lease_refresh(sd->st))
+		log_err("snap: restored %s, but the store lease naming its objects could not be "
+			"written: a gc elsewhere may take them", name);
 	if (!rc) {
 		/* The tree is now a durable snapshot's, as of the swap. */
 		pthread_mutex_lock(&sd->mu);
 		sd->durable_gen = gen;
 		sd->have_durable = 1;
+		snprintf(sd->last, sizeof(sd->last), "%s", name);
 		pthread_mutex_unlock(&sd->mu);
 	}
 	mf_free(mf);
@@ -682,8 +821,16 @@ static int ctl_delete(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 	return 0;
 }
 
-/* gc keeping the objects the live tree reads: invariant 4 (between jobs) and our own
- * shared pin released for the duration, since gc needs the lock exclusive. */
+/* The lease source (store.h): the objects the live tree reads. Lease thread, no lock. */
+static int snapd_lease_source(void *arg, uint8_t (**out)[16], size_t *n)
+{
+	struct snapd *sd = arg;
+
+	return bc_collect_stored(sd->m->bc, out, n);
+}
+
+/* gc keeping the objects the live tree reads: invariant 4 (between jobs). Other
+ * daemons' trees and snapshots in flight are kept by their leases. */
 static int snapd_gc(struct snapd *sd, uint64_t *objs, uint64_t *bytes)
 {
 	uint8_t (*keep)[16] = NULL;
@@ -692,11 +839,8 @@ static int snapd_gc(struct snapd *sd, uint64_t *objs, uint64_t *bytes)
 
 	pthread_mutex_lock(&sd->store_mu);
 	rc = bc_collect_stored(sd->m->bc, &keep, &n);
-	if (!rc) {
-		flock(sd->pin_fd, LOCK_UN);
+	if (!rc)
 		rc = store_gc_keep(sd->st, (const uint8_t (*)[16])keep, n, objs, bytes);
-		flock(sd->pin_fd, LOCK_SH);
-	}
 	pthread_mutex_unlock(&sd->store_mu);
 	free(keep);
 	return rc;
@@ -770,25 +914,30 @@ static void snapd_retention(struct snapd *sd)
 		pthread_mutex_unlock(&sd->store_mu);
 		return;
 	}
+	/* keep counts complete snapshots (groups, with workers > 1): a partial group is
+	 * neither counted nor deleted here (gc collects it after its grace time), so a
+	 * group still being written by slower workers is never cut. */
 	for (i = 0; i < n; i++)
-		nauto += !strncmp(v[i].name, "auto-", 5);
+		nauto += !strncmp(v[i].name, "auto-", 5) && v[i].state == STORE_SNAP_COMPLETE;
 	/* The newest snapshot without files open for writing is what 'latest' restores
 	 * (store_latest): never delete it, even beyond keep, or a run of snapshots taken
 	 * mid-save would leave no usable latest. */
 	size_t latest = n;
 
 	for (i = n; i-- > 0;)
-		if (!v[i].open_writes) {
+		if (!v[i].open_writes && v[i].state == STORE_SNAP_COMPLETE && !v[i].conflicts) {
 			latest = i;
 			break;
 		}
 	for (i = 0; i < n && nauto > keep; i++) { /* store_list is oldest first */
-		if (strncmp(v[i].name, "auto-", 5))
+		if (strncmp(v[i].name, "auto-", 5) || v[i].state != STORE_SNAP_COMPLETE)
 			continue;
 		if (i == latest) {
 			nauto--; /* kept over and above keep */
 			continue;
 		}
+		/* Every worker runs this after its own autosnap: another may have deleted
+		 * the group first (-ENOENT), which is the same outcome. */
 		if (!store_delete(sd->st, v[i].name))
 			log_info("snap: keep=%u: deleted %s", keep, v[i].name);
 		nauto--;
@@ -811,6 +960,7 @@ static void *snapd_autosnap(void *arg)
 		struct timespec ts;
 		int measured, rc;
 		char name[64];
+		time_t boundary = 0;
 
 		if (m->cfg.autosnap_auto)
 			iv = snapd_interval(sd, &delta, &measured);
@@ -818,7 +968,20 @@ static void *snapd_autosnap(void *arg)
 			iv = 1; /* also NaN */
 		if (iv > SNAPD_INTERVAL_MAX_S)
 			iv = SNAPD_INTERVAL_MAX_S;
-		ts = snapd_abstime((uint64_t)(iv * 1e9));
+		if (m->cfg.workers > 1) {
+			/* Group names: every worker wakes at the same multiples of the interval
+			 * since the epoch and names its part after that boundary, so parts
+			 * meet whatever each worker's start time (clocks within iv/2). */
+			struct timespec now;
+			uint64_t ivs = (uint64_t)iv, now_ns;
+
+			clock_gettime(CLOCK_REALTIME, &now);
+			now_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+			boundary = (time_t)((now.tv_sec / ivs + 1) * ivs);
+			ts = snapd_abstime((uint64_t)boundary * 1000000000ull - now_ns);
+		} else {
+			ts = snapd_abstime((uint64_t)(iv * 1e9));
+		}
 		pthread_mutex_lock(&sd->mu);
 		/* Any error but a wake-up ends the wait (EINVAL must not spin). */
 		while (!sd->stopping && pthread_cond_timedwait(&sd->cv, &sd->mu, &ts) == 0)
@@ -829,16 +992,39 @@ static void *snapd_autosnap(void *arg)
 		pthread_mutex_unlock(&sd->mu);
 		if (stop)
 			break;
-		if (!changed)
+		/* With workers > 1 an unchanged tree still takes its part (cheap: its
+		 * blocks are stored): without it the others' group would stay partial. */
+		if (!changed && m->cfg.workers < 2)
 			continue;
 		struct snapd_job *job;
 
-		if ((rc = snapd_take_named(sd, "auto", 1, name, sizeof(name), &job)))
+		if (m->cfg.workers < 2)
+			boundary = time(NULL);
+
+		if ((rc = snapd_take_named(sd, "auto", 1, boundary, name, sizeof(name), &job)))
 			log_err("snap: autosnap %s: %s", name, strerror(-rc));
 		else
 			snapd_release(sd, job);
 	}
 	return NULL;
+}
+
+/* Groups whose N parts are all in the store but whose group file is not (the worker
+ * that wrote the last part died before publishing): published now, at start-up, so a
+ * restart finds them complete. One listing of snaps/ and of each partial group. */
+static void snapd_publish_pending_groups(struct snapd *sd)
+{
+	struct store_snap_info *v;
+	size_t n;
+
+	if (store_list(sd->st, 0, &v, &n))
+		return;
+	for (size_t i = 0; i < n; i++)
+		if (v[i].state == STORE_SNAP_PARTIAL && v[i].workers && v[i].parts == v[i].workers &&
+		    store_group_publish(sd->st, v[i].name) == 1)
+			log_info("snap: published group %s: its %u parts were all durable", v[i].name,
+				 v[i].workers);
+	free(v);
 }
 
 static struct snapd *snapd_the; /* one mount per daemon: see mlfs.h */
@@ -850,14 +1036,13 @@ static struct snapd *snapd_of(struct mlfs *m)
 
 int snapd_new(struct mlfs *m, struct snapd **out)
 {
-	char path[PATH_MAX], msg[512];
+	char msg[512];
 	struct snapd *sd = calloc(1, sizeof(*sd));
 	int rc;
 
 	if (!sd)
 		return -ENOMEM;
 	sd->m = m;
-	sd->pin_fd = -1;
 	pthread_mutex_init(&sd->mu, NULL);
 	pthread_mutex_init(&sd->store_mu, NULL);
 	{
@@ -875,16 +1060,11 @@ int snapd_new(struct mlfs *m, struct snapd **out)
 			: rc == -EPROTONOSUPPORT ? "made by another mlfs version" : strerror(-rc));
 		goto out_free;
 	}
-	snprintf(path, sizeof(path), "%s/lock", store_path(sd->st));
-	/* Read-only: a shared lock needs no more, and a lock file held open for writing
-	 * would keep the store's filesystem from being remounted read-only. */
-	sd->pin_fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-	if (sd->pin_fd < 0 || flock(sd->pin_fd, LOCK_SH)) {
-		rc = -errno;
-		fprintf(stderr, "mlfs: store %s: cannot lock: %s\n", m->cfg.store, strerror(-rc));
-		goto out_close;
-	}
+	/* The store's lease names what the live tree reads (fs/store.c invariant 3): gc,
+	 * here or on any other worker, keeps it while this mount lives. */
+	store_set_lease_source(sd->st, snapd_lease_source, sd);
 	snapd_the = sd;
+	snapd_publish_pending_groups(sd);
 	if (m->cfg.restore) {
 		rc = snapd_restore(sd, m->cfg.restore, msg, sizeof(msg));
 		if (rc == -ENOENT && !strcmp(m->cfg.restore, "latest")) {
@@ -909,8 +1089,6 @@ int snapd_new(struct mlfs *m, struct snapd **out)
 
 out_close:
 	snapd_the = NULL;
-	if (sd->pin_fd >= 0)
-		close(sd->pin_fd);
 	store_close(sd->st);
 out_free:
 	free(sd);
@@ -919,7 +1097,11 @@ out_free:
 
 int snapd_start(struct snapd *sd)
 {
-	int rc = pthread_create(&sd->persister, NULL, snapd_persister, sd);
+	int rc = store_lease_run(sd->st);
+
+	if (rc)
+		return rc;
+	rc = pthread_create(&sd->persister, NULL, snapd_persister, sd);
 
 	if (rc)
 		return -rc;
@@ -956,7 +1138,7 @@ int snapd_finish(struct snapd *sd, const char *why, int deadline_s)
 int snapd_finish_by(struct snapd *sd, const char *why, uint64_t deadline)
 {
 	struct snapd_job *job = NULL;
-	char name[64];
+	char name[MF_NAME_MAX + 1];
 	int changed, rc, busy = 0;
 
 	/* Pending snapshots first: if one fails, its changes are still "changed" below
@@ -965,7 +1147,9 @@ int snapd_finish_by(struct snapd *sd, const char *why, uint64_t deadline)
 	if (rc == -ETIMEDOUT)
 		goto out;
 	pthread_mutex_lock(&sd->mu);
-	changed = snapd_changed_locked(sd);
+	/* With workers > 1 the final part is taken even of an unchanged tree (its blocks
+	 * are stored: cheap): the others' final parts need it to form a group. */
+	changed = snapd_changed_locked(sd) || (sd->m->cfg.workers > 1 && !sd->final_taken);
 	pthread_mutex_unlock(&sd->mu);
 	if (!changed) {
 		if (!rc)
@@ -974,7 +1158,7 @@ int snapd_finish_by(struct snapd *sd, const char *why, uint64_t deadline)
 	}
 	/* A freeze gives up after a second of writers holding a file (ckpt_freeze):
 	 * again until the deadline, which holds whatever the writers do. */
-	while ((rc = snapd_take_named(sd, why, 0, name, sizeof(name), &job)) == -EBUSY &&
+	while ((rc = snapd_take_named(sd, why, 0, time(NULL), name, sizeof(name), &job)) == -EBUSY &&
 	       (!deadline || mlfs_now_ns() + 1000000000ull < deadline)) {
 		if (!busy++)
 			log_warn("snap: %s: a writer holds a file; retrying the freeze", why);
@@ -983,6 +1167,9 @@ int snapd_finish_by(struct snapd *sd, const char *why, uint64_t deadline)
 		log_err("snap: %s: final snapshot %s not taken: %s", why, name, strerror(-rc));
 		goto out;
 	}
+	pthread_mutex_lock(&sd->mu);
+	sd->final_taken = 1;
+	pthread_mutex_unlock(&sd->mu);
 	rc = snapd_wait(sd, job, deadline, NULL, NULL);
 	if (rc)
 		log_err("snap: %s: final snapshot %s failed: %s", why, name, strerror(-rc));
@@ -1016,8 +1203,6 @@ void snapd_free(struct snapd *sd)
 		ckpt_frozen_free(sd->m->ckpt, j->fz);
 		free(j);
 	}
-	if (sd->pin_fd >= 0)
-		close(sd->pin_fd);
 	store_close(sd->st);
 	snapd_the = NULL;
 	free(sd);

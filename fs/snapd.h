@@ -16,6 +16,14 @@
  *   preempt-<UTC time> or unmount-<UTC time>) and persists everything pending: within
  *   preempt_deadline seconds on SIGTERM, to the end on unmount. Without a store there is
  *   nothing durable: MOUNT/ckpt lives and dies with the daemon.
+ * - Groups (-o workers=N > 1, fs/store.h): every snapshot this daemon takes is its part
+ *   of a group of that name, durable once the part is (store_commit_part); `take
+ *   --group-wait` waits for the whole group. Names it makes itself agree across the
+ *   job: autosnap names parts after the interval's boundary since the epoch, the final
+ *   snapshot after the last one taken or restored (preempt-<last>), and the final part
+ *   is taken even of an unchanged tree. At start-up, groups whose parts are all there
+ *   but unpublished (a publisher that died) are published. A restore is the union of
+ *   the group's parts, conflicts logged; keep=N counts complete groups.
  * - While mounted with a store, the daemon holds a shared lock on it (STORE/lock), so an
  *   offline `mlfs-snap gc --store` elsewhere gets EBUSY instead of deleting objects that
  *   a lazily restored tree still reads; `mlfs-snap gc MOUNT` runs gc in the daemon,
@@ -47,6 +55,8 @@ int snapd_finish(struct snapd *sd, const char *why, int deadline_s);
  * calls in a row are fine (the second takes only what changed after the first). */
 int snapd_finish_by(struct snapd *sd, const char *why, uint64_t deadline_ns);
 void snapd_free(struct snapd *sd);
+/* The store lease's state (store_lease_status): 0 fresh, -ENOLCK not refreshed. */
+int snapd_lease_status(struct snapd *sd, int64_t *age_ns);
 
 /* Loads a BC_STORED block's bytes from the store into buf (b->len bytes), verified:
  * the block cache's loader for blocks that are only in the store. */

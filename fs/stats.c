@@ -16,6 +16,7 @@
 #include "cache/bcache.h"
 #include "fs/data.h"
 #include "fs/mlfs.h"
+#include "fs/snapd.h"
 #include "tiering/tier.h"
 
 struct mlfs *mlfs_g;
@@ -63,7 +64,8 @@ int mlfs_parse_time(const char *s, double *out)
 	double v, mul = 1;
 	char *end;
 
-	if (!s || !*s || *s == '-')
+	/* A decimal number: strtod alone would also take nan, inf and hex (0x10, 0x1p4). */
+	if (!s || !((*s >= '0' && *s <= '9') || *s == '.') || strpbrk(s, "xX"))
 		return -EINVAL;
 	errno = 0;
 	v = strtod(s, &end);
@@ -111,11 +113,21 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 	F("mem_max", "upper bound of the budget", m->cfg.mem_max);
 	F("mem_min", "lower bound of the budget", m->cfg.mem_min);
 	F("rss_bytes", "resident set size of the daemon", tier_rss());
+	F("mapped_bytes", "of mem_bytes, data blocks mapped from SOURCE (kernel-reclaimable)",
+	  bs.mapped_bytes);
+	F("mapped_resident_bytes", "of mapped_bytes, pages resident now (mincore)",
+	  bc_mapped_resident(m->bc));
+	F("map_refaults", "mapped blocks found partly reclaimed by the kernel and re-read",
+	  bs.map_refaults);
+	F("map_prefetches", "mapped blocks asked back from SOURCE in the background",
+	  bs.map_prefetches);
 	F("data_blocks", "data blocks cached (resident or spilled)", bs.data_blocks);
 	F("data_resident", "data blocks resident in memory", bs.data_resident);
 	F("ckpt_blocks", "checkpoint blocks (resident or spilled)", bs.ckpt_blocks);
 	F("ckpt_resident", "checkpoint blocks resident in memory", bs.ckpt_resident);
 	F("dirty_bytes", "checkpoint bytes in memory not yet in the store", bs.dirty_bytes);
+	F("pool_bytes", "freed block buffers kept mapped for reuse (not in mem_bytes)",
+	  bs.pool_bytes);
 	F("hits", "data block lookups served from memory", bs.hits);
 	F("misses", "data block lookups not in memory", bs.misses);
 	F("not_admitted", "misses not cached because the budget was full", bs.not_admitted);
@@ -130,6 +142,15 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 	F("bytes_written", "bytes written to MOUNT/ckpt", atomic_load(&m->st.bytes_written));
 	F("csum_errors", "blocks whose checksum did not verify", atomic_load(&m->st.csum_errors));
 	F("data_nodes", "MOUNT/data names the kernel holds", data_nodes(m->data));
+	if (m->snapd) {
+		int64_t age = 0;
+		int bad = snapd_lease_status(m->snapd, &age) != 0;
+
+		F("store_lease_failed", "1 while the store lease is not refreshed: takes fail",
+		  bad);
+		F("store_lease_age_s", "seconds since the store lease was last refreshed",
+		  age / 1000000000);
+	}
 	tier_get_stats(m->tier, &ts);
 	F("spilled_bytes", "logical bytes of blocks in the spill tier", ts.spilled_bytes);
 	F("spilled_disk_bytes", "bytes the spill tier uses on disk", ts.spilled_disk_bytes);

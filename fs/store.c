@@ -3,21 +3,30 @@
  * docs/store-format.md).
  *
  * Invariants (cited in the code as "invariant N"):
- *  1. A file under a final object name objects/xx/<hex> is complete and durable: it was
- *     written under a temporary name, flushed (syncfs) and only then renamed. It never
- *     changes: a second rename over it carries the same bytes (content addressed).
+ *  1. A file named packs/<id>.pack is complete and durable: it was written under a
+ *     temporary name, fsynced, and only then renamed (then packs/ fsynced); ids are 128
+ *     random bits, never reused, so it never changes. (A version 1 object under
+ *     objects/xx/<hex> was likewise renamed into place only once flushed.)
  *  2. A manifest under snaps/<name> is complete and names only objects that were
  *     present and durable before it was published: commit step 1 syncs and checks them
  *     all, step 2 writes and fsyncs it under a temporary name, step 3 renames it without
  *     replacing and fsyncs snaps/. A name, once published, never changes content.
- *  3. Locking: a session holds STORE/lock shared (flock) from its first put until its
- *     commit or abort; gc holds it exclusive. gc therefore never runs while any snapshot
- *     is in flight anywhere, and an object no published manifest names belongs to nobody.
- *  4. Temporary files (names containing ".tmp.") live only inside a session; under the
- *     exclusive lock each one is a crashed writer's leftover and gc removes it. Every
- *     write has a name never used before (handle token + write number), so a leftover
- *     that a failed session could not unlink (store read-only or gone) is never taken
- *     for a later write's file: an object is there only under its final name.
+ *  3. Leases (fs/lease.h), not locks: every writable handle keeps STORE/leases/<token>
+ *     fresh, naming what it needs: the objects its owner's live tree reads (the lease
+ *     source) and every object its session put or relies on. gc removes an object only
+ *     if no manifest and no fresh lease names it and it is older than the grace time,
+ *     in two phases: rename it to <hex>.gc.<token>, then mark again (manifests and
+ *     leases read anew) and put back what is now named. A commit writes its lease
+ *     naming every object of its manifest, then checks they all exist (step 1b): a gc
+ *     that renamed one before that write is seen by the check; one that renames after
+ *     it sees the lease in its second mark. So gc runs while every daemon stays mounted
+ *     and still never takes what a snapshot in flight or a live tree needs.
+ *  4. Temporary files (names containing ".tmp.") live only inside a session or a
+ *     commit; one older than the grace time is a crashed writer's leftover and gc
+ *     removes it. Every write has a name never used before (handle token + write
+ *     number), so a leftover that a failed session could not unlink (store read-only or
+ *     gone) is never taken for a later write's file: an object is there only under its
+ *     final name.
  *  5. Delete removes only the manifest (then fsyncs snaps/); only gc removes objects, and
  *     only unreferenced ones. No crash can leave a manifest naming a missing object.
  *  6. After a failed fsync of a directory the handle is broken: the kernel may have
@@ -25,10 +34,22 @@
  *     marks its env unusable). Every write then fails with -EIO until reopened.
  *  7. store_get_block() never reports success for bytes whose XXH3-128 differs from the
  *     name asked for; a mismatch is -EIO and a log line naming the object's path.
+ *  8. FORMAT is created once and never rewritten in place: each creator writes its own
+ *     temporary (FORMAT.tmp.<pid>.<random>), fsyncs it and publishes it without
+ *     replacing; a peer that published first wins and its FORMAT is judged as any
+ *     store's. So N processes creating one store at once all succeed.
+ *  9. Groups (-o workers=N > 1): snaps/NAME/ holds worker K's manifest as part-K-of-N,
+ *     each published by the commit protocol (invariant 2) into that directory, and the
+ *     group is visible iff snaps/NAME/group exists: written create-once (rename without
+ *     replacing) by a worker that found all N parts, fsynced them and checked them; it
+ *     names each part's size and XXH3-128, so a part that changed or vanished is damage.
+ *     Two workers publishing at once both succeed (EEXIST is the other's identical
+ *     file). Every part, of complete and partial groups, is a manifest for gc; partial
+ *     groups untouched for the grace time are removed by gc.
  *
  * The life of a snapshot:
  *
- *   (none) --put--> WRITING --step 1: objects synced, all present--> OBJECTS_DURABLE
+ *   (none) --put--> WRITING --step 1: pack finished, lease named, all present--> OBJECTS_DURABLE
  *     --step 2: snaps/.tmp.* fsynced--> STAGED --step 3: rename, fsync snaps/--> PUBLISHED
  *   PUBLISHED --delete--> DELETED (objects unreferenced) --gc--> (none)
  *   PUBLISHED --bit rot--> DAMAGED: ignored by list, refused by load, named by verify
@@ -52,6 +73,9 @@
 #include <xxhash.h>
 
 #include "cache/log.h"
+#include "fs/hset.h"
+#include "fs/lease.h"
+#include "fs/pack.h"
 
 #define OBJ_MAGIC "MLOB"
 #define OBJ_VERSION 1
@@ -59,39 +83,39 @@
 #define OBJ_LZ4 1
 #define OBJ_HDR 40	/* magic 4, version 1, flags 1, pad 2, lens 8, hash 16, csum 8 */
 #define FORMAT_TEXT "mlfs-store\nversion %d\n"
+#define LZ4_PROBE (64 * 1024)	/* bytes compressed to judge a block (store_put_block) */
 #define MANIFEST_MAX (1ull << 32)	/* refuse to slurp anything larger as a manifest */
-
-/* A set of object hashes with an int per hash (gc: referenced; verify: status;
- * a session: put already). */
-struct hset {
-	uint8_t (*keys)[STORE_HASH_LEN];
-	int *vals;	/* 0 = empty slot */
-	size_t cap, n;
-};
-
-/* An object written in this session under its temporary name, not yet renamed. */
-struct pend {
-	uint8_t hash[STORE_HASH_LEN];
-	uint64_t seq;	/* the write's number: its temporary name */
-};
 
 struct store {
 	char *path;
-	int dirfd, objfd, snapfd, lockfd;
-	/* Guards everything below. A leaf: taken under snapd's store_mu or nothing;
-	 * nothing taken under it. */
+	int dirfd, objfd, snapfd, leasefd, packfd;	/* objfd: -1 without objects/ (v1) */
+	struct pack_set *packs;		/* the index of STORE/packs */
+	/* Guards pw. Taken under mu (commit, abort) or alone (put); nothing under it but
+	 * the pack set's own lock. */
+	pthread_mutex_t pmu;
+	struct pack_writer *pw;		/* the session's open pack, NULL between packs */
+	struct lease_keeper *lease;	/* writable handles: invariant 3 */
+	/* Guards lease_src, lease_arg, lease_put. Taken under mu, or alone (the lease
+	 * thread); nothing is taken under it. */
+	pthread_mutex_t lmu;
+	store_lease_fn lease_src;	/* what the owner's live tree reads (may be NULL) */
+	void *lease_arg;
+	uint8_t pw_id[16];		/* the pack being written: named by the lease */
+	int pw_named;
+	struct hset lease_put;	/* every hash put in this session: named by the lease */
+	/* Guards everything below. Taken under snapd's store_mu or nothing; under it only
+	 * lmu, the lease keeper's lock and, through the lease source in a commit's lease
+	 * refresh (commit_lease), the block cache's shard locks. */
 	pthread_mutex_t mu;
-	int session;		/* LOCK_SH held (invariant 3) */
+	int session;		/* a session is open (its puts are named by the lease) */
 	int broken;		/* invariant 6 */
-	struct pend *pending;	/* objects written as tmp, not yet renamed */
-	size_t npending, cap;
 	struct hset put;	/* hashes put in this session: 1 written or being written,
 				 * 2 its write failed (may be put again) */
-	uint64_t seq;		/* writes by this handle: each temporary name is new */
 	int full_sync;		/* after store_recover: the next commit syncs every dir */
 	char token[64];		/* pid, handle, random: unique among processes and hosts */
 	int (*hook)(void *arg, int step);
 	void *hook_arg;
+	unsigned partial_grace_s;	/* gc keeps partial groups younger than this */
 };
 
 /* ---- small helpers ---- */
@@ -115,27 +139,34 @@ void store_object_name(const uint8_t hash[STORE_HASH_LEN], char buf[48])
 	snprintf(buf, 48, "objects/%.2s/%s", hex, hex);
 }
 
-/* The temporary name of write seq of this handle: new for every write, so a leftover
- * of a failed session (an unlink refused by a read-only or unreachable store) can never
- * be taken for a later write's file (invariant 4). */
-static void tmp_object_name(const struct store *s, const struct pend *p, char *buf, size_t size)
+int store_object_where(struct store *s, const uint8_t hash[STORE_HASH_LEN], char path[64],
+		       uint64_t *off)
 {
-	char hex[33];
+	int rc;
 
-	hex16(p->hash, hex);
-	snprintf(buf, size, "%.2s/%s.tmp.%s.%llx", hex, hex, s->token,
-		 (unsigned long long)p->seq);
+	if (!s->packs)
+		return -ENOENT;
+	if ((rc = pack_set_scan(s->packs)))
+		return rc;
+	return pack_set_where(s->packs, hash, path, off);
+}
+
+int store_object_count(struct store *s, uint64_t *n)
+{
+	int rc;
+
+	*n = 0;
+	if (!s->packs)
+		return 0;
+	if ((rc = pack_set_scan(s->packs)))
+		return rc;
+	*n = pack_set_count(s->packs);
+	return 0;
 }
 
 const char *store_path(const struct store *s)
 {
 	return s->path;
-}
-
-static void put_le(unsigned char *p, uint64_t v, int n)
-{
-	for (int i = 0; i < n; i++)
-		p[i] = (unsigned char)(v >> (8 * i));
 }
 
 static uint64_t get_le(const unsigned char *p, int n)
@@ -193,55 +224,6 @@ static int read_all(int fd, void *buf, size_t len)
 	return 0;
 }
 
-/* ---- a set of object hashes with an int per hash (gc: referenced; verify: status) ---- */
-
-
-static uint64_t hset_slot(const uint8_t *h)
-{
-	return get_le(h, 8);	/* the keys are hashes already */
-}
-
-static int *hset_find(struct hset *t, const uint8_t h[STORE_HASH_LEN], int insert)
-{
-	size_t i;
-
-	if (insert && 2 * (t->n + 1) > t->cap) {
-		struct hset old = *t;
-
-		t->cap = old.cap ? 2 * old.cap : 1024;
-		t->keys = calloc(t->cap, STORE_HASH_LEN);
-		t->vals = calloc(t->cap, sizeof(int));
-		if (!t->keys || !t->vals) {
-			free(t->keys);
-			free(t->vals);
-			*t = old;
-			return NULL;
-		}
-		t->n = 0;
-		for (size_t j = 0; j < old.cap; j++)
-			if (old.vals[j])
-				*hset_find(t, old.keys[j], 1) = old.vals[j];
-		free(old.keys);
-		free(old.vals);
-	}
-	if (!t->cap)
-		return NULL;
-	for (i = hset_slot(h) & (t->cap - 1); t->vals[i]; i = (i + 1) & (t->cap - 1))
-		if (!memcmp(t->keys[i], h, STORE_HASH_LEN))
-			return &t->vals[i];
-	if (!insert)
-		return NULL;
-	memcpy(t->keys[i], h, STORE_HASH_LEN);
-	t->n++;
-	t->vals[i] = 1;
-	return &t->vals[i];
-}
-
-static void hset_free(struct hset *t)
-{
-	free(t->keys);
-	free(t->vals);
-}
 
 static int unhex(const char *s, uint8_t out[STORE_HASH_LEN])
 {
@@ -311,11 +293,13 @@ out_close:
 
 /* ---- open / close ---- */
 
-/* 0 if dirfd holds nothing but what store_create makes before FORMAT; -EINVAL if it
+/* 0 if dirfd holds nothing but what store_create makes before FORMAT (a peer's
+ * FORMAT, published while we looked, included: check_format judges it); -EINVAL if it
  * holds anything else (it is some other directory, not a store). */
 static int store_dir_is_fresh(int dirfd)
 {
-	static const char *const ours[] = { ".", "..", "objects", "snaps", "lock", "FORMAT.tmp" };
+	static const char *const ours[] = { ".", "..", "objects", "packs", "snaps", "leases",
+					    "lock", "FORMAT" };
 	int fd = dup(dirfd), rc = 0;
 	struct dirent *d;
 	DIR *dp;
@@ -329,6 +313,8 @@ static int store_dir_is_fresh(int dirfd)
 	while (!rc && (d = readdir(dp))) {
 		size_t i;
 
+		if (!strncmp(d->d_name, "FORMAT.tmp", 10))
+			continue;	/* a creator's temporary, ours or a peer's */
 		for (i = 0; i < sizeof(ours) / sizeof(ours[0]); i++)
 			if (!strcmp(d->d_name, ours[i]))
 				break;
@@ -339,10 +325,44 @@ static int store_dir_is_fresh(int dirfd)
 	return rc;
 }
 
+/* Publish FORMAT create-once (invariant 8): N creators at once each write their own
+ * temporary and link it to FORMAT without replacing; EEXIST means a peer published
+ * first, and check_format then judges its content like any store's. */
+static int store_create_format(int dfd)
+{
+	char buf[64], tmp[96];
+	uint64_t rnd = 0;
+	int fd, rc, n;
+
+	if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != (ssize_t)sizeof(rnd))
+		rnd = (uint64_t)time(NULL);
+	snprintf(tmp, sizeof(tmp), "FORMAT.tmp.%ld.%016llx", (long)getpid(),
+		 (unsigned long long)rnd);
+	fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return -errno;
+	n = snprintf(buf, sizeof(buf), FORMAT_TEXT, STORE_FORMAT_VERSION);
+	rc = write_all(fd, buf, (size_t)n);
+	if (!rc && fsync(fd))
+		rc = -errno;
+	if (close(fd) && !rc)
+		rc = -errno;
+	if (!rc && renameat2(dfd, tmp, dfd, "FORMAT", RENAME_NOREPLACE)) {
+		rc = -errno;
+		if (rc == -EINVAL || rc == -ENOSYS || rc == -ENOTSUP)
+			rc = linkat(dfd, tmp, dfd, "FORMAT", 0) ? -errno : 0;
+		if (rc == -EEXIST)
+			rc = 0;	/* a peer's: check_format judges it */
+	}
+	unlinkat(dfd, tmp, 0);	/* gone already after a rename */
+	if (!rc && fsync(dfd))
+		rc = -errno;
+	return rc;
+}
+
 static int store_create(const char *dir)
 {
-	char buf[64];
-	int dfd, fd, rc = 0, n;
+	int dfd, rc = 0;
 
 	/* Private: a checkpoint's bytes are its owner's (objects would otherwise let any
 	 * local user read a 0600 file of MOUNT/ckpt). An existing DIR keeps its mode; all
@@ -354,55 +374,27 @@ static int store_create(const char *dir)
 		return -errno;
 	/* An existing store is opened as it is (check_format judges its FORMAT, so a
 	 * store of another version is refused, never relabelled). A directory holding
-	 * anything but the pieces a create interrupted by a crash leaves is not made a
-	 * store behind its owner's back. */
+	 * anything but the pieces a create interrupted by a crash (or a peer creating
+	 * it right now) leaves is not made a store behind its owner's back. */
 	if (faccessat(dfd, "FORMAT", F_OK, 0) == 0)
 		goto out_close;
 	if ((rc = store_dir_is_fresh(dfd)))
 		goto out_close;
-	if ((mkdirat(dfd, "objects", 0700) && errno != EEXIST) ||
-	    (mkdirat(dfd, "snaps", 0700) && errno != EEXIST)) {
+	/* Every step tolerates a peer doing the same at the same time: EEXIST is fine. */
+	if ((mkdirat(dfd, "packs", 0700) && errno != EEXIST) ||
+	    (mkdirat(dfd, "snaps", 0700) && errno != EEXIST) ||
+	    (mkdirat(dfd, "leases", 0700) && errno != EEXIST)) {
 		rc = -errno;
 		goto out_close;
 	}
-	/* All 256 fan-out dirs up front: puts never create directories, so the only dirs
-	 * a commit must fsync are the ones it renamed objects into. */
-	for (int i = 0; i < 256; i++) {
-		snprintf(buf, sizeof(buf), "objects/%02x", i);
-		if (mkdirat(dfd, buf, 0700) && errno != EEXIST) {
-			rc = -errno;
-			goto out_close;
-		}
-	}
-	fd = openat(dfd, "lock", O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
-	if (fd < 0) {
-		rc = -errno;
-		goto out_close;
-	}
-	close(fd);
-	/* FORMAT last, via tmp+rename: a dir with FORMAT is a whole store. */
-	fd = openat(dfd, "FORMAT.tmp",
-		    O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
-	if (fd < 0) {
-		rc = -errno;
-		goto out_close;
-	}
-	n = snprintf(buf, sizeof(buf), FORMAT_TEXT, STORE_FORMAT_VERSION);
-	rc = write_all(fd, buf, (size_t)n);
-	if (!rc && fsync(fd))
-		rc = -errno;
-	close(fd);
-	if (!rc && renameat(dfd, "FORMAT.tmp", dfd, "FORMAT"))
-		rc = -errno;
-	if (!rc && fsync(dfd))
-		rc = -errno;
-	if (rc)
-		unlinkat(dfd, "FORMAT.tmp", 0);
+	/* FORMAT last: a dir with FORMAT is a whole store. */
+	rc = store_create_format(dfd);
 out_close:
 	close(dfd);
 	return rc;
 }
 
+/* The store's format version (1 or 2), or -EINVAL not a store, -EPROTONOSUPPORT. */
 static int check_format(struct store *s)
 {
 	char buf[64], want[64];
@@ -422,12 +414,106 @@ static int check_format(struct store *s)
 	free(p);
 	if (sscanf(buf, "mlfs-store\nversion %d\n", &v) != 1)
 		return -EINVAL;
-	if (v != STORE_FORMAT_VERSION)
+	if (v != STORE_FORMAT_VERSION && v != 1)
 		return -EPROTONOSUPPORT;
 	snprintf(want, sizeof(want), FORMAT_TEXT, v);
 	if (len != strlen(want) || strcmp(buf, want))
 		return -EINVAL;
-	return 0;
+	return v;
+}
+
+/* A version 1 store opened for writing becomes version 2: leases/ made, then FORMAT
+ * replaced (own temporary, fsynced, renamed over; fsync of DIR). The bytes of objects and
+ * manifests are the same in both; what changes is the protocol: version 2 writers take
+ * no flock, so an older mlfs, whose gc trusts its exclusive flock, must refuse the store
+ * from now on, which the new FORMAT makes it do. */
+static int store_upgrade_v1(struct store *s)
+{
+	char buf[64], tmp[96];
+	int fd, rc, n;
+
+	if ((mkdirat(s->dirfd, "leases", 0700) && errno != EEXIST) ||
+	    (mkdirat(s->dirfd, "packs", 0700) && errno != EEXIST))
+		return -errno;
+	snprintf(tmp, sizeof(tmp), "FORMAT.tmp.%s", s->token);
+	fd = openat(s->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return -errno;
+	n = snprintf(buf, sizeof(buf), FORMAT_TEXT, STORE_FORMAT_VERSION);
+	rc = write_all(fd, buf, (size_t)n);
+	if (!rc && fsync(fd))
+		rc = -errno;
+	if (close(fd) && !rc)
+		rc = -errno;
+	if (!rc && renameat(s->dirfd, tmp, s->dirfd, "FORMAT"))
+		rc = -errno;
+	if (rc)
+		unlinkat(s->dirfd, tmp, 0);
+	else if (fsync(s->dirfd))
+		rc = -errno;
+	if (!rc)
+		log_info("store: %s: upgraded from format version 1 to %d", s->path,
+			 STORE_FORMAT_VERSION);
+	return rc;
+}
+
+/* The lease's content (invariant 3): the owner's live tree, then this session's puts.
+ * Runs on the lease thread, or under s->mu in a commit's refresh; takes only lmu, so a
+ * long commit never holds up the periodic refresh. */
+static int store_lease_fill(void *arg, struct lease_buf *b)
+{
+	struct store *s = arg;
+	uint8_t (*h)[STORE_HASH_LEN] = NULL;
+	size_t n = 0;
+	store_lease_fn src;
+	void *sarg;
+	int rc = 0;
+
+	pthread_mutex_lock(&s->lmu);
+	src = s->lease_src;
+	sarg = s->lease_arg;
+	pthread_mutex_unlock(&s->lmu);
+	if (src && (rc = src(sarg, &h, &n)))
+		return rc;
+	for (size_t i = 0; i < n && !rc; i++)
+		rc = lease_buf_add(b, h[i]);
+	free(h);
+	pthread_mutex_lock(&s->lmu);
+	for (size_t i = 0; i < s->lease_put.cap && !rc; i++)
+		if (s->lease_put.vals[i])
+			rc = lease_buf_add(b, s->lease_put.keys[i]);
+	if (!rc && s->pw_named)
+		rc = lease_buf_add(b, s->pw_id);
+	pthread_mutex_unlock(&s->lmu);
+	return rc;
+}
+
+void store_set_lease_source(struct store *s, store_lease_fn fn, void *arg)
+{
+	pthread_mutex_lock(&s->lmu);
+	s->lease_src = fn;
+	s->lease_arg = arg;
+	pthread_mutex_unlock(&s->lmu);
+}
+
+int store_lease_run(struct store *s)
+{
+	return s->lease ? lease_keeper_run(s->lease) : 0;
+}
+
+int store_lease_refresh(struct store *s)
+{
+	return s->lease ? lease_keeper_refresh(s->lease, NULL, NULL) : -EROFS;
+}
+
+int store_lease_status(struct store *s, int64_t *age_ns)
+{
+	if (!s->lease) {
+		if (age_ns)
+			*age_ns = 0;
+		return 0;
+	}
+	return lease_keeper_status(s->lease, age_ns);
 }
 
 int store_open(const char *dir, int flags, struct store **out)
@@ -435,17 +521,28 @@ int store_open(const char *dir, int flags, struct store **out)
 	static unsigned seq;
 	struct store *s;
 	struct timespec ts;
-	struct stat st;
 	uint64_t rnd;
-	int rc;
+	int rc, version;
 
 	if ((flags & STORE_CREATE) && (rc = store_create(dir)))
 		return rc;
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
-	s->dirfd = s->objfd = s->snapfd = s->lockfd = -1;
+	s->dirfd = s->objfd = s->snapfd = s->leasefd = s->packfd = -1;
+	s->partial_grace_s = STORE_PARTIAL_GRACE_S;
 	pthread_mutex_init(&s->mu, NULL);
+	pthread_mutex_init(&s->pmu, NULL);
+	pthread_mutex_init(&s->lmu, NULL);
+	/* pid + handle number + 64 random bits (time if getrandom fails): unique among
+	 * handles, processes and hosts sharing the store, even a pid reused after a reboot
+	 * whose clock went back. Each write adds its own number (tmp_object_name). */
+	if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != (ssize_t)sizeof(rnd)) {
+		clock_gettime(CLOCK_REALTIME, &ts);
+		rnd = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	}
+	snprintf(s->token, sizeof(s->token), "%ld-%u-%016llx", (long)getpid(),
+		 __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED), (unsigned long long)rnd);
 	s->path = strdup(dir);
 	if (!s->path) {
 		rc = -ENOMEM;
@@ -456,42 +553,54 @@ int store_open(const char *dir, int flags, struct store **out)
 		rc = errno == ENOTDIR ? -EINVAL : -errno;
 		goto fail;
 	}
-	if ((rc = check_format(s)))
+	if ((version = rc = check_format(s)) < 0)
 		goto fail;
+	rc = 0;
 	s->objfd = openat(s->dirfd, "objects", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (s->objfd < 0 && errno != ENOENT) {	/* absent: made by version 2, packs only */
+		rc = -errno;
+		log_err("store: %s: damaged store layout: objects: %s", dir, strerror(errno));
+		goto fail;
+	}
 	s->snapfd = openat(s->dirfd, "snaps", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (s->snapfd < 0) {
+		rc = -errno;
+		log_err("store: %s: damaged store layout: snaps: %s", dir, strerror(errno));
+		goto fail;
+	}
 	if (flags & STORE_RDONLY) {
 		/* A reader never writes: not even the lock file, which it does not take
 		 * (list, verify and restore read published, immutable files; invariant 2).
 		 * So a store on a read-only filesystem, or one the caller may only read,
 		 * opens; every write through this handle fails with -EROFS. */
 		s->broken = -EROFS;
-	} else {
-		/* Read-only: a shared lock needs no more (NFS too), and a store whose lock
-		 * file a daemon holds open for writing cannot be remounted read-only; gc
-		 * opens its own descriptor for the exclusive lock (store_gc_keep). */
-		s->lockfd = openat(s->dirfd, "lock",
-				   O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+	} else if (version == 1 && (rc = store_upgrade_v1(s))) {
+		log_err("store: %s: cannot upgrade a version 1 store: %s", dir, strerror(-rc));
+		goto fail;
 	}
-	if (s->objfd < 0 || s->snapfd < 0 || (s->lockfd < 0 && !(flags & STORE_RDONLY))) {
+	if (version > 1 || !(flags & STORE_RDONLY))
+		s->packfd = openat(s->dirfd, "packs", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (s->packfd < 0 && (version > 1 || !(flags & STORE_RDONLY))) {
 		rc = -errno;
-		log_err("store: %s: damaged store layout: %s", dir, strerror(errno));
+		log_err("store: %s: damaged store layout: packs: %s", dir, strerror(errno));
 		goto fail;
 	}
-	if (s->lockfd >= 0 && (fstat(s->lockfd, &st) || !S_ISREG(st.st_mode))) {
-		rc = -EINVAL;
-		log_err("store: %s: damaged store layout: lock is not a regular file", dir);
+	if (s->packfd >= 0 && (rc = pack_set_new(s->packfd, dir, &s->packs)))
 		goto fail;
+	if (!(flags & STORE_RDONLY)) {
+		/* Invariant 3: a writer's lease exists from its open to its close. */
+		s->leasefd = openat(s->dirfd, "leases", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (s->leasefd < 0) {
+			rc = -errno;
+			log_err("store: %s: damaged store layout: leases: %s", dir, strerror(errno));
+			goto fail;
+		}
+		if ((rc = lease_keeper_start(s->leasefd, dir, s->token, store_lease_fill, s,
+					     &s->lease))) {
+			log_err("store: %s: cannot write a lease: %s", dir, strerror(-rc));
+			goto fail;
+		}
 	}
-	/* pid + handle number + 64 random bits (time if getrandom fails): unique among
-	 * handles, processes and hosts sharing the store, even a pid reused after a reboot
-	 * whose clock went back. Each write adds its own number (tmp_object_name). */
-	if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != (ssize_t)sizeof(rnd)) {
-		clock_gettime(CLOCK_REALTIME, &ts);
-		rnd = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-	}
-	snprintf(s->token, sizeof(s->token), "%ld-%u-%016llx", (long)getpid(),
-		 __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED), (unsigned long long)rnd);
 	*out = s;
 	return 0;
 fail:
@@ -505,8 +614,13 @@ void store_close(struct store *s)
 		return;
 	if (s->session)
 		store_abort(s);
-	if (s->lockfd >= 0)
-		close(s->lockfd);
+	lease_keeper_stop(s->lease);
+	pack_writer_abort(s->packs, &s->pw);
+	pack_set_free(s->packs);
+	if (s->packfd >= 0)
+		close(s->packfd);
+	if (s->leasefd >= 0)
+		close(s->leasefd);
 	if (s->snapfd >= 0)
 		close(s->snapfd);
 	if (s->objfd >= 0)
@@ -514,10 +628,17 @@ void store_close(struct store *s)
 	if (s->dirfd >= 0)
 		close(s->dirfd);
 	pthread_mutex_destroy(&s->mu);
-	free(s->pending);
+	pthread_mutex_destroy(&s->lmu);
+	pthread_mutex_destroy(&s->pmu);
 	hset_free(&s->put);
+	hset_free(&s->lease_put);
 	free(s->path);
 	free(s);
+}
+
+void store_set_partial_grace(struct store *s, unsigned seconds)
+{
+	s->partial_grace_s = seconds;
 }
 
 void store_set_commit_hook(struct store *s, int (*hook)(void *arg, int step), void *arg)
@@ -541,39 +662,38 @@ int store_name_valid(const char *name)
 
 /* ---- sessions (invariant 3) ---- */
 
-/* Caller holds s->mu. May block while a gc holds the lock exclusive. */
+/* Caller holds s->mu. A session takes no lock (invariant 3): its lease names its puts. */
 static int session_begin(struct store *s)
 {
+	int rc;
+
 	if (s->broken)
 		return s->broken;
 	if (s->session)
 		return 0;
-	while (flock(s->lockfd, LOCK_SH)) {
-		if (errno != EINTR) {
-			log_err("store: %s: cannot lock: %s", s->path, strerror(errno));
-			return -errno;
-		}
-	}
+	/* Learn the packs other writers made since, so dedup sees them (one listing of
+	 * packs/ per snapshot, plus the new packs' indexes). */
+	if ((rc = pack_set_scan(s->packs)))
+		return rc;
 	s->session = 1;
 	return 0;
 }
 
-/* Caller holds s->mu. Removes temporary objects not yet renamed and drops the lock.
- * An unlink that fails (the store went read-only or away) leaves a file whose name no
- * later write reuses; gc removes it (invariant 4). */
+/* Caller holds s->mu. Removes the pack being written, if any (objects in packs already
+ * finished stay, unreferenced, for gc); the lease stops naming the session's puts at
+ * its next refresh. An unlink that fails (the store went read-only or away) leaves a
+ * temporary whose name no later write reuses; gc removes it (invariant 4). */
 static void session_end(struct store *s)
 {
-	char tmp[160];
-
-	for (size_t i = 0; i < s->npending; i++) {
-		tmp_object_name(s, &s->pending[i], tmp, sizeof(tmp));
-		unlinkat(s->objfd, tmp, 0);
-	}
-	s->npending = 0;
+	pthread_mutex_lock(&s->pmu);
+	pack_writer_abort(s->packs, &s->pw);
+	pthread_mutex_unlock(&s->pmu);
 	hset_free(&s->put);
 	memset(&s->put, 0, sizeof(s->put));
-	if (s->session)
-		flock(s->lockfd, LOCK_UN);
+	pthread_mutex_lock(&s->lmu);
+	hset_free(&s->lease_put);
+	memset(&s->lease_put, 0, sizeof(s->lease_put));
+	pthread_mutex_unlock(&s->lmu);
 	s->session = 0;
 }
 
@@ -614,6 +734,10 @@ static int object_exists(struct store *s, const uint8_t hash[STORE_HASH_LEN])
 	struct stat st;
 	int fd, ok;
 
+	if (s->packs && pack_set_has(s->packs, hash))
+		return 1;	/* in a published pack: its index verified (invariant 1) */
+	if (s->objfd < 0)
+		return 0;
 	store_object_name(hash, name);
 	fd = openat(s->objfd, name + 8, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 	if (fd < 0)
@@ -628,21 +752,17 @@ static int object_exists(struct store *s, const uint8_t hash[STORE_HASH_LEN])
 int store_put_block(struct store *s, const void *buf, uint32_t len, uint8_t hash_out[STORE_HASH_LEN],
 		    uint64_t *new_bytes)
 {
-	unsigned char hdr[OBJ_HDR];
-	char tmp[160];
 	char *z = NULL;
 	const void *payload = buf;
 	uint32_t stored = len;
 	uint8_t flags = OBJ_RAW;
-	struct pend p;
-	int fd, rc, bound, zl, *put;
+	int rc, bound, zl, *put;
 
 	if (new_bytes)
 		*new_bytes = 0;
 	if (len == 0 || len > MF_BLOCK_SIZE_MAX)
 		return -EINVAL;
 	hash128(buf, len, hash_out);
-	memcpy(p.hash, hash_out, STORE_HASH_LEN);
 	pthread_mutex_lock(&s->mu);
 	rc = session_begin(s);
 	/* Put already in this session (written, or being written by another thread):
@@ -657,6 +777,13 @@ int store_put_block(struct store *s, const void *buf, uint32_t len, uint8_t hash
 		else if (!hset_find(&s->put, hash_out, 1))
 			rc = -ENOMEM;
 	}
+	if (rc >= 0) {
+		/* Named by the lease before anything relies on it (invariant 3). */
+		pthread_mutex_lock(&s->lmu);
+		if (!hset_find(&s->lease_put, hash_out, 1))
+			rc = -ENOMEM;
+		pthread_mutex_unlock(&s->lmu);
+	}
 	pthread_mutex_unlock(&s->mu);
 	if (rc)
 		return rc < 0 ? rc : 0;
@@ -665,6 +792,18 @@ int store_put_block(struct store *s, const void *buf, uint32_t len, uint8_t hash
 
 	bound = LZ4_compressBound((int)len);
 	z = bound > 0 ? malloc((size_t)bound) : NULL;
+	/* A block whose first LZ4_PROBE bytes do not shrink by 1/8 is stored raw without
+	 * compressing the rest: random-looking bytes (fp16/fp32 weights, optimizer state)
+	 * cost a full lz4 pass per MiB otherwise, the largest CPU cost of a persist on a
+	 * small machine. A block compressible only past its head is stored raw: bytes, not
+	 * correctness. */
+	if (z && len > 2 * LZ4_PROBE) {
+		zl = LZ4_compress_default(buf, z, LZ4_PROBE, bound);
+		if (zl <= 0 || zl > LZ4_PROBE - LZ4_PROBE / 8) {
+			free(z);
+			z = NULL;
+		}
+	}
 	if (z) {
 		zl = LZ4_compress_default(buf, z, (int)len, bound);
 		/* Compress only when it saves at least 1/8: decompressing costs CPU on every
@@ -675,54 +814,16 @@ int store_put_block(struct store *s, const void *buf, uint32_t len, uint8_t hash
 			flags = OBJ_LZ4;
 		}
 	}
-	memcpy(hdr, OBJ_MAGIC, 4);
-	hdr[4] = OBJ_VERSION;
-	hdr[5] = flags;
-	put_le(hdr + 6, 0, 2);
-	put_le(hdr + 8, len, 4);
-	put_le(hdr + 12, stored, 4);
-	memcpy(hdr + 16, hash_out, STORE_HASH_LEN);
-	put_le(hdr + 32, XXH3_64bits(hdr, 32), 8);
-
-	pthread_mutex_lock(&s->mu);
-	p.seq = ++s->seq;
-	pthread_mutex_unlock(&s->mu);
-	tmp_object_name(s, &p, tmp, sizeof(tmp));
-	/* O_EXCL: a name is never reused (tmp_object_name), so EEXIST is some other
-	 * writer's file, never "already written": a failure, not a dedup. */
-	fd = openat(s->objfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0400);
-	if (fd < 0) {
-		rc = -errno;
-		goto out_free;
-	}
-	rc = write_all(fd, hdr, OBJ_HDR);
-	if (!rc)
-		rc = write_all(fd, payload, stored);
-	if (close(fd) && !rc)
-		rc = -errno;	/* NFS reports a full server at close */
-	if (rc) {
-		unlinkat(s->objfd, tmp, 0);
-		goto out_free;
-	}
-	pthread_mutex_lock(&s->mu);
-	if (s->npending == s->cap) {
-		size_t cap = s->cap ? 2 * s->cap : 256;
-		void *np = realloc(s->pending, cap * sizeof(*s->pending));
-
-		if (!np) {
-			pthread_mutex_unlock(&s->mu);
-			unlinkat(s->objfd, tmp, 0);
-			rc = -ENOMEM;
-			goto out_free;
-		}
-		s->pending = np;
-		s->cap = cap;
-	}
-	s->pending[s->npending++] = p;
-	pthread_mutex_unlock(&s->mu);
-	if (new_bytes)
+	/* Appended to the session's pack: one create and one fsync per PACK_TARGET bytes,
+	 * not per object (pack.h). Puts of several threads take turns here. */
+	pthread_mutex_lock(&s->pmu);
+	rc = pack_writer_add(s->packs, &s->pw, hash_out, len, flags == OBJ_LZ4, payload, stored);
+	pthread_mutex_lock(&s->lmu);
+	s->pw_named = pack_writer_id(s->pw, s->pw_id);
+	pthread_mutex_unlock(&s->lmu);
+	pthread_mutex_unlock(&s->pmu);
+	if (!rc && new_bytes)
 		*new_bytes = OBJ_HDR + stored;
-out_free:
 	if (rc) {
 		pthread_mutex_lock(&s->mu);
 		put = hset_find(&s->put, hash_out, 0);
@@ -751,8 +852,16 @@ int store_get_block(struct store *s, const uint8_t hash[STORE_HASH_LEN], void *b
 	char *z = NULL;
 	int fd, rc;
 
+	/* Packs first (every object written since version 2), then a version 1 object. */
+	rc = s->packs ? pack_set_get(s->packs, hash, buf, len) : -ENOENT;
+	if (rc != -ENOENT)
+		return rc;
 	store_object_name(hash, name);
 	snprintf(path, sizeof(path), "%s/%s", s->path, name);
+	if (s->objfd < 0) {
+		log_err("store: missing object %s: in no pack", path);
+		return -ENOENT;
+	}
 	fd = openat(s->objfd, name + 8, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 	if (fd < 0 && errno == ELOOP)
 		return obj_damaged(path, "a symlink, not an object");
@@ -819,60 +928,31 @@ out_close:
 /* Commit step 1 (invariant 1). Caller holds s->mu. */
 static int sync_objects_locked(struct store *s)
 {
-	uint8_t touched[256] = { 0 };
-	char tmp[160], name[48];
-	int rc = 0;
+	int rc;
 
 	if (s->broken)
 		return s->broken;
-	if (s->full_sync)
-		memset(touched, 1, sizeof(touched));	/* store_recover: every dir */
-	else if (s->npending == 0)
-		return 0;
-	/* One flush for the whole batch; the objects are still under temporary names, so a
-	 * failure here leaves nothing half-published (session_end removes them). */
-	if (syncfs(s->objfd)) {
-		rc = -errno;
-		log_err("store: %s: syncfs: %s", s->path, strerror(errno));
+	/* The session's open pack: index, fsync, rename, fsync packs/ (pack.h). */
+	pthread_mutex_lock(&s->pmu);
+	rc = pack_writer_finish(s->packs, &s->pw);
+	pthread_mutex_unlock(&s->pmu);
+	if (rc == -EIO)
+		s->broken = -EIO;	/* invariant 6: packs/ may have lost a name */
+	if (rc)
 		return rc;
-	}
-	while (s->npending) {
-		const struct pend *p = &s->pending[s->npending - 1];
-		const uint8_t *h = p->hash;
-
-		tmp_object_name(s, p, tmp, sizeof(tmp));
-		store_object_name(h, name);
-		if (renameat(s->objfd, tmp, s->objfd, name + 8)) {
+	if (s->full_sync) {
+		/* store_recover: what an earlier failed fsync may have dropped is flushed
+		 * or found missing (step 1b) before anything relies on it. */
+		if (syncfs(s->dirfd)) {
 			rc = -errno;
-			log_err("store: %s: rename %s: %s", s->path, tmp, strerror(errno));
-			break;
+			log_err("store: %s: syncfs: %s", s->path, strerror(errno));
+			return rc;
 		}
-		touched[h[0]] = 1;
-		s->npending--;
-	}
-	for (int i = 0; i < 256; i++) {
-		int fd;
-
-		if (!touched[i])
-			continue;
-		snprintf(name, sizeof(name), "%02x", i);
-		fd = openat(s->objfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-		if (fd < 0) {
-			s->broken = -EIO;
-			return -EIO;
-		}
-		if (sync_dir(s, fd)) {
-			close(fd);
-			return -EIO;
-		}
-		close(fd);
-	}
-	if (!rc && s->full_sync) {
-		if (sync_dir(s, s->snapfd))
+		if (sync_dir(s, s->packfd) || sync_dir(s, s->snapfd))
 			return -EIO;
 		s->full_sync = 0;
 	}
-	return rc;
+	return 0;
 }
 
 int store_broken(struct store *s)
@@ -923,8 +1003,30 @@ static int commit_hook(struct store *s, int step)
 	return s->hook ? s->hook(s->hook_arg, step) : 0;
 }
 
+/* Commit step 1a (invariant 3): the lease names every object of m before step 1b checks
+ * they exist, so a gc either renamed one away before (the check sees it) or reads this
+ * lease in its second mark (and puts it back). A lease that cannot be written, or has
+ * lapsed, fails the commit: nothing would protect its objects. */
+static int commit_lease(struct store *s, const struct mf_manifest *m)
+{
+	struct lease_buf b = { 0 };
+	int rc = 0;
+
+	if (!s->lease)
+		return -EROFS;
+	for (size_t i = 0; i < m->nentries && !rc; i++)
+		for (uint64_t k = 0; k < m->entries[i].nblocks && !rc; k++)
+			if (!(m->entries[i].blocks[k].flags & MF_BLOCK_HOLE))
+				rc = lease_buf_add(&b, m->entries[i].blocks[k].hash);
+	if (!rc)
+		rc = lease_keeper_refresh(s->lease, &b, NULL);
+	lease_buf_free(&b);
+	return rc;
+}
+
 /* Commit step 1b (invariant 2): a manifest may name only objects that are there now,
- * under our shared lock, so gc cannot take them before the rename. One stat per block. */
+ * after our lease named them (step 1a), so gc cannot take them before the rename. One
+ * stat per block. */
 static int commit_check_objects(struct store *s, const struct mf_manifest *m)
 {
 	for (size_t i = 0; i < m->nentries; i++) {
@@ -944,12 +1046,13 @@ static int commit_check_objects(struct store *s, const struct mf_manifest *m)
 	return 0;
 }
 
-/* Commit step 2: the manifest under a temporary name, fsynced. */
-static int commit_write_tmp(struct store *s, const char *tmp, const void *buf, size_t len)
+/* Commit step 2: the manifest under a temporary name in dfd (snaps/ or a group's
+ * directory), fsynced. */
+static int commit_write_tmp(int dfd, const char *tmp, const void *buf, size_t len)
 {
 	int fd, rc;
 
-	fd = openat(s->snapfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0400);
+	fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0400);
 	if (fd < 0)
 		return -errno;
 	rc = write_all(fd, buf, len);
@@ -962,33 +1065,28 @@ static int commit_write_tmp(struct store *s, const char *tmp, const void *buf, s
 
 /* Commit step 3: publish without replacing. renameat2 NOREPLACE where the filesystem has
  * it; else link(2), which also fails with EEXIST (NFS, older kernels). */
-static int commit_publish(struct store *s, const char *tmp, const char *name)
+static int commit_publish(int dfd, const char *tmp, const char *name)
 {
-	if (renameat2(s->snapfd, tmp, s->snapfd, name, RENAME_NOREPLACE) == 0)
+	if (renameat2(dfd, tmp, dfd, name, RENAME_NOREPLACE) == 0)
 		return 0;
 	if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
 		return -errno;
-	if (linkat(s->snapfd, tmp, s->snapfd, name, 0))
+	if (linkat(dfd, tmp, dfd, name, 0))
 		return -errno;
-	unlinkat(s->snapfd, tmp, 0);
+	unlinkat(dfd, tmp, 0);
 	return 0;
 }
 
-int store_commit(struct store *s, const struct mf_manifest *m)
+/* Steps 1..3 of the commit protocol for m, published as fname in dfd (snaps/ itself,
+ * or a group's directory for a part). Caller holds s->mu; ends the session either way. */
+static int commit_to_locked(struct store *s, const struct mf_manifest *m, int dfd,
+			    const char *fname)
 {
 	char tmp[MF_NAME_MAX + 80];
-	struct stat st;
 	void *buf = NULL;
 	size_t len;
 	int rc, staged = 0;
 
-	pthread_mutex_lock(&s->mu);
-	if ((rc = store_name_valid(m->name)))
-		goto fail;
-	if (fstatat(s->snapfd, m->name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
-		rc = -EEXIST;	/* early, before any work; step 3 re-checks atomically */
-		goto fail;
-	}
 	if ((rc = session_begin(s)))
 		goto fail;
 	/* The name goes in hashed: ".tmp." + a 255-byte name + the token would pass
@@ -1002,6 +1100,11 @@ int store_commit(struct store *s, const struct mf_manifest *m)
 		goto fail;
 	if ((rc = sync_objects_locked(s)))
 		goto fail;
+	if ((rc = commit_lease(s, m)))
+		goto fail;
+	/* Packs gone since the session began (a gc) are forgotten before the check. */
+	if ((rc = pack_set_scan(s->packs)))
+		goto fail;
 	if ((rc = commit_check_objects(s, m)))
 		goto fail;
 	if ((rc = mf_encode(m, &buf, &len)))
@@ -1009,41 +1112,509 @@ int store_commit(struct store *s, const struct mf_manifest *m)
 	if ((rc = commit_hook(s, 2)))
 		goto fail;
 	staged = 1;
-	if ((rc = commit_write_tmp(s, tmp, buf, len)))
+	if ((rc = commit_write_tmp(dfd, tmp, buf, len)))
 		goto fail;
 	if ((rc = commit_hook(s, 3)))
 		goto fail;
-	if ((rc = commit_publish(s, tmp, m->name)))
+	if ((rc = commit_publish(dfd, tmp, fname)))
 		goto fail;
 	staged = 0;
-	if ((rc = sync_dir(s, s->snapfd)))
+	if ((rc = sync_dir(s, dfd)))
 		goto fail;
-
 	session_end(s);
-	pthread_mutex_unlock(&s->mu);
 	free(buf);
 	return 0;
 fail:
 	if (staged)
-		unlinkat(s->snapfd, tmp, 0);
+		unlinkat(dfd, tmp, 0);
 	session_end(s);
-	pthread_mutex_unlock(&s->mu);
 	free(buf);
-	if (rc != -EEXIST && rc != -EINVAL)
+	return rc;
+}
+
+int store_commit(struct store *s, const struct mf_manifest *m)
+{
+	struct stat st;
+	int rc;
+
+	pthread_mutex_lock(&s->mu);
+	if ((rc = store_name_valid(m->name)))
+		goto out;
+	if (fstatat(s->snapfd, m->name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+		rc = -EEXIST;	/* early, before any work; step 3 re-checks atomically */
+		goto out;
+	}
+	rc = commit_to_locked(s, m, s->snapfd, m->name);
+out:
+	pthread_mutex_unlock(&s->mu);
+	if (rc && rc != -EEXIST && rc != -EINVAL)
 		log_err("store: %s: commit of snapshot %s failed: %s", s->path, m->name, strerror(-rc));
+	return rc;
+}
+
+/* ---- groups: snaps/NAME/part-K-of-N and snaps/NAME/group (invariant 8) ---- */
+
+#define GROUP_FILE "group"
+#define GROUP_MAGIC "mlfs-group\nversion 1\n"
+
+/* Worker K of N's part file name. */
+static void part_name(unsigned k, unsigned n, char buf[48])
+{
+	snprintf(buf, 48, "part-%u-of-%u", k, n);
+}
+
+/* 0 if d is "part-K-of-N" with K < N <= STORE_WORKERS_MAX written the one way
+ * part_name writes it (so no two spellings name one part); else -EINVAL. */
+static int part_parse(const char *d, unsigned *k, unsigned *n)
+{
+	char again[48];
+	unsigned a, b;
+
+	if (sscanf(d, "part-%u-of-%u", &a, &b) != 2 || b == 0 || b > STORE_WORKERS_MAX || a >= b)
+		return -EINVAL;
+	part_name(a, b, again);
+	if (strcmp(again, d))
+		return -EINVAL;
+	*k = a;
+	*n = b;
+	return 0;
+}
+
+/* The group directory snaps/<name>, opened (-ENOENT, or -ENOTDIR for a plain
+ * manifest). The fd is handed over. */
+static int group_open(struct store *s, const char *name)
+{
+	int fd = openat(s->snapfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+
+	if (fd < 0)
+		return errno == ELOOP ? -ENOTDIR : -errno;
+	return fd;
+}
+
+/* What a group directory holds: the worker count its parts name (0: no part yet, -1:
+ * parts of different counts, which never complete), a bitmap of the parts present
+ * (have[] of STORE_WORKERS_MAX bits), their count, whether "group" exists, and the
+ * newest mtime of anything in it. O(entries). */
+struct group_scan {
+	int workers;
+	unsigned nparts;
+	int complete;
+	int64_t newest_ns;
+	uint8_t have[STORE_WORKERS_MAX / 8];
+};
+
+static int group_scan(int gfd, struct group_scan *g)
+{
+	struct dirent *d;
+	struct stat st;
+	DIR *dir;
+	int fd = openat(gfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+	memset(g, 0, sizeof(*g));
+	if (fd < 0)
+		return -errno;
+	if (!(dir = fdopendir(fd))) {
+		close(fd);
+		return -ENOMEM;
+	}
+	while ((d = readdir(dir))) {
+		unsigned k, n;
+
+		if (!fstatat(gfd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) && d->d_name[0] != '.') {
+			int64_t t = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+
+			if (t > g->newest_ns)
+				g->newest_ns = t;
+		}
+		if (!strcmp(d->d_name, GROUP_FILE)) {
+			g->complete = 1;
+			continue;
+		}
+		if (part_parse(d->d_name, &k, &n))
+			continue;
+		if (g->workers && g->workers != (int)n)
+			g->workers = -1;
+		else if (!g->workers)
+			g->workers = (int)n;
+		if (!(g->have[k / 8] & (1u << (k % 8)))) {
+			g->have[k / 8] |= (uint8_t)(1u << (k % 8));
+			g->nparts++;
+		}
+	}
+	closedir(dir);
+	return 0;
+}
+
+/* Reads and checks one part: decodes (its checksum) and carries the group's name.
+ * *m (may be NULL) handed over; the file's size and XXH3-128 in size/hash. */
+static int part_load(struct store *s, int gfd, const char *name, const char *pname,
+		     struct mf_manifest **m, uint64_t *size, uint8_t hash[STORE_HASH_LEN])
+{
+	struct mf_manifest *p = NULL;
+	void *buf;
+	size_t len;
+	int rc = slurp(gfd, pname, &buf, &len);
+
+	if (rc) {
+		if (rc != -ENOENT)
+			log_err("store: %s/snaps/%s/%s: %s", s->path, name, pname,
+				rc == -EINVAL ? "not a regular file of a sane size" : strerror(-rc));
+		return rc == -EINVAL ? -EIO : rc;
+	}
+	if (size)
+		*size = len;
+	if (hash)
+		hash128(buf, len, hash);
+	rc = mf_decode(buf, len, &p);
+	free(buf);
+	if (rc == -ENOMEM)
+		return rc;
+	if (!rc && strcmp(p->name, name))
+		rc = -EINVAL;	/* a part copied into another group */
+	if (rc) {
+		mf_free(p);
+		log_err("store: damaged part %s/snaps/%s/%s (%s); not used", s->path, name, pname,
+			rc == -EIO ? "checksum mismatch" : "does not parse");
+		return -EIO;
+	}
+	if (m)
+		*m = p;
+	else
+		mf_free(p);
+	return 0;
+}
+
+/* The group file's bytes for n parts of sizes/hashes: text, ending with an XXH3-64 of
+ * everything before its last line. *out handed over. */
+static int group_encode(const char *name, unsigned n, const uint64_t *sizes,
+			uint8_t (*hashes)[STORE_HASH_LEN], char **out, size_t *len)
+{
+	size_t cap = 128 + strlen(name) + (size_t)n * 80, at;
+	char *b = malloc(cap), hex[33];
+
+	if (!b)
+		return -ENOMEM;
+	at = (size_t)snprintf(b, cap, GROUP_MAGIC "workers %u\n", n);
+	for (unsigned k = 0; k < n; k++) {
+		hex16(hashes[k], hex);
+		at += (size_t)snprintf(b + at, cap - at, "part %u %llu %s\n", k,
+				       (unsigned long long)sizes[k], hex);
+	}
+	at += (size_t)snprintf(b + at, cap - at, "name %s\n", name);
+	at += (size_t)snprintf(b + at, cap - at, "check %016llx\n",
+			       (unsigned long long)XXH3_64bits(b, at));
+	*out = b;
+	*len = at;
+	return 0;
+}
+
+/* Parses and checks a group file: the checksum, the magic, the name, N parts in order.
+ * *n, and sizes/hashes (malloc'd, handed over). -EIO on any damage. */
+static int group_decode(const char *buf, size_t len, const char *name, unsigned *n,
+			uint64_t **sizes, uint8_t (**hashes)[STORE_HASH_LEN])
+{
+	char *txt = malloc(len + 1), *line, *save, *last;
+	unsigned long long check, sz;
+	unsigned w = 0, k = 0, kk;
+	char hex[40];
+	int rc = -EIO;
+
+	*sizes = NULL;
+	*hashes = NULL;
+	if (!txt)
+		return -ENOMEM;
+	memcpy(txt, buf, len);
+	txt[len] = 0;
+	/* the last line: "check HEX\n", over every byte before it */
+	if (len < 2 || strlen(txt) != len || txt[len - 1] != '\n')
+		goto out;
+	txt[len - 1] = 0;
+	last = strrchr(txt, '\n');
+	if (!last || sscanf(last + 1, "check %16llx", &check) != 1 ||
+	    XXH3_64bits(txt, (size_t)(last + 1 - txt)) != check)
+		goto out;
+	*last = 0;
+	if (strncmp(txt, GROUP_MAGIC, strlen(GROUP_MAGIC)))
+		goto out;
+	line = strtok_r(txt + strlen(GROUP_MAGIC), "\n", &save);
+	if (!line || sscanf(line, "workers %u", &w) != 1 || !w || w > STORE_WORKERS_MAX)
+		goto out;
+	rc = -ENOMEM;
+	if (!(*sizes = calloc(w, sizeof(**sizes))) || !(*hashes = calloc(w, STORE_HASH_LEN)))
+		goto out;
+	rc = -EIO;
+	for (k = 0; k < w; k++) {
+		line = strtok_r(NULL, "\n", &save);
+		if (!line || sscanf(line, "part %u %llu %39s", &kk, &sz, hex) != 3 || kk != k ||
+		    unhex(hex, (*hashes)[k]))
+			goto out;
+		(*sizes)[k] = sz;
+	}
+	line = strtok_r(NULL, "\n", &save);
+	if (!line || strncmp(line, "name ", 5) || strcmp(line + 5, name) ||
+	    strtok_r(NULL, "\n", &save))
+		goto out;
+	*n = w;
+	rc = 0;
+out:
+	if (rc) {
+		free(*sizes);
+		free(*hashes);
+		*sizes = NULL;
+		*hashes = NULL;
+	}
+	free(txt);
+	return rc;
+}
+
+int store_group_publish(struct store *s, const char *name)
+{
+	uint8_t (*hashes)[STORE_HASH_LEN] = NULL;
+	struct group_scan g;
+	uint64_t *sizes = NULL;
+	char pname[48], tmp[128], *buf = NULL;
+	size_t len;
+	int gfd, rc;
+
+	if (s->broken)
+		return s->broken;
+	if ((rc = store_name_valid(name)))
+		return rc;
+	if ((gfd = group_open(s, name)) < 0)
+		return gfd;
+	if ((rc = group_scan(gfd, &g)))
+		goto out;
+	if (g.complete) {
+		rc = 1;
+		goto out;
+	}
+	if (g.workers <= 0 || g.nparts < (unsigned)g.workers) {
+		rc = 0;	/* partial: the worker that writes the last part publishes */
+		goto out;
+	}
+	rc = -ENOMEM;
+	if (!(sizes = calloc((size_t)g.workers, sizeof(*sizes))) ||
+	    !(hashes = calloc((size_t)g.workers, STORE_HASH_LEN)))
+		goto out;
+	/* Every part durable (its writer fsynced it before the rename; fsync again here,
+	 * as the group will vouch for it) and whole: its checksum verifies. */
+	for (unsigned k = 0; k < (unsigned)g.workers; k++) {
+		int fd;
+
+		part_name(k, (unsigned)g.workers, pname);
+		fd = openat(gfd, pname, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+		if (fd < 0 || fsync(fd)) {
+			rc = -errno;
+			if (fd >= 0)
+				close(fd);
+			goto out;
+		}
+		close(fd);
+		if ((rc = part_load(s, gfd, name, pname, NULL, &sizes[k], hashes[k])))
+			goto out;
+	}
+	if ((rc = group_encode(name, (unsigned)g.workers, sizes, hashes, &buf, &len)))
+		goto out;
+	snprintf(tmp, sizeof(tmp), ".tmp.group.%s", s->token);
+	if ((rc = commit_write_tmp(gfd, tmp, buf, len)))
+		goto out_unlink;
+	/* Create-once: two workers that both saw every part both get here; the second
+	 * finds the first's group file, with the same content (the parts never change). */
+	rc = commit_publish(gfd, tmp, GROUP_FILE);
+	if (rc == -EEXIST)
+		rc = 0;
+	if (rc)
+		goto out_unlink;
+	if ((rc = sync_dir(s, gfd)))
+		goto out_unlink;
+	rc = 1;
+out_unlink:
+	unlinkat(gfd, tmp, 0);
+out:
+	close(gfd);
+	free(buf);
+	free(sizes);
+	free(hashes);
+	if (rc < 0)
+		log_err("store: %s: publish of group %s failed: %s", s->path, name, strerror(-rc));
+	return rc;
+}
+
+int store_commit_part(struct store *s, const struct mf_manifest *m, unsigned worker,
+		      unsigned workers, int *complete)
+{
+	struct group_scan g;
+	struct stat st;
+	char pname[48];
+	int gfd = -1, rc;
+
+	if (complete)
+		*complete = 0;
+	if (workers < 2 || workers > STORE_WORKERS_MAX || worker >= workers)
+		return -EINVAL;
+	pthread_mutex_lock(&s->mu);
+	if ((rc = store_name_valid(m->name)))
+		goto out;
+	if (s->broken) {
+		rc = s->broken;
+		goto out;
+	}
+	/* The group's directory: made by the first worker, found by the others. */
+	if (mkdirat(s->snapfd, m->name, 0700) && errno != EEXIST) {
+		rc = -errno;
+		goto out;
+	}
+	if ((gfd = group_open(s, m->name)) < 0) {
+		rc = gfd == -ENOTDIR ? -EEXIST : gfd;	/* a single snapshot of that name */
+		goto out;
+	}
+	/* mkdir durable before anything is put in it (NFS, ext4: a dir entry needs its
+	 * parent's fsync). */
+	if ((rc = sync_dir(s, s->snapfd)))
+		goto out;
+	if ((rc = group_scan(gfd, &g)))
+		goto out;
+	part_name(worker, workers, pname);
+	if (g.complete || (g.workers && g.workers != (int)workers) ||
+	    fstatat(gfd, pname, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+		rc = -EEXIST;	/* our part, or a group of another worker count */
+		goto out;
+	}
+	rc = commit_to_locked(s, m, gfd, pname);
+out:
+	if (gfd >= 0)
+		close(gfd);
+	pthread_mutex_unlock(&s->mu);
+	if (rc) {
+		if (rc != -EEXIST && rc != -EINVAL)
+			log_err("store: %s: commit of part %u of snapshot %s failed: %s", s->path,
+				worker, m->name, strerror(-rc));
+		return rc;
+	}
+	/* Whoever writes the last part publishes; a failure here leaves the group partial
+	 * for store_group_publish to finish later (any worker's next start or list). */
+	rc = store_group_publish(s, m->name);
+	if (complete)
+		*complete = rc > 0;
+	return 0;
+}
+
+int store_name_taken(struct store *s, const char *name, unsigned worker, unsigned workers)
+{
+	struct group_scan g;
+	struct stat st;
+	char pname[48];
+	int gfd;
+
+	if (fstatat(s->snapfd, name, &st, AT_SYMLINK_NOFOLLOW))
+		return 0;
+	if (!S_ISDIR(st.st_mode) || workers < 2)
+		return 1;
+	if ((gfd = group_open(s, name)) < 0)
+		return 1;
+	part_name(worker, workers, pname);
+	if (group_scan(gfd, &g) || g.complete || (g.workers && g.workers != (int)workers) ||
+	    fstatat(gfd, pname, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+		close(gfd);
+		return 1;
+	}
+	close(gfd);
+	return 0;
+}
+
+int store_group_state(struct store *s, const char *name, unsigned *parts, unsigned *workers)
+{
+	struct group_scan g;
+	int gfd, rc;
+
+	if ((rc = store_name_valid(name)))
+		return rc;
+	if ((gfd = group_open(s, name)) < 0)
+		return gfd;
+	rc = group_scan(gfd, &g);
+	close(gfd);
+	if (rc)
+		return rc;
+	*parts = g.nparts;
+	*workers = g.workers > 0 ? (unsigned)g.workers : 0;
+	return g.complete;
+}
+
+/* A complete group's union (mf_merge): the group file checked, then each part against
+ * the size and XXH3-128 it names. -ENOENT, -EAGAIN if partial, -EIO on damage. */
+static int group_load(struct store *s, const char *name, mf_conflict_fn fn, void *arg,
+		      struct mf_manifest **out, uint64_t *conflicts)
+{
+	struct mf_manifest **parts = NULL;
+	uint8_t (*hashes)[STORE_HASH_LEN] = NULL, h[STORE_HASH_LEN];
+	uint64_t *sizes = NULL, sz;
+	unsigned n = 0, k;
+	void *buf;
+	size_t len;
+	char pname[48];
+	int gfd, rc;
+
+	if ((gfd = group_open(s, name)) < 0)
+		return gfd;
+	rc = slurp(gfd, GROUP_FILE, &buf, &len);
+	if (rc == -ENOENT) {
+		rc = -EAGAIN;
+		goto out;
+	}
+	if (rc) {
+		rc = rc == -EINVAL ? -EIO : rc;
+		goto out;
+	}
+	rc = group_decode(buf, len, name, &n, &sizes, &hashes);
+	free(buf);
+	if (rc) {
+		if (rc == -EIO)
+			log_err("store: damaged group file %s/snaps/%s/group; not used", s->path, name);
+		goto out;
+	}
+	if (!(parts = calloc(n, sizeof(*parts)))) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	for (k = 0; k < n; k++) {
+		part_name(k, n, pname);
+		rc = part_load(s, gfd, name, pname, &parts[k], &sz, h);
+		if (rc == -ENOENT)
+			rc = -EIO;	/* the group vouches for it: a lost part is damage */
+		if (!rc && (sz != sizes[k] || memcmp(h, hashes[k], STORE_HASH_LEN))) {
+			log_err("store: %s/snaps/%s/%s is not the part its group names; not used",
+				s->path, name, pname);
+			rc = -EIO;
+		}
+		if (rc)
+			goto out;
+	}
+	rc = mf_merge(parts, n, fn, arg, out, conflicts);
+out:
+	for (k = 0; parts && k < n; k++)
+		mf_free(parts[k]);
+	free(parts);
+	free(sizes);
+	free(hashes);
+	close(gfd);
 	return rc;
 }
 
 /* ---- manifests ---- */
 
-int store_load_manifest(struct store *s, const char *name, struct mf_manifest **out)
+int store_load_snapshot(struct store *s, const char *name, mf_conflict_fn fn, void *arg,
+			struct mf_manifest **out, uint64_t *conflicts)
 {
+	struct stat st;
 	void *buf;
 	size_t len;
 	int rc;
 
+	*conflicts = 0;
 	if ((rc = store_name_valid(name)))
 		return rc;
+	if (fstatat(s->snapfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
+		return group_load(s, name, fn, arg, out, conflicts);
 	rc = slurp(s->snapfd, name, &buf, &len);
 	if (rc == -EINVAL) {
 		/* not a regular file or absurdly large: not what commit wrote */
@@ -1072,6 +1643,14 @@ int store_load_manifest(struct store *s, const char *name, struct mf_manifest **
 	return 0;
 }
 
+int store_load_manifest(struct store *s, const char *name, struct mf_manifest **out)
+{
+	uint64_t conflicts;
+	int rc = store_load_snapshot(s, name, NULL, NULL, out, &conflicts);
+
+	return rc == -EAGAIN ? -ENOENT : rc;	/* a partial group is no snapshot yet */
+}
+
 /* 1 if snaps/<name> is a regular file (or gone meanwhile: the caller's load says so);
  * else 0, with a log line: a FIFO, socket, device, directory or symlink there is
  * nothing commit wrote, and opening it could block or lead elsewhere. */
@@ -1085,6 +1664,74 @@ static int snap_entry_regular(struct store *s, const char *name)
 		 S_ISLNK(st.st_mode) ? "a symlink" : S_ISFIFO(st.st_mode) ? "a FIFO"
 		 : S_ISDIR(st.st_mode) ? "a directory" : "a special file");
 	return 0;
+}
+
+/* 1 if snaps/<name> is a group's directory (scanned into *g), 0 if not a directory,
+ * -ENOENT if gone. */
+static int snap_entry_group(struct store *s, const char *name, struct group_scan *g)
+{
+	struct stat st;
+	int gfd, rc;
+
+	if (fstatat(s->snapfd, name, &st, AT_SYMLINK_NOFOLLOW))
+		return -ENOENT;
+	if (!S_ISDIR(st.st_mode))
+		return 0;
+	if ((gfd = group_open(s, name)) < 0)
+		return -ENOENT;
+	rc = group_scan(gfd, g);
+	close(gfd);
+	return rc ? rc : 1;
+}
+
+/* A partial group's figures for list: the parts present, merged (their newest time,
+ * the files of their union). -EIO if a part is damaged. */
+static int group_partial_info(struct store *s, const char *name, const struct group_scan *g,
+			      struct mf_manifest **out)
+{
+	struct mf_manifest **parts = NULL;
+	uint64_t conflicts;
+	unsigned np = 0;
+	char pname[48];
+	int gfd, rc = 0;
+
+	if (g->workers <= 0) {
+		/* no part yet (a worker between mkdir and rename), or parts of two worker
+		 * counts: an empty tree carries the listing */
+		struct mf_manifest *m = calloc(1, sizeof(*m));
+
+		if (!m)
+			return -ENOMEM;
+		snprintf(m->name, sizeof(m->name), "%s", name);
+		*out = m;
+		return 0;
+	}
+	if ((gfd = group_open(s, name)) < 0)
+		return gfd;
+	if (!(parts = calloc((size_t)g->workers, sizeof(*parts)))) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	for (unsigned k = 0; k < (unsigned)g->workers && !rc; k++) {
+		if (!(g->have[k / 8] & (1u << (k % 8))))
+			continue;
+		part_name(k, (unsigned)g->workers, pname);
+		rc = part_load(s, gfd, name, pname, &parts[np], NULL, NULL);
+		if (rc == -ENOENT)
+			rc = 0;
+		else if (!rc)
+			np++;
+	}
+	if (!rc && !np)
+		rc = -ENOENT;
+	if (!rc)
+		rc = mf_merge(parts, np, NULL, NULL, out, &conflicts);
+out:
+	for (unsigned k = 0; parts && k < np; k++)
+		mf_free(parts[k]);
+	free(parts);
+	close(gfd);
+	return rc;
 }
 
 static int info_cmp(const void *a, const void *b)
@@ -1136,12 +1783,21 @@ int store_list(struct store *s, int flags, struct store_snap_info **out, size_t 
 			log_warn("store: ignoring stray file %s/snaps/%s", s->path, d->d_name);
 			continue;
 		}
-		if (!snap_entry_regular(s, d->d_name))
+		struct group_scan g = { 0 };
+		uint64_t conflicts = 0;
+		int group = snap_entry_group(s, d->d_name, &g);
+
+		if (group < 0)
+			continue;	/* gone meanwhile */
+		if (!group && !snap_entry_regular(s, d->d_name))
 			continue;
-		rc = store_load_manifest(s, d->d_name, &m);
-		if (rc == -ENOENT) {
+		if (group && !g.complete)
+			rc = group_partial_info(s, d->d_name, &g, &m);
+		else
+			rc = store_load_snapshot(s, d->d_name, NULL, NULL, &m, &conflicts);
+		if (rc == -ENOENT || rc == -EAGAIN) {
 			rc = 0;
-			continue;	/* deleted meanwhile */
+			continue;	/* deleted or being made meanwhile */
 		}
 		if (rc && rc != -EIO)
 			goto out;
@@ -1164,11 +1820,15 @@ int store_list(struct store *s, int flags, struct store_snap_info **out, size_t 
 		i = &v[nv++];
 		memset(i, 0, sizeof(*i));
 		snprintf(i->name, sizeof(i->name), "%s", d->d_name);
+		i->workers = group ? (g.workers > 0 ? (uint32_t)g.workers : 0) : 1;
+		i->parts = group ? g.nparts : 1;
 		if (rc) {
 			i->state = STORE_SNAP_DAMAGED;
 			rc = 0;
 			continue;
 		}
+		i->state = group && !g.complete ? STORE_SNAP_PARTIAL : STORE_SNAP_COMPLETE;
+		i->conflicts = conflicts;
 		i->time_ns = m->time_ns;
 		i->files = m->files;
 		i->logical_bytes = m->logical_bytes;
@@ -1199,13 +1859,56 @@ int store_latest(struct store *s, char *name)
 		return rc;
 	rc = -ENOENT;
 	while (n--) {
-		if (v[n].open_writes)
-			continue;	/* may hold a torn file: by name only */
+		if (v[n].open_writes || v[n].state != STORE_SNAP_COMPLETE || v[n].conflicts)
+			continue;	/* a torn file, a partial group, or a conflict */
 		snprintf(name, MF_NAME_MAX + 1, "%s", v[n].name);
 		rc = 0;
 		break;
 	}
 	free(v);
+	return rc;
+}
+
+/* A group goes as a single manifest does: first what makes it visible (its group
+ * file, fsynced: from then on it is no snapshot), then its parts and the directory.
+ * Two workers' retention may delete one group at once: whoever removes the group file
+ * returns 0, the other -ENOENT; the rest tolerates the race. */
+static int group_delete(struct store *s, const char *name)
+{
+	struct dirent *d;
+	DIR *dir;
+	int gfd, fd, rc;
+
+	if ((gfd = group_open(s, name)) < 0)
+		return gfd == -ENOTDIR ? -ENOENT : gfd;
+	rc = unlinkat(gfd, GROUP_FILE, 0) ? -errno : 0;
+	if (rc == -ENOENT) {
+		/* a partial group: deleting it is allowed (its parts go) */
+		struct group_scan g;
+
+		rc = group_scan(gfd, &g);
+		if (!rc && !g.nparts && !g.complete)
+			rc = -ENOENT;
+	}
+	if (!rc)
+		rc = sync_dir(s, gfd);
+	if (rc)
+		goto out;
+	if ((fd = openat(gfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) >= 0 &&
+	    (dir = fdopendir(fd))) {
+		while ((d = readdir(dir)))
+			if (strcmp(d->d_name, ".") && strcmp(d->d_name, ".."))
+				unlinkat(gfd, d->d_name, 0);
+		closedir(dir);
+	} else if (fd >= 0) {
+		close(fd);
+	}
+	if (unlinkat(s->snapfd, name, AT_REMOVEDIR) && errno != ENOENT && errno != ENOTEMPTY)
+		rc = -errno;
+	if (!rc)
+		rc = sync_dir(s, s->snapfd);
+out:
+	close(gfd);
 	return rc;
 }
 
@@ -1218,61 +1921,233 @@ int store_delete(struct store *s, const char *name)
 	if (s->broken)
 		return s->broken;
 	/* Invariant 5: the manifest goes first and alone; its objects wait for gc. */
-	if (unlinkat(s->snapfd, name, 0))
+	if (unlinkat(s->snapfd, name, 0) == 0)
+		return sync_dir(s, s->snapfd);
+	if (errno != EISDIR && errno != EPERM)
 		return -errno;
-	return sync_dir(s, s->snapfd);
+	return group_delete(s, name);
 }
 
 /* ---- gc ---- */
 
-/* Mark every object the published manifests name; remove stale temporary manifests. */
-static int gc_mark(struct store *s, struct hset *live)
+static int64_t ts_ns(const struct timespec *ts)
+{
+	return (int64_t)ts->tv_sec * 1000000000 + ts->tv_nsec;
+}
+
+/* Marks every non-hole block of m in live. */
+static int gc_mark_one(void *arg, const struct mf_manifest *m)
+{
+	struct hset *live = arg;
+
+	for (size_t i = 0; i < m->nentries; i++)
+		for (uint64_t k = 0; k < m->entries[i].nblocks; k++)
+			if (!(m->entries[i].blocks[k].flags & MF_BLOCK_HOLE) &&
+			    !hset_find(live, m->entries[i].blocks[k].hash, 1))
+				return -ENOMEM;
+	return 0;
+}
+
+/* A group directory for gc: stale temporaries go (invariant 4); a partial group whose
+ * newest file is older than the grace time goes whole (its parts will never be joined
+ * by the missing ones: a worker that crashed, or took one snapshot more); every other
+ * part is a manifest for fn. Returns 1 if it removed the group. */
+static int gc_group(struct store *s, const char *name, int64_t now, int64_t tmp_grace_ns,
+		    int (*fn)(void *, const struct mf_manifest *), void *arg)
+{
+	struct group_scan g;
+	struct dirent *d;
+	DIR *dir;
+	int gfd, fd, rc, removed = 0;
+	struct timespec wall;
+
+	if ((gfd = group_open(s, name)) < 0)
+		return gfd == -ENOENT ? 0 : gfd;
+	if ((rc = group_scan(gfd, &g)))
+		goto out;
+	clock_gettime(CLOCK_REALTIME, &wall);
+	if (!g.complete && ts_ns(&wall) - g.newest_ns >
+			   (int64_t)s->partial_grace_s * 1000000000) {
+		log_info("store: %s: gc removes partial group %s (%u of %d parts, untouched for "
+			 "over %u s)", s->path, name, g.nparts, g.workers, s->partial_grace_s);
+		rc = group_delete(s, name);
+		rc = rc == -ENOENT ? 0 : rc < 0 ? rc : 1;
+		goto out;
+	}
+	if ((fd = openat(gfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+		rc = -errno;
+		goto out;
+	}
+	if (!(dir = fdopendir(fd))) {
+		close(fd);
+		rc = -ENOMEM;
+		goto out;
+	}
+	while (!rc && (d = readdir(dir))) {
+		struct mf_manifest *m;
+		unsigned k, n;
+
+		if (!strncmp(d->d_name, ".tmp.", 5)) {
+			struct stat st;
+
+			/* Another worker's part may be being written right now (no exclusive
+			 * lock any more: leases): only a temporary older than the grace time
+			 * is a crashed commit's (invariant 4). */
+			if (!fstatat(gfd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) &&
+			    now - ts_ns(&st.st_mtim) >= tmp_grace_ns)
+				removed |= unlinkat(gfd, d->d_name, 0) == 0;
+			continue;
+		}
+		if (part_parse(d->d_name, &k, &n))
+			continue;
+		rc = part_load(s, gfd, name, d->d_name, &m, NULL, NULL);
+		if (rc == -ENOENT) {
+			rc = 0;
+			continue;
+		}
+		if (rc == -EIO)
+			log_err("store: %s: gc refused: damaged part snaps/%s/%s; verify, then "
+				"delete the group", s->path, name, d->d_name);
+		if (!rc) {
+			rc = fn(arg, m);
+			mf_free(m);
+		}
+	}
+	closedir(dir);
+	if (!rc && removed)
+		rc = sync_dir(s, gfd);
+out:
+	close(gfd);
+	return rc;
+}
+
+/* Marks every object any manifest in snaps/ names: published single snapshots and every
+ * part of every group, complete or partial (invariant 9); removes group temporaries and
+ * partial groups past their grace times. The one place that knows where manifests live.
+ * Temporaries directly in snaps/ are gc_snap_tmps's. */
+static int gc_mark_manifests(struct store *s, const struct lease_times *t, int64_t now,
+			     struct hset *live)
 {
 	struct dirent *d;
 	DIR *dir;
-	int rc = 0, removed = 0;
+	int rc;
 
 	if ((rc = store_snapdir(s, &dir)))
 		return rc;
 	while (!rc && (d = readdir(dir))) {
 		struct mf_manifest *m;
+		struct stat st;
 
-		if (!strcmp(d->d_name, ".") || !strcmp(d->d_name, ".."))
-			continue;
-		if (!strncmp(d->d_name, ".tmp.", 5)) {
-			/* invariant 4: no session is open, so this is a crashed commit's */
-			if (unlinkat(s->snapfd, d->d_name, 0) == 0)
-				removed = 1;
+		if (d->d_name[0] == '.')
+			continue;	/* ., .., temporaries (gc_snap_tmps) */
+		if (store_name_valid(d->d_name))
+			continue;	/* not a manifest: names no object, not ours to remove */
+		if (!fstatat(s->snapfd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) && S_ISDIR(st.st_mode)) {
+			rc = gc_group(s, d->d_name, now, t->grace_ns, gc_mark_one, live);
+			rc = rc > 0 ? 0 : rc;
 			continue;
 		}
-		if (store_name_valid(d->d_name) || !snap_entry_regular(s, d->d_name))
-			continue;	/* not a manifest: names no object, not ours to remove */
+		if (!snap_entry_regular(s, d->d_name))
+			continue;
 		rc = store_load_manifest(s, d->d_name, &m);
+		if (rc == -ENOENT) {
+			rc = 0;	/* deleted meanwhile */
+			continue;
+		}
 		if (rc == -EIO)
 			log_err("store: %s: gc refused: damaged manifest snaps/%s; verify, then "
 				"delete it", s->path, d->d_name);
 		if (rc)
 			break;
-		for (size_t i = 0; i < m->nentries && !rc; i++)
-			for (uint64_t k = 0; k < m->entries[i].nblocks && !rc; k++)
-				if (!(m->entries[i].blocks[k].flags & MF_BLOCK_HOLE) &&
-				    !hset_find(live, m->entries[i].blocks[k].hash, 1))
-					rc = -ENOMEM;
+		rc = gc_mark_one(live, m);
 		mf_free(m);
 	}
 	closedir(dir);
-	if (!rc && removed)
-		rc = sync_dir(s, s->snapfd);
 	return rc;
 }
 
-static int gc_sweep_dir(struct store *s, int i, struct hset *live, uint64_t *objs, uint64_t *bytes)
+static int gc_live(void *arg, const uint8_t h[STORE_HASH_LEN])
 {
-	char name[8];
+	return hset_find(arg, h, 0) != NULL;
+}
+
+static int gc_lease_add(void *arg, const uint8_t h[STORE_HASH_LEN])
+{
+	return hset_find(arg, h, 1) ? 0 : -ENOMEM;
+}
+
+/* The live set (invariant 3): every object a manifest, keep or a fresh lease names. */
+static int gc_mark(struct store *s, const struct lease_times *t, int64_t now,
+		   const uint8_t (*keep)[STORE_HASH_LEN], size_t nkeep, struct hset *live)
+{
+	int rc;
+
+	if ((rc = gc_mark_manifests(s, t, now, live)))
+		return rc;
+	for (size_t k = 0; k < nkeep; k++)
+		if (!hset_find(live, keep[k], 1))
+			return -ENOMEM;
+	return lease_scan(s->leasefd, t, now, gc_lease_add, live);
+}
+
+/* Temporary manifests older than the grace time: crashed commits' (invariant 4). */
+static int gc_snap_tmps(struct store *s, const struct lease_times *t, int64_t now)
+{
 	struct dirent *d;
 	struct stat st;
 	DIR *dir;
-	int fd, rc = 0, removed = 0;
+	int rc, removed = 0;
+
+	if ((rc = store_snapdir(s, &dir)))
+		return rc;
+	while ((d = readdir(dir))) {
+		if (strncmp(d->d_name, ".tmp.", 5) ||
+		    fstatat(s->snapfd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) ||
+		    now - ts_ns(&st.st_mtim) < t->grace_ns)
+			continue;
+		if (unlinkat(s->snapfd, d->d_name, 0) == 0)
+			removed = 1;
+	}
+	closedir(dir);
+	return removed ? sync_dir(s, s->snapfd) : 0;
+}
+
+/* An object gc moved aside in phase 1: objects/xx/<hex>.gc.<token>. */
+struct gc_trash {
+	uint8_t hash[STORE_HASH_LEN];
+	uint64_t size;
+};
+
+struct gc_run {
+	struct store *s;
+	const struct lease_times *t;
+	int64_t now;
+	struct hset *live;
+	struct gc_trash *trash;
+	size_t ntrash, cap;
+	uint64_t tmp_bytes;
+	uint8_t touched[256];
+};
+
+static void gc_trash_name(const struct store *s, const uint8_t h[STORE_HASH_LEN], char *buf,
+			  size_t size)
+{
+	char hex[33];
+
+	hex16(h, hex);
+	snprintf(buf, size, "%s.gc.%s", hex, s->token);
+}
+
+/* Phase 1 in objects/xx: temporaries and other gcs' trash older than the grace time go;
+ * an object nothing names and older than the grace time is renamed to our trash name. */
+static int gc_sweep_dir(struct gc_run *g, int i)
+{
+	struct store *s = g->s;
+	char name[8], trash[160];
+	struct dirent *d;
+	struct stat st;
+	DIR *dir;
+	int fd, rc = 0;
 
 	snprintf(name, sizeof(name), "%02x", i);
 	fd = openat(s->objfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -1285,26 +2160,121 @@ static int gc_sweep_dir(struct store *s, int i, struct hset *live, uint64_t *obj
 	}
 	while ((d = readdir(dir))) {
 		uint8_t h[STORE_HASH_LEN];
-		int tmp = strstr(d->d_name, ".tmp.") != NULL;
+		int tmp = strstr(d->d_name, ".tmp.") || strstr(d->d_name, ".gc.");
 
-		if (!tmp && (strlen(d->d_name) != 32 || unhex(d->d_name, h) || hset_find(live, h, 0)))
+		if (!tmp && (strlen(d->d_name) != 32 || unhex(d->d_name, h) || hset_find(g->live, h, 0)))
 			continue;	/* live, or not ours to touch */
-		if (fstatat(fd, d->d_name, &st, AT_SYMLINK_NOFOLLOW))
+		if (tmp && strlen(d->d_name) > 32 && d->d_name[32] == '.') {
+			char hex[33];
+
+			memcpy(hex, d->d_name, 32);
+			hex[32] = 0;
+			if (!unhex(hex, h) && hset_find(g->live, h, 0))
+				continue;	/* a session's, named by its lease */
+		}
+		if (fstatat(fd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode))
 			continue;
-		if (unlinkat(fd, d->d_name, 0)) {
+		/* Young files may belong to a writer whose lease does not name them yet.
+		 * Trash keeps the object's mtime across the rename: its ctime is when. */
+		if (g->now - ts_ns(tmp ? &st.st_ctim : &st.st_mtim) < g->t->grace_ns)
+			continue;
+		if (tmp) {
+			if (unlinkat(fd, d->d_name, 0) == 0) {
+				g->tmp_bytes += (uint64_t)st.st_size;
+				g->touched[i] = 1;
+			}
+			continue;
+		}
+		if (g->ntrash == g->cap) {
+			size_t cap = g->cap ? 2 * g->cap : 256;
+			void *p = realloc(g->trash, cap * sizeof(*g->trash));
+
+			if (!p) {
+				rc = -ENOMEM;
+				break;
+			}
+			g->trash = p;
+			g->cap = cap;
+		}
+		gc_trash_name(s, h, trash, sizeof(trash));
+		if (renameat(fd, d->d_name, fd, trash)) {
+			if (errno == ENOENT)
+				continue;	/* another gc took it */
 			rc = -errno;
 			break;
 		}
-		removed = 1;
-		*bytes += (uint64_t)st.st_size;
-		if (!tmp)
-			(*objs)++;
+		memcpy(g->trash[g->ntrash].hash, h, STORE_HASH_LEN);
+		g->trash[g->ntrash++].size = (uint64_t)st.st_size;
+		g->touched[i] = 1;
 	}
-	/* Not invariant 6: an unlink that does not last only brings back an unreferenced
-	 * object, which the next gc removes again. */
-	if (removed && fsync(dirfd(dir)))
-		rc = -errno;
 	closedir(dir);
+	return rc;
+}
+
+/* Phase 2: put back every trashed object that is named now (a commit or restore that
+ * named it after phase 1's mark), remove the rest; fsync the directories changed.
+ * live2 NULL (the second mark failed): put every one back. */
+static int gc_settle(struct gc_run *g, struct hset *live2, uint64_t *objs, uint64_t *bytes)
+{
+	struct store *s = g->s;
+	char name[48], trash[160];
+	int rc = 0;
+
+	for (size_t i = 0; i < g->ntrash; i++) {
+		const uint8_t *h = g->trash[i].hash;
+
+		store_object_name(h, name);
+		gc_trash_name(s, h, trash + 3, sizeof(trash) - 3);
+		memcpy(trash, name + 8, 3);	/* "xx/" */
+		if (!live2 || hset_find(live2, h, 0)) {
+			if (renameat2(s->objfd, trash, s->objfd, name + 8, RENAME_NOREPLACE) == 0)
+				continue;
+			if (errno == EEXIST)
+				unlinkat(s->objfd, trash, 0);	/* a writer put it again */
+			else if (renameat(s->objfd, trash, s->objfd, name + 8) && !rc)
+				rc = -errno;	/* no NOREPLACE here: same bytes anyway */
+			continue;
+		}
+		if (unlinkat(s->objfd, trash, 0)) {
+			if (!rc)
+				rc = -errno;
+			continue;
+		}
+		(*objs)++;
+		*bytes += g->trash[i].size;
+	}
+	*bytes += g->tmp_bytes;
+	/* Not invariant 6: an unlink that does not last only brings back an object nothing
+	 * names, which the next gc removes again; a put-back that does not last is a
+	 * named object lost, so a failure here is the handle's (sync_dir). */
+	for (int i = 0; i < 256 && !rc; i++) {
+		int fd;
+
+		if (!g->touched[i])
+			continue;
+		snprintf(name, sizeof(name), "%02x", i);
+		fd = openat(s->objfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (fd < 0)
+			return -errno;
+		rc = sync_dir(s, fd);
+		close(fd);
+	}
+	return rc;
+}
+
+/* A version 1 daemon still mounted holds STORE/lock shared for life and would gc under
+ * its exclusive flock without reading leases: refuse while one is there. */
+static int gc_no_old_daemon(struct store *s)
+{
+	int fd = openat(s->dirfd, "lock", O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK), rc = 0;
+
+	if (fd < 0)
+		return 0;	/* a version 2 store: no lock file */
+	if (flock(fd, LOCK_EX | LOCK_NB))
+		rc = errno == EWOULDBLOCK ? -EBUSY : 0;
+	else
+		flock(fd, LOCK_UN);
+	close(fd);
 	return rc;
 }
 
@@ -1316,44 +2286,53 @@ int store_gc(struct store *s, uint64_t *removed_objects, uint64_t *freed_bytes)
 int store_gc_keep(struct store *s, const uint8_t (*keep)[STORE_HASH_LEN], size_t nkeep,
 		  uint64_t *removed_objects, uint64_t *freed_bytes)
 {
-	struct hset live = { 0 };
+	struct hset live = { 0 }, live2 = { 0 };
+	struct gc_run g = { .s = s, .live = &live };
+	struct pack_gc *pg = NULL;
 	uint64_t objs = 0, bytes = 0;
-	int rc = 0, xfd = -1;
+	int rc = 0;
 
 	pthread_mutex_lock(&s->mu);
-	if (s->broken || s->session) {
-		rc = s->broken ? s->broken : -EBUSY;
-		goto out_unlock;
+	if (s->broken || s->session || !s->lease) {
+		rc = s->broken ? s->broken : s->session ? -EBUSY : -EROFS;
+		goto out;
 	}
-	/* Invariant 3: exclusive, and without waiting so gc never stalls a snapshot. On
-	 * NFS an exclusive flock is a write lock, which needs a descriptor open for
-	 * writing: gc's own, for its duration only. */
-	xfd = openat(s->dirfd, "lock", O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-	if (xfd < 0) {
-		rc = -errno;
-		goto out_unlock;
-	}
-	if (flock(xfd, LOCK_EX | LOCK_NB)) {
-		rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
-		goto out_unlock;
-	}
-	if ((rc = gc_mark(s, &live)))
-		goto out_release;
-	for (size_t k = 0; k < nkeep; k++) {
-		if (!hset_find(&live, keep[k], 1)) {
-			rc = -ENOMEM;
-			goto out_release;
+	if ((rc = gc_no_old_daemon(s)))
+		goto out;
+	g.t = lease_keeper_times(s->lease);
+	/* "now" is our own lease's mtime, stamped by the store's filesystem like every
+	 * time we compare it with (lease.h: clocks). */
+	if ((rc = lease_keeper_refresh(s->lease, NULL, &g.now)))
+		goto out;
+	if ((rc = gc_mark(s, g.t, g.now, keep, nkeep, &live)))
+		goto out;
+	if ((rc = gc_snap_tmps(s, g.t, g.now)))
+		goto out;
+	for (int i = 0; i < 256 && !rc && s->objfd >= 0; i++)
+		rc = gc_sweep_dir(&g, i);	/* version 1 objects */
+	if (!rc)
+		rc = pack_gc_sweep(s->packs, gc_live, &live, g.now, g.t->grace_ns, s->token, &pg,
+				   &g.tmp_bytes);
+	/* Phase 2 (invariant 3), also after a phase 1 error: trash is settled either way. */
+	{
+		int trashed = g.ntrash || (pg && pack_gc_trashed(pg));
+		/* Without a second mark nothing may be removed: all is put back. */
+		int mrc = trashed ? gc_mark(s, g.t, g.now, keep, nkeep, &live2) : 0, rc2;
+
+		rc = rc ? rc : mrc;
+		rc2 = gc_settle(&g, mrc ? NULL : &live2, &objs, &bytes);
+		rc = rc ? rc : rc2;
+		if (pg) {
+			rc2 = pack_gc_settle(s->packs, pg, mrc ? NULL : gc_live, &live2, &objs,
+					     &bytes);
+			rc = rc ? rc : rc2;
 		}
 	}
-	for (int i = 0; i < 256 && !rc; i++)
-		rc = gc_sweep_dir(s, i, &live, &objs, &bytes);
-out_release:
-	flock(xfd, LOCK_UN);
-out_unlock:
-	if (xfd >= 0)
-		close(xfd);
+out:
 	pthread_mutex_unlock(&s->mu);
 	hset_free(&live);
+	hset_free(&live2);
+	free(g.trash);
 	if (removed_objects)
 		*removed_objects = objs;
 	if (freed_bytes)
@@ -1405,14 +2384,34 @@ static int verify_block(struct verify_ctx *c, const struct mf_block *b)
 	return *st;
 }
 
+/* A group's conflict, for verify's caller (not a fault: nothing is damaged). */
+static void verify_conflict(void *arg, const struct mf_manifest *p, size_t idx, unsigned kept,
+			    unsigned part)
+{
+	struct verify_ctx *c = arg;
+	struct store_fault f = { .snap = p->name, .error = -EEXIST, .parts = { kept, part } };
+	char path[4096];
+
+	if (!c->fn)
+		return;
+	if (mf_path(p, idx, path, sizeof(path)) < 0)
+		snprintf(path, sizeof(path), "(entry %llu)", (unsigned long long)p->entries[idx].id);
+	f.file = path;
+	f.object = "";
+	c->fn(c->arg, &f);
+}
+
 static int verify_one(struct verify_ctx *c, const char *name)
 {
 	struct store_fault f = { .snap = name };
 	struct mf_manifest *m;
 	char obj[MF_NAME_MAX + 8], path[4096], oname[48];
+	uint64_t conflicts;
 	int rc;
 
-	rc = store_load_manifest(c->s, name, &m);
+	rc = store_load_snapshot(c->s, name, verify_conflict, c, &m, &conflicts);
+	if (rc == -EAGAIN)
+		return 0;	/* a partial group: nothing published to verify yet */
 	if (rc == -EIO) {
 		snprintf(obj, sizeof(obj), "snaps/%s", name);
 		f.object = obj;

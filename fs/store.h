@@ -3,28 +3,28 @@
  *
  * Contract: a store is a directory on a durable disk or shared filesystem that outlives
  * the VM. It holds immutable content-addressed objects (one per distinct block, named by
- * the XXH3-128 of its logical bytes, lz4-compressed when that saves >= 1/8) and one
- * manifest per snapshot (fs/manifest.h). Layout and byte formats: docs/store-format.md;
- * invariants and the life of a snapshot: the top of fs/store.c.
+ * the XXH3-128 of its logical bytes, lz4-compressed when that saves >= 1/8), packed into
+ * large files (fs/pack.h), and one manifest per snapshot (fs/manifest.h). Layout and
+ * byte formats: docs/store-format.md; invariants and the life of a snapshot: the top of
+ * fs/store.c.
  *
  * Writing a snapshot is a session: store_put_block() for every block the snapshot needs
- * (blocks already stored cost a hash and a stat), then store_commit() with the manifest,
- * or store_abort(). A snapshot is visible only once store_commit() returned 0; a crash
- * or error at any point before that leaves earlier snapshots intact and only temporary
- * files and unreferenced objects behind, which store_gc() removes.
+ * (blocks already stored cost a hash and a lookup), then store_commit() with the
+ * manifest, or store_abort(). A snapshot is visible only once store_commit() returned 0;
+ * a crash or error at any point before that leaves earlier snapshots intact and only
+ * temporary files and unreferenced objects behind, which store_gc() removes.
  *
- * Durability cost: store_put_block() writes each new object under a temporary name
- * without fsync; the commit makes them all durable at once with one syncfs(2) of the
- * store's filesystem, renames them into place and fsyncs the object directories. That
- * is one flush per snapshot instead of one per block (syncfs also flushes unrelated
- * dirty data of that filesystem). An object becomes readable by store_get_block() at
- * the commit (or store_sync_objects()), not at its put.
+ * Durability cost: store_put_block() appends each new object to the session's pack
+ * (one create per 128 MiB, writeback started as it goes, no fsync); a pack is fsynced
+ * once when it is full or at the commit, then renamed into place and packs/ fsynced. An
+ * object becomes readable by store_get_block() when its pack is finished (at the commit,
+ * store_sync_objects(), or when the pack filled), not at its put.
  *
- * Locking across processes and hosts: a session holds flock(STORE/lock, LOCK_SH) from
- * its first put until commit/abort; store_gc() needs LOCK_EX and returns -EBUSY rather
- * than wait. So two daemons may write snapshots into one store at once, and gc never
- * deletes an object of an unpublished snapshot (fs/store.c invariant 3). On NFS, flock
- * is carried as a whole-file POSIX lock by the client, so it holds across hosts.
+ * Across processes and hosts: no lock. Every writable handle keeps a lease
+ * (STORE/leases/<token>, fs/lease.h) naming what it needs; gc keeps whatever a fresh
+ * lease or a manifest names and every file younger than the grace time, so gc runs
+ * while other daemons are mounted and writing (fs/store.c invariant 3). Two daemons may
+ * write snapshots into one store at once (packs under random ids, NOREPLACE publish).
  *
  * Thread safety: one struct store may be shared by threads. store_put_block() may run in
  * many threads at once within a session; store_commit(), store_abort() and
@@ -49,11 +49,12 @@
 
 #include "fs/manifest.h"
 
-#define STORE_FORMAT_VERSION 1
+#define STORE_FORMAT_VERSION 2
 #define STORE_HASH_LEN MF_HASH_LEN
 
 /* store_open() flags */
-#define STORE_CREATE 0x1	/* make the store (and DIR) if DIR is new or empty */
+#define STORE_CREATE 0x1	/* make the store if DIR is empty (create-once: N processes
+				 * creating one store at once all succeed) */
 #define STORE_RDONLY 0x2	/* a reader: opens nothing for writing (not even lock);
 				 * every write through the handle fails with -EROFS */
 
@@ -117,20 +118,44 @@ int store_broken(struct store *s);
  * file, not per handle). */
 int store_recover(struct store *s);
 
+/*
+ * Leases (fs/lease.h, fs/store.c invariant 3). A writable handle keeps a lease from its
+ * open to its close, refreshed by a thread every 10 s: it names every object put in the
+ * open session and what fn (may be NULL) returns: the objects the owner's live tree
+ * still reads (*out malloc'd, handed over, *n entries; bc_collect_stored's shape). fn
+ * runs on the lease thread with no store lock held. Set it once, before relying on it.
+ */
+typedef int (*store_lease_fn)(void *arg, uint8_t (**out)[STORE_HASH_LEN], size_t *n);
+void store_set_lease_source(struct store *s, store_lease_fn fn, void *arg);
+/* Start the refresh thread (a daemon: after its fork; a short-lived tool need not: its
+ * lease is written at open and at each commit and gc). 0 or -errno. */
+int store_lease_run(struct store *s);
+/* Refresh the lease now (after a restore swapped the tree). 0 or -errno (logged). */
+int store_lease_refresh(struct store *s);
+/* 0 while the lease is fresh; -ENOLCK after a failed refresh, and for good once it
+ * lapsed (not refreshed for 60 s: a gc may have taken what the tree reads): refuse new
+ * snapshots then. *age_ns (may be NULL): time since the last successful refresh. A
+ * reader's handle has no lease: always 0. */
+int store_lease_status(struct store *s, int64_t *age_ns);
+
 /* Test hook: called at the start of commit step 1, 2 and 3; non-zero fails the commit. */
 void store_set_commit_hook(struct store *s, int (*hook)(void *arg, int step), void *arg);
 
 enum store_snap_state {
-	STORE_SNAP_COMPLETE = 0,	/* published, manifest verifies */
+	STORE_SNAP_COMPLETE = 0,	/* published, manifest verifies (a group: all parts) */
 	STORE_SNAP_DAMAGED = 1,		/* manifest fails its checksum or does not parse */
+	STORE_SNAP_PARTIAL = 2,		/* a group without its group file: parts of workers */
 };
 
 struct store_snap_info {
 	char name[MF_NAME_MAX + 1];
-	int64_t time_ns;
-	uint64_t files, logical_bytes, new_bytes;
+	int64_t time_ns;		/* a group: its newest part's */
+	uint64_t files, logical_bytes, new_bytes;	/* a group: of the union of its parts */
 	uint64_t open_writes;		/* files open for writing at the take (0: version 1) */
 	int state;			/* enum store_snap_state */
+	uint32_t workers;		/* 1: a single manifest; N: a group of N (0: unknown) */
+	uint32_t parts;			/* parts present (workers when complete) */
+	uint64_t conflicts;		/* paths two parts hold with different contents */
 };
 
 #define STORE_LIST_DAMAGED 0x1	/* include damaged manifests (state DAMAGED, figures 0) */
@@ -157,14 +182,52 @@ int store_latest(struct store *s, char *name);
  */
 int store_load_manifest(struct store *s, const char *name, struct mf_manifest **out);
 
-/* Remove snaps/<name> and fsync snaps/; its objects go at the next gc. -ENOENT. */
+/* Like store_load_manifest, for single snapshots and groups alike: a complete group is
+ * the union of its parts (mf_merge), *conflicts the paths two parts hold with
+ * different contents (fn called for each). -EAGAIN for a partial group. */
+int store_load_snapshot(struct store *s, const char *name, mf_conflict_fn fn, void *arg,
+			struct mf_manifest **out, uint64_t *conflicts);
+
+/* Remove snaps/<name> (a group: its group file first, then its parts) and fsync snaps/;
+ * its objects go at the next gc. -ENOENT. */
 int store_delete(struct store *s, const char *name);
 
 /*
- * Remove every object no published manifest names and every stale temporary file.
- * Takes the exclusive lock without waiting: -EBUSY while any session is open. Refuses
- * with -EIO (logged) if a manifest is damaged: its objects cannot be told apart.
- * Reads all manifests and lists all object dirs: O(store).
+ * Groups: the snapshots of a job of N workers sharing the store (fs/store.c invariant 8;
+ * docs/store-format.md). Worker K's snapshot NAME is its part, snaps/NAME/part-K-of-N;
+ * NAME is visible (list COMPLETE, load, latest) once all N parts are durable and one
+ * worker published snaps/NAME/group.
+ */
+#define STORE_WORKERS_MAX 4096		/* most workers of one group */
+#define STORE_PARTIAL_GRACE_S 21600	/* gc leaves partial groups this young (6 h) */
+
+/* The commit protocol for worker's part of m->name, then store_group_publish. 0 once
+ * the part is durable (*complete, may be NULL: the group is complete too); -EEXIST if
+ * this worker's part exists, the group is complete, the name is a single snapshot, or
+ * the group's parts are of another worker count; else as store_commit. */
+int store_commit_part(struct store *s, const struct mf_manifest *m, unsigned worker,
+		      unsigned workers, int *complete);
+/* Publish snaps/name/group if every part is there (fsynced and checked first): 1 if
+ * the group is complete (by us or another worker), 0 if parts are missing, -errno.
+ * Create-once: any number of workers may call it at once. */
+int store_group_publish(struct store *s, const char *name);
+/* 1 complete, 0 partial (*parts of *workers present; *workers 0 if unknown), -ENOENT
+ * if no group of that name, -ENOTDIR if a single snapshot. A stat and a listing. */
+int store_group_state(struct store *s, const char *name, unsigned *parts, unsigned *workers);
+/* 1 if worker (of workers) cannot take name: a single snapshot has it, or (workers > 1)
+ * its part exists, the group is complete or of another count. Stats only. */
+int store_name_taken(struct store *s, const char *name, unsigned worker, unsigned workers);
+/* gc's grace for partial groups (default STORE_PARTIAL_GRACE_S); tests set 0. */
+void store_set_partial_grace(struct store *s, unsigned seconds);
+
+/*
+ * Remove every object no manifest and no fresh lease names and that is older than the
+ * grace time, and every temporary file older than it: packs with no live object are
+ * removed, mostly-dead packs repacked (docs/store-format.md, gc). Runs beside other
+ * daemons' sessions; -EBUSY only while this handle's own session is open (or a version
+ * 1 daemon holds STORE/lock). Refuses with -EIO (logged) if a manifest is damaged (its
+ * objects cannot be told apart) or a fresh lease does not parse. Reads all manifests
+ * twice and all pack indexes: O(store).
  */
 int store_gc(struct store *s, uint64_t *removed_objects, uint64_t *freed_bytes);
 /* store_gc that also keeps the nkeep objects named in keep: a daemon's live tree may
@@ -177,7 +240,10 @@ struct store_fault {
 	const char *object;	/* store-relative path of the damaged object or manifest */
 	const char *file;	/* path in the snapshot using it; NULL for a manifest fault */
 	uint64_t block;		/* block index within that file */
-	int error;		/* -EIO damaged, -ENOENT missing */
+	int error;		/* -EIO damaged, -ENOENT missing; -EEXIST a group's conflict:
+				 * file is held with different contents by parts[0] and
+				 * parts[1] (parts[0]'s is restored); not counted as a fault */
+	unsigned parts[2];
 };
 
 typedef void (*store_fault_fn)(void *arg, const struct store_fault *f);
@@ -185,7 +251,8 @@ typedef void (*store_fault_fn)(void *arg, const struct store_fault *f);
 /*
  * Read every object of snapshot name (NULL: of all snapshots, damaged manifests
  * included) and check every checksum. fn (may be NULL) is called once per damaged
- * manifest and once per use of a damaged object by a file. Returns the number of faults
+ * manifest, once per use of a damaged object by a file, and once per conflict of a
+ * group (error -EEXIST; a report, not a fault). Returns the number of faults
  * (damaged manifests + distinct damaged objects), or -errno if it could not run.
  * Reads each distinct object once.
  */
@@ -193,6 +260,13 @@ int store_verify(struct store *s, const char *name, store_fault_fn fn, void *arg
 
 /* Store-relative object path "objects/xx/<32 hex>" for hash into buf[48]. */
 void store_object_name(const uint8_t hash[STORE_HASH_LEN], char buf[48]);
+
+/* Where the packed object hash is: "packs/<id>.pack" into path[64] and the offset of
+ * its record; -ENOENT if no pack holds it. Rescans packs/. For tests and tools. */
+int store_object_where(struct store *s, const uint8_t hash[STORE_HASH_LEN], char path[64],
+		       uint64_t *off);
+/* Distinct objects in the store's packs (version 1 objects not counted). Rescans. */
+int store_object_count(struct store *s, uint64_t *n);
 
 /* The store's directory as given to store_open() (borrowed, lives as long as s). */
 const char *store_path(const struct store *s);

@@ -9,7 +9,16 @@
   4. writes a 64 MiB checkpoint into MOUNT/ckpt/step-100/ and reads it back;
   5. takes a snapshot with `mlfs-snap take --wait` and, when that works, lists and
      verifies the store and restores the snapshot offline to compare it;
-  6. prints bin/mlfs-stat and unmounts (fusermount3 -u) on every path, errors and ^C too.
+  6. prints bin/mlfs-stat and unmounts (fusermount3 -u) on every path, errors and ^C too;
+  6b. a neighbour pressing memory (neighbour_step): bench/neighbour.py --quick puts mlfs
+     and a job that allocates as fast as it can in one v1 memory cgroup; mlfs gives the
+     memory back (the kernel reclaims its mapped blocks), the job is not OOM-killed, and
+     the plot of memory over time is written (skipped without a writable cgroup v1).
+  8. a two-worker job: a torch.distributed run of 2 ranks (tests/integration/
+     torch_dist_job.py), each rank on its own mount (-o workers=2,worker=K) of one store,
+     saving its shards and taking group snapshots; SIGTERM to both daemons mid-training
+     (preempted); fresh mounts with -o restore=latest and the job resumes from the group
+     snapshot, its losses equal to an uninterrupted run's.
 
 Usage: scripts/demo.py [--src DIR] [--bin DIR] [--keep]
 Exit status: 0 when the data path and the checkpoint checks passed (a snapshot that
@@ -382,6 +391,199 @@ def run(args, state):
     return 0 if ok else 1
 
 
+def neighbour_step(args):
+    """Issue 12: a neighbour in mlfs's memory cgroup takes memory as fast as Python
+    allocates; mlfs gives it back. Runs bench/neighbour.py --quick (its own mount, SOURCE
+    and cgroups, all removed when it ends) and shows its table and plot. 0, or 1 when the
+    neighbour was killed or the run failed."""
+    section("6b. a neighbour presses memory (bench/neighbour.py --quick)")
+    if not os.access("/sys/fs/cgroup/memory", os.W_OK):
+        say("skipped: needs a writable cgroup v1 memory controller (root)")
+        return 0
+    out = os.path.join(DEMO_ROOT, "neighbour")
+    cmd = [sys.executable, os.path.join(REPO, "bench", "neighbour.py"), "--quick",
+           "--rounds", "1", "--out", out,
+           "--work", os.path.join(DEMO_ROOT, "neighbour-work")]
+    say("$ " + " ".join(cmd))
+    env = dict(os.environ, MLFS=os.path.join(args.bin, "mlfs"))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    for line in r.stdout.splitlines():
+        if line.startswith("|") or line.startswith("Rounds"):
+            say("  " + line)
+    if os.path.exists(os.path.join(out, "neighbour.png")):
+        say("plot: %s (the neighbour's memory, mlfs's blocks, the cgroup's page cache)"
+            % os.path.join(out, "neighbour.png"))
+    if r.returncode != 0:
+        say("NEIGHBOUR STEP FAILED (exit %d): %s" % (r.returncode, r.stderr.strip()[-500:]))
+        return 1
+    say("The job took what it asked for and was not OOM-killed: mlfs's clean data blocks")
+    say("are mappings of SOURCE, which the kernel reclaims in the job's own allocations.")
+    return 0
+
+
+# ---- 8. a two-worker job, preempted -----------------------------------------------------
+
+JOB = os.path.join(REPO, "tests", "integration", "torch_dist_job.py")
+GROUP_STEPS = 8
+
+
+def start_worker(bindir, src, store, tmp, gen, k, extra, state):
+    """mlfs -f for worker k of 2 (our child, so its exit code is known); ready on return."""
+    mnt = os.path.join(tmp, "g%d-mnt-%d" % (gen, k))
+    spill = os.path.join(tmp, "g%d-spill-%d" % (gen, k))
+    os.mkdir(mnt)
+    os.mkdir(spill)
+    o = "store=%s,spill=%s,workers=2,worker=%d%s" % (store, spill, k, extra)
+    log = open(os.path.join(tmp, "g%d-w%d.log" % (gen, k)), "wb")
+    p = subprocess.Popen([os.path.join(bindir, "mlfs"), "-f", "-o", o, src, mnt],
+                         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                         start_new_session=True)
+    log.close()
+    state["group"].append((mnt, p))
+    end = time.monotonic() + 30
+    while not (is_mounted(mnt) and os.path.isdir(os.path.join(mnt, "ckpt"))):
+        if p.poll() is not None or time.monotonic() > end:
+            raise RuntimeError("worker %d did not mount (exit %s): %s" % (
+                k, p.poll(), open(log.name, errors="replace").read()[-500:]))
+        time.sleep(0.02)
+    say("$ mlfs -f -o %s SRC %s   (pid %d)" % (o.replace(tmp + "/", ""), mnt, p.pid))
+    return mnt, p
+
+
+def start_job(world, mnts, out, extra, state, data=None):
+    import socket
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        port = so.getsockname()[1]
+    os.makedirs(out, exist_ok=True)
+    procs = []
+    for r in range(world):
+        argv = ["/usr/bin/python3", JOB, "--rank", str(r), "--world", str(world), "--port",
+                str(port), "--mnt", mnts[r], "--out", out, "--steps", str(GROUP_STEPS)]
+        argv += extra + (["--data", data] if data else [])
+        log = open(os.path.join(out, "rank-%d.log" % r), "wb")
+        procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                      start_new_session=True))
+        log.close()
+    state["trainers"] += procs
+    return procs
+
+
+def progress(out, rank=0):
+    try:
+        with open(os.path.join(out, "rank-%d.json" % rank)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def wait_job(procs, out, what):
+    for p in procs:
+        p.wait(180)
+    if any(p.returncode for p in procs):
+        logs = "".join(open(os.path.join(out, "rank-%d.log" % r), errors="replace").read()[-800:]
+                       for r in range(len(procs)))
+        raise RuntimeError("%s: ranks exited %s: %s" % (what, [p.returncode for p in procs],
+                                                         logs))
+
+
+def group_job(bindir, tmp, state):
+    """Returns True when the resumed job's losses equal the uninterrupted run's."""
+    snap = os.path.join(bindir, "mlfs-snap")
+    src, store = os.path.join(tmp, "g-src"), os.path.join(tmp, "g-store")
+    os.mkdir(src)
+    os.mkdir(store)
+    sys.path.insert(0, os.path.dirname(JOB))
+    import torch_dist_job
+    torch_dist_job.make_data(os.path.join(src, "train.bin"))
+    say("A torch.distributed job (gloo, CPU) of 2 ranks trains a small model whose")
+    say("parameters and Adam state are sharded: every 2 steps each rank saves its shards")
+    say("into its own MOUNT/ckpt and takes the group snapshot (mlfs-snap take NAME")
+    say("--group-wait). Both daemons share one store; each is one worker of the group.")
+    # The uninterrupted reference, alongside (no mlfs: plain directories).
+    ref_dir = os.path.join(tmp, "g-ref")
+    os.makedirs(os.path.join(ref_dir, "ckpt"))
+    ref = start_job(1, [ref_dir], os.path.join(tmp, "g-ref-out"), [], state,
+                    data=os.path.join(src, "train.bin"))
+    mnts = [start_worker(bindir, src, store, tmp, 1, k, "", state) for k in range(2)]
+    out1 = os.path.join(tmp, "g-out-1")
+    job = start_job(2, [m for m, _ in mnts], out1, ["--snap", snap, "--pause-at", "5"],
+                    state)
+    end = time.monotonic() + 120
+    while not (progress(out1) and progress(out1)["step"] >= 5):
+        if any(p.poll() is not None for p in job) or time.monotonic() > end:
+            wait_job(job, out1, "the 2-rank job")
+            raise RuntimeError("the 2-rank job stopped before step 5")
+        time.sleep(0.05)
+    say("step 5 done; losses so far: %s" % ", ".join(
+        "%.4f" % float.fromhex(x) for x in progress(out1)["losses"]))
+    say("$ kill -TERM %d %d   (the job is preempted: both daemons at once)"
+        % (mnts[0][1].pid, mnts[1][1].pid))
+    t0 = time.monotonic()
+    for _, p in mnts:
+        p.send_signal(signal.SIGTERM)
+    codes = [p.wait(120) for _, p in mnts]
+    say("both daemons exited %s in %.2f s (their final parts persisted)"
+        % (codes, time.monotonic() - t0))
+    for p in job:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    say("the trainers are gone with their VMs")
+    r, _ = tool(bindir, "mlfs-snap", "list", "--store", store)
+    say("$ mlfs-snap list --store STORE")
+    for line in (r.stdout + r.stderr).strip().splitlines():
+        say("  " + line)
+    say("Restart: two fresh mounts with -o restore=latest; each rank loads the shards it")
+    say("owns, whichever worker wrote them (MOUNT/ckpt shows the union of the group).")
+    mnts2 = [start_worker(bindir, src, store, tmp, 2, k, ",restore=latest", state)
+             for k in range(2)]
+    for m, _ in mnts2:
+        say("  %s/ckpt: %s" % (m, " ".join(sorted(os.listdir(os.path.join(m, "ckpt"))))))
+    out2 = os.path.join(tmp, "g-out-2")
+    job2 = start_job(2, [m for m, _ in mnts2], out2, ["--snap", snap, "--resume"], state)
+    wait_job(job2, out2, "the resumed job")
+    wait_job(ref, os.path.join(tmp, "g-ref-out"), "the reference run")
+    got = progress(out2)
+    want = progress(os.path.join(tmp, "g-ref-out"))["losses"]
+    say("resumed from step %s; loss by step (resumed job | uninterrupted run):"
+        % got["resumed_from"])
+    for i, (a, b) in enumerate(zip(got["losses"], want)):
+        say("  step %2d  %.6f | %.6f%s" % (i + 1, float.fromhex(a), float.fromhex(b),
+                                           "" if a == b else "   DIFFERS"))
+    for m, p in mnts2:
+        say(unmount_child(m, p))
+    same = got["losses"] == want
+    say("the loss goes on exactly as if never interrupted: %s" % ("yes" if same else "NO"))
+    return same
+
+
+def unmount_child(mnt, p):
+    """unmount() for a daemon that is our child (mlfs -f): its exit is p.wait's."""
+    how = "not mounted"
+    if is_mounted(mnt):
+        r = subprocess.run(["fusermount3", "-u", mnt], capture_output=True, text=True)
+        how = "fusermount3 -u"
+        if r.returncode != 0:
+            subprocess.run(["fusermount3", "-uz", mnt], capture_output=True, text=True)
+            how = "fusermount3 -uz (lazy: -u said %s)" % r.stderr.strip()
+    try:
+        return how + "; daemon %d exited %d" % (p.pid, p.wait(30))
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        return how + "; daemon %d still running after 30 s: killed" % p.pid
+
+
+def group_cleanup(state):
+    for p in state["trainers"]:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    for m, p in state["group"]:
+        unmount_child(m, p)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--src", default=os.path.join(DEMO_ROOT, "src"),
@@ -399,10 +601,12 @@ def main():
     signal.signal(signal.SIGTERM, on_term)
     say("mlfs demo: %s, kernel %s, %d CPUs" % (time.strftime("%Y-%m-%d %H:%M:%S"),
                                                 os.uname().release, os.cpu_count()))
-    state = {"mnt": None, "pid": None, "tmp": None, "pool": None, "loader": {"n": 0}}
+    state = {"mnt": None, "pid": None, "tmp": None, "pool": None, "loader": {"n": 0},
+             "group": [], "trainers": []}
     rc = 1
     try:
         rc = run(args, state)
+        rc = neighbour_step(args) or rc
     except Exception as e:  # the report says what broke; the finally still unmounts
         say("demo: FAILED: %s: %s" % (type(e).__name__, e))
         rc = 1
@@ -413,6 +617,15 @@ def main():
         if state["mnt"]:
             say("$ fusermount3 -u %s" % state["mnt"])
             say(unmount(state["mnt"], state["pid"]))
+        if rc == 0 and state["tmp"]:
+            section("8. a two-worker job preempted by SIGTERM, restored from its group")
+            try:
+                rc = 0 if group_job(args.bin, state["tmp"], state) else 1
+            except Exception as e:
+                say("demo: two-worker job FAILED: %s: %s" % (type(e).__name__, e))
+                rc = 1
+            finally:  # ^C too: no trainer nor mount of the group job is left
+                group_cleanup(state)
         if state["tmp"] and not args.keep:
             if state["mnt"] and is_mounted(state["mnt"]):
                 say("left %s in place: still mounted" % state["tmp"])

@@ -7,8 +7,8 @@ level=${1:-build}
 pkgs="build-essential pkg-config libfuse3-dev fuse3 liburing-dev liblz4-dev libxxhash-dev"
 case $level in
 build) ;;
-test) pkgs="$pkgs clang python3 python3-pytest python3-numpy python3-torch stress-ng e2fsprogs util-linux kmod acl" ;;
-bench) pkgs="$pkgs python3 python3-pytest python3-numpy python3-matplotlib stress-ng fio mergerfs bindfs e2fsprogs util-linux" ;;
+test) pkgs="$pkgs clang python3 python3-pytest python3-numpy python3-torch stress-ng e2fsprogs util-linux kmod acl glusterfs-server glusterfs-client iproute2 procps" ;;
+bench) pkgs="$pkgs python3 python3-pytest python3-numpy python3-matplotlib stress-ng fio mergerfs bindfs e2fsprogs util-linux glusterfs-server glusterfs-client iproute2 procps" ;;
 *) echo "deps.sh: unknown level '$level' (build, test or bench)" >&2; exit 2 ;;
 esac
 missing=""

@@ -18,7 +18,7 @@
 #include "tools/snap_offline.h"
 
 static const char usage_text[] =
-	"usage: mlfs-snap take MOUNT NAME [--wait]\n"
+	"usage: mlfs-snap take MOUNT NAME [--wait | --group-wait [--timeout SECONDS]]\n"
 	"       mlfs-snap list MOUNT [--json]\n"
 	"       mlfs-snap restore MOUNT NAME|latest\n"
 	"       mlfs-snap delete MOUNT NAME\n"
@@ -37,8 +37,8 @@ struct list_rows {
 	size_t n, cap;
 };
 
-/* "snap NAME TIME_NS FILES LOGICAL NEW STATE [OPEN_WRITES]", tab separated (fs/snapd.c
- * ctl_list; an older daemon sends no OPEN_WRITES). */
+/* "snap NAME TIME_NS FILES LOGICAL NEW STATE [OPEN_WRITES [WORKERS PARTS CONFLICTS]]",
+ * tab separated (fs/snapd.c ctl_list; an older daemon sends fewer). */
 static void collect_row(void *arg, const char *line)
 {
 	struct list_rows *r = arg;
@@ -66,9 +66,11 @@ static void collect_row(void *arg, const char *line)
 	if (!tab || (size_t)(tab - p) > MF_NAME_MAX)
 		return;
 	memcpy(x->name, p, tab - p);
-	if (sscanf(tab + 1, "%" SCNd64 "\t%" SCNu64 "\t%" SCNu64 "\t%" SCNu64 "\t%31s\t%" SCNu64,
-		   &x->time_ns, &x->files, &x->logical_bytes, &x->new_bytes, state,
-		   &x->open_writes) < 5)
+	x->workers = x->parts = 1;
+	if (sscanf(tab + 1, "%" SCNd64 "\t%" SCNu64 "\t%" SCNu64 "\t%" SCNu64 "\t%31s\t%" SCNu64
+		   "\t%" SCNu32 "\t%" SCNu32 "\t%" SCNu64, &x->time_ns, &x->files,
+		   &x->logical_bytes, &x->new_bytes, state, &x->open_writes, &x->workers,
+		   &x->parts, &x->conflicts) < 5)
 		return;
 	r->states[r->n] = strdup(state);
 	if (r->states[r->n])

@@ -81,7 +81,8 @@ static const struct row {
 	int bytes;
 } people_rows[] = {
 	{ "mem_bytes", 1 }, { "mem_budget", 1 }, { "mem_min", 1 }, { "mem_max", 1 },
-	{ "rss_bytes", 1 }, { "dirty_bytes", 1 }, { NULL, 0 },
+	{ "rss_bytes", 1 }, { "dirty_bytes", 1 }, { "pool_bytes", 1 },
+	{ NULL, 0 },
 	{ "data_blocks", 0 }, { "data_resident", 0 }, { "ckpt_blocks", 0 },
 	{ "ckpt_resident", 0 }, { "hits", 0 }, { "misses", 0 }, { "not_admitted", 0 },
 	{ "source_bytes_read", 1 }, { "bytes_served", 1 }, { "bytes_written", 1 },
@@ -160,7 +161,9 @@ static int watch(const char *mnt, double interval)
 		fflush(stdout);
 		ph = h, pm = m, ps = s, pr = r;
 		first = 0;
-		usleep((useconds_t)(interval * 1e6));
+		nanosleep(&(struct timespec){ .tv_sec = (time_t)interval,
+					      .tv_nsec = (long)((interval - (time_t)interval) * 1e9) },
+			  NULL);
 	}
 }
 
@@ -182,10 +185,14 @@ int main(int argc, char **argv)
 		} else if (!strcmp(argv[i], "--prom")) {
 			prom = 1;
 		} else if (!strcmp(argv[i], "-w") && i + 1 < argc) {
+			const char *v = argv[++i];
 			char *end;
 
-			every = strtod(argv[++i], &end);
-			if (*end || every <= 0) {
+			/* Decimal seconds up to a day: strtod alone would take nan, inf and
+			 * hex, and a sleep cannot take inf or more than its type holds. */
+			every = strtod(v, &end);
+			if (!((*v >= '0' && *v <= '9') || *v == '.') || strpbrk(v, "xX") || *end ||
+			    !(every > 0 && every <= 86400)) {
 				fprintf(stderr, "mlfs-stat: bad interval '%s'\n", argv[i]);
 				return 2;
 			}

@@ -25,7 +25,8 @@ const char snap_offline_usage[] =
 	"       mlfs-snap restore --store DIR NAME|latest --to DIR\n"
 	"       mlfs-snap verify --store DIR [NAME]\n"
 	"       mlfs-snap gc --store DIR\n"
-	"       mlfs-snap delete --store DIR NAME\n";
+	"       mlfs-snap delete --store DIR NAME\n"
+	"       mlfs-snap init --store DIR\n";
 
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
@@ -60,10 +61,23 @@ static int open_store(const char *dir, int flags, struct store **s)
 	return rc;
 }
 
-/* NAME or "latest" -> a loaded, verified manifest; says why not. */
+static void say_conflict(void *arg, const struct mf_manifest *p, size_t idx, unsigned kept,
+			 unsigned part)
+{
+	char path[1024];
+
+	if (mf_path(p, idx, path, sizeof(path)) < 0)
+		snprintf(path, sizeof(path), "(a long path)");
+	say("group '%s': conflict: parts %u and %u hold %s with different contents; part %u's "
+	    "is restored", (const char *)arg, kept, part, path, kept);
+}
+
+/* NAME or "latest" -> a loaded, verified manifest (a group: the union of its parts);
+ * says why not. */
 static int load(struct store *s, const char *dir, const char *name, struct mf_manifest **m)
 {
 	char latest[MF_NAME_MAX + 1];
+	uint64_t conflicts = 0;
 	int rc;
 
 	if (!strcmp(name, "latest")) {
@@ -80,8 +94,18 @@ static int load(struct store *s, const char *dir, const char *name, struct mf_ma
 		say("invalid snapshot name '%s'", name);
 		return -EINVAL;
 	}
-	rc = store_load_manifest(s, name, m);
-	if (rc == -ENOENT)
+	rc = store_load_snapshot(s, name, say_conflict, (void *)name, m, &conflicts);
+	if (!rc && conflicts)
+		say("group '%s': %" PRIu64 " conflict%s: the lowest part's version of each is "
+		    "restored", name, conflicts, conflicts == 1 ? "" : "s");
+	if (rc == -EAGAIN) {
+		unsigned parts = 0, workers = 0;
+
+		store_group_state(s, name, &parts, &workers);
+		say("%s: group '%s' is partial (%u of %u parts): not restorable", dir, name, parts,
+		    workers);
+		rc = -ENOENT;
+	} else if (rc == -ENOENT)
 		say("%s: no snapshot named '%s'", dir, name);
 	else if (rc == -EIO)
 		say("snapshot '%s' is damaged (manifest checksum mismatch); not used", name);
@@ -139,7 +163,8 @@ void snap_print_list(const struct store_snap_info *v, const char *const *states,
 	for (size_t i = 0; i < n; i++) {
 		const struct store_snap_info *x = &v[i];
 		const char *state = states ? states[i]
-				    : x->state == STORE_SNAP_DAMAGED ? "damaged" : "durable";
+				    : x->state == STORE_SNAP_DAMAGED ? "damaged"
+				    : x->state == STORE_SNAP_PARTIAL ? "partial" : "durable";
 		int damaged = !strcmp(state, "damaged");
 		char t[32], lb[32], nb[32];
 
@@ -149,9 +174,10 @@ void snap_print_list(const struct store_snap_info *v, const char *const *states,
 			json_str(x->name);
 			printf(", \"time\": \"%s\", \"time_ns\": %" PRId64 ", \"files\": %" PRIu64
 			       ", \"logical_bytes\": %" PRIu64 ", \"new_bytes\": %" PRIu64
-			       ", \"state\": \"%s\", \"open_for_write\": %" PRIu64 "}",
+			       ", \"state\": \"%s\", \"open_for_write\": %" PRIu64 ", \"workers\": %"
+			       PRIu32 ", \"parts\": %" PRIu32 ", \"conflicts\": %" PRIu64 "}",
 			       damaged ? "" : t, x->time_ns, x->files, x->logical_bytes, x->new_bytes,
-			       state, x->open_writes);
+			       state, x->open_writes, x->workers, x->parts, x->conflicts);
 			continue;
 		}
 		fmt_bytes(x->logical_bytes, lb, sizeof(lb));
@@ -161,8 +187,14 @@ void snap_print_list(const struct store_snap_info *v, const char *const *states,
 		else
 			printf("%-24s %-20s %8" PRIu64 " %12s %12s %s", x->name, t, x->files, lb, nb,
 			       state);
-		/* A snapshot with files open for writing may hold a torn write: 'latest'
-		 * skips it (store_latest). */
+		/* Groups: a partial one is no snapshot yet; one with conflicts is never
+		 * latest (store_latest), nor one with files open for writing (a torn write). */
+		if (!damaged && !strcmp(state, "partial"))
+			printf(" (%" PRIu32 " of %" PRIu32 " parts; not restorable)", x->parts, x->workers);
+		else if (!damaged && x->workers > 1)
+			printf(" (group of %" PRIu32 ")", x->workers);
+		if (!damaged && x->conflicts)
+			printf(" (conflicts: %" PRIu64 "; not latest)", x->conflicts);
 		if (!damaged && x->open_writes)
 			printf(" (open-for-write: %" PRIu64 " file%s; not latest)", x->open_writes,
 			       x->open_writes == 1 ? "" : "s");
@@ -538,6 +570,14 @@ static void put_escaped(FILE *f, const char *str)
 static void print_fault(void *arg, const struct store_fault *f)
 {
 	put_escaped(stdout, f->snap);
+	if (f->error == -EEXIST) {
+		/* a group's conflict: reported, not damage (not counted) */
+		fputs(": conflict: ", stdout);
+		put_escaped(stdout, f->file);
+		printf(" (parts %u and %u hold it with different contents; part %u's is "
+		       "restored)\n", f->parts[0], f->parts[1], f->parts[0]);
+		return;
+	}
 	if (f->file) {
 		fputs(": damaged: ", stdout);
 		put_escaped(stdout, f->file);
@@ -646,9 +686,22 @@ int snap_delete(const char *store_dir, const char *name)
 	return 0;
 }
 
+int snap_init(const char *store_dir)
+{
+	struct store *s;
+
+	/* STORE_CREATE is create-once (fs/store.c invariant 8): any number of init calls
+	 * and daemons at once on one empty directory all succeed. */
+	if (open_store(store_dir, STORE_CREATE, &s))
+		return 1;
+	store_close(s);
+	printf("%s: mlfs store ready (format version %d)\n", store_dir, STORE_FORMAT_VERSION);
+	return 0;
+}
+
 /* ---- argument parsing ---- */
 
-static const char *const subcmds[] = { "list", "restore", "verify", "gc", "delete" };
+static const char *const subcmds[] = { "list", "restore", "verify", "gc", "delete", "init" };
 
 int snap_offline_wants(int argc, char **argv)
 {
@@ -720,6 +773,8 @@ int snap_offline_main(int argc, char **argv)
 		return snap_verify(store, pos[0]);
 	if (!strcmp(cmd, "gc") && npos == 0)
 		return snap_gc(store);
+	if (!strcmp(cmd, "init") && npos == 0)
+		return snap_init(store);
 	if (!strcmp(cmd, "delete")) {
 		if (npos != 1)
 			return usage("delete needs a snapshot NAME");

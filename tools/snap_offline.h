@@ -6,6 +6,7 @@
  *   verify  --store DIR [NAME]
  *   gc      --store DIR
  *   delete  --store DIR NAME
+ *   init    --store DIR     (make the store; N at once on one empty dir all succeed)
  *
  * Contract: each function prints its result on stdout and any error as one line
  * "mlfs-snap: ..." on stderr (the store library may add "mlfs[pid]: error: ..." lines
@@ -27,7 +28,7 @@
 
 /*
  * 1 if argv (argv[0] = the subcommand) asks for an offline subcommand, i.e. names one
- * of the five above and carries --store: mlfs-snap then calls snap_offline_main().
+ * of the six above and carries --store: mlfs-snap then calls snap_offline_main().
  */
 int snap_offline_wants(int argc, char **argv);
 
@@ -40,6 +41,7 @@ int snap_restore(const char *store_dir, const char *name, const char *to);
 int snap_verify(const char *store_dir, const char *name);
 int snap_gc(const char *store_dir);
 int snap_delete(const char *store_dir, const char *name);
+int snap_init(const char *store_dir);
 
 /* Prints snapshots as `list` does (a table, or JSON with --json). states[i] names the
  * state of v[i] ("durable", "pending", "damaged", ...); NULL: from v[i].state. */

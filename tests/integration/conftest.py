@@ -31,6 +31,7 @@ import time
 import pytest
 
 import mlfs_util as U
+from gluster_util import gluster_volume  # noqa: F401  (session fixture: a GlusterFS volume)
 
 NATIVE = U.NATIVE
 MiB = 1 << 20

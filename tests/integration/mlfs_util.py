@@ -237,6 +237,28 @@ def renameat2(old, new, flags):
         raise OSError(e, os.strerror(e), str(old), None, str(new))
 
 
+AT_SYMLINK_FOLLOW = 0x400
+AT_EMPTY_PATH = 0x1000
+
+
+def link_fd(fd, path, how="proc"):
+    """Gives the open file fd (an O_TMPFILE one, say) the name path: linkat(fd, "",
+    AT_FDCWD, path, AT_EMPTY_PATH) (how="empty"; needs CAP_DAC_READ_SEARCH), or
+    linkat(AT_FDCWD, "/proc/self/fd/N", AT_FDCWD, path, AT_SYMLINK_FOLLOW) (how="proc",
+    anyone). Raises OSError like os.link."""
+    fn = _libc.linkat
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    if how == "empty":
+        rc = fn(fd, b"", AT_FDCWD, os.fsencode(path), AT_EMPTY_PATH)
+    else:
+        rc = fn(AT_FDCWD, f"/proc/self/fd/{fd}".encode(), AT_FDCWD, os.fsencode(path),
+                AT_SYMLINK_FOLLOW)
+    if rc != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), str(path))
+
+
 def as_user(fn, uid=65534, gid=65534):
     """Run fn() in a forked child with uid/gid switched and no supplementary groups.
     Returns ('ok', value) or ('err', errno); anything else the child raises is reported

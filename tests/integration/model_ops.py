@@ -43,6 +43,8 @@ import random
 import stat
 import traceback
 
+import mlfs_util as U
+
 KiB = 1 << 10
 MiB = 1 << 20
 FILE_NAMES = [f"f{i}" for i in range(10)]
@@ -60,7 +62,7 @@ STRIPE = 300_007
 OPS = (  # name, weight
     ("write", 22), ("read", 22), ("truncate", 8), ("mmap", 5), ("copy", 5),
     ("rename", 7), ("unlink", 5), ("orphan", 8), ("mkdir", 4), ("rmdir", 3),
-    ("listdir", 3), ("create", 3), ("shared", 8),
+    ("listdir", 3), ("create", 3), ("shared", 8), ("tmpfile", 3),
 )
 
 
@@ -471,6 +473,52 @@ class Worker:
             if len(self.orphans) >= MAX_ORPHANS:
                 os.close(self.orphans.pop(0)[0])
             self.orphans.append([fd, buf, False])
+
+    def op_tmpfile(self):
+        """O_TMPFILE in one of the worker's dirs: written, then linked to a new name or
+        kept unnamed as an orphan; a link to a taken name is EEXIST, else with O_EXCL
+        ENOENT. An unnamed one is in no snapshot, as a file unlinked while open."""
+        d = self.pick_dir()
+        excl = self.rng.random() < 0.25
+        fd = os.open(self.p(d), os.O_TMPFILE | os.O_RDWR | (os.O_EXCL if excl else 0), 0o644)
+        buf = bytearray()
+        n = self.size()
+        self.note(f"tmpfile in {d or '.'}{' O_EXCL' if excl else ''}: write {n}")
+        try:
+            st = os.fstat(fd)
+            if (st.st_nlink, st.st_size, stat.S_ISREG(st.st_mode)) != (0, 0, True):
+                self.fail(f"tmpfile in {d or '.'}: fstat {st}")
+            data = self.data(n)
+            try:
+                got = os.pwrite(fd, data, 0)
+                if got != n and not self.enospc_ok:
+                    self.fail(f"tmpfile: short write {got} of {n}")
+                buf.extend(data[:got])
+                self.check_read("tmpfile pread", os.pread(fd, got, 0), data[:got], 0)
+            except OSError as e:
+                self.enospc(f"tmpfile pwrite {n}", e)
+            rel = self.new_file_path()
+            how = "proc" if self.rng.random() < 0.5 else "empty"
+            linked = False
+            if rel in self.files:  # the kernel looks the new name up first
+                self.expect_err(f"link tmpfile to taken {rel}",
+                                lambda: U.link_fd(fd, self.p(rel), how), errno.EEXIST)
+            elif excl:
+                self.expect_err(f"link O_EXCL tmpfile to {rel}",
+                                lambda: U.link_fd(fd, self.p(rel), how), errno.ENOENT)
+            elif self.rng.random() < 0.6:
+                self.note(f"  link to {rel} ({how})")
+                U.link_fd(fd, self.p(rel), how)
+                self.files[rel] = buf
+                linked = True
+            if not linked and self.rng.random() < 0.5:
+                if len(self.orphans) >= MAX_ORPHANS:
+                    os.close(self.orphans.pop(0)[0])
+                self.orphans.append([fd, buf, False])
+                fd = None
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     def op_orphan(self):
         if not self.orphans:

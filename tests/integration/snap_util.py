@@ -493,14 +493,65 @@ def xxh128_hex(data):
 
 
 def object_path(store, data):
+    """The name of data's object: objects/xx/HASH under STORE (the file itself in a
+    version 1 store; the name logs and verify print in a version 2 one)."""
     h = xxh128_hex(data)
     return os.path.join(store, "objects", h[:2], h)
 
 
+def pack_index(store):
+    """{hash hex: (pack path, record offset, stored, logical, flags)} from the index at
+    the end of every pack (docs/store-format.md), the first pack holding a hash wins."""
+    idx = {}
+    d = os.path.join(store, "packs")
+    for n in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+        if n.startswith(".") or not n.endswith(".pack"):
+            continue
+        p = os.path.join(d, n)
+        with open(p, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size < 48:
+                continue
+            f.seek(size - 32)
+            tail = f.read(32)
+            if tail[16:24] != b"MLPKTAIL":
+                continue
+            cnt = int.from_bytes(tail[0:8], "little")
+            f.seek(int.from_bytes(tail[8:16], "little"))
+            ix = f.read(40 * cnt)
+        for i in range(cnt):
+            e = ix[40 * i:40 * (i + 1)]
+            idx.setdefault(e[:16].hex(), (p, int.from_bytes(e[16:24], "little"),
+                                          int.from_bytes(e[24:28], "little"),
+                                          int.from_bytes(e[28:32], "little"), e[32]))
+    return idx
+
+
+def object_loc(store, data):
+    """(pack path, record offset, stored, logical, flags) of the object holding data."""
+    h = xxh128_hex(data)
+    loc = pack_index(store).get(h)
+    assert loc, f"object {h} is in no pack of {store}"
+    return loc
+
+
+# Lease times for tests that wait out gc's grace time (MLFS_LEASE_TIMES, fs/lease.h):
+# refresh 0.5 s, stale 4 s, grace 5 s. Set them before the mount (monkeypatch.setenv)
+# so the daemon and the tools agree, then past_grace() before a gc that must collect.
+FAST_LEASES = "0.5,4,5"
+
+
+def past_grace():
+    time.sleep(5.5)
+
+
 def store_files(store):
-    """Every file under STORE (relative paths), for 'nothing changed' checks."""
+    """Every file under STORE (relative paths), for 'nothing changed' checks. leases/
+    is left out: a mounted daemon rewrites its lease every few seconds."""
     res = {}
     for dirpath, _, filenames in os.walk(store):
+        if os.path.relpath(dirpath, store).split(os.sep)[0] == "leases":
+            continue
         for n in filenames:
             p = os.path.join(dirpath, n)
             st = os.lstat(p)
@@ -509,10 +560,12 @@ def store_files(store):
 
 
 def store_bytes(store):
+    """Bytes of every object file: packs (and version 1 objects)."""
     total = 0
-    for dirpath, _, filenames in os.walk(os.path.join(store, "objects")):
-        for n in filenames:
-            total += os.lstat(os.path.join(dirpath, n)).st_size
+    for sub in ("packs", "objects"):
+        for dirpath, _, filenames in os.walk(os.path.join(store, sub)):
+            for n in filenames:
+                total += os.lstat(os.path.join(dirpath, n)).st_size
     return total
 
 

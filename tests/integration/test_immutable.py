@@ -130,3 +130,32 @@ def test_created_unlinked_file_is_freed(imm):
     while imm.stat()["ckpt_blocks"] != 0 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert imm.stat()["ckpt_blocks"] == 0
+
+
+@pytest.mark.parametrize("first_open", ["before", "after"])
+def test_tmpfile_freed_and_linkable(imm, first_open):
+    """O_TMPFILE is a CREATE to the daemon (fs/ops.c), so under -o immutable it counts no
+    open either: an unnamed one goes at its close whether or not the kernel already
+    stopped sending OPEN and RELEASE, and a linked one keeps its bytes."""
+    c = imm.ckpt
+    if first_open == "before":
+        os.close(os.open(os.path.join(imm.data, "small"), os.O_RDONLY))  # sets no_open
+    fd = os.open(c, os.O_TMPFILE | os.O_RDWR, 0o600)
+    try:
+        os.write(fd, b"t" * 100_000)
+        assert os.pread(fd, 3, 0) == b"ttt"
+    finally:
+        os.close(fd)
+    deadline = time.monotonic() + 10  # FORGET comes asynchronously after the close
+    while imm.stat()["ckpt_blocks"] != 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert imm.stat()["ckpt_blocks"] == 0
+    fd = os.open(c, os.O_TMPFILE | os.O_RDWR, 0o600)
+    try:
+        os.write(fd, b"kept")
+        U.link_fd(fd, os.path.join(c, "kept"))
+    finally:
+        os.close(fd)
+    with open(os.path.join(c, "kept"), "rb") as f:
+        assert f.read() == b"kept"
+    assert imm.stat()["ckpt_blocks"] == 1

@@ -36,7 +36,9 @@ BAD_NUMBERS = [
     for val in ("nan", "inf", "-inf", "1e400", "-1", "", " 5", "18446744073709551616",
                 "99999999999999999999T")
 ] + [("autosnap", "1e300d"), ("mtbf", "1e300h"), ("data_timeout", "1e300"),
-     ("spill_max", "1"), ("spill_max", "4K"), ("threads", "1e3"), ("keep", "0x10")]
+     ("spill_max", "1"), ("spill_max", "4K"), ("threads", "1e3"), ("keep", "0x10"),
+     ("data_timeout", "0x10"), ("autosnap", "0x10"), ("mtbf", "0x1p4h"),
+     ("data_timeout", "0x1p-2")]
 
 
 @pytest.mark.parametrize("opt,val", BAD_NUMBERS,
@@ -125,7 +127,9 @@ def test_log_names_a_store_object_once(snapenv):
     S.snap_ok("take", env.mnt, "s1", "--wait")
     env.unmount(d)
     obj = S.object_path(env.store, blob)
-    os.unlink(obj)
+    pack = S.object_loc(env.store, blob)[0]
+    assert len([v for v in S.pack_index(env.store).values() if v[0] == pack]) == 1
+    os.unlink(pack)                       # its pack holds it alone: missing
     d = env.mount(opts="restore=s1", foreground=True)
     with pytest.raises(OSError):
         with open(os.path.join(d.ckpt, "f"), "rb") as f:

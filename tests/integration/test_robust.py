@@ -103,8 +103,7 @@ def loop_store(snapenv):
     os.mkdir(store)
     yield env, mp, store
     subprocess.run(["mount", "-o", "remount,rw", mp], capture_output=True)
-    subprocess.run(["chattr", "-a"] + [os.path.join(store, "objects", f"{i:02x}")
-                                       for i in range(256)], capture_output=True)
+    subprocess.run(["chattr", "-a", os.path.join(store, "packs")], capture_output=True)
 
 
 def remount(mp, mode, timeout=30):
@@ -120,7 +119,7 @@ def remount(mp, mode, timeout=30):
 
 
 def chattr_objects(store, flag):
-    dirs = [os.path.join(store, "objects", f"{i:02x}") for i in range(256)]
+    dirs = [os.path.join(store, "packs")]
     r = subprocess.run(["chattr", flag] + dirs, capture_output=True, text=True)
     assert r.returncode == 0, f"chattr {flag}: {r.stderr}"
 
@@ -145,7 +144,7 @@ def test_store_outage_then_next_take_succeeds(loop_store):
         chattr_objects(store, "-a")
     assert not r.ok, f"take --wait with names that cannot change: {r!r}"
     S.assert_clean_failure(r, "take --wait during the outage")
-    left = [n for _, _, fs in os.walk(os.path.join(store, "objects")) for n in fs
+    left = [n for _, _, fs in os.walk(os.path.join(store, "packs")) for n in fs
             if ".tmp." in n]
     assert left, "the emulated outage left no temporary objects: the test tests nothing"
     chattr_objects(store, "+a")   # leftovers stay: unlinks still fail

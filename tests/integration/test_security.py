@@ -160,6 +160,49 @@ def test_data_symlink_inside_source_still_a_symlink(user_src):
     assert os.listdir(p) == ["f"]
 
 
+def test_data_trusted_xattr_names_hidden_from_users(user_src, other_user):
+    """ext4 lists trusted.* names only to a privileged caller; the daemon reads SOURCE as
+    root, so MOUNT/data filtered nothing and any user saw them (the values stay the
+    kernel's to refuse). Sizes asked for and lists fetched agree, at the top level and
+    deeper."""
+    import ctypes
+    m = user_src
+    os.makedirs(os.path.join(m.src, "pub", "deep"))
+    for rel in ("top", os.path.join("pub", "deep", "f")):
+        f = os.path.join(m.src, rel)
+        with open(f, "wb") as fh:
+            fh.write(b"x")
+        os.chmod(f, 0o644)
+        os.setxattr(f, "trusted.secret_name", b"v")
+        os.setxattr(f, "user.a", b"1")
+        os.setxattr(f, "trusted.another", b"v")
+        os.setxattr(f, "user.b", b"2")
+    for rel in ("pub", os.path.join("pub", "deep")):
+        os.chmod(os.path.join(m.src, rel), 0o755)
+
+    def run():
+        libc = ctypes.CDLL(None, use_errno=True)
+        out = []
+        for rel in ("top", "pub/deep/f"):
+            p = os.path.join(m.data, rel).encode()
+            need = libc.listxattr(p, None, 0)
+            exact = ctypes.create_string_buffer(need)
+            got = libc.listxattr(p, exact, need)
+            short = libc.listxattr(p, ctypes.create_string_buffer(need - 1), need - 1)
+            names = [n.decode() for n in exact.raw.split(b"\0") if n]
+            out.append([need, got, names, short, ctypes.get_errno()])
+        return out
+
+    kind, out = as_other(other_user, run)
+    assert kind == "ok", out
+    for need, got, names, short, err in out:
+        assert sorted(names) == ["user.a", "user.b"]
+        assert need == got == len("user.a\0user.b\0")
+        assert (short, err) == (-1, errno.ERANGE)
+    assert sorted(os.listxattr(os.path.join(m.data, "pub", "deep", "f"))) == [
+        "trusted.another", "trusted.secret_name", "user.a", "user.b"]  # root sees all
+
+
 # ---------------------------------------------------------------- 2. the store is private
 
 def _walk(top):
@@ -177,7 +220,7 @@ def _snapshot_of_private_file(env):
     os.chmod(f, 0o600)
     S.snap_ok("take", env.mnt, "s1", "--wait")
     env.unmount(d)
-    return S.object_path(env.store, SECRET * 1000)
+    return S.object_loc(env.store, SECRET * 1000)[0]   # the pack holding its object
 
 
 def test_store_objects_unreadable_by_other_users(snapenv, other_user):
@@ -205,7 +248,7 @@ def test_store_readers_open_read_only(snapenv):
     for argv in (["mount", "--bind", env.store, ro],
                  ["mount", "-o", "remount,ro,bind", ro]):
         subprocess.run(argv, check=True, capture_output=True)
-    os.unlink(os.path.join(env.store, "lock"))  # a store whose lock was never made
+    assert not os.path.exists(os.path.join(env.store, "lock"))  # version 2: no lock file
     before = S.store_files(env.store)
     r = S.snap_ok("list", "--store", ro)
     assert "s1" in r.out
@@ -235,8 +278,8 @@ def test_verify_escapes_control_characters(snapenv):
             f.write(blob)
     S.snap_ok("take", env.mnt, "s1", "--wait")
     env.unmount(d)
-    for blob in data:
-        os.unlink(S.object_path(env.store, blob))
+    for pack in {S.object_loc(env.store, blob)[0] for blob in data}:
+        os.unlink(pack)                   # holds just these two objects: both missing
     r = S.snap("verify", "--store", env.store)
     assert r.rc == 1, r
     lines = r.out.splitlines()
@@ -328,6 +371,38 @@ def test_root_controls_a_users_mount_without_allow_other(user_mount):
         assert '"mountpoint"' in r.stdout
     r = S.snap("take", user_mount.mnt, "by-root", "--wait")
     assert r.rc == 0, r
+
+
+def test_tools_refuse_a_mount_naming_another_users_socket(user_mount, test_root):
+    """The tools find a daemon through an xattr that whatever FUSE server is mounted there
+    answers. A FUSE mount (bindfs of a directory carrying that xattr) naming the socket of
+    the other user's daemon made root's mlfs-snap take a snapshot of that user's mount,
+    which nobody named. The socket must belong to whoever made the mount at the path."""
+    r = user_mount.mount()
+    assert r.returncode == 0, r
+    sock = [n for n in os.listdir(user_mount.sockdir) if n.endswith(".sock")]
+    assert len(sock) == 1, sock
+    fake = tempfile.mkdtemp(prefix="fake-", dir=test_root)
+    mnt = tempfile.mkdtemp(prefix="fakemnt-", dir=test_root)
+    os.setxattr(fake, "user.mlfs.control",
+                os.path.join(user_mount.sockdir, sock[0]).encode())
+    r = subprocess.run(["bindfs", fake, mnt], capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        pytest.skip(f"bindfs: {r.stderr.strip()}")
+    try:
+        assert os.getxattr(mnt, "user.mlfs.control").decode().endswith(sock[0])
+        r = S.snap("take", mnt, "not-yours", "--wait")
+        assert r.rc != 0 and "not an mlfs mount point" in r.err, r
+        r = subprocess.run([U.MLFS_STAT, "--json", mnt], capture_output=True, text=True,
+                           timeout=30)
+        assert r.returncode != 0 and "not an mlfs mount point" in r.stderr, r.stderr
+    finally:
+        U.fusermount_u(mnt)
+        if U.is_mounted(mnt):
+            U.force_unmount(mnt)
+    assert "not-yours" not in S.list_json(user_mount.mnt)
+    # The user's own mount is still root's to control (mount table path).
+    S.snap_ok("take", user_mount.mnt, "by-root", "--wait")
 
 
 @pytest.mark.parametrize("squat", ["foreign", "symlink", "open"])

@@ -39,13 +39,6 @@ def compressible(nblocks):
     return out
 
 
-def object_header(path):
-    with open(path, "rb") as f:
-        h = f.read(40)
-    assert h[:4] == b"MLOB", f"{path}: not an object"
-    return h[5], int.from_bytes(h[8:12], "little"), int.from_bytes(h[12:16], "little")
-
-
 def flip(path, off):
     with open(path, "r+b") as f:
         f.seek(off)
@@ -65,35 +58,40 @@ def test_damaged_object_is_eio_never_wrong_bytes(snapenv, case):
     raw = rng.randbytes(3 * BLOCK + 1234)
     text = compressible(3)
     other = rng.randbytes(BLOCK + 5)
-    write(os.path.join(d.ckpt, "raw.bin"), raw)
-    write(os.path.join(d.ckpt, "text.log"), text)
-    os.mkdir(os.path.join(d.ckpt, "sub"))
-    write(os.path.join(d.ckpt, "sub", "other.bin"), other)
-    S.snap_ok("take", env.mnt, "s1", "--wait")
-    env.unmount(d)
-
     if case == "payload-lz4":
         victim, vdata, vblock = "text.log", text, 1
     else:
         victim, vdata, vblock = "raw.bin", raw, 1
     blk = vdata[vblock * BLOCK:(vblock + 1) * BLOCK]
-    obj = S.object_path(env.store, blk)
-    assert os.path.exists(obj), f"no object {obj} for block {vblock} of {victim}"
-    flags, logical, stored = object_header(obj)
+    # The damaged block in a pack of its own (an earlier snapshot, since deleted, held
+    # it; s1 dedups against it), so a truncated or missing pack costs that block alone.
+    write(os.path.join(d.ckpt, "pre"), blk)
+    S.snap_ok("take", env.mnt, "s0", "--wait")
+    os.unlink(os.path.join(d.ckpt, "pre"))
+    write(os.path.join(d.ckpt, "raw.bin"), raw)
+    write(os.path.join(d.ckpt, "text.log"), text)
+    os.mkdir(os.path.join(d.ckpt, "sub"))
+    write(os.path.join(d.ckpt, "sub", "other.bin"), other)
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    S.snap_ok("delete", env.mnt, "s0")
+    env.unmount(d)
+
+    pack, off, stored, logical, flags = S.object_loc(env.store, blk)
+    assert len([v for v in S.pack_index(env.store).values() if v[0] == pack]) == 1
     assert logical == len(blk)
     if case == "payload-lz4":
         assert flags == 1, f"compressible block stored with flags {flags}, want lz4 (1)"
     elif case == "payload-raw":
         assert flags == 0, f"random block stored with flags {flags}, want raw (0)"
-    os.chmod(obj, 0o644)
+    os.chmod(pack, 0o644)
     if case in ("payload-raw", "payload-lz4"):
-        flip(obj, 40 + stored // 2)
+        flip(pack, off + 40 + stored // 2)
     elif case == "header":
-        flip(obj, 12)              # stored length
+        flip(pack, off + 12)       # the record's stored length
     elif case == "truncated":
-        os.truncate(obj, 40 + stored // 2)
+        os.truncate(pack, off + 40 + stored // 2)
     else:
-        os.unlink(obj)
+        os.unlink(pack)
 
     # verify names the file and the block, exit 1
     for argv in (["verify", "--store", env.store], ["verify", "--store", env.store, "s1"]):

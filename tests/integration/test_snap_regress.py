@@ -206,15 +206,15 @@ def test_store_option_never_takes_over_a_directory(mounter):
     os.mkdir(other)
     with open(os.path.join(other, "keep.txt"), "w") as f:
         f.write("mine")
-    v2 = os.path.join(base, "v2")
-    os.makedirs(os.path.join(v2, "objects"))
-    os.makedirs(os.path.join(v2, "snaps"))
-    with open(os.path.join(v2, "FORMAT"), "w") as f:
-        f.write("mlfs-store\nversion 2\n")
+    v3 = os.path.join(base, "v3")
+    os.makedirs(os.path.join(v3, "objects"))
+    os.makedirs(os.path.join(v3, "snaps"))
+    with open(os.path.join(v3, "FORMAT"), "w") as f:
+        f.write("mlfs-store\nversion 3\n")
     src, mnt = os.path.join(base, "src"), os.path.join(base, "mnt")
     os.mkdir(src)
     os.mkdir(mnt)
-    for store, before in ((other, ["keep.txt"]), (v2, ["FORMAT", "objects", "snaps"])):
+    for store, before in ((other, ["keep.txt"]), (v3, ["FORMAT", "objects", "snaps"])):
         r = subprocess.run([U.MLFS, "-o", f"store={store}", src, mnt], capture_output=True,
                            text=True, timeout=30)
         assert r.returncode != 0, r
@@ -222,5 +222,5 @@ def test_store_option_never_takes_over_a_directory(mounter):
         assert len(lines) == 1 and store in lines[0], r.stderr
         assert not U.is_mounted(mnt)
         assert sorted(os.listdir(store)) == before
-    with open(os.path.join(v2, "FORMAT")) as f:
-        assert f.read() == "mlfs-store\nversion 2\n"
+    with open(os.path.join(v3, "FORMAT")) as f:
+        assert f.read() == "mlfs-store\nversion 3\n"

@@ -14,6 +14,10 @@
  * - RESIDENT -> EVICTING -> NONRESIDENT -> LOADING -> RESIDENT keeps mem_bytes exact.
  * - bc_block_put with a concurrent last put (run under DEBUG=1 / TSan: the flag read
  *   after the decrement was a use after free).
+ * - The buffer pool: a checkpoint block's freed block-sized buffer is reused by the next
+ *   allocation (and by a buffer growing to a block, keeping its bytes); it stays within
+ *   min(budget/4, budget - mem_bytes), a budget cut empties it at once, and neither an
+ *   eviction nor a data block's free fills it.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -22,6 +26,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "cache/bcache.h"
 #include "tests/unit/test.h"
@@ -368,6 +375,179 @@ static void test_put_race(void)
 	bc_free(pr.bc);
 }
 
+/* A data block mapped from its file (rule M): NEW like a copy, counted in mem_bytes and
+ * mapped_bytes, resident by mincore; pages the kernel took are read back by
+ * bc_block_refault from the file, never zeros; a file that shrank under it is -EIO, as
+ * is mapping past its end; the tier's drop (pick, evict) unmaps it whole. */
+static void test_mapped_block(void)
+{
+	struct bc *bc = new_cache(BIG);
+	char path[] = "/tmp/test_bcache.XXXXXX";
+	unsigned char *want = malloc(4 * BS);
+	struct bc_block *b, *r, *v[4];
+	struct bc_stats st;
+	int fd = mkstemp(path), i;
+
+	EXPECT(fd >= 0 && want);
+	unlink(path);
+	for (i = 0; i < (int)(4 * BS); i++)
+		want[i] = (unsigned char)(i * 7 + 3);
+	EXPECT_EQ(pwrite(fd, want, 4 * BS - 100, 0), (ssize_t)(4 * BS - 100));
+	EXPECT_EQ(bc_block_new_mapped(bc, fd, 0, BS, &b), 0);
+	EXPECT(bc_block_flags(b) & BC_MAPPED);
+	EXPECT(bc_block_flags(b) & BC_UNPLACED); /* NEW */
+	EXPECT_EQ(bc_block_len(b), BS);
+	EXPECT(!memcmp(bc_block_buf(b), want, BS));
+	bc_block_seal(bc, b); /* a no-op: the daemon never reads a mapped block itself */
+	EXPECT(bc_block_flags(b) & BC_CSUM_STALE);
+	r = bc_insert(bc, b, &fid1, 0);
+	EXPECT(r == b);
+	bc_get_stats(bc, &st);
+	EXPECT_EQ(st.mapped_bytes, BS);
+	EXPECT_EQ(bc_mem_bytes(bc), BS);
+	EXPECT_EQ(bc_mapped_resident(bc), BS);
+	EXPECT_EQ(bc_block_refault(bc, r), 0); /* all resident: nothing to do */
+	/* The kernel takes pages back (as reclaim would): they come back from the file. */
+	EXPECT_EQ(madvise(bc_block_buf(r), BS, MADV_DONTNEED), 0);
+	posix_fadvise(fd, 0, BS, POSIX_FADV_DONTNEED);
+	if (bc_mapped_resident(bc) < BS) {
+		EXPECT_EQ(bc_block_refault(bc, r), 1);
+		bc_get_stats(bc, &st);
+		EXPECT_EQ(st.map_refaults, 1);
+		EXPECT_EQ(bc_mapped_resident(bc), BS);
+	}
+	EXPECT(!memcmp(bc_block_buf(r), want, BS));
+	bc_block_put(bc, r);
+
+	/* The last block of the file, short: page-rounded cap, len bytes. */
+	EXPECT_EQ(bc_block_new_mapped(bc, fd, 3 * BS, BS - 100, &b), 0);
+	EXPECT_EQ(bc_block_len(b), BS - 100);
+	EXPECT(!memcmp(bc_block_buf(b), want + 3 * BS, BS - 100));
+	r = bc_insert(bc, b, &fid1, 3);
+	bc_block_put(bc, r);
+	/* Past the end of the file: -EIO, nothing allocated. */
+	EXPECT_EQ(bc_block_new_mapped(bc, fd, 8 * BS, BS, &b), -EIO);
+	EXPECT_EQ(bc_block_new_mapped(bc, fd, 100, BS, &b), -EINVAL); /* unaligned */
+
+	/* The file shrinks under a mapped block: the refault fails, no SIGBUS, no zeros. */
+	r = bc_lookup(bc, &fid1, 3);
+	EXPECT(r != NULL);
+	EXPECT_EQ(ftruncate(fd, 0), 0);
+	EXPECT_EQ(bc_block_refault(bc, r), -EIO);
+	bc_block_put(bc, r);
+
+	/* The tier's drop: picked and evicted without a copy, unmapped, mem_bytes 0. */
+	EXPECT_EQ(pick(bc, v, 4, BC_DATA, 0), 2);
+	for (i = 0; i < 2; i++)
+		bc_evict_done(bc, v[i], true);
+	bc_get_stats(bc, &st);
+	EXPECT_EQ(st.mapped_bytes, 0);
+	EXPECT_EQ(bc_mem_bytes(bc), 0);
+	EXPECT_EQ(bc_mapped_resident(bc), 0);
+	close(fd);
+	free(want);
+	bc_free(bc);
+}
+
+/* Issue 12: the pool of freed block buffers, and its bounds. */
+static void test_pool(void)
+{
+	struct bc *bc = new_cache(BIG);
+	struct bc_block *a, *b, *v[4];
+	struct bc_stats st;
+	uint64_t cap;
+	void *buf;
+
+	a = ckpt_block(bc, BS, 1);
+	cap = bc_block_cap(a);
+	buf = bc_block_buf(a);
+	EXPECT_EQ(bc_pool_bytes(bc), 0);
+	bc_block_disown(bc, a); /* the file let go: the buffer goes to the pool */
+	EXPECT_EQ(bc_pool_bytes(bc), cap);
+	EXPECT_EQ(bc_mem_bytes(bc), 0);
+	bc_get_stats(bc, &st);
+	EXPECT_EQ(st.pool_bytes, cap);
+	b = ckpt_block(bc, BS, 2); /* reused, not a fresh mapping */
+	EXPECT(bc_block_buf(b) == buf);
+	EXPECT_EQ(bc_pool_bytes(bc), 0);
+	EXPECT_EQ(bc_mem_bytes(bc), cap);
+	bc_block_disown(bc, b);
+	EXPECT_EQ(bc_pool_bytes(bc), cap);
+
+	/* A buffer growing to a whole block takes the pooled one and keeps its bytes. */
+	a = bc_block_new(bc, BC_CKPT, 4096);
+	memset(bc_block_buf(a), 7, 100);
+	bc_block_set_len(a, 100);
+	EXPECT_EQ(bc_block_reserve(bc, a, BS), 0);
+	EXPECT(bc_block_buf(a) == buf);
+	EXPECT_EQ(bc_pool_bytes(bc), 0);
+	EXPECT_EQ(bc_mem_bytes(bc), cap);
+	EXPECT_EQ(((unsigned char *)bc_block_buf(a))[99], 7);
+	bc_write_end(bc, a);
+	bc_block_disown(bc, a);
+	EXPECT_EQ(bc_pool_bytes(bc), cap);
+
+	/* A budget cut gives the pool back at once. */
+	bc_set_budget(bc, 2 * cap);
+	EXPECT_EQ(bc_pool_bytes(bc), 0);
+
+	/* Within budget/4 and budget - mem_bytes: with a budget of 4 blocks, budget/4 is
+	 * one block. */
+	bc_set_budget(bc, 4 * cap);
+	a = ckpt_block(bc, BS, 1);
+	b = ckpt_block(bc, BS, 2);
+	bc_block_disown(bc, a);
+	EXPECT_EQ(bc_pool_bytes(bc), cap); /* room 3 blocks, budget/4 one block */
+	bc_block_disown(bc, b);
+	EXPECT_EQ(bc_pool_bytes(bc), cap); /* budget/4 reached: freed at once */
+	/* Memory growing past budget - mem_bytes trims the pool. */
+	a = ckpt_block(bc, BS, 1);	   /* takes the pooled buffer */
+	EXPECT_EQ(bc_pool_bytes(bc), 0);
+	b = ckpt_block(bc, BS, 2);
+	bc_block_disown(bc, b);
+	EXPECT_EQ(bc_pool_bytes(bc), cap); /* mem 1, pool 1: within 4 */
+	b = ckpt_block(bc, BS, 3);	   /* from the pool again */
+	struct bc_block *c = ckpt_block(bc, BS, 4);
+	struct bc_block *d = ckpt_block(bc, BS, 5);
+	EXPECT_EQ(bc_mem_bytes(bc), 4 * cap);
+	bc_block_disown(bc, d);
+	EXPECT_EQ(bc_pool_bytes(bc), cap); /* mem 3 + pool 1 = budget */
+	d = bc_block_new(bc, BC_CKPT, 8192); /* not block-sized: malloc; trims the pool */
+	EXPECT_EQ(bc_pool_bytes(bc), 0);
+	bc_write_end(bc, d);
+	bc_block_disown(bc, d);
+	bc_block_disown(bc, c);
+	bc_block_disown(bc, b);
+
+	/* An eviction frees memory to meet the budget: never into the pool. */
+	bc_set_budget(bc, BIG);
+	bc_block_disown(bc, a);
+	bc_set_budget(bc, 0); /* empty the pool */
+	EXPECT_EQ(bc_pool_bytes(bc), 0);
+	bc_set_budget(bc, BIG);
+	a = ckpt_block(bc, BS, 9);
+	keep_copy(a);
+	EXPECT_EQ(pick(bc, v, 4, BC_CKPT, 0), 1);
+	bc_set_spilled(bc, v[0], 0, BS, 0, false);
+	EXPECT_EQ(bc_evict_done(bc, v[0], true), cap);
+	EXPECT_EQ(bc_pool_bytes(bc), 0);
+	EXPECT_EQ(bc_mem_bytes(bc), 0);
+	EXPECT_EQ(bc_block_load(bc, a), 0); /* a reload of a whole block */
+	EXPECT_EQ(((unsigned char *)bc_block_buf(a))[0], 9);
+	bc_block_disown(bc, a);
+	EXPECT_EQ(bc_pool_bytes(bc), cap);
+	drop_copies();
+
+	/* A data block's buffer is not pooled when it goes, but a data block takes one. */
+	a = bc_block_new(bc, BC_DATA, BS);
+	EXPECT(a != NULL);
+	EXPECT_EQ(bc_pool_bytes(bc), 0);
+	bc_block_put(bc, a);
+	EXPECT_EQ(bc_pool_bytes(bc), 0);
+	EXPECT_EQ(bc_mem_bytes(bc), 0);
+	bc_free(bc); /* frees what the pool holds (ASan: no leak) */
+}
+
 int main(void)
 {
 	test_fresh_block_not_pickable();
@@ -376,5 +556,7 @@ int main(void)
 	test_pick_sized_by_bytes();
 	test_data_life();
 	test_put_race();
+	test_mapped_block();
+	test_pool();
 	return test_summary();
 }

@@ -669,10 +669,53 @@ static void test_versions_and_open_writes(void)
 		free(buf);
 		mf_free(m);
 	}
-	raw_begin(&r, 3, 1);
+	/* The first version unknown (3 is read since issue 11: INHERITED). */
+	raw_begin(&r, MF_VERSION_MAX + 1, 1);
 	raw_root(&r);
 	raw_seal(&r);
 	EXPECT_EQ(decode_rc(&r), -EINVAL);
+	/* Version 3: INHERITED on a file, decoded and re-encoded byte for byte; not in
+	 * version 2, not with OPEN_WRITE, not on a directory. */
+	a.flags = MF_ENTRY_INHERITED;
+	m = NULL;
+	raw_begin(&r, 3, 2);
+	raw_root(&r);
+	raw_entry(&r, &a);
+	raw_seal(&r);
+	EXPECT_EQ(mf_decode(r.b, r.n, &m), 0);
+	if (m) {
+		EXPECT_EQ(m->version, 3);
+		EXPECT_EQ(m->open_writes, 0);
+		EXPECT_EQ(mf_encode(m, &buf, &len), 0);
+		EXPECT(len == r.n && !memcmp(buf, r.b, len));
+		free(buf);
+		/* version 0 picks the lowest that holds the flags: 3 here, 2 without */
+		m->version = 0;
+		EXPECT_EQ(mf_encode(m, &buf, &len), 0);
+		EXPECT(len == r.n && !memcmp(buf, r.b, len));
+		free(buf);
+		m->entries[1].flags = 0;
+		EXPECT_EQ(mf_encode(m, &buf, &len), 0);
+		EXPECT(len > 12 && ((unsigned char *)buf)[8] == MF_VERSION);
+		free(buf);
+		mf_free(m);
+	}
+	CRAFTED(-EINVAL, a, d);		/* crafted() writes version 2 */
+	raw_begin(&r, 3, 2);
+	raw_root(&r);
+	a.flags = MF_ENTRY_INHERITED | MF_ENTRY_OPEN_WRITE;
+	raw_entry(&r, &a);
+	raw_seal(&r);
+	EXPECT_EQ(decode_rc(&r), -EINVAL);
+	a.flags = 0;
+	d.flags = MF_ENTRY_INHERITED;
+	raw_begin(&r, 3, 3);
+	raw_root(&r);
+	raw_entry(&r, &a);
+	raw_entry(&r, &d);
+	raw_seal(&r);
+	EXPECT_EQ(decode_rc(&r), -EINVAL);
+	d.flags = 0;
 	raw_begin(&r, 0, 1);
 	raw_root(&r);
 	raw_seal(&r);
@@ -728,12 +771,163 @@ static void test_garbage(void)
 	EXPECT(d == NULL);
 }
 
+/* ---- mf_merge: the union of a group's parts ---- */
+
+struct conflict_log {
+	int n;
+	char paths[8][64];
+};
+
+static void on_conflict(void *arg, const struct mf_manifest *p, size_t idx, unsigned kept,
+			unsigned part)
+{
+	struct conflict_log *c = arg;
+
+	if (c->n < 8)
+		mf_path(p, idx, c->paths[c->n], sizeof(c->paths[0]));
+	c->n++;
+	EXPECT(kept < part);
+}
+
+static struct mf_manifest *part_new(void)
+{
+	struct mf_manifest *m = calloc(1, sizeof(*m));
+
+	strcpy(m->name, "g");
+	add(m, 0, "", MF_DIR);
+	return m;
+}
+
+/* Index of the union's entry at path, or -1. */
+static long find_path(const struct mf_manifest *m, const char *path)
+{
+	char buf[256];
+
+	for (size_t i = 0; i < m->nentries; i++)
+		if (mf_path(m, i, buf, sizeof(buf)) >= 0 && !strcmp(buf, path))
+			return (long)i;
+	return -1;
+}
+
+/* Issue 11: every worker of a restored group sees all parts' trees: directories merge,
+ * equal files are one, files two parts hold differently are conflicts (the first part's
+ * stays), hard links follow their inode into the union. */
+static void test_merge(void)
+{
+	struct mf_manifest *p[3], *u = NULL;
+	struct conflict_log c = { 0 };
+	struct mf_entry *e;
+	uint64_t conflicts = 99, d0, d1, d2;
+	void *buf;
+	size_t len;
+
+	/* part 0: ckpt/step-1/{shard-0, meta}, x (dir) */
+	p[0] = part_new();
+	d0 = add(p[0], 1, "step-1", MF_DIR)->id;
+	set_blocks(add(p[0], d0, "shard-0", MF_FILE), 5000, 4096, 0);
+	set_blocks(add(p[0], d0, "meta", MF_FILE), 10, 4096, 0);
+	add(p[0], 1, "x", MF_DIR);
+	p[0]->time_ns = 5;
+	/* part 1: step-1/{shard-1, meta (same bytes), link -> shard-1}, x a file: conflict,
+	 * clash (differs from part 2's) */
+	p[1] = part_new();
+	d1 = add(p[1], 1, "step-1", MF_DIR)->id;
+	e = add(p[1], d1, "shard-1", MF_FILE);
+	set_blocks(e, 9000, 4096, 0);
+	e->blocks[0].hash[0] ^= 1;
+	uint64_t s1 = e->id;
+	set_blocks(add(p[1], d1, "meta", MF_FILE), 10, 4096, 0);
+	e = add(p[1], d1, "hard", MF_FILE);
+	e->link = s1;
+	set_blocks(add(p[1], 1, "x", MF_FILE), 1, 4096, 0);
+	set_blocks(add(p[1], 1, "clash", MF_FILE), 100, 4096, 0);
+	p[1]->time_ns = 9;
+	/* part 2: step-1/shard-2, clash with other bytes, a symlink */
+	p[2] = part_new();
+	d2 = add(p[2], 1, "step-1", MF_DIR)->id;
+	set_blocks(add(p[2], d2, "shard-2", MF_FILE), 4096, 4096, 0);
+	set_blocks(add(p[2], 1, "clash", MF_FILE), 200, 4096, 0);
+	e = add(p[2], 1, "sym", MF_SYMLINK);
+	e->target = strdup("step-1/shard-2");
+	e->size = strlen(e->target);
+	p[2]->time_ns = 7;
+
+	EXPECT_EQ(mf_merge(p, 3, on_conflict, &c, &u, &conflicts), 0);
+	EXPECT_EQ(conflicts, 2);
+	EXPECT_EQ(c.n, 2);
+	EXPECT(!strcmp(c.paths[0], "x") && !strcmp(c.paths[1], "clash"));
+	EXPECT(u != NULL);
+	if (!u)
+		goto out;
+	EXPECT_EQ(u->time_ns, 9);
+	/* root, step-1, shard-0, meta, x, shard-1, hard, clash, shard-2, sym */
+	EXPECT_EQ(u->nentries, 10);
+	EXPECT(find_path(u, "step-1/shard-0") > 0 && find_path(u, "step-1/shard-1") > 0 &&
+	       find_path(u, "step-1/shard-2") > 0 && find_path(u, "step-1/meta") > 0 &&
+	       find_path(u, "sym") > 0);
+	long x = find_path(u, "x"), cl = find_path(u, "clash"), h = find_path(u, "step-1/hard");
+
+	EXPECT(x > 0 && u->entries[x].type == MF_DIR);		/* part 0's stays */
+	EXPECT(cl > 0 && u->entries[cl].size == 100);		/* part 1's stays */
+	EXPECT(h > 0 && u->entries[h].link == u->entries[find_path(u, "step-1/shard-1")].id);
+	EXPECT_EQ(u->files, 5);	/* shard-0..2, meta, clash; x is a dir; the link once */
+	EXPECT_EQ(u->logical_bytes, 5000 + 10 + 9000 + 100 + 4096);
+	/* The union obeys every tree rule: it encodes. */
+	EXPECT_EQ(mf_encode(u, &buf, &len), 0);
+	free(buf);
+	mf_free(u);
+	/* One part: itself, renumbered. No parts: refused. */
+	EXPECT_EQ(mf_merge(p, 1, NULL, NULL, &u, &conflicts), 0);
+	EXPECT(conflicts == 0 && u && u->nentries == p[0]->nentries);
+	mf_free(u);
+	EXPECT_EQ(mf_merge(p, 0, NULL, NULL, &u, &conflicts), -EINVAL);
+
+	/* After a group restore every worker holds every file, flagged INHERITED until it
+	 * changes: a rewrite by one part wins over the others' untouched copies, whichever
+	 * part comes first; two rewrites still conflict. */
+	{
+		struct mf_manifest *q[3];
+		long at;
+
+		for (int k = 0; k < 3; k++) {
+			q[k] = part_new();
+			e = add(q[k], 1, "meta", MF_FILE);
+			set_blocks(e, 10 + (k == 1), 4096, 0);	/* part 1 rewrote it */
+			if (k != 1)
+				e->flags = MF_ENTRY_INHERITED;
+			e = add(q[k], 1, "shard", MF_FILE);
+			set_blocks(e, 20 + k, 4096, 0);	/* 1 and 2 both rewrote it */
+			if (k == 0)
+				e->flags = MF_ENTRY_INHERITED;
+		}
+		c.n = 0;
+		EXPECT_EQ(mf_merge(q, 3, on_conflict, &c, &u, &conflicts), 0);
+		EXPECT_EQ(conflicts, 1);
+		EXPECT(c.n == 1 && !strcmp(c.paths[0], "shard"));
+		at = u ? find_path(u, "meta") : -1;
+		EXPECT(at > 0 && u->entries[at].size == 11 && !u->entries[at].flags);
+		at = u ? find_path(u, "shard") : -1;
+		EXPECT(at > 0 && u->entries[at].size == 21);	/* part 1's rewrite; 2's conflicts */
+		if (u) {
+			EXPECT_EQ(mf_encode(u, &buf, &len), 0);
+			free(buf);
+		}
+		mf_free(u);
+		for (int k = 0; k < 3; k++)
+			mf_free(q[k]);
+	}
+out:
+	for (int i = 0; i < 3; i++)
+		mf_free(p[i]);
+}
+
 int main(void)
 {
 	test_round_trip();
 	test_every_truncation_and_flip();
 	test_rules();
 	test_garbage();
+	test_merge();
 	test_crafted_counts();
 	test_crafted_names();
 	test_crafted_tree();

@@ -1,0 +1,445 @@
+/*
+ * lease.c - leases on a shared store (contract in lease.h).
+ */
+#include "fs/lease.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "cache/log.h"
+
+#define LEASE_HEAD "mlfs-lease 1\n"
+#define LEASE_LINE 33	/* 32 hex + '\n' */
+#define LEASE_END 21	/* "end " + 16 hex + '\n' */
+#define LEASE_MAX (256ull << 20)	/* refuse to slurp anything larger as a lease */
+
+static int64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int64_t mtime_of(const struct stat *st)
+{
+	return (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+}
+
+void lease_times_get(struct lease_times *t)
+{
+	const char *env = getenv("MLFS_LEASE_TIMES");
+	double r, s, g;
+
+	t->refresh_ns = LEASE_REFRESH_S * 1000000000ll;
+	t->stale_ns = LEASE_STALE_S * 1000000000ll;
+	t->grace_ns = LEASE_GRACE_S * 1000000000ll;
+	if (!env)
+		return;
+	if (sscanf(env, "%lf,%lf,%lf", &r, &s, &g) != 3 || !(r > 0 && r < s && s < g) ||
+	    g > 1e6) {
+		log_warn("lease: MLFS_LEASE_TIMES=%s is not R,S,G seconds with 0 < R < S < G; "
+			 "using %d,%d,%d", env, LEASE_REFRESH_S, LEASE_STALE_S, LEASE_GRACE_S);
+		return;
+	}
+	t->refresh_ns = (int64_t)(r * 1e9);
+	t->stale_ns = (int64_t)(s * 1e9);
+	t->grace_ns = (int64_t)(g * 1e9);
+}
+
+int lease_fresh(const struct lease_times *t, int64_t now_ns, int64_t mtime_ns)
+{
+	return now_ns - mtime_ns < t->stale_ns;
+}
+
+int lease_buf_add(struct lease_buf *b, const uint8_t h[16])
+{
+	if (b->n == b->cap) {
+		size_t cap = b->cap ? 2 * b->cap : 256;
+		void *p = realloc(b->h, cap * 16);
+
+		if (!p)
+			return -ENOMEM;
+		b->h = p;
+		b->cap = cap;
+	}
+	memcpy(b->h[b->n++], h, 16);
+	return 0;
+}
+
+void lease_buf_free(struct lease_buf *b)
+{
+	free(b->h);
+	memset(b, 0, sizeof(*b));
+}
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+	const char *p = buf;
+
+	while (len) {
+		ssize_t n = write(fd, p, len);
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+int lease_write(int leasedir, const char *token, const struct lease_buf *b, int64_t *mtime_ns)
+{
+	static const char d[] = "0123456789abcdef";
+	size_t len = strlen(LEASE_HEAD) + b->n * LEASE_LINE + LEASE_END, off;
+	char tmp[128], *buf;
+	struct stat st;
+	int fd, rc;
+
+	buf = malloc(len + 1);
+	if (!buf)
+		return -ENOMEM;
+	off = (size_t)sprintf(buf, "%s", LEASE_HEAD);
+	for (size_t i = 0; i < b->n; i++) {
+		for (int j = 0; j < 16; j++) {
+			buf[off++] = d[b->h[i][j] >> 4];
+			buf[off++] = d[b->h[i][j] & 15];
+		}
+		buf[off++] = '\n';
+	}
+	off += (size_t)sprintf(buf + off, "end %016llx\n",
+			       (unsigned long long)XXH3_64bits(buf, off));
+	snprintf(tmp, sizeof(tmp), ".tmp.%s", token);
+	fd = openat(leasedir, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0) {
+		rc = -errno;
+		goto out_free;
+	}
+	rc = write_all(fd, buf, off);
+	if (close(fd) && !rc)
+		rc = -errno;	/* NFS reports a full server at close */
+	if (!rc && renameat(leasedir, tmp, leasedir, token))
+		rc = -errno;
+	if (rc) {
+		unlinkat(leasedir, tmp, 0);
+		goto out_free;
+	}
+	if (mtime_ns) {
+		if (fstatat(leasedir, token, &st, AT_SYMLINK_NOFOLLOW))
+			rc = -errno;
+		else
+			*mtime_ns = mtime_of(&st);
+	}
+out_free:
+	free(buf);
+	return rc;
+}
+
+/* Parse one lease's bytes; add() each object. -EINVAL if it is not a whole lease. */
+static int lease_parse(const char *p, size_t len, int (*add)(void *, const uint8_t *), void *arg)
+{
+	size_t head = strlen(LEASE_HEAD), n, off;
+	unsigned long long sum;
+	char end[LEASE_END + 1];
+	int rc;
+
+	if (len < head + LEASE_END || memcmp(p, LEASE_HEAD, head) ||
+	    (len - head - LEASE_END) % LEASE_LINE)
+		return -EINVAL;
+	memcpy(end, p + len - LEASE_END, LEASE_END);
+	end[LEASE_END] = 0;
+	if (sscanf(end, "end %16llx\n", &sum) != 1 || end[LEASE_END - 1] != '\n' ||
+	    sum != XXH3_64bits(p, len - LEASE_END))
+		return -EINVAL;
+	n = (len - head - LEASE_END) / LEASE_LINE;
+	for (size_t i = 0; i < n; i++) {
+		uint8_t h[16];
+
+		off = head + i * LEASE_LINE;
+		for (int j = 0; j < 32; j++) {
+			int c = p[off + j], v = c >= '0' && c <= '9' ? c - '0'
+					     : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+
+			if (v < 0)
+				return -EINVAL;
+			if (j & 1)
+				h[j / 2] |= (uint8_t)v;
+			else
+				h[j / 2] = (uint8_t)(v << 4);
+		}
+		if (p[off + 32] != '\n')
+			return -EINVAL;
+		if ((rc = add(arg, h)))
+			return rc;
+	}
+	return 0;
+}
+
+/* Read one fresh lease and add its objects; -EINVAL if it does not parse. */
+static int lease_read_one(int fd, const struct stat *st, int (*add)(void *, const uint8_t *),
+			  void *arg)
+{
+	size_t len = (size_t)st->st_size, got = 0;
+	char *p;
+	int rc;
+
+	if ((uint64_t)st->st_size > LEASE_MAX)
+		return -EINVAL;
+	p = malloc(len ? len : 1);
+	if (!p)
+		return -ENOMEM;
+	while (got < len) {
+		ssize_t n = pread(fd, p + got, len - got, (off_t)got);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			rc = n < 0 ? -errno : -EINVAL;
+			goto out_free;
+		}
+		got += (size_t)n;
+	}
+	rc = lease_parse(p, len, add, arg);
+out_free:
+	free(p);
+	return rc;
+}
+
+int lease_scan(int leasedir, const struct lease_times *t, int64_t now_ns,
+	       int (*add)(void *arg, const uint8_t h[16]), void *arg)
+{
+	int fd = openat(leasedir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc = 0;
+	struct dirent *d;
+	DIR *dir;
+
+	if (fd < 0)
+		return -errno;
+	if (!(dir = fdopendir(fd))) {
+		rc = -errno;
+		close(fd);
+		return rc;
+	}
+	while (!rc && (d = readdir(dir))) {
+		struct stat st;
+		int lfd, tmp = !strncmp(d->d_name, ".tmp.", 5);
+
+		if (!strcmp(d->d_name, ".") || !strcmp(d->d_name, ".."))
+			continue;
+		lfd = openat(leasedir, d->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+		if (lfd < 0)
+			continue;	/* replaced or removed meanwhile: its successor is read */
+		if (fstat(lfd, &st) || !S_ISREG(st.st_mode)) {
+			close(lfd);
+			continue;
+		}
+		if (tmp || !lease_fresh(t, now_ns, mtime_of(&st))) {
+			/* A temporary is never read (its rename is the lease); a stale lease
+			 * protects nothing. Both go once older than the grace time. */
+			if (now_ns - mtime_of(&st) >= t->grace_ns)
+				unlinkat(leasedir, d->d_name, 0);
+			close(lfd);
+			continue;
+		}
+		rc = lease_read_one(lfd, &st, add, arg);
+		close(lfd);
+		if (rc == -EINVAL) {
+			log_err("lease: leases/%s is fresh but does not parse; gc refused until it "
+				"is refreshed or goes stale", d->d_name);
+			rc = -EIO;
+		}
+	}
+	closedir(dir);
+	return rc;
+}
+
+/* ---- the keeper ---- */
+
+struct lease_keeper {
+	int dirfd;
+	char *token, *path;
+	struct lease_times t;
+	lease_fill_fn fill;
+	void *arg;
+	pthread_t thread;
+	/* Guards everything below and serialises writes of the file. A leaf. */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;	/* CLOCK_MONOTONIC */
+	int stopping;
+	int running;		/* the thread was started */
+	int failed;		/* the last refresh failed */
+	int lapsed;		/* no refresh succeeded for stale_ns: for good */
+	int64_t last_ok;	/* CLOCK_MONOTONIC of the last successful write */
+};
+
+/* Caller holds k->mu. */
+static int keeper_write_locked(struct lease_keeper *k, const struct lease_buf *extra,
+				int64_t *mtime_ns)
+{
+	struct lease_buf b = { 0 };
+	int rc = k->fill ? k->fill(k->arg, &b) : 0;
+
+	for (size_t i = 0; !rc && extra && i < extra->n; i++)
+		rc = lease_buf_add(&b, extra->h[i]);
+	if (!rc)
+		rc = lease_write(k->dirfd, k->token, &b, mtime_ns);
+	lease_buf_free(&b);
+	if (!rc && k->running && !k->lapsed && mono_ns() - k->last_ok >= k->t.stale_ns) {
+		/* Written, but too late: a gc may have judged it stale meanwhile. Only a
+		 * running keeper (a daemon's) can lapse: a tool's lease names only its
+		 * session, whose commit re-checks every object after its own refresh. */
+		k->lapsed = 1;
+		log_err("store: %s: lease leases/%s lapsed (not refreshed for %.0f s): objects "
+			"this mount reads may have been collected; snapshots are refused, remount",
+			k->path, k->token, (mono_ns() - k->last_ok) / 1e9);
+	}
+	if (rc) {
+		if (!k->failed)
+			log_err("store: %s: lease leases/%s could not be refreshed: %s; snapshots "
+				"are refused until it is", k->path, k->token, strerror(-rc));
+		k->failed = 1;
+		return rc;
+	}
+	if (k->failed && !k->lapsed)
+		log_info("store: %s: lease leases/%s refreshed again", k->path, k->token);
+	k->failed = 0;
+	k->last_ok = mono_ns();
+	return 0;
+}
+
+static void *keeper_main(void *arg)
+{
+	struct lease_keeper *k = arg;
+	struct timespec ts;
+
+	pthread_mutex_lock(&k->mu);
+	while (!k->stopping) {
+		int64_t at = mono_ns() + k->t.refresh_ns;
+
+		ts.tv_sec = at / 1000000000;
+		ts.tv_nsec = at % 1000000000;
+		while (!k->stopping && pthread_cond_timedwait(&k->cv, &k->mu, &ts) != ETIMEDOUT)
+			;
+		if (!k->stopping)
+			keeper_write_locked(k, NULL, NULL);
+	}
+	pthread_mutex_unlock(&k->mu);
+	return NULL;
+}
+
+int lease_keeper_start(int leasedir, const char *store_path, const char *token,
+		       lease_fill_fn fill, void *arg, struct lease_keeper **out)
+{
+	struct lease_keeper *k = calloc(1, sizeof(*k));
+	pthread_condattr_t ca;
+	int rc;
+
+	if (!k)
+		return -ENOMEM;
+	k->dirfd = leasedir;
+	k->fill = fill;
+	k->arg = arg;
+	k->token = strdup(token);
+	k->path = strdup(store_path);
+	lease_times_get(&k->t);
+	pthread_mutex_init(&k->mu, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&k->cv, &ca);
+	pthread_condattr_destroy(&ca);
+	if (!k->token || !k->path) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	k->last_ok = mono_ns();
+	pthread_mutex_lock(&k->mu);
+	rc = keeper_write_locked(k, NULL, NULL);
+	pthread_mutex_unlock(&k->mu);
+	if (rc)
+		goto fail;
+	*out = k;
+	return 0;
+fail:
+	pthread_cond_destroy(&k->cv);
+	pthread_mutex_destroy(&k->mu);
+	free(k->token);
+	free(k->path);
+	free(k);
+	return rc;
+}
+
+int lease_keeper_run(struct lease_keeper *k)
+{
+	int rc;
+
+	if (k->running)
+		return 0;
+	if ((rc = pthread_create(&k->thread, NULL, keeper_main, k)))
+		return -rc;
+	k->running = 1;
+	return 0;
+}
+
+const struct lease_times *lease_keeper_times(const struct lease_keeper *k)
+{
+	return &k->t;
+}
+
+int lease_keeper_refresh(struct lease_keeper *k, const struct lease_buf *extra, int64_t *mtime_ns)
+{
+	int rc;
+
+	pthread_mutex_lock(&k->mu);
+	rc = keeper_write_locked(k, extra, mtime_ns);
+	if (!rc && k->lapsed)
+		rc = -ENOLCK;
+	pthread_mutex_unlock(&k->mu);
+	return rc;
+}
+
+int lease_keeper_status(struct lease_keeper *k, int64_t *age_ns)
+{
+	int rc;
+
+	pthread_mutex_lock(&k->mu);
+	if (k->running && !k->lapsed && mono_ns() - k->last_ok >= k->t.stale_ns) {
+		k->lapsed = 1;
+		log_err("store: %s: lease leases/%s lapsed (not refreshed for %.0f s): objects "
+			"this mount reads may have been collected; snapshots are refused, remount",
+			k->path, k->token, (mono_ns() - k->last_ok) / 1e9);
+	}
+	rc = k->failed || k->lapsed ? -ENOLCK : 0;
+	if (age_ns)
+		*age_ns = mono_ns() - k->last_ok;
+	pthread_mutex_unlock(&k->mu);
+	return rc;
+}
+
+void lease_keeper_stop(struct lease_keeper *k)
+{
+	if (!k)
+		return;
+	pthread_mutex_lock(&k->mu);
+	k->stopping = 1;
+	pthread_cond_broadcast(&k->cv);
+	pthread_mutex_unlock(&k->mu);
+	if (k->running)
+		pthread_join(k->thread, NULL);
+	unlinkat(k->dirfd, k->token, 0);
+	pthread_cond_destroy(&k->cv);
+	pthread_mutex_destroy(&k->mu);
+	free(k->token);
+	free(k->path);
+	free(k);
+}

@@ -1,0 +1,1212 @@
+/*
+ * pack.c - packs of objects and their index (contract in pack.h, bytes in
+ * docs/store-format.md).
+ *
+ * A pack's life:
+ *
+ *   (none) --first add--> WRITING packs/.tmp.<id> (records appended, no fsync)
+ *     --finish: index + tail written, fsync, rename, fsync packs/--> PUBLISHED <id>.pack
+ *   WRITING --abort, error, crash--> leftover .tmp.<id>: gc removes it after grace
+ *   PUBLISHED --gc phase 1--> TRASHED <id>.pack.gc.<token> --phase 2--> put back | (none)
+ */
+#include "fs/pack.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <lz4.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "cache/log.h"
+#include "fs/hset.h"
+
+#define REC_MAGIC "MLOB"
+#define PACK_MAGIC "MLFSPACK"
+#define PACK_HDR 16	/* magic 8, version u32, reserved u32 */
+#define PACK_VERSION 1
+#define TAIL_MAGIC "MLPKTAIL"
+#define TAIL 32		/* count u64, index offset u64, magic 8, XXH3-64 8 */
+#define ENT 40		/* hash 16, offset u64, stored u32, logical u32, flags u8, pad 7 */
+#define PACK_WRITE_BEHIND (8ull << 20)	/* writeback started every 8 MiB written */
+#define PACK_READ_AHEAD (16ull << 20)	/* a sequential reader's prefetch window */
+
+struct pack_ent {
+	uint8_t hash[16];
+	uint64_t off;
+	uint32_t stored, logical;
+	uint8_t flags;
+};
+
+struct pack {
+	char id[33];
+	uint64_t size;
+	int64_t mtime_ns;
+	size_t n;
+	struct pack_ent *ents;
+	int fd;		/* -1 until read (or over PACK_FDS_MAX) */
+	int users;	/* readers between find and release */
+	int gone;	/* forgotten by a scan: freed when users drops to 0 */
+	uint64_t gen;	/* ps->gen when it was added: scans started before never forget it */
+	uint64_t next;	/* where the last read ended: the next read there is sequential */
+	uint64_t ahead;	/* prefetch asked up to here */
+};
+
+struct loc {
+	struct pack *p;
+	size_t e;
+};
+
+struct pack_set {
+	int dirfd;
+	char *path;
+	/* Guards everything below. A leaf: no other lock is taken under it, and no I/O is
+	 * done under it but open(2) of a pack for reading. */
+	pthread_mutex_t mu;
+	struct pack **v;	/* known packs */
+	size_t nv, cap;
+	struct hset idx;	/* hash -> index into locs + 1 */
+	struct loc *locs;
+	size_t nlocs, loccap;
+	int nfds;
+	uint64_t gen;		/* bumped by every pack added */
+	char (*bad)[33];	/* packs whose index did not verify: logged once */
+	size_t nbad;
+};
+
+struct pack_writer {
+	int fd;
+	char id[33], tmp[48];
+	uint64_t off;
+	uint64_t flushed;	/* writeback started up to here (sync_file_range) */
+	struct pack_ent *ents;
+	size_t n, cap;
+};
+
+/* ---- small helpers ---- */
+
+static void put_le(uint8_t *p, uint64_t v, int n)
+{
+	for (int i = 0; i < n; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get_le(const uint8_t *p, int n)
+{
+	uint64_t v = 0;
+
+	for (int i = 0; i < n; i++)
+		v |= (uint64_t)p[i] << (8 * i);
+	return v;
+}
+
+static void hex(const uint8_t *h, int n, char *out)
+{
+	static const char d[] = "0123456789abcdef";
+
+	for (int i = 0; i < n; i++) {
+		out[2 * i] = d[h[i] >> 4];
+		out[2 * i + 1] = d[h[i] & 15];
+	}
+	out[2 * n] = 0;
+}
+
+static int is_id(const char *s, size_t len)
+{
+	for (size_t i = 0; i < len; i++)
+		if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+			return 0;
+	return 1;
+}
+
+static int64_t ts_ns(const struct timespec *t)
+{
+	return (int64_t)t->tv_sec * 1000000000 + t->tv_nsec;
+}
+
+static int pread_all(int fd, void *buf, size_t len, uint64_t off)
+{
+	char *p = buf;
+
+	while (len) {
+		ssize_t n = pread(fd, p, len, (off_t)off);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		if (n == 0)
+			return -EIO;	/* shorter than its index says: damage */
+		p += n;
+		len -= (size_t)n;
+		off += (uint64_t)n;
+	}
+	return 0;
+}
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+	const char *p = buf;
+
+	while (len) {
+		ssize_t n = write(fd, p, len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+/* ---- records ---- */
+
+void pack_rec_header(uint8_t hdr[PACK_REC_HDR], const uint8_t hash[16], uint32_t logical,
+		     uint32_t stored, int lz4)
+{
+	memcpy(hdr, REC_MAGIC, 4);
+	hdr[4] = 1;
+	hdr[5] = lz4 ? 1 : 0;
+	put_le(hdr + 6, 0, 2);
+	put_le(hdr + 8, logical, 4);
+	put_le(hdr + 12, stored, 4);
+	memcpy(hdr + 16, hash, 16);
+	put_le(hdr + 32, XXH3_64bits(hdr, 32), 8);
+}
+
+const char *pack_rec_bad(const uint8_t hdr[PACK_REC_HDR], const uint8_t hash[16], uint64_t stored)
+{
+	uint32_t logical = (uint32_t)get_le(hdr + 8, 4), st = (uint32_t)get_le(hdr + 12, 4);
+
+	if (get_le(hdr + 32, 8) != XXH3_64bits(hdr, 32) || memcmp(hdr, REC_MAGIC, 4) ||
+	    hdr[4] != 1 || hdr[5] > 1)
+		return "bad header";
+	if (memcmp(hdr + 16, hash, 16) || st != stored || (hdr[5] == 0 && st != logical))
+		return "header does not match its name or size";
+	return NULL;
+}
+
+int pack_rec_decode(const uint8_t hdr[PACK_REC_HDR], const void *payload, void *buf, uint32_t len,
+		    const uint8_t hash[16], const char **why)
+{
+	uint32_t logical = (uint32_t)get_le(hdr + 8, 4), stored = (uint32_t)get_le(hdr + 12, 4);
+	XXH128_canonical_t c;
+
+	if (logical > len) {
+		*why = "longer than the caller's length";
+		return -EIO;
+	}
+	if (hdr[5] == 0) {
+		if (payload != buf)
+			memcpy(buf, payload, logical);
+	} else if (LZ4_decompress_safe(payload, buf, (int)stored, (int)logical) != (int)logical) {
+		*why = "payload does not decode";
+		return -EIO;
+	}
+	XXH128_canonicalFromHash(&c, XXH3_128bits(buf, logical));
+	if (memcmp(c.digest, hash, 16)) {
+		*why = "checksum mismatch";
+		return -EIO;
+	}
+	return (int)logical;
+}
+
+/* ---- the set of packs ---- */
+
+int pack_set_new(int packdir, const char *store_path, struct pack_set **out)
+{
+	struct pack_set *ps = calloc(1, sizeof(*ps));
+
+	if (!ps || !(ps->path = strdup(store_path))) {
+		free(ps);
+		return -ENOMEM;
+	}
+	ps->dirfd = packdir;
+	pthread_mutex_init(&ps->mu, NULL);
+	*out = ps;
+	return 0;
+}
+
+static void pack_free(struct pack *p)
+{
+	if (p->fd >= 0)
+		close(p->fd);
+	free(p->ents);
+	free(p);
+}
+
+void pack_set_free(struct pack_set *ps)
+{
+	if (!ps)
+		return;
+	for (size_t i = 0; i < ps->nv; i++)
+		pack_free(ps->v[i]);
+	free(ps->v);
+	hset_free(&ps->idx);
+	free(ps->locs);
+	free(ps->bad);
+	pthread_mutex_destroy(&ps->mu);
+	free(ps->path);
+	free(ps);
+}
+
+/* Caller holds mu. Index p's entries (the first copy of a hash wins). */
+static int index_add_locked(struct pack_set *ps, struct pack *p)
+{
+	for (size_t e = 0; e < p->n; e++) {
+		int *v = hset_find(&ps->idx, p->ents[e].hash, 0);
+
+		if (v)
+			continue;
+		if (ps->nlocs == ps->loccap) {
+			size_t cap = ps->loccap ? 2 * ps->loccap : 1024;
+			void *np = realloc(ps->locs, cap * sizeof(*ps->locs));
+
+			if (!np)
+				return -ENOMEM;
+			ps->locs = np;
+			ps->loccap = cap;
+		}
+		if (!(v = hset_find(&ps->idx, p->ents[e].hash, 1)))
+			return -ENOMEM;
+		ps->locs[ps->nlocs] = (struct loc){ p, e };
+		*v = (int)++ps->nlocs;
+	}
+	return 0;
+}
+
+/* Caller holds mu. The index again from the known packs (after some went away). */
+static int index_rebuild_locked(struct pack_set *ps)
+{
+	int rc = 0;
+
+	hset_free(&ps->idx);
+	ps->nlocs = 0;
+	for (size_t i = 0; i < ps->nv && !rc; i++)
+		rc = index_add_locked(ps, ps->v[i]);
+	return rc;
+}
+
+/* Read and verify the index of packs/<name> (an open fd): a new struct pack (handed
+ * over), or -EINVAL if it is not a whole pack, or the read's -errno. */
+static int pack_load(int fd, const char *id, struct pack **out)
+{
+	uint8_t tail[TAIL], head[PACK_HDR], *ix = NULL;
+	struct stat st;
+	struct pack *p;
+	uint64_t n, ixoff, size;
+	XXH3_state_t *x;
+	int rc;
+
+	if (fstat(fd, &st))
+		return -errno;
+	size = (uint64_t)st.st_size;
+	if (!S_ISREG(st.st_mode) || size < PACK_HDR + TAIL)
+		return -EINVAL;
+	if ((rc = pread_all(fd, head, PACK_HDR, 0)) || (rc = pread_all(fd, tail, TAIL, size - TAIL)))
+		return rc == -EIO ? -EINVAL : rc;
+	n = get_le(tail, 8);
+	ixoff = get_le(tail + 8, 8);
+	if (memcmp(head, PACK_MAGIC, 8) || get_le(head + 8, 4) != PACK_VERSION ||
+	    memcmp(tail + 16, TAIL_MAGIC, 8) || ixoff < PACK_HDR || n > size / ENT ||
+	    ixoff + n * ENT + TAIL != size)
+		return -EINVAL;
+	ix = malloc(n * ENT + 1);
+	p = calloc(1, sizeof(*p));
+	if (p)
+		p->ents = calloc(n + 1, sizeof(*p->ents));
+	if (!ix || !p || !p->ents) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	if ((rc = pread_all(fd, ix, n * ENT, ixoff))) {
+		rc = rc == -EIO ? -EINVAL : rc;
+		goto fail;
+	}
+	x = XXH3_createState();
+	if (!x) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	XXH3_64bits_reset(x);
+	XXH3_64bits_update(x, ix, n * ENT);
+	XXH3_64bits_update(x, tail, 24);
+	if (XXH3_64bits_digest(x) != get_le(tail + 24, 8))
+		rc = -EINVAL;
+	XXH3_freeState(x);
+	for (uint64_t i = 0; i < n && !rc; i++) {
+		struct pack_ent *e = &p->ents[i];
+		const uint8_t *r = ix + i * ENT;
+
+		memcpy(e->hash, r, 16);
+		e->off = get_le(r + 16, 8);
+		e->stored = (uint32_t)get_le(r + 24, 4);
+		e->logical = (uint32_t)get_le(r + 28, 4);
+		e->flags = r[32];
+		if (e->off < PACK_HDR || e->off + PACK_REC_HDR + e->stored > ixoff || e->flags > 1)
+			rc = -EINVAL;
+	}
+	if (rc)
+		goto fail;
+	free(ix);
+	snprintf(p->id, sizeof(p->id), "%s", id);
+	p->n = n;
+	p->size = size;
+	p->mtime_ns = ts_ns(&st.st_mtim);
+	p->fd = -1;
+	*out = p;
+	return 0;
+fail:
+	free(ix);
+	if (p)
+		free(p->ents);
+	free(p);
+	return rc;
+}
+
+static int bad_known_locked(struct pack_set *ps, const char *id)
+{
+	for (size_t i = 0; i < ps->nbad; i++)
+		if (!strcmp(ps->bad[i], id))
+			return 1;
+	return 0;
+}
+
+static struct pack *find_locked(struct pack_set *ps, const char *id)
+{
+	for (size_t i = 0; i < ps->nv; i++)
+		if (!strcmp(ps->v[i]->id, id))
+			return ps->v[i];
+	return NULL;
+}
+
+/* Caller holds mu. Forget p: off the list; freed now or by its last reader. */
+static void forget_locked(struct pack_set *ps, size_t i)
+{
+	struct pack *p = ps->v[i];
+
+	ps->v[i] = ps->v[--ps->nv];
+	if (p->fd >= 0)
+		ps->nfds--;
+	if (p->users) {
+		p->gone = 1;
+		if (p->fd >= 0)
+			ps->nfds++;	/* still counted until its reader closes it */
+	} else {
+		pack_free(p);
+	}
+}
+
+static int name_cmp(const void *a, const void *b)
+{
+	return strcmp(a, b);
+}
+
+int pack_set_scan(struct pack_set *ps)
+{
+	int fd, rc = 0, forgot = 0;
+	char (*names)[33] = NULL;
+	size_t nn = 0, cap = 0;
+	struct dirent *d;
+	uint64_t g0;
+	DIR *dir;
+
+	/* Scans run concurrently (readers' misses, a commit, gc): a scan forgets only packs
+	 * known before its listing began (gen <= g0) that the listing lacks, never one a
+	 * concurrent scan added after it. */
+	pthread_mutex_lock(&ps->mu);
+	g0 = ps->gen;
+	pthread_mutex_unlock(&ps->mu);
+	fd = openat(ps->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	if (!(dir = fdopendir(fd))) {
+		rc = -errno;
+		close(fd);
+		return rc;
+	}
+	while ((d = readdir(dir))) {
+		if (strlen(d->d_name) != 37 || strcmp(d->d_name + 32, ".pack") || !is_id(d->d_name, 32))
+			continue;
+		if (nn == cap) {
+			void *np = realloc(names, (cap = cap ? 2 * cap : 64) * sizeof(*names));
+
+			if (!np) {
+				rc = -ENOMEM;
+				break;
+			}
+			names = np;
+		}
+		memcpy(names[nn], d->d_name, 32);
+		names[nn++][32] = 0;
+	}
+	closedir(dir);
+	if (rc)
+		goto out;
+	if (nn)
+		qsort(names, nn, sizeof(*names), name_cmp);
+	/* Read the new packs' indexes with no lock held (slow on a network filesystem);
+	 * two scans at once may both read one: the merge keeps one. */
+	pthread_mutex_lock(&ps->mu);
+	for (size_t k = 0; k < nn && !rc; k++) {
+		struct pack *p = find_locked(ps, names[k]), *np = NULL;
+		char file[48];
+		int pfd, lrc;
+
+		if (p)
+			continue;
+		if (bad_known_locked(ps, names[k]))
+			continue;
+		pthread_mutex_unlock(&ps->mu);
+		snprintf(file, sizeof(file), "%s.pack", names[k]);
+		pfd = openat(ps->dirfd, file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+		lrc = pfd < 0 ? -errno : pack_load(pfd, names[k], &np);
+		pthread_mutex_lock(&ps->mu);
+		if (lrc == -ENOENT) {
+			if (pfd >= 0)
+				close(pfd);
+			continue;	/* removed meanwhile (gc) */
+		}
+		if (lrc == -EINVAL || lrc == -ELOOP) {
+			void *nb = realloc(ps->bad, (ps->nbad + 1) * sizeof(*ps->bad));
+
+			log_err("store: damaged pack %s/packs/%s: its index does not verify; its "
+				"objects are treated as missing", ps->path, file);
+			if (nb) {
+				ps->bad = nb;
+				memcpy(ps->bad[ps->nbad++], names[k], 33);
+			}
+			if (pfd >= 0)
+				close(pfd);
+			continue;
+		}
+		if (lrc) {
+			if (pfd >= 0)
+				close(pfd);
+			rc = lrc;
+			break;
+		}
+		if (find_locked(ps, names[k])) {	/* a concurrent scan won */
+			pack_free(np);
+			close(pfd);
+			continue;
+		}
+		if (ps->nv == ps->cap) {
+			void *nv = realloc(ps->v, (ps->cap = ps->cap ? 2 * ps->cap : 64) * sizeof(*ps->v));
+
+			if (!nv) {
+				pack_free(np);
+				close(pfd);
+				rc = -ENOMEM;
+				break;
+			}
+			ps->v = nv;
+		}
+		/* Keep the descriptor: the first read needs no open, and its readahead state
+		 * lives as long as the pack is read. */
+		if (ps->nfds < PACK_FDS_MAX) {
+			np->fd = pfd;
+			ps->nfds++;
+		} else {
+			close(pfd);
+		}
+		np->gen = ++ps->gen;
+		ps->v[ps->nv++] = np;
+		if ((rc = index_add_locked(ps, np)))
+			break;
+	}
+	for (size_t i = ps->nv; !rc && i-- > 0;) {
+		if (ps->v[i]->gen <= g0 && (!nn || !bsearch(ps->v[i]->id, names, nn, sizeof(*names), name_cmp))) {
+			forget_locked(ps, i);
+			forgot = 1;
+		}
+	}
+	if (!rc && forgot)
+		rc = index_rebuild_locked(ps);
+	pthread_mutex_unlock(&ps->mu);
+out:
+	free(names);
+	return rc;
+}
+
+static struct loc *lookup_locked(struct pack_set *ps, const uint8_t hash[16])
+{
+	int *v = hset_find(&ps->idx, hash, 0);
+
+	return v ? &ps->locs[*v - 1] : NULL;
+}
+
+int pack_set_has(struct pack_set *ps, const uint8_t hash[16])
+{
+	int rc;
+
+	pthread_mutex_lock(&ps->mu);
+	rc = lookup_locked(ps, hash) != NULL;
+	pthread_mutex_unlock(&ps->mu);
+	return rc;
+}
+
+int pack_set_where(struct pack_set *ps, const uint8_t hash[16], char buf[64], uint64_t *off)
+{
+	struct loc *l;
+	int rc = -ENOENT;
+
+	pthread_mutex_lock(&ps->mu);
+	if ((l = lookup_locked(ps, hash))) {
+		snprintf(buf, 64, "packs/%s.pack", l->p->id);
+		*off = l->p->ents[l->e].off;
+		rc = 0;
+	}
+	pthread_mutex_unlock(&ps->mu);
+	return rc;
+}
+
+uint64_t pack_set_count(struct pack_set *ps)
+{
+	uint64_t n;
+
+	pthread_mutex_lock(&ps->mu);
+	n = ps->idx.n;
+	pthread_mutex_unlock(&ps->mu);
+	return n;
+}
+
+/* Caller holds mu. A descriptor for reading p (opened if need be), p->users taken. */
+static int use_locked(struct pack_set *ps, struct pack *p, int *fd, int *own)
+{
+	char file[48];
+
+	*own = 0;
+	if (p->fd < 0) {
+		snprintf(file, sizeof(file), "%s.pack", p->id);
+		*fd = openat(ps->dirfd, file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+		if (*fd < 0)
+			return -errno;
+		if (ps->nfds < PACK_FDS_MAX) {
+			p->fd = *fd;
+			ps->nfds++;
+		} else {
+			*own = 1;	/* too many open: this read's alone */
+		}
+	} else {
+		*fd = p->fd;
+	}
+	p->users++;
+	return 0;
+}
+
+static void release(struct pack_set *ps, struct pack *p, int fd, int own)
+{
+	if (own)
+		close(fd);
+	pthread_mutex_lock(&ps->mu);
+	if (--p->users == 0 && p->gone) {
+		if (p->fd >= 0)
+			ps->nfds--;
+		pack_free(p);
+	}
+	pthread_mutex_unlock(&ps->mu);
+}
+
+/* One attempt: -ENOENT not in the index (or its pack gone); -errno of the read (a retry
+ * after a scan may help); else the result (a length: 1 is a 1-byte object). */
+static int get_once(struct pack_set *ps, const uint8_t hash[16], void *buf, uint32_t len)
+{
+	uint8_t hdr[PACK_REC_HDR];
+	struct pack_ent e;
+	struct pack *p;
+	struct loc *l;
+	const char *why = NULL;
+	char *z = NULL, hx[33];
+	uint64_t end, ra_from = 0, ra_len = 0;
+	int fd, own, rc;
+
+	pthread_mutex_lock(&ps->mu);
+	if (!(l = lookup_locked(ps, hash))) {
+		pthread_mutex_unlock(&ps->mu);
+		return -ENOENT;
+	}
+	p = l->p;
+	e = p->ents[l->e];
+	rc = use_locked(ps, p, &fd, &own);
+	/* A restore reads a pack's objects in the order they were written: when this read
+	 * follows the last one, ask the kernel for the next PACK_READ_AHEAD bytes now, so
+	 * the disk (or network) works while this block is verified and served. */
+	end = e.off + PACK_REC_HDR + e.stored;
+	if (!rc && e.off == p->next && p->ahead < end + PACK_READ_AHEAD / 2) {
+		ra_from = p->ahead > end ? p->ahead : end;
+		ra_len = end + PACK_READ_AHEAD - ra_from;
+		p->ahead = ra_from + ra_len;
+	}
+	p->next = end;
+	pthread_mutex_unlock(&ps->mu);
+	if (rc)
+		return rc;
+	if (ra_len)
+		posix_fadvise(fd, (off_t)ra_from, (off_t)ra_len, POSIX_FADV_WILLNEED);
+	if (e.logical > len) {
+		why = "longer than the caller's length";
+		goto out;
+	}
+	/* One read of header and payload; a raw payload lands in buf directly. */
+	if (e.flags == 0 && e.stored == e.logical) {
+		struct iovec iov[2] = { { hdr, PACK_REC_HDR }, { buf, e.stored } };
+		ssize_t n = preadv(fd, iov, 2, (off_t)e.off);
+
+		if (n == (ssize_t)(PACK_REC_HDR + e.stored))
+			rc = 0;
+		else if (n >= 0)
+			rc = -EIO;
+		else
+			rc = -errno;
+		if (!rc && !(why = pack_rec_bad(hdr, hash, e.stored)))
+			rc = pack_rec_decode(hdr, buf, buf, len, hash, &why);
+	} else {
+		z = malloc(PACK_REC_HDR + (size_t)e.stored);
+		if (!z) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		rc = pread_all(fd, z, PACK_REC_HDR + (size_t)e.stored, e.off);
+		if (!rc && !(why = pack_rec_bad((uint8_t *)z, hash, e.stored)))
+			rc = pack_rec_decode((uint8_t *)z, z + PACK_REC_HDR, buf, len, hash, &why);
+	}
+	if (rc == -EIO && !why)
+		why = "shorter than its index says";
+out:
+	if (why) {
+		hex(hash, 16, hx);
+		log_err("store: damaged object %s in %s/packs/%s.pack at offset %llu: %s", hx,
+			ps->path, p->id, (unsigned long long)e.off, why);
+		rc = -EIO;
+	}
+	free(z);
+	release(ps, p, fd, own);
+	return rc;
+}
+
+int pack_set_get(struct pack_set *ps, const uint8_t hash[16], void *buf, uint32_t len)
+{
+	int rc = get_once(ps, hash, buf, len);
+
+	/* Not known, or its pack gone (ENOENT/ESTALE on a network filesystem): a gc may
+	 * have moved it, another writer added it. One rescan, one more try. */
+	if (rc == -ENOENT || rc == -ESTALE) {
+		int src = pack_set_scan(ps);
+
+		if (src)
+			return src;
+		rc = get_once(ps, hash, buf, len);
+	}
+	return rc;
+}
+
+/* ---- writing ---- */
+
+static int writer_open(struct pack_set *ps, struct pack_writer **out)
+{
+	struct pack_writer *w = calloc(1, sizeof(*w));
+	uint8_t id[16], head[PACK_HDR];
+	int rc;
+
+	if (!w)
+		return -ENOMEM;
+	if (getrandom(id, sizeof(id), 0) != (ssize_t)sizeof(id)) {
+		free(w);
+		return -EIO;	/* no name unique across hosts without it */
+	}
+	hex(id, 16, w->id);
+	snprintf(w->tmp, sizeof(w->tmp), ".tmp.%s", w->id);
+	w->fd = openat(ps->dirfd, w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0400);
+	if (w->fd < 0) {
+		rc = -errno;
+		free(w);
+		return rc;
+	}
+	memcpy(head, PACK_MAGIC, 8);
+	put_le(head + 8, PACK_VERSION, 4);
+	put_le(head + 12, 0, 4);
+	if ((rc = write_all(w->fd, head, PACK_HDR))) {
+		close(w->fd);
+		unlinkat(ps->dirfd, w->tmp, 0);
+		free(w);
+		return rc;
+	}
+	w->off = PACK_HDR;
+	*out = w;
+	return 0;
+}
+
+int pack_writer_id(const struct pack_writer *w, uint8_t id[16])
+{
+	if (!w)
+		return 0;
+	for (int i = 0; i < 16; i++) {
+		unsigned v;
+
+		sscanf(w->id + 2 * i, "%2x", &v);
+		id[i] = (uint8_t)v;
+	}
+	return 1;
+}
+
+void pack_writer_abort(struct pack_set *ps, struct pack_writer **w)
+{
+	if (!*w)
+		return;
+	close((*w)->fd);
+	unlinkat(ps->dirfd, (*w)->tmp, 0);
+	free((*w)->ents);
+	free(*w);
+	*w = NULL;
+}
+
+int pack_writer_add(struct pack_set *ps, struct pack_writer **wp, const uint8_t hash[16],
+		    uint32_t logical, int lz4, const void *payload, uint32_t stored)
+{
+	uint8_t hdr[PACK_REC_HDR];
+	struct pack_writer *w;
+	struct iovec iov[2];
+	size_t left;
+	int rc;
+
+	if (!*wp && (rc = writer_open(ps, wp)))
+		return rc;
+	w = *wp;
+	if (w->n == w->cap) {
+		size_t cap = w->cap ? 2 * w->cap : 256;
+		void *np = realloc(w->ents, cap * sizeof(*w->ents));
+
+		if (!np)
+			return -ENOMEM;
+		w->ents = np;
+		w->cap = cap;
+	}
+	pack_rec_header(hdr, hash, logical, stored, lz4);
+	iov[0] = (struct iovec){ hdr, PACK_REC_HDR };
+	iov[1] = (struct iovec){ (void *)payload, stored };
+	left = PACK_REC_HDR + (size_t)stored;
+	rc = 0;
+	while (left) {
+		ssize_t n = writev(w->fd, iov, 2);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			rc = -errno;
+			break;
+		}
+		left -= (size_t)n;
+		for (int i = 0; i < 2 && n; i++) {	/* advance past what was written */
+			size_t k = (size_t)n < iov[i].iov_len ? (size_t)n : iov[i].iov_len;
+
+			iov[i].iov_base = (char *)iov[i].iov_base + k;
+			iov[i].iov_len -= k;
+			n -= (ssize_t)k;
+		}
+	}
+	if (rc) {
+		/* Back to the last whole record: the objects before stay good. */
+		if (ftruncate(w->fd, (off_t)w->off) || lseek(w->fd, (off_t)w->off, SEEK_SET) < 0)
+			pack_writer_abort(ps, wp);
+		return rc;
+	}
+	memcpy(w->ents[w->n].hash, hash, 16);
+	w->ents[w->n].off = w->off;
+	w->ents[w->n].stored = stored;
+	w->ents[w->n].logical = logical;
+	w->ents[w->n++].flags = lz4 ? 1 : 0;
+	w->off += PACK_REC_HDR + (uint64_t)stored;
+	if (w->off >= PACK_TARGET)
+		return pack_writer_finish(ps, wp);
+	/* Start writeback of each WRITE_BEHIND bytes as they are written, without
+	 * waiting: the disk works while the persister hashes the next blocks, and the
+	 * finish's fsync finds little left (as a streaming dd's does). Unsupported
+	 * (EINVAL/ENOSYS on some filesystems): the fsync does it all, as before. */
+	if (w->off - w->flushed >= PACK_WRITE_BEHIND) {
+		sync_file_range(w->fd, (off_t)w->flushed, (off_t)(w->off - w->flushed),
+				SYNC_FILE_RANGE_WRITE);
+		w->flushed = w->off;
+	}
+	return 0;
+}
+
+int pack_writer_finish(struct pack_set *ps, struct pack_writer **wp)
+{
+	struct pack_writer *w = *wp;
+	uint8_t *ix, tail[TAIL];
+	char file[48];
+	XXH3_state_t *x;
+	int pfd, rc = 0;
+	struct pack *p = NULL;
+
+	if (!w)
+		return 0;
+	if (!w->n) {
+		pack_writer_abort(ps, wp);
+		return 0;
+	}
+	ix = calloc(w->n, ENT);
+	x = XXH3_createState();
+	if (!ix || !x) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	for (size_t i = 0; i < w->n; i++) {
+		uint8_t *r = ix + i * ENT;
+
+		memcpy(r, w->ents[i].hash, 16);
+		put_le(r + 16, w->ents[i].off, 8);
+		put_le(r + 24, w->ents[i].stored, 4);
+		put_le(r + 28, w->ents[i].logical, 4);
+		r[32] = w->ents[i].flags;
+	}
+	put_le(tail, w->n, 8);
+	put_le(tail + 8, w->off, 8);
+	memcpy(tail + 16, TAIL_MAGIC, 8);
+	XXH3_64bits_reset(x);
+	XXH3_64bits_update(x, ix, w->n * ENT);
+	XXH3_64bits_update(x, tail, 24);
+	put_le(tail + 24, XXH3_64bits_digest(x), 8);
+	/* Invariant 1: index, tail, one fsync, then the name; then the name durable. */
+	if ((rc = write_all(w->fd, ix, w->n * ENT)) || (rc = write_all(w->fd, tail, TAIL)))
+		goto fail;
+	if (fsync(w->fd)) {
+		rc = -errno;
+		goto fail;
+	}
+	snprintf(file, sizeof(file), "%s.pack", w->id);
+	if (renameat(ps->dirfd, w->tmp, ps->dirfd, file)) {
+		rc = -errno;
+		goto fail;
+	}
+	if (fsync(ps->dirfd)) {
+		log_err("store: %s: fsync of packs/ failed: %s", ps->path, strerror(errno));
+		rc = -EIO;
+		goto out;	/* the pack stays: whether its name lasts is unknown */
+	}
+	/* Known at once (no rescan): the pack's descriptor is reopened for reading. */
+	pfd = openat(ps->dirfd, file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	if (pfd >= 0) {
+		rc = pack_load(pfd, w->id, &p);
+		close(pfd);
+	} else {
+		rc = -errno;
+	}
+	if (!rc) {
+		pthread_mutex_lock(&ps->mu);
+		if (!find_locked(ps, p->id)) {
+			if (ps->nv == ps->cap) {
+				void *nv = realloc(ps->v, (ps->cap = ps->cap ? 2 * ps->cap : 64) *
+							  sizeof(*ps->v));
+
+				rc = nv ? 0 : -ENOMEM;
+				if (nv)
+					ps->v = nv;
+			}
+			if (!rc) {
+				p->gen = ++ps->gen;
+				ps->v[ps->nv++] = p;
+				p = NULL;
+				rc = index_add_locked(ps, ps->v[ps->nv - 1]);
+			}
+		}
+		pthread_mutex_unlock(&ps->mu);
+		if (p)
+			pack_free(p);
+	}
+	goto out;
+fail:
+	unlinkat(ps->dirfd, w->tmp, 0);
+out:
+	if (x)
+		XXH3_freeState(x);
+	free(ix);
+	close(w->fd);
+	free(w->ents);
+	free(w);
+	*wp = NULL;
+	return rc;
+}
+
+/* ---- gc ---- */
+
+struct pack_gc {
+	struct trashed {
+		char id[33];
+		uint64_t size;
+		size_t n;
+		uint8_t (*hashes)[16];
+	} *t;
+	size_t nt, cap;
+	char token[80];
+};
+
+static void gc_trash_name(const char *id, const char *token, char *buf, size_t size)
+{
+	snprintf(buf, size, "%s.pack.gc.%s", id, token);
+}
+
+/* Temporaries and other gcs' trash older than grace go (a ctime: a rename keeps the
+ * mtime), but not a pack being written whose id a fresh lease names. */
+static int gc_leftovers(struct pack_set *ps, pack_live_fn live, void *arg, int64_t now,
+			int64_t grace, uint64_t *freed)
+{
+	int fd = openat(ps->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	struct dirent *d;
+	struct stat st;
+	DIR *dir;
+
+	if (fd < 0)
+		return -errno;
+	if (!(dir = fdopendir(fd))) {
+		close(fd);
+		return -ENOMEM;
+	}
+	while ((d = readdir(dir))) {
+		uint8_t id[16];
+
+		if (strncmp(d->d_name, ".tmp.", 5) && !strstr(d->d_name, ".pack.gc."))
+			continue;
+		if (!strncmp(d->d_name, ".tmp.", 5) && strlen(d->d_name) == 37 &&
+		    is_id(d->d_name + 5, 32)) {
+			for (int i = 0; i < 16; i++) {
+				unsigned v;
+
+				sscanf(d->d_name + 5 + 2 * i, "%2x", &v);
+				id[i] = (uint8_t)v;
+			}
+			if (live(arg, id))
+				continue;	/* in flight, its writer alive */
+		}
+		if (fstatat(ps->dirfd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode) ||
+		    now - ts_ns(&st.st_ctim) < grace || now - ts_ns(&st.st_mtim) < grace)
+			continue;
+		if (unlinkat(ps->dirfd, d->d_name, 0) == 0)
+			*freed += (uint64_t)st.st_size;
+	}
+	closedir(dir);
+	return 0;
+}
+
+/* Copy p's live objects, each read and verified, into *w. -EIO if one is damaged (p is
+ * then kept: its damage is verify's to report). */
+static int gc_copy_live(struct pack_set *ps, struct pack *p, pack_live_fn live, void *arg,
+			struct hset *copied, struct pack_writer **w)
+{
+	void *rec = NULL, *out = NULL;
+	size_t cap = 0;
+	int rc = 0;
+
+	for (size_t i = 0; i < p->n && !rc; i++) {
+		const struct pack_ent *e = &p->ents[i];
+		const char *why = NULL;
+		int fd, own, r;
+
+		if (!live(arg, e->hash) || hset_find(copied, e->hash, 0))
+			continue;
+		if (cap < PACK_REC_HDR + (size_t)e->stored + e->logical) {
+			free(rec);
+			free(out);
+			cap = PACK_REC_HDR + (size_t)e->stored + e->logical;
+			rec = malloc(cap);
+			out = malloc(cap);
+			if (!rec || !out) {
+				rc = -ENOMEM;
+				break;
+			}
+		}
+		pthread_mutex_lock(&ps->mu);
+		r = use_locked(ps, p, &fd, &own);
+		pthread_mutex_unlock(&ps->mu);
+		if (r) {
+			rc = r;
+			break;
+		}
+		r = pread_all(fd, rec, PACK_REC_HDR + (size_t)e->stored, e->off);
+		if (!r && !(why = pack_rec_bad(rec, e->hash, e->stored)))
+			r = pack_rec_decode(rec, (char *)rec + PACK_REC_HDR, out, e->logical, e->hash,
+					    &why);
+		release(ps, p, fd, own);
+		if (r < 0) {
+			rc = -EIO;
+			break;
+		}
+		rc = pack_writer_add(ps, w, e->hash, e->logical, e->flags, (char *)rec + PACK_REC_HDR,
+				     e->stored);
+		if (!rc && !hset_find(copied, e->hash, 1))
+			rc = -ENOMEM;
+	}
+	free(rec);
+	free(out);
+	return rc;
+}
+
+static int gc_note(struct pack_gc *g, const struct pack *p)
+{
+	struct trashed *t;
+
+	if (g->nt == g->cap) {
+		void *np = realloc(g->t, (g->cap = g->cap ? 2 * g->cap : 16) * sizeof(*g->t));
+
+		if (!np)
+			return -ENOMEM;
+		g->t = np;
+	}
+	t = &g->t[g->nt];
+	memcpy(t->id, p->id, 33);
+	t->size = p->size;
+	t->n = p->n;
+	t->hashes = malloc((p->n + 1) * 16);
+	if (!t->hashes)
+		return -ENOMEM;
+	for (size_t i = 0; i < p->n; i++)
+		memcpy(t->hashes[i], p->ents[i].hash, 16);
+	g->nt++;
+	return 0;
+}
+
+int pack_gc_sweep(struct pack_set *ps, pack_live_fn live, void *arg, int64_t now_ns,
+		  int64_t grace_ns, const char *token, struct pack_gc **out, uint64_t *freed)
+{
+	struct pack_gc *g = calloc(1, sizeof(*g));
+	struct pack **v = NULL, **repack = NULL;
+	struct pack_writer *w = NULL;
+	struct hset copied = { 0 };
+	size_t nv = 0, nre = 0;
+	int rc;
+
+	if (!g)
+		return -ENOMEM;
+	snprintf(g->token, sizeof(g->token), "%s", token);
+	*out = g;
+	if ((rc = gc_leftovers(ps, live, arg, now_ns, grace_ns, freed)) || (rc = pack_set_scan(ps)))
+		return rc;
+	/* A stable list: each pack held (users) so a concurrent scan cannot free it. */
+	pthread_mutex_lock(&ps->mu);
+	v = malloc((ps->nv + 1) * sizeof(*v));
+	repack = malloc((ps->nv + 1) * sizeof(*repack));
+	if (v && repack) {
+		nv = ps->nv;
+		for (size_t i = 0; i < nv; i++) {
+			v[i] = ps->v[i];
+			v[i]->users++;
+		}
+	}
+	pthread_mutex_unlock(&ps->mu);
+	if (!v || !repack) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < nv && !rc; i++) {
+		struct pack *p = v[i];
+		uint64_t live_bytes = 0, rec_bytes = 0;
+		size_t nlive = 0;
+		char file[48], trash[160];
+
+		if (now_ns - p->mtime_ns < grace_ns)
+			continue;	/* maybe a writer's, not yet named by its lease */
+		for (size_t e = 0; e < p->n; e++) {
+			rec_bytes += PACK_REC_HDR + (uint64_t)p->ents[e].stored;
+			if (live(arg, p->ents[e].hash)) {
+				nlive++;
+				live_bytes += PACK_REC_HDR + (uint64_t)p->ents[e].stored;
+			}
+		}
+		if (nlive && 2 * live_bytes >= rec_bytes)
+			continue;	/* mostly live: copying would cost more than it frees */
+		if (nlive) {
+			if (gc_copy_live(ps, p, live, arg, &copied, &w))
+				continue;	/* damaged or unreadable: kept; verify reports it */
+			repack[nre++] = p;
+			continue;
+		}
+		snprintf(file, sizeof(file), "%s.pack", p->id);
+		gc_trash_name(p->id, g->token, trash, sizeof(trash));
+		if ((rc = gc_note(g, p)))
+			break;
+		if (renameat(ps->dirfd, file, ps->dirfd, trash)) {
+			g->nt--;
+			free(g->t[g->nt].hashes);
+			if (errno != ENOENT)	/* else another gc took it */
+				rc = -errno;
+		}
+	}
+	/* The copies durable (their pack published) before any original goes. */
+	if (!rc && w)
+		rc = pack_writer_finish(ps, &w);
+	pack_writer_abort(ps, &w);
+	for (size_t i = 0; i < nre && !rc; i++) {
+		char file[48], trash[160];
+
+		snprintf(file, sizeof(file), "%s.pack", repack[i]->id);
+		gc_trash_name(repack[i]->id, g->token, trash, sizeof(trash));
+		if ((rc = gc_note(g, repack[i])))
+			break;
+		if (renameat(ps->dirfd, file, ps->dirfd, trash)) {
+			g->nt--;
+			free(g->t[g->nt].hashes);
+			if (errno != ENOENT)
+				rc = -errno;
+		}
+	}
+out:
+	for (size_t i = 0; i < nv; i++)
+		release(ps, v[i], -1, 0);
+	free(v);
+	free(repack);
+	hset_free(&copied);
+	return rc;
+}
+
+size_t pack_gc_trashed(const struct pack_gc *g)
+{
+	return g->nt;
+}
+
+int pack_gc_settle(struct pack_set *ps, struct pack_gc *g, pack_live_fn live2, void *arg,
+		   uint64_t *objs, uint64_t *bytes)
+{
+	int rc = g->nt ? pack_set_scan(ps) : 0;	/* the trashed ones forgotten */
+
+	for (size_t i = 0; i < g->nt; i++) {
+		struct trashed *t = &g->t[i];
+		char file[48], trash[160];
+		int back = !live2 || rc;
+		uint64_t dead = 0;
+
+		for (size_t k = 0; k < t->n && !back; k++) {
+			if (!live2(arg, t->hashes[k]))
+				dead++;
+			else if (!pack_set_has(ps, t->hashes[k]))
+				back = 1;	/* named now, and nowhere else */
+		}
+		snprintf(file, sizeof(file), "%s.pack", t->id);
+		gc_trash_name(t->id, g->token, trash, sizeof(trash));
+		if (back) {
+			if (renameat(ps->dirfd, trash, ps->dirfd, file) && !rc)
+				rc = -errno;
+		} else if (unlinkat(ps->dirfd, trash, 0) == 0) {
+			*objs += dead;
+			*bytes += t->size;
+		}
+		free(t->hashes);
+	}
+	if (g->nt && fsync(ps->dirfd) && !rc)
+		rc = -EIO;
+	if (g->nt && !rc)
+		rc = pack_set_scan(ps);	/* the ones put back known again */
+	free(g->t);
+	free(g);
+	return rc;
+}

@@ -1,0 +1,99 @@
+"""Leases on a shared store (fs/lease.h, fs/store.c invariant 3): gc runs while every
+daemon stays mounted, removes garbage once it is older than the grace time, and never
+removes what another mounted daemon's live (lazily restored) tree reads; a daemon whose
+lease cannot be refreshed says so in mlfs-stat and refuses takes, loudly."""
+import os
+import random
+import subprocess
+import time
+
+import mlfs_util as U
+import snap_util as S
+from snap_util import snapenv  # noqa: F401  (fixture)
+from snap_util import write
+
+MiB = 1 << 20
+
+
+def test_gc_beside_mounted_daemons_keeps_what_a_restored_tree_reads(snapenv, monkeypatch):
+    monkeypatch.setenv("MLFS_LEASE_TIMES", S.FAST_LEASES)
+    e1, e2 = snapenv("lease-vm1-"), snapenv("lease-vm2-")
+    e2.store = e1.store
+    rng = random.Random(f"{U.SEED}-lease")
+    files = {f"f{i}": rng.randbytes(2 * MiB + i) for i in range(3)}
+    d1 = e1.mount()
+    for n, data in files.items():
+        write(os.path.join(d1.ckpt, n), data)
+    S.snap_ok("take", e1.mnt, "s1", "--wait")
+    write(os.path.join(d1.ckpt, "junk"), rng.randbytes(4 * MiB))
+    S.snap_ok("take", e1.mnt, "s0", "--wait")
+    e1.unmount(d1)
+    d1 = e1.mount(opts="restore=s1")        # lazy: every block still only in the store
+    d2 = e2.mount()
+    write(os.path.join(d2.ckpt, "other"), b"worker 2")
+    S.snap_ok("take", e2.mnt, "w2", "--wait")
+    # Worker 2 deletes both snapshots; s1's objects are read by worker 1's tree only.
+    S.snap_ok("delete", e2.mnt, "s1")
+    S.snap_ok("delete", e2.mnt, "s0")
+    before = S.store_bytes(e1.store)
+    S.past_grace()
+    S.snap_ok("gc", e2.mnt)                  # in a daemon, both mounted and idle
+    S.snap_ok("gc", "--store", e1.store)     # offline, both still mounted
+    after = S.store_bytes(e1.store)
+    assert after <= before - 4 * MiB, f"gc freed {before - after} bytes; junk is 4 MiB"
+    for n, data in files.items():
+        with open(os.path.join(d1.ckpt, n), "rb") as f:
+            U.assert_bytes(f.read(), data, f"{n}: its snapshot deleted, gc ran elsewhere")
+    S.snap_ok("take", e1.mnt, "s2", "--wait")
+    e1.unmount(d1)
+    e2.unmount(d2)
+    S.snap_ok("verify", "--store", e1.store)
+
+
+def test_take_refused_while_the_lease_cannot_be_refreshed(snapenv, monkeypatch):
+    monkeypatch.setenv("MLFS_LEASE_TIMES", "0.3,30,40")
+    env = snapenv()
+    mp = env.loop_ext4("leasefs", 32)
+    store = os.path.join(mp, "store")
+    os.mkdir(store)
+    d = env.mount(store=store, foreground=True)   # its log: d.output()
+    write(os.path.join(d.ckpt, "a"), b"a" * 5000)
+    leases = os.path.join(store, "leases")
+    r = subprocess.run(["chattr", "+i", leases], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    try:
+        deadline = time.monotonic() + 20
+        while U.mlfs_stat_json(env.mnt).get("store_lease_failed") != 1:
+            assert time.monotonic() < deadline, "mlfs-stat never showed the failed lease"
+            time.sleep(0.1)
+        r = S.snap("take", env.mnt, "s1", "--wait")
+        S.assert_clean_failure(r, "take while the lease cannot be refreshed")
+        assert "lease" in r.err, repr(r)
+        assert "lease" in d.output() and "could not be refreshed" in d.output()
+    finally:
+        subprocess.run(["chattr", "-i", leases], capture_output=True)
+    S.snap_ok("take", env.mnt, "s1", "--wait")   # refreshed again: takes work
+    assert U.mlfs_stat_json(env.mnt).get("store_lease_failed") == 0
+    env.unmount(d)
+    S.snap_ok("verify", "--store", store)
+
+
+def test_init_by_many_at_once_all_succeed(snapenv):
+    """mlfs-snap init --store on one empty directory, eight at once: every one exits 0
+    (before: all wrote and renamed the same FORMAT.tmp, and some failed), and the store
+    mounts."""
+    env = snapenv()
+    store = env.path("fresh-store")
+    os.mkdir(store)
+    procs = [subprocess.Popen([S.SNAP, "init", "--store", store], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(8)]
+    outs = [(p.wait(timeout=60), p.stderr.read()) for p in procs]
+    assert all(rc == 0 for rc, _ in outs), outs
+    assert sorted(os.listdir(store)) == ["FORMAT", "leases", "packs", "snaps"]
+    with open(os.path.join(store, "FORMAT")) as f:
+        assert f.read() == "mlfs-store\nversion 2\n"
+    d = env.mount(store=store)
+    write(os.path.join(d.ckpt, "a"), b"a" * 5000)
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    env.unmount(d)
+    S.snap_ok("verify", "--store", store)

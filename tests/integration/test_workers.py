@@ -1,0 +1,285 @@
+"""Many workers, one job (issue 11): four daemons (-o workers=4,worker=K) on one store
+under a temp dir: concurrent takes of the same names make one group; SIGTERM to all four
+at once makes one complete group of their final parts, all exiting 0; restore latest on
+fresh mounts of 4 and of 2 workers shows every worker's files; keep=N counts groups.
+
+The helpers (workers_util.WorkerSet) take the store and SOURCE as parameters, so the same
+steps run on a shared filesystem (GlusterFS) too.
+"""
+import os
+import signal
+import time
+
+import pytest
+
+import mlfs_util as U
+import snap_util as S
+import workers_util as W
+from workers_util import workerset  # noqa: F401  (fixture)
+
+MiB = 1 << 20
+
+
+def shard(k, version, size=MiB + 4097):
+    """Worker k's shard bytes at a version: distinct per worker and version, more than a
+    block long (the last block short), so a mix-up of blocks shows."""
+    seed = bytes([k, version]) * 8
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+def write_shards(job, version, step="step"):
+    for w in job:
+        os.makedirs(os.path.join(w.ckpt, step), exist_ok=True)
+        U.write_file(os.path.join(w.ckpt, step, f"shard-{w.k}"), shard(w.k, version))
+    # FUSE sends RELEASE after close() returns, asynchronously: a freeze right after
+    # may still see the file open for writing, and such a snapshot is never latest
+    # (by design). Give the daemons a moment, as a real job's step would.
+    time.sleep(0.3)
+
+
+def expect_union(ckpt, n, version, step="step"):
+    """ckpt holds every worker's shard (0..n-1) with the bytes of version."""
+    got = sorted(os.listdir(os.path.join(ckpt, step)))
+    assert got == sorted(f"shard-{k}" for k in range(n)), f"{ckpt}/{step}: {got}"
+    for k in range(n):
+        with open(os.path.join(ckpt, step, f"shard-{k}"), "rb") as f:
+            U.assert_bytes(f.read(), shard(k, version), f"{ckpt}/{step}/shard-{k}")
+
+
+def take_all(ws, job, name, *flags):
+    rs = ws.run_all(job, lambda w: w.snap("take", name, *flags, timeout=180))
+    for w, r in zip(job, rs):
+        assert r.rc == 0, f"worker {w.k}: {r!r}"
+    return rs
+
+
+def test_options_refused(workerset):
+    """Bad worker options: one clear line, no mount."""
+    ws = workerset()
+    mnt = os.path.join(ws.root, "mnt")
+    os.mkdir(mnt)
+    for opts, says in (("workers=4,worker=4", "worker"), ("workers=0,worker=0", "workers"),
+                       ("workers=99999,worker=0", "workers"), ("workers=2", "worker=K"),
+                       ("workers=2,worker=-1", "worker"),
+                       ("workers=2,worker=0,autosnap=auto", "autosnap")):
+        r = S.run([U.MLFS, "-o", f"store={ws.store},{opts}", ws.src, mnt], timeout=30)
+        S.assert_clean_failure(r, opts)
+        assert says in r.err, f"{opts}: {r.err}"
+        assert not U.is_mounted(mnt)
+    r = S.run([U.MLFS, "-o", "workers=2,worker=1", ws.src, mnt], timeout=30)
+    S.assert_clean_failure(r, "workers without a store")
+
+
+def test_concurrent_takes_make_one_group(workerset):
+    """All four take step-1 at once: every part durable, one group file, listed complete
+    on every worker; a second take of the name fails on each, cleanly."""
+    ws = workerset()
+    job = ws.start(4)
+    write_shards(job, 1)
+    rs = take_all(ws, job, "step-1", "--group-wait")
+    for r in rs:
+        assert "group step-1 complete" in r.out, r
+    assert W.group_parts(ws.store, "step-1") == \
+        ["group"] + [f"part-{k}-of-4" for k in range(4)]
+    for w in job:
+        e = S.list_json(w.mnt)["step-1"]
+        assert e["state"] == "durable" and e["workers"] == 4 and e["parts"] == 4, e
+        assert e["files"] == 4 and e["conflicts"] == 0, e
+    for w in job:
+        r = w.snap("take", "step-1")
+        S.assert_clean_failure(r, "take of a taken name")
+    # a group some workers have not taken yet is partial, and says so
+    r = job[0].snap("take", "step-2", "--group-wait", "--timeout", "1")
+    assert r.rc != 0 and "1 of 4 parts" in r.err, r
+    e = S.list_json(ws.store, store=True)["step-2"]
+    assert e["state"] == "partial" and e["parts"] == 1 and e["workers"] == 4, e
+    r = S.snap("list", "--store", ws.store)
+    assert "1 of 4 parts" in r.out, r
+    r = job[1].snap("restore", "step-2")
+    S.assert_clean_failure(r, "restore of a partial group")
+    assert "partial (1 of 4 parts)" in r.err, r
+    r = S.export(ws.store, "step-2", os.path.join(ws.root, "out"))
+    S.assert_clean_failure(r, "export of a partial group")
+    assert os.listdir(os.path.join(job[1].ckpt, "step")) == ["shard-1"]  # unchanged
+    assert ws.unmount_all(job) == [0, 0, 0, 0]
+
+
+def test_group_of_a_dead_publisher_is_published(workerset):
+    """The worker whose part completed a group died before writing the group file
+    (simulated: the file removed): the group is listed partial with all its parts, and
+    the next daemon start on the store, or a take --group-wait, publishes it."""
+    ws = workerset()
+    job = ws.start(2)
+    write_shards(job, 1)
+    take_all(ws, job, "a", "--group-wait")
+    take_all(ws, job, "b", "--group-wait")
+    for name in ("a", "b"):
+        os.unlink(os.path.join(ws.store, "snaps", name, "group"))
+    e = S.list_json(ws.store, store=True)
+    assert e["a"]["state"] == "partial" and e["a"]["parts"] == 2, e
+    r = job[0].snap("take", "b", "--group-wait")
+    S.assert_clean_failure(r, "take of a name this worker has")
+    assert ws.unmount_all(job) == [0, 0]
+    one = ws.start(1)
+    assert "published group a: its 2 parts were all durable" in one[0].output()
+    e = S.list_json(one[0].mnt)
+    assert e["a"]["state"] == "durable" and e["b"]["state"] == "durable", e
+    assert ws.unmount_all(one) == [0]
+
+
+def test_single_snapshot_restores_on_workers(workerset):
+    """A snapshot of a mount without workers (a store of before groups, a single
+    manifest) restores on every worker of a job, and a 1-worker job's names stay its
+    clock's (no group directory)."""
+    ws = workerset()
+    one = ws.start(1)
+    U.write_file(os.path.join(one[0].ckpt, "model.pt"), shard(7, 7))
+    r = one[0].snap("take", "solo", "--wait")
+    assert r.rc == 0, r
+    assert ws.unmount_all(one) == [0]
+    assert os.path.isfile(os.path.join(ws.store, "snaps", "solo"))
+    job = ws.start(3, restore="solo")
+    for w in job:
+        with open(os.path.join(w.ckpt, "model.pt"), "rb") as f:
+            U.assert_bytes(f.read(), shard(7, 7), f"worker {w.k}: model.pt")
+    assert ws.unmount_all(job) == [0, 0, 0]
+    e = S.list_json(ws.store, store=True)
+    assert e["solo"]["workers"] == 1 and e["unmount-solo"]["workers"] == 3, e
+
+
+def test_sigterm_all_then_restore_on_4_and_2(workerset):
+    """The whole job preempted: SIGTERM to all four at once. Their final parts form one
+    complete group named after the last group they took (not after each clock), every
+    part durable, all exit 0; restore latest on a fresh job of 4 and of 2 shows all four
+    workers' shards; the 2-worker job then takes its own groups, restorable by 1."""
+    ws = workerset()
+    job = ws.start(4, opts="preempt_deadline=60")
+    write_shards(job, 1)
+    take_all(ws, job, "step-1", "--group-wait")
+    write_shards(job, 2)
+    codes = ws.sigterm_all(job, timeout=90)
+    logs = "\n".join(w.output() for w in job)
+    assert codes == [0, 0, 0, 0], f"exit codes {codes}:\n{logs}"
+    snaps = S.list_json(ws.store, store=True)
+    assert set(snaps) == {"step-1", "preempt-step-1"}, snaps
+    e = snaps["preempt-step-1"]
+    assert e["state"] == "durable" and e["workers"] == 4 and e["parts"] == 4, e
+    assert W.group_parts(ws.store, "preempt-step-1") == \
+        ["group"] + [f"part-{k}-of-4" for k in range(4)]
+
+    job = ws.start(4, restore="latest")
+    for w in job:
+        assert "restored preempt-step-1" in w.output(), (snaps, w.output(), logs)
+        expect_union(w.ckpt, 4, 2)
+    assert ws.unmount_all(job) == [0, 0, 0, 0]
+
+    # resharding: two workers, each sees all four shards, then takes as workers=2
+    job = ws.start(2, restore="latest")
+    for w in job:
+        expect_union(w.ckpt, 4, 2)
+        assert "restored unmount-step-1" in w.output(), w.output()
+    for w in job:
+        U.write_file(os.path.join(w.ckpt, f"new-{w.k}"), shard(w.k, 3))
+    # worker 0 rewrites a shard both restored: its rewrite wins over worker 1's
+    # untouched copy (no conflict)
+    U.write_file(os.path.join(job[0].ckpt, "step", "shard-3"), shard(3, 4))
+    time.sleep(0.3)     # RELEASE is asynchronous (write_shards)
+    take_all(ws, job, "step-2", "--group-wait")
+    e = S.list_json(ws.store, store=True)["step-2"]
+    assert e["state"] == "durable" and e["workers"] == 2 and e["conflicts"] == 0, e
+    # With workers > 1 an unmount always takes the final part, changed or not: a
+    # worker that skipped it would leave the others' final group partial.
+    assert ws.unmount_all(job) == [0, 0]
+    assert S.list_json(ws.store, store=True)["unmount-step-2"]["state"] == "durable"
+
+    # one worker (no workers option) restores the 2-worker group: everything
+    one = ws.start(1)
+    r = one[0].snap("restore", "step-2")
+    assert r.rc == 0 and "restored step-2" in r.out and "conflict" not in r.out, r
+    for k in range(3):
+        with open(os.path.join(one[0].ckpt, "step", f"shard-{k}"), "rb") as f:
+            U.assert_bytes(f.read(), shard(k, 2), f"shard-{k}")
+    with open(os.path.join(one[0].ckpt, "step", "shard-3"), "rb") as f:
+        U.assert_bytes(f.read(), shard(3, 4), "shard-3, rewritten by worker 0")
+    for k in range(2):
+        with open(os.path.join(one[0].ckpt, f"new-{k}"), "rb") as f:
+            U.assert_bytes(f.read(), shard(k, 3), f"new-{k}")
+    assert ws.unmount_all(one) == [0]
+
+
+def test_one_worker_ahead_keeps_its_part(workerset):
+    """Worker 0 took one group more than the others when the job is preempted: its
+    final part cannot meet theirs; it stays listed as a partial group (never lost), the
+    others' finals form a partial group too, and latest is the last complete group."""
+    ws = workerset()
+    job = ws.start(2, opts="preempt_deadline=60")
+    write_shards(job, 1)
+    take_all(ws, job, "step-1", "--group-wait")
+    U.write_file(os.path.join(job[0].ckpt, "extra"), b"x" * 1000)
+    r = job[0].snap("take", "step-2", "--wait")
+    assert r.rc == 0, r
+    write_shards(job, 2)
+    assert ws.sigterm_all(job, timeout=90) == [0, 0]
+    snaps = S.list_json(ws.store, store=True)
+    assert snaps["step-2"]["state"] == "partial", snaps
+    assert snaps["preempt-step-2"]["state"] == "partial", snaps
+    assert snaps["preempt-step-1"]["state"] == "partial", snaps
+    assert snaps["step-1"]["state"] == "durable", snaps
+    job = ws.start(2, restore="latest")
+    for w in job:
+        expect_union(w.ckpt, 2, 1)
+    assert ws.unmount_all(job) == [0, 0]
+
+
+def test_conflict_is_reported_and_not_latest(workerset):
+    """Two workers write one path with different bytes: the group lists its conflict,
+    restore says so, and latest stays the group before."""
+    ws = workerset()
+    job = ws.start(2)
+    write_shards(job, 1)
+    take_all(ws, job, "good", "--group-wait")
+    for w in job:
+        U.write_file(os.path.join(w.ckpt, "same-name"), bytes([w.k]) * 5000)
+    take_all(ws, job, "clash", "--group-wait")
+    e = S.list_json(job[0].mnt)["clash"]
+    assert e["state"] == "durable" and e["conflicts"] == 1, e
+    r = job[0].snap("restore", "clash")
+    assert r.rc == 0 and "conflicts: 1" in r.out, r
+    assert "same-name" in job[0].output()
+    r = job[1].snap("restore", "latest")
+    assert r.rc == 0 and "restored good" in r.out, r
+    r = S.snap("list", "--store", ws.store)
+    assert "conflicts: 1" in r.out, r
+    r = S.snap("verify", "--store", ws.store)
+    assert r.rc == 0 and "clash: conflict: same-name (parts 0 and 1" in r.out, r
+    assert ws.unmount_all(job) == [0, 0]
+
+
+def test_keep_counts_groups(workerset):
+    """keep=2 with three workers taking auto- groups every second: each worker's
+    retention counts complete groups, so the store keeps two auto- groups (not two per
+    worker, and not fewer), and every auto- group's name is the same on all workers
+    (no partial auto- groups but the ones still being taken)."""
+    ws = workerset()
+    job = ws.start(3, opts="autosnap=1,keep=2")
+    n = 0
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        for w in job:
+            U.write_file(os.path.join(w.ckpt, f"f-{w.k}"), shard(w.k, n % 200))
+        n += 1
+        snaps = S.list_json(ws.store, store=True)
+        deleted = [s for s in snaps if s.startswith("auto-")]
+        if n > 20 and len(deleted) >= 2:
+            break
+        time.sleep(0.25)
+    # stop autosnap's new groups: SIGTERM takes the final parts
+    assert ws.sigterm_all(job, timeout=90) == [0, 0, 0]
+    snaps = S.list_json(ws.store, store=True)
+    complete = sorted(s for s, e in snaps.items()
+                      if s.startswith("auto-") and e["state"] == "durable")
+    assert len(complete) == 2, snaps
+    for s in complete:
+        assert snaps[s]["workers"] == 3 and snaps[s]["parts"] == 3, snaps[s]
+    logs = "\n".join(w.output() for w in job)
+    assert "keep=2: deleted auto-" in logs, logs

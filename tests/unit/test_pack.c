@@ -1,0 +1,351 @@
+/*
+ * test_pack.c - pack_: packs written, read and verified; a damaged record or index is
+ * -EIO or missing, never wrong bytes; dedup across packs and handles; gc deletes packs
+ * with no live object and repacks mostly-dead ones keeping every live object; readers
+ * find an object a repack moved; crash leftovers.
+ */
+#include "fs/pack.h"
+#include "fs/store.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "tests/unit/test.h"
+
+#define BS 65536
+
+static char root[256];
+
+static void path_of(char *buf, size_t size, const char *dir, const char *rel)
+{
+	if (snprintf(buf, size, "%s/%s", dir, rel) >= (int)size)
+		abort();
+}
+
+static void fill(void *buf, size_t len, unsigned seed)
+{
+	unsigned char *p = buf;
+
+	for (size_t i = 0; i < len; i++) {
+		seed = seed * 1103515245u + 12345u;
+		p[i] = (unsigned char)(seed >> 16);
+	}
+}
+
+static void hash_of(const void *buf, size_t len, uint8_t h[16])
+{
+	XXH128_canonical_t c;
+
+	XXH128_canonicalFromHash(&c, XXH3_128bits(buf, len));
+	memcpy(h, c.digest, 16);
+}
+
+static int count_packs(const char *dir, const char *needle)
+{
+	char p[512];
+	struct dirent *d;
+	DIR *dd;
+	int n = 0;
+
+	path_of(p, sizeof(p), dir, "packs");
+	if (!(dd = opendir(p)))
+		return -1;
+	while ((d = readdir(dd)))
+		n += strstr(d->d_name, needle) != NULL;
+	closedir(dd);
+	return n;
+}
+
+/* A snapshot name with one file whose blocks are seeds[0..n). */
+static int commit_seeds(struct store *s, const char *name, const unsigned *seeds, int n)
+{
+	static char buf[BS];
+	struct mf_manifest *m = calloc(1, sizeof(*m));
+	struct mf_entry *e;
+	int rc = 0;
+
+	snprintf(m->name, sizeof(m->name), "%s", name);
+	m->nentries = 2;
+	m->entries = calloc(2, sizeof(*m->entries));
+	m->time_ns = 1000;
+	m->entries[0] = (struct mf_entry){ .id = 1, .type = MF_DIR, .mode = 0755 };
+	m->entries[0].name = strdup("");
+	e = &m->entries[1];
+	*e = (struct mf_entry){ .id = 2, .parent = 1, .type = MF_FILE, .mode = 0644 };
+	e->name = strdup("f");
+	m->files = 1;
+	m->logical_bytes = (uint64_t)n * BS;
+	e->size = (uint64_t)n * BS;
+	e->block_size = BS;
+	e->nblocks = (uint64_t)n;
+	e->blocks = calloc(n ? n : 1, sizeof(*e->blocks));
+	for (int i = 0; i < n && !rc; i++) {
+		fill(buf, BS, seeds[i]);
+		e->blocks[i].len = BS;
+		rc = store_put_block(s, buf, BS, e->blocks[i].hash, NULL);
+	}
+	if (!rc)
+		rc = store_commit(s, m);
+	else
+		store_abort(s);
+	mf_free(m);
+	return rc;
+}
+
+static int read_seed(struct store *s, unsigned seed)
+{
+	static char buf[BS], back[BS];
+	uint8_t h[16];
+	int rc;
+
+	fill(buf, BS, seed);
+	hash_of(buf, BS, h);
+	rc = store_get_block(s, h, back, BS);
+	if (rc == BS && memcmp(buf, back, BS))
+		return -1000;	/* wrong bytes: never */
+	return rc;
+}
+
+static void flip(const char *path, off_t off)
+{
+	int fd = open(path, O_RDWR);
+	unsigned char c = 0;
+
+	EXPECT(pread(fd, &c, 1, off) == 1);
+	c ^= 0x40;
+	EXPECT(pwrite(fd, &c, 1, off) == 1);
+	close(fd);
+}
+
+/* One session, many objects: one pack, every object readable and verified. */
+static void test_write_read(const char *dir)
+{
+	unsigned seeds[40];
+	struct store *s;
+	uint64_t n = 0;
+
+	for (int i = 0; i < 40; i++)
+		seeds[i] = 1000 + (unsigned)i;
+	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
+	EXPECT_EQ(commit_seeds(s, "a", seeds, 40), 0);
+	EXPECT_EQ(count_packs(dir, ".pack"), 1);	/* one file for 40 objects */
+	EXPECT_EQ(count_packs(dir, ".tmp."), 0);
+	EXPECT_EQ(store_object_count(s, &n), 0);
+	EXPECT_EQ(n, 40);
+	for (int i = 0; i < 40; i++)
+		EXPECT_EQ(read_seed(s, seeds[i]), BS);
+	EXPECT_EQ(store_verify(s, NULL, NULL, NULL), 0);
+	/* Objects of 1 and 2 bytes (a file's last block): their length is the result,
+	 * never taken for "not found" (a 1-byte object once read as missing). */
+	for (uint32_t len = 1; len <= 2; len++) {
+		char one[2] = { 'x', 'y' }, back[2];
+		uint8_t h[16];
+
+		EXPECT_EQ(store_put_block(s, one, len, h, NULL), 0);
+		EXPECT_EQ(store_sync_objects(s), 0);
+		store_abort(s);
+		EXPECT_EQ(store_get_block(s, h, back, 2), (int)len);
+		EXPECT(!memcmp(one, back, len));
+	}
+	store_close(s);
+	/* A fresh handle learns the pack from its index. */
+	EXPECT_EQ(store_open(dir, STORE_RDONLY, &s), 0);
+	for (int i = 0; i < 40; i++)
+		EXPECT_EQ(read_seed(s, seeds[i]), BS);
+	store_close(s);
+}
+
+/* Damage: a flipped payload or record header byte is -EIO for that object only; a
+ * flipped index byte makes the whole pack missing (-ENOENT), never wrong bytes. */
+static void test_damage(const char *dir)
+{
+	static char buf[BS];
+	const unsigned seeds[] = { 7, 8, 9 };
+	char rel[64], p[512];
+	uint64_t off;
+	uint8_t h[16];
+	struct store *s;
+	struct stat st;
+
+	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
+	EXPECT_EQ(commit_seeds(s, "d", seeds, 3), 0);
+	fill(buf, BS, 8);
+	hash_of(buf, BS, h);
+	EXPECT_EQ(store_object_where(s, h, rel, &off), 0);
+	path_of(p, sizeof(p), dir, rel);
+	flip(p, (off_t)off + 40 + 5);
+	EXPECT_EQ(read_seed(s, 8), -EIO);
+	EXPECT_EQ(read_seed(s, 7), BS);
+	EXPECT_EQ(read_seed(s, 9), BS);
+	EXPECT_EQ(store_verify(s, NULL, NULL, NULL), 1);
+	flip(p, (off_t)off + 40 + 5);
+	flip(p, (off_t)off + 3);			/* record magic */
+	EXPECT_EQ(read_seed(s, 8), -EIO);
+	flip(p, (off_t)off + 3);
+	EXPECT_EQ(read_seed(s, 8), BS);
+	store_close(s);
+	/* The index: a new handle refuses the pack as a whole. */
+	EXPECT(stat(p, &st) == 0);
+	flip(p, st.st_size - 32 - 40 + 20);		/* an entry's offset */
+	EXPECT_EQ(store_open(dir, 0, &s), 0);
+	EXPECT_EQ(read_seed(s, 7), -ENOENT);
+	EXPECT_EQ(read_seed(s, 8), -ENOENT);
+	EXPECT_EQ(store_verify(s, NULL, NULL, NULL), 3);	/* all three missing */
+	/* ... and a put writes them again into a good pack. */
+	EXPECT_EQ(commit_seeds(s, "d2", seeds, 3), 0);
+	EXPECT_EQ(read_seed(s, 8), BS);
+	flip(p, st.st_size - 32 - 40 + 20);
+	store_close(s);
+}
+
+/* Dedup across packs and handles: a second handle, and a later session, write nothing
+ * already in any pack. */
+static void test_dedup(const char *dir)
+{
+	const unsigned a[] = { 50, 51, 52 }, b[] = { 51, 52, 53 };
+	struct store *s, *s2;
+	uint64_t n = 0;
+
+	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
+	EXPECT_EQ(store_open(dir, 0, &s2), 0);
+	EXPECT_EQ(commit_seeds(s, "a", a, 3), 0);
+	EXPECT_EQ(commit_seeds(s2, "b", b, 3), 0);	/* learns s's pack at its session */
+	EXPECT_EQ(store_object_count(s, &n), 0);
+	EXPECT_EQ(n, 4);
+	EXPECT_EQ(count_packs(dir, ".pack"), 2);
+	EXPECT_EQ(read_seed(s, 53), BS);		/* s learns s2's pack on a miss */
+	store_close(s2);
+	store_close(s);
+}
+
+/* gc: a pack with no live object goes; a mostly dead one is repacked (its live objects
+ * copied, the pack removed); every live object stays readable, also through a handle
+ * that knew only the old pack; a pack whose objects are mostly live stays. */
+static void test_gc(const char *dir)
+{
+	unsigned big[20], keep[] = { 300 }, dead[] = { 400, 401 };
+	struct store *s, *r;
+	uint64_t objs = 0, bytes = 0, n = 0;
+
+	for (int i = 0; i < 20; i++)
+		big[i] = 200 + (unsigned)i;
+	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
+	EXPECT_EQ(commit_seeds(s, "big", big, 20), 0);		/* pack 1: 20 */
+	EXPECT_EQ(commit_seeds(s, "dead", dead, 2), 0);		/* pack 2: 2 */
+	{
+		unsigned mixed[10];
+
+		mixed[0] = 300;
+		for (int i = 1; i < 10; i++)
+			mixed[i] = 500 + (unsigned)i;
+		EXPECT_EQ(commit_seeds(s, "mixed", mixed, 10), 0);	/* pack 3: 10 */
+	}
+	EXPECT_EQ(commit_seeds(s, "keep", keep, 1), 0);		/* 300: dedup, no pack */
+	EXPECT_EQ(count_packs(dir, ".pack"), 3);
+	EXPECT_EQ(store_open(dir, STORE_RDONLY, &r), 0);
+	EXPECT_EQ(read_seed(r, 300), BS);			/* r knows pack 3 */
+	EXPECT_EQ(store_delete(s, "dead"), 0);
+	EXPECT_EQ(store_delete(s, "mixed"), 0);
+	usleep(1100 * 1000);					/* past the grace time */
+	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
+	EXPECT_EQ(objs, 11);			/* 400, 401 and the 9 of mixed but 300 */
+	EXPECT(bytes > 11 * BS);
+	EXPECT_EQ(count_packs(dir, ".pack"), 2);	/* big, and the repack holding 300 */
+	EXPECT_EQ(count_packs(dir, ".gc."), 0);
+	EXPECT_EQ(store_object_count(s, &n), 0);
+	EXPECT_EQ(n, 21);
+	for (int i = 0; i < 20; i++)
+		EXPECT_EQ(read_seed(s, big[i]), BS);
+	EXPECT_EQ(read_seed(s, 300), BS);
+	EXPECT_EQ(read_seed(s, 400), -ENOENT);
+	EXPECT_EQ(read_seed(r, 300), BS);	/* moved: r's descriptor or a rescan */
+	store_close(r);
+	EXPECT_EQ(store_open(dir, STORE_RDONLY, &r), 0);
+	EXPECT_EQ(read_seed(r, 300), BS);
+	store_close(r);
+	EXPECT_EQ(store_verify(s, NULL, NULL, NULL), 0);
+	/* Again: nothing more to do. */
+	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
+	EXPECT_EQ(objs, 0);
+	store_close(s);
+}
+
+/* A crashed writer's temporary pack stays while young, goes once older than grace. */
+static void test_leftover(const char *dir)
+{
+	char p[512];
+	struct store *s;
+	uint64_t objs, bytes;
+	int fd;
+
+	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
+	path_of(p, sizeof(p), dir, "packs/.tmp.0123456789abcdef0123456789abcdef");
+	fd = open(p, O_WRONLY | O_CREAT | O_EXCL, 0400);
+	EXPECT(fd >= 0 && write(fd, "MLFSPACKjunk", 12) == 12);
+	close(fd);
+	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
+	EXPECT_EQ(count_packs(dir, ".tmp."), 1);
+	usleep(1100 * 1000);
+	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
+	EXPECT_EQ(count_packs(dir, ".tmp."), 0);
+	store_close(s);
+}
+
+/* Records: a header names its hash and lengths; decode checks the hash. */
+static void test_records(void)
+{
+	static char buf[BS], out[BS];
+	uint8_t hdr[PACK_REC_HDR], h[16], other[16];
+	const char *why = NULL;
+
+	fill(buf, BS, 3);
+	hash_of(buf, BS, h);
+	memcpy(other, h, 16);
+	other[0] ^= 1;
+	pack_rec_header(hdr, h, BS, BS, 0);
+	EXPECT(pack_rec_bad(hdr, h, BS) == NULL);
+	EXPECT(pack_rec_bad(hdr, other, BS) != NULL);
+	EXPECT(pack_rec_bad(hdr, h, BS - 1) != NULL);
+	EXPECT_EQ(pack_rec_decode(hdr, buf, out, BS, h, &why), BS);
+	EXPECT(!memcmp(buf, out, BS));
+	EXPECT_EQ(pack_rec_decode(hdr, buf, out, BS - 1, h, &why), -EIO);
+	buf[100] ^= 1;
+	EXPECT_EQ(pack_rec_decode(hdr, buf, out, BS, h, &why), -EIO);
+	EXPECT(why && !strcmp(why, "checksum mismatch"));
+	hdr[33] ^= 1;
+	EXPECT(pack_rec_bad(hdr, h, BS) != NULL);
+}
+
+int main(void)
+{
+	char p[512], cmd[600];
+
+	setenv("MLFS_LEASE_TIMES", "0.2,0.5,1", 1);
+	snprintf(root, sizeof(root), "/tmp/test_pack.XXXXXX");
+	if (!mkdtemp(root)) {
+		perror("mkdtemp");
+		return 1;
+	}
+	test_records();
+	path_of(p, sizeof(p), root, "rw");
+	test_write_read(p);
+	path_of(p, sizeof(p), root, "damage");
+	test_damage(p);
+	path_of(p, sizeof(p), root, "dedup");
+	test_dedup(p);
+	path_of(p, sizeof(p), root, "gc");
+	test_gc(p);
+	path_of(p, sizeof(p), root, "leftover");
+	test_leftover(p);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+	if (system(cmd))
+		fprintf(stderr, "could not remove %s\n", root);
+	return test_summary();
+}
