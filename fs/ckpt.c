@@ -14,6 +14,10 @@
  *    that starts past b->len zeroes the gap first.
  * 5. A block referenced by anyone but this file (a snapshot, a reader replying) is never
  *    written in place: bc_write_begin refuses and the writer copies it (bcache inv. 3).
+ * 6. ino->nwrite is the number of its open handles (struct ckpt_file) whose `writing`
+ *    is set; both change together, under ns->mu. Set at the open, cleared at a FLUSH,
+ *    set again by a WRITE through the handle, cleared at its RELEASE: so nwrite never
+ *    goes below zero and no handle leaves a count behind.
  */
 #include "fs/ckpt.h"
 
@@ -23,6 +27,8 @@
 #include <limits.h>
 #include <linux/falloc.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,7 +91,7 @@ struct ckpt_inode {
 	 * name although nlink is 0 (ckpt_link), as the kernel's I_LINKABLE. Under ns->mu. */
 	int linkable;
 	uint32_t nopen;
-	uint32_t nwrite; /* of nopen, opened O_WRONLY/O_RDWR: the freeze flags the file */
+	uint32_t nwrite; /* handles writing (invariant 6): the freeze flags the file */
 	/* Restored with -o workers=N > 1 and its content unchanged since: the freeze flags
 	 * it MF_ENTRY_INHERITED, so a group's union prefers a worker's rewrite of it to
 	 * the other workers' untouched copies (mf_merge). Cleared by every content change
@@ -993,38 +999,92 @@ int ckpt_statfs(struct ckpt_ns *ns, struct statvfs *sv)
 	return 0;
 }
 
-int ckpt_open(struct ckpt_ns *ns, struct ckpt_inode *ino, int flags)
+/* A handle opened with write access (invariant 6). writing is written under ns->mu and
+ * read without it on the write path (ckpt_file_write), where it is almost always set. */
+struct ckpt_file {
+	atomic_bool writing;
+	pid_t opener; /* the thread that opened it: only its FLUSH ends the writing */
+};
+
+int ckpt_open(struct ckpt_ns *ns, struct ckpt_inode *ino, int flags, pid_t pid,
+	      struct ckpt_file **fp)
 {
+	struct ckpt_file *f = NULL;
 	int rc = 0;
 
+	*fp = NULL;
+	if ((flags & O_ACCMODE) != O_RDONLY) {
+		if (!(f = malloc(sizeof(*f))))
+			return -ENOMEM;
+		atomic_init(&f->writing, true);
+		f->opener = pid;
+	}
 	/* libfuse asks for atomic O_TRUNC: the kernel passes the flag instead of a
 	 * separate setattr, and the kernel has checked write permission already. */
-	if ((flags & O_TRUNC) && S_ISREG(ino->mode) && (flags & O_ACCMODE) != O_RDONLY) {
+	if ((flags & O_TRUNC) && S_ISREG(ino->mode) && f) {
 		pthread_rwlock_wrlock(&ino->lock);
 		rc = ckpt_truncate_locked(ns, ino, 0);
 		pthread_rwlock_unlock(&ino->lock);
-		if (rc)
+		if (rc) {
+			free(f);
 			return rc;
+		}
 	}
 	pthread_mutex_lock(&ns->mu);
 	ino->nopen++;
-	if ((flags & O_ACCMODE) != O_RDONLY)
+	if (f)
 		ino->nwrite++;
 	pthread_mutex_unlock(&ns->mu);
+	*fp = f;
 	return 0;
 }
 
-void ckpt_release(struct ckpt_ns *ns, struct ckpt_inode *ino, int flags)
+/* Sets or clears f->writing and counts it in nwrite (invariant 6). Under ns->mu. */
+static void ckpt_file_set_writing_locked(struct ckpt_inode *ino, struct ckpt_file *f, bool on)
+{
+	if (atomic_load_explicit(&f->writing, memory_order_relaxed) == on)
+		return;
+	atomic_store_explicit(&f->writing, on, memory_order_relaxed);
+	if (on) {
+		ino->nwrite++;
+	} else {
+		assert(ino->nwrite > 0);
+		ino->nwrite--;
+	}
+}
+
+void ckpt_file_flush(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_file *f,
+		     pid_t pid)
+{
+	/* A close by anyone else (a forked child's exit, or its exec closing the inherited
+	 * O_CLOEXEC descriptor) says nothing about the opener, who may still be writing. */
+	if (pid != f->opener)
+		return;
+	pthread_mutex_lock(&ns->mu);
+	ckpt_file_set_writing_locked(ino, f, false);
+	pthread_mutex_unlock(&ns->mu);
+}
+
+void ckpt_file_write(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_file *f)
+{
+	/* Set from the open until a close(): one relaxed load per WRITE, no lock. */
+	if (atomic_load_explicit(&f->writing, memory_order_relaxed))
+		return;
+	pthread_mutex_lock(&ns->mu);
+	ckpt_file_set_writing_locked(ino, f, true);
+	pthread_mutex_unlock(&ns->mu);
+}
+
+void ckpt_release(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_file *f)
 {
 	pthread_mutex_lock(&ns->mu);
 	assert(ino->nopen > 0);
 	ino->nopen--;
-	if ((flags & O_ACCMODE) != O_RDONLY) {
-		assert(ino->nwrite > 0);
-		ino->nwrite--;
-	}
+	if (f)
+		ckpt_file_set_writing_locked(ino, f, false);
 	ckpt_maybe_free(ns, ino);
 	pthread_mutex_unlock(&ns->mu);
+	free(f);
 }
 
 int ckpt_read(struct ckpt_ns *ns, struct ckpt_inode *ino, size_t size, off_t off,

@@ -79,11 +79,28 @@ int ckpt_rename(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
 int ckpt_readlink(struct ckpt_ns *ns, struct ckpt_inode *ino, char *buf, size_t size);
 int ckpt_statfs(struct ckpt_ns *ns, struct statvfs *sv);
 
-/* Open files: the open count keeps an unlinked inode alive until ckpt_release, which
- * gets the flags of the open it ends (opens with write access are counted apart: a
- * freeze flags a file open for writing, MF_ENTRY_OPEN_WRITE). */
-int ckpt_open(struct ckpt_ns *ns, struct ckpt_inode *ino, int flags);
-void ckpt_release(struct ckpt_ns *ns, struct ckpt_inode *ino, int flags);
+/*
+ * Open files: the open count keeps an unlinked inode alive until ckpt_release.
+ * An open with write access (O_WRONLY/O_RDWR) also gets a handle, *fp (handed over to
+ * the caller, who passes it back to ckpt_release, which frees it; NULL for read-only
+ * opens; -ENOMEM if it cannot be had). A freeze flags a file as open for writing
+ * (MF_ENTRY_OPEN_WRITE) while any of its handles is writing: from the open to a FLUSH
+ * of the handle by the thread that opened it, pid (ckpt_file_flush: its close(), which
+ * waits for the FLUSH, unlike the RELEASE that comes later), and again from any later
+ * WRITE through it (ckpt_file_write: a dup'ed descriptor or a forked child still
+ * writing, a shared writable mapping's pages written back) to its RELEASE. Between
+ * that FLUSH and such a WRITE the handle does not count: FUSE does not say whether
+ * other descriptors of it remain. A FLUSH by another thread or process (a child's
+ * exec closing an inherited descriptor) changes nothing. Never blocks but on ns->mu;
+ * ckpt_file_write takes no lock while the handle already counts.
+ */
+struct ckpt_file;
+int ckpt_open(struct ckpt_ns *ns, struct ckpt_inode *ino, int flags, pid_t pid,
+	      struct ckpt_file **fp);
+void ckpt_file_flush(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_file *f,
+		     pid_t pid);
+void ckpt_file_write(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_file *f);
+void ckpt_release(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_file *f);
 /* Like data_read: segs with counted references, NULL b for zeros; the count. */
 int ckpt_read(struct ckpt_ns *ns, struct ckpt_inode *ino, size_t size, off_t off,
 	      struct mlfs_seg *segs);

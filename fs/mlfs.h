@@ -16,6 +16,7 @@
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -95,6 +96,7 @@ struct mlfs {
 	uid_t owner;		/* the user who mounted: may control snapshots */
 	uint64_t started_ns;	/* CLOCK_MONOTONIC, for uptime */
 	time_t mounted_at;	/* wall clock, for the mount root's times */
+	bool noflush;		/* the kernel knows FOPEN_NOFLUSH (set by mlfs_op_init) */
 };
 
 /* Process-wide: one mount per daemon. Set once before the loop starts. */

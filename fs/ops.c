@@ -115,6 +115,9 @@ static void mlfs_op_init(void *userdata, struct fuse_conn_info *conn)
 	 * chown itself (ext4's rules, through setattr and removexattr) unless we claim the
 	 * job: we do not. */
 	conn->want &= ~FUSE_CAP_HANDLE_KILLPRIV;
+	/* FOPEN_NOFLUSH came with protocol 7.35 (Linux 5.16): before it, every close()
+	 * would send a FLUSH, so mlfs_op_flush refuses the first and none comes again. */
+	m->noflush = conn->proto_major > 7 || (conn->proto_major == 7 && conn->proto_minor >= 35);
 	conn->max_write = MLFS_MAX_REQ;
 	conn->max_readahead = MLFS_MAX_REQ;
 	conn->max_background = 64;
@@ -364,11 +367,29 @@ static void mlfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
  * checkpoint write path". Write semantics are unchanged: a write reaches the daemon
  * before write() returns, so a take after it contains it.
  */
-/* The handle of a checkpoint file opened direct (ckpt files use no handle otherwise):
- * mlfs_op_write invalidates cached pages after a write only through such a handle, so a
- * write through the page cache (a mode without OPEN, where the kernel holds the written
- * pages locked until we answer) never waits on its own writer. */
+/* fi->fh of a checkpoint file: its struct ckpt_file (an open with write access, from
+ * ckpt_open; 0 for read-only opens), with bit 0 set when opened direct (malloc's
+ * alignment keeps it clear in the pointer). mlfs_op_write invalidates cached pages
+ * after a write only through a direct handle, so a write through the page cache (a mode
+ * without OPEN, where the kernel holds the written pages locked until we answer) never
+ * waits on its own writer. */
 #define MLFS_FH_CKPT_DIRECT 1
+
+static uint64_t ckpt_fh(struct ckpt_file *cf, bool direct)
+{
+	assert(!((uint64_t)cf & MLFS_FH_CKPT_DIRECT));
+	return (uint64_t)cf | (direct ? MLFS_FH_CKPT_DIRECT : 0);
+}
+
+static struct ckpt_file *ckpt_file_of(const struct fuse_file_info *fi)
+{
+	return (struct ckpt_file *)(fi->fh & ~(uint64_t)MLFS_FH_CKPT_DIRECT);
+}
+
+static bool ckpt_fh_direct(const struct fuse_file_info *fi)
+{
+	return fi->fh & MLFS_FH_CKPT_DIRECT;
+}
 
 static bool ckpt_direct(struct mlfs *m, int flags)
 {
@@ -406,14 +427,19 @@ static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 		 * safe from a worker even with threads=1. */
 		if (!fi->keep_cache && m->se)
 			fuse_lowlevel_notify_inval_inode(m->se, ino, -1, 0);
+		fi->noflush = 1; /* no FLUSH on close(): mlfs_op_flush */
 	} else if (n->kind == MLFS_CKPT) {
-		if ((rc = ckpt_open(m->ckpt, (struct ckpt_inode *)n, fi->flags)))
+		struct ckpt_file *cf;
+
+		if ((rc = ckpt_open(m->ckpt, (struct ckpt_inode *)n, fi->flags,
+				    fuse_req_ctx(req)->pid, &cf)))
 			return reply_rc(req, rc);
+		fi->noflush = !cf; /* FLUSH only for handles with write access */
 		/* Every change goes through this kernel, so its cached pages stay true;
 		 * a restore swaps in new inodes, never old pages. */
 		fi->keep_cache = 1;
 		fi->direct_io = ckpt_direct(m, fi->flags);
-		fi->fh = fi->direct_io ? MLFS_FH_CKPT_DIRECT : 0;
+		fi->fh = ckpt_fh(cf, fi->direct_io);
 	} else {
 		return reply_rc(req, -EISDIR);
 	}
@@ -422,7 +448,7 @@ static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 		if (n->kind == MLFS_DATA)
 			data_release(m->data, f);
 		else
-			ckpt_release(m->ckpt, (struct ckpt_inode *)n, fi->flags);
+			ckpt_release(m->ckpt, (struct ckpt_inode *)n, ckpt_file_of(fi));
 	}
 }
 
@@ -475,6 +501,7 @@ static void mlfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, 
 	struct ckpt_ctx c = ctx_of(req);
 	struct fuse_entry_param e;
 	struct ckpt_inode *dir;
+	struct ckpt_file *cf = NULL;
 	int rc = ckpt_parent(parent, &dir);
 
 	/* O_TMPFILE (mlfs_io_read); without O_EXCL it may be linked later (the kernel
@@ -488,14 +515,19 @@ static void mlfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, 
 	/* -o immutable: once an OPEN was answered ENOSYS the kernel sends no RELEASE, not
 	 * even for created files, so no open is counted there (nor released, below): the
 	 * lookup count alone keeps an unlinked file alive while it is open. */
-	if (!mlfs_no_open(m))
-		ckpt_open(m->ckpt, (struct ckpt_inode *)e.ino, fi->flags);
+	if (!mlfs_no_open(m) &&
+	    (rc = ckpt_open(m->ckpt, (struct ckpt_inode *)e.ino, fi->flags,
+			    fuse_req_ctx(req)->pid, &cf))) {
+		ckpt_forget(m->ckpt, (struct ckpt_inode *)e.ino, 1); /* the entry never sent */
+		return reply_rc(req, rc);
+	}
+	fi->noflush = !cf; /* FLUSH only for handles with write access */
 	fi->keep_cache = 1;
 	fi->direct_io = ckpt_direct(m, fi->flags);
-	fi->fh = fi->direct_io ? MLFS_FH_CKPT_DIRECT : 0;
+	fi->fh = ckpt_fh(cf, fi->direct_io);
 	if (fuse_reply_create(req, &e, fi) == -ENOENT) {
 		if (!mlfs_no_open(m))
-			ckpt_release(m->ckpt, (struct ckpt_inode *)e.ino, fi->flags);
+			ckpt_release(m->ckpt, (struct ckpt_inode *)e.ino, cf);
 		ckpt_forget(m->ckpt, (struct ckpt_inode *)e.ino, 1);
 	}
 }
@@ -508,7 +540,32 @@ static void mlfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_inf
 	if (n->kind == MLFS_DATA && fi->fh)
 		data_release(m->data, (struct data_file *)fi->fh);
 	else if (n->kind == MLFS_CKPT && !mlfs_no_open(m)) /* see mlfs_op_create */
-		ckpt_release(m->ckpt, (struct ckpt_inode *)n, fi->flags);
+		ckpt_release(m->ckpt, (struct ckpt_inode *)n, ckpt_file_of(fi));
+	fuse_reply_err(req, 0);
+}
+
+/*
+ * FLUSH comes at every close() of a descriptor, and close() waits for the answer; the
+ * RELEASE of the file description comes later and asynchronously. So a handle with
+ * write access stops counting as writing at a FLUSH from the thread that opened it
+ * (ckpt.h, ckpt_open): a job that writes a checkpoint, closes it and runs `mlfs-snap
+ * take` at once gets a snapshot that can be latest. Every other open (MOUNT/data, ckpt files opened read-only) sets noflush
+ * (FOPEN_NOFLUSH: without a writeback cache the kernel then skips FLUSH, fuse_flush),
+ * so the data path keeps its closes free of a round trip (docs/performance.md).
+ * -o immutable (no OPEN, hence no noflush) and kernels without FOPEN_NOFLUSH get
+ * ENOSYS, after which the kernel sends no FLUSH again: there a file counts as open for
+ * writing until its RELEASE.
+ */
+static void mlfs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct mlfs *m = mlfs_of(req);
+	struct mlfs_node *n = node_of(ino);
+
+	if (mlfs_no_open(m) || !m->noflush)
+		return reply_rc(req, -ENOSYS);
+	if (n->kind == MLFS_CKPT && ckpt_file_of(fi))
+		ckpt_file_flush(m->ckpt, (struct ckpt_inode *)n, ckpt_file_of(fi),
+				fuse_req_ctx(req)->pid);
 	fuse_reply_err(req, 0);
 }
 
@@ -576,8 +633,13 @@ static void mlfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_
 
 	if (n->kind != MLFS_CKPT)
 		return reply_rc(req, -EROFS);
+	/* Through a handle closed once already (a dup'ed descriptor, a forked child, a
+	 * shared mapping's write-back): it counts as writing again, before the bytes land,
+	 * so a freeze that holds them flags the file. */
+	if (fi && ckpt_file_of(fi))
+		ckpt_file_write(m->ckpt, (struct ckpt_inode *)n, ckpt_file_of(fi));
 	/* The kernel removed the privileges itself unless the handle is direct. */
-	if (fi && fi->fh == MLFS_FH_CKPT_DIRECT) {
+	if (fi && ckpt_fh_direct(fi)) {
 		struct ckpt_ctx c = ctx_of(req);
 
 		if (ckpt_kill_priv(m->ckpt, (struct ckpt_inode *)n, &c))
@@ -602,7 +664,7 @@ static void mlfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_
 	 * writers all waited at once on pages readers of their ranges locked).
 	 */
 	if (fi && !fi->writepage &&
-	    ((fi->flags & O_DIRECT) || fi->fh == MLFS_FH_CKPT_DIRECT) && m->cfg.threads > 1)
+	    ((fi->flags & O_DIRECT) || ckpt_fh_direct(fi)) && m->cfg.threads > 1)
 		fuse_lowlevel_notify_inval_inode(m->se, ino, off, rc);
 	atomic_fetch_add_explicit(&m->st.write_ops, 1, memory_order_relaxed);
 	atomic_fetch_add_explicit(&m->st.bytes_written, rc, memory_order_relaxed);
@@ -613,9 +675,7 @@ static void mlfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_
  * fsync: the content of MOUNT/ckpt is in this daemon's memory (and spill) once write()
  * has returned; it becomes durable only in a snapshot (mlfs-snap take --wait). That is
  * the documented rule (mlfs.8, NOTES), so there is nothing to do.
- * flush has no handler on purpose: libfuse answers ENOSYS once and the kernel stops
- * sending FLUSH, which saves a synchronous round trip on every close() (measured in
- * docs/performance.md: the shuffled small-file epoch opens and closes every sample).
+ * flush: see mlfs_op_flush.
  */
 
 static void mlfs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
@@ -940,6 +1000,7 @@ const struct fuse_lowlevel_ops mlfs_ops = {
 	.open = mlfs_op_open,
 	.create = mlfs_op_create,
 	.release = mlfs_op_release,
+	.flush = mlfs_op_flush,
 	.read = mlfs_op_read,
 	.write = mlfs_op_write,
 	.fsync = mlfs_op_fsync,
