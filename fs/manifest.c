@@ -244,11 +244,11 @@ static uint32_t mf_version(const struct mf_manifest *m)
 	return MF_VERSION;
 }
 
-static int mf_check_entry(const struct mf_manifest *m, size_t i)
+/* version: mf_version(m), computed once by the caller (it scans every entry). */
+static int mf_check_entry(const struct mf_manifest *m, size_t i, uint32_t version)
 {
 	const struct mf_entry *e = &m->entries[i];
 	size_t nlen = e->name ? strlen(e->name) : 0;
-	uint32_t version = mf_version(m);
 	long j;
 	int rc;
 
@@ -327,6 +327,7 @@ static int mf_check_unique(const struct mf_manifest *m)
 
 static int mf_check(const struct mf_manifest *m)
 {
+	uint32_t version;
 	int rc;
 
 	if (!mf_name_valid(m->name, strnlen(m->name, sizeof(m->name))) ||
@@ -334,8 +335,9 @@ static int mf_check(const struct mf_manifest *m)
 		return -EINVAL;
 	if (m->version > MF_VERSION_MAX || m->flags)
 		return -EINVAL;
+	version = mf_version(m);
 	for (size_t i = 0; i < m->nentries; i++)
-		if ((rc = mf_check_entry(m, i)))
+		if ((rc = mf_check_entry(m, i, version)))
 			return rc;
 	return mf_check_unique(m);
 }
