@@ -1292,6 +1292,15 @@ static void test_group_states(const char *dir)
 	EXPECT(!exists(dir, "snaps/clash"));
 	EXPECT_EQ(store_delete(s, "clash"), -ENOENT);
 
+	/* A group directory a worker has just made, with no part in it yet (its part is
+	 * being committed), is new, not untouched since 1970: gc keeps it. */
+	store_set_partial_grace(s, 60);
+	path_of(p, sizeof(p), dir, "snaps/fresh");
+	EXPECT_EQ(mkdir(p, 0700), 0);
+	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
+	EXPECT(exists(dir, "snaps/fresh"));
+	EXPECT_EQ(rmdir(p), 0);
+
 	/* past the grace time: partial groups go, with their objects */
 	store_set_partial_grace(s, 0);
 	sleep(1);
