@@ -1292,14 +1292,20 @@ static void test_group_states(const char *dir)
 	EXPECT(!exists(dir, "snaps/clash"));
 	EXPECT_EQ(store_delete(s, "clash"), -ENOENT);
 
-	/* A group directory a worker has just made, with no part in it yet (its part is
-	 * being committed), is new, not untouched since 1970: gc keeps it. */
+	/* Untouched means the directory too: parts written long ago but renamed into the
+	 * group just now (the directory's mtime) are not past the grace time, and neither
+	 * is a directory a worker has just made, still empty (gc once read it as untouched
+	 * since 1970 and removed the parts renamed into it meanwhile). */
 	store_set_partial_grace(s, 60);
-	path_of(p, sizeof(p), dir, "snaps/fresh");
-	EXPECT_EQ(mkdir(p, 0700), 0);
+	for (int k = 0; k < 2; k++) {
+		struct timespec old[2] = { { .tv_sec = time(NULL) - 3600 },
+					   { .tv_sec = time(NULL) - 3600 } };
+
+		path_of(p, sizeof(p), dir, k ? "snaps/half/part-1-of-3" : "snaps/half/part-0-of-3");
+		EXPECT_EQ(utimensat(AT_FDCWD, p, old, 0), 0);
+	}
 	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
-	EXPECT(exists(dir, "snaps/fresh"));
-	EXPECT_EQ(rmdir(p), 0);
+	EXPECT(exists(dir, "snaps/half/part-0-of-3") && exists(dir, "snaps/half/part-1-of-3"));
 
 	/* past the grace time: partial groups go, with their objects */
 	store_set_partial_grace(s, 0);
