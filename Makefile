@@ -143,7 +143,8 @@ demo:
 	$(Q)$(MAKE) --no-print-directory all
 	$(Q)$(PYTHON) scripts/demo.py
 
-# All benchmarks: data path (issue 5), tiering (issue 3), snapshots (issue 4). BENCH_ARGS
+# All benchmarks: data path (issue 5), tiering (issue 3), snapshots (issue 4), a neighbour
+# in mlfs's memory cgroup (issue 12, bench/neighbour.py). BENCH_ARGS
 # goes to bench/run.sh whole; of it, only --quick goes to the other two (they take no
 # --only/--rounds of run.sh's kind). One failing benchmark does not skip the others; make
 # fails at the end if any did. Each script also runs alone.
@@ -154,6 +155,7 @@ bench:
 	bench/run.sh $(BENCH_ARGS) || { rc=1; echo "make bench: bench/run.sh failed" >&2; }; \
 	bench/tiering.sh $(filter --quick,$(BENCH_ARGS)) || { rc=1; echo "make bench: bench/tiering.sh failed" >&2; }; \
 	$(PYTHON) bench/snap_bench.py $(filter --quick,$(BENCH_ARGS)) || { rc=1; echo "make bench: bench/snap_bench.py failed" >&2; }; \
+	$(PYTHON) bench/neighbour.py $(filter --quick,$(BENCH_ARGS)) || { rc=1; echo "make bench: bench/neighbour.py failed" >&2; }; \
 	exit $$rc
 
 install: $(BINS)

@@ -46,6 +46,8 @@
  * Transitions, who performs them, who calls, under which lock (all take the shard
  * mutex inside; none is called with a shard mutex held):
  *   bc_block_new        -> NEW | WRITING  data.c (no lock) | ckpt.c (inode wrlock)
+ *   bc_block_new_mapped -> NEW (+MAPPED)  data.c (no lock); a MAPPED block is never
+ *                       spilled: EVICTING ends in FREED (tier.c rule M)
  *   bc_insert           NEW -> RESIDENT   data.c (no lock)
  *   bc_write_begin      RESIDENT -> WRITING, or -EBUSY (no change)   ckpt.c (inode wrlock)
  *   bc_block_clone      -> WRITING (a new block)                      ckpt.c (inode wrlock)
@@ -107,10 +109,19 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include "cache/log.h"
+
+#ifndef MADV_PAGEOUT
+#define MADV_PAGEOUT 21
+#endif
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
 
 #define BC_SHARDS 64
 #define BC_BUCKETS_MIN 1024
@@ -165,6 +176,7 @@ struct bc {
 	_Atomic uint64_t hits, misses, not_admitted, dirty_bytes;
 	_Atomic uint64_t src_ns_per_mib; /* EWMA, bc_source_ns_per_mib */
 	_Atomic uint64_t unplaced;	 /* cap of BC_UNPLACED blocks: bc_unplaced_bytes */
+	_Atomic uint64_t mapped_bytes, map_refaults, map_prefetches; /* BC_MAPPED buffers */
 	struct bc_backing backing;
 	struct bc_shard shards[BC_SHARDS];
 };
@@ -258,7 +270,17 @@ static void bc_buf_free(struct bc *bc, struct bc_block *b)
 {
 	if (!b->buf)
 		return;
-	free(b->buf);
+	if (b->flags & BC_MAPPED) {
+		/* Unmapping alone would leave the pages in SOURCE's page cache, charged
+		 * to the daemon: what the governor asked back would stay taken. PAGEOUT
+		 * drops the clean pages only this mapping holds (a page another mapping
+		 * of the range also maps stays); no I/O, they are clean. */
+		madvise(b->buf, b->cap, MADV_PAGEOUT);
+		munmap(b->buf, b->cap);
+		atomic_fetch_sub(&bc->mapped_bytes, b->cap);
+	} else {
+		free(b->buf);
+	}
 	b->buf = NULL;
 	atomic_fetch_sub(&bc->mem_bytes, b->cap);
 	atomic_fetch_sub(&bc->resident[b->cls], 1);
@@ -362,6 +384,9 @@ void bc_get_stats(struct bc *bc, struct bc_stats *st)
 	st->misses = atomic_load(&bc->misses);
 	st->not_admitted = atomic_load(&bc->not_admitted);
 	st->dirty_bytes = atomic_load(&bc->dirty_bytes);
+	st->mapped_bytes = atomic_load(&bc->mapped_bytes);
+	st->map_refaults = atomic_load(&bc->map_refaults);
+	st->map_prefetches = atomic_load(&bc->map_prefetches);
 }
 
 static struct bc_shard *bc_shard_of(struct bc *bc, struct bc_block *b)
@@ -471,6 +496,157 @@ struct bc_block *bc_block_new(struct bc *bc, enum bc_class cls, uint32_t cap)
 		pthread_mutex_unlock(&s->mu);
 	}
 	return b;
+}
+
+static uint32_t bc_page_size(void)
+{
+	static uint32_t ps;
+
+	if (!ps)
+		ps = (uint32_t)sysconf(_SC_PAGESIZE);
+	return ps;
+}
+
+int bc_block_new_mapped(struct bc *bc, int fd, uint64_t off, uint32_t len,
+			struct bc_block **out)
+{
+	uint32_t ps = bc_page_size(), cap = (len + ps - 1) / ps * ps;
+	struct bc_block *b;
+	void *p;
+	int rc;
+
+	if (!len || off % ps)
+		return -EINVAL;
+	b = calloc(1, sizeof(*b));
+	if (!b)
+		return -ENOMEM;
+	p = mmap(NULL, cap, PROT_READ, MAP_SHARED, fd, (off_t)off);
+	if (p == MAP_FAILED) {
+		rc = -errno;
+		free(b);
+		return rc;
+	}
+	/* Read it in now, with readahead, on this thread (where pread ran before):
+	 * a fault per page later would be synchronous 4 KiB reads in the reply. A range
+	 * past SOURCE's end of file is EFAULT here, never a SIGBUS. */
+	if (madvise(p, cap, MADV_POPULATE_READ) < 0 && errno != EINVAL) {
+		rc = errno == EFAULT ? -EIO : -errno;
+		munmap(p, cap);
+		free(b);
+		return rc;
+	}
+	b->cls = BC_DATA;
+	atomic_init(&b->ref, 1);
+	b->buf = p;
+	b->cap = cap;
+	b->len = len;
+	b->born_ns = bc_now_ns();
+	b->flags = BC_UNPLACED | BC_CSUM_STALE | BC_MAPPED; /* NEW */
+	atomic_fetch_add(&bc->mem_bytes, cap);
+	atomic_fetch_add(&bc->mapped_bytes, cap);
+	atomic_fetch_add(&bc->resident[BC_DATA], 1);
+	atomic_fetch_add(&bc->unplaced, cap);
+	atomic_fetch_add(&bc->blocks[BC_DATA], 1);
+	*out = b;
+	return 0;
+}
+
+/* Pages of a mapped buffer not resident now; -errno from mincore. */
+static long bc_mapped_missing(const struct bc_block *b)
+{
+	unsigned char vec[BC_BLOCK_MAX / 4096];
+	size_t n = b->cap / bc_page_size(), i;
+	long missing = 0;
+
+	if (n > sizeof(vec))
+		return -EINVAL;
+	if (mincore(b->buf, b->cap, vec) < 0)
+		return -errno;
+	for (i = 0; i < n; i++)
+		missing += !(vec[i] & 1);
+	return missing;
+}
+
+int bc_block_refault(struct bc *bc, struct bc_block *b)
+{
+	long missing;
+
+	if (!(atomic_load(&b->flags) & BC_MAPPED) || !b->buf)
+		return 0;
+	missing = bc_mapped_missing(b);
+	if (missing == 0)
+		return 0;
+	/* mincore failing is no reason to fail the read: populate anyway. */
+	if (madvise(b->buf, b->cap, MADV_POPULATE_READ) < 0 && errno != EINVAL)
+		return -EIO; /* EFAULT: SOURCE shrank under the mapping */
+	atomic_fetch_add_explicit(&bc->map_refaults, 1, memory_order_relaxed);
+	return 1;
+}
+
+unsigned bc_mapped_prefetch(struct bc *bc, unsigned max)
+{
+	struct bc_block *v[64];
+	void *addr[64];
+	uint32_t len[64];
+	unsigned n = 0, i;
+	int sh;
+
+	if (max > 64)
+		max = 64;
+	if (!atomic_load(&bc->mapped_bytes))
+		return 0;
+	for (sh = 0; sh < BC_SHARDS && n < max; sh++) {
+		struct bc_shard *s = &bc->shards[sh];
+		struct bc_block *b;
+
+		pthread_mutex_lock(&s->mu);
+		for (b = s->lists[BC_DATA][0].head; b && n < max; b = b->lnext) {
+			/* Invariant 10: ref 0 is a block its last put is freeing. A pick in
+			 * flight (BC_IO) is about to unmap it. */
+			if (!(b->flags & BC_MAPPED) || !b->buf || (b->flags & BC_IO) ||
+			    !atomic_load(&b->ref) || bc_mapped_missing(b) <= 0)
+				continue;
+			/* Our reference keeps the mapping: an eviction frees no buffer whose
+			 * block gained a reference since its pick (bc_evict_done). */
+			bc_block_get(b);
+			addr[n] = b->buf;
+			len[n] = b->cap;
+			v[n++] = b;
+		}
+		pthread_mutex_unlock(&s->mu);
+	}
+	for (i = 0; i < n; i++) {
+		madvise(addr[i], len[i], MADV_WILLNEED);
+		bc_block_put(bc, v[i]);
+	}
+	atomic_fetch_add_explicit(&bc->map_prefetches, n, memory_order_relaxed);
+	return n;
+}
+
+uint64_t bc_mapped_resident(struct bc *bc)
+{
+	uint64_t total = 0;
+	int i;
+
+	if (!atomic_load(&bc->mapped_bytes))
+		return 0;
+	for (i = 0; i < BC_SHARDS; i++) {
+		struct bc_shard *s = &bc->shards[i];
+		struct bc_block *b;
+
+		pthread_mutex_lock(&s->mu);
+		for (b = s->lists[BC_DATA][0].head; b; b = b->lnext) {
+			long missing;
+
+			if (!(b->flags & BC_MAPPED) || !b->buf)
+				continue;
+			missing = bc_mapped_missing(b);
+			if (missing >= 0)
+				total += b->cap - (uint64_t)missing * bc_page_size();
+		}
+		pthread_mutex_unlock(&s->mu);
+	}
+	return total;
 }
 
 /* b is placed in the cache (hashed) or gone: it stops counting as unplaced. */
@@ -790,7 +966,10 @@ void bc_block_seal(struct bc *bc, struct bc_block *b)
 	struct bc_shard *s = bc_shard_of(bc, b);
 	uint64_t csum;
 
-	if (!(b->flags & BC_CSUM_STALE))
+	/* A mapped block is never hashed: the daemon does not read its pages itself (a
+	 * SOURCE truncated underneath would raise SIGBUS), and nothing verifies it: its
+	 * copy is SOURCE, it is never spilled. */
+	if (!(b->flags & BC_CSUM_STALE) || (b->flags & BC_MAPPED))
 		return;
 	/* Hash outside the lock: the caller's reference plus the rule that shared blocks
 	 * are never written in place (invariant 3) keep the bytes still. */

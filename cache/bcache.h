@@ -11,6 +11,10 @@
  *           sharded hash table; the cache holds one reference to each cached block.
  *     ckpt  content of MOUNT/ckpt files; owned by file block maps (and frozen snapshot
  *           maps), never hashed. The cache tracks them only to spill them.
+ *   A data block's buffer is memory of the daemon's own (a copy) or, BC_MAPPED, a
+ *   read-only shared mapping of SOURCE (bc_block_new_mapped): clean page cache that the
+ *   kernel may reclaim at any moment and faults back in from SOURCE. mem_bytes counts
+ *   both alike; bc_mapped_resident says how much of the mapped kind is resident.
  * - Reference counts: every pointer to a block that outlives a lock is a counted
  *   reference (bc_block_get/bc_block_put). The buffer of a block whose count is above
  *   one is never modified in place: a writer copies it first (copy on write), which is
@@ -60,6 +64,9 @@ enum {
 	BC_FIRST = 1u << 8,	   /* came in over budget for one reader: evicted before any
 				    * other block, whatever its shard (the epoch policy) */
 	BC_UNPLACED = 1u << 9,	   /* NEW: data block read but not yet offered to the cache */
+	BC_MAPPED = 1u << 10,	   /* data: buf is a read-only MAP_SHARED mapping of SOURCE
+				    * (bc_block_new_mapped): clean file pages the kernel
+				    * reclaims by itself; its copy is SOURCE, never spilled */
 };
 
 /* File identity for data blocks: 128 bits derived from the source file's device,
@@ -115,6 +122,9 @@ struct bc_stats {
 	uint64_t data_resident, ckpt_resident;
 	uint64_t hits, misses, not_admitted;
 	uint64_t dirty_bytes;		     /* ckpt bytes resident and not in the store */
+	uint64_t mapped_bytes;		     /* of mem_bytes, data blocks mapped from SOURCE */
+	uint64_t map_refaults;		     /* mapped blocks found partly reclaimed, re-read */
+	uint64_t map_prefetches;	     /* of those, asked back in the background */
 };
 
 struct bc;
@@ -135,6 +145,38 @@ void bc_get_stats(struct bc *bc, struct bc_stats *st);
  * before the writer ends with bc_write_end (invariant 6); it is on its shard's list
  * (tracked for spilling) from here on. */
 struct bc_block *bc_block_new(struct bc *bc, enum bc_class cls, uint32_t cap);
+/*
+ * A data block whose buffer is SOURCE itself: len bytes of fd at off (a multiple of the
+ * page size) mapped read-only and MAP_SHARED, and read in now (MADV_POPULATE_READ). Born
+ * NEW like bc_block_new(BC_DATA) (the caller sets no len: it is len; no seal: a mapped
+ * block is never spilled, so its checksum is never used). Why: its pages are clean page
+ * cache of SOURCE, charged to the daemon, which the kernel reclaims in an allocating
+ * neighbour's own path, however fast it allocates, without asking mlfs; a page it took
+ * faults back in from SOURCE, never as zeros. mem_bytes counts the mapping whole
+ * (page-rounded) until it is unmapped; bc_mapped_resident says what the kernel left.
+ * 0 and *out (one reference, handed over), or -errno: -ENODEV, -EACCES, -EINVAL when
+ * SOURCE cannot be mapped (the caller reads it instead), -EIO when the file is shorter
+ * than off + len now (it shrank), -ENOMEM. Blocks on SOURCE I/O; no lock held.
+ * The daemon never reads a mapped buffer itself (a SOURCE truncated underneath would
+ * raise SIGBUS): only the kernel does, in the reply's writev, where a page past the new
+ * end of file is EFAULT and the read fails instead.
+ */
+int bc_block_new_mapped(struct bc *bc, int fd, uint64_t off, uint32_t len,
+			struct bc_block **out);
+/* For a mapped block the caller holds: makes every page of its buffer resident again
+ * if the kernel reclaimed some (mincore, then MADV_POPULATE_READ: one read of the
+ * missing range from SOURCE, not a fault per page in the reply). 0 when all were
+ * resident or another block kind, 1 when pages were read back (counted in
+ * map_refaults), -EIO when SOURCE no longer has them (truncated). Blocks on SOURCE I/O. */
+int bc_block_refault(struct bc *bc, struct bc_block *b);
+/* Background refault (the pressure is gone): for up to max mapped blocks with pages the
+ * kernel reclaimed, asks SOURCE for them again (MADV_WILLNEED: readahead submitted, not
+ * waited for). Returns how many blocks it asked for (counted in map_prefetches). Takes
+ * each shard lock once for a mincore per mapped block; the madvise runs with no lock. */
+unsigned bc_mapped_prefetch(struct bc *bc, unsigned max);
+/* Bytes of mapped data blocks whose pages are resident now (mincore of each, under its
+ * shard lock: one syscall per mapped block, ~1 us each; for mlfs-stat, not hot paths). */
+uint64_t bc_mapped_resident(struct bc *bc);
 /* Takes one counted reference (the caller already holds one, or a lock that keeps b
  * alive: a shard lock or the owner's map lock). */
 void bc_block_get(struct bc_block *b);

@@ -38,6 +38,7 @@
 
 #include "cache/bcache.h"
 #include "cache/log.h"
+#include "tiering/tier.h"
 
 struct data_node {
 	struct mlfs_node hdr;
@@ -744,12 +745,36 @@ static int data_fill(struct data_ns *ns, struct data_file *f, uint64_t idx,
 {
 	uint32_t bs = bc_block_size(ns->m->bc);
 	uint64_t off = idx * bs;
+	uint32_t len = f->size - off < bs ? (uint32_t)(f->size - off) : bs;
 	struct bc_block *b;
 	int rc;
 
-	if ((rc = data_pread(ns, f, off, f->size - off < bs ? (uint32_t)(f->size - off) : bs, &b)))
+	/* Rule M of tier.c: a block SOURCE gives back cheaply is SOURCE's own page cache,
+	 * mapped, which the kernel reclaims by itself at any speed (bcache.h,
+	 * bc_block_new_mapped); a SOURCE that cannot be mapped is read as before. */
+	if (tier_maps_data(ns->m->tier)) {
+		rc = bc_block_new_mapped(ns->m->bc, f->fd, off, len, &b);
+		if (!rc) {
+			atomic_fetch_add(&ns->m->st.source_bytes_read, len);
+			atomic_fetch_add(&ns->m->st.source_reads, 1);
+			*out = bc_insert(ns->m->bc, b, &f->fid, idx);
+			return 0;
+		}
+		if (rc == -EIO || rc == -ENOMEM) {
+			atomic_fetch_add(&ns->m->st.source_errors, 1);
+			log_err("data: mapping %s at %llu failed: %s (source %s)", f->n->name,
+				(unsigned long long)off,
+				rc == -EIO ? "file shrank underneath" : strerror(-rc), ns->src_path);
+			return rc;
+		}
+	}
+	if ((rc = data_pread(ns, f, off, len, &b)))
 		return rc;
 	bc_block_seal(ns->m->bc, b); /* the checksum a spill copy is verified against */
+	/* The block holds these bytes now: SOURCE's page cache of them would be a second
+	 * copy charged to the daemon, which the governor would take for memory the
+	 * kernel can give back and the kernel for memory of the daemon's (issue 12). */
+	posix_fadvise(f->fd, (off_t)off, len, POSIX_FADV_DONTNEED);
 	*out = bc_insert(ns->m->bc, b, &f->fid, idx);
 	return 0;
 }
@@ -847,6 +872,15 @@ int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
 			 * still has the block, so read it again from there. */
 			bc_block_put(ns->m->bc, b);
 			b = NULL;
+		}
+		/* A mapped block whose pages the kernel reclaimed: read them back from
+		 * SOURCE now, in one go (they would fault back in the reply anyway, a page
+		 * at a time; never as zeros). SOURCE no longer has them: the read fails. */
+		if (b && (rc = bc_block_refault(ns->m->bc, b)) < 0) {
+			bc_block_put(ns->m->bc, b);
+			log_err("data: %s changed underneath: its mapped block %llu is gone",
+				f->n->name, (unsigned long long)idx);
+			goto fail;
 		}
 		if (!b && !bc_admits(ns->m->bc)) {
 			/* Nothing would be kept, in memory or on disk: read the rest of the

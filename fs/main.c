@@ -562,10 +562,11 @@ static void *mlfs_signals(void *arg)
 
 /* The tier manager's configuration from the mount options. MLFS_TIER_DROP=always|never
  * overrides rule D of tiering/tier.c (tests and benchmarks that need spills from a
- * page-cache-hot SOURCE, or none). */
+ * page-cache-hot SOURCE, or none); MLFS_DATA_MAP=never|always rule M (the A/B of
+ * docs/tiering.md). */
 static void mlfs_tier_config(const struct mlfs_config *c, struct tier_config *tc)
 {
-	const char *drop = getenv("MLFS_TIER_DROP");
+	const char *drop = getenv("MLFS_TIER_DROP"), *map = getenv("MLFS_DATA_MAP");
 
 	tier_config_defaults(tc);
 	tc->spill_dir = c->spill;
@@ -581,6 +582,10 @@ static void mlfs_tier_config(const struct mlfs_config *c, struct tier_config *tc
 		tc->drop = TIER_DROP_ALWAYS;
 	else if (drop && !strcmp(drop, "never"))
 		tc->drop = TIER_DROP_NEVER;
+	if (map && !strcmp(map, "never"))
+		tc->map = TIER_MAP_NEVER;
+	else if (map && !strcmp(map, "always"))
+		tc->map = TIER_MAP_ALWAYS;
 }
 
 /* Builds the daemon's parts. Each failure is said in exactly one line: by the part

@@ -470,25 +470,26 @@ static void mlfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_inf
  * one writev, with no copy of ours) and drops their references. */
 static void reply_segs(fuse_req_t req, struct mlfs *m, struct mlfs_seg *segs, int n)
 {
-	/* buf[] is the bufvec's trailing array, sized here for n pieces. */
-	struct fuse_bufvec *bv = alloca(sizeof(*bv) + n * sizeof(struct fuse_buf));
+	/* One iovec per piece, written by libfuse in one writev: the kernel copies
+	 * straight from the block buffers. fuse_reply_data would memcpy a reply of several
+	 * pieces into a bounce buffer in this process, which for a block mapped from
+	 * SOURCE (bc_block_new_mapped) truncated underneath would be a SIGBUS; in the
+	 * kernel's copy it is EFAULT, and the reader gets EIO. */
+	struct iovec *iov = alloca((n ? n : 1) * sizeof(*iov));
 	size_t total = 0;
 	int i;
 
-	memset(bv, 0, sizeof(*bv));
-	bv->count = n;
 	for (i = 0; i < n; i++) {
-		struct fuse_buf *fb = &bv->buf[i];
-
-		memset(fb, 0, sizeof(*fb));
-		fb->mem = segs[i].b ? (char *)bc_block_buf(segs[i].b) + segs[i].off :
-				      (char *)mlfs_zeros;
-		fb->size = segs[i].len;
+		iov[i].iov_base = segs[i].b ? (char *)bc_block_buf(segs[i].b) + segs[i].off :
+					      (char *)mlfs_zeros;
+		iov[i].iov_len = segs[i].len;
 		total += segs[i].len;
 	}
-	if (n == 0)
-		bv->count = 1; /* one empty piece: the reply to a read at end of file */
-	fuse_reply_data(req, bv, FUSE_BUF_NO_SPLICE);
+	if (n == 0) { /* one empty piece: the reply to a read at end of file */
+		iov[0].iov_base = (char *)mlfs_zeros;
+		iov[0].iov_len = 0;
+	}
+	fuse_reply_iov(req, iov, n ? n : 1);
 	atomic_fetch_add_explicit(&m->st.bytes_served, total, memory_order_relaxed);
 	for (i = 0; i < n; i++)
 		if (segs[i].b)

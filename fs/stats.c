@@ -112,6 +112,14 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 	F("mem_max", "upper bound of the budget", m->cfg.mem_max);
 	F("mem_min", "lower bound of the budget", m->cfg.mem_min);
 	F("rss_bytes", "resident set size of the daemon", tier_rss());
+	F("mapped_bytes", "of mem_bytes, data blocks mapped from SOURCE (kernel-reclaimable)",
+	  bs.mapped_bytes);
+	F("mapped_resident_bytes", "of mapped_bytes, pages resident now (mincore)",
+	  bc_mapped_resident(m->bc));
+	F("map_refaults", "mapped blocks found partly reclaimed by the kernel and re-read",
+	  bs.map_refaults);
+	F("map_prefetches", "mapped blocks asked back from SOURCE in the background",
+	  bs.map_prefetches);
 	F("data_blocks", "data blocks cached (resident or spilled)", bs.data_blocks);
 	F("data_resident", "data blocks resident in memory", bs.data_resident);
 	F("ckpt_blocks", "checkpoint blocks (resident or spilled)", bs.ckpt_blocks);

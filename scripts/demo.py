@@ -9,7 +9,11 @@
   4. writes a 64 MiB checkpoint into MOUNT/ckpt/step-100/ and reads it back;
   5. takes a snapshot with `mlfs-snap take --wait` and, when that works, lists and
      verifies the store and restores the snapshot offline to compare it;
-  6. prints bin/mlfs-stat and unmounts (fusermount3 -u) on every path, errors and ^C too.
+  6. prints bin/mlfs-stat and unmounts (fusermount3 -u) on every path, errors and ^C too;
+  6b. a neighbour pressing memory (neighbour_step): bench/neighbour.py --quick puts mlfs
+     and a job that allocates as fast as it can in one v1 memory cgroup; mlfs gives the
+     memory back (the kernel reclaims its mapped blocks), the job is not OOM-killed, and
+     the plot of memory over time is written (skipped without a writable cgroup v1).
 
 Usage: scripts/demo.py [--src DIR] [--bin DIR] [--keep]
 Exit status: 0 when the data path and the checkpoint checks passed (a snapshot that
@@ -382,6 +386,36 @@ def run(args, state):
     return 0 if ok else 1
 
 
+def neighbour_step(args):
+    """Issue 12: a neighbour in mlfs's memory cgroup takes memory as fast as Python
+    allocates; mlfs gives it back. Runs bench/neighbour.py --quick (its own mount, SOURCE
+    and cgroups, all removed when it ends) and shows its table and plot. 0, or 1 when the
+    neighbour was killed or the run failed."""
+    section("6b. a neighbour presses memory (bench/neighbour.py --quick)")
+    if not os.access("/sys/fs/cgroup/memory", os.W_OK):
+        say("skipped: needs a writable cgroup v1 memory controller (root)")
+        return 0
+    out = os.path.join(DEMO_ROOT, "neighbour")
+    cmd = [sys.executable, os.path.join(REPO, "bench", "neighbour.py"), "--quick",
+           "--rounds", "1", "--out", out,
+           "--work", os.path.join(DEMO_ROOT, "neighbour-work")]
+    say("$ " + " ".join(cmd))
+    env = dict(os.environ, MLFS=os.path.join(args.bin, "mlfs"))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    for line in r.stdout.splitlines():
+        if line.startswith("|") or line.startswith("Rounds"):
+            say("  " + line)
+    if os.path.exists(os.path.join(out, "neighbour.png")):
+        say("plot: %s (the neighbour's memory, mlfs's blocks, the cgroup's page cache)"
+            % os.path.join(out, "neighbour.png"))
+    if r.returncode != 0:
+        say("NEIGHBOUR STEP FAILED (exit %d): %s" % (r.returncode, r.stderr.strip()[-500:]))
+        return 1
+    say("The job took what it asked for and was not OOM-killed: mlfs's clean data blocks")
+    say("are mappings of SOURCE, which the kernel reclaims in the job's own allocations.")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--src", default=os.path.join(DEMO_ROOT, "src"),
@@ -403,6 +437,7 @@ def main():
     rc = 1
     try:
         rc = run(args, state)
+        rc = neighbour_step(args) or rc
     except Exception as e:  # the report says what broke; the finally still unmounts
         say("demo: FAILED: %s: %s" % (type(e).__name__, e))
         rc = 1

@@ -197,17 +197,39 @@ int gov_read_meminfo(const char *path, struct gov_sample *s)
 }
 
 /* Inactive file pages are reclaimed at no cost before anything stalls; counting them as
- * used would show every cgroup that reads files as full. Missing memory.stat: no change.
- * Sets s->cg_usage and s->cg_inactive. */
-static void gov_cg_less_inactive(const char *dir, const char *key, uint64_t usage,
+ * used would show every cgroup that reads files as full. So is clean page cache that no
+ * process maps, active or not: the kernel drops it in the allocating task's own path
+ * without a write or an unmap. It is what a daemon leaves behind when it unmaps a block
+ * of SOURCE (bcache.c: MADV_PAGEOUT cannot drop a large folio that spans two blocks),
+ * and counting it held the budget down long after the pressure was gone (issue 12).
+ * Reclaimable = max(inactive file, file - mapped - shmem - dirty - writeback), from
+ * memory.stat with v1's total_ names (the whole subtree) or v2's. Missing memory.stat:
+ * no change. Sets s->cg_usage and s->cg_inactive. */
+static void gov_cg_less_inactive(const char *dir, int v1, uint64_t usage,
 				 struct gov_sample *s)
 {
+	static const char *const keys[2][6] = {
+		{ "inactive_file", "file", "file_mapped", "shmem", "file_dirty", "file_writeback" },
+		{ "total_inactive_file", "total_cache", "total_mapped_file", "total_shmem",
+		  "total_dirty", "total_writeback" },
+	};
 	char path[4096], buf[GOV_READ_MAX];
-	uint64_t inactive;
+	uint64_t v[6], inactive = 0, held;
+	int i, have = 0;
 
 	snprintf(path, sizeof(path), "%s/memory.stat", dir);
-	if (gov_read_text(path, buf, sizeof(buf)) < 0 || gov_find_field(buf, key, &inactive) != 0)
-		inactive = 0;
+	if (gov_read_text(path, buf, sizeof(buf)) >= 0) {
+		for (i = 0; i < 6; i++)
+			if (gov_find_field(buf, keys[v1][i], &v[i]) == 0 && v[i] != GOV_NONE)
+				have |= 1 << i;
+		if (have & 1)
+			inactive = v[0];
+		if (have == 0x3f) {
+			held = v[2] + v[3] + v[4] + v[5];
+			if (v[1] > held && v[1] - held > inactive)
+				inactive = v[1] - held;
+		}
+	}
 	inactive = gov_min(inactive, usage);
 	s->cg_usage = usage - inactive;
 	s->cg_inactive = inactive;
@@ -236,7 +258,7 @@ int gov_read_cgroup(const char *dir, struct gov_sample *s)
 		s->cg_version = 2;
 		/* memory.high is where the kernel starts throttling: the limit that matters. */
 		s->cg_limit = gov_min(max, high);
-		gov_cg_less_inactive(dir, "inactive_file", usage, s);
+		gov_cg_less_inactive(dir, 0, usage, s);
 		return 0;
 	}
 	if (rc != -ENOENT)
@@ -252,7 +274,7 @@ int gov_read_cgroup(const char *dir, struct gov_sample *s)
 	s->cg_version = 1;
 	s->cg_limit = max >= GOV_V1_UNLIMITED ? GOV_NONE : max;
 	/* total_ counts the whole subtree, as usage_in_bytes does. */
-	gov_cg_less_inactive(dir, "total_inactive_file", usage, s);
+	gov_cg_less_inactive(dir, 1, usage, s);
 	return 0;
 }
 

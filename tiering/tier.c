@@ -18,6 +18,10 @@
  *      A page-cache-hot local SOURCE is dropped; a network or throttled one (200 MB/s is
  *      5 ms/MiB against about 1 ms/MiB for NVMe) is spilled. Without a spill tier, or
  *      while it is full or failing, clean data is always dropped.
+ *   M. A data block mapped from SOURCE (BC_MAPPED, bc_block_new_mapped) is dropped,
+ *      whatever rule D says: its pages are SOURCE's page cache, which the kernel also
+ *      reclaims by itself; a spill would only write SOURCE's bytes a second time. Such
+ *      blocks are made only while rule D would drop (tier_maps_data).
  *   S. Checkpoint blocks already in the store: rule A (dropped, the store has them).
  *   K. Dirty checkpoint blocks are spilled, never dropped. When the spill tier is full,
  *      clean data first gives up its spill copies (bc_drop_data_copies: SOURCE has those
@@ -272,6 +276,13 @@ static bool tier_drop_data(struct tier *t)
 	return src && src <= 2 * rel;
 }
 
+bool tier_maps_data(struct tier *t)
+{
+	if (!t || t->cfg.map == TIER_MAP_NEVER)
+		return false;
+	return t->cfg.map == TIER_MAP_ALWAYS || tier_drop_data(t);
+}
+
 /*
  * Rule D', the disk tier as a second cache for data: a data block read while memory is
  * full is kept (spilled at once) rather than thrown away when a later reload from the
@@ -448,7 +459,8 @@ static uint64_t tier_evict_one(struct tier *t, struct bc_block *b)
 		tier_freed(t, freed);
 		return freed;
 	}
-	if (cls == BC_DATA && tier_drop_data(t)) { /* rule D: drop */
+	if (cls == BC_DATA && ((bc_block_flags(b) & BC_MAPPED) || tier_drop_data(t))) {
+		/* rules M and D: drop */
 		freed = bc_evict_done(t->bc, b, true);
 		if (freed)
 			atomic_fetch_add(&t->drops, 1);
@@ -618,6 +630,26 @@ static void tier_reload_done(void *arg, int rc, const struct spill_loc *loc)
 
 /* Brings spilled blocks back while there is room under budget - headroom. Returns
  * whether it started any. */
+/* Rule M's reload: mapped blocks whose pages the kernel took (a neighbour pressed the
+ * cgroup) are asked back from SOURCE in the background once the pressure is gone: not
+ * within REFILL_HOLD of a cut, and only while the budget has grown past mem_bytes by the
+ * headroom (mem_bytes counts mapped blocks whole, so their pages already fit in it; the
+ * margin is the governor's word that memory is free). At most 64 blocks per 250 ms tick
+ * (256 MB/s of 1 MiB blocks); readahead is only submitted, never waited for. */
+static bool tier_refault_mapped(struct tier *t)
+{
+	uint64_t budget = bc_budget(t->bc), headroom;
+	bool held;
+
+	pthread_mutex_lock(&t->mu);
+	held = t->last_cut_ms && tier_now_ms() < t->last_cut_ms + t->cfg.refill_hold_ms;
+	pthread_mutex_unlock(&t->mu);
+	headroom = budget / 16 > 4ull * t->bs ? budget / 16 : 4ull * t->bs;
+	if (held || bc_mem_bytes(t->bc) + headroom >= budget)
+		return false;
+	return bc_mapped_prefetch(t->bc, 64) > 0;
+}
+
 static bool tier_refill(struct tier *t)
 {
 	struct bc_block *v[64];
@@ -698,8 +730,12 @@ static void *tier_thread(void *arg)
 		pthread_mutex_unlock(&t->mu);
 		busy = tier_trim(t);
 		tier_maybe_trim_heap(t, TIER_TRIM_AFTER);
-		if (!tier_excess(t) && bc_mem_bytes(t->bc) <= bc_budget(t->bc))
+		if (!tier_excess(t) && bc_mem_bytes(t->bc) <= bc_budget(t->bc)) {
 			busy |= tier_refill(t);
+			/* Not busy: the readahead it asked for completes on its own, and
+			 * asking again at once would ask for the same pages. */
+			tier_refault_mapped(t);
+		}
 		pthread_mutex_lock(&t->mu);
 		if (t->want_settle && bc_mem_bytes(t->bc) <= bc_budget(t->bc)) {
 			t->want_settle = false;

@@ -30,6 +30,7 @@
 #ifndef MLFS_TIER_H
 #define MLFS_TIER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -44,6 +45,11 @@ struct tier;
  * room. The daemon reads MLFS_TIER_DROP=auto|always|never for tests and benchmarks. */
 enum tier_drop { TIER_DROP_AUTO = 0, TIER_DROP_ALWAYS = 1, TIER_DROP_NEVER = 2 };
 
+/* Whether clean data blocks are mappings of SOURCE (tier.c rule M): AUTO while rule D
+ * would drop them; NEVER copies every block into memory of mlfs's own (the A/B of
+ * docs/tiering.md); ALWAYS maps whatever rule D says. MLFS_DATA_MAP=auto|never|always. */
+enum tier_map { TIER_MAP_AUTO = 0, TIER_MAP_NEVER = 1, TIER_MAP_ALWAYS = 2 };
+
 struct tier_config {
 	const char *spill_dir;	/* NULL: no disk tier */
 	uint64_t spill_max;	/* bytes, 0 = until the filesystem is full */
@@ -51,6 +57,7 @@ struct tier_config {
 	int use_gov;		/* 0: no governor; the budget moves only by tier_set_budget */
 	struct gov_config gov;	/* used when use_gov */
 	enum tier_drop drop;
+	enum tier_map map;
 	unsigned batch;		/* blocks picked per round, default TIER_DEF_BATCH */
 	unsigned inflight;	/* spill writes or reloads in flight, TIER_DEF_INFLIGHT */
 	unsigned refill_hold_ms; /* no background reload this soon after a cut */
@@ -145,6 +152,11 @@ struct tier_stats {
 };
 /* t NULL: all zeros. */
 void tier_get_stats(struct tier *t, struct tier_stats *st);
+
+/* Whether the next data block read from SOURCE should be mapped (bc_block_new_mapped)
+ * rather than copied: rule M of tier.c, by cfg.map. Lock-free but for tier_can_spill's
+ * t->mu; any thread. t NULL: no (no tier, no governor to yield to). */
+bool tier_maps_data(struct tier *t);
 
 /* Test only: the spill file's descriptor (spill_debug_fd), -1 without a spill tier. */
 int tier_debug_spill_fd(struct tier *t);

@@ -22,6 +22,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "cache/bcache.h"
 #include "tests/unit/test.h"
@@ -368,6 +371,80 @@ static void test_put_race(void)
 	bc_free(pr.bc);
 }
 
+/* A data block mapped from its file (rule M): NEW like a copy, counted in mem_bytes and
+ * mapped_bytes, resident by mincore; pages the kernel took are read back by
+ * bc_block_refault from the file, never zeros; a file that shrank under it is -EIO, as
+ * is mapping past its end; the tier's drop (pick, evict) unmaps it whole. */
+static void test_mapped_block(void)
+{
+	struct bc *bc = new_cache(BIG);
+	char path[] = "/tmp/test_bcache.XXXXXX";
+	unsigned char *want = malloc(4 * BS);
+	struct bc_block *b, *r, *v[4];
+	struct bc_stats st;
+	int fd = mkstemp(path), i;
+
+	EXPECT(fd >= 0 && want);
+	unlink(path);
+	for (i = 0; i < (int)(4 * BS); i++)
+		want[i] = (unsigned char)(i * 7 + 3);
+	EXPECT_EQ(pwrite(fd, want, 4 * BS - 100, 0), (ssize_t)(4 * BS - 100));
+	EXPECT_EQ(bc_block_new_mapped(bc, fd, 0, BS, &b), 0);
+	EXPECT(bc_block_flags(b) & BC_MAPPED);
+	EXPECT(bc_block_flags(b) & BC_UNPLACED); /* NEW */
+	EXPECT_EQ(bc_block_len(b), BS);
+	EXPECT(!memcmp(bc_block_buf(b), want, BS));
+	bc_block_seal(bc, b); /* a no-op: the daemon never reads a mapped block itself */
+	EXPECT(bc_block_flags(b) & BC_CSUM_STALE);
+	r = bc_insert(bc, b, &fid1, 0);
+	EXPECT(r == b);
+	bc_get_stats(bc, &st);
+	EXPECT_EQ(st.mapped_bytes, BS);
+	EXPECT_EQ(bc_mem_bytes(bc), BS);
+	EXPECT_EQ(bc_mapped_resident(bc), BS);
+	EXPECT_EQ(bc_block_refault(bc, r), 0); /* all resident: nothing to do */
+	/* The kernel takes pages back (as reclaim would): they come back from the file. */
+	EXPECT_EQ(madvise(bc_block_buf(r), BS, MADV_DONTNEED), 0);
+	posix_fadvise(fd, 0, BS, POSIX_FADV_DONTNEED);
+	if (bc_mapped_resident(bc) < BS) {
+		EXPECT_EQ(bc_block_refault(bc, r), 1);
+		bc_get_stats(bc, &st);
+		EXPECT_EQ(st.map_refaults, 1);
+		EXPECT_EQ(bc_mapped_resident(bc), BS);
+	}
+	EXPECT(!memcmp(bc_block_buf(r), want, BS));
+	bc_block_put(bc, r);
+
+	/* The last block of the file, short: page-rounded cap, len bytes. */
+	EXPECT_EQ(bc_block_new_mapped(bc, fd, 3 * BS, BS - 100, &b), 0);
+	EXPECT_EQ(bc_block_len(b), BS - 100);
+	EXPECT(!memcmp(bc_block_buf(b), want + 3 * BS, BS - 100));
+	r = bc_insert(bc, b, &fid1, 3);
+	bc_block_put(bc, r);
+	/* Past the end of the file: -EIO, nothing allocated. */
+	EXPECT_EQ(bc_block_new_mapped(bc, fd, 8 * BS, BS, &b), -EIO);
+	EXPECT_EQ(bc_block_new_mapped(bc, fd, 100, BS, &b), -EINVAL); /* unaligned */
+
+	/* The file shrinks under a mapped block: the refault fails, no SIGBUS, no zeros. */
+	r = bc_lookup(bc, &fid1, 3);
+	EXPECT(r != NULL);
+	EXPECT_EQ(ftruncate(fd, 0), 0);
+	EXPECT_EQ(bc_block_refault(bc, r), -EIO);
+	bc_block_put(bc, r);
+
+	/* The tier's drop: picked and evicted without a copy, unmapped, mem_bytes 0. */
+	EXPECT_EQ(pick(bc, v, 4, BC_DATA, 0), 2);
+	for (i = 0; i < 2; i++)
+		bc_evict_done(bc, v[i], true);
+	bc_get_stats(bc, &st);
+	EXPECT_EQ(st.mapped_bytes, 0);
+	EXPECT_EQ(bc_mem_bytes(bc), 0);
+	EXPECT_EQ(bc_mapped_resident(bc), 0);
+	close(fd);
+	free(want);
+	bc_free(bc);
+}
+
 int main(void)
 {
 	test_fresh_block_not_pickable();
@@ -376,5 +453,6 @@ int main(void)
 	test_pick_sized_by_bytes();
 	test_data_life();
 	test_put_race();
+	test_mapped_block();
 	return test_summary();
 }

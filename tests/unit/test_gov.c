@@ -155,6 +155,21 @@ static void test_parse_cgroup_v2(void)
 	EXPECT_EQ(gov_read_cgroup(d, &s), 0);
 	EXPECT_EQ(s.cg_limit, 4294967296ull);
 
+	/* Clean page cache nobody maps is reclaimable too, active or not (what a daemon
+	 * leaves when it unmaps blocks of SOURCE): 400000 file less 50000 mapped, 20000
+	 * shmem, 10000 dirty and 20000 under writeback is 300000 > inactive 100000. */
+	put_file(d, "memory.max", "max\n");
+	put_file(d, "memory.stat", "anon 500000\nfile 400000\nfile_mapped 50000\n"
+		 "shmem 20000\nfile_dirty 10000\nfile_writeback 20000\ninactive_file 100000\n");
+	EXPECT_EQ(gov_read_cgroup(d, &s), 0);
+	EXPECT_EQ(s.cg_usage, 700000);
+	EXPECT_EQ(s.cg_inactive, 300000);
+	/* Mapped pages are held: inactive file then counts, as before. */
+	put_file(d, "memory.stat", "anon 500000\nfile 400000\nfile_mapped 400000\n"
+		 "shmem 0\nfile_dirty 0\nfile_writeback 0\ninactive_file 100000\n");
+	EXPECT_EQ(gov_read_cgroup(d, &s), 0);
+	EXPECT_EQ(s.cg_usage, 900000);
+
 	put_file(d, "memory.current", "oops\n");
 	EXPECT_EQ(gov_read_cgroup(d, &s), -EINVAL);
 }
@@ -172,6 +187,14 @@ static void test_parse_cgroup_v1(void)
 	EXPECT_EQ(s.cg_version, 1);
 	EXPECT(s.cg_limit == GOV_NONE);
 	EXPECT_EQ(s.cg_usage, 4000000); /* total_inactive_file, the whole subtree */
+	/* v1's names for clean unmapped page cache: total_cache less mapped, shmem,
+	 * dirty and writeback (3000000 - 500000 - 100000 - 0 - 400000 = 2000000). */
+	put_file(d, "memory.stat", "cache 100\ntotal_cache 3000000\ntotal_mapped_file 500000\n"
+		 "total_shmem 100000\ntotal_dirty 0\ntotal_writeback 400000\n"
+		 "total_inactive_file 1000000\n");
+	EXPECT_EQ(gov_read_cgroup(d, &s), 0);
+	EXPECT_EQ(s.cg_usage, 3000000);
+	put_file(d, "memory.stat", "cache 100\ninactive_file 7\ntotal_inactive_file 1000000\n");
 
 	put_file(d, "memory.limit_in_bytes", "1073741824\n");
 	EXPECT_EQ(gov_read_cgroup(d, &s), 0);
