@@ -11,6 +11,9 @@ kernel's own), which makes the expected results ext4's. Tests marked `daemon` (t
 mlfs-stat, the mount layout) cannot mean anything there and are skipped with a reason that
 the summary prints. Without MLFS_TEST_NATIVE a missing bin/mlfs fails, never skips.
 
+MLFS_TEST_OPTS adds -o options to every mount (MLFS_TEST_OPTS=passthrough=off runs the
+suite on the block-cache read path instead of FUSE passthrough).
+
 MLFS_TEST_SEED sets the seed of every random choice (printed in the header and in each
 byte-mismatch message); MLFS_BIN_DIR points at another build than repo/bin.
 
@@ -170,7 +173,10 @@ class Mounter:
 
     def options(self, m, opts):
         o = f"spill={m.spill},store={m.store}"
-        return o + ("," + opts if opts else "")
+        # MLFS_TEST_OPTS: options for every mount of the run (passthrough=off runs the
+        # suite on the block-cache read path); a test's own opts come after and win.
+        extra = os.environ.get("MLFS_TEST_OPTS", "")
+        return o + ("," + extra if extra else "") + ("," + opts if opts else "")
 
     @staticmethod
     def require_binary():
