@@ -141,6 +141,12 @@ int pt_backing_open(int fd)
 	if (id < 0) {
 		int rc = -errno;
 
+		/* EPERM: the connection has no passthrough (the kernel did not take our INIT
+		 * reply's) or we lack CAP_SYS_ADMIN: true of every file, so stop asking. No
+		 * open named an id before, since none was ever given. */
+		if (rc == -EPERM)
+			atomic_store(&pt_on, false);
+
 		if (!atomic_exchange(&pt_warned, true))
 			log_warn("passthrough: the kernel refused a backing file (%s): such "
 				 "files are served by the block cache", strerror(-rc));
