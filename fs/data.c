@@ -96,7 +96,8 @@ struct data_ns {
 	struct mlfs *m;
 	int src_fd;
 	char *src_path;
-	/* The node table. A leaf: nothing else is taken under it; no I/O under it. */
+	/* The node table. A leaf: nothing else is taken under it; no I/O under it (the
+	 * backing-file ioctl of data_bind_locked runs under it: no I/O, no lock of ours). */
 	pthread_mutex_t mu;
 	struct data_node **buckets;
 	size_t nbuckets, nnodes;
@@ -682,16 +683,17 @@ static int data_file_init(struct data_ns *ns, struct data_node *n, struct data_f
  * open is marked backing_other and its reads come to the block cache, which reads the
  * new file (FOPEN_DIRECT_IO beside FOPEN_PASSTHROUGH); only its mmap maps the old file,
  * until all of those opens are closed (design.md, "The read path").
+ * Returns 0, or the kernel's -errno when it refused f's file (f uses the block cache).
  */
-static void data_bind_locked(struct data_node *n, struct data_file *f)
+static int data_bind_locked(struct data_node *n, struct data_file *f)
 {
-	int id;
+	int id = 0;
 
 	if (n->nbacked) {
 		n->nbacked++;
 		f->backing_id = n->backing_id;
 		f->backing_other = n->backing_dev != f->dev || n->backing_ino != f->ino;
-		return;
+		return 0;
 	}
 	if (!n->ncached && (id = pt_backing_open(f->fd)) > 0) {
 		n->backing_id = id;
@@ -699,18 +701,19 @@ static void data_bind_locked(struct data_node *n, struct data_file *f)
 		n->backing_ino = f->ino;
 		n->nbacked = 1;
 		f->backing_id = id;
-		return;
+		return 0;
 	}
 	n->ncached++;
 	f->counted = 1;
 	pt_count_fallback();
+	return id; /* the kernel's refusal, or 0: other opens use the block cache */
 }
 
 int data_open(struct data_ns *ns, struct data_node *n, struct fuse_file_info *fi,
 	      struct data_file **out)
 {
 	struct data_file *f = calloc(1, sizeof(*f));
-	int changed, rc;
+	int changed, refused = 0, rc;
 
 	if (!f)
 		return -ENOMEM;
@@ -728,9 +731,11 @@ int data_open(struct data_ns *ns, struct data_node *n, struct fuse_file_info *fi
 	fi->keep_cache = !changed;
 	pthread_mutex_lock(&ns->mu);
 	if (pt_active())
-		data_bind_locked(n, f);
+		refused = data_bind_locked(n, f);
 	DATA_LINK(&ns->files, f);
 	pthread_mutex_unlock(&ns->mu);
+	if (refused < 0)
+		pt_refused(refused);
 	*out = f;
 	return 0;
 }

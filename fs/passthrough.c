@@ -146,10 +146,6 @@ int pt_backing_open(int fd)
 		 * open named an id before, since none was ever given. */
 		if (rc == -EPERM)
 			atomic_store(&pt_on, false);
-
-		if (!atomic_exchange(&pt_warned, true))
-			log_warn("passthrough: the kernel refused a backing file (%s): such "
-				 "files are served by the block cache", strerror(-rc));
 		return rc;
 	}
 	if (id == 0) { /* not an id the OPEN reply can name (the kernel starts at 1) */
@@ -159,6 +155,13 @@ int pt_backing_open(int fd)
 	atomic_fetch_add(&pt_ids, 1);
 	atomic_fetch_add(&pt_ids_total, 1);
 	return id;
+}
+
+void pt_refused(int rc)
+{
+	if (!atomic_exchange(&pt_warned, true))
+		log_warn("passthrough: the kernel refused a backing file (%s): such files are "
+			 "served by the block cache", strerror(-rc));
 }
 
 void pt_backing_close(int id)

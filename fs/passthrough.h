@@ -63,8 +63,11 @@ bool pt_want(void);
 /* Passthrough negotiated for this session. */
 bool pt_active(void);
 
-/* Registers fd (a SOURCE file opened O_RDONLY) as a backing file: id > 0 or -errno. */
+/* Registers fd (a SOURCE file opened O_RDONLY) as a backing file: id > 0 or -errno.
+ * One ioctl, no I/O and no lock of ours: callable under a leaf mutex. */
 int pt_backing_open(int fd);
+/* Logs (once per mount) that the kernel refused a backing file with rc. */
+void pt_refused(int rc);
 void pt_backing_close(int id);
 
 /* The next reply written by this thread is the OPEN reply of a passthrough open; with
