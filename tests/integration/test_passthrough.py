@@ -190,8 +190,10 @@ def test_off_uses_the_block_cache(mounter):
 def test_fuse_source_stays_on_the_block_cache(mounter):
     """auto takes passthrough only where SOURCE's page cache is the natural cache: a
     SOURCE on FUSE (here another mlfs) keeps the block cache; on forces it, and a file
-    the kernel will not back (a FUSE file stacks too deep) falls back per open."""
-    inner = mounter(src=make_src(mounter))
+    the kernel will not back falls back per open: the inner mount uses passthrough
+    itself, so its files stack one deep already (max_stack_depth 1, ELOOP)."""
+    inner = mounter(src=make_src(mounter), opts="passthrough=auto")
+    assert inner.stat()["passthrough"] == 1
     outer = mounter(src=inner.data, opts="passthrough=auto")
     with open(os.path.join(outer.data, "odd"), "rb") as f:
         U.assert_bytes(f.read(), want(inner, "odd"), "auto over FUSE")
