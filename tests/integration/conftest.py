@@ -175,7 +175,11 @@ class Mounter:
         o = f"spill={m.spill},store={m.store}"
         # MLFS_TEST_OPTS: options for every mount of the run (passthrough=off runs the
         # suite on the block-cache read path); a test's own opts come after and win.
-        extra = os.environ.get("MLFS_TEST_OPTS", "")
+        # An option named twice would leak the first string in fuse_opt_parse (a
+        # LeakSanitizer report): the test's own replaces the run's.
+        keys = {kv.split("=", 1)[0] for kv in opts.split(",") if kv}
+        extra = ",".join(kv for kv in os.environ.get("MLFS_TEST_OPTS", "").split(",")
+                         if kv and kv.split("=", 1)[0] not in keys)
         return o + ("," + extra if extra else "") + ("," + opts if opts else "")
 
     @staticmethod
