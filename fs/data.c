@@ -435,6 +435,10 @@ static struct data_node *data_node_get(struct data_ns *ns, struct data_node *par
 		n->fid = data_fid_of(st);
 		n->nlookup = 0;
 		n->nchild = 0;
+		n->backing_id = 0;
+		n->nbacked = n->ncached = 0;
+		n->backing_dev = 0;
+		n->backing_ino = 0;
 		n->namelen = (uint16_t)len;
 		memcpy(n->name, name, len + 1);
 		n->hnext = *slot;
