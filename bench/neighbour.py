@@ -8,8 +8,8 @@ has read 800 MB of clean data from a local SOURCE. A neighbour in the same cgrou
 same growth alone in a sibling cgroup of the same limit (interleaved rounds, medians);
 OOM kills are counted (memory.oom_control's oom_kill of both cgroups).
 Row 2: after reading the dataset once through a fresh mount (SOURCE's page cache dropped
-first): (daemon RssAnon + fincore(SOURCE files) + fincore(MOUNT/data files)) / dataset
-bytes. The daemon's file-backed RSS is left out of the sum: it is the page cache of
+first): (daemon RssAnon + fincore(SOURCE files) + cachestat(MOUNT/data files)) / dataset
+bytes (cachestat, not fincore, for the mount: see mount_cache_bytes). The daemon's file-backed RSS is left out of the sum: it is the page cache of
 SOURCE that fincore(SOURCE) already counts (mlfs maps it, docs/tiering.md). The daemon's
 whole RSS is printed beside it.
 The plot: one neighbour round with mlfs, memory over time (the neighbour's RSS, mlfs's
@@ -17,11 +17,13 @@ blocks from mlfs-stat, the cgroup's page cache from memory.stat).
 
     bench/neighbour.py            # 5 rounds
     bench/neighbour.py --quick    # 2 rounds, 400 MB dataset and neighbour
+    bench/neighbour.py --row2 --opts passthrough=off   # row 2 alone, one read path
 Writes bench/results/neighbour.{md,json,png} (--quick: bench/work/results-quick/). Needs root (mounts, cgroups). Everything it
 makes is under --work (default /var/tmp/mlfs-neighbour-PID) and /sys/fs/cgroup/memory/
 mlfs-nb-PID-*; both are removed in every path.
 """
 import argparse
+import ctypes
 import json
 import os
 import random
@@ -199,6 +201,38 @@ def fincore_bytes(paths):
     return sum(int(x) for x in r.stdout.split() if x.isdigit())
 
 
+class _CachestatRange(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class _Cachestat(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in
+                ("cache", "dirty", "writeback", "evicted", "recently_evicted")]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+SYS_CACHESTAT = 451  # x86-64, Linux 6.5
+
+
+def mount_cache_bytes(paths):
+    """The page cache of the mount's own files: cachestat(2) of each opened file, which
+    counts the pages of that file's mapping. fincore cannot: it mmaps the file and asks
+    mincore, and the mmap of a passthrough file maps SOURCE's file (the same pages that
+    fincore(SOURCE) counts already). Falls back to fincore where cachestat is missing."""
+    total = 0
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            cs = _Cachestat()
+            if _libc.syscall(SYS_CACHESTAT, fd, ctypes.byref(_CachestatRange(0, 0)),
+                             ctypes.byref(cs), 0) < 0:
+                return fincore_bytes(paths)
+            total += cs.cache * os.sysconf("SC_PAGE_SIZE")
+        finally:
+            os.close(fd)
+    return total
+
+
 def proc_status(pid, key):
     try:
         with open("/proc/%d/status" % pid) as f:
@@ -283,6 +317,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int)
+    ap.add_argument("--row2", action="store_true",
+                    help="measure row 2 only (memory per cached byte), print it, write nothing")
     ap.add_argument("--limit", default=1300 * MIB, type=int)
     ap.add_argument("--work", default="/var/tmp/mlfs-neighbour-%d" % os.getpid())
     ap.add_argument("--opts", default="", help="extra -o options for mlfs")
@@ -321,13 +357,17 @@ def main():
         anon = proc_status(m.proc.pid, "RssAnon")
         rss = proc_status(m.proc.pid, "VmRSS")
         fs = fincore_bytes([os.path.join(src, n) for n in names])
-        fm = fincore_bytes([os.path.join(m.data, n) for n in names])
+        fm = mount_cache_bytes([os.path.join(m.data, n) for n in names])
         per = (anon + fs + fm) / data_bytes
         res["row2"] = {"daemon_rss_anon": anon, "daemon_rss": rss, "source_cache": fs,
                        "mount_cache": fm, "per_byte": per, "mem_bytes": st.get("mem_bytes"),
                        "stat": st}
         log("row 2: anon %d MiB, rss %d MiB, SOURCE cache %d MiB, mount cache %d MiB: "
             "%.2f B per byte" % (anon >> 20, rss >> 20, fs >> 20, fm >> 20, per))
+        log("row 2: passthrough %s, passthrough_opens %s, read_ops %s" % (
+            st.get("passthrough"), st.get("passthrough_opens"), st.get("read_ops")))
+        if a.row2:
+            return 0
         # Row 1: interleaved rounds, alone then with mlfs.
         sampler = None
         for r in range(rounds):

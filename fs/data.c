@@ -72,6 +72,7 @@
 
 #include "cache/bcache.h"
 #include "cache/log.h"
+#include "fs/passthrough.h"
 #include "tiering/tier.h"
 
 struct data_node {
@@ -83,6 +84,15 @@ struct data_node {
 	uint64_t nlookup;
 	int wd;			  /* a directory's inotify watch, 0 for none (invariant 6) */
 	uint32_t nchild;
+	/* Passthrough (passthrough.h), under ns->mu: the backing id every open of this
+	 * node names while nbacked > 0 (the kernel wants one per inode at a time), and
+	 * the opens served by the block cache, which the kernel forbids beside
+	 * passthrough opens of the same inode (iomode.c), so neither kind starts while
+	 * the other is open. */
+	int32_t backing_id;
+	uint32_t nbacked, ncached;
+	dev_t backing_dev; /* the SOURCE file backing_id registered */
+	ino_t backing_ino;
 	uint16_t namelen;
 	char name[];
 };
@@ -92,6 +102,11 @@ struct data_file {
 	struct bc_fid fid;
 	uint64_t size;
 	struct data_node *n;
+	int32_t backing_id; /* > 0: a passthrough open (the node's id) */
+	int backing_other;   /* that id is of another SOURCE file than fd's */
+	int counted;	     /* counted in n->ncached */
+	dev_t dev;	     /* fd's file */
+	ino_t ino;
 	struct data_file *prev, *next; /* ns->files, under ns->mu (data_open's only) */
 };
 
@@ -117,7 +132,8 @@ struct data_ns {
 	struct mlfs *m;
 	int src_fd;
 	char *src_path;
-	/* The node table. A leaf: nothing else is taken under it; no I/O under it. */
+	/* The node table. A leaf: nothing else is taken under it; no I/O under it (the
+	 * backing-file ioctl of data_bind_locked runs under it: no I/O, no lock of ours). */
 	pthread_mutex_t mu;
 	struct data_node **buckets;
 	size_t nbuckets, nnodes;
@@ -618,6 +634,10 @@ static struct data_node *data_node_get(struct data_ns *ns, struct data_node *par
 		n->wd = 0;
 		n->nlookup = 0;
 		n->nchild = 0;
+		n->backing_id = 0;
+		n->nbacked = n->ncached = 0;
+		n->backing_dev = 0;
+		n->backing_ino = 0;
 		n->namelen = (uint16_t)len;
 		memcpy(n->name, name, len + 1);
 		n->hnext = *slot;
@@ -907,16 +927,54 @@ static int data_file_init(struct data_ns *ns, struct data_node *n, struct data_f
 	f->fd = fd;
 	f->fid = data_fid_of(&st);
 	f->size = st.st_size;
+	f->dev = st.st_dev;
+	f->ino = st.st_ino;
 	f->n = n;
 	*changed = data_node_revalidate(ns, n, &f->fid);
 	return 0;
+}
+
+/*
+ * Passthrough (passthrough.h): binds f to n's backing id, registering f's SOURCE fd
+ * (opened O_RDONLY beneath SOURCE, invariant 3) when n has none; or counts f as a
+ * block-cache open when the kernel refuses it or n has such opens already. Caller holds
+ * ns->mu; costs one ioctl (no SOURCE I/O) for the first open of a node. An open while
+ * others are in flight must name their id (the kernel binds one backing file per inode):
+ * if SOURCE replaced the file by rename meanwhile, that id is of the old file, so this
+ * open is marked backing_other and its reads come to the block cache, which reads the
+ * new file (FOPEN_DIRECT_IO beside FOPEN_PASSTHROUGH); only its mmap maps the old file,
+ * until all of those opens are closed (design.md, "The read path").
+ * Returns 0, or the kernel's -errno when it refused f's file (f uses the block cache).
+ */
+static int data_bind_locked(struct data_node *n, struct data_file *f)
+{
+	int id = 0;
+
+	if (n->nbacked) {
+		n->nbacked++;
+		f->backing_id = n->backing_id;
+		f->backing_other = n->backing_dev != f->dev || n->backing_ino != f->ino;
+		return 0;
+	}
+	if (!n->ncached && (id = pt_backing_open(f->fd)) > 0) {
+		n->backing_id = id;
+		n->backing_dev = f->dev;
+		n->backing_ino = f->ino;
+		n->nbacked = 1;
+		f->backing_id = id;
+		return 0;
+	}
+	n->ncached++;
+	f->counted = 1;
+	pt_count_fallback();
+	return id; /* the kernel's refusal, or 0: other opens use the block cache */
 }
 
 int data_open(struct data_ns *ns, struct data_node *n, struct fuse_file_info *fi,
 	      struct data_file **out)
 {
 	struct data_file *f = calloc(1, sizeof(*f));
-	int changed, rc;
+	int changed, refused = 0, rc;
 
 	if (!f)
 		return -ENOMEM;
@@ -933,10 +991,20 @@ int data_open(struct data_ns *ns, struct data_node *n, struct fuse_file_info *fi
 	 */
 	fi->keep_cache = !changed;
 	pthread_mutex_lock(&ns->mu);
+	if (pt_active())
+		refused = data_bind_locked(n, f);
 	DATA_LINK(&ns->files, f);
 	pthread_mutex_unlock(&ns->mu);
+	if (refused < 0)
+		pt_refused(refused);
 	*out = f;
 	return 0;
+}
+
+int data_backing_id(const struct data_file *f, bool *reads_here)
+{
+	*reads_here = f->backing_other;
+	return f->backing_id;
 }
 
 int data_read_unopened(struct data_ns *ns, struct data_node *n, size_t size, off_t off,
@@ -954,9 +1022,22 @@ int data_read_unopened(struct data_ns *ns, struct data_node *n, size_t size, off
 
 void data_release(struct data_ns *ns, struct data_file *f)
 {
+	struct data_node *n = f->n;
+	int32_t close_id = 0;
+
 	pthread_mutex_lock(&ns->mu);
 	DATA_UNLINK(&ns->files, f);
+	/* The kernel sends RELEASE after it dropped the file's hold on the backing file,
+	 * so the last one here may unregister the id. */
+	if (f->backing_id && !--n->nbacked) {
+		close_id = n->backing_id;
+		n->backing_id = 0;
+	} else if (f->counted) {
+		n->ncached--;
+	}
 	pthread_mutex_unlock(&ns->mu);
+	if (close_id)
+		pt_backing_close(close_id);
 	close(f->fd);
 	free(f);
 }

@@ -20,6 +20,7 @@
 #define MLFS_DATA_H
 
 #include <dirent.h>
+#include <stdbool.h>
 #include <sys/stat.h>
 
 #include "fs/mlfs.h"
@@ -74,6 +75,10 @@ int data_listxattr(struct data_ns *ns, struct data_node *n, char *buf, size_t si
 int data_open(struct data_ns *ns, struct data_node *n, struct fuse_file_info *fi,
 	      struct data_file **out);
 void data_release(struct data_ns *ns, struct data_file *f);
+/* With passthrough active (passthrough.h): the backing id the OPEN reply of f must name,
+ * or 0 when f is served by the block cache. *reads_here: the id is of another SOURCE
+ * file than f's (replaced while open), so f's reads must still come to data_read. */
+int data_backing_id(const struct data_file *f, bool *reads_here);
 /* data_read for a file the kernel did not open through us (-o immutable: no OPEN
  * requests): opens SOURCE for this one read, revalidating it like data_open. */
 int data_read_unopened(struct data_ns *ns, struct data_node *n, size_t size, off_t off,

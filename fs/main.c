@@ -33,6 +33,7 @@
 #include "fs/ctl.h"
 #include "fs/data.h"
 #include "fs/mlfs.h"
+#include "fs/passthrough.h"
 #include "fs/snapd.h"
 #include "tiering/tier.h"
 
@@ -46,7 +47,7 @@
 struct mlfs_opts {
 	char *store, *spill, *restore, *pressure_file, *meminfo_file, *cgroup;
 	char *mem_max, *mem_min, *block_size, *spill_max, *data_timeout, *threads;
-	char *preempt_deadline, *autosnap, *keep, *mtbf, *workers, *worker;
+	char *preempt_deadline, *autosnap, *keep, *mtbf, *workers, *worker, *passthrough;
 	int show_help, show_version, foreground, debug, immutable, watch;
 };
 
@@ -70,6 +71,7 @@ static const struct fuse_opt mlfs_opt_spec[] = {
 	OPT("mtbf=%s", mtbf),
 	OPT("workers=%s", workers),
 	OPT("worker=%s", worker),
+	OPT("passthrough=%s", passthrough),
 	OPT("-h", show_help),
 	OPT("--help", show_help),
 	OPT("-V", show_version),
@@ -89,7 +91,7 @@ static void mlfs_opts_free(struct mlfs_opts *o)
 			  &o->meminfo_file, &o->cgroup, &o->mem_max, &o->mem_min,
 			  &o->block_size, &o->spill_max, &o->data_timeout, &o->threads,
 			  &o->preempt_deadline, &o->autosnap, &o->keep, &o->mtbf,
-			  &o->workers, &o->worker };
+			  &o->workers, &o->worker, &o->passthrough };
 
 	for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++) {
 		free(*strs[i]);
@@ -144,6 +146,8 @@ static void usage(FILE *f)
 "  -o watch               opens cost no request either; SOURCE changes are pushed to\n"
 "                         the kernel as inotify reports them (local filesystems only;\n"
 "                         elsewhere every open revalidates, as by default)\n"
+"  -o passthrough=MODE    auto, on or off: MOUNTPOINT/data files read SOURCE's page\n"
+"                         cache in the kernel (auto: as root on a local SOURCE)\n"
 "  -o allow_other         let other users in (with default_permissions, always on)\n"
 "SIZE takes K, M, G or T (powers of 1024). See mlfs(8).\n",
 		MLFS_THREADS_DEFAULT, MLFS_DATA_TIMEOUT);
@@ -419,6 +423,23 @@ static int build_config(struct mlfs_opts *o, const char *src, const char *mnt,
 			o->restore ? "restore" : o->autosnap ? "autosnap" : o->keep ? "keep"
 								      : "workers");
 		return 1;
+	}
+	if (o->passthrough) {
+		if (!strcmp(o->passthrough, "auto"))
+			c->passthrough = PT_AUTO;
+		else if (!strcmp(o->passthrough, "on"))
+			c->passthrough = PT_ON;
+		else if (!strcmp(o->passthrough, "off"))
+			c->passthrough = PT_OFF;
+		else
+			return fprintf(stderr, "mlfs: bad passthrough '%s': auto, on or off\n",
+				       o->passthrough), 1;
+		/* The kernel registers backing files for CAP_SYS_ADMIN only (backing.c). */
+		if (c->passthrough == PT_ON && geteuid() != 0) {
+			fprintf(stderr, "mlfs: -o passthrough=on needs root (the kernel lets "
+					"only CAP_SYS_ADMIN register backing files)\n");
+			return 1;
+		}
 	}
 	c->immutable = o->immutable;
 	c->watch = o->watch && !o->immutable; /* immutable already promises more */
@@ -958,6 +979,14 @@ int main(int argc, char **argv)
 		fprintf(stderr, "mlfs: cannot read requests: %s\n", strerror(-r));
 		goto out_unmount;
 	}
+	/* Passthrough (passthrough.h): auto takes it where SOURCE's page cache is the
+	 * natural cache (a local filesystem) and the kernel will let us (root). It rides
+	 * on OPEN requests, so not with -o immutable or -o watch (no OPEN). */
+	pt_configure(!m.cfg.immutable && !m.cfg.watch &&
+			     (m.cfg.passthrough == PT_ON ||
+			      (m.cfg.passthrough == PT_AUTO && geteuid() == 0 &&
+			       pt_source_local(m.cfg.source))),
+		     fuse_session_fd(se));
 	if (!m.cfg.foreground && (r = mlfs_daemonize(&ready_fd))) {
 		fprintf(stderr, "mlfs: cannot start the daemon: %s\n", strerror(-r));
 		goto out_unmount;
@@ -1048,6 +1077,7 @@ out_unmount:
 	data_watch_stop(m.data); /* it notifies the kernel through the session */
 out_destroy:
 	fuse_session_destroy(se);
+	pt_detach();
 out_stop:
 	mlfs_stop(&m);
 out_free:

@@ -27,6 +27,7 @@
 #include "fs/ctl.h"
 #include "fs/data.h"
 #include "fs/mlfs.h"
+#include "fs/passthrough.h"
 
 /* Zeros for holes in replies: BSS, so never-written pages map the shared zero page
  * and cost no memory. */
@@ -118,6 +119,11 @@ static void mlfs_op_init(void *userdata, struct fuse_conn_info *conn)
 	/* FOPEN_NOFLUSH came with protocol 7.35 (Linux 5.16): before it, every close()
 	 * would send a FLUSH, so mlfs_op_flush refuses the first and none comes again. */
 	m->noflush = conn->proto_major > 7 || (conn->proto_major == 7 && conn->proto_minor >= 35);
+	/* Passthrough for MOUNT/data (passthrough.h), which rides on OPEN requests: none
+	 * come with -o immutable or -o watch. The INIT reply libfuse writes after this returns
+	 * carries it. */
+	if (!mlfs_no_open(m) && pt_want())
+		log_info("passthrough: MOUNT/data files read SOURCE's page cache in the kernel");
 	conn->max_write = MLFS_MAX_REQ;
 	conn->max_readahead = MLFS_MAX_REQ;
 	conn->max_background = 64;
@@ -405,7 +411,8 @@ static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 	struct mlfs *m = mlfs_of(req);
 	struct mlfs_node *n = node_of(ino);
 	struct data_file *f;
-	int rc;
+	int backing_id = 0, rc;
+	bool reads_here;
 
 	/* -o immutable or -o watch: the first open answers ENOSYS and the kernel sends no
 	 * OPEN or RELEASE again on this mount (FUSE no_open), with keep_cache for every
@@ -428,6 +435,11 @@ static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 		if (!fi->keep_cache && m->se)
 			fuse_lowlevel_notify_inval_inode(m->se, ino, -1, 0);
 		fi->noflush = 1; /* no FLUSH on close(): mlfs_op_flush */
+		/* Passthrough: reads and mmap go to SOURCE's file in the kernel. */
+		if ((backing_id = data_backing_id(f, &reads_here))) {
+			fi->keep_cache = 0;
+			pt_mark_open(backing_id, reads_here);
+		}
 	} else if (n->kind == MLFS_CKPT) {
 		struct ckpt_file *cf;
 
@@ -443,7 +455,10 @@ static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 	} else {
 		return reply_rc(req, -EISDIR);
 	}
-	if (fuse_reply_open(req, fi) == -ENOENT) {
+	rc = fuse_reply_open(req, fi);
+	if (backing_id)
+		pt_unmark();
+	if (rc == -ENOENT) {
 		/* The opener was interrupted: undo, as nobody will release this. */
 		if (n->kind == MLFS_DATA)
 			data_release(m->data, f);
@@ -473,6 +488,8 @@ static ssize_t mlfs_io_read(int fd, void *buf, size_t len, void *userdata)
 	size_t head = sizeof(*in) + sizeof(struct fuse_create_in);
 
 	/* A TMPFILE too short to hold a name stays one: libfuse answers ENOSYS. */
+	if (n > 0 && in->opcode == FUSE_INIT)
+		pt_note_init_in(buf, (size_t)n);
 	if (n >= (ssize_t)(head + sizeof(MLFS_TMPFILE_NAME)) && in->opcode == FUSE_TMPFILE &&
 	    in->len >= head + sizeof(MLFS_TMPFILE_NAME)) {
 		in->opcode = FUSE_CREATE;
@@ -481,8 +498,11 @@ static ssize_t mlfs_io_read(int fd, void *buf, size_t len, void *userdata)
 	return n;
 }
 
+/* Every reply passes here in the thread that made it: the INIT and OPEN replies that
+ * passthrough.h marks get their passthrough fields. */
 static ssize_t mlfs_io_writev(int fd, struct iovec *iov, int count, void *userdata)
 {
+	pt_patch_reply(iov, count);
 	return writev(fd, iov, count);
 }
 

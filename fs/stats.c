@@ -17,6 +17,7 @@
 #include "fs/data.h"
 #include "fs/mlfs.h"
 #include "fs/snapd.h"
+#include "fs/passthrough.h"
 #include "tiering/tier.h"
 
 struct mlfs *mlfs_g;
@@ -97,6 +98,7 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 {
 	struct bc_stats bs;
 	struct tier_stats ts;
+	struct pt_stats ps;
 	int n = 0;
 
 	bc_get_stats(m->bc, &bs);
@@ -155,6 +157,16 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 	  data_watching(m->data));
 	F("watch_events", "SOURCE changes pushed to the kernel (-o watch)",
 	  data_watch_events(m->data));
+	pt_get_stats(&ps);
+	F("passthrough", "1: MOUNT/data files read SOURCE's page cache in the kernel",
+	  ps.active);
+	F("passthrough_opens", "opens of MOUNT/data files bound to their SOURCE file",
+	  ps.opens);
+	F("passthrough_fallbacks", "opens served by the block cache although passthrough is on",
+	  ps.fallbacks);
+	F("backing_ids", "SOURCE files registered with the kernel now (one per open inode)",
+	  ps.backing_ids);
+	F("backing_opens", "SOURCE files registered with the kernel in all", ps.backing_opens);
 	tier_get_stats(m->tier, &ts);
 	F("spilled_bytes", "logical bytes of blocks in the spill tier", ts.spilled_bytes);
 	F("spilled_disk_bytes", "bytes the spill tier uses on disk", ts.spilled_disk_bytes);

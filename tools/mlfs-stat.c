@@ -87,6 +87,8 @@ static const struct row {
 	{ "ckpt_resident", 0 }, { "hits", 0 }, { "misses", 0 }, { "not_admitted", 0 },
 	{ "source_bytes_read", 1 }, { "bytes_served", 1 }, { "bytes_written", 1 },
 	{ "csum_errors", 0 }, { "data_nodes", 0 }, { NULL, 0 },
+	{ "passthrough", 0 }, { "passthrough_opens", 0 }, { "passthrough_fallbacks", 0 },
+	{ "backing_ids", 0 }, { NULL, 0 },
 	{ "spilled_bytes", 1 }, { "spilled_disk_bytes", 1 }, { "spill_capacity", 1 },
 	{ "spill_full", 0 }, { "spill_ops", 0 }, { "reload_ops", 0 }, { "bg_reload_ops", 0 },
 	{ "drops", 0 }, { "frees", 0 }, { "kept", 0 }, { "spill_errors", 0 },

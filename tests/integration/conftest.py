@@ -11,6 +11,9 @@ kernel's own), which makes the expected results ext4's. Tests marked `daemon` (t
 mlfs-stat, the mount layout) cannot mean anything there and are skipped with a reason that
 the summary prints. Without MLFS_TEST_NATIVE a missing bin/mlfs fails, never skips.
 
+MLFS_TEST_OPTS adds -o options to every mount (MLFS_TEST_OPTS=passthrough=off runs the
+suite on the block-cache read path instead of FUSE passthrough).
+
 MLFS_TEST_SEED sets the seed of every random choice (printed in the header and in each
 byte-mismatch message); MLFS_BIN_DIR points at another build than repo/bin.
 
@@ -171,7 +174,14 @@ class Mounter:
 
     def options(self, m, opts):
         o = f"spill={m.spill},store={m.store}"
-        return o + ("," + opts if opts else "")
+        # MLFS_TEST_OPTS: options for every mount of the run (passthrough=off runs the
+        # suite on the block-cache read path); a test's own opts come after and win.
+        # An option named twice would leak the first string in fuse_opt_parse (a
+        # LeakSanitizer report): the test's own replaces the run's.
+        keys = {kv.split("=", 1)[0] for kv in opts.split(",") if kv}
+        extra = ",".join(kv for kv in os.environ.get("MLFS_TEST_OPTS", "").split(",")
+                         if kv and kv.split("=", 1)[0] not in keys)
+        return o + ("," + extra if extra else "") + ("," + opts if opts else "")
 
     @staticmethod
     def require_binary():

@@ -279,6 +279,45 @@ def test_neighbour_with_dirty_checkpoint(memcg, mounter):
             nb.wait(10)
 
 
+@pytest.mark.no_sanitizer("a 640 MiB cgroup beside a neighbour (see above)")
+def test_neighbour_beside_passthrough(memcg, mounter):
+    """With passthrough (a local SOURCE, root), a dataset read through the mount from the
+    job's cgroup is SOURCE's page cache alone: the daemon holds no block and the mount no
+    page of its own, and the kernel gives it to a neighbour in its own page faults."""
+    cg_write(memcg, "memory.limit_in_bytes", L)
+    src = mounter.tempdir("src-")
+    files = make_files(src, 10, 32 * MiB, U.SEED + 9)  # 320 MiB
+    names = sorted(files)
+    drop_source_cache(src, names)
+    m = start_daemon(mounter, src, f"cgroup={memcg},mem_max=2G,mem_min=64M,passthrough=auto",
+                     cgroup_dir=memcg)
+    nb = None
+    try:
+        assert m.stat()["passthrough"] == 1, m.stderr()
+        # The job reads the dataset from inside the cgroup: SOURCE's pages are its.
+        r = subprocess.run([sys.executable, "-c", "import sys\nfor p in sys.argv[1:]: "
+                            "open(p, 'rb').read()"] + [os.path.join(m.data, n) for n in names],
+                           preexec_fn=lambda: cg_write(memcg, "cgroup.procs", os.getpid()),
+                           timeout=120)
+        assert r.returncode == 0
+        st = m.stat()
+        assert st["mem_bytes"] == 0 and st["read_ops"] == 0, st
+        assert source_cached(src, names) >= 300 * MiB
+        nb = run_neighbour(memcg, L - 96 * MiB)
+        wait_grown(nb, memcg, "growing beside passthrough")
+        assert cg_oom_kills(memcg) in (None, 0)
+        assert source_cached(src, names) < 300 * MiB, "the kernel took nothing back"
+        for n in names:
+            check_file(m, files, n, "under the neighbour")
+        check_mapped_views(m, files, names[0])
+        assert nb.poll() is None, "the neighbour died"
+        assert cg_oom_kills(memcg) in (None, 0)
+        assert m.proc.poll() is None, "the daemon died"
+    finally:
+        if nb:
+            release(nb)
+
+
 def test_truncated_source_under_a_mapped_block(mounter):
     src = mounter.tempdir("src-")
     data = random.Random(U.SEED + 5).randbytes(4 * MiB)

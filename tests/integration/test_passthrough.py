@@ -1,0 +1,257 @@
+"""FUSE passthrough for MOUNT/data (fs/passthrough.h): as root on a local SOURCE, an opened
+data file is bound to its SOURCE file in the kernel, whose page cache serves reads and
+mmap. Bytes stay exact, SOURCE changes are seen at the next open, backing ids are given
+back, permissions hold, and -o passthrough=off keeps the block-cache path."""
+import errno
+import mmap
+import os
+import pwd
+import random
+import subprocess
+import time
+
+import numpy
+import pytest
+
+import mlfs_util as U
+
+pytestmark = pytest.mark.daemon
+
+MiB = 1 << 20
+SIZES = {"one": 1, "odd": 3 * MiB + 12345, "big": 9 * MiB + 1}
+
+
+def make_src(mounter):
+    src = mounter.tempdir("src-")
+    rng = random.Random(U.SEED)
+    for name, size in SIZES.items():
+        U.write_file(os.path.join(src, name), rng.randbytes(size))
+    return src
+
+
+def want(m, name):
+    with open(os.path.join(m.src, name), "rb") as f:
+        return f.read()
+
+
+def wait_stat(m, key, value, timeout=10):
+    """RELEASE reaches the daemon after close() returned (the kernel sends it in the
+    background): wait for the counter to settle."""
+    end = time.monotonic() + timeout
+    while True:
+        st = m.stat()
+        if st[key] == value or time.monotonic() > end:
+            return st
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def pt_mount(mounter):
+    m = mounter(src=make_src(mounter), opts="allow_other,passthrough=auto")
+    if m.stat()["passthrough"] != 1:
+        pytest.fail(f"passthrough not negotiated as root on a local SOURCE:\n{m.stderr()}")
+    return m
+
+
+def test_reads_bypass_the_daemon(pt_mount):
+    m = pt_mount
+    for name in SIZES:
+        with open(os.path.join(m.data, name), "rb") as f:
+            U.assert_bytes(f.read(), want(m, name), f"data/{name}")
+    st = wait_stat(m, "backing_ids", 0)
+    assert st["passthrough_opens"] >= len(SIZES)
+    # Every byte came from SOURCE's page cache in the kernel: no read request reached us.
+    assert st["read_ops"] == 0 and st["source_reads"] == 0, st
+    assert st["backing_ids"] == 0, st
+
+
+def test_pread_odd_offsets(pt_mount):
+    m = pt_mount
+    data = want(m, "odd")
+    rng = random.Random(U.SEED ^ 7)
+    with open(os.path.join(m.data, "odd"), "rb") as f:
+        for off, n in [(0, 1), (4095, 2), (MiB - 1, 3), (len(data) - 1, 10),
+                       (len(data), 5), (len(data) + 999, 5)] + \
+                [(rng.randrange(len(data) + 3), rng.randrange(1, 2 * MiB)) for _ in range(100)]:
+            U.assert_bytes(os.pread(f.fileno(), n, off), data[off:off + n],
+                           f"pread off={off} n={n}")
+
+
+def test_mmap_shared_and_numpy_memmap(pt_mount):
+    m = pt_mount
+    data = want(m, "big")
+    with open(os.path.join(m.data, "big"), "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED, mmap.PROT_READ)
+        try:
+            U.assert_bytes(mm[:], data, "mmap MAP_SHARED")
+            U.assert_bytes(mm[MiB - 3:MiB + 5], data[MiB - 3:MiB + 5], "mmap slice")
+        finally:
+            mm.close()
+        # A writable shared mapping needs a writable file: the open was O_RDONLY.
+        U.expect_errno({errno.EACCES}, mmap.mmap, f.fileno(), 0, mmap.MAP_SHARED,
+                       mmap.PROT_READ | mmap.PROT_WRITE)
+    arr = numpy.memmap(os.path.join(m.data, "big"), dtype=numpy.uint8, mode="r")
+    assert arr.tobytes() == data
+    assert int(arr[len(data) - 1]) == data[-1]
+    del arr
+
+
+def test_no_write_through_a_passthrough_file(pt_mount):
+    m = pt_mount
+    p = os.path.join(m.data, "one")
+    U.expect_errno({errno.EROFS}, os.open, p, os.O_RDWR)
+    U.expect_errno({errno.EROFS}, os.open, p, os.O_WRONLY)
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        U.expect_errno({errno.EBADF}, os.write, fd, b"x")
+    finally:
+        os.close(fd)
+    with open(os.path.join(m.src, "one"), "rb") as f:
+        assert f.read() == want(m, "one")
+
+
+def test_concurrent_opens_share_one_backing_id(pt_mount):
+    """The kernel wants every open of an inode in flight to name the same backing file
+    (a second one fails with EIO): the daemon keeps one id per node."""
+    m = pt_mount
+    data = want(m, "odd")
+    fds = [os.open(os.path.join(m.data, "odd"), os.O_RDONLY) for _ in range(5)]
+    fds.append(os.open(os.path.join(m.data, "big"), os.O_RDONLY))
+    try:
+        for fd in fds[:5]:
+            assert os.pread(fd, 100, 777) == data[777:877]
+        st = m.stat()
+        assert st["backing_ids"] == 2, st
+    finally:
+        for fd in fds:
+            os.close(fd)
+    st = wait_stat(m, "backing_ids", 0)
+    assert st["backing_ids"] == 0, st
+    assert st["passthrough_fallbacks"] == 0, st
+
+
+def test_source_changed_between_opens(pt_mount):
+    m = pt_mount
+    path = os.path.join(m.data, "odd")
+    with open(path, "rb") as f:
+        assert f.read(64) == want(m, "odd")[:64]
+    # In place, another size (the same SOURCE inode) ...
+    new = os.urandom(2 * MiB + 3)
+    U.write_file(os.path.join(m.src, "odd"), new)
+    with open(path, "rb") as f:
+        U.assert_bytes(f.read(), new, "rewritten in place")
+    # ... and replaced by rename (a new SOURCE inode).
+    newer = os.urandom(MiB + 5)
+    tmp = os.path.join(m.src, ".odd.tmp")
+    U.write_file(tmp, newer)
+    os.rename(tmp, os.path.join(m.src, "odd"))
+    wait_stat(m, "backing_ids", 0)
+    with open(path, "rb") as f:
+        U.assert_bytes(f.read(), newer, "replaced by rename")
+    assert wait_stat(m, "backing_ids", 0)["backing_ids"] == 0
+
+
+def test_replaced_while_open(pt_mount):
+    """The kernel binds one backing file per inode while any open of it is in flight:
+    an open after SOURCE replaced the file names the old id, and its reads come to the
+    block cache (FOPEN_DIRECT_IO beside passthrough), which reads the new file."""
+    m = pt_mount
+    path = os.path.join(m.data, "big")
+    old = want(m, "big")
+    keep = os.open(path, os.O_RDONLY)
+    try:
+        assert os.pread(keep, 4096, 0) == old[:4096]
+        new = os.urandom(MiB + 77)
+        tmp = os.path.join(m.src, ".big.tmp")
+        U.write_file(tmp, new)
+        os.rename(tmp, os.path.join(m.src, "big"))
+        before = m.stat()["read_ops"]
+        with open(path, "rb") as f:
+            U.assert_bytes(f.read(), new, "reopened while the old file is open")
+        assert m.stat()["read_ops"] > before
+        assert m.stat()["backing_ids"] == 1
+    finally:
+        os.close(keep)
+    assert wait_stat(m, "backing_ids", 0)["backing_ids"] == 0
+    with open(path, "rb") as f:
+        U.assert_bytes(f.read(), new, "reopened after the old file was closed")
+
+
+def test_off_uses_the_block_cache(mounter):
+    m = mounter(src=make_src(mounter), opts="passthrough=off")
+    with open(os.path.join(m.data, "odd"), "rb") as f:
+        U.assert_bytes(f.read(), want(m, "odd"), "passthrough=off")
+    st = m.stat()
+    assert st["passthrough"] == 0 and st["passthrough_opens"] == 0, st
+    assert st["read_ops"] > 0 and st["source_reads"] > 0, st
+    assert st["backing_opens"] == 0, st
+
+
+def test_fuse_source_stays_on_the_block_cache(mounter):
+    """auto takes passthrough only where SOURCE's page cache is the natural cache: a
+    SOURCE on FUSE (here another mlfs) keeps the block cache; on forces it, and a file
+    the kernel will not back falls back per open: the inner mount uses passthrough
+    itself, so its files stack one deep already (max_stack_depth 1, ELOOP)."""
+    inner = mounter(src=make_src(mounter), opts="passthrough=auto")
+    assert inner.stat()["passthrough"] == 1
+    outer = mounter(src=inner.data, opts="passthrough=auto")
+    with open(os.path.join(outer.data, "odd"), "rb") as f:
+        U.assert_bytes(f.read(), want(inner, "odd"), "auto over FUSE")
+    st = outer.stat()
+    assert st["passthrough"] == 0 and st["source_reads"] > 0, st
+    forced = mounter(src=inner.data, opts="passthrough=on")
+    with open(os.path.join(forced.data, "big"), "rb") as f:
+        U.assert_bytes(f.read(), want(inner, "big"), "on over FUSE")
+    st = forced.stat()
+    assert st["passthrough"] == 1, st
+    assert st["passthrough_fallbacks"] >= 1 and st["source_reads"] > 0, st
+    assert st["backing_ids"] == 0, st
+
+
+def test_bad_option_refused(mounter):
+    m = mounter.prepare()
+    r = subprocess.run([U.MLFS, "-o", "passthrough=maybe", m.src, m.mnt],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "passthrough" in r.stderr, r.stderr
+    assert not U.is_mounted(m.mnt)
+
+
+@pytest.fixture(scope="module")
+def other_user():
+    name = f"mlfspt{os.getpid()}"
+    r = subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", name],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.fail(f"useradd {name}: {r.stderr.strip()}")
+    try:
+        pw = pwd.getpwnam(name)
+        yield pw.pw_uid, pw.pw_gid
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)
+
+
+def test_second_user_permissions(pt_mount, other_user):
+    """default_permissions is checked at open, before the OPEN that binds the file."""
+    m = pt_mount
+    secret = os.path.join(m.src, "secret")
+    U.write_file(secret, b"root only\n", mode=0o600)
+    os.chmod(secret, 0o600)
+    uid, gid = other_user
+
+    def read(name):
+        with open(os.path.join(m.data, name), "rb") as f:
+            return f.read().hex()
+
+    assert U.as_user(lambda: read("secret"), uid, gid) == ["err", errno.EACCES]
+    assert U.as_user(lambda: read("one"), uid, gid) == ["ok", want(m, "one").hex()]
+    assert m.stat()["read_ops"] == 0
+
+
+def test_on_needs_root(mounter, other_user):
+    m = mounter.prepare()
+    uid, gid = other_user
+    r = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
+                        U.MLFS, "-o", "passthrough=on", m.src, m.mnt],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "needs root" in r.stderr, r.stderr
+    assert not U.is_mounted(m.mnt)
