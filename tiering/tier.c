@@ -666,7 +666,7 @@ static void *tier_fill_thread(void *arg)
 {
 	struct tier *t = arg;
 	struct timespec ts;
-	uint64_t until;
+	uint64_t until, now;
 
 	pthread_mutex_lock(&t->mu);
 	while (!t->stop) {
@@ -675,8 +675,10 @@ static void *tier_fill_thread(void *arg)
 			continue;
 		}
 		until = t->last_cut_ms ? t->last_cut_ms + t->cfg.refill_hold_ms : 0;
-		if (tier_now_ms() < until) {
-			tier_deadline(&ts, (unsigned)(until - tier_now_ms()));
+		now = tier_now_ms();
+		if (now < until) {
+			/* At most a second at a time: a hold longer than an unsigned ms. */
+			tier_deadline(&ts, until - now < 1000 ? (unsigned)(until - now) : 1000);
 			pthread_cond_timedwait(&t->fill_cv, &t->mu, &ts);
 			continue;
 		}
