@@ -388,7 +388,7 @@ static void bc_pool_put(struct bc *bc, void *buf, uint32_t cap)
  * a fresh mount (or after a cut emptied the pool) still pays the first touch of every
  * page, on the FUSE worker, while the writer waits for the reply: the write pipeline is
  * one 1 MiB request at a time, so on 2 cores about one is busy. bc_pool_fill, run by a
- * background thread (the tier's, woken by pool_low), keeps up to pool_stock bytes of
+ * background thread (the tier's fill thread, woken by pool_low), keeps up to pool_stock bytes of
  * buffers already faulted in the pool, so that first touch happens on the idle core.
  * The stock is pool memory like any other: within the pool's bound (never past
  * min(budget/4, budget - mem_bytes), checked under pool_mu as each buffer goes in),
@@ -452,9 +452,8 @@ uint64_t bc_pool_fill(struct bc *bc)
 			break;
 		}
 		added += bc->pool_cap;
+		atomic_fetch_add(&bc->pool_filled, bc->pool_cap); /* never behind pool_bytes */
 	}
-	if (added)
-		atomic_fetch_add(&bc->pool_filled, added);
 	return added;
 }
 
