@@ -185,6 +185,8 @@ struct bc {
 	void *pool;			 /* freed block-sized buffers, linked by first word */
 	_Atomic uint64_t pool_bytes;	 /* pool_cap x buffers in the pool */
 	uint32_t pool_cap;		 /* footprint of a malloc(block_size) */
+	_Atomic uint64_t pool_stock;	 /* "Stock": pre-faulted bytes wanted; 0: none */
+	_Atomic uint64_t pool_filled;	 /* bytes bc_pool_fill put in the pool, ever */
 	struct bc_backing backing;
 	struct bc_shard shards[BC_SHARDS];
 };
@@ -313,20 +315,29 @@ static uint64_t bc_pool_limit(const struct bc *bc)
 	return room < budget / BC_POOL_DIV ? room : budget / BC_POOL_DIV;
 }
 
-/* A pooled buffer of pool_cap bytes, or NULL. */
+/* A pooled buffer of pool_cap bytes, or NULL. Called for every block-sized allocation,
+ * with no lock held: when a stock is wanted, the pool fell under its low mark (3/4 of
+ * it) and its bound has room for another buffer, asks the backing's pool_low to refill
+ * it in the background ("Stock"). A cache filling its budget leaves no room, so its
+ * allocations do not wake the filler for nothing. */
 static void *bc_pool_get(struct bc *bc)
 {
-	void *p;
+	uint64_t stock = atomic_load_explicit(&bc->pool_stock, memory_order_relaxed), pool;
+	void *p = NULL;
 
-	if (!atomic_load_explicit(&bc->pool_bytes, memory_order_relaxed))
-		return NULL;
-	pthread_mutex_lock(&bc->pool_mu);
-	p = bc->pool;
-	if (p) {
-		bc->pool = *(void **)p;
-		atomic_fetch_sub(&bc->pool_bytes, bc->pool_cap);
+	if (atomic_load_explicit(&bc->pool_bytes, memory_order_relaxed)) {
+		pthread_mutex_lock(&bc->pool_mu);
+		p = bc->pool;
+		if (p) {
+			bc->pool = *(void **)p;
+			atomic_fetch_sub(&bc->pool_bytes, bc->pool_cap);
+		}
+		pthread_mutex_unlock(&bc->pool_mu);
 	}
-	pthread_mutex_unlock(&bc->pool_mu);
+	pool = atomic_load_explicit(&bc->pool_bytes, memory_order_relaxed);
+	if (stock && bc->backing.pool_low && pool < stock / 4 * 3 &&
+	    pool + bc->pool_cap <= bc_pool_limit(bc))
+		bc->backing.pool_low(bc->backing.arg);
 	return p;
 }
 
@@ -370,6 +381,80 @@ static void bc_pool_put(struct bc *bc, void *buf, uint32_t cap)
 	}
 	if (!kept)
 		free(buf);
+}
+
+/*
+ * Stock. The pool fills only with what a job freed, so the first checkpoint written into
+ * a fresh mount (or after a cut emptied the pool) still pays the first touch of every
+ * page, on the FUSE worker, while the writer waits for the reply: the write pipeline is
+ * one 1 MiB request at a time, so on 2 cores about one is busy. bc_pool_fill, run by a
+ * background thread (the tier's fill thread, woken by pool_low), keeps up to pool_stock bytes of
+ * buffers already faulted in the pool, so that first touch happens on the idle core.
+ * The stock is pool memory like any other: within the pool's bound (never past
+ * min(budget/4, budget - mem_bytes), checked under pool_mu as each buffer goes in),
+ * freed first by a cut (bc_set_budget trims the pool); the caller does not fill under
+ * pressure. Cost: pool_stock bytes of anonymous memory held while no checkpoint is
+ * written, once a block-sized allocation asked for it (a daemon that never allocates a
+ * block buffer never fills it), plus one buffer in hand while it is faulted.
+ */
+void bc_set_pool_stock(struct bc *bc, uint64_t bytes)
+{
+	atomic_store(&bc->pool_stock, bytes);
+}
+
+/* Faults a fresh buffer's pages in now: MADV_POPULATE_WRITE (Linux 5.14) in one call,
+ * else a write per page. */
+static void bc_prefault(void *buf, size_t len)
+{
+	long pg = sysconf(_SC_PAGESIZE);
+	uintptr_t a = (uintptr_t)buf, start = a & ~(uintptr_t)(pg - 1);
+
+#ifdef MADV_POPULATE_WRITE
+	if (!madvise((void *)start, a + len - start, MADV_POPULATE_WRITE))
+		return;
+#endif
+	for (size_t off = 0; off < len; off += (size_t)pg)
+		((volatile char *)buf)[off] = 0;
+	((volatile char *)buf)[len - 1] = 0;
+}
+
+uint64_t bc_pool_fill(struct bc *bc)
+{
+	uint64_t added = 0, stock;
+	void *p;
+	bool kept;
+
+	for (;;) {
+		stock = atomic_load(&bc->pool_stock);
+		if (atomic_load(&bc->pool_bytes) + bc->pool_cap > stock ||
+		    atomic_load(&bc->pool_bytes) + bc->pool_cap > bc_pool_limit(bc))
+			break;
+		if (!(p = malloc(bc->block_size)))
+			break;
+		if (malloc_usable_size(p) != bc->pool_cap) {
+			free(p); /* not the footprint the pool holds: nothing to stock */
+			break;
+		}
+		bc_prefault(p, bc->pool_cap);
+		kept = false;
+		pthread_mutex_lock(&bc->pool_mu);
+		/* The bound again, under the lock: a cut may have come meanwhile. */
+		if (atomic_load(&bc->pool_bytes) + bc->pool_cap <= bc_pool_limit(bc) &&
+		    atomic_load(&bc->pool_bytes) + bc->pool_cap <= stock) {
+			*(void **)p = bc->pool;
+			bc->pool = p;
+			atomic_fetch_add(&bc->pool_bytes, bc->pool_cap);
+			kept = true;
+		}
+		pthread_mutex_unlock(&bc->pool_mu);
+		if (!kept) {
+			free(p);
+			break;
+		}
+		added += bc->pool_cap;
+		atomic_fetch_add(&bc->pool_filled, bc->pool_cap); /* never behind pool_bytes */
+	}
+	return added;
 }
 
 /* Frees b's buffer; with `pool`, into the pool when it fits there. Only buffers the job
@@ -524,6 +609,7 @@ void bc_get_stats(struct bc *bc, struct bc_stats *st)
 	st->map_refaults = atomic_load(&bc->map_refaults);
 	st->map_prefetches = atomic_load(&bc->map_prefetches);
 	st->pool_bytes = atomic_load(&bc->pool_bytes);
+	st->pool_filled = atomic_load(&bc->pool_filled);
 }
 
 static struct bc_shard *bc_shard_of(struct bc *bc, struct bc_block *b)

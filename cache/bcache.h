@@ -126,6 +126,7 @@ struct bc_stats {
 	uint64_t map_refaults;		     /* mapped blocks found partly reclaimed, re-read */
 	uint64_t map_prefetches;	     /* of those, asked back in the background */
 	uint64_t pool_bytes;		     /* freed block buffers kept for reuse */
+	uint64_t pool_filled;		     /* bytes bc_pool_fill stocked, ever */
 };
 
 struct bc;
@@ -141,6 +142,16 @@ uint64_t bc_mem_bytes(const struct bc *bc);
  * anything is evicted. So mem_bytes + pool_bytes is what the block memory really
  * costs, and stays within the budget whenever mem_bytes does. */
 uint64_t bc_pool_bytes(const struct bc *bc);
+/* The stock (bcache.c, "Stock"): how many bytes of pre-faulted block buffers the pool
+ * should hold for writes into fresh memory; 0 (the default) wants none. Once a
+ * block-sized allocation leaves the pool under 3/4 of it, the backing's pool_low is
+ * called. */
+void bc_set_pool_stock(struct bc *bc, uint64_t bytes);
+/* Allocates and faults block buffers into the pool until it holds the stock, or its
+ * bound (min(budget/4, budget - mem_bytes)) leaves no room for one more, or malloc
+ * fails. Returns the bytes added. Blocks while it faults (about 0.3 ms a MiB): run it
+ * on a background thread, one at a time, and not under memory pressure. */
+uint64_t bc_pool_fill(struct bc *bc);
 void bc_get_stats(struct bc *bc, struct bc_stats *st);
 
 /* A new block with a buffer of `cap` bytes, len 0 for ckpt, `cap` for data; bytes past
@@ -308,6 +319,10 @@ struct bc_backing {
 	/* Memory is full: may a new data block be cached anyway, to be spilled at once
 	 * (the disk tier keeping what memory cannot)? No lock held; may be NULL (no). */
 	bool (*admit)(void *arg);
+	/* A block-sized allocation left the pool under 3/4 of its stock
+	 * (bc_set_pool_stock): wake whoever calls bc_pool_fill. Called on such allocations
+	 * until it is refilled (keep it cheap), no lock held; may be NULL. */
+	void (*pool_low)(void *arg);
 	void *arg;
 };
 /* Whether a data block read now would be cached (memory under budget, or the backing

@@ -130,6 +130,8 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 	F("dirty_bytes", "checkpoint bytes in memory not yet in the store", bs.dirty_bytes);
 	F("pool_bytes", "freed block buffers kept mapped for reuse (not in mem_bytes)",
 	  bs.pool_bytes);
+	F("pool_filled_bytes", "block buffers faulted in ahead of writes into the pool, ever",
+	  bs.pool_filled);
 	F("hits", "data block lookups served from memory", bs.hits);
 	F("misses", "data block lookups not in memory", bs.misses);
 	F("not_admitted", "misses not cached because the budget was full", bs.not_admitted);

@@ -101,6 +101,8 @@
  * and called when RSS exceeds mem_bytes plus the start-up baseline by TIER_TRIM_SLACK. */
 #define TIER_TRIM_AFTER (32ull << 20)
 #define TIER_TRIM_SLACK (32ull << 20)
+/* The pool's stock of pre-faulted block buffers (bcache.c, "Stock"). */
+#define TIER_POOL_STOCK (64ull << 20)
 
 struct tier {
 	struct bc *bc;		/* borrowed */
@@ -132,6 +134,10 @@ struct tier {
 	uint64_t last_cut_ms;	/* refill hold */
 	bool want_response, want_settle;
 	uint64_t freed_since_trim;
+	pthread_t fill_thread;	/* the pool's stock (bcache.c "Stock", tier_fill_thread) */
+	pthread_cond_t fill_cv;	/* the fill thread: pool_low, the hold's end, stop */
+	bool fill_started;
+	_Atomic bool fill_asked; /* pool_low came since the last fill began */
 
 	/* Counters, read by tier_get_stats without the lock. */
 	_Atomic uint64_t spill_ops, reload_ops, bg_reload_ops, spill_errors, drops, frees;
@@ -598,7 +604,7 @@ static void tier_maybe_trim_heap(struct tier *t, uint64_t min_freed)
 	if (!freed || freed < min_freed)
 		return;
 	rss = tier_rss();
-	if (rss > bc_mem_bytes(t->bc) + t->rss_base + TIER_TRIM_SLACK) {
+	if (rss > bc_mem_bytes(t->bc) + bc_pool_bytes(t->bc) + t->rss_base + TIER_TRIM_SLACK) {
 		malloc_trim(0);
 		atomic_fetch_add(&t->malloc_trims, 1);
 	}
@@ -648,6 +654,56 @@ static bool tier_refault_mapped(struct tier *t)
 	if (held || bc_mem_bytes(t->bc) + headroom >= budget)
 		return false;
 	return bc_mapped_prefetch(t->bc, 64) > 0;
+}
+
+/* The fill thread (bcache.c "Stock"): fills the pool's stock when pool_low asked, on a
+ * thread of its own so that the fault work (up to TIER_POOL_STOCK, tens of ms on a busy
+ * machine) never delays the tier thread's answer to a cut. Not within REFILL_HOLD of a
+ * cut: that is pressure, the cut emptied the pool, and filling it again would take back
+ * what was given; it waits for the hold to end with fill_asked still set, so pool_low
+ * stays a no-op meanwhile. Not while memory is over budget either. */
+static void *tier_fill_thread(void *arg)
+{
+	struct tier *t = arg;
+	struct timespec ts;
+	uint64_t until, now;
+
+	pthread_mutex_lock(&t->mu);
+	while (!t->stop) {
+		if (!atomic_load(&t->fill_asked)) {
+			pthread_cond_wait(&t->fill_cv, &t->mu);
+			continue;
+		}
+		until = t->last_cut_ms ? t->last_cut_ms + t->cfg.refill_hold_ms : 0;
+		now = tier_now_ms();
+		if (now < until) {
+			/* At most a second at a time: a hold longer than an unsigned ms. */
+			tier_deadline(&ts, until - now < 1000 ? (unsigned)(until - now) : 1000);
+			pthread_cond_timedwait(&t->fill_cv, &t->mu, &ts);
+			continue;
+		}
+		pthread_mutex_unlock(&t->mu);
+		atomic_store(&t->fill_asked, false);
+		if (bc_mem_bytes(t->bc) <= bc_budget(t->bc))
+			bc_pool_fill(t->bc);
+		pthread_mutex_lock(&t->mu);
+	}
+	pthread_mutex_unlock(&t->mu);
+	return NULL;
+}
+
+/* bcache's pool_low, on a writer's thread: once per fill a mutex and a signal, else one
+ * atomic load. */
+static void tier_pool_low(void *arg)
+{
+	struct tier *t = arg;
+
+	if (atomic_load_explicit(&t->fill_asked, memory_order_relaxed) ||
+	    atomic_exchange(&t->fill_asked, true))
+		return;
+	pthread_mutex_lock(&t->mu);
+	pthread_cond_signal(&t->fill_cv);
+	pthread_mutex_unlock(&t->mu);
 }
 
 static bool tier_refill(struct tier *t)
@@ -958,6 +1014,7 @@ int tier_new(const struct tier_config *c, struct bc *bc, struct tier **out)
 	pthread_cond_init(&t->cv, &ca);
 	pthread_cond_init(&t->idle_cv, &ca);
 	pthread_cond_init(&t->admit_cv, &ca);
+	pthread_cond_init(&t->fill_cv, &ca);
 	pthread_condattr_destroy(&ca);
 	*out = t;
 	return 0;
@@ -993,7 +1050,7 @@ int tier_start(struct tier *t)
 	}
 	bk = (struct bc_backing){ .load = tier_load, .unspill = tier_unspill,
 				  .over_budget = tier_over_budget, .admit = tier_admit_data,
-				  .arg = t };
+				  .pool_low = tier_pool_low, .arg = t };
 	bc_set_backing(t->bc, &bk);
 	t->rss_base = tier_rss();
 	if (t->rss_base > bc_mem_bytes(t->bc))
@@ -1008,6 +1065,14 @@ int tier_start(struct tier *t)
 		goto out_gov;
 	}
 	t->started = true;
+	/* Without the fill thread the daemon works as before, first writes slower. */
+	if ((rc = -pthread_create(&t->fill_thread, NULL, tier_fill_thread, t))) {
+		log_err("tier: pool fill thread: %s (no stock of faulted buffers)", strerror(-rc));
+		rc = 0;
+	} else {
+		t->fill_started = true;
+		bc_set_pool_stock(t->bc, TIER_POOL_STOCK);
+	}
 	log_info("tier: budget %" PRIu64 " MiB, spill %s%s", bc_budget(t->bc) >> 20,
 		 t->cfg.spill_dir ? t->cfg.spill_dir :
 				    "none (clean data is dropped, checkpoints stay)",
@@ -1033,12 +1098,16 @@ void tier_free(struct tier *t)
 		return;
 	if (t->started) {
 		gov_free(t->gov); /* no budget callbacks after this */
+		bc_set_pool_stock(t->bc, 0); /* no pool_low calls to a stopped thread */
 		pthread_mutex_lock(&t->mu);
 		t->stop = true;
 		pthread_cond_broadcast(&t->cv);
 		pthread_cond_broadcast(&t->admit_cv);
+		pthread_cond_broadcast(&t->fill_cv);
 		pthread_mutex_unlock(&t->mu);
 		pthread_join(t->thread, NULL);
+		if (t->fill_started)
+			pthread_join(t->fill_thread, NULL);
 		/* Invariant 5: callbacks put their references and touch t until they end. */
 		pthread_mutex_lock(&t->mu);
 		while (t->inflight)
@@ -1049,6 +1118,7 @@ void tier_free(struct tier *t)
 		uring_free(t->u);
 	}
 	pthread_cond_destroy(&t->admit_cv);
+	pthread_cond_destroy(&t->fill_cv);
 	pthread_cond_destroy(&t->idle_cv);
 	pthread_cond_destroy(&t->cv);
 	pthread_mutex_destroy(&t->mu);

@@ -11,7 +11,10 @@
  *   already have a copy (free), clean data blocks (dropped when SOURCE gives them back at
  *   most as slowly as two spill transfers, else spilled), checkpoint blocks already in
  *   the store (dropped), dirty checkpoint blocks (spilled, never dropped). When the
- *   budget grows it reloads spilled blocks in the background. It also serves as the
+ *   budget grows it reloads spilled blocks in the background. A second thread, the fill
+ *   thread, keeps the cache's pool stocked with up to 64 MiB of faulted block buffers
+ *   for writes into fresh memory (bcache.c "Stock"), within the pool's bound and not
+ *   within REFILL_HOLD of a cut. It also serves as the
  *   cache's backing (bc_set_backing): a read of a spilled block reloads it from the spill
  *   file, and of a stored one asks the store's loader (tier_set_store_loader).
  * - Without a spill dir the governor still runs, clean data blocks are dropped and

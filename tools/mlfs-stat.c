@@ -82,6 +82,7 @@ static const struct row {
 } people_rows[] = {
 	{ "mem_bytes", 1 }, { "mem_budget", 1 }, { "mem_min", 1 }, { "mem_max", 1 },
 	{ "rss_bytes", 1 }, { "dirty_bytes", 1 }, { "pool_bytes", 1 },
+	{ "pool_filled_bytes", 1 },
 	{ NULL, 0 },
 	{ "data_blocks", 0 }, { "data_resident", 0 }, { "ckpt_blocks", 0 },
 	{ "ckpt_resident", 0 }, { "hits", 0 }, { "misses", 0 }, { "not_admitted", 0 },

@@ -180,3 +180,60 @@ def test_pool_given_back_when_budget_falls(snapenv, tmp_path):
     U.write_file(p, data)
     with open(p, "rb") as f:
         U.assert_bytes(f.read(), data, "file written at the floor")
+
+
+def test_first_write_served_from_stock(snapenv, tmp_path):
+    """The first checkpoint written into a fresh mount: a background thread keeps a stock
+    of block buffers already faulted in the pool (pool_filled_bytes counts them), within
+    min(budget/4, budget - mem_bytes); a budget cut frees it at once and it is not filled
+    again while the cut is recent (the refill hold); every byte reads back."""
+    env = snapenv()
+    meminfo = tmp_path / "meminfo"
+
+    def set_avail(kib):  # replaced at once: the governor rereads it
+        tmp = tmp_path / "meminfo.tmp"
+        tmp.write_text(f"MemTotal: 16777216 kB\nMemFree: {kib} kB\n"
+                       f"MemAvailable: {kib} kB\n")
+        os.replace(tmp, meminfo)
+
+    set_avail(16 * 1024 * 1024)
+    d = env.mount(opts=f"mem_max=512M,mem_min=32M,meminfo_file={meminfo}")
+    st = U.mlfs_stat_json(env.mnt)
+    assert st["pool_filled_bytes"] == 0 and st["pool_bytes"] == 0, st  # none until asked
+    p = os.path.join(d.ckpt, "first.bin")
+    data = rng_for("stock").randbytes(96 * MiB)
+    U.write_file(p, data)
+    end = time.monotonic() + 20
+    while True:  # the stock is topped up in the background after the write
+        st = U.mlfs_stat_json(env.mnt)
+        if st["pool_bytes"] >= 32 * MiB:
+            break
+        assert time.monotonic() < end, f"no stock filled: {st}"
+        time.sleep(0.1)
+    assert st["pool_filled_bytes"] >= st["pool_bytes"], st
+    assert st["pool_bytes"] <= 64 * MiB + BLOCK, st
+    assert st["pool_bytes"] <= st["mem_budget"] // 4, st
+    assert st["pool_bytes"] + st["mem_bytes"] <= st["mem_budget"], st
+    with open(p, "rb") as f:
+        U.assert_bytes(f.read(), data, "first write into a fresh mount")
+    # Pressure: the governor cuts to the floor; the stock goes at once with the pool.
+    set_avail(1024)
+    end = time.monotonic() + 20
+    while True:
+        st = U.mlfs_stat_json(env.mnt)
+        if st["mem_budget"] <= 32 * MiB:
+            break
+        assert time.monotonic() < end, f"budget not cut: {st}"
+        time.sleep(0.1)
+    assert st["pool_bytes"] <= st["mem_budget"] // 4, st
+    filled = st["pool_filled_bytes"]
+    # Writes under pressure ask for the stock, and get none.
+    p2 = os.path.join(d.ckpt, "pressed.bin")
+    small = rng_for("pressed").randbytes(8 * MiB)
+    U.write_file(p2, small)
+    os.unlink(p2)
+    time.sleep(0.5)
+    st = U.mlfs_stat_json(env.mnt)
+    assert st["pool_filled_bytes"] == filled, st
+    with open(p, "rb") as f:
+        U.assert_bytes(f.read(), data, "after the cut")

@@ -18,6 +18,9 @@
  *   allocation (and by a buffer growing to a block, keeping its bytes); it stays within
  *   min(budget/4, budget - mem_bytes), a budget cut empties it at once, and neither an
  *   eviction nor a data block's free fills it.
+ * - The pool's stock: a block allocation under 3/4 of it calls pool_low; bc_pool_fill
+ *   fills it with faulted buffers up to the stock and never past min(budget/4, budget -
+ *   mem_bytes); a cut empties it; nothing is stocked without room.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -548,6 +551,103 @@ static void test_pool(void)
 	bc_free(bc); /* frees what the pool holds (ASan: no leak) */
 }
 
+static atomic_int pool_low_calls;
+
+static void fake_pool_low(void *arg)
+{
+	(void)arg;
+	atomic_fetch_add(&pool_low_calls, 1);
+}
+
+/* Whether every page of [p, p + len) is resident (faulted in). */
+static bool resident(const void *p, size_t len)
+{
+	long pg = sysconf(_SC_PAGESIZE);
+	uintptr_t a = (uintptr_t)p & ~(uintptr_t)(pg - 1);
+	size_t n = ((uintptr_t)p + len - a + (size_t)pg - 1) / (size_t)pg;
+	unsigned char *v = malloc(n);
+	bool all = v && !mincore((void *)a, n * (size_t)pg, v);
+
+	for (size_t i = 0; all && i < n; i++)
+		all = v[i] & 1;
+	free(v);
+	return all;
+}
+
+/* Issue 12, the first write into a fresh mount: the pool's stock of faulted buffers. */
+static void test_pool_stock(void)
+{
+	struct bc *bc = NULL;
+	struct bc_backing bk = { .load = fake_load, .unspill = fake_unspill,
+				 .pool_low = fake_pool_low };
+	struct bc_block *v[24];
+	struct bc_stats st;
+	uint64_t cap;
+	unsigned i;
+
+	EXPECT_EQ(bc_new(BS, BIG, &bc), 0);
+	bc_set_backing(bc, &bk);
+	/* No stock wanted (the default): no call, nothing filled. */
+	v[0] = ckpt_block(bc, BS, 1);
+	cap = bc_block_cap(v[0]);
+	EXPECT_EQ(atomic_load(&pool_low_calls), 0);
+	EXPECT_EQ(bc_pool_fill(bc), 0);
+	EXPECT_EQ(bc_pool_bytes(bc), 0);
+
+	/* A stock of 8 blocks: the next block allocation finds the pool empty and asks. */
+	bc_set_pool_stock(bc, 8 * cap);
+	v[1] = ckpt_block(bc, BS, 2);
+	EXPECT_EQ(atomic_load(&pool_low_calls), 1);
+	EXPECT_EQ(bc_pool_fill(bc), 8 * cap);
+	EXPECT_EQ(bc_pool_bytes(bc), 8 * cap);
+	EXPECT_EQ(bc_pool_fill(bc), 0); /* full: not past the stock */
+	bc_get_stats(bc, &st);
+	EXPECT_EQ(st.pool_filled, 8 * cap);
+	EXPECT_EQ(bc_mem_bytes(bc), 2 * cap); /* the stock is not in mem_bytes */
+	/* Allocations take stocked buffers, already faulted; asked again only under 3/4. */
+	v[2] = bc_block_new(bc, BC_CKPT, BS);
+	EXPECT(v[2] != NULL);
+	EXPECT(resident(bc_block_buf(v[2]), BS));
+	bc_block_set_len(v[2], BS);
+	memset(bc_block_buf(v[2]), 3, BS);
+	bc_write_end(bc, v[2]);
+	v[3] = ckpt_block(bc, BS, 4); /* 6 left: not under 6 */
+	EXPECT_EQ(atomic_load(&pool_low_calls), 1);
+	v[4] = ckpt_block(bc, BS, 5); /* 5 left */
+	EXPECT_EQ(atomic_load(&pool_low_calls), 2);
+	EXPECT_EQ(bc_pool_fill(bc), 3 * cap);
+
+	/* A cut empties it, stock and all. */
+	bc_set_budget(bc, 5 * cap);
+	EXPECT_EQ(bc_pool_bytes(bc), 0);
+	/* No room under the budget (mem_bytes 5 blocks): nothing is stocked. */
+	EXPECT_EQ(bc_pool_fill(bc), 0);
+	EXPECT_EQ(bc_pool_bytes(bc), 0);
+	bc_set_budget(bc, 0);
+	EXPECT_EQ(bc_pool_fill(bc), 0);
+
+	/* Never past budget/4: budget 12 blocks, mem 5: room 7, a quarter 3. */
+	bc_set_budget(bc, 12 * cap);
+	EXPECT_EQ(bc_pool_fill(bc), 3 * cap);
+	EXPECT_EQ(bc_pool_bytes(bc), 3 * cap);
+	/* Never past budget - mem_bytes: budget 24 blocks (a quarter 6), mem 22: room 2. */
+	bc_set_budget(bc, 0);
+	bc_set_budget(bc, 24 * cap);
+	for (i = 5; i < 22; i++)
+		v[i] = ckpt_block(bc, BS, (int)i);
+	EXPECT_EQ(bc_mem_bytes(bc), 22 * cap);
+	EXPECT_EQ(bc_pool_fill(bc), 2 * cap);
+	EXPECT_EQ(bc_pool_bytes(bc), 2 * cap);
+	/* mem_bytes growing into that room trims the stock as it does the pool. */
+	v[22] = bc_block_new(bc, BC_CKPT, 8192);
+	EXPECT(bc_pool_bytes(bc) + bc_mem_bytes(bc) <= 24 * cap);
+	bc_write_end(bc, v[22]);
+	for (i = 0; i < 23; i++)
+		bc_block_disown(bc, v[i]);
+	EXPECT_EQ(bc_mem_bytes(bc), 0);
+	bc_free(bc); /* frees the stock (ASan: no leak) */
+}
+
 int main(void)
 {
 	test_fresh_block_not_pickable();
@@ -558,5 +658,6 @@ int main(void)
 	test_put_race();
 	test_mapped_block();
 	test_pool();
+	test_pool_stock();
 	return test_summary();
 }

@@ -6,6 +6,8 @@
  * refill brings dirty checkpoint blocks back first, a corrupted spill copy is -EIO (data
  * unhashed for the caller's SOURCE fallback, a stored checkpoint block fetched from the
  * store), and a full spill dir keeps dirty blocks resident and makes writes fail ENOSPC.
+ * The pool's stock (bcache.c "Stock") is filled in the background once a block
+ * allocation asks, up to 64 MiB, never within REFILL_HOLD of a cut, and a cut frees it.
  */
 #include <errno.h>
 #include <malloc.h>
@@ -705,6 +707,59 @@ static void test_disk_admission(void)
 	}
 }
 
+/* Issue 12: the stock of faulted block buffers for writes into fresh memory. */
+static void test_pool_stock(void)
+{
+	const uint64_t stock = 64ull << 20;
+
+	for (int held = 0; held < 2; held++) {
+		struct tier_config c;
+		struct bc *bc;
+		struct bc_block *b;
+		struct tier *t = NULL;
+		uint64_t cap;
+		int waited;
+
+		EXPECT_EQ(bc_new(BS, BIG, &bc), 0);
+		tier_config_defaults(&c);
+		c.use_gov = 0;
+		c.refill_hold_ms = held ? 3600 * 1000 : 0;
+		EXPECT_EQ(tier_new(&c, bc, &t), 0);
+		EXPECT_EQ(tier_start(t), 0);
+		EXPECT_EQ(cstats(bc).pool_filled, 0); /* nothing before a block is asked for */
+		if (held)
+			tier_set_budget(t, BIG / 2); /* a cut: pressure, for the next hour */
+		b = bc_block_new(bc, BC_CKPT, BS); /* the pool is empty: asks for the stock */
+		EXPECT(b != NULL);
+		cap = bc_block_cap(b);
+		bc_block_set_len(b, BS);
+		bc_write_end(bc, b);
+		for (waited = 0; waited < 20000; waited += 10) {
+			if (cstats(bc).pool_bytes + cap > stock)
+				break;
+			if (held && waited >= 300)
+				break; /* long enough for a fill to have started */
+			usleep(10 * 1000);
+		}
+		if (held) {
+			EXPECT_EQ(cstats(bc).pool_filled, 0);
+			EXPECT_EQ(cstats(bc).pool_bytes, 0);
+		} else {
+			/* Up to the stock, within min(budget/4, budget - mem_bytes). */
+			EXPECT(cstats(bc).pool_bytes <= stock);
+			EXPECT(cstats(bc).pool_bytes + cap > stock);
+			EXPECT_EQ(cstats(bc).pool_filled, cstats(bc).pool_bytes);
+			/* A cut to three blocks frees it at once: a quarter is under a block. */
+			tier_set_budget(t, 3ull * BS);
+			EXPECT_EQ(cstats(bc).pool_bytes, 0);
+			EXPECT_EQ(bc_block_cap(b), cap);
+		}
+		bc_block_disown(bc, b);
+		tier_free(t);
+		bc_free(bc);
+	}
+}
+
 int main(void)
 {
 	if (!mkdtemp(spill_dir)) {
@@ -720,6 +775,7 @@ int main(void)
 	test_races();
 	test_no_spill();
 	test_disk_admission();
+	test_pool_stock();
 	rmdir(spill_dir);
 	return test_summary();
 }
