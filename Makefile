@@ -145,7 +145,8 @@ demo:
 
 # All benchmarks: data path (issue 5), tiering (issue 3), snapshots (issue 4), a neighbour
 # in mlfs's memory cgroup and checkpoint writes (issue 12: bench/neighbour.py,
-# bench/ckpt_write.py), many workers and the store's throughput on ext4 and GlusterFS
+# bench/ckpt_write.py, bench/epoch_open.py; bench/goals.py prints the issue's table from
+# them), many workers and the store's throughput on ext4 and GlusterFS
 # (issue 11, bench/multiworker.py --store-bench, which runs bench/store_bench.py on both).
 # BENCH_ARGS goes to bench/run.sh whole; of it, only --quick goes to the others (they take no
 # --only/--rounds of run.sh's kind). One failing benchmark does not skip the others; make
@@ -160,6 +161,8 @@ bench:
 	$(PYTHON) bench/neighbour.py $(filter --quick,$(BENCH_ARGS)) || { rc=1; echo "make bench: bench/neighbour.py failed" >&2; }; \
 	$(PYTHON) bench/ckpt_write.py $(filter --quick,$(BENCH_ARGS)) || { rc=1; echo "make bench: bench/ckpt_write.py failed" >&2; }; \
 	$(PYTHON) bench/multiworker.py --store-bench $(filter --quick,$(BENCH_ARGS)) || { rc=1; echo "make bench: bench/multiworker.py failed" >&2; }; \
+	$(PYTHON) bench/epoch_open.py $(filter --quick,$(BENCH_ARGS)) || { rc=1; echo "make bench: bench/epoch_open.py failed" >&2; }; \
+	$(PYTHON) bench/goals.py $(filter --quick,$(BENCH_ARGS)) || rc=1; \
 	exit $$rc
 
 install: $(BINS)
