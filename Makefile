@@ -162,7 +162,7 @@ bench:
 	$(PYTHON) bench/ckpt_write.py $(filter --quick,$(BENCH_ARGS)) || { rc=1; echo "make bench: bench/ckpt_write.py failed" >&2; }; \
 	$(PYTHON) bench/multiworker.py --store-bench $(filter --quick,$(BENCH_ARGS)) || { rc=1; echo "make bench: bench/multiworker.py failed" >&2; }; \
 	$(PYTHON) bench/epoch_open.py $(filter --quick,$(BENCH_ARGS)) || { rc=1; echo "make bench: bench/epoch_open.py failed" >&2; }; \
-	$(PYTHON) bench/goals.py $(filter --quick,$(BENCH_ARGS)) || rc=1; \
+	$(PYTHON) bench/goals.py $(filter --quick,$(BENCH_ARGS)) || { rc=1; echo "make bench: bench/goals.py failed" >&2; }; \
 	exit $$rc
 
 install: $(BINS)

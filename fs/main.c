@@ -622,10 +622,12 @@ static void *mlfs_signals(void *arg)
 /* The tier manager's configuration from the mount options. MLFS_TIER_DROP=always|never
  * overrides rule D of tiering/tier.c (tests and benchmarks that need spills from a
  * page-cache-hot SOURCE, or none); MLFS_DATA_MAP=never|always rule M (the A/B of
- * docs/tiering.md). */
+ * docs/tiering.md); MLFS_REFILL_HOLD_MS the time after a cut with no background reload
+ * nor stock fill (a test that must see none, whatever the machine's load). */
 static void mlfs_tier_config(const struct mlfs_config *c, struct tier_config *tc)
 {
 	const char *drop = getenv("MLFS_TIER_DROP"), *map = getenv("MLFS_DATA_MAP");
+	const char *hold = getenv("MLFS_REFILL_HOLD_MS");
 
 	tier_config_defaults(tc);
 	tc->spill_dir = c->spill;
@@ -645,6 +647,8 @@ static void mlfs_tier_config(const struct mlfs_config *c, struct tier_config *tc
 		tc->map = TIER_MAP_NEVER;
 	else if (map && !strcmp(map, "always"))
 		tc->map = TIER_MAP_ALWAYS;
+	if (hold && *hold >= '0' && *hold <= '9')
+		tc->refill_hold_ms = (unsigned)strtoul(hold, NULL, 10);
 }
 
 /* Builds the daemon's parts. Each failure is said in exactly one line: by the part

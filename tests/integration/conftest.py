@@ -11,8 +11,10 @@ kernel's own), which makes the expected results ext4's. Tests marked `daemon` (t
 mlfs-stat, the mount layout) cannot mean anything there and are skipped with a reason that
 the summary prints. Without MLFS_TEST_NATIVE a missing bin/mlfs fails, never skips.
 
-MLFS_TEST_OPTS adds -o options to every mount (MLFS_TEST_OPTS=passthrough=off runs the
-suite on the block-cache read path instead of FUSE passthrough).
+MLFS_TEST_OPTS adds -o options to every mount a Mounter makes (MLFS_TEST_OPTS=
+passthrough=off runs those tests on the block-cache read path instead of FUSE
+passthrough); the snapshot, worker and tiering fixtures build their own command lines
+and do not take it.
 
 MLFS_TEST_SEED sets the seed of every random choice (printed in the header and in each
 byte-mismatch message); MLFS_BIN_DIR points at another build than repo/bin.

@@ -536,13 +536,17 @@ def object_loc(store, data):
 
 
 # Lease times for tests that wait out gc's grace time (MLFS_LEASE_TIMES, fs/lease.h):
-# refresh 0.5 s, stale 4 s, grace 5 s. Set them before the mount (monkeypatch.setenv)
-# so the daemon and the tools agree, then past_grace() before a gc that must collect.
-FAST_LEASES = "0.5,4,5"
+# refresh 0.5 s, stale 8 s, grace 10 s (a daemon starved of CPU for a few seconds on a
+# loaded 2-core machine, an ASan build, must not see its lease lapse). Set them before
+# the mount (monkeypatch.setenv) so the daemon and the tools agree, then past_grace()
+# before a gc that must collect.
+FAST_LEASES = "0.5,8,10"
+# The same stale time with a grace no test outlives: for a gc that must collect nothing.
+LONG_GRACE_LEASES = "0.5,8,600"
 
 
 def past_grace():
-    time.sleep(5.5)
+    time.sleep(10.5)
 
 
 def store_files(store):

@@ -182,7 +182,7 @@ def test_pool_given_back_when_budget_falls(snapenv, tmp_path):
         U.assert_bytes(f.read(), data, "file written at the floor")
 
 
-def test_first_write_served_from_stock(snapenv, tmp_path):
+def test_first_write_served_from_stock(snapenv, tmp_path, monkeypatch):
     """The first checkpoint written into a fresh mount: a background thread keeps a stock
     of block buffers already faulted in the pool (pool_filled_bytes counts them), within
     min(budget/4, budget - mem_bytes); a budget cut frees it at once and it is not filled
@@ -197,7 +197,15 @@ def test_first_write_served_from_stock(snapenv, tmp_path):
         os.replace(tmp, meminfo)
 
     set_avail(16 * 1024 * 1024)
-    d = env.mount(opts=f"mem_max=512M,mem_min=32M,meminfo_file={meminfo}")
+    # No fill within the hold after a cut: a hold no run outlives, so a slow machine
+    # cannot let it pass before the check below (tier.h TIER_REFILL_HOLD_MS, 3 s).
+    # Only the fake meminfo presses: the machine's own PSI (other tests) must not cut
+    # before the first fill, which the long hold would then stall.
+    monkeypatch.setenv("MLFS_REFILL_HOLD_MS", "600000")
+    psi = tmp_path / "psi"
+    psi.write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+                   "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    d = env.mount(opts=f"mem_max=512M,mem_min=32M,meminfo_file={meminfo},pressure_file={psi}")
     st = U.mlfs_stat_json(env.mnt)
     assert st["pool_filled_bytes"] == 0 and st["pool_bytes"] == 0, st  # none until asked
     p = os.path.join(d.ckpt, "first.bin")

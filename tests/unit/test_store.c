@@ -1293,9 +1293,9 @@ static void test_group_states(const char *dir)
 	EXPECT_EQ(store_delete(s, "clash"), -ENOENT);
 
 	/* Untouched means the directory too: parts written long ago but renamed into the
-	 * group just now (the directory's mtime) are not past the grace time, and neither
-	 * is a directory a worker has just made, still empty (gc once read it as untouched
-	 * since 1970 and removed the parts renamed into it meanwhile). */
+	 * group just now (the directory's mtime) are not past the grace time. (gc once read
+	 * a group directory just made, still empty, as untouched since 1970, and its delete,
+	 * which found the parts renamed into it meanwhile, removed them.) */
 	store_set_partial_grace(s, 60);
 	for (int k = 0; k < 2; k++) {
 		struct timespec old[2] = { { .tv_sec = time(NULL) - 3600 },
