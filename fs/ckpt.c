@@ -53,9 +53,10 @@
  * the store load at their first read, one store read each; read-ahead asks the tier's
  * threads (tier_prefetch) for the next ones meanwhile. The window starts at INIT at a
  * sequential miss and doubles each time the reader has used half of what was queued,
- * up to MAX (the kernel's readahead shape): 32 MiB covers a network store's round
- * trips at 1 GB/s and is an eighth of the smallest budget worth having. At most half
- * the tier's queue, so two readers' windows fit in it. */
+ * up to MAX (the kernel's readahead shape). 32 MiB: at 1 GB/s, 32 ms of lead over the
+ * reader, several network round trips per block; memory is bounded apart from it (the
+ * tier loads only under the budget's headroom). At most half the tier's queue, so two
+ * readers' windows fit in it. */
 #define CKPT_RA_INIT_BYTES (4u << 20)
 #define CKPT_RA_MAX_BYTES (32u << 20)
 #define CKPT_RA_MAX_BLOCKS (TIER_PREFETCH_QUEUE / 2)
