@@ -237,3 +237,22 @@ def test_stop_with_read_ahead_in_flight(snapenv, how):
     d = env.mount(opts="restore=s")
     U.assert_bytes(seq_read(os.path.join(d.ckpt, "f.bin"), MiB), data, "f.bin")
     env.unmount(d)
+
+
+def test_read_ahead_stays_under_a_small_budget(snapenv):
+    """With a 32 MiB budget and a 96 MiB restored file read sequentially, read-ahead
+    refuses loads that would not leave the headroom (ahead_skipped), still loads some
+    (ahead_loaded), and every byte is right."""
+    env = snapenv()
+    rng = rng_for("ahead-budget")
+    data = rng.randbytes(96 * BLOCK)
+    restored(env, {"f.bin": data})
+    d = env.mount(opts="restore=s,mem_max=32M,mem_min=16M")
+    budget = int(U.mlfs_stat_json(env.mnt)["mem_budget"])
+    assert budget <= 32 * MiB, budget
+    U.assert_bytes(seq_read(os.path.join(d.ckpt, "f.bin"), MiB), data, "f.bin")
+    s = wait_ahead_idle(env.mnt)
+    assert s["ahead_loaded"] > 0, s
+    assert s["ahead_skipped"] > 0, s
+    assert s["ahead_errors"] == 0, s
+    env.unmount(d)
