@@ -17,13 +17,17 @@ dedups across rounds):
            (posix_fadvise DONTNEED): the filesystem's sequential read speed.
   restore  a fresh mount with -o restore=NAME on a fresh spill dir, the store's packs'
            pages dropped the same way, MNT/ckpt/f read sequentially: the lazy restore
-           path (store_get_block per block).
+           path (store_get_block per block), with the read-ahead of restored files.
+  restore, no read-ahead   the same with MLFS_PREFETCH_THREADS=0: the A/B of read-ahead.
+  restore, peer            with --peer-bin DIR: the same with DIR/mlfs (another build,
+           e.g. main's), in the same rounds.
 
 gc: a store of 10,000 objects (64 KiB blocks, 20 snapshots of 500 blocks each), 10
 snapshots deleted, then `mlfs-snap gc --store` timed, once while the store's daemon is
 still mounted and idle (leases) and the garbage is past the grace time.
 
-Medians over the rounds and the ratios persist/dd and restore/read go to a markdown
+The read steps run in an order rotated by the round number. Medians over the rounds and
+the ratios persist/dd and restore/read go to a markdown
 table on stdout and to OUT-DIR/store-bench[-TAG].{md,json} (default bench/results;
 --quick: store-bench[-TAG]-quick.*). On GlusterFS: scripts/gluster-volume.sh up DIR makes
 a volume and prints its mount point, the TARGET; --tag gluster. The machine may be shared: the table says so beside its figures.
@@ -83,12 +87,12 @@ def run(argv, check=True, timeout=3600, env=None):
     return r
 
 
-def mount(src, mnt, store, spill, logf, opts="", env=None):
+def mount(src, mnt, store, spill, logf, opts="", env=None, mlfs=None):
     os.makedirs(spill, exist_ok=True)
     os.makedirs(store, exist_ok=True)     # mlfs makes a store in an existing empty dir
     o = f"store={store},spill={spill}" + ("," + opts if opts else "")
     with open(logf, "ab") as lf:
-        r = subprocess.run([MLFS, "-o", o, src, mnt], stdin=subprocess.DEVNULL, stdout=lf,
+        r = subprocess.run([mlfs or MLFS, "-o", o, src, mnt], stdin=subprocess.DEVNULL, stdout=lf,
                            stderr=lf, timeout=120, env=env)
     if r.returncode != 0:
         with open(logf, errors="replace") as lf:
@@ -210,18 +214,24 @@ def one_round(i, args, work, target, src_dir):
         res["read_s"], n = seq_read(xfile)
         assert n == size
 
-    def do_restore():
+    def restore(key, env=None, mlfs=None):
         drop_pages(store_files(store))
-        pid = mount(src_dir, mnt, store, os.path.join(work, f"spill-{i}-b"),
-                    os.path.join(work, "mlfs.log"), opts="restore=s")
+        pid = mount(src_dir, mnt, store, os.path.join(work, f"spill-{i}-{key}"),
+                    os.path.join(work, "mlfs.log"), opts="restore=s", env=env, mlfs=mlfs)
         try:
-            res["restore_s"], n = seq_read(os.path.join(mnt, "ckpt", "f"))
+            res[key], n = seq_read(os.path.join(mnt, "ckpt", "f"))
             assert n == size
         finally:
             unmount(mnt, pid)
 
-    for step in ((do_read, do_restore) if i % 2 == 0 else (do_restore, do_read)):
-        step()
+    steps = [do_read, lambda: restore("restore_s"),
+             lambda: restore("restore_noahead_s",
+                             env=dict(os.environ, MLFS_PREFETCH_THREADS="0"))]
+    if args.peer_bin:
+        steps.append(lambda: restore("restore_peer_s",
+                                     mlfs=os.path.join(args.peer_bin, "mlfs")))
+    for k in range(len(steps)):
+        steps[(i + k) % len(steps)]()
     res["packs"] = len([p for p in store_files(store) if p.endswith(".pack")])
     shutil.rmtree(store, ignore_errors=True)
     os.unlink(xfile)
@@ -266,6 +276,9 @@ def main():
     ap.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     ap.add_argument("--no-gc", action="store_true", help="skip the gc measurement")
     ap.add_argument("--tag", default="", help="results as store-bench-TAG.* (e.g. gluster)")
+    ap.add_argument("--peer-bin", default=None,
+                    help="bin dir of another build (e.g. main's) whose restore is measured "
+                         "in the same rounds")
     args = ap.parse_args()
     args.size = args.size or (64 if args.quick else 512)
     args.rounds = args.rounds or (2 if args.quick else 5)
@@ -291,7 +304,9 @@ def main():
         cleanup()
         shutil.rmtree(work, ignore_errors=True)
     mb = args.size * MiB / 1e6
-    med = {k: median([r[k] for r in rounds]) for k in ("dd_s", "persist_s", "read_s", "restore_s")}
+    keys = ["dd_s", "persist_s", "read_s", "restore_s", "restore_noahead_s"] + \
+        (["restore_peer_s"] if args.peer_bin else [])
+    med = {k: median([r[k] for r in rounds]) for k in keys}
     fstype = run(["stat", "-f", "-c", "%T", args.target]).stdout.strip()
     lines = [
         f"# store benchmark ({'--quick, ' if args.quick else ''}{args.size} MiB per round, "
@@ -309,15 +324,26 @@ def main():
         f"| sequential read, cold | {med['read_s']:.3f} | {mb / med['read_s']:.1f} | |",
         f"| mlfs lazy restore + read, cold | {med['restore_s']:.3f} | "
         f"{mb / med['restore_s']:.1f} | {med['read_s'] / med['restore_s']:.2f}x read |",
+        f"| same, no read-ahead (MLFS_PREFETCH_THREADS=0) | {med['restore_noahead_s']:.3f} | "
+        f"{mb / med['restore_noahead_s']:.1f} | "
+        f"{med['read_s'] / med['restore_noahead_s']:.2f}x read |",
     ]
+    if args.peer_bin:
+        lines.append(f"| same, {args.peer_bin}/mlfs | {med['restore_peer_s']:.3f} | "
+                     f"{mb / med['restore_peer_s']:.1f} | "
+                     f"{med['read_s'] / med['restore_peer_s']:.2f}x read |")
     if gc:
         lines += ["", f"gc of a store of {gc['objects']} objects (half garbage, its daemon "
                   f"mounted and idle): {gc['gc_s']:.2f} s ({gc['gc_out']})"]
-    lines += ["", "Rounds:", "", "| round | dd s | persist s | read s | restore s | packs |",
-              "| --- | --- | --- | --- | --- | --- |"]
+    peer = args.peer_bin is not None
+    lines += ["", "Rounds:", "",
+              "| round | dd s | persist s | read s | restore s | no read-ahead s |" +
+              (" peer s |" if peer else "") + " packs |",
+              "| --- | --- | --- | --- | --- | --- |" + (" --- |" if peer else "") + " --- |"]
     for i, r in enumerate(rounds):
         lines.append(f"| {i} | {r['dd_s']:.3f} | {r['persist_s']:.3f} | {r['read_s']:.3f} | "
-                     f"{r['restore_s']:.3f} | {r['packs']} |")
+                     f"{r['restore_s']:.3f} | {r['restore_noahead_s']:.3f} |" +
+                     (f" {r['restore_peer_s']:.3f} |" if peer else "") + f" {r['packs']} |")
     text = "\n".join(lines) + "\n"
     print(text)
     os.makedirs(args.out_dir, exist_ok=True)

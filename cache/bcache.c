@@ -57,6 +57,10 @@
  *   bc_evict_done       EVICTING -> RESIDENT | NONRESIDENT | FREED    tier.c (no lock)
  *   bc_load_begin/bc_pick_reload  NONRESIDENT -> LOADING   readers, tier.c (no lock)
  *   bc_load_end         LOADING -> RESIDENT | NONRESIDENT             same
+ *   bc_block_prefetch   NONRESIDENT -> LOADING -> RESIDENT (+BC_AHEAD), never waiting for
+ *                       another load or an eviction   tier.c's read-ahead threads (no lock)
+ *   bc_block_note_read  clears BC_AHEAD (a reader used it); an eviction clears it too
+ *                                                                    ckpt.c readers (no lock)
  *   bc_block_set_stored RESIDENT|NONRESIDENT (+STORED)                snapd.c (no lock)
  *   bc_drop_data_copies RESIDENT+COPY -> RESIDENT, NONRESIDENT -> FREED (data)  tier.c
  *   bc_block_disown     -> ORPHAN                                     ckpt.c (inode wrlock)
@@ -178,6 +182,7 @@ struct bc {
 	_Atomic uint64_t src_ns_per_mib; /* EWMA, bc_source_ns_per_mib */
 	_Atomic uint64_t unplaced;	 /* cap of BC_UNPLACED blocks: bc_unplaced_bytes */
 	_Atomic uint64_t mapped_bytes, map_refaults, map_prefetches; /* BC_MAPPED buffers */
+	_Atomic uint64_t ahead_used, ahead_unused; /* BC_AHEAD blocks read, evicted unread */
 	/* The buffer pool ("Buffer pool" below). Lock order: pool_mu is a leaf, taken
 	 * under no other lock (not a shard mutex: buffers are pooled after it is dropped)
 	 * and taking none; free() is called outside it. */
@@ -610,6 +615,8 @@ void bc_get_stats(struct bc *bc, struct bc_stats *st)
 	st->map_prefetches = atomic_load(&bc->map_prefetches);
 	st->pool_bytes = atomic_load(&bc->pool_bytes);
 	st->pool_filled = atomic_load(&bc->pool_filled);
+	st->ahead_used = atomic_load(&bc->ahead_used);
+	st->ahead_unused = atomic_load(&bc->ahead_unused);
 }
 
 static struct bc_shard *bc_shard_of(struct bc *bc, struct bc_block *b)
@@ -633,6 +640,13 @@ void bc_block_get(struct bc_block *b)
 void *bc_block_buf(const struct bc_block *b)
 {
 	return b->buf;
+}
+
+bool bc_block_resident(const struct bc_block *b)
+{
+	/* A snapshot of a pointer the shard lock guards: an atomic read, so a concurrent
+	 * eviction or load is a stale answer, never a torn one. */
+	return __atomic_load_n(&b->buf, __ATOMIC_RELAXED) != NULL;
 }
 
 uint32_t bc_block_len(const struct bc_block *b)
@@ -1308,6 +1322,10 @@ uint64_t bc_evict_done(struct bc *bc, struct bc_block *b, bool release)
 		if (b->flags & (BC_SPILLED | BC_STORED)) {
 			/* Stays listed as a non-resident entry (invariant 5). */
 			freed = b->cap;
+			if (b->flags & BC_AHEAD) { /* read-ahead that was never read */
+				b->flags &= ~BC_AHEAD;
+				atomic_fetch_add(&bc->ahead_unused, 1);
+			}
 			bc_list_del(bc_list_of(s, b), b);
 			bc_buf_free(bc, b, false);
 			bc_list_push(bc_list_of(s, b), b);
@@ -1516,7 +1534,8 @@ int bc_load_begin(struct bc *bc, struct bc_block *b, bool wait)
 	return rc;
 }
 
-void bc_load_end(struct bc *bc, struct bc_block *b, void *buf, int rc)
+/* bc_load_end; `ahead`: the load was read-ahead's (BC_AHEAD marks it until read). */
+static void bc_load_end_as(struct bc *bc, struct bc_block *b, void *buf, int rc, bool ahead)
 {
 	struct bc_shard *s = bc_shard_of(bc, b);
 	bool unhashed = false, over = false;
@@ -1524,6 +1543,10 @@ void bc_load_end(struct bc *bc, struct bc_block *b, void *buf, int rc)
 	pthread_mutex_lock(&s->mu);
 	b->flags &= ~BC_IO;
 	if (!rc) {
+		if (ahead)
+			b->flags |= BC_AHEAD;
+		else
+			b->flags &= ~BC_AHEAD;
 		bc_list_del(bc_list_of(s, b), b);
 		b->buf = buf;
 		b->cap = bc_footprint(buf);
@@ -1559,14 +1582,22 @@ void bc_load_end(struct bc *bc, struct bc_block *b, void *buf, int rc)
 		bc->backing.over_budget(bc->backing.arg);
 }
 
-int bc_block_load(struct bc *bc, struct bc_block *b)
+void bc_load_end(struct bc *bc, struct bc_block *b, void *buf, int rc)
+{
+	bc_load_end_as(bc, b, buf, rc, false);
+}
+
+/* bc_block_load (wait) and bc_block_prefetch (!wait): the backing's load, once. */
+static int bc_block_load_as(struct bc *bc, struct bc_block *b, bool wait)
 {
 	void *buf;
 	int rc;
 
-	rc = bc_load_begin(bc, b, true);
+	rc = bc_load_begin(bc, b, wait);
+	if (rc == -EAGAIN && !wait)
+		return 1; /* someone else's load or an eviction: theirs to finish */
 	if (rc)
-		return rc > 0 ? 0 : rc;
+		return rc > 0 ? (wait ? 0 : 1) : rc;
 	buf = b->len == bc->block_size ? bc_pool_get(bc) : NULL;
 	if (!buf)
 		buf = malloc(b->len ? b->len : 1);
@@ -1583,6 +1614,32 @@ int bc_block_load(struct bc *bc, struct bc_block *b)
 		b->csum = XXH3_64bits(buf, b->len);
 		bc_clear_flag(bc, b, BC_CSUM_STALE);
 	}
-	bc_load_end(bc, b, buf, rc);
+	bc_load_end_as(bc, b, buf, rc, !wait);
 	return rc;
+}
+
+int bc_block_load(struct bc *bc, struct bc_block *b)
+{
+	return bc_block_load_as(bc, b, true);
+}
+
+int bc_block_prefetch(struct bc *bc, struct bc_block *b)
+{
+	return bc_block_load_as(bc, b, false);
+}
+
+void bc_block_note_read(struct bc *bc, struct bc_block *b)
+{
+	struct bc_shard *s;
+	bool was;
+
+	if (!(bc_block_flags(b) & BC_AHEAD))
+		return; /* the common case: one atomic load */
+	s = bc_shard_of(bc, b);
+	pthread_mutex_lock(&s->mu);
+	was = b->flags & BC_AHEAD;
+	b->flags &= ~BC_AHEAD;
+	pthread_mutex_unlock(&s->mu);
+	if (was)
+		atomic_fetch_add(&bc->ahead_used, 1);
 }

@@ -67,6 +67,8 @@ enum {
 	BC_MAPPED = 1u << 10,	   /* data: buf is a read-only MAP_SHARED mapping of SOURCE
 				    * (bc_block_new_mapped): clean file pages the kernel
 				    * reclaims by itself; its copy is SOURCE, never spilled */
+	BC_AHEAD = 1u << 11,	   /* ckpt: made resident by read-ahead (bc_block_prefetch) and
+				    * not read since (bc_block_note_read) */
 };
 
 /* File identity for data blocks: 128 bits derived from the source file's device,
@@ -127,6 +129,8 @@ struct bc_stats {
 	uint64_t map_prefetches;	     /* of those, asked back in the background */
 	uint64_t pool_bytes;		     /* freed block buffers kept for reuse */
 	uint64_t pool_filled;		     /* bytes bc_pool_fill stocked, ever */
+	uint64_t ahead_used;		     /* blocks loaded ahead, later read */
+	uint64_t ahead_unused;		     /* blocks loaded ahead, evicted unread */
 };
 
 struct bc;
@@ -344,5 +348,18 @@ int bc_block_load(struct bc *bc, struct bc_block *b);
  * rc -ECANCELED: the load was never tried; b stays as it was. */
 int bc_load_begin(struct bc *bc, struct bc_block *b, bool wait);
 void bc_load_end(struct bc *bc, struct bc_block *b, void *buf, int rc);
+/* Read-ahead's load (tier.c's prefetch threads): bc_block_load without waiting. 1 when
+ * there was nothing to do (resident, or a load or an eviction in flight: whoever reads it
+ * waits for that one), 0 once b is resident and marked BC_AHEAD, -errno when the backing
+ * failed (b stays non-resident: the next reader's own load tries again and gets the
+ * error). The caller holds a reference and no lock; blocks on the backing's I/O. */
+int bc_block_prefetch(struct bc *bc, struct bc_block *b);
+/* A reader got b's bytes: when read-ahead loaded b (BC_AHEAD), clears the mark and counts
+ * it used (ahead_used). Lock-free when the mark is absent: any read path may call it. */
+void bc_block_note_read(struct bc *bc, struct bc_block *b);
+/* Whether b's buffer is in memory now: a snapshot (no lock), for heuristics only (the
+ * read-ahead's choice of blocks); bc_block_load is what makes it so. The caller holds a
+ * reference or the owner's lock. */
+bool bc_block_resident(const struct bc_block *b);
 
 #endif

@@ -55,6 +55,17 @@
 #define CKPT_FILE_MAX (1ull << 40)
 #define CKPT_XATTR_MAX (64u << 10) /* one value, as ext4 with ea_inode */
 #define CKPT_XATTR_TOTAL (1u << 20) /* all of one inode's xattrs */
+/* Read-ahead of restored files (ckpt_readahead_locked): a file's blocks that are only in
+ * the store load at their first read, one store read each; read-ahead asks the tier's
+ * threads (tier_prefetch) for the next ones meanwhile. The window starts at INIT at a
+ * sequential miss and doubles each time the reader has used half of what was queued,
+ * up to MAX (the kernel's readahead shape). 32 MiB: at 1 GB/s, 32 ms of lead over the
+ * reader, several network round trips per block; memory is bounded apart from it (the
+ * tier loads only under the budget's headroom). At most half the tier's queue, so two
+ * readers' windows fit in it. */
+#define CKPT_RA_INIT_BYTES (4u << 20)
+#define CKPT_RA_MAX_BYTES (32u << 20)
+#define CKPT_RA_MAX_BLOCKS (TIER_PREFETCH_QUEUE / 2)
 
 struct ckpt_xattr {
 	struct ckpt_xattr *next;
@@ -97,6 +108,12 @@ struct ckpt_inode {
 	 * the other workers' untouched copies (mf_merge). Cleared by every content change
 	 * (write, truncate, fallocate), under the inode's write lock; read by the freeze. */
 	_Atomic int inherited;
+	/* Read-ahead state (ckpt_readahead_locked): the last block read, the end of what
+	 * was queued, the window in blocks (0: none yet). A heuristic shared by the
+	 * file's readers. Lock order: after the inode's rwlock (read-held); a leaf. */
+	pthread_mutex_t ra_mu;
+	uint64_t ra_last, ra_end;
+	unsigned ra_win;
 	struct ckpt_xattr *xattrs;
 	size_t xattr_bytes;
 	/* directories */
@@ -183,6 +200,7 @@ static struct ckpt_inode *ckpt_inode_new(struct ckpt_ns *ns, mode_t mode, uid_t 
 	ino->hdr.kind = MLFS_CKPT;
 	ino->hdr.st_ino = atomic_fetch_add(&ckpt_next_ino, 1);
 	pthread_rwlock_init(&ino->lock, NULL);
+	pthread_mutex_init(&ino->ra_mu, NULL);
 	ino->mode = mode;
 	ino->uid = uid;
 	ino->gid = gid;
@@ -215,6 +233,7 @@ static void ckpt_inode_destroy(struct ckpt_ns *ns, struct ckpt_inode *ino)
 	}
 	free(ino->target);
 	pthread_rwlock_destroy(&ino->lock);
+	pthread_mutex_destroy(&ino->ra_mu);
 	ns->ninodes--;
 	pthread_mutex_lock(&ns->all_mu);
 	if (ino->anext)
@@ -1087,10 +1106,82 @@ void ckpt_release(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_file *
 	free(f);
 }
 
+static unsigned ckpt_ra_blocks(const struct ckpt_ns *ns, uint32_t bytes)
+{
+	unsigned n = bytes / ns->bs;
+
+	return n < 1 ? 1 : n > CKPT_RA_MAX_BLOCKS ? CKPT_RA_MAX_BLOCKS : n;
+}
+
+/* Read-ahead after a read of blocks [first, last] of ino, `miss` when one of them was
+ * only in the store: takes a reference on each block to load ahead (non-resident, in the
+ * store, no I/O in flight) into v[] (CKPT_RA_MAX_BLOCKS slots), returns how many, for
+ * tier_prefetch once the inode lock is dropped. Under the inode's read lock (blocks[]
+ * cannot change). Sequential: first within a block of the last block read (concurrent
+ * FUSE workers reorder a stream by a request or two). A random miss asks for the next
+ * block only (a read crossing into it) and starts the window over. */
+static unsigned ckpt_readahead_locked(struct ckpt_ns *ns, struct ckpt_inode *ino,
+				      uint64_t first, uint64_t last, bool miss,
+				      struct bc_block **v)
+{
+	uint64_t nblk = (ino->size + ns->bs - 1) / ns->bs, start, end, i;
+	unsigned win, n = 0, max = ckpt_ra_blocks(ns, CKPT_RA_MAX_BYTES);
+	bool seq;
+
+	if (nblk > ino->nblocks)
+		nblk = ino->nblocks;
+	pthread_mutex_lock(&ino->ra_mu);
+	seq = first + 1 >= ino->ra_last && first <= ino->ra_last + 1;
+	if (!seq || last > ino->ra_last)
+		ino->ra_last = last;
+	if (!seq) {
+		if (!miss)
+			goto out;
+		ino->ra_win = 0;
+		win = 1;
+		start = last + 1;
+		ino->ra_end = last + 1 + win;
+	} else if (ino->ra_end <= last + 1) {
+		/* Nothing queued ahead of the reader: start (at a miss) or grow. */
+		if (!miss && !ino->ra_win)
+			goto out;
+		win = ino->ra_win ? ino->ra_win * 2 : ckpt_ra_blocks(ns, CKPT_RA_INIT_BYTES);
+		if (win > max)
+			win = max;
+		ino->ra_win = win;
+		start = last + 1;
+		ino->ra_end = last + 1 + win;
+	} else if (ino->ra_win && ino->ra_end - (last + 1) < ino->ra_win / 2) {
+		/* Half of the window used: queue the next part while the rest loads. */
+		win = ino->ra_win * 2 > max ? max : ino->ra_win * 2;
+		ino->ra_win = win;
+		start = ino->ra_end;
+		ino->ra_end = last + 1 + win;
+	} else {
+		goto out;
+	}
+	end = ino->ra_end < nblk ? ino->ra_end : nblk;
+	for (i = start; i < end && n < CKPT_RA_MAX_BLOCKS; i++) {
+		struct bc_block *b = ino->blocks[i];
+
+		if (b && !bc_block_resident(b) &&
+		    (bc_block_flags(b) & (BC_STORED | BC_IO | BC_ORPHAN)) == BC_STORED) {
+			bc_block_get(b); /* handed to tier_prefetch (tier.c invariant 8) */
+			v[n++] = b;
+		}
+	}
+out:
+	pthread_mutex_unlock(&ino->ra_mu);
+	return n;
+}
+
 int ckpt_read(struct ckpt_ns *ns, struct ckpt_inode *ino, size_t size, off_t off,
 	      struct mlfs_seg *segs)
 {
-	uint64_t end;
+	struct bc_block *ahead[CKPT_RA_MAX_BLOCKS];
+	uint64_t end, first = (uint64_t)off / ns->bs;
+	unsigned nahead = 0;
+	bool miss = false;
 	int n = 0, i, rc;
 
 	pthread_rwlock_rdlock(&ino->lock);
@@ -1108,6 +1199,7 @@ int ckpt_read(struct ckpt_ns *ns, struct ckpt_inode *ino, size_t size, off_t off
 			uint32_t have = bc_block_len(b) - boff < len ? bc_block_len(b) - boff : len;
 
 			bc_block_get(b);
+			miss |= !bc_block_resident(b) && (bc_block_flags(b) & BC_STORED);
 			segs[n++] = (struct mlfs_seg){ .b = b, .off = boff, .len = have };
 			off += have;
 			len -= have;
@@ -1117,8 +1209,13 @@ int ckpt_read(struct ckpt_ns *ns, struct ckpt_inode *ino, size_t size, off_t off
 			off += len;
 		}
 	}
+	if (n) /* something was read: end > the first offset */
+		nahead = ckpt_readahead_locked(ns, ino, first, (end - 1) / ns->bs, miss, ahead);
 out:
 	pthread_rwlock_unlock(&ino->lock);
+	/* Queued before our own loads, so that the next blocks load while we wait. */
+	if (nahead)
+		tier_prefetch(ns->m->tier, ahead, nahead);
 	/* Blocks that are spilled or only in the store are loaded after the inode lock is
 	 * dropped: our references keep them, and their bytes cannot change (a writer
 	 * would copy a block we hold, invariant 5). bc_block_load also settles, under the
@@ -1130,6 +1227,8 @@ out:
 					bc_block_put(ns->bc, segs[i].b);
 			return rc;
 		}
+		if (segs[i].b)
+			bc_block_note_read(ns->bc, segs[i].b);
 	}
 	return n;
 }

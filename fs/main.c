@@ -623,11 +623,14 @@ static void *mlfs_signals(void *arg)
  * overrides rule D of tiering/tier.c (tests and benchmarks that need spills from a
  * page-cache-hot SOURCE, or none); MLFS_DATA_MAP=never|always rule M (the A/B of
  * docs/tiering.md); MLFS_REFILL_HOLD_MS the time after a cut with no background reload
- * nor stock fill (a test that must see none, whatever the machine's load). */
+ * nor stock fill (a test that must see none, whatever the machine's load);
+ * MLFS_PREFETCH_THREADS=N the read-ahead threads, 0 none (the A/B of
+ * bench/store_bench.py). */
 static void mlfs_tier_config(const struct mlfs_config *c, struct tier_config *tc)
 {
 	const char *drop = getenv("MLFS_TIER_DROP"), *map = getenv("MLFS_DATA_MAP");
 	const char *hold = getenv("MLFS_REFILL_HOLD_MS");
+	const char *ahead = getenv("MLFS_PREFETCH_THREADS");
 
 	tier_config_defaults(tc);
 	tc->spill_dir = c->spill;
@@ -649,6 +652,8 @@ static void mlfs_tier_config(const struct mlfs_config *c, struct tier_config *tc
 		tc->map = TIER_MAP_ALWAYS;
 	if (hold && *hold >= '0' && *hold <= '9')
 		tc->refill_hold_ms = (unsigned)strtoul(hold, NULL, 10);
+	if (ahead && *ahead)
+		tc->prefetch_threads = (unsigned)strtoul(ahead, NULL, 10);
 }
 
 /* Builds the daemon's parts. Each failure is said in exactly one line: by the part
@@ -869,6 +874,8 @@ static void mlfs_ready(int *ready_fd)
 static void mlfs_stop(struct mlfs *m)
 {
 	ctl_free(m->ctl);
+	/* Read-ahead loads through snapd's store: its threads go first. */
+	tier_prefetch_stop(m->tier);
 	snapd_free(m->snapd);
 	ckpt_ns_free(m->ckpt);
 	data_ns_free(m->data);

@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <lz4.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,7 +57,7 @@ struct pack {
 	int users;	/* readers between find and release */
 	int gone;	/* forgotten by a scan: freed when users drops to 0 */
 	uint64_t gen;	/* ps->gen when it was added: scans started before never forget it */
-	uint64_t next;	/* where the last read ended: the next read there is sequential */
+	uint64_t next;	/* where the furthest read of the current stream ended */
 	uint64_t ahead;	/* prefetch asked up to here */
 };
 
@@ -667,6 +668,7 @@ static int get_once(struct pack_set *ps, const uint8_t hash[16], void *buf, uint
 	char *z = NULL, hx[33];
 	uint64_t end, ra_from = 0, ra_len = 0;
 	int fd, own, rc;
+	bool seq;
 
 	pthread_mutex_lock(&ps->mu);
 	if (!(l = lookup_locked(ps, hash))) {
@@ -678,14 +680,19 @@ static int get_once(struct pack_set *ps, const uint8_t hash[16], void *buf, uint
 	rc = use_locked(ps, p, &fd, &own);
 	/* A restore reads a pack's objects in the order they were written: when this read
 	 * follows the last one, ask the kernel for the next PACK_READ_AHEAD bytes now, so
-	 * the disk (or network) works while this block is verified and served. */
+	 * the disk (or network) works while this block is verified and served.
+	 * "Follows": at the end of the last read, or within the window asked for and at
+	 * most a window behind the furthest read: the daemon's read-ahead threads (tier.h
+	 * tier_prefetch) read a file's next blocks in parallel, so in a slightly shuffled
+	 * order, and that is still one sequential stream to the disk. */
 	end = e.off + PACK_REC_HDR + e.stored;
-	if (!rc && e.off == p->next && p->ahead < end + PACK_READ_AHEAD / 2) {
+	seq = e.off == p->next || (e.off <= p->ahead && e.off + PACK_READ_AHEAD >= p->next);
+	if (!rc && seq && p->ahead < end + PACK_READ_AHEAD / 2) {
 		ra_from = p->ahead > end ? p->ahead : end;
 		ra_len = end + PACK_READ_AHEAD - ra_from;
 		p->ahead = ra_from + ra_len;
 	}
-	p->next = end;
+	p->next = seq && p->next > end ? p->next : end;
 	pthread_mutex_unlock(&ps->mu);
 	if (rc)
 		return rc;

@@ -190,6 +190,16 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 	F("reload_ns_per_mib", "average spill reload time per MiB, ns", ts.reload_ns_per_mib);
 	F("response_us", "last budget cut to first eviction batch, us", ts.response_us);
 	F("settle_us", "last budget cut to mem_bytes under budget, us", ts.settle_us);
+	F("ahead_queued", "restored blocks handed to the read-ahead threads", ts.ahead_queued);
+	F("ahead_loaded", "of those, loaded from the store ahead of their read",
+	  ts.ahead_loaded);
+	F("ahead_bytes", "bytes of the blocks loaded ahead", ts.ahead_bytes);
+	F("ahead_used", "blocks loaded ahead that a read then used", bs.ahead_used);
+	F("ahead_unused", "blocks loaded ahead and evicted before any read", bs.ahead_unused);
+	F("ahead_skipped", "queued blocks not loaded: resident, in flight, let go, no room",
+	  ts.ahead_skipped);
+	F("ahead_errors", "read-ahead loads that failed (their reads fail alike)",
+	  ts.ahead_errors);
 	/* Unknown or unlimited inputs (GOV_NONE) show as 0. */
 #define G(v) ((v) == GOV_NONE ? 0 : (v))
 	F("psi_some_avg10", "PSI memory some avg10, percent x 100",

@@ -63,6 +63,16 @@
  *     writes (tier_admit_write) follows t->full, not the retry timer.
  *  7. t->mu is a leaf lock: no bcache, spill or governor call is made while holding it
  *     (bcache calls tier_unspill with its own locks released, from any thread).
+ *  8. Read-ahead holds a counted reference on every block in its queue or being loaded
+ *     by one of its threads, so a block it touches is alive whatever its file does
+ *     meanwhile (a writer copies it: bcache invariant 3; a truncate or a restore makes
+ *     it an orphan, which a thread skips). Its loads are bc_block_prefetch: a block
+ *     being loaded or evicted is left to that I/O, and a reader that finds one of its
+ *     loads in flight waits for it (LOADING) instead of fetching the block twice. A load
+ *     starts only while mem_bytes plus the loads in flight (pf_bytes) stay HEADROOM under
+ *     the budget and not within REFILL_HOLD of a cut, so read-ahead never causes an
+ *     eviction. The threads are joined by tier_prefetch_stop before the store loader's
+ *     argument goes (main.c) and before the cache (tier_free).
  *
  * States of a block: the one diagram is at the top of cache/bcache.c ("States"); the
  * tier drives these of its transitions, by the rules above:
@@ -138,6 +148,19 @@ struct tier {
 	pthread_cond_t fill_cv;	/* the fill thread: pool_low, the hold's end, stop */
 	bool fill_started;
 	_Atomic bool fill_asked; /* pool_low came since the last fill began */
+
+	/* Read-ahead (tier_prefetch, invariant 8). Lock order: pf_mu is a leaf like t->mu
+	 * and never held with it: no bcache call under it (references are put after it is
+	 * dropped), nothing taken under it but pthread_create. */
+	pthread_mutex_t pf_mu;
+	pthread_cond_t pf_cv;	/* a block was queued, or pf_stop */
+	struct bc_block *pf_q[TIER_PREFETCH_QUEUE]; /* a ring: pf_head, pf_n */
+	unsigned pf_head, pf_n;
+	pthread_t pf_thread[TIER_PREFETCH_THREADS_MAX];
+	unsigned pf_threads;	/* started */
+	bool pf_stop, pf_joined;
+	_Atomic uint64_t pf_bytes; /* lengths of the loads the threads have in flight */
+	_Atomic uint64_t ahead_queued, ahead_loaded, ahead_bytes, ahead_skipped, ahead_errors;
 
 	/* Counters, read by tier_get_stats without the lock. */
 	_Atomic uint64_t spill_ops, reload_ops, bg_reload_ops, spill_errors, drops, frees;
@@ -772,6 +795,159 @@ static bool tier_refill(struct tier *t)
 	return any;
 }
 
+/* ---- read-ahead (invariant 8) ---- */
+
+/* The refill's margin: 1/16 of the budget or four blocks. */
+static uint64_t tier_headroom(const struct tier *t, uint64_t budget)
+{
+	return budget / 16 > 4ull * t->bs ? budget / 16 : 4ull * t->bs;
+}
+
+/* Whether read-ahead of `len` more bytes fits: not within REFILL_HOLD of a cut, and
+ * mem_bytes + the loads in flight + len + HEADROOM at most the budget. With `reserve`,
+ * len is added to pf_bytes when it fits (the caller subtracts it after its load). */
+static bool tier_ahead_room(struct tier *t, uint64_t len, bool reserve)
+{
+	uint64_t budget = bc_budget(t->bc), inflight;
+	bool held;
+
+	pthread_mutex_lock(&t->mu);
+	held = t->last_cut_ms && tier_now_ms() < t->last_cut_ms + t->cfg.refill_hold_ms;
+	pthread_mutex_unlock(&t->mu);
+	if (held)
+		return false;
+	inflight = reserve ? atomic_fetch_add(&t->pf_bytes, len) + len :
+			     atomic_load(&t->pf_bytes) + len;
+	if (bc_mem_bytes(t->bc) + inflight + tier_headroom(t, budget) <= budget)
+		return true;
+	if (reserve)
+		atomic_fetch_sub(&t->pf_bytes, len);
+	return false;
+}
+
+/* One queued block: skip it or load it, then put the queue's reference. */
+static void tier_ahead_one(struct tier *t, struct bc_block *b)
+{
+	unsigned flags = bc_block_flags(b);
+	uint32_t len = bc_block_len(b);
+	int rc;
+
+	/* Let go by its file (nobody will read it through the file), resident, or some
+	 * I/O in flight (bc_block_prefetch would leave it anyway): nothing to do. */
+	if ((flags & (BC_ORPHAN | BC_IO)) || !(flags & BC_STORED) || bc_block_resident(b) ||
+	    !tier_ahead_room(t, len, true)) {
+		atomic_fetch_add(&t->ahead_skipped, 1);
+		goto out;
+	}
+	rc = bc_block_prefetch(t->bc, b);
+	atomic_fetch_sub(&t->pf_bytes, len);
+	if (rc == 0) {
+		atomic_fetch_add(&t->ahead_loaded, 1);
+		atomic_fetch_add(&t->ahead_bytes, len);
+	} else if (rc > 0) {
+		atomic_fetch_add(&t->ahead_skipped, 1);
+	} else {
+		/* The loader logged the object; the block stays non-resident, so its
+		 * reader's own load fails the same way: the error reaches that read. */
+		atomic_fetch_add(&t->ahead_errors, 1);
+		log_err("tier: read-ahead of a checkpoint block failed (%s); a read of it "
+			"will fail the same way", strerror(-rc));
+	}
+out:
+	bc_block_put(t->bc, b);
+}
+
+static void *tier_ahead_thread(void *arg)
+{
+	struct tier *t = arg;
+	struct bc_block *b;
+
+	pthread_mutex_lock(&t->pf_mu);
+	for (;;) {
+		while (!t->pf_n && !t->pf_stop)
+			pthread_cond_wait(&t->pf_cv, &t->pf_mu);
+		if (t->pf_stop)
+			break; /* tier_prefetch_stop puts what is queued */
+		b = t->pf_q[t->pf_head];
+		t->pf_head = (t->pf_head + 1) % TIER_PREFETCH_QUEUE;
+		t->pf_n--;
+		pthread_mutex_unlock(&t->pf_mu);
+		tier_ahead_one(t, b);
+		pthread_mutex_lock(&t->pf_mu);
+	}
+	pthread_mutex_unlock(&t->pf_mu);
+	return NULL;
+}
+
+void tier_prefetch(struct tier *t, struct bc_block **v, unsigned n)
+{
+	unsigned i = 0, want;
+	int rc;
+
+	if (!n)
+		return;
+	if (t->started && t->cfg.prefetch_threads &&
+	    tier_ahead_room(t, bc_block_len(v[0]), false)) {
+		pthread_mutex_lock(&t->pf_mu);
+		/* Started at the first read-ahead: a mount that never restores has none. */
+		want = t->cfg.prefetch_threads;
+		while (!t->pf_stop && t->pf_threads < want) {
+			rc = -pthread_create(&t->pf_thread[t->pf_threads], NULL,
+					     tier_ahead_thread, t);
+			if (rc) {
+				log_err("tier: read-ahead thread: %s", strerror(-rc));
+				break;
+			}
+			t->pf_threads++;
+		}
+		for (; i < n && t->pf_threads && !t->pf_stop && t->pf_n < TIER_PREFETCH_QUEUE;
+		     i++) {
+			t->pf_q[(t->pf_head + t->pf_n) % TIER_PREFETCH_QUEUE] = v[i];
+			t->pf_n++;
+		}
+		/* Counted before a thread can count the block loaded. */
+		atomic_fetch_add(&t->ahead_queued, i);
+		if (i)
+			pthread_cond_broadcast(&t->pf_cv);
+		pthread_mutex_unlock(&t->pf_mu);
+	}
+	atomic_fetch_add(&t->ahead_skipped, n - i);
+	for (; i < n; i++)
+		bc_block_put(t->bc, v[i]);
+}
+
+void tier_prefetch_stop(struct tier *t)
+{
+	struct bc_block *q[TIER_PREFETCH_QUEUE];
+	unsigned i, n, nthreads;
+
+	if (!t)
+		return;
+	pthread_mutex_lock(&t->pf_mu);
+	if (t->pf_joined) {
+		pthread_mutex_unlock(&t->pf_mu);
+		return;
+	}
+	t->pf_stop = t->pf_joined = true;
+	nthreads = t->pf_threads;
+	pthread_cond_broadcast(&t->pf_cv);
+	pthread_mutex_unlock(&t->pf_mu);
+	/* Each ends the load it is in (a store read cannot be interrupted), then sees
+	 * pf_stop; nothing queues after it (tier_prefetch checks pf_stop). */
+	for (i = 0; i < nthreads; i++)
+		pthread_join(t->pf_thread[i], NULL);
+	pthread_mutex_lock(&t->pf_mu);
+	for (n = 0; t->pf_n; n++) {
+		q[n] = t->pf_q[t->pf_head];
+		t->pf_head = (t->pf_head + 1) % TIER_PREFETCH_QUEUE;
+		t->pf_n--;
+	}
+	pthread_mutex_unlock(&t->pf_mu);
+	for (i = 0; i < n; i++)
+		bc_block_put(t->bc, q[i]);
+	atomic_fetch_add(&t->ahead_skipped, n);
+}
+
 /* ---- the thread ---- */
 
 static void *tier_thread(void *arg)
@@ -945,6 +1121,7 @@ void tier_config_defaults(struct tier_config *c)
 	c->batch = TIER_DEF_BATCH;
 	c->inflight = TIER_DEF_INFLIGHT;
 	c->refill_hold_ms = TIER_REFILL_HOLD_MS;
+	c->prefetch_threads = TIER_DEF_PREFETCH_THREADS;
 }
 
 static int tier_dup(const char **dst, const char *src)
@@ -1000,6 +1177,8 @@ int tier_new(const struct tier_config *c, struct bc *bc, struct tier **out)
 		t->cfg.batch = 256; /* the pick array in tier_trim_round */
 	if (!t->cfg.inflight)
 		t->cfg.inflight = TIER_DEF_INFLIGHT;
+	if (t->cfg.prefetch_threads > TIER_PREFETCH_THREADS_MAX)
+		t->cfg.prefetch_threads = TIER_PREFETCH_THREADS_MAX;
 	/* Our own copies: tier_start may run long after the caller's strings are gone. */
 	if ((rc = tier_dup(&t->cfg.spill_dir, c->spill_dir)) ||
 	    (rc = tier_dup(&t->cfg.gov.psi_path, c->gov.psi_path)) ||
@@ -1016,6 +1195,8 @@ int tier_new(const struct tier_config *c, struct bc *bc, struct tier **out)
 	pthread_cond_init(&t->admit_cv, &ca);
 	pthread_cond_init(&t->fill_cv, &ca);
 	pthread_condattr_destroy(&ca);
+	pthread_mutex_init(&t->pf_mu, NULL);
+	pthread_cond_init(&t->pf_cv, NULL);
 	*out = t;
 	return 0;
 
@@ -1096,6 +1277,7 @@ void tier_free(struct tier *t)
 {
 	if (!t)
 		return;
+	tier_prefetch_stop(t); /* its loads go through the backing detached below */
 	if (t->started) {
 		gov_free(t->gov); /* no budget callbacks after this */
 		bc_set_pool_stock(t->bc, 0); /* no pool_low calls to a stopped thread */
@@ -1117,6 +1299,8 @@ void tier_free(struct tier *t)
 		spill_free(t->sp);
 		uring_free(t->u);
 	}
+	pthread_cond_destroy(&t->pf_cv);
+	pthread_mutex_destroy(&t->pf_mu);
 	pthread_cond_destroy(&t->admit_cv);
 	pthread_cond_destroy(&t->fill_cv);
 	pthread_cond_destroy(&t->idle_cv);
@@ -1234,6 +1418,11 @@ void tier_get_stats(struct tier *t, struct tier_stats *st)
 	st->reload_ns_per_mib = atomic_load(&t->reload_ns_per_mib);
 	st->response_us = atomic_load(&t->response_us);
 	st->settle_us = atomic_load(&t->settle_us);
+	st->ahead_queued = atomic_load(&t->ahead_queued);
+	st->ahead_loaded = atomic_load(&t->ahead_loaded);
+	st->ahead_bytes = atomic_load(&t->ahead_bytes);
+	st->ahead_skipped = atomic_load(&t->ahead_skipped);
+	st->ahead_errors = atomic_load(&t->ahead_errors);
 	pthread_mutex_lock(&t->mu);
 	st->spill_full = t->full;
 	pthread_mutex_unlock(&t->mu);

@@ -17,6 +17,10 @@
  *   within REFILL_HOLD of a cut. It also serves as the
  *   cache's backing (bc_set_backing): a read of a spilled block reloads it from the spill
  *   file, and of a stored one asks the store's loader (tier_set_store_loader).
+ * - Read-ahead (tier_prefetch): readers of restored checkpoint files hand it blocks that
+ *   are only in the store; TIER_DEF_PREFETCH_THREADS threads of its own load them through
+ *   the same backing (bc_block_prefetch), while memory stays HEADROOM under the budget
+ *   and not within REFILL_HOLD of a cut: read-ahead never makes anything be evicted.
  * - Without a spill dir the governor still runs, clean data blocks are dropped and
  *   checkpoint blocks not in the store stay in memory whatever the budget.
  * - Thread safety: every function may be called from any thread between tier_new() and
@@ -64,6 +68,8 @@ struct tier_config {
 	unsigned batch;		/* blocks picked per round, default TIER_DEF_BATCH */
 	unsigned inflight;	/* spill writes or reloads in flight, TIER_DEF_INFLIGHT */
 	unsigned refill_hold_ms; /* no background reload this soon after a cut */
+	unsigned prefetch_threads; /* read-ahead threads, TIER_DEF_PREFETCH_THREADS; the
+				    * daemon reads MLFS_PREFETCH_THREADS (0: no read-ahead) */
 };
 
 /*
@@ -96,6 +102,16 @@ struct tier_config {
 #define TIER_RELOAD_PRIOR_NS (1000000ull)
 #define TIER_INTERVAL_MS 250u
 #define TIER_REFILL_HOLD_MS 3000u
+/*
+ * PREFETCH_THREADS 4: the store loader blocks in a pread (and on GlusterFS in a network
+ *   round trip) per block; four loads in flight keep a 1 MiB-block stream ahead of one
+ *   reader on both, and cost four idle threads (started at the first read-ahead only).
+ * PREFETCH_QUEUE 64: blocks waiting for a thread; two readers' full windows (32 MiB of
+ *   1 MiB blocks each). Beyond it read-ahead is dropped, never waited for.
+ */
+#define TIER_DEF_PREFETCH_THREADS 4u
+#define TIER_PREFETCH_THREADS_MAX 16u
+#define TIER_PREFETCH_QUEUE 64u
 
 /* Fills the defaults above, gov defaults (gov_config_defaults), use_gov = 1. */
 void tier_config_defaults(struct tier_config *c);
@@ -134,6 +150,23 @@ int tier_admit_write(struct tier *t, size_t size);
 typedef int (*tier_store_load_fn)(void *arg, struct bc_block *b, void *buf);
 void tier_set_store_loader(struct tier *t, tier_store_load_fn fn, void *arg);
 
+/* Read-ahead: v[0..n) are counted references to non-resident BC_STORED checkpoint blocks
+ * (ckpt.c picks them, in file order), handed over: each is queued for a read-ahead thread
+ * (started here at the first call) or put at once when the queue is full, read-ahead is
+ * off or stopped, or memory is within the headroom of the budget. A thread skips a block
+ * that became resident, is being loaded or evicted, or was let go by its file (BC_ORPHAN:
+ * truncated, rewritten, restored over); re-checks the budget with the bytes of loads in
+ * flight reserved; loads the rest with bc_block_prefetch and puts its reference. A failed
+ * load is a log line and the ahead_errors count, nothing else: the block stays
+ * non-resident and its reader's own load gets the error. Never blocks: a mutex and a
+ * signal. */
+void tier_prefetch(struct tier *t, struct bc_block **v, unsigned n);
+/* Stops read-ahead: no more is queued, the threads finish the load each is in (the
+ * store's I/O cannot be interrupted) and are joined, what was queued is put. Must run
+ * before the store loader's argument goes (main.c: before snapd_free); tier_free calls it
+ * too. Idempotent; NULL is a no-op. */
+void tier_prefetch_stop(struct tier *t);
+
 struct tier_stats {
 	uint64_t spilled_bytes, spilled_disk_bytes, spill_capacity; /* spill.h figures */
 	uint64_t spill_ops;	/* blocks written to the spill tier */
@@ -149,6 +182,12 @@ struct tier_stats {
 	uint64_t src_ns_per_mib, reload_ns_per_mib; /* rule D inputs, ns per MiB */
 	uint64_t response_us;	/* last budget cut -> first eviction batch submitted */
 	uint64_t settle_us;	/* last budget cut -> mem_bytes at or under the budget */
+	uint64_t ahead_queued;	/* read-ahead: blocks handed to its threads */
+	uint64_t ahead_loaded;	/* of those, loaded from the store */
+	uint64_t ahead_bytes;	/* the bytes of those */
+	uint64_t ahead_skipped;	/* not loaded: resident or in flight already, let go,
+				 * no room under the budget, queue full */
+	uint64_t ahead_errors;	/* loads that failed (the block's reader gets the error) */
 	int spill_full, direct_io;
 	int have_gov;
 	struct gov_inputs gov;	/* when have_gov */

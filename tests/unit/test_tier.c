@@ -760,6 +760,205 @@ static void test_pool_stock(void)
 	}
 }
 
+/* ---- read-ahead (tier_prefetch) ---- */
+
+static _Atomic int ahead_calls;
+static _Atomic int ahead_delay_ms;
+
+/* A store stand-in for read-ahead: the object name is the block's seed; seed 5 is a
+ * damaged object. Optionally slow (the store on a network filesystem). */
+static int ahead_store_load(void *arg, struct bc_block *b, void *buf)
+{
+	uint64_t seed;
+
+	(void)arg;
+	atomic_fetch_add(&ahead_calls, 1);
+	if (atomic_load(&ahead_delay_ms))
+		usleep(atomic_load(&ahead_delay_ms) * 1000u);
+	memcpy(&seed, bc_block_obj(b), sizeof(seed));
+	if (seed == 5)
+		return -EIO;
+	fill(buf, bc_block_len(b), seed, 0);
+	return 0;
+}
+
+static void add_stored(struct bc *bc, struct bc_block **ck, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++) {
+		uint8_t obj[16] = { 0 };
+		uint64_t seed = i;
+
+		memcpy(obj, &seed, sizeof(seed));
+		ck[i] = bc_block_new_stored(bc, BS, obj);
+	}
+}
+
+/* Waits until every queued block was loaded, skipped or failed. */
+static void ahead_wait(struct tier *t)
+{
+	uint64_t end = now_ms() + 10000;
+	struct tier_stats st;
+
+	do {
+		st = tstats(t);
+		if (st.ahead_loaded + st.ahead_skipped + st.ahead_errors >= st.ahead_queued &&
+		    !(st.ahead_queued == 0 && st.ahead_skipped == 0))
+			return;
+		usleep(1000);
+	} while (now_ms() < end);
+	EXPECT(!"read-ahead did not finish in 10 s");
+}
+
+static struct tier *make_ahead_tier(struct bc *bc, unsigned threads)
+{
+	struct tier_config c;
+	struct tier *t = NULL;
+
+	tier_config_defaults(&c);
+	c.use_gov = 0;
+	c.refill_hold_ms = 0;
+	c.prefetch_threads = threads;
+	EXPECT_EQ(tier_new(&c, bc, &t), 0);
+	tier_set_store_loader(t, ahead_store_load, NULL);
+	EXPECT_EQ(tier_start(t), 0);
+	return t;
+}
+
+/* Blocks handed over load once, in the background, marked BC_AHEAD; a reader then finds
+ * them resident (no second store read) and counts them used; a damaged object is an
+ * error count and stays non-resident, so the reader's own load gets -EIO; a block its
+ * file let go (orphan) is skipped. */
+static void test_prefetch(void)
+{
+	struct bc_block *ck[8], *v[8];
+	char want[BS];
+	struct bc *bc;
+	struct tier *t;
+	unsigned i;
+
+	EXPECT_EQ(bc_new(BS, BIG, &bc), 0);
+	t = make_ahead_tier(bc, 2);
+	add_stored(bc, ck, 8);
+	for (i = 0; i < 8; i++) {
+		bc_block_get(ck[i]); /* the queue's reference, as ckpt_read takes it */
+		v[i] = ck[i];
+	}
+	bc_block_get(ck[7]);
+	bc_block_disown(bc, ck[7]); /* its file let go; we keep ck[7]'s second reference */
+	atomic_store(&ahead_calls, 0);
+	tier_prefetch(t, v, 8);
+	ahead_wait(t);
+	EXPECT_EQ(tstats(t).ahead_queued, 8);
+	EXPECT_EQ(tstats(t).ahead_loaded, 6);
+	EXPECT_EQ(tstats(t).ahead_bytes, 6ull * BS);
+	EXPECT_EQ(tstats(t).ahead_errors, 1);
+	EXPECT_EQ(tstats(t).ahead_skipped, 1);
+	EXPECT_EQ(atomic_load(&ahead_calls), 7); /* not the orphan */
+	for (i = 0; i < 8; i++) {
+		unsigned f = bc_block_flags(ck[i]);
+
+		EXPECT_EQ(bc_block_resident(ck[i]), i != 5 && i != 7);
+		EXPECT_EQ(!!(f & BC_AHEAD), i != 5 && i != 7);
+		EXPECT(!(f & BC_IO));
+	}
+	for (i = 0; i < 7; i++) {
+		int rc;
+
+		bc_block_get(ck[i]);
+		rc = bc_block_load(bc, ck[i]);
+		EXPECT_EQ(rc, i == 5 ? -EIO : 0);
+		if (!rc) {
+			fill(want, BS, i, 0);
+			EXPECT(!memcmp(bc_block_buf(ck[i]), want, BS));
+			bc_block_note_read(bc, ck[i]);
+			EXPECT(!(bc_block_flags(ck[i]) & BC_AHEAD));
+		}
+		bc_block_put(bc, ck[i]);
+	}
+	EXPECT_EQ(atomic_load(&ahead_calls), 8); /* the damaged one was tried again */
+	EXPECT_EQ(cstats(bc).ahead_used, 6);
+	for (i = 0; i < 8; i++)
+		bc_block_put(bc, ck[i]);
+	EXPECT_EQ(cstats(bc).ckpt_blocks, 0); /* every reference came back */
+	tier_free(t);
+	bc_free(bc);
+}
+
+/* No room under the budget (HEADROOM included): nothing is loaded, nothing evicted.
+ * Read-ahead off (0 threads): nothing is queued. */
+static void test_prefetch_budget(void)
+{
+	struct bc_block *ck[4], *v[4];
+	struct bc *bc;
+	struct tier *t;
+	unsigned i, threads;
+
+	for (threads = 0; threads < 2; threads++) {
+		EXPECT_EQ(bc_new(BS, BIG, &bc), 0);
+		t = make_ahead_tier(bc, threads);
+		if (threads)
+			tier_set_budget(t, 4ull * BS); /* headroom is four blocks: no room */
+		add_stored(bc, ck, 4);
+		for (i = 0; i < 4; i++) {
+			bc_block_get(ck[i]);
+			v[i] = ck[i];
+		}
+		atomic_store(&ahead_calls, 0);
+		tier_prefetch(t, v, 4);
+		EXPECT_EQ(tstats(t).ahead_queued, 0);
+		EXPECT_EQ(tstats(t).ahead_skipped, 4);
+		EXPECT_EQ(atomic_load(&ahead_calls), 0);
+		EXPECT_EQ(bc_mem_bytes(bc), 0);
+		for (i = 0; i < 4; i++)
+			bc_block_put(bc, ck[i]);
+		EXPECT_EQ(cstats(bc).ckpt_blocks, 0);
+		tier_free(t);
+		bc_free(bc);
+	}
+}
+
+/* Stopped with loads in flight and blocks queued (unmount, SIGTERM): the loads in
+ * flight finish, the queue's references are put, nothing is touched afterwards (ASan),
+ * and read-ahead after the stop puts what it is given. */
+static void test_prefetch_stop(void)
+{
+	struct bc_block *ck[32], *v[32];
+	struct bc *bc;
+	struct tier *t;
+	unsigned i;
+
+	EXPECT_EQ(bc_new(BS, BIG, &bc), 0);
+	t = make_ahead_tier(bc, 2);
+	add_stored(bc, ck, 32);
+	for (i = 0; i < 32; i++) {
+		bc_block_get(ck[i]);
+		v[i] = ck[i];
+	}
+	atomic_store(&ahead_delay_ms, 20);
+	atomic_store(&ahead_calls, 0);
+	tier_prefetch(t, v, 32);
+	usleep(5000); /* two loads in flight, the rest queued */
+	tier_prefetch_stop(t);
+	EXPECT(atomic_load(&ahead_calls) < 32);
+	EXPECT_EQ(tstats(t).ahead_queued, 32);
+	EXPECT_EQ(tstats(t).ahead_loaded + tstats(t).ahead_skipped + tstats(t).ahead_errors,
+		  32);
+	for (i = 0; i < 32; i++) {
+		EXPECT(!(bc_block_flags(ck[i]) & BC_IO));
+		bc_block_get(ck[i]);
+		v[i] = ck[i];
+	}
+	tier_prefetch(t, v, 32); /* stopped: put at once */
+	EXPECT_EQ(tstats(t).ahead_queued, 32);
+	tier_prefetch_stop(t); /* idempotent */
+	atomic_store(&ahead_delay_ms, 0);
+	for (i = 0; i < 32; i++)
+		bc_block_put(bc, ck[i]);
+	EXPECT_EQ(cstats(bc).ckpt_blocks, 0);
+	tier_free(t);
+	bc_free(bc);
+}
+
 int main(void)
 {
 	if (!mkdtemp(spill_dir)) {
@@ -776,6 +975,9 @@ int main(void)
 	test_no_spill();
 	test_disk_admission();
 	test_pool_stock();
+	test_prefetch();
+	test_prefetch_budget();
+	test_prefetch_stop();
 	rmdir(spill_dir);
 	return test_summary();
 }
