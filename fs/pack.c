@@ -515,7 +515,9 @@ int pack_set_scan(struct pack_set *ps)
 			continue;
 		}
 		if (ps->nv == ps->cap) {
-			void *nv = realloc(ps->v, (ps->cap = ps->cap ? 2 * ps->cap : 64) * sizeof(*ps->v));
+			/* The capacity is recorded only once the array has it. */
+			size_t ncap = ps->cap ? 2 * ps->cap : 64;
+			void *nv = realloc(ps->v, ncap * sizeof(*ps->v));
 
 			if (!nv) {
 				pack_free(np);
@@ -524,6 +526,7 @@ int pack_set_scan(struct pack_set *ps)
 				break;
 			}
 			ps->v = nv;
+			ps->cap = ncap;
 		}
 		/* Keep the descriptor: the first read needs no open, and its readahead state
 		 * lives as long as the pack is read. */
@@ -951,12 +954,14 @@ int pack_writer_finish(struct pack_set *ps, struct pack_writer **wp)
 		pthread_mutex_lock(&ps->mu);
 		if (!find_locked(ps, p->id)) {
 			if (ps->nv == ps->cap) {
-				void *nv = realloc(ps->v, (ps->cap = ps->cap ? 2 * ps->cap : 64) *
-							  sizeof(*ps->v));
+				size_t cap = ps->cap ? 2 * ps->cap : 64;
+				void *nv = realloc(ps->v, cap * sizeof(*ps->v));
 
 				rc = nv ? 0 : -ENOMEM;
-				if (nv)
+				if (nv) {
 					ps->v = nv;
+					ps->cap = cap;
+				}
 			}
 			if (!rc) {
 				p->gen = ++ps->gen;
@@ -1101,11 +1106,13 @@ static int gc_note(struct pack_gc *g, const struct pack *p)
 	struct trashed *t;
 
 	if (g->nt == g->cap) {
-		void *np = realloc(g->t, (g->cap = g->cap ? 2 * g->cap : 16) * sizeof(*g->t));
+		size_t cap = g->cap ? 2 * g->cap : 16;
+		void *np = realloc(g->t, cap * sizeof(*g->t));
 
 		if (!np)
 			return -ENOMEM;
 		g->t = np;
+		g->cap = cap;
 	}
 	t = &g->t[g->nt];
 	memcpy(t->id, p->id, 33);

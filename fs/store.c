@@ -856,6 +856,11 @@ int store_put_block(struct store *s, const void *buf, uint32_t len, uint8_t hash
 		put = hset_find(&s->put, hash_out, 0);
 		if (put)
 			*put = 2;	/* not written: a later put writes it */
+		/* A pack that filled up was finished here (written, fsynced, renamed, packs/
+		 * fsynced): -EIO may mean its name's durability is unknown, so nothing may be
+		 * built on it until a full sync (invariant 6, store_recover). */
+		if (rc == -EIO)
+			s->broken = -EIO;
 		pthread_mutex_unlock(&s->mu);
 	}
 	free(z);
@@ -1996,15 +2001,27 @@ static int gc_group(struct store *s, const char *name, int64_t now, int64_t tmp_
 	struct dirent *d;
 	DIR *dir;
 	int gfd, fd, rc, removed = 0;
-	struct timespec wall;
 
 	if ((gfd = group_open(s, name)) < 0)
 		return gfd == -ENOENT ? 0 : gfd;
 	if ((rc = group_scan(gfd, &g)))
 		goto out;
-	clock_gettime(CLOCK_REALTIME, &wall);
-	if (!g.complete && ts_ns(&wall) - g.newest_ns >
-			   (int64_t)s->partial_grace_s * 1000000000) {
+	/* Every part durable but no group file: its publisher died (or hit ENOSPC) after
+	 * the last part. It is a whole snapshot, never garbage: publish it now. */
+	if (!g.complete && g.workers > 0 && g.nparts == (unsigned)g.workers) {
+		rc = store_group_publish(s, name);
+		if (rc == 1) {
+			log_info("store: %s: gc published group %s (all %d parts were durable)",
+				 s->path, name, g.workers);
+			rc = 0;
+			g.complete = 1;
+		}
+		if (rc < 0)
+			goto out;
+	}
+	/* Ages by the store's clock (now: the mtime of the lease gc just wrote), as every
+	 * other age gc judges, so a worker's skewed clock cannot make a group look old. */
+	if (!g.complete && now - g.newest_ns > (int64_t)s->partial_grace_s * 1000000000) {
 		log_info("store: %s: gc removes partial group %s (%u of %d parts, untouched for "
 			 "over %u s)", s->path, name, g.nparts, g.workers, s->partial_grace_s);
 		rc = group_delete(s, name);

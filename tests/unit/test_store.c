@@ -1307,12 +1307,17 @@ static void test_group_states(const char *dir)
 	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
 	EXPECT(exists(dir, "snaps/half/part-0-of-3") && exists(dir, "snaps/half/part-1-of-3"));
 
-	/* past the grace time: partial groups go, with their objects */
+	/* past the grace time: partial groups go, with their objects; a group whose every
+	 * part is durable but whose publisher died before the group file is published by
+	 * gc, never collected */
+	path_of(p, sizeof(p), dir, "snaps/full/group");
+	EXPECT_EQ(unlink(p), 0);
 	store_set_partial_grace(s, 0);
 	sleep(1);
 	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
 	EXPECT(!exists(dir, "snaps/half") && !exists(dir, "snaps/single"));
 	EXPECT(exists(dir, "snaps/full/group"));
+	EXPECT_EQ(store_group_state(s, "full", &parts, &workers), 1);
 	fill(buf, BS, 3, 0);
 	EXPECT_EQ(store_get_block(s, h, buf, BS), -ENOENT);
 	EXPECT_EQ(store_verify(s, NULL, NULL, NULL), 0);
