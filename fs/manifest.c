@@ -773,6 +773,14 @@ static int mf_union_add(struct mf_union *u, const struct mf_manifest *p, unsigne
 			tgt = map[t];
 			if (u->m->entries[tgt].link)
 				tgt = mf_find(u->m, u->m->entries[tgt].link);
+			if (tgt < 0 || u->m->entries[tgt].type != MF_FILE) {
+				/* its inode's path holds another part's directory or symlink
+				 * in the union: a link to that is no file, so a conflict */
+				(*conflicts)++;
+				if (fn)
+					fn(arg, p, i, pi, pi);
+				continue;
+			}
 		}
 		at = mf_union_find(u, parent, e->name);
 		if (at >= 0) {

@@ -882,6 +882,35 @@ static void test_merge(void)
 	mf_free(u);
 	EXPECT_EQ(mf_merge(p, 0, NULL, NULL, &u, &conflicts), -EINVAL);
 
+	/* A worker made x a directory; another kept its untouched restored file x and a
+	 * hard link y to it: the directory stands, and y, which would be a link to a
+	 * directory, is a conflict, never in the union (which must still encode). */
+	{
+		struct mf_manifest *q[2];
+		uint64_t xid;
+
+		q[0] = part_new();
+		add(q[0], 1, "x", MF_DIR);
+		q[1] = part_new();
+		e = add(q[1], 1, "x", MF_FILE);
+		set_blocks(e, 10, 4096, 0);
+		e->flags = MF_ENTRY_INHERITED;
+		xid = e->id;
+		e = add(q[1], 1, "y", MF_FILE);
+		e->link = xid;
+		EXPECT_EQ(mf_merge(q, 2, NULL, NULL, &u, &conflicts), 0);
+		EXPECT_EQ(conflicts, 1);
+		EXPECT(u && find_path(u, "y") < 0);
+		EXPECT(u && u->entries[find_path(u, "x")].type == MF_DIR);
+		if (u) {
+			EXPECT_EQ(mf_encode(u, &buf, &len), 0);
+			free(buf);
+		}
+		mf_free(u);
+		mf_free(q[0]);
+		mf_free(q[1]);
+	}
+
 	/* After a group restore every worker holds every file, flagged INHERITED until it
 	 * changes: a rewrite by one part wins over the others' untouched copies, whichever
 	 * part comes first; two rewrites still conflict. */
