@@ -1182,8 +1182,16 @@ int pack_gc_sweep(struct pack_set *ps, pack_live_fn live, void *arg, int64_t now
 		if (nlive && 2 * live_bytes >= rec_bytes)
 			continue;	/* mostly live: copying would cost more than it frees */
 		if (nlive) {
-			if (gc_copy_live(ps, p, live, arg, &copied, &w))
-				continue;	/* damaged or unreadable: kept; verify reports it */
+			struct pack_writer *open_w = w;
+
+			if (gc_copy_live(ps, p, live, arg, &copied, &w)) {
+				/* Damaged or unreadable: kept; verify reports it. A writer
+				 * the failure reset took the copies queued before it with it:
+				 * their originals stay too (nothing is trashed uncopied). */
+				if (open_w && !w)
+					nre = 0;
+				continue;
+			}
 			repack[nre++] = p;
 			continue;
 		}
