@@ -199,8 +199,8 @@ fuzz-build: $(FUZZ_TARGETS:%=build/fuzz/fuzz_%)
 
 build/fuzz/fuzz_manifest: tests/fuzz/fuzz_manifest.c fs/manifest.c fs/manifest.h
 build/fuzz/fuzz_ctl: tests/fuzz/fuzz_ctl.c fs/ctl.c cache/log.c fs/ctl.h fs/mlfs.h
-build/fuzz/fuzz_pack: tests/fuzz/fuzz_pack.c fs/pack.c fs/hset.c cache/log.c fs/pack.h fs/hset.h
-build/fuzz/fuzz_lease: tests/fuzz/fuzz_lease.c fs/lease.c cache/log.c fs/lease.h
+build/fuzz/fuzz_pack: tests/fuzz/fuzz_pack.c fs/pack.c fs/hset.c fs/fdio.c cache/log.c fs/pack.h fs/hset.h fs/fdio.h
+build/fuzz/fuzz_lease: tests/fuzz/fuzz_lease.c fs/lease.c fs/fdio.c cache/log.c fs/lease.h fs/fdio.h
 $(FUZZ_TARGETS:%=build/fuzz/fuzz_%):
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  FUZZ-CC $@")

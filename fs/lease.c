@@ -16,6 +16,7 @@
 #include <xxhash.h>
 
 #include "cache/log.h"
+#include "fs/fdio.h"
 
 #define LEASE_HEAD "mlfs-lease 1\n"
 #define LEASE_LINE 33	/* 32 hex + '\n' */
@@ -82,24 +83,6 @@ void lease_buf_free(struct lease_buf *b)
 	memset(b, 0, sizeof(*b));
 }
 
-static int write_all(int fd, const void *buf, size_t len)
-{
-	const char *p = buf;
-
-	while (len) {
-		ssize_t n = write(fd, p, len);
-
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
 int lease_write(int leasedir, const char *token, const struct lease_buf *b, int64_t *mtime_ns)
 {
 	static const char d[] = "0123456789abcdef";
@@ -127,7 +110,7 @@ int lease_write(int leasedir, const char *token, const struct lease_buf *b, int6
 		rc = -errno;
 		goto out_free;
 	}
-	rc = write_all(fd, buf, off);
+	rc = fdio_write_all(fd, buf, off);
 	if (close(fd) && !rc)
 		rc = -errno;	/* NFS reports a full server at close */
 	if (!rc && renameat(leasedir, tmp, leasedir, token))

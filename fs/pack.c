@@ -28,6 +28,7 @@
 #include <xxhash.h>
 
 #include "cache/log.h"
+#include "fs/fdio.h"
 #include "fs/hset.h"
 
 #define REC_MAGIC "MLOB"
@@ -131,43 +132,6 @@ static int is_id(const char *s, size_t len)
 static int64_t ts_ns(const struct timespec *t)
 {
 	return (int64_t)t->tv_sec * 1000000000 + t->tv_nsec;
-}
-
-static int pread_all(int fd, void *buf, size_t len, uint64_t off)
-{
-	char *p = buf;
-
-	while (len) {
-		ssize_t n = pread(fd, p, len, (off_t)off);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return -errno;
-		if (n == 0)
-			return -EIO;	/* shorter than its index says: damage */
-		p += n;
-		len -= (size_t)n;
-		off += (uint64_t)n;
-	}
-	return 0;
-}
-
-static int write_all(int fd, const void *buf, size_t len)
-{
-	const char *p = buf;
-
-	while (len) {
-		ssize_t n = write(fd, p, len);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return -errno;
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
 }
 
 /* ---- records ---- */
@@ -314,7 +278,8 @@ static int pack_load(int fd, const char *id, struct pack **out)
 	size = (uint64_t)st.st_size;
 	if (!S_ISREG(st.st_mode) || size < PACK_HDR + TAIL)
 		return -EINVAL;
-	if ((rc = pread_all(fd, head, PACK_HDR, 0)) || (rc = pread_all(fd, tail, TAIL, size - TAIL)))
+	if ((rc = fdio_pread_all(fd, head, PACK_HDR, 0)) ||
+	    (rc = fdio_pread_all(fd, tail, TAIL, size - TAIL)))
 		return rc == -EIO ? -EINVAL : rc;
 	n = get_le(tail, 8);
 	ixoff = get_le(tail + 8, 8);
@@ -330,7 +295,7 @@ static int pack_load(int fd, const char *id, struct pack **out)
 		rc = -ENOMEM;
 		goto fail;
 	}
-	if ((rc = pread_all(fd, ix, n * ENT, ixoff))) {
+	if ((rc = fdio_pread_all(fd, ix, n * ENT, ixoff))) {
 		rc = rc == -EIO ? -EINVAL : rc;
 		goto fail;
 	}
@@ -724,7 +689,7 @@ static int get_once(struct pack_set *ps, const uint8_t hash[16], void *buf, uint
 			rc = -ENOMEM;
 			goto out;
 		}
-		rc = pread_all(fd, z, PACK_REC_HDR + (size_t)e.stored, e.off);
+		rc = fdio_pread_all(fd, z, PACK_REC_HDR + (size_t)e.stored, e.off);
 		if (!rc && !(why = pack_rec_bad((uint8_t *)z, hash, e.stored)))
 			rc = pack_rec_decode((uint8_t *)z, z + PACK_REC_HDR, buf, len, hash, &why);
 	}
@@ -783,7 +748,7 @@ static int writer_open(struct pack_set *ps, struct pack_writer **out)
 	memcpy(head, PACK_MAGIC, 8);
 	put_le(head + 8, PACK_VERSION, 4);
 	put_le(head + 12, 0, 4);
-	if ((rc = write_all(w->fd, head, PACK_HDR))) {
+	if ((rc = fdio_write_all(w->fd, head, PACK_HDR))) {
 		close(w->fd);
 		unlinkat(ps->dirfd, w->tmp, 0);
 		free(w);
@@ -926,7 +891,7 @@ int pack_writer_finish(struct pack_set *ps, struct pack_writer **wp)
 	XXH3_64bits_update(x, tail, 24);
 	put_le(tail + 24, XXH3_64bits_digest(x), 8);
 	/* Invariant 1: index, tail, one fsync, then the name; then the name durable. */
-	if ((rc = write_all(w->fd, ix, w->n * ENT)) || (rc = write_all(w->fd, tail, TAIL)))
+	if ((rc = fdio_write_all(w->fd, ix, w->n * ENT)) || (rc = fdio_write_all(w->fd, tail, TAIL)))
 		goto fail;
 	if (fsync(w->fd)) {
 		rc = -errno;
@@ -1082,7 +1047,7 @@ static int gc_copy_live(struct pack_set *ps, struct pack *p, pack_live_fn live, 
 			rc = r;
 			break;
 		}
-		r = pread_all(fd, rec, PACK_REC_HDR + (size_t)e->stored, e->off);
+		r = fdio_pread_all(fd, rec, PACK_REC_HDR + (size_t)e->stored, e->off);
 		if (!r && !(why = pack_rec_bad(rec, e->hash, e->stored)))
 			r = pack_rec_decode(rec, (char *)rec + PACK_REC_HDR, out, e->logical, e->hash,
 					    &why);

@@ -73,6 +73,7 @@
 #include <xxhash.h>
 
 #include "cache/log.h"
+#include "fs/fdio.h"
 #include "fs/hset.h"
 #include "fs/lease.h"
 #include "fs/pack.h"
@@ -186,44 +187,6 @@ static void hash128(const void *buf, size_t len, uint8_t out[STORE_HASH_LEN])
 	memcpy(out, c.digest, STORE_HASH_LEN);
 }
 
-static int write_all(int fd, const void *buf, size_t len)
-{
-	const char *p = buf;
-
-	while (len) {
-		ssize_t n = write(fd, p, len);
-
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
-static int read_all(int fd, void *buf, size_t len)
-{
-	char *p = buf;
-
-	while (len) {
-		ssize_t n = read(fd, p, len);
-
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (n == 0)
-			return -EIO;	/* shorter than its header says: damage */
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
 
 static int unhex(const char *s, uint8_t out[STORE_HASH_LEN])
 {
@@ -280,7 +243,7 @@ static int slurp(int dirfd, const char *name, void **buf, size_t *len)
 		rc = -ENOMEM;
 		goto out_close;
 	}
-	if ((rc = read_all(fd, p, (size_t)st.st_size))) {
+	if ((rc = fdio_read_all(fd, p, (size_t)st.st_size))) {
 		free(p);
 		goto out_close;
 	}
@@ -342,7 +305,7 @@ static int store_create_format(int dfd)
 	if (fd < 0)
 		return -errno;
 	n = snprintf(buf, sizeof(buf), FORMAT_TEXT, STORE_FORMAT_VERSION);
-	rc = write_all(fd, buf, (size_t)n);
+	rc = fdio_write_all(fd, buf, (size_t)n);
 	if (!rc && fsync(fd))
 		rc = -errno;
 	if (close(fd) && !rc)
@@ -440,7 +403,7 @@ static int store_upgrade_v1(struct store *s)
 	if (fd < 0)
 		return -errno;
 	n = snprintf(buf, sizeof(buf), FORMAT_TEXT, STORE_FORMAT_VERSION);
-	rc = write_all(fd, buf, (size_t)n);
+	rc = fdio_write_all(fd, buf, (size_t)n);
 	if (!rc && fsync(fd))
 		rc = -errno;
 	if (close(fd) && !rc)
@@ -910,7 +873,7 @@ int store_get_block(struct store *s, const uint8_t hash[STORE_HASH_LEN], void *b
 		rc = obj_damaged(path, "not a regular file");
 		goto out_close;
 	}
-	if (st.st_size < OBJ_HDR || read_all(fd, hdr, OBJ_HDR)) {
+	if (st.st_size < OBJ_HDR || fdio_read_all(fd, hdr, OBJ_HDR)) {
 		rc = obj_damaged(path, "short header");
 		goto out_close;
 	}
@@ -927,14 +890,14 @@ int store_get_block(struct store *s, const uint8_t hash[STORE_HASH_LEN], void *b
 		goto out_close;
 	}
 	if (hdr[5] == OBJ_RAW) {
-		rc = read_all(fd, buf, logical);
+		rc = fdio_read_all(fd, buf, logical);
 	} else {
 		z = malloc(stored ? stored : 1);
 		if (!z) {
 			rc = -ENOMEM;
 			goto out_close;
 		}
-		rc = read_all(fd, z, stored);
+		rc = fdio_read_all(fd, z, stored);
 		if (!rc && LZ4_decompress_safe(z, buf, (int)stored, (int)logical) != (int)logical)
 			rc = -EIO;
 	}
@@ -1092,7 +1055,7 @@ static int commit_write_tmp(int dfd, const char *tmp, const void *buf, size_t le
 	fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0400);
 	if (fd < 0)
 		return -errno;
-	rc = write_all(fd, buf, len);
+	rc = fdio_write_all(fd, buf, len);
 	if (!rc && fsync(fd))
 		rc = -errno;
 	if (close(fd) && !rc)

@@ -1,0 +1,55 @@
+/* fdio.c - whole reads and writes (contract in fdio.h). */
+#include "fs/fdio.h"
+
+#include <errno.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+int fdio_write_all(int fd, const void *buf, size_t len)
+{
+	const char *p = buf;
+
+	while (len) {
+		ssize_t n = write(fd, p, len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+/* pread when off >= 0, else read. */
+static int read_whole(int fd, void *buf, size_t len, int64_t off)
+{
+	char *p = buf;
+
+	while (len) {
+		ssize_t n = off >= 0 ? pread(fd, p, len, (off_t)off) : read(fd, p, len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		if (n == 0)
+			return -EIO;
+		p += n;
+		len -= (size_t)n;
+		if (off >= 0)
+			off += n;
+	}
+	return 0;
+}
+
+int fdio_read_all(int fd, void *buf, size_t len)
+{
+	return read_whole(fd, buf, len, -1);
+}
+
+int fdio_pread_all(int fd, void *buf, size_t len, uint64_t off)
+{
+	return off > INT64_MAX ? -EINVAL : read_whole(fd, buf, len, (int64_t)off);
+}
