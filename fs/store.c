@@ -62,6 +62,7 @@
 #include <fcntl.h>
 #include <lz4.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,7 +110,7 @@ struct store {
 	 * refresh (commit_lease), the block cache's shard locks. */
 	pthread_mutex_t mu;
 	int session;		/* a session is open (its puts are named by the lease) */
-	int broken;		/* invariant 6 */
+	_Atomic int broken;	/* invariant 6; atomic: sync_dir sets it with or without mu */
 	struct hset put;	/* hashes put in this session: 1 written or being written,
 				 * 2 its write failed (may be put again) */
 	int full_sync;		/* after store_recover: the next commit syncs every dir */
