@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -255,14 +256,15 @@ struct lease_keeper {
 	lease_fill_fn fill;
 	void *arg;
 	pthread_t thread;
-	/* Guards everything below and serialises writes of the file. A leaf. */
+	/* Guards everything below and serialises writes of the file, so it is held across
+	 * store I/O: lease_keeper_status takes it not, reading the four atomics. A leaf. */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;	/* CLOCK_MONOTONIC */
 	int stopping;
-	int running;		/* the thread was started */
-	int failed;		/* the last refresh failed */
-	int lapsed;		/* no refresh succeeded for stale_ns: for good */
-	int64_t last_ok;	/* CLOCK_MONOTONIC of the last successful write */
+	_Atomic int running;	/* the thread was started */
+	_Atomic int failed;	/* the last refresh failed */
+	_Atomic int lapsed;	/* no refresh succeeded for stale_ns: for good */
+	_Atomic int64_t last_ok; /* CLOCK_MONOTONIC of the last successful write */
 	uint64_t digest;	/* of the sorted names last written */
 	int have_digest;
 };
@@ -305,11 +307,11 @@ static int keeper_write_locked(struct lease_keeper *k, const struct lease_buf *e
 		k->digest = digest;
 		k->have_digest = 1;
 	}
-	if (!rc && k->running && !k->lapsed && mono_ns() - k->last_ok >= k->t.stale_ns) {
+	if (!rc && k->running && !k->lapsed && mono_ns() - k->last_ok >= k->t.stale_ns &&
+	    !atomic_exchange(&k->lapsed, 1)) {
 		/* Written, but too late: a gc may have judged it stale meanwhile. Only a
 		 * running keeper (a daemon's) can lapse: a tool's lease names only its
 		 * session, whose commit re-checks every object after its own refresh. */
-		k->lapsed = 1;
 		log_err("store: %s: lease leases/%s lapsed (not refreshed for %.0f s): objects "
 			"this mount reads may have been collected; snapshots are refused, remount",
 			k->path, k->token, (mono_ns() - k->last_ok) / 1e9);
@@ -422,22 +424,19 @@ int lease_keeper_refresh(struct lease_keeper *k, const struct lease_buf *extra, 
 	return rc;
 }
 
+/* Without k->mu: a refresh blocked on a hung store holds it, and this is what says so
+ * (mlfs-stat, take's check). */
 int lease_keeper_status(struct lease_keeper *k, int64_t *age_ns)
 {
-	int rc;
+	int64_t age = mono_ns() - k->last_ok;
 
-	pthread_mutex_lock(&k->mu);
-	if (k->running && !k->lapsed && mono_ns() - k->last_ok >= k->t.stale_ns) {
-		k->lapsed = 1;
+	if (k->running && !k->lapsed && age >= k->t.stale_ns && !atomic_exchange(&k->lapsed, 1))
 		log_err("store: %s: lease leases/%s lapsed (not refreshed for %.0f s): objects "
 			"this mount reads may have been collected; snapshots are refused, remount",
-			k->path, k->token, (mono_ns() - k->last_ok) / 1e9);
-	}
-	rc = k->failed || k->lapsed ? -ENOLCK : 0;
+			k->path, k->token, age / 1e9);
 	if (age_ns)
-		*age_ns = mono_ns() - k->last_ok;
-	pthread_mutex_unlock(&k->mu);
-	return rc;
+		*age_ns = age;
+	return k->failed || k->lapsed ? -ENOLCK : 0;
 }
 
 void lease_keeper_stop(struct lease_keeper *k)
