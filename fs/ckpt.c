@@ -162,6 +162,7 @@ struct ckpt_ns {
 	pthread_mutex_t all_mu;
 	struct ckpt_inode *all;
 	struct ckpt_dir *dirs; /* open directory streams: the same reason, under all_mu */
+	struct ckpt_file *files; /* write handles not released: the same reason, all_mu */
 	uint64_t freeze_epoch;
 	_Atomic uint64_t gen; /* bumped by every change: ckpt_generation() */
 };
@@ -279,6 +280,8 @@ int ckpt_ns_new(struct mlfs *m, struct ckpt_ns **out)
 	return 0;
 }
 
+static void ckpt_file_unlink_free(struct ckpt_ns *ns, struct ckpt_file *f);
+
 void ckpt_ns_free(struct ckpt_ns *ns)
 {
 	struct ckpt_dirent *d, *next;
@@ -298,6 +301,8 @@ void ckpt_ns_free(struct ckpt_ns *ns)
 		ckpt_inode_destroy(ns, ns->all);
 	while (ns->dirs)
 		ckpt_releasedir(ns, ns->dirs);
+	while (ns->files)
+		ckpt_file_unlink_free(ns, ns->files);
 	free(ns->names);
 	pthread_mutex_destroy(&ns->all_mu);
 	pthread_mutex_destroy(&ns->mu);
@@ -1023,7 +1028,35 @@ int ckpt_statfs(struct ckpt_ns *ns, struct statvfs *sv)
 struct ckpt_file {
 	atomic_bool writing;
 	pid_t opener; /* the thread that opened it: only its FLUSH ends the writing */
+	struct ckpt_file *prev, *next; /* ns->files, under ns->all_mu */
 };
+
+/* ns->files holds every handle until its RELEASE, so ckpt_ns_free frees those the
+ * kernel never released (a SIGTERM exit with files open), as ns->all does inodes. */
+static void ckpt_file_link(struct ckpt_ns *ns, struct ckpt_file *f)
+{
+	pthread_mutex_lock(&ns->all_mu);
+	f->prev = NULL;
+	if ((f->next = ns->files))
+		ns->files->prev = f;
+	ns->files = f;
+	pthread_mutex_unlock(&ns->all_mu);
+}
+
+static void ckpt_file_unlink_free(struct ckpt_ns *ns, struct ckpt_file *f)
+{
+	if (!f)
+		return;
+	pthread_mutex_lock(&ns->all_mu);
+	if (f->next)
+		f->next->prev = f->prev;
+	if (f->prev)
+		f->prev->next = f->next;
+	else
+		ns->files = f->next;
+	pthread_mutex_unlock(&ns->all_mu);
+	free(f);
+}
 
 int ckpt_open(struct ckpt_ns *ns, struct ckpt_inode *ino, int flags, pid_t pid,
 	      struct ckpt_file **fp)
@@ -1049,6 +1082,8 @@ int ckpt_open(struct ckpt_ns *ns, struct ckpt_inode *ino, int flags, pid_t pid,
 			return rc;
 		}
 	}
+	if (f)
+		ckpt_file_link(ns, f);
 	pthread_mutex_lock(&ns->mu);
 	ino->nopen++;
 	if (f)
@@ -1103,7 +1138,7 @@ void ckpt_release(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_file *
 		ckpt_file_set_writing_locked(ino, f, false);
 	ckpt_maybe_free(ns, ino);
 	pthread_mutex_unlock(&ns->mu);
-	free(f);
+	ckpt_file_unlink_free(ns, f);
 }
 
 static unsigned ckpt_ra_blocks(const struct ckpt_ns *ns, uint32_t bytes)
