@@ -27,6 +27,7 @@ at a session mount's exit fail the session's last test). Each daemon's log is al
 scanned for reports at unmount. Tests marked no_sanitizer(reason) are skipped there.
 """
 import os
+import pwd
 import random
 import shutil
 import subprocess
@@ -494,3 +495,19 @@ def dataset(test_root):
 def data_mount(session_mounter, dataset):
     """One mount of the session dataset, shared by the read-only data tests."""
     return session_mounter(src=dataset.src)
+
+
+@pytest.fixture(scope="session")
+def other_user():
+    """(uid, gid) of a fresh ordinary user with no home and no login shell, made once
+    for the session and removed at its end (test_security, test_passthrough)."""
+    name = f"mlfstest{os.getpid()}"
+    r = subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", name],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.fail(f"useradd {name}: {r.stderr.strip()}")
+    try:
+        pw = pwd.getpwnam(name)
+        yield pw.pw_uid, pw.pw_gid
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)

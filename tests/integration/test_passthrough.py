@@ -5,7 +5,6 @@ back, permissions hold, and -o passthrough=off keeps the block-cache path."""
 import errno
 import mmap
 import os
-import pwd
 import random
 import subprocess
 import time
@@ -217,20 +216,6 @@ def test_bad_option_refused(mounter):
                        capture_output=True, text=True, timeout=30)
     assert r.returncode != 0 and "passthrough" in r.stderr, r.stderr
     assert not U.is_mounted(m.mnt)
-
-
-@pytest.fixture(scope="module")
-def other_user():
-    name = f"mlfspt{os.getpid()}"
-    r = subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", name],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.fail(f"useradd {name}: {r.stderr.strip()}")
-    try:
-        pw = pwd.getpwnam(name)
-        yield pw.pw_uid, pw.pw_gid
-    finally:
-        subprocess.run(["userdel", name], capture_output=True)
 
 
 def test_second_user_permissions(pt_mount, other_user):

@@ -6,7 +6,6 @@ mount, its store and its control socket.
 """
 import errno
 import os
-import pwd
 import shutil
 import stat
 import subprocess
@@ -21,21 +20,6 @@ from snap_util import snapenv  # noqa: F401  (fixture)
 pytestmark = pytest.mark.daemon
 
 SECRET = b"root-only secret bytes\n"
-
-
-@pytest.fixture(scope="session")
-def other_user():
-    """(uid, gid) of a fresh ordinary user with no home and no login shell."""
-    name = f"mlfstest{os.getpid()}"
-    r = subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", name],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.fail(f"useradd {name}: {r.stderr.strip()}")
-    try:
-        pw = pwd.getpwnam(name)
-        yield pw.pw_uid, pw.pw_gid
-    finally:
-        subprocess.run(["userdel", name], capture_output=True)
 
 
 def as_other(other_user, fn):
