@@ -7,6 +7,7 @@ import ctypes.util
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -161,6 +162,44 @@ def kill_pid(pid, timeout=EXIT_TIMEOUT):
         pass
     wait_pid_gone(pid, 5)
     return True
+
+
+def stop_daemon(mnt, proc=None, pid=None, timeout=EXIT_TIMEOUT):
+    """Teardown of one daemon serving mnt: clean unmount, a lazy one if that failed (busy:
+    the daemon exits when the last reference goes), then wait for the daemon, our child
+    proc or a detached pid, and SIGKILL it if it outlives timeout. Returns a problem to
+    report, or None."""
+    if is_mounted(mnt):
+        fusermount_u(mnt)
+    if is_mounted(mnt):
+        fusermount_u(mnt, lazy=True)
+    if proc is not None:
+        try:
+            proc.wait(timeout)
+            return None
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        pid = proc.pid
+    elif not pid or not kill_pid(pid, timeout):
+        return None
+    return f"daemon {pid} on {mnt} outlived its unmount {timeout} s: killed"
+
+
+def remove_unmounted(root, mnts=()):
+    """End of a teardown: force off each of mnts still mounted, then remove root unless
+    something is still mounted under it. Returns the problems to report."""
+    errs = []
+    for m in mnts:
+        if is_mounted(m):
+            force_unmount(m)
+            errs.append(f"{m} was left mounted")
+    left = mounts_under(root)
+    if left:
+        errs.append(f"mounts left under {root}: {left}")
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+    return errs
 
 
 def mlfs_stat_json(mnt):

@@ -323,35 +323,15 @@ class SnapEnv:
     def teardown(self):
         errs = []
         for d in self.daemons:
-            if d.down:
-                continue
-            if U.is_mounted(self.mnt):
-                U.fusermount_u(self.mnt)
-            if U.is_mounted(self.mnt):
-                U.fusermount_u(self.mnt, lazy=True)
-            if d.proc is not None:
-                try:
-                    d.proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    d.proc.kill()
-                    d.proc.wait(5)
-                    errs.append(f"daemon {d.pid} outlived its unmount: killed")
-            elif d.pid and U.kill_pid(d.pid, 10):
-                errs.append(f"daemon {d.pid} outlived its unmount: killed")
-            d.down = True
-        if U.is_mounted(self.mnt):
-            U.force_unmount(self.mnt)
-            errs.append(f"{self.mnt} was left mounted")
+            if not d.down:
+                d.down = True
+                errs.append(U.stop_daemon(self.mnt, d.proc, d.pid))
         for m in reversed(self.extra_mounts):
             if U.is_mounted(m):
                 subprocess.run(["umount", m], capture_output=True)
             if U.is_mounted(m):
                 subprocess.run(["umount", "-l", m], capture_output=True)
-        if not U.mounts_under(self.root):
-            shutil.rmtree(self.root, ignore_errors=True)
-        else:
-            errs.append(f"mounts left under {self.root}: {U.mounts_under(self.root)}")
-        return errs
+        return [e for e in errs if e] + U.remove_unmounted(self.root, [self.mnt])
 
 
 @pytest.fixture
@@ -364,11 +344,15 @@ def snapenv(test_root):
         return e
 
     yield make
-    errs = []
-    for e in envs:
-        errs += e.teardown()
+    fail_on_teardown("snapenv", envs)
+
+
+def fail_on_teardown(what, envs):
+    """The end of a fixture that made envs (SnapEnv, WorkerSet): tear each down, then
+    fail the test with what any of them left behind."""
+    errs = [e for env in envs for e in env.teardown()]
     if errs:
-        pytest.fail("snapenv teardown: " + "; ".join(errs), pytrace=False)
+        pytest.fail(f"{what} teardown: " + "; ".join(errs), pytrace=False)
 
 
 # ---------------------------------------------------------------- trees

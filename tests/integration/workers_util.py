@@ -18,7 +18,6 @@ logs to ROOT/gen-G/w-K.log. teardown() returns a list of problems (a daemon that
 its unmount, a mount left behind) for the fixture to fail the test with.
 """
 import os
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -169,27 +168,11 @@ class WorkerSet:
     def teardown(self):
         errs = []
         for w in self.workers:
-            if w.down or w.proc is None:
-                continue
-            if U.is_mounted(w.mnt):
-                U.fusermount_u(w.mnt)
-            try:
-                w.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                U.fusermount_u(w.mnt, lazy=True)
-                w.proc.kill()
-                w.proc.wait(10)
-                errs.append(f"worker {w.k} ({w.pid}) outlived its unmount: killed")
-            w.down = True
-        for w in self.workers:
-            if U.is_mounted(w.mnt):
-                U.force_unmount(w.mnt)
-                errs.append(f"{w.mnt} was left mounted")
-        if not U.mounts_under(self.root):
-            shutil.rmtree(self.root, ignore_errors=True)
-        else:
-            errs.append(f"mounts left under {self.root}: {U.mounts_under(self.root)}")
-        return errs
+            if not w.down and w.proc is not None:
+                w.down = True
+                errs.append(U.stop_daemon(w.mnt, w.proc))
+        return [e for e in errs if e] + U.remove_unmounted(self.root,
+                                                           [w.mnt for w in self.workers])
 
 
 @pytest.fixture
@@ -204,11 +187,7 @@ def workerset(test_root):
         return ws
 
     yield make
-    errs = []
-    for ws in sets:
-        errs += ws.teardown()
-    if errs:
-        pytest.fail("workerset teardown: " + "; ".join(errs), pytrace=False)
+    S.fail_on_teardown("workerset", sets)
 
 
 def group_parts(store, name):
