@@ -179,7 +179,6 @@ def test_gc_and_delete_while_workers_persist_through_brick_restarts(workerset,
         bg.join()
         restarts.join()
     U.write_file(os.path.join(job[0].ckpt, "step", "shard-0"), shard(0, v))
-    time.sleep(0.3)   # the kernel's RELEASE (test_workers.write_shards)
     r = job[0].snap("take", "step-3", "--group-wait", timeout=180)
     assert r.rc == 0, r
     # Again after the restarts, with every worker mounted.
