@@ -39,6 +39,32 @@ def cached_bytes(path):
     return int(r.stdout.split()[0])
 
 
+def fake_meminfo(tmp_path):
+    """A meminfo for meminfo_file=, plenty available (16 GiB); returns its path and
+    set_avail(kib), which replaces it at once (the governor rereads it)."""
+    meminfo = tmp_path / "meminfo"
+
+    def set_avail(kib):
+        tmp = tmp_path / "meminfo.tmp"
+        tmp.write_text(f"MemTotal: 16777216 kB\nMemFree: {kib} kB\n"
+                       f"MemAvailable: {kib} kB\n")
+        os.replace(tmp, meminfo)
+
+    set_avail(16 * 1024 * 1024)
+    return meminfo, set_avail
+
+
+def wait_stat(mnt, cond, what, timeout=20):
+    """Polls mlfs-stat until cond(stats) (timeout s at most: fails with what); the stats."""
+    end = time.monotonic() + timeout
+    while True:
+        st = U.mlfs_stat_json(mnt)
+        if cond(st):
+            return st
+        assert time.monotonic() < end, f"{what}: {st}"
+        time.sleep(0.1)
+
+
 def test_write_only_writes_in_snapshot_without_close(snapenv):
     """Writes through an O_WRONLY descriptor (unaligned, overwriting, extending), no
     fsync, no close: the take has every one. They do not fill the mount's page cache."""
@@ -148,15 +174,7 @@ def test_pool_given_back_when_budget_falls(snapenv, tmp_path):
     at once: the pool never holds more than the budget less the blocks, nor a quarter of
     it. The governor reads a fake meminfo that the test turns from plenty to none."""
     env = snapenv()
-    meminfo = tmp_path / "meminfo"
-
-    def set_avail(kib):  # replaced at once: the governor rereads it
-        tmp = tmp_path / "meminfo.tmp"
-        tmp.write_text(f"MemTotal: 16777216 kB\nMemFree: {kib} kB\n"
-                       f"MemAvailable: {kib} kB\n")
-        os.replace(tmp, meminfo)
-
-    set_avail(16 * 1024 * 1024)
+    meminfo, set_avail = fake_meminfo(tmp_path)
     d = env.mount(opts=f"mem_max=256M,mem_min=64M,meminfo_file={meminfo}")
     p = os.path.join(d.ckpt, "big.bin")
     rng = rng_for("pool")
@@ -167,13 +185,7 @@ def test_pool_given_back_when_budget_falls(snapenv, tmp_path):
     st = U.mlfs_stat_json(env.mnt)
     assert 0 < st["pool_bytes"] <= st["mem_budget"] // 4, st
     set_avail(1024)  # no memory left: the governor cuts to mem_min
-    end = time.monotonic() + 20
-    while True:
-        st = U.mlfs_stat_json(env.mnt)
-        if st["mem_budget"] <= 64 * MiB:
-            break
-        assert time.monotonic() < end, f"budget not cut: {st}"
-        time.sleep(0.1)
+    st = wait_stat(env.mnt, lambda st: st["mem_budget"] <= 64 * MiB, "budget not cut")
     assert st["pool_bytes"] <= st["mem_budget"] // 4, st
     assert st["pool_bytes"] + st["mem_bytes"] <= max(st["mem_budget"], st["mem_bytes"]), st
     # Writes at the floor still keep every byte.
@@ -188,15 +200,7 @@ def test_first_write_served_from_stock(snapenv, tmp_path, monkeypatch):
     min(budget/4, budget - mem_bytes); a budget cut frees it at once and it is not filled
     again while the cut is recent (the refill hold); every byte reads back."""
     env = snapenv()
-    meminfo = tmp_path / "meminfo"
-
-    def set_avail(kib):  # replaced at once: the governor rereads it
-        tmp = tmp_path / "meminfo.tmp"
-        tmp.write_text(f"MemTotal: 16777216 kB\nMemFree: {kib} kB\n"
-                       f"MemAvailable: {kib} kB\n")
-        os.replace(tmp, meminfo)
-
-    set_avail(16 * 1024 * 1024)
+    meminfo, set_avail = fake_meminfo(tmp_path)
     # No fill within the hold after a cut: a hold no run outlives, so a slow machine
     # cannot let it pass before the check below (tier.h TIER_REFILL_HOLD_MS, 3 s).
     # Only the fake meminfo presses: the machine's own PSI (other tests) must not cut
@@ -211,13 +215,8 @@ def test_first_write_served_from_stock(snapenv, tmp_path, monkeypatch):
     p = os.path.join(d.ckpt, "first.bin")
     data = rng_for("stock").randbytes(96 * MiB)
     U.write_file(p, data)
-    end = time.monotonic() + 20
-    while True:  # the stock is topped up in the background after the write
-        st = U.mlfs_stat_json(env.mnt)
-        if st["pool_bytes"] >= 32 * MiB:
-            break
-        assert time.monotonic() < end, f"no stock filled: {st}"
-        time.sleep(0.1)
+    # the stock is topped up in the background after the write
+    st = wait_stat(env.mnt, lambda st: st["pool_bytes"] >= 32 * MiB, "no stock filled")
     assert st["pool_filled_bytes"] >= st["pool_bytes"], st
     assert st["pool_bytes"] <= 64 * MiB + BLOCK, st
     assert st["pool_bytes"] <= st["mem_budget"] // 4, st
@@ -226,13 +225,7 @@ def test_first_write_served_from_stock(snapenv, tmp_path, monkeypatch):
         U.assert_bytes(f.read(), data, "first write into a fresh mount")
     # Pressure: the governor cuts to the floor; the stock goes at once with the pool.
     set_avail(1024)
-    end = time.monotonic() + 20
-    while True:
-        st = U.mlfs_stat_json(env.mnt)
-        if st["mem_budget"] <= 32 * MiB:
-            break
-        assert time.monotonic() < end, f"budget not cut: {st}"
-        time.sleep(0.1)
+    st = wait_stat(env.mnt, lambda st: st["mem_budget"] <= 32 * MiB, "budget not cut")
     assert st["pool_bytes"] <= st["mem_budget"] // 4, st
     filled = st["pool_filled_bytes"]
     # Writes under pressure ask for the stock, and get none.
@@ -240,7 +233,7 @@ def test_first_write_served_from_stock(snapenv, tmp_path, monkeypatch):
     small = rng_for("pressed").randbytes(8 * MiB)
     U.write_file(p2, small)
     os.unlink(p2)
-    time.sleep(0.5)
+    time.sleep(0.5)  # a fill would have begun by now; on a slow run this can only miss one
     st = U.mlfs_stat_json(env.mnt)
     assert st["pool_filled_bytes"] == filled, st
     with open(p, "rb") as f:
