@@ -289,10 +289,12 @@ static int store_dir_is_fresh(int dirfd)
 	return rc;
 }
 
-/* Publish FORMAT create-once (invariant 8): N creators at once each write their own
- * temporary and link it to FORMAT without replacing; EEXIST means a peer published
- * first, and check_format then judges its content like any store's. */
-static int store_create_format(int dfd)
+/* Publish FORMAT of this version in dfd: written to a temporary of our own
+ * (FORMAT.tmp.<pid>.<random>), fsynced, then renamed to FORMAT and dfd fsynced.
+ * replace = 0: create-once (invariant 8), N creators at once each link their own
+ * without replacing; EEXIST means a peer published first, and check_format then judges
+ * its content like any store's. replace = 1: over a version 1 FORMAT (the upgrade). */
+static int store_write_format(int dfd, int replace)
 {
 	char buf[64], tmp[96];
 	uint64_t rnd = 0;
@@ -311,7 +313,9 @@ static int store_create_format(int dfd)
 		rc = -errno;
 	if (close(fd) && !rc)
 		rc = -errno;
-	if (!rc && renameat2(dfd, tmp, dfd, "FORMAT", RENAME_NOREPLACE)) {
+	if (!rc && replace && renameat(dfd, tmp, dfd, "FORMAT"))
+		rc = -errno;
+	if (!rc && !replace && renameat2(dfd, tmp, dfd, "FORMAT", RENAME_NOREPLACE)) {
 		rc = -errno;
 		if (rc == -EINVAL || rc == -ENOSYS || rc == -ENOTSUP)
 			rc = linkat(dfd, tmp, dfd, "FORMAT", 0) ? -errno : 0;
@@ -352,7 +356,7 @@ static int store_create(const char *dir)
 		goto out_close;
 	}
 	/* FORMAT last: a dir with FORMAT is a whole store. */
-	rc = store_create_format(dfd);
+	rc = store_write_format(dfd, 0);
 out_close:
 	close(dfd);
 	return rc;
@@ -393,28 +397,12 @@ static int check_format(struct store *s)
  * from now on, which the new FORMAT makes it do. */
 static int store_upgrade_v1(struct store *s)
 {
-	char buf[64], tmp[96];
-	int fd, rc, n;
+	int rc;
 
 	if ((mkdirat(s->dirfd, "leases", 0700) && errno != EEXIST) ||
 	    (mkdirat(s->dirfd, "packs", 0700) && errno != EEXIST))
 		return -errno;
-	snprintf(tmp, sizeof(tmp), "FORMAT.tmp.%s", s->token);
-	fd = openat(s->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-	if (fd < 0)
-		return -errno;
-	n = snprintf(buf, sizeof(buf), FORMAT_TEXT, STORE_FORMAT_VERSION);
-	rc = fdio_write_all(fd, buf, (size_t)n);
-	if (!rc && fsync(fd))
-		rc = -errno;
-	if (close(fd) && !rc)
-		rc = -errno;
-	if (!rc && renameat(s->dirfd, tmp, s->dirfd, "FORMAT"))
-		rc = -errno;
-	if (rc)
-		unlinkat(s->dirfd, tmp, 0);
-	else if (fsync(s->dirfd))
-		rc = -errno;
+	rc = store_write_format(s->dirfd, 1);
 	if (!rc)
 		log_info("store: %s: upgraded from format version 1 to %d", s->path,
 			 STORE_FORMAT_VERSION);

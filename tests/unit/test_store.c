@@ -220,6 +220,7 @@ static void test_open(void)
 	EXPECT_EQ(store_open(p, 0, &s), 0);
 	store_close(s);
 	EXPECT(exists(p, "leases"));
+	EXPECT_EQ(count_files(p, "FORMAT.tmp"), 0);	/* the upgrade's temporary renamed */
 	path_of(p, sizeof(p), root, "empty/FORMAT");
 	f = fopen(p, "r");
 	{
