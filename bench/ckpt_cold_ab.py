@@ -24,71 +24,14 @@ import subprocess
 import sys
 import time
 
-MiB, GiB = 1 << 20, 1 << 30
-CLK = os.sysconf("SC_CLK_TCK")
-LIVE, REMOVE = [], []
-
-
-def log(msg):
-    print(f"ckpt_cold_ab: {msg}", file=sys.stderr, flush=True)
-
-
-def is_mounted(path):
-    path = os.path.realpath(path)
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4] == path for line in f)
-
-
-def wait_mounted(path, timeout=10):
-    t0 = time.monotonic()
-    while not is_mounted(path):
-        if time.monotonic() - t0 > timeout:
-            raise RuntimeError(f"{path} did not mount")
-        time.sleep(0.05)
-
-
-def daemon_pid(mnt):
-    mnt = os.path.realpath(mnt).encode()
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if argv and os.path.basename(argv[0]) == b"mlfs" and mnt in argv:
-            return int(d)
-    raise RuntimeError(f"no daemon for {mnt}")
-
-
-def cpu_s(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        st = f.read()
-    fields = st[st.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / CLK
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import (GiB, MiB, REMOVE, cleanup, cpu_s, log, mount,  # noqa: E402
+                          unmount)
 
 
 def child_cpu_s():
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
-
-
-def unmount(mnt):
-    if is_mounted(mnt):
-        subprocess.run(["fusermount3", "-u", mnt], capture_output=True)
-        t0 = time.monotonic()
-        while is_mounted(mnt) and time.monotonic() - t0 < 10:
-            time.sleep(0.05)
-        if is_mounted(mnt):
-            subprocess.run(["fusermount3", "-uz", mnt], capture_output=True)
-
-
-def cleanup():
-    for mnt in reversed(LIVE):
-        unmount(mnt)
-    for p in REMOVE:
-        shutil.rmtree(p, ignore_errors=True)
 
 
 def dd(src, dst, nbytes):
@@ -105,13 +48,9 @@ def one_mlfs(work, name, bindir, env, opts, rand, size):
     store, spill = os.path.join(d, "store"), os.path.join(d, "spill")
     for p in (src, mnt, store, spill):
         os.makedirs(p, exist_ok=True)
-    o = f"store={store},spill={spill}" + (f",{opts}" if opts else "")
-    LIVE.append(mnt)
-    subprocess.run([os.path.join(bindir, "mlfs"), "-o", o, src, mnt], check=True,
-                   env=dict(os.environ, **env), stdin=subprocess.DEVNULL)
+    pid = mount(src, mnt, store, spill, os.path.join(d, "daemon.log"), opts,
+                env=dict(os.environ, **env), mlfs=os.path.join(bindir, "mlfs"))
     try:
-        wait_mounted(mnt)
-        pid = daemon_pid(mnt)
         time.sleep(0.5)  # the daemon settled (first governor samples)
         dst = os.path.join(mnt, "ckpt", "f")
         c0 = cpu_s(pid)
@@ -123,8 +62,7 @@ def one_mlfs(work, name, bindir, env, opts, rand, size):
         warm_d = cpu_s(pid) - c0
         os.unlink(dst)
     finally:
-        unmount(mnt)
-        LIVE.remove(mnt)
+        unmount(mnt, pid)
         shutil.rmtree(d, ignore_errors=True)
     g = size / GiB
     return {"cold_s": cold_s, "cold_daemon_cpu": cold_d / g, "cold_dd_cpu": cold_w / g,

@@ -30,83 +30,13 @@ import json
 import os
 import platform
 import resource
-import shutil
 import statistics
-import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-TOP = os.path.dirname(HERE)
-BIN = os.environ.get("MLFS_BIN_DIR") or os.path.join(TOP, "bin")
-MLFS, SNAP = os.path.join(BIN, "mlfs"), os.path.join(BIN, "mlfs-snap")
-MiB, GiB = 1 << 20, 1 << 30
-CLK = os.sysconf("SC_CLK_TCK")
-
-LIVE = []     # mount points to undo
-REMOVE = []   # paths to remove at exit
-
-
-def log(msg):
-    print(f"ckpt_write: {msg}", file=sys.stderr, flush=True)
-
-
-def run(argv, check=True, timeout=1800):
-    r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                       timeout=timeout)
-    if check and r.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)}: exit {r.returncode}: {r.stderr.strip()[-400:]}")
-    return r
-
-
-def is_mounted(path):
-    path = os.path.realpath(path)
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4] == path for line in f)
-
-
-def wait_mounted(path, timeout=10):
-    t0 = time.monotonic()
-    while not is_mounted(path):
-        if time.monotonic() - t0 > timeout:
-            raise RuntimeError(f"{path} did not mount")
-        time.sleep(0.05)
-
-
-def daemon_pid(mnt):
-    """The mlfs daemon serving mnt (its argv names mnt)."""
-    mnt = os.path.realpath(mnt)
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if argv and os.path.basename(argv[0]) == b"mlfs" and mnt.encode() in argv:
-            return int(d)
-    raise RuntimeError(f"no daemon for {mnt}")
-
-
-def cpu_s(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        st = f.read()
-    fields = st[st.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / CLK  # utime + stime
-
-
-def cleanup():
-    for mnt in reversed(LIVE):
-        if is_mounted(mnt):
-            subprocess.run(["fusermount3", "-u", mnt], capture_output=True)
-            if is_mounted(mnt):
-                subprocess.run(["fusermount3", "-uz", mnt], capture_output=True)
-    for p in REMOVE:
-        if os.path.isdir(p):
-            shutil.rmtree(p, ignore_errors=True)
-        elif os.path.exists(p):
-            os.unlink(p)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import (BIN, GiB, HERE, MiB, REMOVE, SNAP, cleanup, cpu_s,  # noqa: E402
+                          live, log, mount, run, wait_mounted)
 
 
 def timed(fn):
@@ -164,13 +94,9 @@ def main():
         for _ in range(dd_size // (64 * MiB)):
             f.write(os.urandom(64 * MiB))
     try:
-        opts = f"store={store},spill={spill}" + (f",{a.mlfs_opts}" if a.mlfs_opts else "")
-        run([MLFS, "-o", opts, src, mnt])
-        LIVE.append(mnt)
-        wait_mounted(mnt)
-        pid = daemon_pid(mnt)
+        pid = mount(src, mnt, store, spill, os.path.join(work, "daemon.log"), a.mlfs_opts)
+        live(mg)
         run(["mergerfs", "-o", "allow_other,category.create=ff", branch, mg])
-        LIVE.append(mg)
         wait_mounted(mg)
         targets = {"mlfs": os.path.join(mnt, "ckpt"), "shm": os.path.join(shm, "out"),
                    "mergerfs": mg}
@@ -229,7 +155,7 @@ def main():
                "kernel": platform.release(), "nproc": os.cpu_count(),
                "rows": rows, "take_s": takes, "take_median_s": statistics.median(takes),
                "loadavg": os.getloadavg()}
-        md = [f"# Checkpoint writes: mlfs vs /dev/shm vs mergerfs over tmpfs",
+        md = ["# Checkpoint writes: mlfs vs /dev/shm vs mergerfs over tmpfs",
               "",
               f"{rounds} interleaved rounds, medians; ratio = shm time / target time "
               f"(1.0 = as fast as tmpfs). dd {dd_size // MiB} MiB bs=1M, state dict "

@@ -29,95 +29,14 @@ import os
 import platform
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-TOP = os.path.dirname(HERE)
-BIN = os.environ.get("MLFS_BIN_DIR") or os.path.join(TOP, "bin")
-MLFS, SNAP, STAT = (os.path.join(BIN, n) for n in ("mlfs", "mlfs-snap", "mlfs-stat"))
-MiB, GiB = 1 << 20, 1 << 30
-
-LIVE = []   # (mnt, pid) of mounts to undo
-
-
-def log(msg):
-    print(f"snap_bench: {msg}", file=sys.stderr, flush=True)
-
-
-def die(msg):
-    log(f"ERROR: {msg}")
-    sys.exit(1)
-
-
-def is_mounted(path):
-    path = os.path.realpath(path)
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4] == path for line in f)
-
-
-def pid_alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            st = f.read()
-    except FileNotFoundError:
-        return False
-    return st[st.rindex(")") + 2] not in "ZX"
-
-
-def run(argv, check=True, timeout=3600):
-    r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                       timeout=timeout)
-    if check and r.returncode != 0:
-        die(f"{' '.join(argv)}: exit {r.returncode}: {r.stderr.strip()[-500:]}")
-    return r
-
-
-def mount(src, mnt, store, spill, logf):
-    os.makedirs(spill, exist_ok=True)
-    with open(logf, "ab") as lf:
-        r = subprocess.run([MLFS, "-o", f"store={store},spill={spill}", src, mnt],
-                           stdin=subprocess.DEVNULL, stdout=lf, stderr=lf, timeout=120)
-    if r.returncode != 0:
-        die(f"mlfs failed to mount (exit {r.returncode}); see {logf}")
-    end = time.monotonic() + 30
-    while not (is_mounted(mnt) and os.path.isdir(os.path.join(mnt, "ckpt"))):
-        if time.monotonic() > end:
-            die(f"{mnt} not ready")
-        time.sleep(0.01)
-    pid = int(json.loads(run([STAT, "--json", mnt]).stdout)["pid"])
-    LIVE.append((mnt, pid))
-    return pid
-
-
-def unmount(mnt, pid, lazy=False):
-    for _ in range(100):
-        if not is_mounted(mnt):
-            break
-        r = subprocess.run(["fusermount3", "-uz" if lazy else "-u", mnt], capture_output=True)
-        if r.returncode == 0:
-            break
-        time.sleep(0.2)
-    if is_mounted(mnt):
-        subprocess.run(["fusermount3", "-uz", mnt], capture_output=True)
-    end = time.monotonic() + 300
-    while pid and pid_alive(pid) and time.monotonic() < end:
-        time.sleep(0.05)
-    if pid and pid_alive(pid):
-        log(f"daemon {pid} still running after unmount: SIGKILL")
-        os.kill(pid, signal.SIGKILL)
-    if (mnt, pid) in LIVE:
-        LIVE.remove((mnt, pid))
-
-
-def cleanup(*_):
-    for mnt, pid in list(LIVE):
-        unmount(mnt, pid, lazy=True)
-    if _:
-        sys.exit(130)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import (BIN, GiB, HERE, MLFS, MiB, SNAP, STAT, TOP, cleanup,  # noqa: E402
+                          die, is_mounted, log, median, mount, run, unmount)
 
 
 def drop_caches():
@@ -163,10 +82,6 @@ def read_all(path, bs=4 * MiB):
                 break
             n += k
     return first, time.perf_counter() - t0, n
-
-
-def median(v):
-    return statistics.median(v) if v else float("nan")
 
 
 def main():

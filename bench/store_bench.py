@@ -39,97 +39,13 @@ import os
 import platform
 import shutil
 import signal
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-TOP = os.path.dirname(HERE)
-BIN = os.environ.get("MLFS_BIN_DIR") or os.path.join(TOP, "bin")
-MLFS, SNAP, STAT = (os.path.join(BIN, n) for n in ("mlfs", "mlfs-snap", "mlfs-stat"))
-MiB = 1 << 20
-
-LIVE = []   # (mnt, pid) of mounts to undo
-
-
-def log(msg):
-    print(f"store_bench: {msg}", file=sys.stderr, flush=True)
-
-
-def die(msg):
-    log(f"ERROR: {msg}")
-    cleanup()
-    sys.exit(1)
-
-
-def is_mounted(path):
-    path = os.path.realpath(path)
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4] == path for line in f)
-
-
-def pid_alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            st = f.read()
-    except FileNotFoundError:
-        return False
-    return st[st.rindex(")") + 2] not in "ZX"
-
-
-def run(argv, check=True, timeout=3600, env=None):
-    r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                       timeout=timeout, env=env)
-    if check and r.returncode != 0:
-        die(f"{' '.join(argv)}: exit {r.returncode}: {r.stderr.strip()[-500:]}")
-    return r
-
-
-def mount(src, mnt, store, spill, logf, opts="", env=None, mlfs=None):
-    os.makedirs(spill, exist_ok=True)
-    os.makedirs(store, exist_ok=True)     # mlfs makes a store in an existing empty dir
-    o = f"store={store},spill={spill}" + ("," + opts if opts else "")
-    with open(logf, "ab") as lf:
-        r = subprocess.run([mlfs or MLFS, "-o", o, src, mnt], stdin=subprocess.DEVNULL, stdout=lf,
-                           stderr=lf, timeout=120, env=env)
-    if r.returncode != 0:
-        with open(logf, errors="replace") as lf:
-            die(f"mlfs -o {o} failed to mount (exit {r.returncode}): {lf.read()[-800:]}")
-    end = time.monotonic() + 30
-    while not (is_mounted(mnt) and os.path.isdir(os.path.join(mnt, "ckpt"))):
-        if time.monotonic() > end:
-            die(f"{mnt} not ready")
-        time.sleep(0.01)
-    pid = int(json.loads(run([STAT, "--json", mnt]).stdout)["pid"])
-    LIVE.append((mnt, pid))
-    return pid
-
-
-def unmount(mnt, pid):
-    for _ in range(100):
-        if not is_mounted(mnt):
-            break
-        if subprocess.run(["fusermount3", "-u", mnt], capture_output=True).returncode == 0:
-            break
-        time.sleep(0.2)
-    if is_mounted(mnt):
-        subprocess.run(["fusermount3", "-uz", mnt], capture_output=True)
-    end = time.monotonic() + 300
-    while pid and pid_alive(pid) and time.monotonic() < end:
-        time.sleep(0.05)
-    if pid and pid_alive(pid):
-        os.kill(pid, signal.SIGKILL)
-    if (mnt, pid) in LIVE:
-        LIVE.remove((mnt, pid))
-
-
-def cleanup(*sig):
-    for mnt, pid in list(LIVE):
-        unmount(mnt, pid)
-    if sig:
-        sys.exit(130)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import (HERE, MLFS, MiB, SNAP, STAT, cleanup, die, log,  # noqa: E402
+                          median, mount, run, unmount)
 
 
 def drop_pages(paths):
@@ -165,10 +81,6 @@ def seq_read(path, bs=MiB):
                 break
             n += k
     return time.perf_counter() - t0, n
-
-
-def median(v):
-    return statistics.median(v) if v else float("nan")
 
 
 def one_round(i, args, work, target, src_dir):
