@@ -578,6 +578,19 @@ def ckpt_inodes(path):
     return sv.f_files - sv.f_ffree
 
 
+def wait_ckpt_counts(m, blocks, inodes, what, timeout=30):
+    """Polls until m's MOUNT/ckpt holds this many blocks and inodes (RELEASE and FORGET
+    come asynchronously after a close); fails with what after timeout s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = (m.stat()["ckpt_blocks"], ckpt_inodes(m.ckpt))
+        if got == (blocks, inodes):
+            return
+        assert time.monotonic() < deadline, \
+            f"{what}: (ckpt_blocks, inodes) {got} after {timeout} s, want {(blocks, inodes)}"
+        time.sleep(0.05)
+
+
 def test_o_tmpfile_write_read_fstat(ckpt):
     """An unnamed regular file: nlink 0, mode less the umask, owned by the caller; it reads
     back what was written, across blocks; the directory does not list it."""
@@ -819,21 +832,22 @@ def test_o_tmpfile_freed_on_close(ckpt_mount):
         assert ckpt_inodes(m.ckpt) == inodes + 1
     finally:
         os.close(fd)
-    deadline = time.monotonic() + 10  # FORGET comes asynchronously after the close
-    while (m.stat()["ckpt_blocks"], ckpt_inodes(m.ckpt)) != (0, inodes) and \
-            time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert m.stat()["ckpt_blocks"] == 0
-    assert ckpt_inodes(m.ckpt) == inodes
-    # A linked one stays, with its blocks.
+    wait_ckpt_counts(m, 0, inodes, "an unnamed file closed")
+    # A linked one stays, with its blocks. What would free it comes after the close, as
+    # for the unnamed one closed after it, whose going shows the daemon got that far.
     fd = tmpfile(m.ckpt)
     try:
         os.write(fd, os.urandom(BLOCK))
         U.link_fd(fd, p(m.ckpt, "kept"))
     finally:
         os.close(fd)
-    time.sleep(0.2)
-    assert m.stat()["ckpt_blocks"] == 1
+    fd = tmpfile(m.ckpt)
+    try:
+        os.write(fd, os.urandom(2 * BLOCK))
+        assert m.stat()["ckpt_blocks"] == 3
+    finally:
+        os.close(fd)
+    wait_ckpt_counts(m, 1, inodes + 1, "a linked file and an unnamed one closed")
     assert os.path.getsize(p(m.ckpt, "kept")) == BLOCK
 
 
@@ -918,23 +932,27 @@ def test_buffered_read_after_direct_aio_write(ckpt):
     size = 8 * BLOCK
     write_file(f, b"\x00" * size)
     region_off, region_len = BLOCK, BLOCK
-    # Readers in other processes keep the range in the page cache, buffered.
+    # Readers in other processes keep the range in the page cache, buffered; each says
+    # when it has read it once.
     readers = []
     for _ in range(2):
         readers.append(subprocess.Popen(
             ["python3", "-c",
              "import os,sys\n"
              "fd=os.open(sys.argv[1],os.O_RDONLY)\n"
+             "os.pread(fd,%d,%d)\n"
+             "os.write(1,b'r')\n"
              "while True:\n"
-             " os.pread(fd,%d,%d)\n" % (region_len, region_off), f],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+             " os.pread(fd,%d,%d)\n" % (region_len, region_off, region_len, region_off), f],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
     aio = Aio()
     buf = mmap.mmap(-1, region_len)  # page aligned, as O_DIRECT wants
     addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
     wfd = os.open(f, os.O_WRONLY | os.O_DIRECT)
     stale = []
     try:
-        time.sleep(0.2)
+        for r in readers:
+            assert r.stdout.read(1) == b"r", "a reader exited before reading"
         for i in range(1, 41):
             buf[:] = bytes([i]) * region_len
             assert aio.pwrite(wfd, addr, region_len, region_off) == region_len
@@ -951,6 +969,7 @@ def test_buffered_read_after_direct_aio_write(ckpt):
         for r in readers:
             r.kill()
             r.wait()
+            r.stdout.close()
         del addr
         buf.close()
     assert not stale, f"buffered reads after an O_DIRECT aio write returned old bytes: " \
