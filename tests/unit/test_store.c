@@ -297,7 +297,9 @@ static void test_leases(const char *dir)
 	unlink(p);
 
 	/* The reader's lease stops being refreshed (its process died: close removes the
-	 * file, so copy it back as a dead process would leave it): stale, then collected. */
+	 * file, so copy it back as a dead process would leave it, its last refresh just
+	 * now: the copy's mtime, not the keeper's last, which the shells' time may have
+	 * made stale on a slow run): stale, then collected. */
 	{
 		char from[300], to[300], cmd[1400];
 
@@ -306,7 +308,7 @@ static void test_leases(const char *dir)
 		snprintf(cmd, sizeof(cmd), "mkdir -p \"%s\" && cp -p \"%s\"/* \"%s\"", to, from, to);
 		EXPECT_EQ(system(cmd), 0);
 		store_close(r);
-		snprintf(cmd, sizeof(cmd), "cp -p \"%s\"/* \"%s\"", to, from);
+		snprintf(cmd, sizeof(cmd), "cp \"%s\"/* \"%s\"", to, from);
 		EXPECT_EQ(system(cmd), 0);
 	}
 	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);	/* still fresh: kept */
@@ -351,9 +353,9 @@ static void test_leases(const char *dir)
 		EXPECT_EQ(store_lease_refresh(r), 0);	/* within the stale time: fine */
 		EXPECT_EQ(store_lease_status(r, NULL), 0);
 		EXPECT_EQ(mkdir(block, 0700), 0);
-		usleep(700 * 1000);			/* past stale (0.5 s), no refresh */
+		usleep(1000 * 1000);			/* past stale (0.85 s), no refresh */
 		EXPECT_EQ(store_lease_status(r, &age_ns), -ENOLCK);
-		EXPECT(age_ns >= 500000000ll);
+		EXPECT(age_ns >= 850000000ll);
 		EXPECT_EQ(rmdir(block), 0);
 		EXPECT_EQ(store_lease_refresh(r), -ENOLCK);	/* written, but lapsed */
 		EXPECT_EQ(store_lease_status(r, NULL), -ENOLCK);
@@ -1329,9 +1331,12 @@ int main(void)
 {
 	char p[512], cmd[600];
 
-	/* Lease times short enough to test gc's grace and staleness rules: refresh 0.2 s,
-	 * stale 0.5 s, grace 1 s (age() waits past it). */
-	setenv("MLFS_LEASE_TIMES", "0.2,0.5,1", 1);
+	/* Lease times short enough to test gc's grace and staleness rules: refresh 0.1 s,
+	 * stale 0.85 s, grace 1 s (age() waits past it; R + S < G as lease.h wants). A live
+	 * lease that its keeper thread refreshes must still look fresh to a gc when that
+	 * thread runs late: it has S - R = 0.75 s of slack (a slow TSan run on a busy
+	 * machine), which a longer S would give only with a longer, slower, age(). */
+	setenv("MLFS_LEASE_TIMES", "0.1,0.85,1", 1);
 	snprintf(root, sizeof(root), "/tmp/test_store.XXXXXX");
 	if (!mkdtemp(root)) {
 		perror("mkdtemp");
