@@ -1,7 +1,8 @@
-/* fdio.c - whole reads and writes (contract in fdio.h). */
+/* fdio.c - whole reads and writes, directory streams (contract in fdio.h). */
 #include "fs/fdio.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -52,4 +53,18 @@ int fdio_read_all(int fd, void *buf, size_t len)
 int fdio_pread_all(int fd, void *buf, size_t len, uint64_t off)
 {
 	return off > INT64_MAX ? -EINVAL : read_whole(fd, buf, len, (int64_t)off);
+}
+
+int fdio_opendir(int dirfd, const char *name, DIR **out)
+{
+	int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc;
+
+	if (fd < 0)
+		return -errno;
+	if (!(*out = fdopendir(fd))) {
+		rc = -errno;
+		close(fd);
+		return rc;
+	}
+	return 0;
 }

@@ -1,21 +1,28 @@
 /*
- * fdio.h - fdio_: whole reads and writes on a file descriptor, for the store's files
- * (store.c, pack.c, lease.c).
+ * fdio.h - fdio_: whole reads and writes on a file descriptor, and directory streams,
+ * for the store's files (store.c, pack.c, lease.c).
  *
- * Contract: each call loops over short transfers and EINTR until len bytes moved.
- * Returns 0, or -errno of the failing call; a read that meets end of file first is
- * -EIO (the file is shorter than its header or index says: damage, never a short
+ * Contract: each read or write loops over short transfers and EINTR until len bytes
+ * moved. Returns 0, or -errno of the failing call; a read that meets end of file first
+ * is -EIO (the file is shorter than its header or index says: damage, never a short
  * success). Thread safe as the underlying calls are; blocks as they do (the store may
  * be a network filesystem).
+ *
+ * fdio_opendir: a stream over directory name under dirfd ("." for dirfd itself) from its
+ * start, on an open file description of its own: a dup of dirfd would share one
+ * directory position with every other listing of it (list runs beside gc, and a gc
+ * that missed entries would judge wrongly). *out is handed over: closedir() it.
  */
 #ifndef MLFS_FDIO_H
 #define MLFS_FDIO_H
 
+#include <dirent.h>
 #include <stddef.h>
 #include <stdint.h>
 
 int fdio_write_all(int fd, const void *buf, size_t len);
 int fdio_read_all(int fd, void *buf, size_t len);
 int fdio_pread_all(int fd, void *buf, size_t len, uint64_t off);
+int fdio_opendir(int dirfd, const char *name, DIR **out);
 
 #endif

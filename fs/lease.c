@@ -203,17 +203,12 @@ out_free:
 int lease_scan(int leasedir, const struct lease_times *t, int64_t now_ns,
 	       int (*add)(void *arg, const uint8_t h[16]), void *arg)
 {
-	int fd = openat(leasedir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc = 0;
 	struct dirent *d;
 	DIR *dir;
+	int rc = fdio_opendir(leasedir, ".", &dir);
 
-	if (fd < 0)
-		return -errno;
-	if (!(dir = fdopendir(fd))) {
-		rc = -errno;
-		close(fd);
+	if (rc)
 		return rc;
-	}
 	while (!rc && (d = readdir(dir))) {
 		struct stat st;
 		int lfd, tmp = !strncmp(d->d_name, ".tmp.", 5);

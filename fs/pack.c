@@ -392,7 +392,7 @@ static int name_cmp(const void *a, const void *b)
 
 int pack_set_scan(struct pack_set *ps)
 {
-	int fd, rc = 0, forgot = 0;
+	int rc = 0, forgot = 0;
 	char (*names)[33] = NULL;
 	size_t nn = 0, cap = 0;
 	struct dirent *d;
@@ -405,14 +405,8 @@ int pack_set_scan(struct pack_set *ps)
 	pthread_mutex_lock(&ps->mu);
 	g0 = ps->gen;
 	pthread_mutex_unlock(&ps->mu);
-	fd = openat(ps->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0)
-		return -errno;
-	if (!(dir = fdopendir(fd))) {
-		rc = -errno;
-		close(fd);
+	if ((rc = fdio_opendir(ps->dirfd, ".", &dir)))
 		return rc;
-	}
 	while ((d = readdir(dir))) {
 		if (strlen(d->d_name) != 37 || strcmp(d->d_name + 32, ".pack") || !is_id(d->d_name, 32))
 			continue;
@@ -976,17 +970,13 @@ static void gc_trash_name(const char *id, const char *token, char *buf, size_t s
 static int gc_leftovers(struct pack_set *ps, pack_live_fn live, void *arg, int64_t now,
 			int64_t grace, uint64_t *freed)
 {
-	int fd = openat(ps->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	struct dirent *d;
 	struct stat st;
 	DIR *dir;
+	int rc = fdio_opendir(ps->dirfd, ".", &dir);
 
-	if (fd < 0)
-		return -errno;
-	if (!(dir = fdopendir(fd))) {
-		close(fd);
-		return -ENOMEM;
-	}
+	if (rc)
+		return rc;
 	while ((d = readdir(dir))) {
 		uint8_t id[16];
 

@@ -264,16 +264,12 @@ static int store_dir_is_fresh(int dirfd)
 {
 	static const char *const ours[] = { ".", "..", "objects", "packs", "snaps", "leases",
 					    "lock", "FORMAT" };
-	int fd = dup(dirfd), rc = 0;
 	struct dirent *d;
 	DIR *dp;
+	int rc = fdio_opendir(dirfd, ".", &dp);
 
-	if (fd < 0 || !(dp = fdopendir(fd))) {
-		rc = -errno;
-		if (fd >= 0)
-			close(fd);
+	if (rc)
 		return rc;
-	}
 	while (!rc && (d = readdir(dp))) {
 		size_t i;
 
@@ -1197,15 +1193,11 @@ static int group_scan(int gfd, struct group_scan *g)
 	struct dirent *d;
 	struct stat st;
 	DIR *dir;
-	int fd = openat(gfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	int rc;
 
 	memset(g, 0, sizeof(*g));
-	if (fd < 0)
-		return -errno;
-	if (!(dir = fdopendir(fd))) {
-		close(fd);
-		return -ENOMEM;
-	}
+	if ((rc = fdio_opendir(gfd, ".", &dir)))
+		return rc;
 	while ((d = readdir(dir))) {
 		unsigned k, n;
 
@@ -1738,23 +1730,11 @@ static int info_cmp(const void *a, const void *b)
 }
 
 
-/* A stream over snaps/ from its start, on a description of its own: a dup of snapfd
- * would share one directory position with every other listing (list runs beside the
- * persister's gc and retention), and a gc that missed manifests would delete their
- * objects. *out is handed over. */
+/* A stream over snaps/ from its start, on a description of its own (fdio_opendir: a gc
+ * that missed manifests would delete their objects). *out is handed over. */
 static int store_snapdir(struct store *s, DIR **out)
 {
-	int fd = openat(s->snapfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-
-	if (fd < 0)
-		return -errno;
-	if (!(*out = fdopendir(fd))) {
-		int rc = -errno;
-
-		close(fd);
-		return rc;
-	}
-	return 0;
+	return fdio_opendir(s->snapfd, ".", out);
 }
 
 int store_list(struct store *s, int flags, struct store_snap_info **out, size_t *n)
@@ -1871,7 +1851,7 @@ static int group_delete(struct store *s, const char *name)
 {
 	struct dirent *d;
 	DIR *dir;
-	int gfd, fd, rc;
+	int gfd, rc;
 
 	if ((gfd = group_open(s, name)) < 0)
 		return gfd == -ENOTDIR ? -ENOENT : gfd;
@@ -1888,14 +1868,11 @@ static int group_delete(struct store *s, const char *name)
 		rc = sync_dir(s, gfd);
 	if (rc)
 		goto out;
-	if ((fd = openat(gfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) >= 0 &&
-	    (dir = fdopendir(fd))) {
+	if (!fdio_opendir(gfd, ".", &dir)) {
 		while ((d = readdir(dir)))
 			if (strcmp(d->d_name, ".") && strcmp(d->d_name, ".."))
 				unlinkat(gfd, d->d_name, 0);
 		closedir(dir);
-	} else if (fd >= 0) {
-		close(fd);
 	}
 	if (unlinkat(s->snapfd, name, AT_REMOVEDIR) && errno != ENOENT && errno != ENOTEMPTY)
 		rc = -errno;
@@ -1952,7 +1929,7 @@ static int gc_group(struct store *s, const char *name, int64_t now, int64_t tmp_
 	struct group_scan g;
 	struct dirent *d;
 	DIR *dir;
-	int gfd, fd, rc, removed = 0;
+	int gfd, rc, removed = 0;
 
 	if ((gfd = group_open(s, name)) < 0)
 		return gfd == -ENOENT ? 0 : gfd;
@@ -1980,15 +1957,8 @@ static int gc_group(struct store *s, const char *name, int64_t now, int64_t tmp_
 		rc = rc == -ENOENT ? 0 : rc < 0 ? rc : 1;
 		goto out;
 	}
-	if ((fd = openat(gfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
-		rc = -errno;
+	if ((rc = fdio_opendir(gfd, ".", &dir)))
 		goto out;
-	}
-	if (!(dir = fdopendir(fd))) {
-		close(fd);
-		rc = -ENOMEM;
-		goto out;
-	}
 	while (!rc && (d = readdir(dir))) {
 		struct mf_manifest *m;
 		unsigned k, n;
@@ -2156,14 +2126,10 @@ static int gc_sweep_dir(struct gc_run *g, int i)
 	int fd, rc = 0;
 
 	snprintf(name, sizeof(name), "%02x", i);
-	fd = openat(s->objfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0)
-		return errno == ENOENT ? 0 : -errno;
-	dir = fdopendir(fd);
-	if (!dir) {
-		close(fd);
-		return -errno;
-	}
+	rc = fdio_opendir(s->objfd, name, &dir);
+	if (rc)
+		return rc == -ENOENT ? 0 : rc;
+	fd = dirfd(dir);	/* the stream's own: closedir closes it */
 	while ((d = readdir(dir))) {
 		uint8_t h[STORE_HASH_LEN];
 		int tmp = strstr(d->d_name, ".tmp.") || strstr(d->d_name, ".gc.");
