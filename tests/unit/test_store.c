@@ -101,6 +101,30 @@ static void fill(void *buf, size_t len, unsigned seed, int compressible)
 	}
 }
 
+/* The store's name of len bytes: their XXH3-128, canonical. */
+static void hash_of(const void *buf, size_t len, uint8_t h[16])
+{
+	XXH128_canonical_t c;
+
+	XXH128_canonicalFromHash(&c, XXH3_128bits(buf, len));
+	memcpy(h, c.digest, 16);
+}
+
+/* The path of object h in a version 1 store at dir (objects/xx/<hex>), its directories
+ * made. */
+static void v1_object_path(const char *dir, const uint8_t h[16], char *p, size_t len)
+{
+	char name[48];
+
+	store_object_name(h, name);
+	path_of(p, len, dir, "objects");
+	mkdir(p, 0700);
+	path_of(p, len, dir, name);
+	*strrchr(p, '/') = 0;
+	mkdir(p, 0700);
+	path_of(p, len, dir, name);
+}
+
 /* A manifest: root with one file whose blocks are hashes[0..n). */
 static struct mf_manifest *one_file(const char *name, uint8_t (*hashes)[16], int n)
 {
@@ -270,12 +294,7 @@ static void test_leases(const char *dir)
 	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
 	EXPECT_EQ(commit_blocks(s, "x", (const unsigned[]){ 500 }, 1), 0);
 	fill(buf, BS, 500, 0);
-	{
-		XXH128_canonical_t c;
-
-		XXH128_canonicalFromHash(&c, XXH3_128bits(buf, BS));
-		memcpy(lease_src_hash, c.digest, 16);
-	}
+	hash_of(buf, BS, lease_src_hash);
 	EXPECT_EQ(store_open(dir, 0, &r), 0);	/* the "reader": a restored tree */
 	store_set_lease_source(r, lease_src, NULL);
 	EXPECT_EQ(store_lease_run(r), 0);
@@ -951,7 +970,7 @@ static int find_tmp(const char *dir, char *out, size_t len)
 static void test_leftovers(const char *dir)
 {
 	static char buf[BS], back[BS];
-	char tmp[800], save[840], cmd[1800], name[48], p[512];
+	char tmp[800], save[840], cmd[1800], p[512];
 	uint8_t h[16];
 	struct mf_manifest *m;
 	struct store *s;
@@ -975,19 +994,8 @@ static void test_leftovers(const char *dir)
 
 	/* A version 1 object name holding an empty file: written again, not trusted. */
 	fill(buf, BS, 78, 0);
-	{
-		XXH128_canonical_t c;
-
-		XXH128_canonicalFromHash(&c, XXH3_128bits(buf, BS));
-		memcpy(h, c.digest, 16);
-	}
-	store_object_name(h, name);
-	path_of(p, sizeof(p), dir, "objects");
-	mkdir(p, 0700);
-	path_of(p, sizeof(p), dir, name);
-	*strrchr(p, '/') = 0;
-	mkdir(p, 0700);
-	path_of(p, sizeof(p), dir, name);
+	hash_of(buf, BS, h);
+	v1_object_path(dir, h, p, sizeof(p));
 	fd = open(p, O_WRONLY | O_CREAT | O_EXCL, 0444);
 	EXPECT(fd >= 0);
 	close(fd);
@@ -1033,7 +1041,7 @@ static void test_stray(const char *dir)
 {
 	static char buf[BS], back[BS];
 	struct store_snap_info *v = NULL;
-	char p[512], name[48];
+	char p[512];
 	uint64_t objs, bytes;
 	uint8_t h[16];
 	struct mf_manifest *m;
@@ -1059,19 +1067,8 @@ static void test_stray(const char *dir)
 	EXPECT(exists(dir, "snaps/fifo"));
 	/* A FIFO in place of an object: a read of it is -EIO, a put writes the object. */
 	fill(buf, BS, 9, 0);
-	{
-		XXH128_canonical_t c;
-
-		XXH128_canonicalFromHash(&c, XXH3_128bits(buf, BS));
-		memcpy(h, c.digest, 16);
-	}
-	store_object_name(h, name);
-	path_of(p, sizeof(p), dir, "objects");
-	mkdir(p, 0700);
-	path_of(p, sizeof(p), dir, name);
-	*strrchr(p, '/') = 0;
-	mkdir(p, 0700);
-	path_of(p, sizeof(p), dir, name);
+	hash_of(buf, BS, h);
+	v1_object_path(dir, h, p, sizeof(p));
 	EXPECT_EQ(mkfifo(p, 0644), 0);
 	path_of(p, sizeof(p), dir, "packs/11111111111111111111111111111111.pack");
 	EXPECT_EQ(mkfifo(p, 0644), 0);			/* skipped by the scan, never opened */
@@ -1242,12 +1239,7 @@ static void test_group_states(const char *dir)
 	/* gc within the grace time: the partial groups' objects stay */
 	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
 	fill(buf, BS, 3, 0);
-	{
-		XXH128_canonical_t c;
-
-		XXH128_canonicalFromHash(&c, XXH3_128bits(buf, BS));
-		memcpy(h, c.digest, 16);
-	}
+	hash_of(buf, BS, h);
 	EXPECT_EQ(store_get_block(s, h, buf, BS), BS);
 
 	/* conflict: both parts hold model.pt, with different bytes */
