@@ -211,6 +211,19 @@ def mlfs_stat_json(mnt):
         raise AssertionError(f"mlfs-stat --json printed no JSON ({e}): {r.stdout[:500]!r}")
 
 
+def wait_stat(mnt, cond, what, timeout=30):
+    """Polls mlfs-stat --json of mnt until cond(stats) holds (what the daemon does after a
+    reply: a FORGET after a close, a governor's cut), at most timeout s, then fails with
+    what and the last stats. Returns those stats."""
+    end = time.monotonic() + timeout
+    while True:
+        st = mlfs_stat_json(mnt)
+        if cond(st):
+            return st
+        assert time.monotonic() < end, f"{what} (not within {timeout} s): {st}"
+        time.sleep(0.05)
+
+
 def write_file(path, data, mode=0o644):
     """Creates or truncates path with one write(2) of data (mode as the caller's umask
     leaves it)."""

@@ -54,17 +54,6 @@ def fake_meminfo(tmp_path):
     return meminfo, set_avail
 
 
-def wait_stat(mnt, cond, what, timeout=20):
-    """Polls mlfs-stat until cond(stats) (timeout s at most: fails with what); the stats."""
-    end = time.monotonic() + timeout
-    while True:
-        st = U.mlfs_stat_json(mnt)
-        if cond(st):
-            return st
-        assert time.monotonic() < end, f"{what}: {st}"
-        time.sleep(0.1)
-
-
 def test_write_only_writes_in_snapshot_without_close(snapenv):
     """Writes through an O_WRONLY descriptor (unaligned, overwriting, extending), no
     fsync, no close: the take has every one. They do not fill the mount's page cache."""
@@ -185,7 +174,7 @@ def test_pool_given_back_when_budget_falls(snapenv, tmp_path):
     st = U.mlfs_stat_json(env.mnt)
     assert 0 < st["pool_bytes"] <= st["mem_budget"] // 4, st
     set_avail(1024)  # no memory left: the governor cuts to mem_min
-    st = wait_stat(env.mnt, lambda st: st["mem_budget"] <= 64 * MiB, "budget not cut")
+    st = U.wait_stat(env.mnt, lambda st: st["mem_budget"] <= 64 * MiB, "budget not cut")
     assert st["pool_bytes"] <= st["mem_budget"] // 4, st
     assert st["pool_bytes"] + st["mem_bytes"] <= max(st["mem_budget"], st["mem_bytes"]), st
     # Writes at the floor still keep every byte.
@@ -216,7 +205,7 @@ def test_first_write_served_from_stock(snapenv, tmp_path, monkeypatch):
     data = rng_for("stock").randbytes(96 * MiB)
     U.write_file(p, data)
     # the stock is topped up in the background after the write
-    st = wait_stat(env.mnt, lambda st: st["pool_bytes"] >= 32 * MiB, "no stock filled")
+    st = U.wait_stat(env.mnt, lambda st: st["pool_bytes"] >= 32 * MiB, "no stock filled")
     assert st["pool_filled_bytes"] >= st["pool_bytes"], st
     assert st["pool_bytes"] <= 64 * MiB + BLOCK, st
     assert st["pool_bytes"] <= st["mem_budget"] // 4, st
@@ -225,7 +214,7 @@ def test_first_write_served_from_stock(snapenv, tmp_path, monkeypatch):
         U.assert_bytes(f.read(), data, "first write into a fresh mount")
     # Pressure: the governor cuts to the floor; the stock goes at once with the pool.
     set_avail(1024)
-    st = wait_stat(env.mnt, lambda st: st["mem_budget"] <= 32 * MiB, "budget not cut")
+    st = U.wait_stat(env.mnt, lambda st: st["mem_budget"] <= 32 * MiB, "budget not cut")
     assert st["pool_bytes"] <= st["mem_budget"] // 4, st
     filled = st["pool_filled_bytes"]
     # Writes under pressure ask for the stock, and get none.

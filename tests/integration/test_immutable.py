@@ -131,10 +131,8 @@ def test_created_unlinked_file_is_freed(imm):
         assert os.pread(fd, 5, 0) == b"xxxxx"
     finally:
         os.close(fd)
-    deadline = time.monotonic() + 10  # FORGET comes asynchronously after the close
-    while imm.stat()["ckpt_blocks"] != 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert imm.stat()["ckpt_blocks"] == 0
+    # FORGET comes asynchronously after the close
+    U.wait_stat(imm.mnt, lambda st: st["ckpt_blocks"] == 0, "blocks of a closed file not freed")
 
 
 @pytest.mark.parametrize("first_open", ["before", "after"])
@@ -151,10 +149,8 @@ def test_tmpfile_freed_and_linkable(imm, first_open):
         assert os.pread(fd, 3, 0) == b"ttt"
     finally:
         os.close(fd)
-    deadline = time.monotonic() + 10  # FORGET comes asynchronously after the close
-    while imm.stat()["ckpt_blocks"] != 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert imm.stat()["ckpt_blocks"] == 0
+    # FORGET comes asynchronously after the close
+    U.wait_stat(imm.mnt, lambda st: st["ckpt_blocks"] == 0, "blocks of a closed file not freed")
     fd = os.open(c, os.O_TMPFILE | os.O_RDWR, 0o600)
     try:
         os.write(fd, b"kept")

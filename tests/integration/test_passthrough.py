@@ -33,15 +33,10 @@ def want(m, name):
         return f.read()
 
 
-def wait_stat(m, key, value, timeout=10):
+def wait_released(m):
     """RELEASE reaches the daemon after close() returned (the kernel sends it in the
-    background): wait for the counter to settle."""
-    end = time.monotonic() + timeout
-    while True:
-        st = m.stat()
-        if st[key] == value or time.monotonic() > end:
-            return st
-        time.sleep(0.05)
+    background): wait for every backing id to be given back; the stats."""
+    return U.wait_stat(m.mnt, lambda st: st["backing_ids"] == 0, "backing ids left after close")
 
 
 @pytest.fixture
@@ -60,7 +55,7 @@ def test_reads_bypass_the_daemon(pt_mount):
     for name in SIZES:
         with open(os.path.join(m.data, name), "rb") as f:
             U.assert_bytes(f.read(), want(m, name), f"data/{name}")
-    st = wait_stat(m, "backing_ids", 0)
+    st = wait_released(m)
     assert st["passthrough_opens"] >= len(SIZES)
     # Every byte came from SOURCE's page cache in the kernel: no read request reached us.
     assert st["read_ops"] == 0 and st["source_reads"] == 0, st
@@ -127,8 +122,7 @@ def test_concurrent_opens_share_one_backing_id(pt_mount):
     finally:
         for fd in fds:
             os.close(fd)
-    st = wait_stat(m, "backing_ids", 0)
-    assert st["backing_ids"] == 0, st
+    st = wait_released(m)
     assert st["passthrough_fallbacks"] == 0, st
 
 
@@ -147,10 +141,10 @@ def test_source_changed_between_opens(pt_mount):
     tmp = os.path.join(m.src, ".odd.tmp")
     U.write_file(tmp, newer)
     os.rename(tmp, os.path.join(m.src, "odd"))
-    wait_stat(m, "backing_ids", 0)
+    wait_released(m)
     with open(path, "rb") as f:
         U.assert_bytes(f.read(), newer, "replaced by rename")
-    assert wait_stat(m, "backing_ids", 0)["backing_ids"] == 0
+    wait_released(m)
 
 
 def test_replaced_while_open(pt_mount):
@@ -174,7 +168,7 @@ def test_replaced_while_open(pt_mount):
         assert m.stat()["backing_ids"] == 1
     finally:
         os.close(keep)
-    assert wait_stat(m, "backing_ids", 0)["backing_ids"] == 0
+    wait_released(m)
     with open(path, "rb") as f:
         U.assert_bytes(f.read(), new, "reopened after the old file was closed")
 
