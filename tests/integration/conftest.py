@@ -142,11 +142,7 @@ class Mount:
         self.torn_down = False
 
     def stderr(self):
-        try:
-            with open(self.log, errors="replace") as f:
-                return f.read()[-4000:]
-        except OSError:
-            return ""
+        return U.read_log(self.log, 4000)
 
     def stat(self):
         return U.mlfs_stat_json(self.mnt)
@@ -304,11 +300,7 @@ class Mounter:
         if U.is_mounted(m.mnt):
             U.force_unmount(m.mnt)
             errs.append(f"{m.mnt} still in /proc/mounts after unmount")
-        try:
-            with open(m.log, errors="replace") as f:
-                san = U.sanitizer_report_in(f.read())
-        except OSError:
-            san = []
+        san = U.sanitizer_report_in(U.read_log(m.log))
         if san:
             errs.append(f"sanitizer report in {m.log}: " + "; ".join(san[:5]))
         if errs:

@@ -211,6 +211,16 @@ def mlfs_stat_json(mnt):
         raise AssertionError(f"mlfs-stat --json printed no JSON ({e}): {r.stdout[:500]!r}")
 
 
+def read_log(path, tail=None):
+    """A daemon's log (its last tail characters), "" when there is none yet."""
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return ""
+    return text[-tail:] if tail else text
+
+
 def wait_stat(mnt, cond, what, timeout=30):
     """Polls mlfs-stat --json of mnt until cond(stats) holds (what the daemon does after a
     reply: a FORGET after a close, a governor's cut), at most timeout s, then fails with

@@ -138,11 +138,7 @@ class Daemon:
         self.down = False
 
     def output(self):
-        try:
-            with open(self.log, errors="replace") as f:
-                return f.read()[-6000:]
-        except OSError:
-            return ""
+        return U.read_log(self.log, 6000)
 
 
 def wait_threads_gone(pid, timeout):

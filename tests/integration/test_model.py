@@ -105,11 +105,7 @@ class Model:
     def daemon_log(self):
         if self.d is None:
             return ""
-        try:
-            with open(self.d.log, errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
+        return U.read_log(self.d.log)
 
     def fail(self, msg):
         tail = "\n".join(self.events[-30:])
@@ -355,11 +351,7 @@ class Model:
         self.verify_live(f"after SIGKILL and remount with restore={name}")
 
     def check_log_of(self, d, what):
-        try:
-            with open(d.log, errors="replace") as f:
-                m = BAD.search(f.read())
-        except OSError:
-            m = None
+        m = BAD.search(U.read_log(d.log))
         if m:
             self.fail(f"at {what} (daemon {d.pid}): its log reports {m.group(0)!r}")
 

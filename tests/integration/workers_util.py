@@ -44,11 +44,7 @@ class Worker:
         return self.proc.pid
 
     def output(self):
-        try:
-            with open(self.log, errors="replace") as f:
-                return f.read()[-6000:]
-        except OSError:
-            return ""
+        return U.read_log(self.log, 6000)
 
     def snap(self, *args, **kw):
         """mlfs-snap SUBCOMMAND MNT ARGS... against this worker's daemon."""
