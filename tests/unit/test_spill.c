@@ -488,8 +488,9 @@ static void test_page_cache(int buffered)
 	EXPECT_EQ(spill_write_sync(s, buf, MIB, 0, &loc), 0);
 	EXPECT_EQ(resident_pages(s, loc.off, loc.disk_len), 0);
 	EXPECT_EQ(spill_read_sync(s, &loc, out, MIB, XXH3_64bits(buf, MIB)), 0);
-	/* The drop after a read trails its callback. */
-	for (int i = 0; i < 1000 && (n = resident_pages(s, loc.off, loc.disk_len)) != 0; i++)
+	/* The drop after a read trails its callback: 10 s at most (1 s left a slow run
+	 * little room; only a failure waits longer). */
+	for (int i = 0; i < 10000 && (n = resident_pages(s, loc.off, loc.disk_len)) != 0; i++)
 		usleep(1000);
 	EXPECT_EQ(n, 0);
 	spill_free(s);

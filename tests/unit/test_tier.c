@@ -934,7 +934,10 @@ static void test_prefetch_stop(void)
 		bc_block_get(ck[i]);
 		v[i] = ck[i];
 	}
-	atomic_store(&ahead_delay_ms, 20);
+	/* 100 ms a load: the 32 take 1.6 s on 2 threads, so the stop finds some still
+	 * queued unless this thread stalls that long (at 20 ms a 0.3 s stall, a TSan run on
+	 * a busy machine, would let them all load); the stop waits for one load. */
+	atomic_store(&ahead_delay_ms, 100);
 	atomic_store(&ahead_calls, 0);
 	tier_prefetch(t, v, 32);
 	usleep(5000); /* two loads in flight, the rest queued */
