@@ -43,11 +43,14 @@
  * still caught at its next open (data.c, invariant 2). */
 #define MLFS_DATA_TIMEOUT 3600.0
 #define MLFS_THREADS_DEFAULT 4
+/* -o passthrough_min: docs/performance.md, "Small files". */
+#define MLFS_PASSTHROUGH_MIN (1ull << 20)
 
 struct mlfs_opts {
 	char *store, *spill, *restore, *pressure_file, *meminfo_file, *cgroup;
 	char *mem_max, *mem_min, *block_size, *spill_max, *data_timeout, *threads;
-	char *preempt_deadline, *autosnap, *keep, *mtbf, *workers, *worker, *passthrough;
+	char *preempt_deadline, *autosnap, *keep, *mtbf, *workers, *worker, *passthrough,
+	     *passthrough_min;
 	int show_help, show_version, foreground, debug, immutable, watch;
 };
 
@@ -72,6 +75,7 @@ static const struct fuse_opt mlfs_opt_spec[] = {
 	OPT("workers=%s", workers),
 	OPT("worker=%s", worker),
 	OPT("passthrough=%s", passthrough),
+	OPT("passthrough_min=%s", passthrough_min),
 	OPT("-h", show_help),
 	OPT("--help", show_help),
 	OPT("-V", show_version),
@@ -91,7 +95,8 @@ static void mlfs_opts_free(struct mlfs_opts *o)
 			  &o->meminfo_file, &o->cgroup, &o->mem_max, &o->mem_min,
 			  &o->block_size, &o->spill_max, &o->data_timeout, &o->threads,
 			  &o->preempt_deadline, &o->autosnap, &o->keep, &o->mtbf,
-			  &o->workers, &o->worker, &o->passthrough };
+			  &o->workers, &o->worker, &o->passthrough,
+			  &o->passthrough_min };
 
 	for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++) {
 		free(*strs[i]);
@@ -148,6 +153,9 @@ static void usage(FILE *f)
 "                         elsewhere every open revalidates, as by default)\n"
 "  -o passthrough=MODE    auto, on or off: MOUNTPOINT/data files read SOURCE's page\n"
 "                         cache in the kernel (auto: as root on a local SOURCE)\n"
+"  -o passthrough_min=SIZE\n"
+"                         files smaller than SIZE go through the mount's page cache\n"
+"                         instead: cheaper opens, still held once (default 1M)\n"
 "  -o allow_other         let other users in (with default_permissions, always on)\n"
 "SIZE takes K, M, G or T (powers of 1024). See mlfs(8).\n",
 		MLFS_THREADS_DEFAULT, MLFS_DATA_TIMEOUT);
@@ -441,6 +449,11 @@ static int build_config(struct mlfs_opts *o, const char *src, const char *mnt,
 			return 1;
 		}
 	}
+	c->passthrough_min = MLFS_PASSTHROUGH_MIN;
+	if (o->passthrough_min && opt_number("passthrough_min", o->passthrough_min, OPT_SIZE,
+					     0, (double)(1ull << 50), NULL,
+					     &c->passthrough_min))
+		return 1;
 	c->immutable = o->immutable;
 	c->watch = o->watch && !o->immutable; /* immutable already promises more */
 	c->foreground = o->foreground || o->debug;
