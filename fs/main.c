@@ -1050,7 +1050,6 @@ int main(int argc, char **argv)
 		fprintf(stderr, "mlfs: cannot mount on %s\n", m.cfg.mountpoint);
 		goto out_destroy;
 	}
-	mlfs_fuse_readahead(m.cfg.mountpoint);
 	if ((r = mlfs_ops_set_io(se))) {
 		fprintf(stderr, "mlfs: cannot read requests: %s\n", strerror(-r));
 		goto out_unmount;
@@ -1088,6 +1087,9 @@ int main(int argc, char **argv)
 		fprintf(stderr, "mlfs: snapshot threads: %s\n", strerror(-r));
 		goto out_unmount;
 	}
+	/* After the fork, so that a user's mount logs its failure (not root) to the
+	 * daemon's log, not the terminal; before the loop answers INIT (which caps it). */
+	mlfs_fuse_readahead(m.cfg.mountpoint);
 	if (ready_fd >= 0)
 		mlfs_ready(&ready_fd);
 	lc = fuse_loop_cfg_create();
