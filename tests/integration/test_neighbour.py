@@ -364,3 +364,51 @@ def test_source_cache_dropped_for_copied_blocks(mounter):
     assert cached < 4 * MiB, f"SOURCE page cache left behind: {cached} bytes; {st}; " + \
         subprocess.run(["fincore"] + [os.path.join(src, n) for n in names],
                        capture_output=True, text=True).stdout
+
+
+def cg_stat(cg):
+    with open(os.path.join(cg, "memory.stat")) as f:
+        return {k: int(v) for k, v in (line.split() for line in f)}
+
+
+def test_mapped_blocks_stay_inactive(memcg, mounter):
+    """Mapped blocks (rule M) wait on the inactive list with their accessed bits cleared
+    (MADV_COLD after each read-in, bcache.c bc_map_cold_range), read in first or read
+    back after the kernel took them: a neighbour's reclaim takes them without first
+    deactivating them (docs/tiering.md, the A/B). Without it, blocks read back after
+    reclaim came back active (workingset refaults: 39 of 64 MiB here; 500-630 of
+    763 MiB in bench/neighbour.py's rounds)."""
+    cg_write(memcg, "memory.limit_in_bytes", 1 << 30)
+    src = mounter.tempdir("src-")
+    files = make_files(src, 8, 8 * MiB, U.SEED + 10)  # 64 MiB
+    names = sorted(files)
+    drop_source_cache(src, names)
+    m = start_daemon(mounter, src, f"cgroup={memcg},mem_max=1G,mem_min=64M", cgroup_dir=memcg,
+                     env_extra={"MLFS_DATA_MAP": "always"})
+    for _ in range(2):  # read twice: the second read finds every block cached
+        for n in names:
+            check_file(m, files, n, "read")
+    st, cs = m.stat(), cg_stat(memcg)
+    assert st["mapped_resident_bytes"] >= 60 * MiB, st
+    assert cs["total_mapped_file"] >= 60 * MiB, cs
+    assert cs["total_active_file"] <= 16 * MiB, \
+        f"mapped blocks on the active list: {cs['total_active_file'] >> 20} MiB of " \
+        f"{cs['total_mapped_file'] >> 20} MiB mapped"
+    # The kernel takes them (the limit lowered under them: reclaim in the cgroup), and a
+    # read brings them back (bc_block_refault): inactive again, and right.
+    try:
+        cg_write(memcg, "memory.limit_in_bytes", 24 * MiB)
+    except OSError as e:  # EBUSY: it could not reclaim down to it; what it took counts
+        assert e.errno == errno.EBUSY, e
+    cg_write(memcg, "memory.limit_in_bytes", 1 << 30)
+    assert cg_stat(memcg)["total_mapped_file"] < 48 * MiB, "the kernel took nothing back"
+    refaults = m.stat()["map_refaults"]
+    for n in names:
+        check_file(m, files, n, "read back")
+    check_mapped_views(m, files, names[0])
+    st, cs = m.stat(), cg_stat(memcg)
+    assert st["map_refaults"] > refaults, st
+    assert cs["total_mapped_file"] >= 60 * MiB, cs
+    assert cs["total_active_file"] <= 16 * MiB, \
+        f"blocks read back on the active list: {cs['total_active_file'] >> 20} MiB"
+    assert m.proc.poll() is None, "the daemon died"
