@@ -289,7 +289,46 @@ def vmstat():
     return out
 
 
-def neighbour_round(cg, total, step, sampler=None, perf=None):
+TRACE_EVENTS = ("vmscan:mm_vmscan_memcg_reclaim_begin", "vmscan:mm_vmscan_memcg_reclaim_end",
+                "vmscan:mm_vmscan_lru_shrink_inactive", "vmscan:mm_vmscan_lru_shrink_active")
+
+
+def trace_reclaim(path):
+    """The neighbour's memcg reclaim from its tracepoints: ms spent inside
+    try_to_free_mem_cgroup_pages (begin to end, per task), pages scanned and reclaimed
+    off the inactive list, kept there for a referenced bit (nr_ref_keep: a second pass
+    needed) or activated, and active pages scanned / deactivated. {} if perf fails."""
+    r = subprocess.run(["perf", "script", "-i", path, "-F", "pid,time,event,trace"],
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode:
+        return {}
+    out = {"reclaim_ms": 0.0, "reclaims": 0, "scanned": 0, "reclaimed": 0, "ref_keep": 0,
+           "activate_file": 0, "active_scanned": 0, "deactivated": 0}
+    begun = {}
+    for line in r.stdout.splitlines():
+        f = line.split()
+        if len(f) < 3:
+            continue
+        pid, ts, ev = f[0], float(f[1].rstrip(":")), f[2].rstrip(":")
+        kv = dict(x.split("=", 1) for x in f[3:] if "=" in x)
+        if ev.endswith("memcg_reclaim_begin"):
+            begun[pid] = ts
+        elif ev.endswith("memcg_reclaim_end") and pid in begun:
+            out["reclaim_ms"] += (ts - begun.pop(pid)) * 1000
+            out["reclaims"] += 1
+        elif ev.endswith("lru_shrink_inactive") and "FILE" in kv.get("flags", ""):
+            out["scanned"] += int(kv.get("nr_scanned", 0))
+            out["reclaimed"] += int(kv.get("nr_reclaimed", 0))
+            out["ref_keep"] += int(kv.get("nr_ref_keep", 0))
+            out["activate_file"] += int(kv.get("nr_activate_file", 0))
+        elif ev.endswith("lru_shrink_active") and "FILE" in kv.get("flags", ""):
+            out["active_scanned"] += int(kv.get("nr_taken", 0))
+            out["deactivated"] += int(kv.get("nr_deactivated", 0))
+    out["reclaim_ms"] = round(out["reclaim_ms"], 2)
+    return out
+
+
+def neighbour_round(cg, total, step, sampler=None, perf=None, trace=None):
     """Runs the neighbour in cg. Returns a dict: grow (seconds, None if it died), rc, cpu
     (its user + system seconds, from wait4), sys, the machine's /proc/vmstat deltas over
     the run (reclaim: pgscan/pgsteal direct and by kswapd, pgrefill = active pages
@@ -298,6 +337,9 @@ def neighbour_round(cg, total, step, sampler=None, perf=None):
     cmd = [sys.executable, "-c", NEIGHBOUR, str(total), str(step)]
     if perf:
         cmd = ["perf", "record", "-g", "-q", "-o", perf, "--"] + cmd
+    elif trace:
+        cmd = ["perf", "record", "-q", "-o", trace] + \
+            [x for e in TRACE_EVENTS for x in ("-e", e)] + ["--"] + cmd
     before = {k: v for k, v in cg_memstat(cg).items() if k in CG_KEYS}
     v0 = vmstat()
     p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -323,7 +365,11 @@ def neighbour_round(cg, total, step, sampler=None, perf=None):
             p.kill()
         time.sleep(0.01)
     p.returncode = os.waitstatus_to_exitcode(status)
-    return {"grow": float(line.split()[1]) if line.startswith("grown") else None,
+    tr = None
+    if trace and not perf:
+        tr = trace_reclaim(trace)
+        os.unlink(trace)
+    return {"grow": float(line.split()[1]) if line.startswith("grown") else None, "trace": tr,
             "rc": p.returncode, "cpu": ru.ru_utime + ru.ru_stime, "sys": ru.ru_stime,
             "vmstat": {k: v1.get(k, 0) - v0.get(k, 0) for k in VMSTAT_KEYS},
             "cg_before": before, "cg_after": after,
@@ -387,6 +433,10 @@ def main():
     ap.add_argument("--limit", default=1300 * MIB, type=int)
     ap.add_argument("--work", default="/var/tmp/mlfs-neighbour-%d" % os.getpid())
     ap.add_argument("--opts", default="", help="extra -o options for mlfs")
+    ap.add_argument("--tag", default="", help="write neighbour-TAG.{md,json,png}")
+    ap.add_argument("--trace", action="store_true",
+                    help="each neighbour run under perf record of the vmscan tracepoints: "
+                    "its reclaim time and what reclaim scanned, kept, activated")
     ap.add_argument("--perf", help="a directory: perf record -g of both neighbour runs of "
                     "one more round, not counted in the ratios (perf-alone-N.data, "
                     "perf-mlfs-N.data)")
@@ -460,7 +510,9 @@ def main():
                 perf = os.path.join(a.perf, "perf-%s-%d.data" % (which, r)) \
                     if a.perf and last else None
                 one = neighbour_round(cg_m if which == "mlfs" else cg_a, grow, step,
-                                      sampler if which == "mlfs" else None, perf)
+                                      sampler if which == "mlfs" else None, perf,
+                                      os.path.join(a.work, "trace.data") if a.trace
+                                      else None)
                 one["held_before"] = held if which == "mlfs" else 0
                 res[("perf_" + which) if perf else which].append(one)
                 vm = one["vmstat"]
@@ -473,6 +525,8 @@ def main():
                         one["cg_before"].get("total_cache", 0) >> 20,
                         one["cg_before"].get("total_mapped_file", 0) >> 20,
                         one["cg_before"].get("total_active_file", 0) >> 20, one["rc"]))
+                if one["trace"] and which == "mlfs":
+                    log("round %d trace: %s" % (r, one["trace"]))
                 if sampler and which == "mlfs":
                     time.sleep(3.0)  # the reload once it left
                     sampler.stop.set()
@@ -491,14 +545,15 @@ def main():
                        for w in ("alone", "mlfs")}
     summary = summarize(res)
     res["summary"] = summary
-    md = report(a, res, summary, limit, data_bytes, grow, step, rounds, opts)
+    base = os.path.join(a.out, "neighbour" + ("-" + a.tag if a.tag else ""))
+    md = report(a, res, summary, limit, data_bytes, grow, step, rounds, opts, base)
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "neighbour.md"), "w") as f:
+    with open(base + ".md", "w") as f:
         f.write("\n".join(md))
-    with open(os.path.join(a.out, "neighbour.json"), "w") as f:
+    with open(base + ".json", "w") as f:
         json.dump(res, f, indent=1)
     if res["samples"]:
-        plot(res["samples"], os.path.join(a.out, "neighbour.png"),
+        plot(res["samples"], base + ".png",
              "neighbour takes %d MB in mlfs's %d MiB cgroup" % (grow // 10**6, limit >> 20))
     print("\n".join(md))
     return 0 if summary["killed"] == 0 else 1
@@ -532,6 +587,10 @@ def summarize(res):
               "pgrefill", "pgactivate", "workingset_refault_file", "allocstall_normal"):
         out["mlfs_" + k] = statistics.median(m["vmstat"][k] for m, _ in pairs) if pairs else 0
         out["alone_" + k] = statistics.median(a["vmstat"][k] for _, a in pairs) if pairs else 0
+    traced = [m["trace"] for m, _ in pairs if m.get("trace")]
+    for k in ("reclaim_ms", "reclaims", "scanned", "reclaimed", "ref_keep", "activate_file",
+              "active_scanned", "deactivated"):
+        out["trace_" + k] = statistics.median(t[k] for t in traced) if traced else None
     out["mlfs_pgpgout"] = int(statistics.median(m["cg_pgpgout"] for m, _ in pairs)) \
         if pairs else 0
     out["after_total_cache"] = int(statistics.median(
@@ -572,6 +631,20 @@ def fmt_spread(x, unit=""):
         x["median"], unit, x["q1"], x["q3"], x["min"], x["max"])
 
 
+def trace_line(sm):
+    if sm.get("trace_reclaim_ms") is None:
+        return ""
+    pg = 4096.0 / MIB
+    return ("The neighbour's reclaim with mlfs, from the vmscan tracepoints (--trace, "
+            "medians per run): %.1f ms in memcg reclaim (%d calls); inactive file pages "
+            "scanned %.0f MiB, reclaimed %.0f MiB, kept for a referenced bit %.0f MiB, "
+            "activated %.0f MiB; active file pages scanned %.0f MiB, deactivated %.0f MiB.\n"
+            % (sm["trace_reclaim_ms"], sm["trace_reclaims"], sm["trace_scanned"] * pg,
+               sm["trace_reclaimed"] * pg, sm["trace_ref_keep"] * pg,
+               sm["trace_activate_file"] * pg, sm["trace_active_scanned"] * pg,
+               sm["trace_deactivated"] * pg))
+
+
 def perf_line(pf):
     if not pf or not pf.get("mlfs"):
         return ""
@@ -588,7 +661,7 @@ def perf_line(pf):
                 al.get("total"), al.get("clear_page_erms", 0)))
 
 
-def report(a, res, sm, limit, data_bytes, grow, step, rounds, opts):
+def report(a, res, sm, limit, data_bytes, grow, step, rounds, opts, base):
     r2 = res["row2"]
     load = os.getloadavg()
     pg = 4096.0 / MIB
@@ -634,11 +707,12 @@ def report(a, res, sm, limit, data_bytes, grow, step, rounds, opts):
             sm["mlfs_pgactivate"] * pg, sm["mlfs_workingset_refault_file"] * pg,
             sm["mlfs_allocstall_normal"], sm["alone_pgscan_direct"] * pg,
             sm["alone_pgsteal_direct"] * pg), "",
+        trace_line(sm),
         perf_line(res.get("perf")),
         "Rounds (growth s, None = killed): alone %s; with mlfs %s." % (
             ["%.3f" % x["grow"] if x["grow"] else None for x in res["alone"]],
             ["%.3f" % x["grow"] if x["grow"] else None for x in res["mlfs"]]), "",
-        "![memory over time](neighbour.png)", ""]
+        "![memory over time](%s.png)" % os.path.basename(base), ""]
 
 
 if __name__ == "__main__":
