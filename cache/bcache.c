@@ -127,9 +127,6 @@
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22
 #endif
-#ifndef MADV_COLD
-#define MADV_COLD 20
-#endif
 
 #define BC_SHARDS 64
 #define BC_BUCKETS_MIN 1024
@@ -738,35 +735,6 @@ struct bc_block *bc_block_new(struct bc *bc, enum bc_class cls, uint32_t cap)
 	return b;
 }
 
-/* Whether mapped blocks are put on the inactive list once read in (bc_map_cold_range);
- * MLFS_MAP_COLD=0 in the environment turns it off (the A/B of docs/tiering.md). */
-static int bc_map_cold(void)
-{
-	static atomic_int on = -1;
-	int v = atomic_load_explicit(&on, memory_order_relaxed);
-
-	if (v < 0) {
-		const char *e = getenv("MLFS_MAP_COLD");
-
-		v = !(e && strcmp(e, "0") == 0);
-		atomic_store_explicit(&on, v, memory_order_relaxed);
-	}
-	return v;
-}
-
-/* Right after MADV_POPULATE_READ: a block read back after reclaim came back on the
- * active list (a workingset refault), with young PTEs, so a neighbour's reclaim first
- * had to deactivate it (shrink_active_list: 80-420 MiB a run of bench/neighbour.py)
- * before it could unmap it. MADV_COLD moves the pages to the inactive list with their
- * accessed bits cleared: they are the first the cgroup's reclaim takes, before anything
- * its other tenants use. Costs one syscall per block read in (not per read served).
- * A kernel without it (before 5.4) says EINVAL: nothing to do. */
-static void bc_map_cold_range(void *p, size_t len)
-{
-	if (bc_map_cold())
-		madvise(p, len, MADV_COLD);
-}
-
 static uint32_t bc_page_size(void)
 {
 	static uint32_t ps;
@@ -804,7 +772,6 @@ int bc_block_new_mapped(struct bc *bc, int fd, uint64_t off, uint32_t len,
 		free(b);
 		return rc;
 	}
-	bc_map_cold_range(p, cap);
 	b->cls = BC_DATA;
 	atomic_init(&b->ref, 1);
 	b->buf = p;
@@ -849,7 +816,6 @@ int bc_block_refault(struct bc *bc, struct bc_block *b)
 	/* mincore failing is no reason to fail the read: populate anyway. */
 	if (madvise(b->buf, b->cap, MADV_POPULATE_READ) < 0 && errno != EINVAL)
 		return -EIO; /* EFAULT: SOURCE shrank under the mapping */
-	bc_map_cold_range(b->buf, b->cap);
 	atomic_fetch_add_explicit(&bc->map_refaults, 1, memory_order_relaxed);
 	return 1;
 }

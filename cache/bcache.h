@@ -168,9 +168,7 @@ void bc_get_stats(struct bc *bc, struct bc_stats *st);
 struct bc_block *bc_block_new(struct bc *bc, enum bc_class cls, uint32_t cap);
 /*
  * A data block whose buffer is SOURCE itself: len bytes of fd at off (a multiple of the
- * page size) mapped read-only and MAP_SHARED, and read in now (MADV_POPULATE_READ), its
- * pages then put on the inactive list with their accessed bits cleared (MADV_COLD, unless
- * MLFS_MAP_COLD=0: reclaim takes them without deactivating them first). Born
+ * page size) mapped read-only and MAP_SHARED, and read in now (MADV_POPULATE_READ). Born
  * NEW like bc_block_new(BC_DATA) (the caller sets no len: it is len; no seal: a mapped
  * block is never spilled, so its checksum is never used). Why: its pages are clean page
  * cache of SOURCE, charged to the daemon, which the kernel reclaims in an allocating
@@ -188,9 +186,7 @@ int bc_block_new_mapped(struct bc *bc, int fd, uint64_t off, uint32_t len,
 			struct bc_block **out);
 /* For a mapped block the caller holds: makes every page of its buffer resident again
  * if the kernel reclaimed some (mincore, then MADV_POPULATE_READ: one read of the
- * missing range from SOURCE, not a fault per page in the reply; then MADV_COLD as at
- * bc_block_new_mapped: a page read back would otherwise come back active, as a
- * workingset refault). 0 when all were
+ * missing range from SOURCE, not a fault per page in the reply). 0 when all were
  * resident or another block kind, 1 when pages were read back (counted in
  * map_refaults), -EIO when SOURCE no longer has them (truncated). Blocks on SOURCE I/O. */
 int bc_block_refault(struct bc *bc, struct bc_block *b);
