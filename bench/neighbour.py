@@ -10,7 +10,7 @@ back, the order alternating; the figure is the median of the per-round ratios (a
 machine slows both runs of a pair alike) with its quartiles and range. Beside the
 growth time: the neighbour's CPU time (wait4), the cgroup's page cache before and after
 (mapped, active, inactive: what reclaim had to push out) and, with --perf, perf record
--g of both runs of the last round. With passthrough (the default as root on a local
+-g of both runs of one more round, not counted. With passthrough (the default as root on a local
 SOURCE) mlfs holds nothing: the reader's cgroup is charged for SOURCE's page cache, so
 the refill runs in a process inside mlfs's cgroup. OOM kills are counted
 (memory.oom_control's oom_kill of both cgroups).
@@ -328,7 +328,17 @@ def trace_reclaim(path):
     return out
 
 
-def neighbour_round(cg, total, step, sampler=None, perf=None, trace=None):
+def proc_cpu(pid):
+    """utime + stime of a process (all its threads) in seconds, 0 if gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def neighbour_round(cg, total, step, sampler=None, perf=None, trace=None, daemon=None):
     """Runs the neighbour in cg. Returns a dict: grow (seconds, None if it died), rc, cpu
     (its user + system seconds, from wait4), sys, the machine's /proc/vmstat deltas over
     the run (reclaim: pgscan/pgsteal direct and by kswapd, pgrefill = active pages
@@ -342,12 +352,14 @@ def neighbour_round(cg, total, step, sampler=None, perf=None, trace=None):
             [x for e in TRACE_EVENTS for x in ("-e", e)] + ["--"] + cmd
     before = {k: v for k, v in cg_memstat(cg).items() if k in CG_KEYS}
     v0 = vmstat()
+    d0 = proc_cpu(daemon) if daemon else 0.0
     p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                          preexec_fn=enter(cg))
     if sampler:
         sampler.neighbour = p.pid
     line = p.stdout.readline()
     v1 = vmstat()
+    d1 = proc_cpu(daemon) if daemon else 0.0
     after = {k: v for k, v in cg_memstat(cg).items() if k in CG_KEYS}
     if sampler:
         time.sleep(0.5)  # the plot shows it held
@@ -371,6 +383,7 @@ def neighbour_round(cg, total, step, sampler=None, perf=None, trace=None):
         os.unlink(trace)
     return {"grow": float(line.split()[1]) if line.startswith("grown") else None, "trace": tr,
             "rc": p.returncode, "cpu": ru.ru_utime + ru.ru_stime, "sys": ru.ru_stime,
+            "nvcsw": ru.ru_nvcsw, "nivcsw": ru.ru_nivcsw, "daemon_cpu": d1 - d0,
             "vmstat": {k: v1.get(k, 0) - v0.get(k, 0) for k in VMSTAT_KEYS},
             "cg_before": before, "cg_after": after,
             "cg_pgpgout": after.get("total_pgpgout", 0) - before.get("total_pgpgout", 0)}
@@ -500,7 +513,7 @@ def main():
             if m.proc.poll() is not None:
                 raise RuntimeError("mlfs died")
             held = fill(m, names, data_bytes, cg_m, passthrough)
-            last = r == rounds + extra - 1
+            last = r == rounds - 1  # the plotted round; perf's is the one after it
             order = ("alone", "mlfs") if r % 2 == 0 else ("mlfs", "alone")
             for which in order:
                 if which == "mlfs" and last:
@@ -508,26 +521,28 @@ def main():
                     sampler.start()
                     time.sleep(0.5)
                 perf = os.path.join(a.perf, "perf-%s-%d.data" % (which, r)) \
-                    if a.perf and last else None
+                    if a.perf and r == rounds else None
                 one = neighbour_round(cg_m if which == "mlfs" else cg_a, grow, step,
-                                      sampler if which == "mlfs" else None, perf,
+                                      sampler if which == "mlfs" and last else None, perf,
                                       os.path.join(a.work, "trace.data") if a.trace
-                                      else None)
+                                      else None, m.proc.pid if which == "mlfs" else None)
                 one["held_before"] = held if which == "mlfs" else 0
                 res[("perf_" + which) if perf else which].append(one)
                 vm = one["vmstat"]
-                log("round %d %-5s: grow %s s, cpu %.3f s (sys %.3f), cgroup pgpgout "
+                log("round %d %-5s: grow %s s, cpu %.3f s (sys %.3f), switches %d "
+                    "voluntary %d involuntary, mlfs cpu %.3f s, cgroup pgpgout "
                     "%d MiB, machine scanned %d MiB, cgroup held %d MiB (mapped %d, active "
                     "%d) (rc %d)" % (
                         r, which, "%.3f" % one["grow"] if one["grow"] else None, one["cpu"],
-                        one["sys"], one["cg_pgpgout"] >> 8,
+                        one["sys"], one["nvcsw"], one["nivcsw"], one["daemon_cpu"],
+                        one["cg_pgpgout"] >> 8,
                         (vm["pgscan_direct"] + vm["pgscan_kswapd"]) >> 8,
                         one["cg_before"].get("total_cache", 0) >> 20,
                         one["cg_before"].get("total_mapped_file", 0) >> 20,
                         one["cg_before"].get("total_active_file", 0) >> 20, one["rc"]))
                 if one["trace"] and which == "mlfs":
                     log("round %d trace: %s" % (r, one["trace"]))
-                if sampler and which == "mlfs":
+                if sampler and which == "mlfs" and last:
                     time.sleep(3.0)  # the reload once it left
                     sampler.stop.set()
                     sampler.join()
@@ -582,7 +597,12 @@ def summarize(res):
            "alone_cpu": spread([a["cpu"] for _, a in pairs]),
            "mlfs_cpu": spread([m["cpu"] for m, _ in pairs]),
            "mlfs_sys": spread([m["sys"] for m, _ in pairs]),
-           "alone_sys": spread([a["sys"] for _, a in pairs])}
+           "alone_sys": spread([a["sys"] for _, a in pairs]),
+           "mlfs_nvcsw": spread([m["nvcsw"] for m, _ in pairs]),
+           "mlfs_nivcsw": spread([m["nivcsw"] for m, _ in pairs]),
+           "alone_nvcsw": spread([a["nvcsw"] for _, a in pairs]),
+           "alone_nivcsw": spread([a["nivcsw"] for _, a in pairs]),
+           "daemon_cpu": spread([m["daemon_cpu"] for m, _ in pairs])}
     for k in ("pgscan_direct", "pgsteal_direct", "pgscan_kswapd", "pgsteal_kswapd",
               "pgrefill", "pgactivate", "workingset_refault_file", "allocstall_normal"):
         out["mlfs_" + k] = statistics.median(m["vmstat"][k] for m, _ in pairs) if pairs else 0
@@ -693,6 +713,12 @@ def report(a, res, sm, limit, data_bytes, grow, step, rounds, opts, base):
             fmt_spread(sm["alone"]), fmt_spread(sm["mlfs"]), fmt_spread(sm["alone_cpu"]),
             fmt_spread(sm["alone_sys"]), fmt_spread(sm["mlfs_cpu"]),
             fmt_spread(sm["mlfs_sys"])), "",
+        "Off the CPU (medians per run): the neighbour's context switches alone %s voluntary, "
+        "%s involuntary; with mlfs %s voluntary, %s involuntary; mlfs's own CPU during a "
+        "run %s s." % (
+            fmt_spread(sm["alone_nvcsw"]), fmt_spread(sm["alone_nivcsw"]),
+            fmt_spread(sm["mlfs_nvcsw"]), fmt_spread(sm["mlfs_nivcsw"]),
+            fmt_spread(sm["daemon_cpu"])), "",
         "The cgroup before a run with mlfs (medians): page cache %d MiB, of it mapped %d MiB, "
         "active %d MiB, inactive %d MiB; after the growth %d MiB (pgpgout %d MiB). "
         "Machine-wide /proc/vmstat during a run with mlfs (global reclaim only: a cgroup's "
