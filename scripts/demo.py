@@ -416,8 +416,9 @@ def neighbour_step(args):
     if r.returncode != 0:
         say("NEIGHBOUR STEP FAILED (exit %d): %s" % (r.returncode, r.stderr.strip()[-500:]))
         return 1
-    say("The job took what it asked for and was not OOM-killed: mlfs's clean data blocks")
-    say("are mappings of SOURCE, which the kernel reclaims in the job's own allocations.")
+    say("The job took what it asked for and was not OOM-killed: the dataset is SOURCE's")
+    say("page cache (with passthrough the reader's, else mlfs's mapped blocks), which the")
+    say("kernel reclaims in the job's own allocations.")
     return 0
 
 

@@ -1081,11 +1081,26 @@ static void tier_over_budget(void *arg)
 
 /* ---- public ---- */
 
+/* What the governor sizes the budget from: mem_bytes, less the pages of mapped blocks
+ * the kernel has taken (rule M). mem_bytes counts a mapping at its full size until it is
+ * unmapped; counting pages the kernel already took overstated what mlfs holds, and a
+ * budget of that plus the room left let reloaded dirty blocks push a full cgroup into
+ * the OOM killer (docs/tiering.md, test_neighbour_with_dirty_checkpoint). Costs a
+ * mincore per listed mapped block per sample (bc_mapped_resident), and only while some
+ * are mapped; a mapped block in a reader's hands counts as not resident (conservative). */
 static uint64_t tier_resident_cb(void *arg)
 {
 	struct tier *t = arg;
+	struct bc_stats st;
+	uint64_t mem = bc_mem_bytes(t->bc), res;
 
-	return bc_mem_bytes(t->bc);
+	bc_get_stats(t->bc, &st);
+	if (!st.mapped_bytes)
+		return mem;
+	res = bc_mapped_resident(t->bc);
+	if (res > st.mapped_bytes)
+		res = st.mapped_bytes;
+	return mem > st.mapped_bytes - res ? mem - (st.mapped_bytes - res) : 0;
 }
 
 static void tier_budget_cb(void *arg, uint64_t budget)
