@@ -19,8 +19,11 @@
  * (tolerant, for tmpfs and the like) an EOPNOTSUPP fallocate mode is switched off
  * instead.
  *
- * -k keeps FILE's bytes as the starting model (resume after a snapshot); -o OUT writes
- * the final model to OUT, so a caller can compare a snapshot or a later read with it.
+ * -k keeps FILE's bytes as the starting model (resume after a snapshot); -i MODEL does
+ * the same with the model read from another file and FILE not read first (after a lazy
+ * restore, the first operations then meet blocks that are still only in the store);
+ * -o OUT writes the final model to OUT, so a caller can compare a snapshot or a later
+ * read with it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -76,7 +79,7 @@ static struct {
 	unsigned long nops, verify_every;
 	uint64_t maxsize, maxlen, bsize;
 	bool keep, tolerant, quiet;
-	const char *out;
+	const char *out, *initial;
 	bool off[OP_NR];	/* disabled ops */
 	int fd;
 	unsigned char *model, *buf, *dbuf;
@@ -643,12 +646,13 @@ static void usage(void)
 {
 	fprintf(stderr,
 		"usage: fsx [-s SEED] [-n OPS] [-S MAXSIZE] [-l MAXLEN] [-b BLOCK] [-V EVERY]\n"
-		"           [-x OP,...] [-k] [-t] [-q] [-o OUT] FILE\n"
+		"           [-x OP,...] [-k | -i MODEL] [-t] [-q] [-o OUT] FILE\n"
 		"  -s seed (default 1)          -n operations (default 1000)\n"
 		"  -S largest file size (4M)    -l longest single I/O (1M)\n"
 		"  -b block size to straddle (1M)  -V verify all bytes every N ops (1)\n"
 		"  -x ops to leave out, by name (e.g. -x mapwrite,dio_write)\n"
 		"  -k start from FILE's bytes (else it is created empty)\n"
+		"  -i MODEL start from MODEL's bytes, which FILE holds (FILE is not read first)\n"
 		"  -t tolerant: an EOPNOTSUPP fallocate mode is switched off, not a failure\n"
 		"  -o OUT write the final model to OUT    -q quiet\n");
 	exit(2);
@@ -692,7 +696,7 @@ int main(int argc, char **argv)
 	g.maxlen = 1 << 20;
 	g.bsize = 1 << 20;
 	g.verify_every = 1;
-	while ((c = getopt(argc, argv, "s:n:S:l:b:V:x:kto:q")) != -1) {
+	while ((c = getopt(argc, argv, "s:n:S:l:b:V:x:kti:o:q")) != -1) {
 		switch (c) {
 		case 's': g.seed = strtoull(optarg, NULL, 0); break;
 		case 'n': g.nops = strtoul(optarg, NULL, 0); break;
@@ -702,6 +706,7 @@ int main(int argc, char **argv)
 		case 'V': g.verify_every = strtoul(optarg, NULL, 0); break;
 		case 'x': leave_out(optarg); break;
 		case 'k': g.keep = true; break;
+		case 'i': g.initial = optarg; break;
 		case 't': g.tolerant = true; break;
 		case 'o': g.out = optarg; break;
 		case 'q': g.quiet = true; break;
@@ -721,7 +726,19 @@ int main(int argc, char **argv)
 						  g.maxlen + DIO_ALIGN))
 		die("out of memory");
 
-	if (g.keep) {
+	if (g.initial) {
+		int fd = open(g.initial, O_RDONLY);
+		struct stat st;
+		if (fd < 0 || fstat(fd, &st) < 0)
+			die("-i %s: %s", g.initial, strerror(errno));
+		if ((uint64_t)st.st_size > g.maxsize)
+			die("-i: MODEL holds 0x%jx bytes, more than -S", (intmax_t)st.st_size);
+		g.size = (uint64_t)st.st_size;
+		xpread(fd, g.model, 0, g.size, "-i initial read");
+		close(fd);
+		open_file(0);
+		check_size("initial");
+	} else if (g.keep) {
 		open_file(0);
 		struct stat st;
 		if (fstat(g.fd, &st) < 0)
@@ -730,12 +747,13 @@ int main(int argc, char **argv)
 			die("-k: FILE holds 0x%jx bytes, more than -S", (intmax_t)st.st_size);
 		g.size = (uint64_t)st.st_size;
 		xpread(g.fd, g.model, 0, g.size, "-k initial read");
+		check_all("initial");
 	} else {
 		g.fd = open(g.path, O_RDWR | O_CREAT | O_TRUNC, 0644);
 		if (g.fd < 0)
 			die("create %s: %s", g.path, strerror(errno));
+		check_all("initial");
 	}
-	check_all("initial");
 
 	for (unsigned long i = 0; i < g.nops; i++) {
 		run_op(pick_op());
