@@ -4,10 +4,11 @@
  * It runs a reproducible random sequence of operations on FILE and keeps an in-memory
  * model of what the file must hold: pwrite, pread, truncate, ftruncate, mmap MAP_SHARED
  * reads and writes with msync, fallocate (mode 0, KEEP_SIZE, PUNCH_HOLE, ZERO_RANGE),
- * copy_file_range inside the file, lseek SEEK_DATA/SEEK_HOLE, O_APPEND writes, O_DIRECT
- * writes and reads (when the filesystem accepts O_DIRECT), close and reopen, fsync,
- * fdatasync and POSIX_FADV_DONTNEED (which makes the next read come from the filesystem,
- * not the page cache). After every operation it checks the size and (every -V ops) all
+ * copy_file_range inside the file and from a second one (FILE.src, removed at the end),
+ * lseek SEEK_DATA/SEEK_HOLE, O_APPEND writes, O_DIRECT writes and reads (when the
+ * filesystem accepts O_DIRECT), close and reopen, fsync, fdatasync and
+ * POSIX_FADV_DONTNEED (which makes the next read come from the filesystem, not the page
+ * cache). After every operation it checks the size and (every -V ops) all
  * the bytes against the model; on a mismatch it prints the seed, the operation log and
  * the first differing bytes, and exits 1.
  *
@@ -46,14 +47,14 @@ enum op {
 	OP_WRITE, OP_READ, OP_TRUNCATE, OP_FTRUNCATE, OP_MAPREAD, OP_MAPWRITE,
 	OP_FALLOC, OP_FALLOC_KEEP, OP_PUNCH, OP_ZERO, OP_ZERO_KEEP, OP_COPY,
 	OP_SEEK, OP_APPEND, OP_DIO_WRITE, OP_DIO_READ, OP_REOPEN, OP_FSYNC,
-	OP_FDATASYNC, OP_DROP, OP_NR
+	OP_FDATASYNC, OP_DROP, OP_COPY_FROM, OP_NR
 };
 
 static const char *const op_name[OP_NR] = {
 	"write", "read", "truncate", "ftruncate", "mapread", "mapwrite",
 	"falloc", "falloc_keep", "punch", "zero", "zero_keep", "copy_range",
 	"seek", "append", "dio_write", "dio_read", "reopen", "fsync",
-	"fdatasync", "dropcache",
+	"fdatasync", "dropcache", "copy_from",
 };
 
 /* Relative weights: writes and reads dominate, as in real use. */
@@ -63,6 +64,7 @@ static const unsigned op_weight[OP_NR] = {
 	[OP_PUNCH] = 3, [OP_ZERO] = 2, [OP_ZERO_KEEP] = 2, [OP_COPY] = 4,
 	[OP_SEEK] = 3, [OP_APPEND] = 3, [OP_DIO_WRITE] = 3, [OP_DIO_READ] = 2,
 	[OP_REOPEN] = 2, [OP_FSYNC] = 1, [OP_FDATASYNC] = 1, [OP_DROP] = 2,
+	[OP_COPY_FROM] = 3,
 };
 
 struct logent {
@@ -83,6 +85,9 @@ static struct {
 	bool off[OP_NR];	/* disabled ops */
 	int fd;
 	unsigned char *model, *buf, *dbuf;
+	char *src_path;		/* FILE.src: the source of copy_from, maxlen bytes */
+	unsigned char *src;
+	int src_fd;
 	uint64_t size;
 	struct logent log[LOG_KEEP];
 	unsigned long nlog;
@@ -111,7 +116,7 @@ static void print_log(void)
 		const struct logent *e = &g.log[i % LOG_KEEP];
 		fprintf(stderr, "  %6lu %-11s 0x%" PRIx64 " len 0x%" PRIx64, e->n, op_name[e->op],
 			e->a, e->b);
-		if (e->op == OP_COPY)
+		if (e->op == OP_COPY || e->op == OP_COPY_FROM)
 			fprintf(stderr, " -> 0x%" PRIx64, e->c);
 		fprintf(stderr, "  size 0x%" PRIx64 " %s\n", e->size_after, e->note);
 	}
@@ -394,6 +399,25 @@ static void do_falloc(enum op op)
 		model_resize(end);
 }
 
+static void copy_range(int from, uint64_t src, uint64_t dst, uint64_t len)
+{
+	uint64_t done = 0;
+	while (done < len) {
+		loff_t in = (loff_t)(src + done), out = (loff_t)(dst + done);
+		ssize_t r = copy_file_range(from, &in, g.fd, &out, len - done, 0);
+		if (r < 0)
+			die("copy_file_range 0x%" PRIx64 " -> 0x%" PRIx64 " len 0x%" PRIx64 ": %s",
+			    src + done, dst + done, len - done, strerror(errno));
+		if (r == 0)
+			die("copy_file_range: 0 before the end of the source (0x%" PRIx64
+			    " of 0x%" PRIx64 ")", done, len);
+		if ((uint64_t)in != src + done + (uint64_t)r ||
+		    (uint64_t)out != dst + done + (uint64_t)r)
+			die("copy_file_range: offsets not advanced by %zd", r);
+		done += (uint64_t)r;
+	}
+}
+
 static void do_copy(void)
 {
 	if (g.size == 0)
@@ -414,24 +438,29 @@ static void do_copy(void)
 			return;
 	}
 	log_op(OP_COPY, src, len, dst);
-	uint64_t done = 0;
-	while (done < len) {
-		loff_t in = (loff_t)(src + done), out = (loff_t)(dst + done);
-		ssize_t r = copy_file_range(g.fd, &in, g.fd, &out, len - done, 0);
-		if (r < 0)
-			die("copy_file_range 0x%" PRIx64 " -> 0x%" PRIx64 " len 0x%" PRIx64 ": %s",
-			    src + done, dst + done, len - done, strerror(errno));
-		if (r == 0)
-			die("copy_file_range: 0 before the end of the source (0x%" PRIx64
-			    " of 0x%" PRIx64 ")", done, len);
-		if ((uint64_t)in != src + done + (uint64_t)r ||
-		    (uint64_t)out != dst + done + (uint64_t)r)
-			die("copy_file_range: offsets not advanced by %zd", r);
-		done += (uint64_t)r;
-	}
+	copy_range(g.fd, src, dst, len);
 	if (dst + len > g.size)
 		model_resize(dst + len);
 	memmove(g.model + dst, g.model + src, len);
+}
+
+/* copy_file_range from the second file (FILE.src, fixed bytes) into FILE: the kernel
+ * may split it, fall back to splice, or pass it to the filesystem. */
+static void do_copy_from(void)
+{
+	uint64_t src = rnd_below(g.maxlen), len = pick_len();
+	if (src + len > g.maxlen)
+		len = g.maxlen - src;
+	uint64_t dst = pick_off(g.maxsize - 1);
+	if (dst + len > g.maxsize)
+		len = g.maxsize - dst;
+	if (len == 0)
+		return;
+	log_op(OP_COPY_FROM, src, len, dst);
+	copy_range(g.src_fd, src, dst, len);
+	if (dst + len > g.size)
+		model_resize(dst + len);
+	memcpy(g.model + dst, g.src + src, len);
 }
 
 static bool model_zero(uint64_t a, uint64_t b)
@@ -523,7 +552,8 @@ static void do_dio_write(void)
 	if (nblk == 0)
 		return;
 	uint64_t off = rnd_below(nblk) * DIO_ALIGN;
-	uint64_t len = (1 + rnd_below(g.maxlen / DIO_ALIGN ? g.maxlen / DIO_ALIGN : 1)) * DIO_ALIGN;
+	uint64_t nlen = g.maxlen / DIO_ALIGN ? g.maxlen / DIO_ALIGN : 1;
+	uint64_t len = (1 + rnd_below(nlen)) * DIO_ALIGN;
 	if (off + len > nblk * DIO_ALIGN)
 		len = nblk * DIO_ALIGN - off;
 	struct logent *e = log_op(OP_DIO_WRITE, off, len, 0);
@@ -551,7 +581,8 @@ static void do_dio_read(void)
 	if (g.size < DIO_ALIGN)
 		return;
 	uint64_t off = rnd_below(g.size / DIO_ALIGN) * DIO_ALIGN;
-	uint64_t len = (1 + rnd_below(g.maxlen / DIO_ALIGN ? g.maxlen / DIO_ALIGN : 1)) * DIO_ALIGN;
+	uint64_t nlen = g.maxlen / DIO_ALIGN ? g.maxlen / DIO_ALIGN : 1;
+	uint64_t len = (1 + rnd_below(nlen)) * DIO_ALIGN;
 	struct logent *e = log_op(OP_DIO_READ, off, len, 0);
 	int fd = open_direct("dio_read");
 	if (fd < 0) {
@@ -631,6 +662,7 @@ static void run_op(enum op op)
 		do_falloc(op);
 		break;
 	case OP_COPY: do_copy(); break;
+	case OP_COPY_FROM: do_copy_from(); break;
 	case OP_SEEK: do_seek(); break;
 	case OP_APPEND: do_append(); break;
 	case OP_DIO_WRITE: do_dio_write(); break;
@@ -726,6 +758,14 @@ int main(int argc, char **argv)
 						  g.maxlen + DIO_ALIGN))
 		die("out of memory");
 
+	/* The source of copy_from: maxlen bytes of its own, written once, read back. */
+	if (asprintf(&g.src_path, "%s.src", g.path) < 0 || !(g.src = malloc(g.maxlen)))
+		die("out of memory");
+	g.src_fd = open(g.src_path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+	if (g.src_fd < 0)
+		die("create %s: %s", g.src_path, strerror(errno));
+	fill(g.src, g.maxlen);
+	xpwrite(g.src_fd, g.src, 0, g.maxlen, "copy_from source");
 	if (g.initial) {
 		int fd = open(g.initial, O_RDONLY);
 		struct stat st;
@@ -766,6 +806,11 @@ int main(int argc, char **argv)
 	check_all("final");
 	if (close(g.fd) < 0)
 		die("close: %s", strerror(errno));
+	xpread(g.src_fd, g.buf, 0, g.maxlen, "copy_from source");
+	if (memcmp(g.buf, g.src, g.maxlen))
+		die("copy_from source %s changed", g.src_path);
+	close(g.src_fd);
+	unlink(g.src_path);
 	if (g.out) {
 		int fd = open(g.out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 		if (fd < 0)

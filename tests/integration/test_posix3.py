@@ -159,13 +159,16 @@ def test_times_of_link_unlink_rename(ckpt):
     os.mkdir(p(ckpt, "e"))
     touch(p(ckpt, "d", "f"))
     os.mkdir(p(ckpt, "d", "sub"))
-    assert changed(p(ckpt, "d"), lambda: os.link(p(ckpt, "d", "f"), p(ckpt, "d", "l"))) == "mc"
+    assert changed(p(ckpt, "d"),
+                   lambda: os.link(p(ckpt, "d", "f"), p(ckpt, "d", "l"))) == "mc"
     assert changed(p(ckpt, "d", "f"),
                    lambda: os.link(p(ckpt, "d", "f"), p(ckpt, "d", "l2"))) == "-c"
     assert changed(p(ckpt, "d", "f"), lambda: os.unlink(p(ckpt, "d", "l2"))) == "-c"
     assert changed(p(ckpt, "d"), lambda: os.unlink(p(ckpt, "d", "l"))) == "mc"
-    assert changed(p(ckpt, "e"), lambda: os.rename(p(ckpt, "d", "f"), p(ckpt, "e", "f"))) == "mc"
-    assert changed(p(ckpt, "e", "f"), lambda: os.rename(p(ckpt, "e", "f"), p(ckpt, "e", "g")),
+    assert changed(p(ckpt, "e"),
+                   lambda: os.rename(p(ckpt, "d", "f"), p(ckpt, "e", "f"))) == "mc"
+    assert changed(p(ckpt, "e", "f"),
+                   lambda: os.rename(p(ckpt, "e", "f"), p(ckpt, "e", "g")),
                    p(ckpt, "e", "g")) == "-c"
     assert changed(p(ckpt, "d", "sub"),
                    lambda: os.rename(p(ckpt, "d", "sub"), p(ckpt, "e", "sub")),
