@@ -73,9 +73,11 @@ int ckpt_link(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_inode *dir
 	      const char *name, struct fuse_entry_param *e);
 int ckpt_unlink(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name);
 int ckpt_rmdir(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name);
-/* flags: 0, RENAME_NOREPLACE or RENAME_EXCHANGE. */
+/* flags: 0, RENAME_NOREPLACE, RENAME_EXCHANGE, or RENAME_WHITEOUT (with or without
+ * NOREPLACE: the old name becomes a character device 0:0 owned by c's uid). */
 int ckpt_rename(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
-		struct ckpt_inode *newdir, const char *newname, unsigned flags);
+		struct ckpt_inode *newdir, const char *newname, unsigned flags,
+		const struct ckpt_ctx *c);
 int ckpt_readlink(struct ckpt_ns *ns, struct ckpt_inode *ino, char *buf, size_t size);
 int ckpt_statfs(struct ckpt_ns *ns, struct statvfs *sv);
 

@@ -353,12 +353,13 @@ static void mlfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 			   fuse_ino_t newparent, const char *newname, unsigned int flags)
 {
 	struct ckpt_inode *dir, *newdir;
+	struct ckpt_ctx c = ctx_of(req);
 	int rc = ckpt_parent(parent, &dir);
 
 	if (!rc)
 		rc = ckpt_parent(newparent, &newdir);
 	if (!rc)
-		rc = ckpt_rename(mlfs_of(req)->ckpt, dir, name, newdir, newname, flags);
+		rc = ckpt_rename(mlfs_of(req)->ckpt, dir, name, newdir, newname, flags, &c);
 	reply_rc(req, rc);
 }
 

@@ -26,7 +26,7 @@ libc.renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c
                            ctypes.c_uint]
 libc.utimensat.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int]
 AT_FDCWD = -100
-RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
+RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_WHITEOUT = 1, 2, 4
 UTIME_NOW, UTIME_OMIT = (1 << 30) - 1, (1 << 30) - 2
 NOBODY = 65534
 
@@ -124,6 +124,47 @@ def test_rename_exchange_with_noreplace_einval(ckpt):
     touch(p(ckpt, "g"))
     assert errno_of(renameat2, p(ckpt, "f"), p(ckpt, "g"),
                     RENAME_EXCHANGE | RENAME_NOREPLACE) == errno.EINVAL
+
+
+def test_rename_whiteout(ckpt, umask022):
+    """RENAME_WHITEOUT (overlayfs's) leaves a character device 0:0 at the old
+    name, owned by the caller, for files and directories, with NOREPLACE too; not with
+    EXCHANGE (EINVAL). A whiteout is replaced like any name. mlfs refused the flag with
+    EINVAL."""
+    for n in ("f", "g"):
+        U.write_file(p(ckpt, n), n.encode())
+    os.mkdir(p(ckpt, "d"))
+    os.mkdir(p(ckpt, "sub"))
+    renameat2(p(ckpt, "f"), p(ckpt, "h"), RENAME_WHITEOUT)
+    assert errno_of(renameat2, p(ckpt, "g"), p(ckpt, "h"),
+                    RENAME_WHITEOUT | RENAME_NOREPLACE) == errno.EEXIST
+    assert errno_of(renameat2, p(ckpt, "g"), p(ckpt, "h"),
+                    RENAME_WHITEOUT | RENAME_EXCHANGE) == errno.EINVAL
+    renameat2(p(ckpt, "g"), p(ckpt, "h"), RENAME_WHITEOUT)
+    renameat2(p(ckpt, "d"), p(ckpt, "sub", "d"), RENAME_WHITEOUT | RENAME_NOREPLACE)
+    for n in ("f", "g", "d"):
+        st = os.lstat(p(ckpt, n))
+        assert stat.S_ISCHR(st.st_mode) and st.st_rdev == 0, (n, oct(st.st_mode))
+        assert (stat.S_IMODE(st.st_mode), st.st_nlink, st.st_uid) == (0, 1, 0), n
+    with open(p(ckpt, "h"), "rb") as f:
+        assert f.read() == b"g"
+    assert os.stat(ckpt).st_nlink == 3 and os.stat(p(ckpt, "sub")).st_nlink == 3
+    renameat2(p(ckpt, "h"), p(ckpt, "f"), RENAME_WHITEOUT)  # onto a whiteout
+    assert stat.S_ISREG(os.lstat(p(ckpt, "f")).st_mode)
+    assert stat.S_ISCHR(os.lstat(p(ckpt, "h")).st_mode)
+    assert sorted(os.listdir(ckpt)) == ["d", "f", "g", "h", "sub"]
+    # A whiteout is not a directory for rename's rules either.
+    assert errno_of(os.rename, p(ckpt, "sub", "d"), p(ckpt, "d")) == errno.ENOTDIR
+    os.mkdir(p(ckpt, "open"))
+    os.chmod(p(ckpt, "open"), 0o777)
+
+    def nobody():
+        touch(p(ckpt, "open", "mine"))
+        renameat2(p(ckpt, "open", "mine"), p(ckpt, "open", "x"), RENAME_WHITEOUT)
+    # Unprivileged since Linux 5.8 (a 0:0 device is harmless); the caller owns it.
+    assert U.as_user(nobody) == ["ok", None]
+    st = os.lstat(p(ckpt, "open", "mine"))
+    assert stat.S_ISCHR(st.st_mode) and (st.st_uid, st.st_gid) == (NOBODY, NOBODY)
 
 
 def test_rename_trailing_slash_on_file_enotdir(ckpt):
