@@ -1094,8 +1094,9 @@ int ckpt_open(struct ckpt_ns *ns, struct ckpt_inode *ino, int flags, pid_t pid,
 		f->opener = pid;
 	}
 	/* libfuse asks for atomic O_TRUNC: the kernel passes the flag instead of a
-	 * separate setattr, and the kernel has checked write permission already. */
-	if ((flags & O_TRUNC) && S_ISREG(ino->mode) && f) {
+	 * separate setattr, and the kernel has checked write permission already (O_TRUNC
+	 * asks for it, so O_RDONLY|O_TRUNC truncates too, as on ext4). */
+	if ((flags & O_TRUNC) && S_ISREG(ino->mode)) {
 		pthread_rwlock_wrlock(&ino->lock);
 		rc = ckpt_truncate_locked(ns, ino, 0);
 		pthread_rwlock_unlock(&ino->lock);

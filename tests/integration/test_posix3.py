@@ -386,6 +386,38 @@ def test_open_flag_errnos(ckpt):
     assert errno_of(os.truncate, p(ckpt, "f"), -1) == errno.EINVAL
 
 
+def test_o_trunc_by_non_owner_clears_setuid(ckpt, umask022):
+    """O_TRUNC is a truncate: by a non-owner it clears setuid, and setgid when the group
+    may execute, as a write does; root's O_TRUNC keeps them. mlfs (atomic O_TRUNC: no
+    setattr for the kernel to strip) kept both."""
+    for mode, want in ((0o6777, 0o777), (0o4766, 0o766), (0o2777, 0o777)):
+        f = p(ckpt, f"t{mode:o}")
+        U.write_file(f, b"data")
+        os.chmod(f, mode)
+        assert U.as_user(lambda: os.close(os.open(f, os.O_WRONLY | os.O_TRUNC))) == \
+            ["ok", None]
+        st = os.stat(f)
+        assert (oct(stat.S_IMODE(st.st_mode)), st.st_size) == (oct(want), 0), oct(mode)
+    f = p(ckpt, "root")
+    U.write_file(f, b"data")
+    os.chmod(f, 0o6777)
+    os.close(os.open(f, os.O_WRONLY | os.O_TRUNC))
+    assert stat.S_IMODE(os.stat(f).st_mode) == 0o6777
+
+
+def test_o_rdonly_o_trunc_truncates(ckpt):
+    """O_TRUNC asks for write permission and truncates even with O_RDONLY (Linux, ext4);
+    mlfs ignored it without write access."""
+    f = p(ckpt, "f")
+    U.write_file(f, b"data")
+    os.close(os.open(f, os.O_RDONLY | os.O_TRUNC))
+    assert os.stat(f).st_size == 0
+    os.chmod(f, 0o644)
+    U.write_file(f, b"data")
+    assert U.as_user(lambda: os.open(f, os.O_RDONLY | os.O_TRUNC)) == ["err", errno.EACCES]
+    assert os.stat(f).st_size == 4
+
+
 def test_o_append_concurrent_writers(ckpt):
     """Four processes appending records of their own length through O_APPEND: no record
     is torn or lost, the size is the sum."""
