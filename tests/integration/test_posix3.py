@@ -405,6 +405,26 @@ def test_o_trunc_by_non_owner_clears_setuid(ckpt, umask022):
     assert stat.S_IMODE(os.stat(f).st_mode) == 0o6777
 
 
+def test_setgid_without_group_exec_after_write(ckpt, umask022):
+    """A write by a user outside the file's group: ext4 (Linux 6.x,
+    setattr_should_drop_sgid) clears a setgid without group execute too; the FUSE
+    kernel module, which strips privileges for mlfs, keeps it (documented in mlfs.8).
+    setuid goes on both."""
+    f = p(ckpt, "f")
+    U.write_file(f, b"data")
+    os.chmod(f, 0o6766)
+
+    def write():
+        fd = os.open(f, os.O_WRONLY)
+        try:
+            os.write(fd, b"x")
+        finally:
+            os.close(fd)
+    assert U.as_user(write) == ["ok", None]
+    want = 0o766 if U.NATIVE else 0o2766
+    assert stat.S_IMODE(os.stat(f).st_mode) == want
+
+
 def test_o_rdonly_o_trunc_truncates(ckpt):
     """O_TRUNC asks for write permission and truncates even with O_RDONLY (Linux, ext4);
     mlfs ignored it without write access."""
