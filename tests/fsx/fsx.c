@@ -677,7 +677,7 @@ static void run_op(enum op op)
 static void usage(void)
 {
 	fprintf(stderr,
-		"usage: fsx [-s SEED] [-n OPS] [-S MAXSIZE] [-l MAXLEN] [-b BLOCK] [-V EVERY]\n"
+		"usage: mlfs-fsx [-s SEED] [-n OPS] [-S MAXSIZE] [-l MAXLEN] [-b BLOCK] [-V EVERY]\n"
 		"           [-x OP,...] [-k | -i MODEL] [-t] [-q] [-o OUT] FILE\n"
 		"  -s seed (default 1)          -n operations (default 1000)\n"
 		"  -S largest file size (4M)    -l longest single I/O (1M)\n"
@@ -728,7 +728,7 @@ int main(int argc, char **argv)
 	g.maxlen = 1 << 20;
 	g.bsize = 1 << 20;
 	g.verify_every = 1;
-	while ((c = getopt(argc, argv, "s:n:S:l:b:V:x:kti:o:q")) != -1) {
+	while ((c = getopt(argc, argv, "s:n:S:l:b:V:x:kti:o:qh")) != -1) {
 		switch (c) {
 		case 's': g.seed = strtoull(optarg, NULL, 0); break;
 		case 'n': g.nops = strtoul(optarg, NULL, 0); break;
