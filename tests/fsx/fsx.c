@@ -3,7 +3,8 @@
  *
  * It runs a reproducible random sequence of operations on FILE and keeps an in-memory
  * model of what the file must hold: pwrite, pread, truncate, ftruncate, mmap MAP_SHARED
- * reads and writes with msync, fallocate (mode 0, KEEP_SIZE, PUNCH_HOLE, ZERO_RANGE),
+ * reads and writes with msync, MAP_PRIVATE writes (which must not reach the file),
+ * fallocate (mode 0, KEEP_SIZE, PUNCH_HOLE, ZERO_RANGE),
  * copy_file_range inside the file and from a second one (FILE.src, removed at the end),
  * lseek SEEK_DATA/SEEK_HOLE, O_APPEND writes, O_DIRECT writes and reads (when the
  * filesystem accepts O_DIRECT), close and reopen, fsync, fdatasync and
@@ -47,14 +48,14 @@ enum op {
 	OP_WRITE, OP_READ, OP_TRUNCATE, OP_FTRUNCATE, OP_MAPREAD, OP_MAPWRITE,
 	OP_FALLOC, OP_FALLOC_KEEP, OP_PUNCH, OP_ZERO, OP_ZERO_KEEP, OP_COPY,
 	OP_SEEK, OP_APPEND, OP_DIO_WRITE, OP_DIO_READ, OP_REOPEN, OP_FSYNC,
-	OP_FDATASYNC, OP_DROP, OP_COPY_FROM, OP_NR
+	OP_FDATASYNC, OP_DROP, OP_COPY_FROM, OP_MAPPRIVATE, OP_NR
 };
 
 static const char *const op_name[OP_NR] = {
 	"write", "read", "truncate", "ftruncate", "mapread", "mapwrite",
 	"falloc", "falloc_keep", "punch", "zero", "zero_keep", "copy_range",
 	"seek", "append", "dio_write", "dio_read", "reopen", "fsync",
-	"fdatasync", "dropcache", "copy_from",
+	"fdatasync", "dropcache", "copy_from", "mapprivate",
 };
 
 /* Relative weights: writes and reads dominate, as in real use. */
@@ -64,7 +65,7 @@ static const unsigned op_weight[OP_NR] = {
 	[OP_PUNCH] = 3, [OP_ZERO] = 2, [OP_ZERO_KEEP] = 2, [OP_COPY] = 4,
 	[OP_SEEK] = 3, [OP_APPEND] = 3, [OP_DIO_WRITE] = 3, [OP_DIO_READ] = 2,
 	[OP_REOPEN] = 2, [OP_FSYNC] = 1, [OP_FDATASYNC] = 1, [OP_DROP] = 2,
-	[OP_COPY_FROM] = 3,
+	[OP_COPY_FROM] = 3, [OP_MAPPRIVATE] = 2,
 };
 
 struct logent {
@@ -362,6 +363,25 @@ static void do_mapwrite(void)
 	memcpy(p + (off - moff), g.model + off, len);
 	if (msync(p, len + (off - moff), MS_SYNC) < 0)
 		die("mapwrite: msync: %s", strerror(errno));
+	munmap(p, len + (off - moff));
+}
+
+/* A MAP_PRIVATE mapping reads the file and keeps its own writes: they never reach it. */
+static void do_mapprivate(void)
+{
+	if (g.size == 0)
+		return;
+	uint64_t off = pick_off(g.size - 1), len = pick_len();
+	if (off + len > g.size)
+		len = g.size - off;
+	log_op(OP_MAPPRIVATE, off, len, 0);
+	uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE), moff = off & ~(pg - 1);
+	unsigned char *p = mmap(NULL, len + (off - moff), PROT_READ | PROT_WRITE, MAP_PRIVATE,
+				g.fd, (off_t)moff);
+	if (p == MAP_FAILED)
+		die("mapprivate: mmap: %s", strerror(errno));
+	compare(p + (off - moff), off, len, "mapprivate");
+	fill(p + (off - moff), len);
 	munmap(p, len + (off - moff));
 }
 
@@ -663,6 +683,7 @@ static void run_op(enum op op)
 		break;
 	case OP_COPY: do_copy(); break;
 	case OP_COPY_FROM: do_copy_from(); break;
+	case OP_MAPPRIVATE: do_mapprivate(); break;
 	case OP_SEEK: do_seek(); break;
 	case OP_APPEND: do_append(); break;
 	case OP_DIO_WRITE: do_dio_write(); break;
