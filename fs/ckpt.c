@@ -921,9 +921,9 @@ int ckpt_rename(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
 	if ((flags & RENAME_EXCHANGE) && (flags & (RENAME_NOREPLACE | RENAME_WHITEOUT)))
 		return -EINVAL;
 	pthread_mutex_lock(&ns->mu);
-	/* RENAME_WHITEOUT (overlayfs, and ext4 takes it): the old name is left to a
-	 * character device 0:0 owned by the caller, made first so that ENOMEM changes
-	 * nothing; the kernel has checked CAP_MKNOD. */
+	/* RENAME_WHITEOUT (overlayfs's; ext4 takes it, from any user since Linux 5.8):
+	 * the old name is left to a character device 0:0 owned by the caller, made first
+	 * so that ENOMEM changes nothing. */
 	if (flags & RENAME_WHITEOUT) {
 		whiteout = ckpt_inode_new(ns, S_IFCHR, c->uid,
 					  dir->mode & S_ISGID ? dir->gid : c->gid);
