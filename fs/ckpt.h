@@ -113,9 +113,9 @@ int ckpt_write(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *buf, size
  * What the kernel does itself before a buffered write (file_remove_privs) but not before
  * a write through a FOPEN_DIRECT_IO handle (fs/fuse/file.c, without
  * FUSE_CAP_HANDLE_KILLPRIV_V2) nor an atomic O_TRUNC open: clears setuid, and setgid
- * when group-executable, unless the writer is root (uid 0 stands for CAP_FSETID, as elsewhere here), and removes
- * security.capability. 1 if it changed anything (the caller drops the kernel's cached
- * attributes), else 0. Takes ns->mu: pointer work.
+ * when group-executable, unless the writer is root (uid 0 stands for CAP_FSETID, as
+ * elsewhere here), and removes security.capability. 1 if it changed anything (the
+ * caller drops the kernel's cached attributes), else 0. Takes ns->mu: pointer work.
  */
 int ckpt_kill_priv(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct ckpt_ctx *c);
 
