@@ -10,6 +10,7 @@ MLFS_TEST_NATIVE=1 the same runs on the local ext4, which checks the tester itse
 test_fsx_reference_filesystems does that on every run, on ext4 and tmpfs.
 """
 import os
+import signal
 import subprocess
 import tempfile
 
@@ -171,3 +172,24 @@ def test_fsx_snapshots_while_persisting(snapenv, tmp_path):
         assert res.ok, repr(res)
         want = read_file(str(tmp_path / f"model{r}"))
         U.assert_bytes(read_file(os.path.join(out, "f")), want, f"snapshot s{r}")
+
+
+@pytest.mark.daemon
+def test_fsx_sigterm_snapshot_then_restore_latest(snapenv, tmp_path):
+    """SIGTERM (a preempted VM) after two files were worked over under a small budget:
+    the final snapshot holds both models; a new daemon with restore=latest serves them
+    lazily, and the tester goes on with them at once (-i: no read first)."""
+    env = snapenv("fsx-")
+    opts = "block_size=64K,mem_max=2M,mem_min=1M"
+    d = env.mount(foreground=True, opts=opts + ",preempt_deadline=20")
+    for i, name in enumerate(("f", "g")):
+        run_fsx(os.path.join(d.ckpt, name), U.SEED + 600 + i, ops(400), 3 * MiB, 512 * KiB,
+                64 * KiB, "-o", str(tmp_path / f"model-{name}"))
+    os.kill(d.pid, signal.SIGTERM)
+    rc = env.wait_exit(d, 30)
+    assert rc == 0, f"daemon exit {rc} after SIGTERM:\n{d.output()}"
+    d = env.mount(opts=opts + ",restore=latest")
+    for i, name in enumerate(("f", "g")):
+        model = str(tmp_path / f"model-{name}")
+        run_fsx(os.path.join(d.ckpt, name), U.SEED + 610 + i, ops(200), 3 * MiB,
+                512 * KiB, 64 * KiB, "-i", model, "-V", "10")
