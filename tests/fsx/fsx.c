@@ -2,9 +2,10 @@
  * (written anew for mlfs; no code copied).
  *
  * It runs a reproducible random sequence of operations on FILE and keeps an in-memory
- * model of what the file must hold: pwrite, pread, truncate, ftruncate, mmap MAP_SHARED
- * reads and writes with msync, MAP_PRIVATE writes (which must not reach the file),
- * fallocate (mode 0, KEEP_SIZE, PUNCH_HOLE, ZERO_RANGE),
+ * model of what the file must hold: pwrite (also through a second, write-only
+ * descriptor), pread, truncate, ftruncate, mmap MAP_SHARED reads and writes with msync,
+ * MAP_PRIVATE writes (which must not reach the file), fallocate (mode 0, KEEP_SIZE,
+ * PUNCH_HOLE, ZERO_RANGE),
  * copy_file_range inside the file and from a second one (FILE.src, removed at the end),
  * lseek SEEK_DATA/SEEK_HOLE, O_APPEND writes, O_DIRECT writes and reads (when the
  * filesystem accepts O_DIRECT), close and reopen, fsync, fdatasync and
@@ -48,14 +49,14 @@ enum op {
 	OP_WRITE, OP_READ, OP_TRUNCATE, OP_FTRUNCATE, OP_MAPREAD, OP_MAPWRITE,
 	OP_FALLOC, OP_FALLOC_KEEP, OP_PUNCH, OP_ZERO, OP_ZERO_KEEP, OP_COPY,
 	OP_SEEK, OP_APPEND, OP_DIO_WRITE, OP_DIO_READ, OP_REOPEN, OP_FSYNC,
-	OP_FDATASYNC, OP_DROP, OP_COPY_FROM, OP_MAPPRIVATE, OP_NR
+	OP_FDATASYNC, OP_DROP, OP_COPY_FROM, OP_MAPPRIVATE, OP_WO_WRITE, OP_NR
 };
 
 static const char *const op_name[OP_NR] = {
 	"write", "read", "truncate", "ftruncate", "mapread", "mapwrite",
 	"falloc", "falloc_keep", "punch", "zero", "zero_keep", "copy_range",
 	"seek", "append", "dio_write", "dio_read", "reopen", "fsync",
-	"fdatasync", "dropcache", "copy_from", "mapprivate",
+	"fdatasync", "dropcache", "copy_from", "mapprivate", "wo_write",
 };
 
 /* Relative weights: writes and reads dominate, as in real use. */
@@ -65,7 +66,7 @@ static const unsigned op_weight[OP_NR] = {
 	[OP_PUNCH] = 3, [OP_ZERO] = 2, [OP_ZERO_KEEP] = 2, [OP_COPY] = 4,
 	[OP_SEEK] = 3, [OP_APPEND] = 3, [OP_DIO_WRITE] = 3, [OP_DIO_READ] = 2,
 	[OP_REOPEN] = 2, [OP_FSYNC] = 1, [OP_FDATASYNC] = 1, [OP_DROP] = 2,
-	[OP_COPY_FROM] = 3, [OP_MAPPRIVATE] = 2,
+	[OP_COPY_FROM] = 3, [OP_MAPPRIVATE] = 2, [OP_WO_WRITE] = 4,
 };
 
 struct logent {
@@ -289,6 +290,26 @@ static void do_write(void)
 	log_op(OP_WRITE, off, len, 0);
 	fill(g.buf, len);
 	xpwrite(g.fd, g.buf, off, len, "write");
+	if (off + len > g.size)
+		model_resize(off + len);
+	memcpy(g.model + off, g.buf, len);
+}
+
+/* A pwrite through a second, write-only descriptor (mlfs gives those FOPEN_DIRECT_IO:
+ * the bytes go around the page cache that FILE's own descriptor keeps). */
+static void do_wo_write(void)
+{
+	uint64_t off = pick_off(g.maxsize - 1), len = pick_len();
+	if (off + len > g.maxsize)
+		len = g.maxsize - off;
+	log_op(OP_WO_WRITE, off, len, 0);
+	int fd = open(g.path, O_WRONLY);
+	if (fd < 0)
+		die("wo_write: open: %s", strerror(errno));
+	fill(g.buf, len);
+	xpwrite(fd, g.buf, off, len, "wo_write");
+	if (close(fd) < 0)
+		die("wo_write: close: %s", strerror(errno));
 	if (off + len > g.size)
 		model_resize(off + len);
 	memcpy(g.model + off, g.buf, len);
@@ -684,6 +705,7 @@ static void run_op(enum op op)
 	case OP_COPY: do_copy(); break;
 	case OP_COPY_FROM: do_copy_from(); break;
 	case OP_MAPPRIVATE: do_mapprivate(); break;
+	case OP_WO_WRITE: do_wo_write(); break;
 	case OP_SEEK: do_seek(); break;
 	case OP_APPEND: do_append(); break;
 	case OP_DIO_WRITE: do_dio_write(); break;
