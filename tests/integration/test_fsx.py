@@ -98,6 +98,15 @@ def test_fsx_small_blocks_parallel(mlfs):
     run_parallel(jobs)
 
 
+@pytest.mark.mlfs_opts("block_size=64K,threads=1")
+def test_fsx_one_worker_thread(mlfs):
+    """threads=1: mlfs_op_write leaves the page cache to the kernel for direct writes
+    (it must not wait on pages only its one thread could unlock); the write-only and
+    O_DIRECT descriptors' bytes still show through the first descriptor's cache."""
+    run_fsx(os.path.join(mlfs.ckpt, "t"), U.SEED + 50, ops(1200), 2 * MiB, 384 * KiB,
+            64 * KiB)
+
+
 def test_fsx_default_blocks(mlfs):
     """The default 1 MiB blocks, files up to 5 MiB, I/O up to 2 MiB."""
     for i in range(2):
