@@ -7,6 +7,11 @@ bench/datapath.py's w2), read whole in a new random order by 4 reader processes
 cache of each target, so what a target adds over native is what it costs per open: for
 mlfs in the default mode the OPEN and RELEASE requests, where SOURCE is revalidated.
 
+Readers (--reader, default both): "c" is bench/fsbench.c (open, read to EOF, close: the
+least a reader can do per file); "python" is bench/pyreader.py (`open(p, "rb").read()`,
+as a data loader's workers do, which adds an isatty ioctl and an fstat per file: requests
+of their own on a FUSE mount). Ratios compare each reader with native under that reader.
+
 Targets, each mounted fresh over the same SOURCE and unmounted on every exit path:
   native     the files of SOURCE read directly
   mlfs       bin/mlfs, default mode (every open revalidates: OPEN + RELEASE requests)
@@ -183,13 +188,18 @@ def fsbench_bin(work):
     return exe
 
 
-def epoch(fsb, root, lst, nproc):
-    """One epoch; adds "reader_cpu_s": CPU time of the reader processes (fsbench and its
-    forked readers, all waited for), which the machine's other load does not inflate
-    the way it inflates wall time."""
+READERS = ("c", "python")
+
+
+def epoch(fsb, root, lst, nproc, reader="c"):
+    """One epoch; adds "reader_cpu_s": CPU time of the reader processes (fsbench or
+    pyreader.py and their forked readers, all waited for), which the machine's other load
+    does not inflate the way it inflates wall time."""
     import resource
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    r = json.loads(sh([fsb, "read", root, lst, str(nproc)]))
+    cmd = ([fsb, "read"] if reader == "c"
+           else ["/usr/bin/python3", os.path.join(HERE, "pyreader.py")])
+    r = json.loads(sh(cmd + [root, lst, str(nproc)]))
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     r["reader_cpu_s"] = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     return r
@@ -202,6 +212,8 @@ def main():
     ap.add_argument("--files", type=int)
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--readers", type=int, default=4)
+    ap.add_argument("--reader", default="both", choices=("both",) + READERS,
+                    help="c (bench/fsbench.c), python (bench/pyreader.py) or both")
     ap.add_argument("--work", default=os.path.join(HERE, "work", "epoch"))
     ap.add_argument("--out")
     ap.add_argument("--mlfs", default=os.path.join(TOP, "bin", "mlfs"))
@@ -213,6 +225,7 @@ def main():
     ap.add_argument("--variant", action="append", default=[],
                     help="NAME=OPTS (extra -o options for bin/mlfs) or NAME=@BINARY")
     a = ap.parse_args()
+    kinds = READERS if a.reader == "both" else (a.reader,)
     n = a.files or (5000 if a.quick else 20000)
     rounds = a.rounds or (5 if a.quick else 7)
     work = os.path.abspath(a.work)
@@ -302,45 +315,47 @@ def main():
             r = epoch(fsb, t["root"], order(-1), a.readers)
             if r["files"] != n or r["bytes"] != want_bytes:
                 raise SystemExit(f"epoch_open: {t['name']} read {r} (want {n} files, {want_bytes} B)")
-        secs = {t["name"]: [] for t in targets}
-        cpu = {t["name"]: 0.0 for t in targets}
-        rcpu = {t["name"]: [] for t in targets}
+        runs = [(t, kind) for kind in kinds for t in targets]
+        secs = {(t["name"], kind): [] for t, kind in runs}
+        cpu = {(t["name"], kind): 0.0 for t, kind in runs}
+        rcpu = {(t["name"], kind): [] for t, kind in runs}
         load = []
         for rnd in range(rounds):
-            k = rnd % len(targets)
+            k = rnd % len(runs)
             load.append(float(open("/proc/loadavg").read().split()[0]))
-            for t in targets[k:] + targets[:k]:
+            for t, kind in runs[k:] + runs[:k]:
+                key = (t["name"], kind)
                 c0 = cpu_seconds(t["pid"])
-                r = epoch(fsb, t["root"], order(rnd), a.readers)
+                r = epoch(fsb, t["root"], order(rnd), a.readers, kind)
                 c1 = cpu_seconds(t["pid"])
                 if r["bytes"] != want_bytes:
                     raise SystemExit(f"epoch_open: {t['name']} short read in round {rnd}")
-                secs[t["name"]].append(r["seconds"])
+                secs[key].append(r["seconds"])
                 dc = 0.0
                 if c0 is not None and c1 is not None:
-                    cpu[t["name"]] += c1 - c0
+                    cpu[key] += c1 - c0
                     dc = c1 - c0
-                rcpu[t["name"]].append(r["reader_cpu_s"] + dc)
+                rcpu[key].append(r["reader_cpu_s"] + dc)
             print(f"round {rnd + 1}/{rounds}: " +
-                  ", ".join(f"{t['name']} {secs[t['name']][-1]:.3f} s" for t in targets),
-                  flush=True)
+                  ", ".join(f"{t['name']}/{kind} {secs[(t['name'], kind)][-1]:.3f} s"
+                            for t, kind in runs), flush=True)
     finally:
         mounts.close()
 
-    native = secs.get("native")
     rows = []
-    for t in targets:
-        s = secs[t["name"]]
+    for t, kind in runs:
+        s = secs[(t["name"], kind)]
+        native = secs.get(("native", kind))
         med = statistics.median(s)
         ratio = (statistics.median(nv / x for nv, x in zip(native, s)) if native else None)
-        c = rcpu[t["name"]]
-        cratio = (statistics.median(nv / x for nv, x in zip(rcpu["native"], c))
+        c = rcpu[(t["name"], kind)]
+        cratio = (statistics.median(nv / x for nv, x in zip(rcpu[("native", kind)], c))
                   if native else None)
-        rows.append(dict(name=t["name"], median_s=med, files_per_s=n / med, ratio=ratio,
-                         cpu_us_per_file=statistics.median(c) / n * 1e6, cpu_ratio=cratio,
-                         cpu_s=c,
-                         seconds=s, daemon_cpu_us_per_file=(cpu[t["name"]] / (rounds * n) * 1e6
-                                                            if t["pid"] else None),
+        rows.append(dict(name=t["name"], reader=kind, median_s=med, files_per_s=n / med,
+                         ratio=ratio, cpu_us_per_file=statistics.median(c) / n * 1e6,
+                         cpu_ratio=cratio, cpu_s=c, seconds=s,
+                         daemon_cpu_us_per_file=(cpu[(t["name"], kind)] / (rounds * n) * 1e6
+                                                 if t["pid"] else None),
                          cmd=t["cmd"]))
     info = dict(files=n, rounds=rounds, readers=a.readers, host=platform.node(),
                 kernel=platform.release(), cpus=os.cpu_count(), loadavg=load,
@@ -357,15 +372,15 @@ def main():
           "the daemon's CPU time per file (median over rounds), and native's over the "
           "target's: less sensitive to the machine's other load than wall time.",
           "",
-          "| target | median s | files/s | vs native | CPU µs/file (readers + daemon) | "
-          "CPU vs native | daemon CPU µs/file |",
-          "| --- | --- | --- | --- | --- | --- | --- |"]
+          "| target | reader | median s | files/s | vs native | "
+          "CPU µs/file (readers + daemon) | CPU vs native | daemon CPU µs/file |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         c = r["daemon_cpu_us_per_file"]
-        md.append(f"| {r['name']} | {r['median_s']:.3f} | {r['files_per_s']:,.0f} | "
+        md.append(f"| {r['name']} | {r['reader']} | {r['median_s']:.3f} | {r['files_per_s']:,.0f} | "
                   f"{r['ratio']:.2f}x | {r['cpu_us_per_file']:.1f} | {r['cpu_ratio']:.2f}x | "
                   f"{'—' if c is None else f'{c:.1f}'} |")
-    md += ["", "Mounted as:", ""] + [f"- {r['name']}: `{r['cmd']}`" for r in rows]
+    md += ["", "Mounted as:", ""] + [f"- {t['name']}: `{t['cmd']}`" for t in targets]
     text = "\n".join(md) + "\n"
     print(text)
     with open(os.path.join(out, "epoch-open.md"), "w") as f:

@@ -19,6 +19,9 @@ dedups across rounds):
            pages dropped the same way, MNT/ckpt/f read sequentially: the lazy restore
            path (store_get_block per block), with the read-ahead of restored files.
   restore, no read-ahead   the same with MLFS_PREFETCH_THREADS=0: the A/B of read-ahead.
+  restore, 128 KiB requests   the same with MLFS_FUSE_RA_KB=0: the kernel's default
+           read-ahead for the mount, so 128 KiB READ requests instead of 1 MiB (the A/B of
+           fs/main.c mlfs_fuse_readahead, docs/performance.md "Lazy restore reads").
   restore, peer            with --peer-bin DIR: the same with DIR/mlfs (another build,
            e.g. main's), in the same rounds.
 
@@ -226,7 +229,9 @@ def one_round(i, args, work, target, src_dir):
 
     steps = [do_read, lambda: restore("restore_s"),
              lambda: restore("restore_noahead_s",
-                             env=dict(os.environ, MLFS_PREFETCH_THREADS="0"))]
+                             env=dict(os.environ, MLFS_PREFETCH_THREADS="0")),
+             lambda: restore("restore_ra128_s",
+                             env=dict(os.environ, MLFS_FUSE_RA_KB="0"))]
     if args.peer_bin:
         steps.append(lambda: restore("restore_peer_s",
                                      mlfs=os.path.join(args.peer_bin, "mlfs")))
@@ -293,6 +298,7 @@ def main():
     src_dir = os.path.join(work, "src")
     os.makedirs(src_dir)
     rounds = []
+    load0 = open("/proc/loadavg").read().split()[:3]
     try:
         for i in range(args.rounds):
             r = one_round(i, args, work, args.target, src_dir)
@@ -304,7 +310,8 @@ def main():
         cleanup()
         shutil.rmtree(work, ignore_errors=True)
     mb = args.size * MiB / 1e6
-    keys = ["dd_s", "persist_s", "read_s", "restore_s", "restore_noahead_s"] + \
+    load1 = open("/proc/loadavg").read().split()[:3]
+    keys = ["dd_s", "persist_s", "read_s", "restore_s", "restore_noahead_s", "restore_ra128_s"] + \
         (["restore_peer_s"] if args.peer_bin else [])
     med = {k: median([r[k] for r in rounds]) for k in keys}
     fstype = run(["stat", "-f", "-c", "%T", args.target]).stdout.strip()
@@ -314,7 +321,8 @@ def main():
         "",
         f"Host {platform.node()}, {os.cpu_count()} CPUs. The machine may be shared with other "
         "jobs while this ran: figures are medians of interleaved rounds; the ratios compare "
-        "peers measured side by side.",
+        "peers measured side by side. Load average (1, 5, 15 min) at the start "
+        f"{' '.join(load0)}, at the end {' '.join(load1)}.",
         "",
         "| what | median s | MB/s | ratio |",
         "| --- | --- | --- | --- |",
@@ -327,6 +335,8 @@ def main():
         f"| same, no read-ahead (MLFS_PREFETCH_THREADS=0) | {med['restore_noahead_s']:.3f} | "
         f"{mb / med['restore_noahead_s']:.1f} | "
         f"{med['read_s'] / med['restore_noahead_s']:.2f}x read |",
+        f"| same, 128 KiB requests (MLFS_FUSE_RA_KB=0) | {med['restore_ra128_s']:.3f} | "
+        f"{mb / med['restore_ra128_s']:.1f} | {med['read_s'] / med['restore_ra128_s']:.2f}x read |",
     ]
     if args.peer_bin:
         lines.append(f"| same, {args.peer_bin}/mlfs | {med['restore_peer_s']:.3f} | "
@@ -337,12 +347,13 @@ def main():
                   f"mounted and idle): {gc['gc_s']:.2f} s ({gc['gc_out']})"]
     peer = args.peer_bin is not None
     lines += ["", "Rounds:", "",
-              "| round | dd s | persist s | read s | restore s | no read-ahead s |" +
+              "| round | dd s | persist s | read s | restore s | no read-ahead s | 128 KiB s |" +
               (" peer s |" if peer else "") + " packs |",
-              "| --- | --- | --- | --- | --- | --- |" + (" --- |" if peer else "") + " --- |"]
+              "| --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if peer else "") + " --- |"]
     for i, r in enumerate(rounds):
         lines.append(f"| {i} | {r['dd_s']:.3f} | {r['persist_s']:.3f} | {r['read_s']:.3f} | "
-                     f"{r['restore_s']:.3f} | {r['restore_noahead_s']:.3f} |" +
+                     f"{r['restore_s']:.3f} | {r['restore_noahead_s']:.3f} | "
+                     f"{r['restore_ra128_s']:.3f} |" +
                      (f" {r['restore_peer_s']:.3f} |" if peer else "") + f" {r['packs']} |")
     text = "\n".join(lines) + "\n"
     print(text)
@@ -353,7 +364,8 @@ def main():
         f.write(text)
     with open(base + ".json", "w") as f:
         json.dump({"target": args.target, "fstype": fstype, "size_mib": args.size,
-                   "rounds": rounds, "median": med, "gc": gc}, f, indent=1)
+                   "rounds": rounds, "median": med, "gc": gc,
+                   "loadavg_start": load0, "loadavg_end": load1}, f, indent=1)
     log(f"wrote {base}.md and {base}.json")
 
 

@@ -105,6 +105,7 @@ struct data_file {
 	int32_t backing_id; /* > 0: a passthrough open (the node's id) */
 	int backing_other;   /* that id is of another SOURCE file than fd's */
 	int counted;	     /* counted in n->ncached */
+	int paged;	     /* under passthrough_min: the mount's page cache is the cache */
 	dev_t dev;	     /* fd's file */
 	ino_t ino;
 	struct data_file *prev, *next; /* ns->files, under ns->mu (data_open's only) */
@@ -970,6 +971,30 @@ static int data_bind_locked(struct data_node *n, struct data_file *f)
 	return id; /* the kernel's refusal, or 0: other opens use the block cache */
 }
 
+/*
+ * Small files under passthrough (docs/performance.md, "Small files"): a file smaller
+ * than -o passthrough_min is opened with keep_cache and no backing file, so a warm open
+ * costs the OPEN and RELEASE requests only: no backing registration and release, no
+ * second open of the SOURCE file inside the kernel, and no attribute invalidation per
+ * read (the kernel marks atime stale after every passthrough read, so a reader's fstat
+ * after open became a GETATTR). Its reads (data_read) go straight to SOURCE and leave
+ * neither a block nor SOURCE's pages behind: the mount's page cache holds the only copy,
+ * as passthrough's SOURCE pages would. Counted in n->ncached, like every open the
+ * kernel serves from the mount's pages, so that no passthrough open of the same inode
+ * is in flight beside it (an open that finds one in flight joins it instead). Caller
+ * holds ns->mu.
+ */
+static void data_bind_paged_locked(struct data_node *n, struct data_file *f)
+{
+	if (n->nbacked) {
+		data_bind_locked(n, f);
+		return;
+	}
+	n->ncached++;
+	f->counted = 1;
+	f->paged = 1;
+}
+
 int data_open(struct data_ns *ns, struct data_node *n, struct fuse_file_info *fi,
 	      struct data_file **out)
 {
@@ -991,7 +1016,9 @@ int data_open(struct data_ns *ns, struct data_node *n, struct fuse_file_info *fi
 	 */
 	fi->keep_cache = !changed;
 	pthread_mutex_lock(&ns->mu);
-	if (pt_active())
+	if (pt_active() && f->size < ns->m->cfg.passthrough_min)
+		data_bind_paged_locked(n, f);
+	else if (pt_active())
 		refused = data_bind_locked(n, f);
 	DATA_LINK(&ns->files, f);
 	pthread_mutex_unlock(&ns->mu);
@@ -1200,6 +1227,18 @@ int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
 	if ((uint64_t)off >= f->size)
 		return 0;
 	end = f->size - off < size ? f->size : off + size;
+	if (f->paged) {
+		/* The kernel keeps what we return (keep_cache): hold no second copy. */
+		if ((rc = data_pread(ns, f, off, (uint32_t)(end - off), &segs[0].b)))
+			return rc;
+		/* To EOF (len 0) at the end: the call drops whole pages only. */
+		posix_fadvise(f->fd, off, end == f->size ? 0 : (off_t)(end - off),
+			      POSIX_FADV_DONTNEED);
+		segs[0].off = 0;
+		segs[0].len = bc_block_len(segs[0].b);
+		data_file_check_current(ns, f);
+		return 1;
+	}
 	while ((uint64_t)off < end) {
 		uint64_t idx = off / bs;
 		uint32_t boff = off % bs, len = bs - boff;

@@ -43,11 +43,14 @@
  * still caught at its next open (data.c, invariant 2). */
 #define MLFS_DATA_TIMEOUT 3600.0
 #define MLFS_THREADS_DEFAULT 4
+/* -o passthrough_min: docs/performance.md, "Small files". */
+#define MLFS_PASSTHROUGH_MIN (1ull << 20)
 
 struct mlfs_opts {
 	char *store, *spill, *restore, *pressure_file, *meminfo_file, *cgroup;
 	char *mem_max, *mem_min, *block_size, *spill_max, *data_timeout, *threads;
-	char *preempt_deadline, *autosnap, *keep, *mtbf, *workers, *worker, *passthrough;
+	char *preempt_deadline, *autosnap, *keep, *mtbf, *workers, *worker, *passthrough,
+	     *passthrough_min;
 	int show_help, show_version, foreground, debug, immutable, watch;
 };
 
@@ -72,6 +75,7 @@ static const struct fuse_opt mlfs_opt_spec[] = {
 	OPT("workers=%s", workers),
 	OPT("worker=%s", worker),
 	OPT("passthrough=%s", passthrough),
+	OPT("passthrough_min=%s", passthrough_min),
 	OPT("-h", show_help),
 	OPT("--help", show_help),
 	OPT("-V", show_version),
@@ -91,7 +95,8 @@ static void mlfs_opts_free(struct mlfs_opts *o)
 			  &o->meminfo_file, &o->cgroup, &o->mem_max, &o->mem_min,
 			  &o->block_size, &o->spill_max, &o->data_timeout, &o->threads,
 			  &o->preempt_deadline, &o->autosnap, &o->keep, &o->mtbf,
-			  &o->workers, &o->worker, &o->passthrough };
+			  &o->workers, &o->worker, &o->passthrough,
+			  &o->passthrough_min };
 
 	for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++) {
 		free(*strs[i]);
@@ -148,6 +153,9 @@ static void usage(FILE *f)
 "                         elsewhere every open revalidates, as by default)\n"
 "  -o passthrough=MODE    auto, on or off: MOUNTPOINT/data files read SOURCE's page\n"
 "                         cache in the kernel (auto: as root on a local SOURCE)\n"
+"  -o passthrough_min=SIZE\n"
+"                         files smaller than SIZE go through the mount's page cache\n"
+"                         instead: cheaper opens, still held once (default 1M)\n"
 "  -o allow_other         let other users in (with default_permissions, always on)\n"
 "SIZE takes K, M, G or T (powers of 1024). See mlfs(8).\n",
 		MLFS_THREADS_DEFAULT, MLFS_DATA_TIMEOUT);
@@ -441,6 +449,11 @@ static int build_config(struct mlfs_opts *o, const char *src, const char *mnt,
 			return 1;
 		}
 	}
+	c->passthrough_min = MLFS_PASSTHROUGH_MIN;
+	if (o->passthrough_min && opt_number("passthrough_min", o->passthrough_min, OPT_SIZE,
+					     0, (double)(1ull << 50), NULL,
+					     &c->passthrough_min))
+		return 1;
 	c->immutable = o->immutable;
 	c->watch = o->watch && !o->immutable; /* immutable already promises more */
 	c->foreground = o->foreground || o->debug;
@@ -654,6 +667,70 @@ static void mlfs_tier_config(const struct mlfs_config *c, struct tier_config *tc
 		tc->refill_hold_ms = (unsigned)strtoul(hold, NULL, 10);
 	if (ahead && *ahead)
 		tc->prefetch_threads = (unsigned)strtoul(ahead, NULL, 10);
+}
+
+/*
+ * The kernel's read-ahead for this mount, in KiB: MLFS_MAX_REQ, or MLFS_FUSE_RA_KB (0
+ * leaves the kernel's default; the A/B of bench/store_bench.py; written before the INIT
+ * reply, which caps it at max_readahead, MLFS_MAX_REQ). The INIT reply asks for
+ * max_readahead = MLFS_MAX_REQ, but the kernel takes the smaller of that and the mount's
+ * bdi default (128 KiB), so a sequential reader of MOUNT/ckpt or a non-passthrough
+ * MOUNT/data file came in 128 KiB requests: eight request round trips per 1 MiB block,
+ * and on 2 cores the request overhead was the largest cost of a lazy restore's read
+ * (docs/performance.md). Raising the bdi's read_ahead_kb lets them come as 1 MiB.
+ * Found through /proc/self/mountinfo (the last fuse.mlfs mount on mnt): a stat of mnt
+ * would be a request to ourselves before the session runs. Needs root (sysfs); a
+ * failure is logged and leaves the default, which is only slower. Costs: one read of
+ * mountinfo at mount; a mapped file's random faults read around up to 1 MiB (as its
+ * sequential reads), from blocks the daemon loads whole anyway.
+ */
+static void mlfs_fuse_readahead(const char *mnt)
+{
+	const char *env = getenv("MLFS_FUSE_RA_KB");
+	unsigned long kb = env && *env ? strtoul(env, NULL, 10) : MLFS_MAX_REQ >> 10;
+	char esc[PATH_MAX * 4 + 1], dev[32] = "", line[PATH_MAX * 4 + 512], path[64];
+	size_t n = 0;
+	FILE *f;
+	int fd;
+
+	if (!kb)
+		return;
+	/* mountinfo escapes space, tab, newline and backslash as \ooo. */
+	for (const char *p = mnt; *p && n + 5 < sizeof(esc); p++) {
+		if (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\\')
+			n += (size_t)snprintf(esc + n, 5, "\\%03o", (unsigned char)*p);
+		else
+			esc[n++] = *p;
+	}
+	esc[n] = '\0';
+	if (!(f = fopen("/proc/self/mountinfo", "re")))
+		goto fail;
+	while (fgets(line, sizeof(line), f)) {
+		char mm[32], mp[sizeof(esc)], *sep = strstr(line, " - ");
+
+		if (sep && sscanf(line, "%*s %*s %31s %*s %4096s", mm, mp) == 2 &&
+		    !strcmp(mp, esc) && !strncmp(sep, " - fuse.mlfs ", 13))
+			snprintf(dev, sizeof(dev), "%s", mm);
+	}
+	fclose(f);
+	if (!*dev)
+		goto fail;
+	snprintf(path, sizeof(path), "/sys/class/bdi/%s/read_ahead_kb", dev);
+	if ((fd = open(path, O_WRONLY | O_CLOEXEC)) < 0)
+		goto fail;
+	n = (size_t)snprintf(line, sizeof(line), "%lu\n", kb);
+	if (write(fd, line, n) != (ssize_t)n) {
+		int e = errno;
+
+		close(fd);
+		errno = e;
+		goto fail;
+	}
+	close(fd);
+	return;
+fail:
+	log_info("kernel read-ahead for %s left at its default (%s): reads come in "
+		 "smaller requests", mnt, *dev ? strerror(errno) : "not in mountinfo");
 }
 
 /* Builds the daemon's parts. Each failure is said in exactly one line: by the part
@@ -1023,6 +1100,9 @@ int main(int argc, char **argv)
 		fprintf(stderr, "mlfs: snapshot threads: %s\n", strerror(-r));
 		goto out_unmount;
 	}
+	/* After the fork, so that a user's mount logs its failure (not root) to the
+	 * daemon's log, not the terminal; before the loop answers INIT (which caps it). */
+	mlfs_fuse_readahead(m.cfg.mountpoint);
 	if (ready_fd >= 0)
 		mlfs_ready(&ready_fd);
 	lc = fuse_loop_cfg_create();

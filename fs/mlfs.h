@@ -46,6 +46,7 @@ struct mlfs_config {
 	int immutable;		/* -o immutable: SOURCE does not change while mounted */
 	int watch;		/* -o watch: no OPEN; SOURCE changes pushed (data.h) */
 	int passthrough;	/* -o passthrough: enum pt_mode (fs/passthrough.h) */
+	uint64_t passthrough_min; /* -o passthrough_min: smaller files use the page cache */
 	int preempt_deadline;	/* seconds */
 	double autosnap_s;	/* -o autosnap=INTERVAL: seconds, 0 = off */
 	int autosnap_auto;	/* -o autosnap=auto: the Young/Daly interval */

@@ -1,7 +1,9 @@
 """FUSE passthrough for MOUNT/data (fs/passthrough.h): as root on a local SOURCE, an opened
 data file is bound to its SOURCE file in the kernel, whose page cache serves reads and
 mmap. Bytes stay exact, SOURCE changes are seen at the next open, backing ids are given
-back, permissions hold, and -o passthrough=off keeps the block-cache path."""
+back, permissions hold, and -o passthrough=off keeps the block-cache path. Files under
+-o passthrough_min (default 1 MiB) are served through the mount's page cache instead,
+held once: not by the block cache, not in SOURCE's page cache."""
 import errno
 import mmap
 import os
@@ -33,6 +35,11 @@ def want(m, name):
         return f.read()
 
 
+def read_file(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def wait_stat(m, key, value, timeout=10):
     """RELEASE reaches the daemon after close() returned (the kernel sends it in the
     background): wait for the counter to settle."""
@@ -46,7 +53,8 @@ def wait_stat(m, key, value, timeout=10):
 
 @pytest.fixture
 def pt_mount(mounter):
-    m = mounter(src=make_src(mounter), opts="allow_other,passthrough=auto")
+    # passthrough_min=0: every file, however small, is bound (the machinery under test).
+    m = mounter(src=make_src(mounter), opts="allow_other,passthrough=auto,passthrough_min=0")
     if m.stat()["passthrough"] != 1:
         rel = os.uname().release
         if tuple(int(x) for x in rel.split("-")[0].split(".")[:2]) < (6, 9):
@@ -210,12 +218,130 @@ def test_fuse_source_stays_on_the_block_cache(mounter):
     assert st["backing_ids"] == 0, st
 
 
-def test_bad_option_refused(mounter):
+@pytest.mark.parametrize("opt", ["passthrough=maybe", "passthrough_min=-1",
+                                 "passthrough_min=1Q", "passthrough_min="])
+def test_bad_option_refused(mounter, opt):
     m = mounter.prepare()
-    r = subprocess.run([U.MLFS, "-o", "passthrough=maybe", m.src, m.mnt],
+    r = subprocess.run([U.MLFS, "-o", opt, m.src, m.mnt],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode != 0 and "passthrough" in r.stderr, r.stderr
     assert not U.is_mounted(m.mnt)
+
+
+def resident_pages(path):
+    """Pages of path in the page cache (fincore, util-linux)."""
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "-o", "PAGES", path],
+                         capture_output=True, text=True, check=True, timeout=30).stdout
+    return int(out.split()[0])
+
+
+@pytest.fixture
+def small_mount(mounter):
+    """The default passthrough_min (1 MiB): "one" is small, "odd" and "big" are bound."""
+    src = make_src(mounter)
+    rng = random.Random(U.SEED + 1)
+    for name, size in (("small", 110 * 1024 + 7), ("edge", MiB - 1), ("at", MiB)):
+        U.write_file(os.path.join(src, name), rng.randbytes(size))
+    os.sync()  # a dataset is written long before: no dirty page left to keep cached
+    m = mounter(src=src, opts="passthrough=auto")
+    if m.stat()["passthrough"] != 1:
+        pytest.skip("passthrough not negotiated (see pt_mount)")
+    return m
+
+
+def test_small_files_use_the_mount_page_cache(small_mount):
+    """A file under passthrough_min is opened with keep_cache and no backing file; its
+    bytes are read from SOURCE once and held only by the mount's page cache (SOURCE's
+    pages are dropped, the block cache keeps nothing); a warm reopen costs no read."""
+    m = small_mount
+    names = ("one", "small", "edge")
+    wants = {name: want(m, name) for name in names}
+    for name in names:  # want() read SOURCE: start from none of its pages cached
+        fd = os.open(os.path.join(m.src, name), os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+        assert resident_pages(os.path.join(m.src, name)) == 0, name
+    for name in names:
+        U.assert_bytes(read_file(os.path.join(m.data, name)), wants[name], name)
+    st = wait_stat(m, "backing_ids", 0)
+    assert st["passthrough_opens"] == 0 and st["backing_opens"] == 0, st
+    assert st["read_ops"] > 0 and st["passthrough_fallbacks"] == 0, st
+    assert st["data_blocks"] == 0, st  # no second copy in the block cache
+    for name in names:
+        assert resident_pages(os.path.join(m.src, name)) == 0, name
+        assert resident_pages(os.path.join(m.data, name)) > 0, name
+    before = m.stat()["read_ops"]
+    for name in names:
+        U.assert_bytes(read_file(os.path.join(m.data, name)), wants[name], name)
+    assert m.stat()["read_ops"] == before  # served by the kernel's page cache
+    # At passthrough_min and above: bound as before.
+    U.assert_bytes(read_file(os.path.join(m.data, "at")), want(m, "at"), "at")
+    assert m.stat()["passthrough_opens"] == 1
+
+
+def test_small_file_changed_between_opens(small_mount):
+    """Never the old bytes: rewritten in place (same size, then another size), replaced by
+    rename, and grown past passthrough_min, each read right at the next open."""
+    m = small_mount
+    path, spath = os.path.join(m.data, "small"), os.path.join(m.src, "small")
+    U.assert_bytes(read_file(path), want(m, "small"), "first")
+    for new in (os.urandom(110 * 1024 + 7), os.urandom(5000)):
+        with open(spath, "r+b") as f:
+            f.write(new)
+            f.truncate(len(new))
+        U.assert_bytes(read_file(path), new, "rewritten in place")
+    newer = os.urandom(70000)
+    U.write_file(spath + ".tmp", newer)
+    os.rename(spath + ".tmp", spath)
+    U.assert_bytes(read_file(path), newer, "replaced by rename")
+    big = os.urandom(2 * MiB + 9)
+    U.write_file(spath, big)
+    U.assert_bytes(read_file(path), big, "grown past passthrough_min")
+    assert m.stat()["passthrough_opens"] >= 1
+
+
+def test_small_open_beside_a_bound_one(small_mount):
+    """The kernel serves an inode either from the mount's pages or from one backing file:
+    an open of a file grown past passthrough_min while a small-mode open is in flight
+    uses the block cache (a fallback, not EIO), and an open of a file shrunk under it
+    while a bound open is in flight joins that one."""
+    m = small_mount
+    path, spath = os.path.join(m.data, "small"), os.path.join(m.src, "small")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert os.pread(fd, 100, 0) == want(m, "small")[:100]
+        big = os.urandom(3 * MiB)
+        with open(spath, "r+b") as f:
+            f.write(big)
+        U.assert_bytes(read_file(path), big, "grown while a small open is in flight")
+        assert m.stat()["passthrough_fallbacks"] >= 1
+    finally:
+        os.close(fd)
+    wait_stat(m, "backing_ids", 0)
+    bpath, bsrc = os.path.join(m.data, "odd"), os.path.join(m.src, "odd")
+    fd = os.open(bpath, os.O_RDONLY)
+    try:
+        assert os.pread(fd, 10, 5) == want(m, "odd")[5:15]
+        assert m.stat()["backing_ids"] == 1
+        small = os.urandom(4096 + 3)
+        with open(bsrc, "r+b") as f:
+            f.write(small)
+            f.truncate(len(small))
+        U.assert_bytes(read_file(bpath), small, "shrunk while a bound open is in flight")
+    finally:
+        os.close(fd)
+    assert wait_stat(m, "backing_ids", 0)["backing_ids"] == 0
+
+
+def test_small_file_mmap(small_mount):
+    m = small_mount
+    data = want(m, "small")
+    with open(os.path.join(m.data, "small"), "rb") as f:
+        with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mm:
+            U.assert_bytes(mm[:], data, "mmap of a small file")
+    arr = numpy.memmap(os.path.join(m.data, "edge"), dtype=numpy.uint8, mode="r")
+    U.assert_bytes(arr[-4096:].tobytes(), want(m, "edge")[-4096:], "numpy.memmap tail")
+    del arr
 
 
 def test_second_user_permissions(pt_mount, other_user):

@@ -256,3 +256,41 @@ def test_read_ahead_stays_under_a_small_budget(snapenv):
     assert s["ahead_skipped"] > 0, s
     assert s["ahead_errors"] == 0, s
     env.unmount(d)
+
+
+def bdi_read_ahead_kb(mnt):
+    st = os.stat(mnt)
+    with open(f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb") as f:
+        return int(f.read())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the bdi's read_ahead_kb is root's to set")
+@pytest.mark.parametrize("ra_kb", ["default", "0", "512", "odd-mount-name"])
+def test_mount_read_ahead_lets_1mib_requests_come(snapenv, monkeypatch, ra_kb):
+    """The daemon raises its mount's bdi read_ahead_kb to 1 MiB (fs/main.c
+    mlfs_fuse_readahead): the kernel caps the INIT reply's max_readahead at the bdi's
+    128 KiB default, and a sequential reader's requests at that. MLFS_FUSE_RA_KB=N sets
+    another value (at most 1 MiB: the INIT reply's max_readahead caps it), 0 leaves the
+    kernel's. A restored file reads right either way. odd-mount-name: a mount point
+    whose name /proc/self/mountinfo escapes (space, tab, backslash) is found all the
+    same."""
+    env = snapenv()
+    if ra_kb == "odd-mount-name":
+        env.mnt = env.path("m nt\t\\x")
+        os.mkdir(env.mnt)
+    data = rng_for("bdi-" + ra_kb).randbytes(6 * BLOCK + 77)
+    restored(env, {"f.bin": data})
+    if ra_kb in ("0", "512"):
+        monkeypatch.setenv("MLFS_FUSE_RA_KB", ra_kb)
+    d = env.mount(opts="restore=s")
+    try:
+        got = bdi_read_ahead_kb(env.mnt)
+        if ra_kb in ("default", "odd-mount-name"):
+            assert got == 1024, got
+        elif ra_kb == "0":
+            assert got < 1024, got            # the kernel's own (128 KiB here)
+        else:
+            assert got == int(ra_kb), got
+        U.assert_bytes(seq_read(os.path.join(d.ckpt, "f.bin"), MiB), data, "f.bin")
+    finally:
+        env.unmount(d)
