@@ -62,10 +62,13 @@ BINS := $(BIN)/mlfs $(BIN)/mlfs-snap $(BIN)/mlfs-stat
 UNIT_SRCS := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(B)/tests/%)
 MAN := $(wildcard man/*.1 man/*.8)
+# The random-operation tester (tests/fsx/fsx.c) that tests/integration/test_fsx.py runs on
+# MOUNT/ckpt; a standalone program, not linked with libmlfs.
+FSX := $(B)/tests/mlfs-fsx
 
 .PHONY: all deps test unit integration asan-unit tsan-unit asan-integration demo bench bench-goals \
 	install clean
-all: $(BINS)
+all: $(BINS) $(FSX)
 
 $(B)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -82,6 +85,10 @@ $(BINS):
 	@mkdir -p $(BIN)
 	@$(if $(Q),echo "  LD  $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(FSX): $(B)/tests/fsx/fsx.o
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^
 
 $(B)/tests/%: $(B)/tests/unit/%.o $(LIB)
 	@mkdir -p $(dir $@)
@@ -100,8 +107,8 @@ unit: $(UNIT_BINS)
 # sanitizer build's own bin directory with DEBUG=1 or TSAN=1. With a sanitized build the
 # fixtures send every report of the daemon and the tools to files and fail the test that
 # caused one (tests/integration/conftest.py, "Sanitizers").
-integration: $(BINS)
-	$(Q)$(if $(filter-out bin,$(BIN)),MLFS_BIN_DIR='$(CURDIR)/$(BIN)') \
+integration: $(BINS) $(FSX)
+	$(Q)$(if $(filter-out bin,$(BIN)),MLFS_BIN_DIR='$(CURDIR)/$(BIN)') MLFS_FSX='$(CURDIR)/$(FSX)' \
 	$(PYTHON) -m pytest -q tests/integration $(PYTEST_ARGS)
 
 # Sanitizer options (the environment's own, if set, win). ASan: any error, or a leak at

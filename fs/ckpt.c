@@ -906,20 +906,33 @@ static void ckpt_move_dir_locked(struct ckpt_inode *ino, struct ckpt_inode *from
 }
 
 int ckpt_rename(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
-		struct ckpt_inode *newdir, const char *newname, unsigned flags)
+		struct ckpt_inode *newdir, const char *newname, unsigned flags,
+		const struct ckpt_ctx *c)
 {
 	struct timespec now = ckpt_now();
 	struct ckpt_dirent *src, *dst;
-	struct ckpt_inode *ino, *victim;
+	struct ckpt_inode *ino, *victim, *whiteout = NULL;
 	int rc = 0;
 
 	if ((rc = ckpt_check_name(newname)))
 		return rc;
-	if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE))
+	if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE | RENAME_WHITEOUT))
 		return -EINVAL;
-	if ((flags & RENAME_NOREPLACE) && (flags & RENAME_EXCHANGE))
+	if ((flags & RENAME_EXCHANGE) && (flags & (RENAME_NOREPLACE | RENAME_WHITEOUT)))
 		return -EINVAL;
 	pthread_mutex_lock(&ns->mu);
+	/* RENAME_WHITEOUT (overlayfs's; ext4 takes it, from any user since Linux 5.8):
+	 * the old name is left to a character device 0:0 owned by the caller, made first
+	 * so that ENOMEM changes nothing. */
+	if (flags & RENAME_WHITEOUT) {
+		whiteout = ckpt_inode_new(ns, S_IFCHR, c->uid,
+					  dir->mode & S_ISGID ? dir->gid : c->gid);
+		if (!whiteout) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		whiteout->rdev = 0;
+	}
 	if (!S_ISDIR(dir->mode) || !S_ISDIR(newdir->mode)) {
 		rc = -ENOTDIR;
 		goto out;
@@ -980,7 +993,14 @@ int ckpt_rename(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
 	} else if ((rc = ckpt_link_locked(ns, newdir, newname, ino))) {
 		goto out;
 	}
-	ckpt_unlink_locked(ns, src);
+	if (whiteout) {
+		src->ino = whiteout; /* the old name stays, as the whiteout */
+		whiteout->nlink = 1;
+		whiteout->ctime = now;
+		whiteout = NULL;
+	} else {
+		ckpt_unlink_locked(ns, src);
+	}
 	ckpt_move_dir_locked(ino, dir, newdir);
 	ino->ctime = now;
 	dir->mtime = dir->ctime = newdir->mtime = newdir->ctime = now;
@@ -988,6 +1008,8 @@ int ckpt_rename(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
 	if (victim)
 		ckpt_drop_name_locked(ns, victim, now);
 out:
+	if (whiteout) /* not used: an error, or a rename onto another name of itself */
+		ckpt_inode_destroy(ns, whiteout);
 	pthread_mutex_unlock(&ns->mu);
 	return rc;
 }
@@ -1072,8 +1094,9 @@ int ckpt_open(struct ckpt_ns *ns, struct ckpt_inode *ino, int flags, pid_t pid,
 		f->opener = pid;
 	}
 	/* libfuse asks for atomic O_TRUNC: the kernel passes the flag instead of a
-	 * separate setattr, and the kernel has checked write permission already. */
-	if ((flags & O_TRUNC) && S_ISREG(ino->mode) && f) {
+	 * separate setattr, and the kernel has checked write permission already (O_TRUNC
+	 * asks for it, so O_RDONLY|O_TRUNC truncates too, as on ext4). */
+	if ((flags & O_TRUNC) && S_ISREG(ino->mode)) {
 		pthread_rwlock_wrlock(&ino->lock);
 		rc = ckpt_truncate_locked(ns, ino, 0);
 		pthread_rwlock_unlock(&ino->lock);

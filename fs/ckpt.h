@@ -73,9 +73,11 @@ int ckpt_link(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_inode *dir
 	      const char *name, struct fuse_entry_param *e);
 int ckpt_unlink(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name);
 int ckpt_rmdir(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name);
-/* flags: 0, RENAME_NOREPLACE or RENAME_EXCHANGE. */
+/* flags: 0, RENAME_NOREPLACE, RENAME_EXCHANGE, or RENAME_WHITEOUT (with or without
+ * NOREPLACE: the old name becomes a character device 0:0 owned by c's uid). */
 int ckpt_rename(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
-		struct ckpt_inode *newdir, const char *newname, unsigned flags);
+		struct ckpt_inode *newdir, const char *newname, unsigned flags,
+		const struct ckpt_ctx *c);
 int ckpt_readlink(struct ckpt_ns *ns, struct ckpt_inode *ino, char *buf, size_t size);
 int ckpt_statfs(struct ckpt_ns *ns, struct statvfs *sv);
 
@@ -110,10 +112,10 @@ int ckpt_write(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *buf, size
 /*
  * What the kernel does itself before a buffered write (file_remove_privs) but not before
  * a write through a FOPEN_DIRECT_IO handle (fs/fuse/file.c, without
- * FUSE_CAP_HANDLE_KILLPRIV_V2): clears setuid, and setgid when group-executable, unless
- * the writer is root (uid 0 stands for CAP_FSETID, as elsewhere here), and removes
- * security.capability. 1 if it changed anything (the caller drops the kernel's cached
- * attributes), else 0. Takes ns->mu: pointer work.
+ * FUSE_CAP_HANDLE_KILLPRIV_V2) nor an atomic O_TRUNC open: clears setuid, and setgid
+ * when group-executable, unless the writer is root (uid 0 stands for CAP_FSETID, as
+ * elsewhere here), and removes security.capability. 1 if it changed anything (the
+ * caller drops the kernel's cached attributes), else 0. Takes ns->mu: pointer work.
  */
 int ckpt_kill_priv(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct ckpt_ctx *c);
 

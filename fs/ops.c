@@ -353,12 +353,13 @@ static void mlfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 			   fuse_ino_t newparent, const char *newname, unsigned int flags)
 {
 	struct ckpt_inode *dir, *newdir;
+	struct ckpt_ctx c = ctx_of(req);
 	int rc = ckpt_parent(parent, &dir);
 
 	if (!rc)
 		rc = ckpt_parent(newparent, &newdir);
 	if (!rc)
-		rc = ckpt_rename(mlfs_of(req)->ckpt, dir, name, newdir, newname, flags);
+		rc = ckpt_rename(mlfs_of(req)->ckpt, dir, name, newdir, newname, flags, &c);
 	reply_rc(req, rc);
 }
 
@@ -446,6 +447,15 @@ static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 		if ((rc = ckpt_open(m->ckpt, (struct ckpt_inode *)n, fi->flags,
 				    fuse_req_ctx(req)->pid, &cf)))
 			return reply_rc(req, rc);
+		/* An atomic O_TRUNC is a truncate the kernel did not see as a setattr, so it
+		 * removed no privileges: do it here, by the rules of a write (ckpt.h), and
+		 * drop the mode it caches (attributes only: no page is locked). */
+		if (fi->flags & O_TRUNC) {
+			struct ckpt_ctx c = ctx_of(req);
+
+			if (ckpt_kill_priv(m->ckpt, (struct ckpt_inode *)n, &c) && m->se)
+				fuse_lowlevel_notify_inval_inode(m->se, ino, -1, 0);
+		}
 		fi->noflush = !cf; /* FLUSH only for handles with write access */
 		/* Every change goes through this kernel, so its cached pages stay true;
 		 * a restore swaps in new inodes, never old pages. */
