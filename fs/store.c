@@ -37,7 +37,8 @@
  *  8. FORMAT is created once and never rewritten in place: each creator writes its own
  *     temporary (FORMAT.tmp.<pid>.<random>), fsyncs it and publishes it without
  *     replacing; a peer that published first wins and its FORMAT is judged as any
- *     store's. So N processes creating one store at once all succeed.
+ *     store's. So N processes creating one store at once all succeed. DIR is fsynced
+ *     after the publish, and DIR's parent too: mkdir of DIR is a new entry there.
  *  9. Groups (-o workers=N > 1): snaps/NAME/ holds worker K's manifest as part-K-of-N,
  *     each published by the commit protocol (invariant 2) into that directory, and the
  *     group is visible iff snaps/NAME/group exists: written create-once (rename without
@@ -60,6 +61,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <libgen.h>
 #include <lz4.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -324,6 +326,35 @@ static int store_create_format(int dfd)
 	return rc;
 }
 
+/* fsync the directory holding dir: a new directory's own entry is durable only after its
+ * parent's fsync (ext4, XFS, NFS), and a store whose directory a power cut can take
+ * away is no store. A parent we may search but not read (mode --x) cannot be opened to
+ * fsync: a warning, as nothing better is possible from here. */
+static int store_sync_parent(const char *dir)
+{
+	char *copy = strdup(dir);
+	int fd, rc = 0;
+
+	if (!copy)
+		return -ENOMEM;
+	fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0) {
+		rc = -errno;
+		if (rc == -EACCES || rc == -EPERM) {
+			log_warn("store: %s: cannot open its parent directory to fsync it (%s): "
+				 "a power cut soon after may lose the new store", dir,
+				 strerror(-rc));
+			rc = 0;
+		}
+	} else {
+		if (fsync(fd))
+			rc = -errno;
+		close(fd);
+	}
+	free(copy);
+	return rc;
+}
+
 static int store_create(const char *dir)
 {
 	int dfd, rc = 0;
@@ -351,8 +382,10 @@ static int store_create(const char *dir)
 		rc = -errno;
 		goto out_close;
 	}
-	/* FORMAT last: a dir with FORMAT is a whole store. */
-	rc = store_create_format(dfd);
+	/* FORMAT last: a dir with FORMAT is a whole store. Then DIR's own entry, which
+	 * this call or a crashed earlier one made (invariant 8). */
+	if (!(rc = store_create_format(dfd)))
+		rc = store_sync_parent(dir);
 out_close:
 	close(dfd);
 	return rc;
