@@ -131,6 +131,13 @@ def test_power_cut_persist_path(snapenv, workerset, monkeypatch):
     for k, (_, t, _) in enumerate(outs):
         tr.promise(f"worker {k}: take g1 --group-wait", t, group_need)
     ws.unmount_all(job)
+    # Deleting a group: its group file goes first, then the parts and the directory.
+    _, t, start = tr.snap("delete", "--store", st, "g1")
+    for c in tr.checks:
+        if "take g1" in c.what:
+            c.until = start
+    tr.promise("delete --store g1", t,
+               gone=lambda m: store_paths(st, "snaps/g1/group", "snaps/g1"))
 
     events = tr.events(fresh)
     bad = P.run(events, tr.checks, st)
