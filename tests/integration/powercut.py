@@ -22,6 +22,7 @@ it does not prove the disk honours them.
 """
 import os
 import re
+import threading
 
 # What strace records: every call that names a file or an fd, the syncs, the writes.
 STRACE = ["strace", "-f", "-ttt", "-T", "-y", "-q", "-s", "0", "-e",
@@ -144,11 +145,10 @@ def parse(path, src=None):
 
 
 class Inode:
-    _n = 0
-
-    def __init__(self, is_dir):
-        Inode._n += 1
-        self.no, self.is_dir = Inode._n, is_dir
+    def __init__(self, is_dir, no):
+        # no: the event that made it, or the path of one the trace found: the same in
+        # every replay of a trace, whatever was asked of the model in between.
+        self.no, self.is_dir = no, is_dir
         self.dirty_t = None       # end time of the last write not yet covered by a sync
         self.dirty_ev = None
         self.ents = {}            # name -> (Inode or None, time of the change, event)
@@ -160,7 +160,7 @@ class Model:
     """The volatile tree and, per directory, what its last fsync made durable."""
 
     def __init__(self):
-        self.root = Inode(True)
+        self.root = Inode(True, "pre:/")
         self.created = {}         # Inode -> the event that made its current entry
 
     def _walk(self, path, make_missing=True):
@@ -175,19 +175,15 @@ class Model:
             if ent is None:
                 if last and not make_missing:
                     return d, name, None
-                ino = Inode(not last)
+                ino = Inode(not last, "pre:/" + "/".join(parts[: i + 1]))
                 d.ents[name] = (ino, 0.0, None)
                 d.durable[name] = ino
                 ent = d.ents[name]
             if last:
                 return d, name, ent[0]
-            if ent[0] is None or not ent[0].is_dir:
-                if not make_missing:
-                    return None, name, None
-                ino = Inode(True)       # a directory the trace never saw made
-                d.ents[name] = (ino, 0.0, None)
-                d.durable[name] = ino
-                ent = d.ents[name]
+            if ent[0] is None:
+                return None, name, None
+            ent[0].is_dir = True      # a pre-trace entry first seen as a path's end
             d = ent[0]
         return None, "", None
 
@@ -195,10 +191,11 @@ class Model:
         return self._walk(path)[2]
 
     def _set(self, path, ino, ev):
-        d, name, _ = self._walk(path)
+        d, name, _ = self._walk(path, make_missing=False)
         if d is None:
             return
         d.ents[name] = (ino, ev.t1, ev)
+        d.durable.setdefault(name, None)   # absent after a power cut until a fsync
 
     def apply(self, ev):
         n, a = ev.name, ev.args
@@ -211,7 +208,7 @@ class Model:
             if n == "creat" or "O_CREAT" in flags:
                 d, name, ino = self._walk(p, make_missing=False)
                 if d is not None and ino is None:
-                    self._set(p, Inode(False), ev)
+                    self._set(p, Inode(False, f"{ev.text} {p}"), ev)
             if n == "creat" or "O_TRUNC" in flags:
                 ino = self.inode(p)
                 ino.dirty_t, ino.dirty_ev = ev.t1, ev
@@ -220,7 +217,7 @@ class Model:
             if p:
                 d, name, ino = self._walk(p, make_missing=False)
                 if d is not None:
-                    self._set(p, Inode(True), ev)
+                    self._set(p, Inode(True, f"{ev.text} {p}"), ev)
         elif n in WRITES:
             p = fd_path(a[0])
             if p:
@@ -231,12 +228,13 @@ class Model:
             if not p:
                 return
             ino = self.inode(p)
-            if ino.is_dir:
-                for name, (child, t, _) in ino.ents.items():
-                    if t <= ev.t0:
-                        ino.durable[name] = child
-                ino.synced_ev = ev
-            elif ino.dirty_t is None or ino.dirty_t <= ev.t0:
+            # A directory's entries, or a file's bytes (an entry found before the trace
+            # may be either: both are done, harmlessly).
+            for name, (child, t, _) in ino.ents.items():
+                if t <= ev.t0:
+                    ino.durable[name] = child
+            ino.synced_ev = ev
+            if ino.dirty_t is None or ino.dirty_t <= ev.t0:
                 ino.dirty_t, ino.dirty_ev = None, None
         elif n in ("rename", "renameat", "renameat2"):
             if n == "rename":
@@ -429,3 +427,105 @@ def verify(model, c, t, out, seen, store, ev=None):
             out.append(f"[{c.what}] {p} must be durably gone when reported (t={t:.6f}):"
                        f"\n  {why}")
     c.gone_paths = set()      # absence is judged once, at the report
+
+
+# ---------------------------------------------------------------- crash images
+
+def replay(events, marks):
+    """Replays events into a Model and calls each mark (t, fn) with the model once every
+    event that finished by t is applied, in time order."""
+    model = Model()
+    marks = sorted(marks, key=lambda m: m[0])
+    i = 0
+    for ev in events + [None]:
+        t = ev.t1 if ev is not None else float("inf")
+        while i < len(marks) and marks[i][0] < t:
+            marks[i][1](model)
+            i += 1
+        if ev is None:
+            break
+        model.apply(ev)
+
+
+def tree(model, root, durable):
+    """{relative path: Inode} under root: what a power cut now keeps (durable) or what
+    the directory holds (not durable). Empty when root itself would not survive."""
+    ino = model._walk(root, make_missing=False)[2]
+    if ino is None or (durable and model.why_not_durable(root)):
+        return {}
+    out = {}
+
+    def visit(d, rel):
+        names = d.durable if durable else {n: e[0] for n, e in d.ents.items()}
+        for name, child in names.items():
+            if child is None:
+                continue
+            r = f"{rel}/{name}" if rel else name
+            out[r] = child
+            if child.is_dir:
+                visit(child, r)
+    visit(ino, "")
+    return out
+
+
+class Images:
+    """Crash images of a store: hard-link copies of it taken between commands keep each
+    published file's bytes (store files never change once fsynced and named), and a cut
+    at time t materialises the durable tree of the model at t from them."""
+
+    def __init__(self, store, work):
+        self.store, self.work = store, work
+        self.copies = []          # (t, dir)
+        self.src = {}             # Inode.no -> a file holding its bytes
+        self.n = 0
+        self.mu = threading.Lock()   # commands of a group's workers end together
+
+    def link_copy(self, t):
+        """Links every file of the store (but leases/) into a new copy, now."""
+        with self.mu:
+            self._link_copy(t)
+
+    def _link_copy(self, t):
+        d = os.path.join(self.work, f"copy-{len(self.copies)}")
+        for dirpath, dirs, files in os.walk(self.store):
+            rel = os.path.relpath(dirpath, self.store)
+            if rel.split(os.sep)[0] == "leases":
+                continue
+            os.makedirs(os.path.join(d, rel), exist_ok=True)
+            for f in files:
+                try:
+                    os.link(os.path.join(dirpath, f), os.path.join(d, rel, f))
+                except FileNotFoundError:
+                    pass
+        self.copies.append((t, d))
+
+    def marks(self):
+        """The marks that map the model's inodes to the copies' files (replay)."""
+        def mark(t, d):
+            def fn(model):
+                for rel, ino in tree(model, self.store, False).items():
+                    p = os.path.join(d, rel)
+                    if not ino.is_dir and ino.dirty_t is None and os.path.isfile(p):
+                        self.src.setdefault(ino.no, p)
+            return (t, fn)
+        return [mark(t, d) for t, d in self.copies]
+
+    def cut(self, model):
+        """The store a power cut now leaves, as a new directory: durable entries only; a
+        file with unsynced bytes left empty (ext4's delayed allocation may do that);
+        returns (dir, [paths whose bytes no copy kept])."""
+        self.n += 1
+        d = os.path.join(self.work, f"image-{self.n}")
+        os.makedirs(d)
+        lost = []
+        for rel, ino in sorted(tree(model, self.store, True).items()):
+            p = os.path.join(d, rel)
+            if ino.is_dir:
+                os.makedirs(p, exist_ok=True)
+            elif ino.dirty_t is None and ino.no in self.src:
+                os.link(self.src[ino.no], p)
+            else:
+                if ino.dirty_t is None:
+                    lost.append(rel)
+                open(p, "wb").close()
+        return d, lost

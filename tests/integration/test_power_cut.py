@@ -8,6 +8,7 @@ by two workers with --group-wait, delete and gc through a mount and offline), an
 model of ext4 after a power cut checks that whatever a command reported durable was
 durable at that moment and stays so through every later syscall.
 """
+import json
 import os
 import re
 import shutil
@@ -32,6 +33,8 @@ class Tracer:
     def __init__(self, env):
         self.env, self.n, self.files, self.checks = env, 0, [], []
         self.store = os.path.realpath(env.store)
+        self.images = P.Images(self.store, env.path("crash"))
+        self.want = {}            # snapshot name -> its tree when taken
 
     def wrap(self, what):
         self.n += 1
@@ -45,7 +48,18 @@ class Tracer:
         r = S.run(w + [S.SNAP, *args])
         ev, code, t = P.parse(w[-1])
         assert r.rc == 0 and code == 0, f"mlfs-snap failed: {r!r}"
+        self.copy()
         return r, t, ev[0].t0 if ev else t
+
+    def copy(self):
+        self.images.link_copy(time.time())
+
+    def take(self, mnt, name):
+        """take --wait, its promise (the manifest, FORMAT, packs/, snaps/) and its tree."""
+        self.want[name] = S.read_tree(os.path.join(mnt, "ckpt"), mtime=False, xattrs=False)
+        _, t, _ = self.snap("take", mnt, name, "--wait")
+        self.promise(f"take {name} --wait", t, lambda m: store_paths(
+            self.store, "FORMAT", "packs", "snaps", f"snaps/{name}"))
 
     def promise(self, what, t, need=None, gone=None):
         c = P.Check(what, t, need, gone)
@@ -70,7 +84,8 @@ def store_paths(store, *rel):
     return [os.path.join(store, *r.split("/")) for r in rel]
 
 
-def test_power_cut_persist_path(snapenv, workerset, monkeypatch):
+def workload(snapenv, workerset, monkeypatch):
+    """Runs the traced workload; returns (Tracer, the store init made)."""
     env = snapenv("powercut-")
     tr = Tracer(env)
     st = tr.store
@@ -85,16 +100,14 @@ def test_power_cut_persist_path(snapenv, workerset, monkeypatch):
     # A first mount creates FORMAT in the (empty) store.
     d = env.mount(foreground=True, wrap=tr.wrap("daemon"))
     tr.promise("first mount", time.time(), lambda m: store_paths(st, *base))
+    tr.copy()
     ckpt = d.ckpt
     for i in range(3):
         # f{i} stays; "shared" is replaced each time, so once s0 and s1 are deleted
         # their packs are mostly garbage and gc repacks f0 and f1 (pack.c).
         S.write(os.path.join(ckpt, f"f{i}"), os.urandom(60_000 + i))
         S.write(os.path.join(ckpt, "shared"), os.urandom(400_000))
-        name = f"s{i}"
-        _, t, _ = tr.snap("take", env.mnt, name, "--wait")
-        tr.promise(f"take {name} --wait", t,
-                   lambda m, name=name: store_paths(st, *base, f"snaps/{name}"))
+        tr.take(env.mnt, f"s{i}")
 
     # delete and gc through the mount: s0 and s1 go, their unshared bytes with them.
     for name in ("s0", "s1"):
@@ -102,13 +115,14 @@ def test_power_cut_persist_path(snapenv, workerset, monkeypatch):
     _, t, _ = tr.snap("gc", env.mnt)
     tr.promise("gc (mounted)", t, lambda m: store_paths(st, *base, "snaps/s2"))
     env.unmount(d)
+    tr.copy()
 
     # Offline: a take after a restart, then delete and gc with --store.
     d = env.mount(foreground=True, wrap=tr.wrap("daemon"))
     S.write(os.path.join(d.ckpt, "f9"), os.urandom(100_000))
-    _, t, _ = tr.snap("take", env.mnt, "s3", "--wait")
-    tr.promise("take s3 --wait", t, lambda m: store_paths(st, *base, "snaps/s3"))
+    tr.take(env.mnt, "s3")
     env.unmount(d)
+    tr.copy()
     tr.delete("s2", "--store", st, "s2", also=("gc (mounted)",))
     # Offline, no lease left: a grace of 0.3 s lets this gc delete and repack now.
     time.sleep(0.5)
@@ -131,6 +145,7 @@ def test_power_cut_persist_path(snapenv, workerset, monkeypatch):
     for k, (_, t, _) in enumerate(outs):
         tr.promise(f"worker {k}: take g1 --group-wait", t, group_need)
     ws.unmount_all(job)
+    tr.copy()
     # Deleting a group: its group file goes first, then the parts and the directory.
     _, t, start = tr.snap("delete", "--store", st, "g1")
     for c in tr.checks:
@@ -139,6 +154,12 @@ def test_power_cut_persist_path(snapenv, workerset, monkeypatch):
     tr.promise("delete --store g1", t,
                gone=lambda m: store_paths(st, "snaps/g1/group", "snaps/g1"))
 
+    return tr, fresh
+
+
+def test_power_cut_persist_path(snapenv, workerset, monkeypatch):
+    tr, fresh = workload(snapenv, workerset, monkeypatch)
+    st = tr.store
     events = tr.events(fresh)
     bad = P.run(events, tr.checks, st)
     assert not bad, "not durable after a power cut:\n" + "\n".join(bad)
@@ -151,8 +172,9 @@ def test_power_cut_persist_path(snapenv, workerset, monkeypatch):
     want = {"FORMAT.tmp", "DIR", "DIR/..", "packs/.tmp", "packs", "snaps/.tmp", "snaps",
             "snaps/G", "snaps/G/part", "snaps/G/.tmp.group"}
     assert want <= kinds, f"the model misses a dropped fsync of {sorted(want - kinds)}"
-    # gc repacked (its copies' pack was published before the originals went).
-    assert any(e.name.startswith("rename") and ".gc." in e.text for e in events), r
+    # gc trashed packs (and repacked: its copies' pack published before the originals
+    # went).
+    assert any(e.name.startswith("rename") and ".gc." in e.text for e in events)
 
 
 def kind(e, store, fresh):
@@ -170,3 +192,73 @@ def kind(e, store, fresh):
     p = re.sub(r"(\.tmp(\.group)?)\..*$", r"\1", p)
     # A part's bytes: fsynced by its writer (.tmp) and by the group's publisher.
     return re.sub(r"^snaps/G/(part-\d+-of-\d+|\.tmp)$", "snaps/G/part", p)
+
+
+def test_power_cut_crash_images(snapenv, workerset, monkeypatch):
+    """The same workload; then, cut at about 40 points spread over the store's renames,
+    unlinks and fsyncs (and at each report), the store as the model says a power cut
+    there leaves it (durable entries only, a file with unsynced bytes empty) must
+    verify, restore byte-exact every snapshot reported durable before the cut (and not
+    deleted since), and list none whose delete was reported."""
+    tr, _ = workload(snapenv, workerset, monkeypatch)
+    events = tr.events()
+    P.replay(events, tr.images.marks())
+    bad, n = check_images(tr, events)
+    assert not bad, "\n".join(bad)
+    assert n >= 20
+    # The images would show a lost fsync: without those of snaps/, a cut finds a
+    # snapshot reported durable missing.
+    no_snaps = [e for e in events
+                if not (e.name in P.SYNCS and P.fd_path(e.args[0]) == tr.store + "/snaps")]
+    bad, _ = check_images(tr, no_snaps)
+    assert any("restore" in b for b in bad), bad
+
+
+def check_images(tr, events):
+    """Builds and checks the crash images; (what failed, how many cuts)."""
+    imgs = tr.images
+    points = [e.t1 for e in events if e.name in P.SYNCS or e.name.startswith(("rename",
+                                                                               "unlink"))]
+    step = max(1, len(points) // 40)
+    cuts = sorted(set(points[::step] + [c.t for c in tr.checks]))
+    got = []
+    P.replay(events, [(t, lambda m, t=t: got.append((t, *imgs.cut(m)))) for t in cuts])
+    bad = []
+    for t, img, lost in got:
+        live = [c for c in tr.checks if c.t <= t < c.until]
+        if not os.path.exists(os.path.join(img, "FORMAT")):
+            if any(c.what == "first mount" for c in live):
+                bad.append(f"cut at {t:.6f}: no FORMAT after the first mount")
+            continue
+        r = S.snap("verify", "--store", img)
+        if r.rc != 0:
+            bad.append(f"cut at {t:.6f}: verify --store {img}: {r!r}")
+        r = S.snap("list", "--store", img, "--json")
+        names = {e["name"] for e in json.loads(r.out)} if r.rc == 0 else set()
+        if r.rc != 0:
+            bad.append(f"cut at {t:.6f}: list --store {img}: {r!r}")
+        for c in live:
+            if c.what.startswith("delete "):
+                name = c.what.split()[-1]
+                if name in names:
+                    bad.append(f"cut at {t:.6f}: {name} listed after '{c.what}' reported")
+            if not c.what.startswith("take s"):
+                continue
+            name = c.what.split()[1]
+            out = img + f"-{name}"
+            r = S.export(img, name, out)
+            if r.rc != 0:
+                bad.append(f"cut at {t:.6f}: restore {name} (reported durable): {r!r}")
+                continue
+            try:
+                S.assert_tree_equal(S.read_tree(out, mtime=False, xattrs=False),
+                                    tr.want[name], f"{name} restored after a cut at {t:.6f}")
+            except AssertionError as e:
+                bad.append(str(e))
+            shutil.rmtree(out)
+        published = [rel for rel in lost if rel.startswith(("snaps/", "packs/"))
+                     and not os.path.basename(rel).startswith(".")]
+        if published:
+            bad.append(f"cut at {t:.6f}: no copy kept the bytes of {published}")
+        shutil.rmtree(img)
+    return bad, len(got)
