@@ -957,12 +957,13 @@ out_close:
 /* Commit step 1 (invariant 1). Caller holds s->mu. */
 static int sync_objects_locked(struct store *s)
 {
-	int rc;
+	int rc, own;
 
 	if (s->broken)
 		return s->broken;
 	/* The session's open pack: index, fsync, rename, fsync packs/ (pack.h). */
 	pthread_mutex_lock(&s->pmu);
+	own = pack_writer_count(s->pw) > 0;
 	rc = pack_writer_finish(s->packs, &s->pw);
 	pthread_mutex_lock(&s->lmu);
 	s->pw_named = 0;	/* no pack in flight: the lease stops naming one */
@@ -972,6 +973,12 @@ static int sync_objects_locked(struct store *s)
 		s->broken = -EIO;	/* invariant 6: packs/ may have lost a name */
 	if (rc)
 		return rc;
+	/* No pack of our own finished now, so no fsync of packs/ began after the puts:
+	 * the manifest may name objects (dedup) in a pack a peer renamed into packs/ and
+	 * has not fsynced packs/ for yet, a name a power cut could take back. One
+	 * directory fsync per such commit (a take of an unchanged tree, mostly). */
+	if (!own && s->packfd >= 0 && sync_dir(s, s->packfd))
+		return -EIO;
 	if (s->full_sync) {
 		/* store_recover: what an earlier failed fsync may have dropped is flushed
 		 * or found missing (step 1b) before anything relies on it. */

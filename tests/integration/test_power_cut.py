@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import time
 
 import pytest
@@ -262,3 +263,47 @@ def check_images(tr, events):
             bad.append(f"cut at {t:.6f}: no copy kept the bytes of {published}")
         shutil.rmtree(img)
     return bad, len(got)
+
+
+PEER = r"""
+import os, sys
+src, packs = sys.argv[1], sys.argv[2]
+name = os.path.basename(src)
+fd = os.open(os.path.join(packs, ".tmp.peer"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+os.write(fd, open(src, "rb").read())
+os.fsync(fd)
+os.close(fd)
+os.rename(os.path.join(packs, ".tmp.peer"), os.path.join(packs, name))
+"""
+
+
+def test_power_cut_dedup_on_a_peers_unsynced_pack(snapenv, monkeypatch):
+    """A peer (another daemon on the same store) renamed a pack into packs/ and has not
+    fsynced packs/ yet (pack.c does so right after: here the test holds that moment).
+    A take --wait whose every block dedups against that pack finishes no pack of its
+    own, so nothing of it fsyncs packs/: its report must not rest on the peer's rename."""
+    data = os.urandom(300_000)
+    # The pack, made in another store: a pack is self-contained (pack.h).
+    other = snapenv("powercut-peer-")
+    d = other.mount()
+    S.write(os.path.join(d.ckpt, "x"), data)
+    S.snap_ok("take", other.mnt, "a", "--wait")
+    other.unmount(d)
+    pack = [os.path.join(other.store, "packs", n)
+            for n in os.listdir(os.path.join(other.store, "packs")) if n.endswith(".pack")]
+    assert len(pack) == 1, pack
+
+    env = snapenv("powercut-")
+    tr = Tracer(env)
+    st = tr.store
+    d = env.mount(foreground=True, wrap=tr.wrap("daemon"))
+    r = S.run(tr.wrap("peer") + [sys.executable, "-c", PEER, pack[0],
+                                 os.path.join(st, "packs")])
+    assert r.rc == 0, r
+    S.write(os.path.join(d.ckpt, "x"), data)
+    tr.take(env.mnt, "b")
+    env.unmount(d)
+    names = os.listdir(os.path.join(st, "packs"))
+    assert names == [os.path.basename(pack[0])], f"the take did not dedup: {names}"
+    bad = P.run(tr.events(), tr.checks, st)
+    assert not bad, "not durable after a power cut:\n" + "\n".join(bad)
