@@ -38,7 +38,8 @@
  *     temporary (FORMAT.tmp.<pid>.<random>), fsyncs it and publishes it without
  *     replacing; a peer that published first wins and its FORMAT is judged as any
  *     store's. So N processes creating one store at once all succeed. DIR is fsynced
- *     after the publish, and DIR's parent too: mkdir of DIR is a new entry there.
+ *     after the publish, and DIR's parent too: mkdir of DIR is a new entry there; and
+ *     so are both when FORMAT is found (a peer may not have fsynced them yet).
  *  9. Groups (-o workers=N > 1): snaps/NAME/ holds worker K's manifest as part-K-of-N,
  *     each published by the commit protocol (invariant 2) into that directory, and the
  *     group is visible iff snaps/NAME/group exists: written create-once (rename without
@@ -372,7 +373,7 @@ static int store_create(const char *dir)
 	 * anything but the pieces a create interrupted by a crash (or a peer creating
 	 * it right now) leaves is not made a store behind its owner's back. */
 	if (faccessat(dfd, "FORMAT", F_OK, 0) == 0)
-		goto out_close;
+		goto out_sync;
 	if ((rc = store_dir_is_fresh(dfd)))
 		goto out_close;
 	/* Every step tolerates a peer doing the same at the same time: EEXIST is fine. */
@@ -386,6 +387,19 @@ static int store_create(const char *dir)
 	 * this call or a crashed earlier one made (invariant 8). */
 	if (!(rc = store_create_format(dfd)))
 		rc = store_sync_parent(dir);
+	goto out_close;
+out_sync:
+	/* FORMAT found: maybe a peer's that its creator has renamed in and not yet
+	 * fsynced DIR for (nor DIR's parent). Nothing here would make it durable later:
+	 * commits fsync packs/ and snaps/, never DIR. Two directory fsyncs per mount, of
+	 * directories nothing dirtied in the usual case. A read-only filesystem has no
+	 * such peer: EROFS is fine. */
+	if (fsync(dfd) && errno != EROFS)
+		rc = -errno;
+	else
+		rc = store_sync_parent(dir);
+	if (rc == -EROFS)
+		rc = 0;
 out_close:
 	close(dfd);
 	return rc;

@@ -307,3 +307,33 @@ def test_power_cut_dedup_on_a_peers_unsynced_pack(snapenv, monkeypatch):
     assert names == [os.path.basename(pack[0])], f"the take did not dedup: {names}"
     bad = P.run(tr.events(), tr.checks, st)
     assert not bad, "not durable after a power cut:\n" + "\n".join(bad)
+
+
+PEER_CREATE = r"""
+import os, sys
+d = sys.argv[1]
+for n in ("packs", "snaps", "leases"):
+    os.mkdir(os.path.join(d, n), 0o700)
+fd = os.open(os.path.join(d, "FORMAT.tmp.peer"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+os.write(fd, b"mlfs-store\nversion 2\n")
+os.fsync(fd)
+os.close(fd)
+os.rename(os.path.join(d, "FORMAT.tmp.peer"), os.path.join(d, "FORMAT"))
+"""
+
+
+def test_power_cut_mount_on_a_peers_unsynced_format(snapenv):
+    """A peer creating the store has published FORMAT (and made packs/, snaps/, leases/)
+    but not yet fsynced the directory (store.c does so right after: the test holds that
+    moment). A daemon mounting then finds FORMAT and creates nothing; its take --wait
+    must not report a snapshot a power cut would leave in a directory that is no store."""
+    env = snapenv("powercut-")
+    tr = Tracer(env)
+    r = S.run(tr.wrap("peer") + [sys.executable, "-c", PEER_CREATE, tr.store])
+    assert r.rc == 0, r
+    d = env.mount(foreground=True, wrap=tr.wrap("daemon"))
+    S.write(os.path.join(d.ckpt, "x"), os.urandom(100_000))
+    tr.take(env.mnt, "a")
+    env.unmount(d)
+    bad = P.run(tr.events(), tr.checks, tr.store)
+    assert not bad, "not durable after a power cut:\n" + "\n".join(bad)
