@@ -1445,7 +1445,10 @@ int store_group_publish(struct store *s, const char *name)
 	if ((rc = group_scan(gfd, &g)))
 		goto out;
 	if (g.complete) {
-		rc = 1;
+		/* Published, maybe by a peer that has renamed the group file in and not
+		 * yet fsynced the directory: fsync it before saying so (the group file's
+		 * and the parts' bytes were fsynced before that rename). */
+		rc = sync_dir(s, gfd) ? -EIO : 1;
 		goto out;
 	}
 	if (g.workers <= 0 || g.nparts < (unsigned)g.workers) {

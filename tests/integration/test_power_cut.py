@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 import time
 
 import pytest
@@ -335,5 +336,46 @@ def test_power_cut_mount_on_a_peers_unsynced_format(snapenv):
     S.write(os.path.join(d.ckpt, "x"), os.urandom(100_000))
     tr.take(env.mnt, "a")
     env.unmount(d)
+    bad = P.run(tr.events(), tr.checks, tr.store)
+    assert not bad, "not durable after a power cut:\n" + "\n".join(bad)
+
+
+def test_power_cut_group_wait_on_a_peers_unsynced_group(snapenv, workerset):
+    """Worker 1 publishes the group (its part is the last) and strace delays its fsync
+    of the group's directory by 0.4 s, so the rename of its group file stays unsynced
+    that long; worker 0, in take --group-wait, polls every 100 ms and sees the group
+    file in the meantime. Its report must not rest on worker 1's unsynced rename. (A
+    poll that falls in the few ms between worker 1's part and its group file publishes
+    the group itself and misses the point: the test then passes either way.)"""
+    env = snapenv("powercut-")
+    tr = Tracer(env)
+    ws = workerset(store=tr.store)
+    # The 9th fsync of a thread of worker 1 and on: its persister's fsync of snaps/g1
+    # after the group file's rename (before it: snaps/, the pack, packs/, the part,
+    # snaps/g1, part 0, part 1, the group file).
+    slow = ["-e", "inject=fsync:delay_enter=400000:when=9+"]
+    job = ws.start(2, wrap=lambda k: tr.wrap(f"worker{k}") + (slow if k == 1 else []))
+    for w in job:
+        S.write(os.path.join(w.ckpt, f"w{w.k}"), os.urandom(100_000))
+    res = {}
+
+    def first(w):
+        res[0] = tr.snap("take", w.mnt, "g1", "--group-wait")
+    t = threading.Thread(target=first, args=(job[0],))
+    t.start()
+    # worker 0's part first, so worker 1's is the last and it publishes.
+    end = time.monotonic() + 60
+    while not os.path.exists(os.path.join(tr.store, "snaps", "g1", "part-0-of-2")):
+        assert time.monotonic() < end and t.is_alive(), res
+        time.sleep(0.02)
+    tr.snap("take", job[1].mnt, "g1", "--wait")
+    t.join(120)
+    assert 0 in res, "take --group-wait of worker 0 did not return"
+    g = os.path.join(tr.store, "snaps", "g1")
+    tr.promise("worker 0: take g1 --group-wait", res[0][1], lambda m: store_paths(
+        tr.store, "FORMAT", "packs", "snaps") + [g, os.path.join(g, "group"),
+                                                 os.path.join(g, "part-0-of-2"),
+                                                 os.path.join(g, "part-1-of-2")])
+    ws.unmount_all(job)
     bad = P.run(tr.events(), tr.checks, tr.store)
     assert not bad, "not durable after a power cut:\n" + "\n".join(bad)
