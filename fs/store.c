@@ -1901,6 +1901,12 @@ int store_list(struct store *s, int flags, struct store_snap_info **out, size_t 
 	}
 	if (nv)
 		qsort(v, nv, sizeof(*v), info_cmp);
+	/* What is listed complete must be durable: a peer's commit may have renamed a
+	 * manifest in and not yet fsynced snaps/ (step 3). One fsync after the listing
+	 * covers every name it saw. (A group's own directory is not fsynced here: see
+	 * docs/store-format.md, "Durability".) A read-only filesystem has no such peer. */
+	if (nv && fsync(s->snapfd) && errno != EROFS)
+		rc = -errno;
 out:
 	closedir(dir);
 	if (rc) {

@@ -418,13 +418,13 @@ def verify(model, c, t, out, seen, store, ev=None):
         why = model.why_not_durable(p)
         if why and (c.what, p) not in seen:
             seen.add((c.what, p))
-            at = f"at {ev!r}" if ev is not None else f"when it was reported (t={t:.6f})"
+            at = f"at {ev!r}" if ev is not None else f"when it was reported (t={c.t:.6f})"
             out.append(f"[{c.what}] {p} must be durable {at}:\n  {why}")
     for p in sorted(c.gone_paths):
         why = model.why_not_gone(p)
         if why and (c.what, p) not in seen:
             seen.add((c.what, p))
-            out.append(f"[{c.what}] {p} must be durably gone when reported (t={t:.6f}):"
+            out.append(f"[{c.what}] {p} must be durably gone when reported (t={c.t:.6f}):"
                        f"\n  {why}")
     c.gone_paths = set()      # absence is judged once, at the report
 

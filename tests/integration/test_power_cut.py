@@ -379,3 +379,45 @@ def test_power_cut_group_wait_on_a_peers_unsynced_group(snapenv, workerset):
     ws.unmount_all(job)
     bad = P.run(tr.events(), tr.checks, tr.store)
     assert not bad, "not durable after a power cut:\n" + "\n".join(bad)
+
+
+PEER_COMMIT = r"""
+import os, sys
+other, store = sys.argv[1], sys.argv[2]
+def put(src, d, name):
+    fd = os.open(os.path.join(d, ".tmp.peer"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+    os.write(fd, open(src, "rb").read())
+    os.fsync(fd)
+    os.close(fd)
+    os.rename(os.path.join(d, ".tmp.peer"), os.path.join(d, name))
+for n in os.listdir(os.path.join(other, "packs")):
+    if n.endswith(".pack"):
+        put(os.path.join(other, "packs", n), os.path.join(store, "packs"), n)
+dfd = os.open(os.path.join(store, "packs"), os.O_RDONLY | os.O_DIRECTORY)
+os.fsync(dfd)                       # commit step 1, whole
+put(os.path.join(other, "snaps", "a"), os.path.join(store, "snaps"), "a")
+# held here: step 3's fsync of snaps/ not done yet
+"""
+
+
+def test_power_cut_list_during_a_peers_commit(snapenv):
+    """A peer's commit holds between its manifest's rename and its fsync of snaps/ (a
+    traced helper stops there). `list --store` then sees the manifest: if it says
+    `durable`, that must be true."""
+    other = snapenv("powercut-peer-")
+    d = other.mount()
+    S.write(os.path.join(d.ckpt, "x"), os.urandom(100_000))
+    S.snap_ok("take", other.mnt, "a", "--wait")
+    other.unmount(d)
+    env = snapenv("powercut-")
+    tr = Tracer(env)
+    tr.snap("init", "--store", tr.store)
+    r = S.run(tr.wrap("peer") + [sys.executable, "-c", PEER_COMMIT, other.store, tr.store])
+    assert r.rc == 0, r
+    r, t, _ = tr.snap("list", "--store", tr.store, "--json")
+    states = {e["name"]: e["state"] for e in json.loads(r.out)}
+    if states.get("a") in S.STORED:
+        tr.promise("list --store: a durable", t, lambda m: store_paths(
+            tr.store, "FORMAT", "packs", "snaps", "snaps/a"))
+    bad = P.run(tr.events(), tr.checks, tr.store)
+    assert not bad, "not durable after a power cut:\n" + "\n".join(bad)
