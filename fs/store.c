@@ -1743,6 +1743,15 @@ static int snap_entry_group(struct store *s, const char *name, struct group_scan
 	if ((gfd = group_open(s, name)) < 0)
 		return -ENOENT;
 	rc = group_scan(gfd, g);
+	/* Listed complete only once durable: its publisher may have renamed the group
+	 * file in and not yet fsynced the directory (the parts' and the group file's
+	 * bytes were fsynced before that rename). A read-only filesystem has no such
+	 * publisher. */
+	if (!rc && g->complete && fsync(gfd) && errno != EROFS) {
+		rc = -errno;
+		log_err("store: %s: fsync of snaps/%s failed: %s; not listed", s->path, name,
+			strerror(errno));
+	}
 	close(gfd);
 	return rc ? rc : 1;
 }
@@ -1903,8 +1912,8 @@ int store_list(struct store *s, int flags, struct store_snap_info **out, size_t 
 		qsort(v, nv, sizeof(*v), info_cmp);
 	/* What is listed complete must be durable: a peer's commit may have renamed a
 	 * manifest in and not yet fsynced snaps/ (step 3). One fsync after the listing
-	 * covers every name it saw. (A group's own directory is not fsynced here: see
-	 * docs/store-format.md, "Durability".) A read-only filesystem has no such peer. */
+	 * covers every name it saw (a complete group's own directory was fsynced by
+	 * snap_entry_group). A read-only filesystem has no such peer. */
 	if (nv && fsync(s->snapfd) && errno != EROFS)
 		rc = -errno;
 out:

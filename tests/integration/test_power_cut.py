@@ -421,3 +421,58 @@ def test_power_cut_list_during_a_peers_commit(snapenv):
             tr.store, "FORMAT", "packs", "snaps", "snaps/a"))
     bad = P.run(tr.events(), tr.checks, tr.store)
     assert not bad, "not durable after a power cut:\n" + "\n".join(bad)
+
+
+PEER_GROUP = r"""
+import os, sys
+other, store = sys.argv[1], sys.argv[2]
+def put(src, d, name):
+    fd = os.open(os.path.join(d, ".tmp.peer"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+    os.write(fd, open(src, "rb").read())
+    os.fsync(fd)
+    os.close(fd)
+    os.rename(os.path.join(d, ".tmp.peer"), os.path.join(d, name))
+def sync(d):
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    os.fsync(fd)
+    os.close(fd)
+for n in os.listdir(os.path.join(other, "packs")):
+    if n.endswith(".pack"):
+        put(os.path.join(other, "packs", n), os.path.join(store, "packs"), n)
+sync(os.path.join(store, "packs"))
+g, og = os.path.join(store, "snaps", "g1"), os.path.join(other, "snaps", "g1")
+os.mkdir(g, 0o700)
+sync(os.path.join(store, "snaps"))
+for n in sorted(os.listdir(og)):
+    if n.startswith("part-"):
+        put(os.path.join(og, n), g, n)
+sync(g)
+put(os.path.join(og, "group"), g, "group")
+# held here: the publisher's fsync of snaps/g1 not done yet
+"""
+
+
+def test_power_cut_list_during_a_peers_group_publish(snapenv, workerset):
+    """As above for a group: its publisher holds between the group file's rename and
+    its fsync of the group's directory; `list --store` must not call it complete then."""
+    ws = workerset()
+    job = ws.start(2)
+    for w in job:
+        S.write(os.path.join(w.ckpt, f"w{w.k}"), os.urandom(50_000))
+    for w in job:
+        assert w.snap("take", "g1", "--wait").rc == 0
+    ws.unmount_all(job)
+    env = snapenv("powercut-")
+    tr = Tracer(env)
+    tr.snap("init", "--store", tr.store)
+    r = S.run(tr.wrap("peer") + [sys.executable, "-c", PEER_GROUP, ws.store, tr.store])
+    assert r.rc == 0, r
+    r, t, _ = tr.snap("list", "--store", tr.store, "--json")
+    states = {e["name"]: e["state"] for e in json.loads(r.out)}
+    if states.get("g1") in S.STORED:
+        g = os.path.join(tr.store, "snaps", "g1")
+        tr.promise("list --store: g1 complete", t, lambda m: store_paths(
+            tr.store, "FORMAT", "packs", "snaps") + [g] + [
+                os.path.join(g, n) for n in m.listdir(g) if not n.startswith(".")])
+    bad = P.run(tr.events(), tr.checks, tr.store)
+    assert not bad, "not durable after a power cut:\n" + "\n".join(bad)
