@@ -766,6 +766,11 @@ int pack_writer_id(const struct pack_writer *w, uint8_t id[16])
 	return 1;
 }
 
+size_t pack_writer_count(const struct pack_writer *w)
+{
+	return w ? w->n : 0;
+}
+
 void pack_writer_abort(struct pack_set *ps, struct pack_writer **w)
 {
 	if (!*w)

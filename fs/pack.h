@@ -96,6 +96,9 @@ int pack_writer_finish(struct pack_set *ps, struct pack_writer **w);
  * among its objects, so gc leaves the temporary of a live writer alone). 0 if w is
  * NULL, else 1. */
 int pack_writer_id(const struct pack_writer *w, uint8_t id[16]);
+/* How many records w holds (0 for NULL): whether pack_writer_finish will publish it
+ * (and so fsync packs/ after the rename) or drop it. */
+size_t pack_writer_count(const struct pack_writer *w);
 /* Drop *w and its temporary file. NULL is fine. */
 void pack_writer_abort(struct pack_set *ps, struct pack_writer **w);
 

@@ -516,7 +516,9 @@ static int snapd_group_wait(struct snapd *sd, struct ctl_req *r, const char *nam
 
 	for (;;) {
 		rc = store_group_state(sd->st, name, &parts, &workers);
-		if (rc == 0 && workers && parts == workers)
+		/* Complete too: publish makes the group durable before we report it (a
+		 * peer's group file may be renamed in and not yet fsynced). */
+		if (rc == 1 || (rc == 0 && workers && parts == workers))
 			rc = store_group_publish(sd->st, name);
 		if (rc == 1) {
 			ctl_out(r, "group %s complete: %u parts", name, sd->m->cfg.workers);

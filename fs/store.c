@@ -37,7 +37,9 @@
  *  8. FORMAT is created once and never rewritten in place: each creator writes its own
  *     temporary (FORMAT.tmp.<pid>.<random>), fsyncs it and publishes it without
  *     replacing; a peer that published first wins and its FORMAT is judged as any
- *     store's. So N processes creating one store at once all succeed.
+ *     store's. So N processes creating one store at once all succeed. DIR is fsynced
+ *     after the publish, and DIR's parent too: mkdir of DIR is a new entry there; and
+ *     so are both when FORMAT is found (a peer may not have fsynced them yet).
  *  9. Groups (-o workers=N > 1): snaps/NAME/ holds worker K's manifest as part-K-of-N,
  *     each published by the commit protocol (invariant 2) into that directory, and the
  *     group is visible iff snaps/NAME/group exists: written create-once (rename without
@@ -60,6 +62,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <libgen.h>
 #include <lz4.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -324,6 +327,35 @@ static int store_write_format(int dfd, int replace)
 	return rc;
 }
 
+/* fsync the directory holding dir: a new directory's own entry is durable only after its
+ * parent's fsync (ext4, XFS, NFS), and a store whose directory a power cut can take
+ * away is no store. A parent we may search but not read (mode --x) cannot be opened to
+ * fsync: a warning, as nothing better is possible from here. */
+static int store_sync_parent(const char *dir)
+{
+	char *copy = strdup(dir);
+	int fd, rc = 0;
+
+	if (!copy)
+		return -ENOMEM;
+	fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0) {
+		rc = -errno;
+		if (rc == -EACCES || rc == -EPERM) {
+			log_warn("store: %s: cannot open its parent directory to fsync it (%s): "
+				 "a power cut soon after may lose the new store", dir,
+				 strerror(-rc));
+			rc = 0;
+		}
+	} else {
+		if (fsync(fd))
+			rc = -errno;
+		close(fd);
+	}
+	free(copy);
+	return rc;
+}
+
 static int store_create(const char *dir)
 {
 	int dfd, rc = 0;
@@ -341,7 +373,7 @@ static int store_create(const char *dir)
 	 * anything but the pieces a create interrupted by a crash (or a peer creating
 	 * it right now) leaves is not made a store behind its owner's back. */
 	if (faccessat(dfd, "FORMAT", F_OK, 0) == 0)
-		goto out_close;
+		goto out_sync;
 	if ((rc = store_dir_is_fresh(dfd)))
 		goto out_close;
 	/* Every step tolerates a peer doing the same at the same time: EEXIST is fine. */
@@ -351,8 +383,23 @@ static int store_create(const char *dir)
 		rc = -errno;
 		goto out_close;
 	}
-	/* FORMAT last: a dir with FORMAT is a whole store. */
-	rc = store_write_format(dfd, 0);
+	/* FORMAT last: a dir with FORMAT is a whole store. Then DIR's own entry, which
+	 * this call or a crashed earlier one made (invariant 8). */
+	if (!(rc = store_write_format(dfd, 0)))
+		rc = store_sync_parent(dir);
+	goto out_close;
+out_sync:
+	/* FORMAT found: maybe a peer's that its creator has renamed in and not yet
+	 * fsynced DIR for (nor DIR's parent). Nothing here would make it durable later:
+	 * commits fsync packs/ and snaps/, never DIR. Two directory fsyncs per mount, of
+	 * directories nothing dirtied in the usual case. A read-only filesystem has no
+	 * such peer: EROFS is fine. */
+	if (fsync(dfd) && errno != EROFS)
+		rc = -errno;
+	else
+		rc = store_sync_parent(dir);
+	if (rc == -EROFS)
+		rc = 0;
 out_close:
 	close(dfd);
 	return rc;
@@ -908,12 +955,13 @@ out_close:
 /* Commit step 1 (invariant 1). Caller holds s->mu. */
 static int sync_objects_locked(struct store *s)
 {
-	int rc;
+	int rc, own;
 
 	if (s->broken)
 		return s->broken;
 	/* The session's open pack: index, fsync, rename, fsync packs/ (pack.h). */
 	pthread_mutex_lock(&s->pmu);
+	own = pack_writer_count(s->pw) > 0;
 	rc = pack_writer_finish(s->packs, &s->pw);
 	pthread_mutex_lock(&s->lmu);
 	s->pw_named = 0;	/* no pack in flight: the lease stops naming one */
@@ -923,6 +971,12 @@ static int sync_objects_locked(struct store *s)
 		s->broken = -EIO;	/* invariant 6: packs/ may have lost a name */
 	if (rc)
 		return rc;
+	/* No pack of our own finished now, so no fsync of packs/ began after the puts:
+	 * the manifest may name objects (dedup) in a pack a peer renamed into packs/ and
+	 * has not fsynced packs/ for yet, a name a power cut could take back. One
+	 * directory fsync per such commit (a take of an unchanged tree, mostly). */
+	if (!own && s->packfd >= 0 && sync_dir(s, s->packfd))
+		return -EIO;
 	if (s->full_sync) {
 		/* store_recover: what an earlier failed fsync may have dropped is flushed
 		 * or found missing (step 1b) before anything relies on it. */
@@ -1371,7 +1425,10 @@ int store_group_publish(struct store *s, const char *name)
 	if ((rc = group_scan(gfd, &g)))
 		goto out;
 	if (g.complete) {
-		rc = 1;
+		/* Published, maybe by a peer that has renamed the group file in and not
+		 * yet fsynced the directory: fsync it before saying so (the group file's
+		 * and the parts' bytes were fsynced before that rename). */
+		rc = sync_dir(s, gfd) ? -EIO : 1;
 		goto out;
 	}
 	if (g.workers <= 0 || g.nparts < (unsigned)g.workers) {
@@ -1666,6 +1723,15 @@ static int snap_entry_group(struct store *s, const char *name, struct group_scan
 	if ((gfd = group_open(s, name)) < 0)
 		return -ENOENT;
 	rc = group_scan(gfd, g);
+	/* Listed complete only once durable: its publisher may have renamed the group
+	 * file in and not yet fsynced the directory (the parts' and the group file's
+	 * bytes were fsynced before that rename). A read-only filesystem has no such
+	 * publisher. */
+	if (!rc && g->complete && fsync(gfd) && errno != EROFS) {
+		rc = -errno;
+		log_err("store: %s: fsync of snaps/%s failed: %s; not listed", s->path, name,
+			strerror(errno));
+	}
 	close(gfd);
 	return rc ? rc : 1;
 }
@@ -1812,6 +1878,12 @@ int store_list(struct store *s, int flags, struct store_snap_info **out, size_t 
 	}
 	if (nv)
 		qsort(v, nv, sizeof(*v), info_cmp);
+	/* What is listed complete must be durable: a peer's commit may have renamed a
+	 * manifest in and not yet fsynced snaps/ (step 3). One fsync after the listing
+	 * covers every name it saw (a complete group's own directory was fsynced by
+	 * snap_entry_group). A read-only filesystem has no such peer. */
+	if (nv && fsync(s->snapfd) && errno != EROFS)
+		rc = -errno;
 out:
 	closedir(dir);
 	if (rc) {

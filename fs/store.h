@@ -208,7 +208,8 @@ int store_delete(struct store *s, const char *name);
 int store_commit_part(struct store *s, const struct mf_manifest *m, unsigned worker,
 		      unsigned workers, int *complete);
 /* Publish snaps/name/group if every part is there (fsynced and checked first): 1 if
- * the group is complete (by us or another worker), 0 if parts are missing, -errno.
+ * the group is complete (by us or another worker; its directory fsynced either way, as a
+ * peer may not have yet), 0 if parts are missing, -errno.
  * Create-once: any number of workers may call it at once. */
 int store_group_publish(struct store *s, const char *name);
 /* 1 complete, 0 partial (*parts of *workers present; *workers 0 if unknown), -ENOENT

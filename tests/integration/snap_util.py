@@ -204,8 +204,10 @@ class SnapEnv:
                 shutil.copy(os.path.join(self.root, n), dest)
         return dest
 
-    def mount(self, opts="", store=None, foreground=False, spill=None, expect_ok=True):
-        """Mount SOURCE on MNT with a fresh spill dir and the env's store; ready on return."""
+    def mount(self, opts="", store=None, foreground=False, spill=None, expect_ok=True,
+              wrap=()):
+        """Mount SOURCE on MNT with a fresh spill dir and the env's store; ready on return.
+        wrap: argv run in front of mlfs (strace ...; foreground only)."""
         if not os.access(U.MLFS, os.X_OK):
             pytest.fail(f"{U.MLFS} is missing (run make)")
         assert not U.is_mounted(self.mnt), f"{self.mnt} is still mounted"
@@ -215,7 +217,8 @@ class SnapEnv:
             os.mkdir(spill)
         d = Daemon(self, spill, self.path(f"daemon-{self.nmounts}.log"))
         o = f"store={store or self.store},spill={spill}" + ("," + opts if opts else "")
-        argv = [U.MLFS] + (["-f"] if foreground else []) + ["-o", o, self.src, self.mnt]
+        argv = list(wrap) + [U.MLFS] + (["-f"] if foreground else []) + \
+            ["-o", o, self.src, self.mnt]
         self.daemons.append(d)
         start = time.monotonic()
         with open(d.log, "wb") as log:

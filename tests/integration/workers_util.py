@@ -64,10 +64,11 @@ class WorkerSet:
         self.gen = 0
         self.workers = []
 
-    def start(self, n, opts="", ks=None, restore=None, stagger=None, timeout=60):
+    def start(self, n, opts="", ks=None, restore=None, stagger=None, timeout=60, wrap=None):
         """Starts workers ks (default all of 0..n-1) of a job of n on fresh mount points,
         at once; returns them, every one mounted. stagger (default: when the store has
-        no FORMAT yet) starts the first alone, so only one daemon creates the store."""
+        no FORMAT yet) starts the first alone, so only one daemon creates the store.
+        wrap: wrap(k) gives an argv to run in front of worker k's mlfs (strace ...)."""
         self.gen += 1
         gdir = os.path.join(self.root, f"gen-{self.gen}")
         os.mkdir(gdir)
@@ -91,7 +92,8 @@ class WorkerSet:
                     o += f",restore={restore}"
                 if opts:
                     o += "," + opts
-                argv = [U.MLFS, "-f", "-o", o, self.src, w.mnt]
+                argv = (list(wrap(w.k)) if wrap else []) + \
+                    [U.MLFS, "-f", "-o", o, self.src, w.mnt]
                 with open(w.log, "wb") as log:
                     w.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
                                               stderr=log, start_new_session=True)

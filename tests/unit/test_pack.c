@@ -348,6 +348,33 @@ static void test_leftover(const char *dir)
 }
 
 /* Records: a header names its hash and lengths; decode checks the hash. */
+/* pack_writer_count: what store_sync_objects asks before it trusts a finish to have
+ * fsynced packs/ (an empty writer is dropped unfsynced). */
+static void test_writer_count(const char *dir)
+{
+	static char buf[BS];
+	struct pack_set *ps = NULL;
+	struct pack_writer *w = NULL;
+	uint8_t h[16];
+	char packs[512];
+	int fd;
+
+	EXPECT_EQ(pack_writer_count(NULL), 0);
+	snprintf(packs, sizeof(packs), "%s/count", dir);
+	EXPECT_EQ(mkdir(packs, 0700), 0);
+	fd = open(packs, O_RDONLY | O_DIRECTORY);
+	EXPECT(fd >= 0);
+	EXPECT_EQ(pack_set_new(fd, packs, &ps), 0);
+	fill(buf, BS, 77);
+	hash_of(buf, BS, h);
+	EXPECT_EQ(pack_writer_add(ps, &w, h, BS, 0, buf, BS), 0);
+	EXPECT_EQ(pack_writer_count(w), 1);
+	EXPECT_EQ(pack_writer_finish(ps, &w), 0);
+	EXPECT_EQ(pack_writer_count(w), 0);
+	pack_set_free(ps);
+	close(fd);
+}
+
 static void test_records(void)
 {
 	static char buf[BS], out[BS];
@@ -383,6 +410,7 @@ int main(void)
 		return 1;
 	}
 	test_records();
+	test_writer_count(root);
 	path_of(p, sizeof(p), root, "rw");
 	test_write_read(p);
 	path_of(p, sizeof(p), root, "damage");
