@@ -36,13 +36,18 @@ def neighbour_rows(d):
         return [("neighbour in mlfs's cgroup: OOM kills", "not run", "0"),
                 ("neighbour's growth time, with mlfs / alone", "not run", "<= 1.5x"),
                 ("memory per cached dataset byte", "not run", "<= 1.2 B")]
-    grow = statistics.median(d["mlfs"]) / statistics.median(d["alone"]) \
-        if d.get("mlfs") and d.get("alone") else None
+    ratio = (d.get("summary") or {}).get("ratio")
+    if ratio:  # neighbour.py since the per-round pairs: median, quartiles, range
+        grow = "%.2fx (per-round median; quartiles %.2f-%.2f, range %.2f-%.2f)" % (
+            ratio["median"], ratio["q1"], ratio["q3"], ratio["min"], ratio["max"])
+    elif d.get("mlfs") and d.get("alone"):  # older results: lists of seconds
+        grow = "%.2fx" % (statistics.median(d["mlfs"]) / statistics.median(d["alone"]))
+    else:
+        grow = "n/a"
     r2 = d.get("row2") or {}
     return [("neighbour in mlfs's cgroup: OOM kills", "%d (alone: %d)" %
              (d.get("oom_mlfs", 0), d.get("oom_alone", 0)), "0"),
-            ("neighbour's growth time, with mlfs / alone",
-             "%.2fx" % grow if grow else "n/a", "<= 1.5x"),
+            ("neighbour's growth time, with mlfs / alone", grow, "<= 1.5x"),
             ("memory per cached dataset byte",
              "%.2f B" % r2["per_byte"] if "per_byte" in r2 else "n/a", "<= 1.2 B")]
 
