@@ -160,7 +160,7 @@ demo:
 # --only/--rounds of run.sh's kind). One failing benchmark does not skip the others; make
 # fails at the end if any did. Each script also runs alone.
 # The benchmarks behind the figures of issues 11 and 12 only (bench/goals.py's table and
-# the store rows), in the same order as in `make bench`: about 20 minutes.
+# the store rows), in the same order as in `make bench`: about 10 minutes here.
 GOALS_BENCH = \
 	$(PYTHON) bench/neighbour.py $(filter --quick,$(BENCH_ARGS)) || { rc=1; echo "make bench: bench/neighbour.py failed" >&2; }; \
 	$(PYTHON) bench/ckpt_write.py $(filter --quick,$(BENCH_ARGS)) || { rc=1; echo "make bench: bench/ckpt_write.py failed" >&2; }; \
