@@ -18,7 +18,6 @@ import time
 
 import pytest
 
-import mlfs_util as U
 import powercut as P
 import snap_util as S
 from snap_util import snapenv  # noqa: F401 (fixture)
@@ -275,15 +274,25 @@ def check_images(tr, events):
     return bad, len(got)
 
 
-PEER = r"""
+# What the traced peers below share: put(src, d, name) publishes a copy of src in d as
+# a commit does (a temporary of its own, fsync, rename; no fsync of d), sync(d) fsyncs d.
+PEER_LIB = r"""
 import os, sys
+def put(src, d, name):
+    fd = os.open(os.path.join(d, ".tmp.peer"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+    os.write(fd, open(src, "rb").read())
+    os.fsync(fd)
+    os.close(fd)
+    os.rename(os.path.join(d, ".tmp.peer"), os.path.join(d, name))
+def sync(d):
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    os.fsync(fd)
+    os.close(fd)
+"""
+
+PEER = PEER_LIB + r"""
 src, packs = sys.argv[1], sys.argv[2]
-name = os.path.basename(src)
-fd = os.open(os.path.join(packs, ".tmp.peer"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
-os.write(fd, open(src, "rb").read())
-os.fsync(fd)
-os.close(fd)
-os.rename(os.path.join(packs, ".tmp.peer"), os.path.join(packs, name))
+put(src, packs, os.path.basename(src))
 """
 
 
@@ -390,20 +399,12 @@ def test_power_cut_group_wait_on_a_peers_unsynced_group(snapenv, workerset):
     assert not bad, "not durable after a power cut:\n" + "\n".join(bad)
 
 
-PEER_COMMIT = r"""
-import os, sys
+PEER_COMMIT = PEER_LIB + r"""
 other, store = sys.argv[1], sys.argv[2]
-def put(src, d, name):
-    fd = os.open(os.path.join(d, ".tmp.peer"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
-    os.write(fd, open(src, "rb").read())
-    os.fsync(fd)
-    os.close(fd)
-    os.rename(os.path.join(d, ".tmp.peer"), os.path.join(d, name))
 for n in os.listdir(os.path.join(other, "packs")):
     if n.endswith(".pack"):
         put(os.path.join(other, "packs", n), os.path.join(store, "packs"), n)
-dfd = os.open(os.path.join(store, "packs"), os.O_RDONLY | os.O_DIRECTORY)
-os.fsync(dfd)                       # commit step 1, whole
+sync(os.path.join(store, "packs"))  # commit step 1, whole
 put(os.path.join(other, "snaps", "a"), os.path.join(store, "snaps"), "a")
 # held here: step 3's fsync of snaps/ not done yet
 """
@@ -432,19 +433,8 @@ def test_power_cut_list_during_a_peers_commit(snapenv):
     assert not bad, "not durable after a power cut:\n" + "\n".join(bad)
 
 
-PEER_GROUP = r"""
-import os, sys
+PEER_GROUP = PEER_LIB + r"""
 other, store = sys.argv[1], sys.argv[2]
-def put(src, d, name):
-    fd = os.open(os.path.join(d, ".tmp.peer"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
-    os.write(fd, open(src, "rb").read())
-    os.fsync(fd)
-    os.close(fd)
-    os.rename(os.path.join(d, ".tmp.peer"), os.path.join(d, name))
-def sync(d):
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    os.fsync(fd)
-    os.close(fd)
 for n in os.listdir(os.path.join(other, "packs")):
     if n.endswith(".pack"):
         put(os.path.join(other, "packs", n), os.path.join(store, "packs"), n)
