@@ -71,17 +71,21 @@ static int loop_spawn_locked(struct loop *l)
 {
 	static int logged;
 	struct loop_worker *w;
-	sigset_t all, old;
+	sigset_t ends, old;
 	int rc;
 
 	if (l->end || l->nthreads == l->max)
 		return -EAGAIN;
 	w = &l->w[l->nthreads];
 	w->l = l;
-	/* Workers take no signal, as libfuse's: the daemon's signal thread and the
-	 * caller's wait in loop_run do (a fault's SIGBUS is still delivered). */
-	sigfillset(&all);
-	pthread_sigmask(SIG_BLOCK, &all, &old);
+	/* Workers take none of the signals that end a daemon, as libfuse's did not: the
+	 * daemon's signal thread and the caller's wait in loop_run take them. */
+	sigemptyset(&ends);
+	sigaddset(&ends, SIGTERM);
+	sigaddset(&ends, SIGINT);
+	sigaddset(&ends, SIGHUP);
+	sigaddset(&ends, SIGQUIT);
+	pthread_sigmask(SIG_BLOCK, &ends, &old);
 	rc = pthread_create(&w->thread, NULL, loop_worker_main, w);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (rc) {
