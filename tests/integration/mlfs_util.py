@@ -90,6 +90,25 @@ def mounts_under(root):
     return [m for m in mounts() if (m[1] + "/").startswith(root)]
 
 
+def _threads(pid, *names):
+    """(tid, [text of /proc/pid/task/tid/NAME for each of names]) for each thread of pid
+    still there once its files are read."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        texts = []
+        try:
+            for n in names:
+                with open(f"/proc/{pid}/task/{tid}/{n}") as f:
+                    texts.append(f.read())
+        except OSError:  # the thread is gone
+            continue
+        yield tid, texts
+
+
+def _state(stat):
+    """The state letter of a /proc stat line (the name before it may hold spaces)."""
+    return stat[stat.rindex(")") + 2]
+
+
 def pid_alive(pid):
     """True while pid exists and is not a zombie (a daemonized mlfs is not our child,
     and the container's init may never reap it)."""
@@ -98,8 +117,7 @@ def pid_alive(pid):
             st = f.read()
     except FileNotFoundError:
         return False
-    state = st[st.rindex(")") + 2]
-    return state not in ("Z", "X")
+    return _state(st) not in ("Z", "X")
 
 
 def wait_pid_gone(pid, timeout):
@@ -109,6 +127,47 @@ def wait_pid_gone(pid, timeout):
             return True
         time.sleep(0.02)
     return not pid_alive(pid)
+
+
+def sigstop(pid, timeout=60):
+    """SIGSTOPs pid and waits until every thread of it is stopped, at most timeout s. kill()
+    returns before they stop: a FUSE daemon's worker woken by the signal still takes a
+    request queued meanwhile, and its sender then waits for the reply uninterruptibly,
+    SIGKILL or not, until the daemon is continued."""
+    os.kill(pid, signal.SIGSTOP)
+    end = time.monotonic() + timeout
+    while True:
+        states = {tid: _state(st) for tid, (st,) in _threads(pid, "stat")}
+        if all(s == "T" for s in states.values()):
+            return
+        assert time.monotonic() < end, f"{pid} not stopped within {timeout} s: {states}"
+        time.sleep(0.02)
+
+
+def wait_blocked_in(pid, root, what, timeout=60):
+    """Polls /proc/pid/task/* until a thread of pid sleeps in a system call on a file at
+    or under root (its first argument a descriptor of pid's that names one: a read, a
+    stat, an open beneath a directory), at most timeout s, then fails with what and the
+    calls seen. With root on a FUSE mount whose daemon is SIGSTOPped, such a call waits
+    for a reply or a page that cannot come until it is continued, so a test may act on
+    it as late as it likes. Returns the thread id."""
+    end = time.monotonic() + timeout
+    while True:
+        seen = {}
+        for tid, (call, st) in _threads(pid, "syscall", "stat"):
+            call = call.split()
+            seen[tid] = (call[:2], _state(st))
+            # "running", or "-1 sp pc" when stopped outside a call; asleep is S or D.
+            if len(call) < 2 or call[0] == "-1" or _state(st) not in "SD":
+                continue
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{int(call[1], 16)}")
+            except (OSError, ValueError):  # not a descriptor: a futex's address, say
+                continue
+            if target == root or target.startswith(root.rstrip("/") + "/"):
+                return int(tid)
+        assert time.monotonic() < end, f"{what} (not within {timeout} s): {seen}"
+        time.sleep(0.02)
 
 
 def cmdline(pid):

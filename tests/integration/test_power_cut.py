@@ -275,7 +275,8 @@ def check_images(tr, events):
 
 
 # What the traced peers below share: put(src, d, name) publishes a copy of src in d as
-# a commit does (a temporary of its own, fsync, rename; no fsync of d), sync(d) fsyncs d.
+# a commit does (a temporary of its own, fsync, rename; no fsync of d), sync(d) fsyncs d,
+# put_packs(other, store) puts every pack of store other in store's packs/ and syncs it.
 PEER_LIB = r"""
 import os, sys
 def put(src, d, name):
@@ -288,6 +289,11 @@ def sync(d):
     fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
     os.fsync(fd)
     os.close(fd)
+def put_packs(other, store):  # a commit's step 1, whole: other's packs, then packs/
+    for n in os.listdir(os.path.join(other, "packs")):
+        if n.endswith(".pack"):
+            put(os.path.join(other, "packs", n), os.path.join(store, "packs"), n)
+    sync(os.path.join(store, "packs"))
 """
 
 PEER = PEER_LIB + r"""
@@ -401,10 +407,7 @@ def test_power_cut_group_wait_on_a_peers_unsynced_group(snapenv, workerset):
 
 PEER_COMMIT = PEER_LIB + r"""
 other, store = sys.argv[1], sys.argv[2]
-for n in os.listdir(os.path.join(other, "packs")):
-    if n.endswith(".pack"):
-        put(os.path.join(other, "packs", n), os.path.join(store, "packs"), n)
-sync(os.path.join(store, "packs"))  # commit step 1, whole
+put_packs(other, store)
 put(os.path.join(other, "snaps", "a"), os.path.join(store, "snaps"), "a")
 # held here: step 3's fsync of snaps/ not done yet
 """
@@ -435,10 +438,7 @@ def test_power_cut_list_during_a_peers_commit(snapenv):
 
 PEER_GROUP = PEER_LIB + r"""
 other, store = sys.argv[1], sys.argv[2]
-for n in os.listdir(os.path.join(other, "packs")):
-    if n.endswith(".pack"):
-        put(os.path.join(other, "packs", n), os.path.join(store, "packs"), n)
-sync(os.path.join(store, "packs"))
+put_packs(other, store)
 g, og = os.path.join(store, "snaps", "g1"), os.path.join(other, "snaps", "g1")
 os.mkdir(g, 0o700)
 sync(os.path.join(store, "snaps"))

@@ -338,12 +338,14 @@ def test_sigterm_with_a_read_blocked_on_source(stopped_source):
     d = env.mount(foreground=True, opts="preempt_deadline=5")
     write(os.path.join(d.ckpt, "a"), rng.randbytes(3 * MiB))
     t = S.read_tree(d.ckpt)
-    os.kill(m2.pid, signal.SIGSTOP)
+    U.sigstop(m2.pid)
     reader = subprocess.Popen(["dd", f"if={os.path.join(d.mnt, 'data', 'big')}",
                                "of=/dev/null", "bs=1M"], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     holder["procs"].append(reader)
-    time.sleep(1)
+    # dd's lookup, open or read of big has a worker of d stat, open or read it on
+    # SOURCE, which answers nothing while m2 is stopped.
+    U.wait_blocked_in(d.pid, m2.ckpt, "no thread of the daemon blocked on SOURCE")
     assert reader.poll() is None, "the read of SOURCE did not block: the test tests nothing"
     os.kill(d.pid, signal.SIGTERM)
     rc = env.wait_exit(d, 60)
