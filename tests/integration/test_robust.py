@@ -327,6 +327,62 @@ def stopped_source(mounter, snapenv):
             pass
 
 
+def test_a_blocked_quick_request_does_not_stop_the_mount(mounter):
+    """fs/loop.c: a LOOKUP on a local SOURCE is a quick request, answered by the one
+    receiving worker without handing the receiving over first. When it blocks anyway
+    (here a directory of SOURCE is a bind mount of a SIGSTOPped FUSE daemon's tree; on a
+    real machine a dead NFS mount inside SOURCE, or a cold disk), the watcher worker must
+    take over the receiving: MOUNT/ckpt and the rest of MOUNT/data keep answering while
+    that request waits. Without the rescue every later request would wait behind it.
+    The probes stay out of the blocked LOOKUP's directory: the kernel serializes the
+    lookups of one FUSE directory (no parallel dirops), whatever the daemon does."""
+    m2 = mounter()
+    write(os.path.join(m2.ckpt, "x"), b"behind a stopped daemon")
+    src = mounter.tempdir("quick-src")
+    os.mkdir(os.path.join(src, "fine"))
+    write(os.path.join(src, "fine", "ok"), b"answered")
+    os.mkdir(os.path.join(src, "dir"))
+    stuck = os.path.join(src, "dir", "stuck")
+    os.mkdir(stuck)
+    subprocess.run(["mount", "--bind", m2.ckpt, stuck], check=True)
+    stat = None
+    try:
+        m = mounter(src=src)
+        os.stat(os.path.join(m.data, "fine", "ok"))  # names cached: no LOOKUP later
+        U.sigstop(m2.pid)
+        stat = subprocess.Popen(["stat", os.path.join(m.data, "dir", "stuck", "x")],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        U.wait_blocked_in(m.pid, src, "no worker of the daemon blocked on SOURCE/dir/stuck")
+        # In a child with a time limit: a mount that stopped answering would hang us.
+        script = (
+            "import os, sys\n"
+            "d, c = sys.argv[1], sys.argv[2]\n"
+            "assert open(os.path.join(d, 'fine', 'ok'), 'rb').read() == b'answered'\n"
+            "p = os.path.join(c, 'f')\n"
+            "with open(p, 'wb') as f: f.write(b'y' * 100000)\n"
+            "assert open(p, 'rb').read() == b'y' * 100000\n"
+            "os.mkdir(os.path.join(c, 'sub')); os.rename(p, os.path.join(c, 'sub', 'g'))\n"
+            "assert sorted(os.listdir(c)) == ['sub']\n")
+        child = subprocess.Popen([sys.executable, "-c", script, m.data, m.ckpt],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            _, err = child.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            # Not waited for: stuck in a FUSE request, it goes when m2 is continued.
+            pytest.fail("the mount stopped answering while one LOOKUP was blocked on SOURCE")
+        assert child.returncode == 0, err
+        assert stat.poll() is None, "the stat did not stay blocked: the test tests nothing"
+    finally:
+        os.kill(m2.pid, signal.SIGCONT)
+        if stat is not None:
+            try:
+                stat.wait(30)
+            except subprocess.TimeoutExpired:
+                stat.kill()
+                stat.wait(30)
+        subprocess.run(["umount", "-l", stuck])
+
+
 def test_sigterm_with_a_read_blocked_on_source(stopped_source):
     """SIGTERM while a FUSE worker is blocked reading SOURCE: the emergency snapshot is
     still taken and durable, and the daemon leaves (unmounted) at the deadline. Before:
