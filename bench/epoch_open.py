@@ -19,6 +19,11 @@ Targets, each mounted fresh over the same SOURCE and unmounted on every exit pat
   mlfs-imm   bin/mlfs -o immutable (no OPEN/RELEASE: the user's promise)
   mergerfs   cache.files=auto-full etc. (the options of bench/run.sh)
   bindfs     auto_cache, --multithreaded (the options of bench/run.sh)
+  floor-open, floor-lookup, floor-none
+             bench/floorfs.c: a FUSE filesystem that does no work per request, as the
+             floor of a check at OPEN (OPEN + RELEASE), of a check at LOOKUP (one LOOKUP
+             per open, no OPEN) and of no check; floor-open is a default target (the
+             floor under mlfs's default mode), the other two are for --targets
   extra mlfs variants: --variant NAME=OPTS (more -o options) or --variant NAME=@BINARY
   (another build, for A/B runs of an older commit).
 
@@ -180,12 +185,18 @@ def cpu_seconds(pid):
         return None
 
 
-def fsbench_bin(work):
-    exe = os.path.join(work, "fsbench")
-    srcf = os.path.join(HERE, "fsbench.c")
+def c_bin(work, name, libs=()):
+    """bench/NAME.c built into WORK/NAME (again when the source is newer)."""
+    exe = os.path.join(work, name)
+    srcf = os.path.join(HERE, name + ".c")
     if not os.path.exists(exe) or os.path.getmtime(srcf) > os.path.getmtime(exe):
-        sh(["cc", "-O2", "-Wall", "-Wextra", "-o", exe, srcf])
+        flags = sh(["pkg-config", "--cflags", "--libs"] + list(libs)).split() if libs else []
+        sh(["cc", "-O2", "-Wall", "-Wextra", "-o", exe, srcf] + flags)
     return exe
+
+
+def fsbench_bin(work):
+    return c_bin(work, "fsbench")
 
 
 READERS = ("c", "python")
@@ -221,7 +232,8 @@ def main():
                     help="mem_max of each mlfs (default 256M: a warm epoch is served by "
                     "the kernel's page cache, and each target already holds a copy of "
                     "the dataset there)")
-    ap.add_argument("--targets", default="native,mlfs,mlfs-watch,mlfs-imm,mergerfs,bindfs")
+    ap.add_argument("--targets",
+                    default="native,mlfs,mlfs-watch,mlfs-imm,mergerfs,bindfs,floor-open")
     ap.add_argument("--variant", action="append", default=[],
                     help="NAME=OPTS (extra -o options for bin/mlfs) or NAME=@BINARY")
     a = ap.parse_args()
@@ -289,6 +301,11 @@ def main():
                     continue
                 pid = mounts.fg(["mergerfs", "-f", "-o", MERGERFS_OPTS, src, mnt], mnt, log)
                 targets.append(dict(name=name, root=mnt, pid=pid, cmd="mergerfs -o " + MERGERFS_OPTS))
+            elif name.startswith("floor-"):
+                exe = c_bin(work, "floorfs", ["fuse3"])
+                argv = [exe, name[len("floor-"):], src, mnt]
+                pid = mounts.fg(argv, mnt, log)
+                targets.append(dict(name=name, root=mnt, pid=pid, cmd=" ".join(argv[:2])))
             elif name == "bindfs":
                 if not shutil.which("bindfs"):
                     print("bindfs not installed: left out")

@@ -82,7 +82,10 @@ def epoch_rows(d):
         def f(n):
             x = r.get(n)
             return "%s %.2fx (CPU %.2fx)" % (n, x["ratio"], x["cpu_ratio"]) if x else None
-        cells = [c for c in (f("mlfs"), f("mergerfs"), f("bindfs"), f("mlfs-watch")) if c]
+        # floor-open: a FUSE filesystem doing nothing but OPEN + RELEASE (bench/floorfs.c),
+        # the least any check at open can cost here.
+        cells = [c for c in (f("mlfs"), f("mergerfs"), f("bindfs"), f("mlfs-watch"),
+                             f("floor-open")) if c]
         if cells:
             out.append(("shuffled epoch, default mode, vs native (%s reader)" % kind,
                         "; ".join(cells), ">= 0.6x, ahead of mergerfs and bindfs"))

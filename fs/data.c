@@ -909,8 +909,10 @@ static int data_open_source(struct data_ns *ns, struct data_node *n, struct stat
 		return rc;
 	}
 	/* The source is read in whole blocks in our own order: the kernel's readahead on
-	 * it would only read what we already asked for. */
-	posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
+	 * it would only read what we already asked for. A file of one block is read by one
+	 * pread, past which there is nothing to read ahead: no syscall for it per open. */
+	if (st->st_size > (off_t)ns->m->cfg.block_size)
+		posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
 	return fd;
 }
 

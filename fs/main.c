@@ -32,6 +32,7 @@
 #include "fs/ckpt.h"
 #include "fs/ctl.h"
 #include "fs/data.h"
+#include "fs/loop.h"
 #include "fs/mlfs.h"
 #include "fs/passthrough.h"
 #include "fs/snapd.h"
@@ -487,7 +488,7 @@ static int ctl_stats(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
  * session still drains (a worker blocked on a slow SOURCE or store cannot delay it),
  * and makes the deadline hold: if the process has not finished by then it unmounts
  * (if the loop never ended) and leaves. It ends the loop by fuse_session_exit plus
- * SIGUSR2 to the main thread, whose sem_wait in fuse_session_loop_mt it interrupts.
+ * SIGUSR2 to the main thread, whose sem_wait in loop_run (fs/loop.h) it interrupts.
  *
  * phase, under mu: 0 the FUSE loop runs; 1 main is past it (main owns the session and
  * the unmount from then on); 2 the signal thread claimed the exit (main must stop).
@@ -962,12 +963,49 @@ static void mlfs_stop(struct mlfs *m)
 	bc_free(m->bc);
 }
 
+/* The request loop (fs/loop.h) over libfuse's session: requests are read through
+ * mlfs_ops_set_io's hook and dispatched by libfuse, as its own loop would. */
+static struct {
+	struct fuse_session *se;
+	bool source_local;
+} mlfs_loop;
+
+static int mlfs_loop_receive(void *arg, struct fuse_buf *buf)
+{
+	(void)arg;
+	return fuse_session_receive_buf(mlfs_loop.se, buf);
+}
+
+static int mlfs_loop_quick(void *arg, const struct fuse_buf *buf)
+{
+	(void)arg;
+	return mlfs_ops_quick(buf, mlfs_loop.source_local);
+}
+
+static void mlfs_loop_process(void *arg, const struct fuse_buf *buf)
+{
+	(void)arg;
+	fuse_session_process_buf(mlfs_loop.se, buf);
+}
+
+static int mlfs_loop_exited(void *arg)
+{
+	(void)arg;
+	return fuse_session_exited(mlfs_loop.se);
+}
+
+static const struct loop_ops mlfs_loop_ops = {
+	.receive = mlfs_loop_receive,
+	.quick = mlfs_loop_quick,
+	.process = mlfs_loop_process,
+	.exited = mlfs_loop_exited,
+};
+
 int main(int argc, char **argv)
 {
 	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
 	struct fuse_args fargs = FUSE_ARGS_INIT(0, NULL);
 	struct mlfs_opts o = { 0 };
-	struct fuse_loop_config *lc = NULL;
 	struct fuse_session *se;
 	struct mlfs m = { 0 };
 	char *src = NULL, *mnt = NULL, fsname[PATH_MAX + 16];
@@ -1105,16 +1143,13 @@ int main(int argc, char **argv)
 	mlfs_fuse_readahead(m.cfg.mountpoint);
 	if (ready_fd >= 0)
 		mlfs_ready(&ready_fd);
-	lc = fuse_loop_cfg_create();
-	fuse_loop_cfg_set_clone_fd(lc, 1);
-	fuse_loop_cfg_set_max_threads(lc, m.cfg.threads);
-	fuse_loop_cfg_set_idle_threads(lc, m.cfg.threads);
+	mlfs_loop.se = se;
+	mlfs_loop.source_local = pt_source_local(m.cfg.source);
 	/* The loop ends with ENODEV when the mount goes, or ECONNABORTED when it goes
 	 * while files are still open (fusermount3 -uz, a lazy umount): both are the
 	 * mount's end, not a failure of ours. */
-	r = fuse_session_loop_mt(se, lc);
+	r = loop_run(&mlfs_loop_ops, &mlfs_loop, m.cfg.threads, LOOP_RESCUE_NS);
 	rc = r && r != -ECONNABORTED ? 1 : 0;
-	fuse_loop_cfg_destroy(lc);
 	pthread_mutex_lock(&mlfs_sig.mu);
 	if (mlfs_sig.phase == 2) { /* the deadline passed: the signal thread leaves */
 		pthread_mutex_unlock(&mlfs_sig.mu);

@@ -121,5 +121,9 @@ extern const struct fuse_lowlevel_ops mlfs_ops;
  * handle, becomes a CREATE there). After fuse_session_mount, before the loop; 0 or
  * -errno. */
 int mlfs_ops_set_io(struct fuse_session *se);
+/* Whether the request in buf is answered without waiting on I/O (fs/loop.h's quick):
+ * the per-open requests of a warm read, and only where SOURCE is local (a stat or open
+ * of a shared filesystem may wait on its server). */
+bool mlfs_ops_quick(const struct fuse_buf *buf, bool source_local);
 
 #endif

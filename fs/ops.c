@@ -524,6 +524,29 @@ int mlfs_ops_set_io(struct fuse_session *se)
 	return fuse_session_custom_io(se, &io, fuse_session_fd(se));
 }
 
+bool mlfs_ops_quick(const struct fuse_buf *buf, bool source_local)
+{
+	const struct fuse_in_header *in = buf->mem;
+
+	if ((buf->flags & FUSE_BUF_IS_FD) || buf->size < sizeof(*in))
+		return false;
+	switch (in->opcode) {
+	case FUSE_FORGET:
+	case FUSE_BATCH_FORGET:
+	case FUSE_RELEASE:     /* a close(2) of SOURCE's file, or counts of a ckpt one */
+	case FUSE_RELEASEDIR:
+	case FUSE_FLUSH:
+	case FUSE_IOCTL:       /* Python's isatty on every open(): answered at once */
+		return true;
+	case FUSE_LOOKUP:      /* a stat or open of a SOURCE name, or ckpt's memory */
+	case FUSE_GETATTR:
+	case FUSE_OPEN:
+		return source_local;
+	default:
+		return false;  /* READ, WRITE, fsync, ...: may wait on SOURCE, spill or store */
+	}
+}
+
 static void mlfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
 			   struct fuse_file_info *fi)
 {

@@ -1,0 +1,279 @@
+/*
+ * loop.c - the FUSE request loop (contract in loop.h).
+ *
+ * Invariants (under l->mu)
+ * 1. receivers counts the workers between taking the receiving turn and getting its
+ *    result. A worker takes the turn only when receivers is 0, or as the watcher
+ *    rescuing a stuck or handed-off request (so receivers can be 2 or more for a while;
+ *    a worker back from a request parks while receivers > 0, which brings it back to 1).
+ * 2. A worker's quick_since is the time its quick request came, 0 when it has none,
+ *    when its request is slow (the receiving was handed over already), or once the
+ *    watcher rescued it (so one stuck request costs one rescue, not one per period).
+ * 3. At most one worker is the watcher, and while any worker receives or processes, a
+ *    free worker takes the role before it would receive or park; when the watcher leaves
+ *    the role to receive, it wakes a parked worker (or starts one) to take the role, so
+ *    the next stuck request is also found.
+ * 4. Workers are only added (up to max), and only while end is 0; all are joined by
+ *    loop_run.
+ */
+#include "fs/loop.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cache/log.h"
+
+struct loop;
+
+struct loop_worker {
+	struct loop *l;
+	pthread_t thread;
+	struct fuse_buf buf;	/* its own request buffer (receive may allocate mem) */
+	uint64_t quick_since;	/* invariant 2 */
+};
+
+struct loop {
+	const struct loop_ops *ops;
+	void *arg;
+	uint64_t rescue_ns;
+	/* A leaf lock: nothing else is taken under it, and no callback runs under it. */
+	pthread_mutex_t mu;
+	pthread_cond_t park;		/* parked workers */
+	pthread_cond_t wake;		/* the watcher (CLOCK_MONOTONIC) */
+	sem_t done;			/* posted once, when the loop ends */
+	unsigned max, nthreads, receivers, parked;
+	unsigned busy;			/* workers processing a request */
+	struct loop_worker *watcher;	/* invariant 3; NULL when none */
+	int watcher_asleep;		/* idle: waits for the next request, not the clock */
+	int handoff;			/* a slow request wants another receiver */
+	uint64_t last_request;		/* when the last request came */
+	int end, error;
+	struct loop_worker *w;		/* [max], the first nthreads started */
+};
+
+static uint64_t loop_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void *loop_worker_main(void *p);
+
+/* Starts one more worker (invariant 4); caller holds l->mu. */
+static int loop_spawn_locked(struct loop *l)
+{
+	static int logged;
+	struct loop_worker *w;
+	sigset_t ends, old;
+	int rc;
+
+	if (l->end || l->nthreads == l->max)
+		return -EAGAIN;
+	w = &l->w[l->nthreads];
+	w->l = l;
+	/* Workers take none of the signals that end a daemon, as libfuse's did not: the
+	 * daemon's signal thread and the caller's wait in loop_run take them. */
+	sigemptyset(&ends);
+	sigaddset(&ends, SIGTERM);
+	sigaddset(&ends, SIGINT);
+	sigaddset(&ends, SIGHUP);
+	sigaddset(&ends, SIGQUIT);
+	pthread_sigmask(SIG_BLOCK, &ends, &old);
+	rc = pthread_create(&w->thread, NULL, loop_worker_main, w);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (rc) {
+		if (!logged++)
+			log_warn("loop: cannot start a FUSE worker thread: %s (serving with %u)",
+				 strerror(rc), l->nthreads);
+		return -rc;
+	}
+	l->nthreads++;
+	return 0;
+}
+
+static void loop_end_locked(struct loop *l, int error)
+{
+	if (l->end)
+		return;
+	l->end = 1;
+	l->error = error;
+	pthread_cond_broadcast(&l->park);
+	pthread_cond_broadcast(&l->wake);
+	sem_post(&l->done);
+}
+
+/* Some worker should receive while this one processes a slow request. */
+static void loop_handoff_locked(struct loop *l)
+{
+	l->handoff = 1;
+	if (l->parked)
+		pthread_cond_signal(&l->park);
+	else if (l->watcher)
+		pthread_cond_signal(&l->wake);
+	else
+		loop_spawn_locked(l);
+}
+
+/* Whether a quick request has been in process for rescue_ns; marks each such one
+ * rescued (invariant 2). Scans every worker: at most max, once per rescue_ns, by the
+ * watcher only. */
+static int loop_stuck_locked(struct loop *l, uint64_t now)
+{
+	int stuck = 0;
+
+	for (unsigned i = 0; i < l->nthreads; i++) {
+		if (l->w[i].quick_since && now - l->w[i].quick_since >= l->rescue_ns) {
+			l->w[i].quick_since = 0;
+			stuck = 1;
+		}
+	}
+	return stuck;
+}
+
+/* Takes the receiving turn, then processes what came; caller holds l->mu. */
+static void loop_serve_locked(struct loop *l, struct loop_worker *w)
+{
+	int r, quick;
+
+	l->handoff = 0;
+	l->receivers++;
+	pthread_mutex_unlock(&l->mu);
+	pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
+	r = l->ops->receive(l->arg, &w->buf);
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
+	quick = r > 0 && l->ops->quick(l->arg, &w->buf);
+	pthread_mutex_lock(&l->mu);
+	l->receivers--;
+	if (r == -EINTR)
+		return;
+	if (r <= 0) {
+		loop_end_locked(l, r);
+		return;
+	}
+	l->last_request = loop_now();
+	if (!quick) {
+		loop_handoff_locked(l);
+	} else {
+		w->quick_since = l->last_request;
+		if (l->watcher_asleep) {
+			l->watcher_asleep = 0; /* one wake-up per burst after an idle spell */
+			pthread_cond_signal(&l->wake);
+		}
+	}
+	l->busy++;
+	pthread_mutex_unlock(&l->mu);
+	l->ops->process(l->arg, &w->buf);
+	pthread_mutex_lock(&l->mu);
+	l->busy--;
+	w->quick_since = 0;
+}
+
+/* The watcher (invariant 3): returns when it should receive, or at the end. */
+static void loop_watch_locked(struct loop *l, struct loop_worker *w)
+{
+	l->watcher = w;
+	while (!l->end) {
+		uint64_t now = loop_now(), t;
+		struct timespec ts;
+
+		if (!l->receivers && (l->handoff || loop_stuck_locked(l, now)))
+			break;
+		if (now - l->last_request >= LOOP_IDLE_NS) {
+			l->watcher_asleep = 1;
+			pthread_cond_wait(&l->wake, &l->mu);
+			l->watcher_asleep = 0;
+			continue;
+		}
+		t = now + l->rescue_ns;
+		ts.tv_sec = (time_t)(t / 1000000000ull);
+		ts.tv_nsec = (long)(t % 1000000000ull);
+		pthread_cond_timedwait(&l->wake, &l->mu, &ts);
+	}
+	l->watcher = NULL;
+	if (l->end)
+		return;
+	if (l->parked)
+		pthread_cond_signal(&l->park); /* the next watcher */
+	else
+		loop_spawn_locked(l);	       /* or none, at max */
+}
+
+static void *loop_worker_main(void *p)
+{
+	struct loop_worker *w = p;
+	struct loop *l = w->l;
+
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
+	pthread_mutex_lock(&l->mu);
+	while (!l->end) {
+		/* Watch over the others if no one does (invariant 3), else receive if no one
+		 * does, else park. */
+		if (!l->watcher && l->max > 1 && (l->receivers || l->busy)) {
+			loop_watch_locked(l, w);
+			if (!l->end)
+				loop_serve_locked(l, w);
+		} else if (!l->receivers) {
+			loop_serve_locked(l, w);
+		} else {
+			l->parked++;
+			pthread_cond_wait(&l->park, &l->mu);
+			l->parked--;
+		}
+	}
+	pthread_mutex_unlock(&l->mu);
+	return NULL;
+}
+
+int loop_run(const struct loop_ops *ops, void *arg, unsigned max_threads, uint64_t rescue_ns)
+{
+	struct loop l = { .ops = ops, .arg = arg, .rescue_ns = rescue_ns,
+			  .max = max_threads ? max_threads : 1 };
+	pthread_condattr_t ca;
+	unsigned n;
+	int rc;
+
+	if (!(l.w = calloc(l.max, sizeof(*l.w))))
+		return -ENOMEM;
+	pthread_mutex_init(&l.mu, NULL);
+	pthread_cond_init(&l.park, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&l.wake, &ca);
+	pthread_condattr_destroy(&ca);
+	sem_init(&l.done, 0, 0);
+	pthread_mutex_lock(&l.mu);
+	l.last_request = loop_now();
+	rc = loop_spawn_locked(&l); /* the receiver; the watcher starts when it parks */
+	if (!rc && l.max > 1)
+		loop_spawn_locked(&l);
+	pthread_mutex_unlock(&l.mu);
+	if (!rc) {
+		/* A signal interrupts sem_wait (EINTR): the caller's way to end us early. */
+		while (!ops->exited(arg) && sem_wait(&l.done))
+			;
+	}
+	pthread_mutex_lock(&l.mu);
+	loop_end_locked(&l, rc);
+	n = l.nthreads;
+	pthread_mutex_unlock(&l.mu);
+	for (unsigned i = 0; i < n; i++)
+		pthread_cancel(l.w[i].thread); /* acts only inside receive */
+	for (unsigned i = 0; i < n; i++) {
+		pthread_join(l.w[i].thread, NULL);
+		free(l.w[i].buf.mem);
+	}
+	rc = l.error;
+	sem_destroy(&l.done);
+	pthread_cond_destroy(&l.wake);
+	pthread_cond_destroy(&l.park);
+	pthread_mutex_destroy(&l.mu);
+	free(l.w);
+	return rc;
+}

@@ -1,0 +1,63 @@
+/*
+ * loop.h - loop_: the FUSE request loop, one receiving thread at a time.
+ *
+ * Why not libfuse's multi-threaded loop: there every idle worker waits in read(2) on
+ * /dev/fuse, so each request wakes a sleeping thread, even when the thread that answered
+ * the last one is about to read again. On a small VM that wake-up is most of a request's
+ * cost (40% of the daemon's samples in finish_task_switch on the warm small-file epoch,
+ * docs/performance.md). Here one thread receives; after a quick request it reads again
+ * itself and, while the readers keep it busy, finds the next request queued without
+ * sleeping. More threads are only for requests that may wait:
+ *   - a request the caller's quick() calls slow (one that may wait on I/O) hands the
+ *     receiving to another thread before it is processed (a parked one is woken, or one
+ *     is started, up to max_threads), as libfuse's loop would have had one waiting;
+ *   - a quick request that still takes longer than rescue_ns (a cold SOURCE directory, a
+ *     lock held by a snapshot) is found by the watcher, one parked thread that wakes
+ *     every rescue_ns while requests come, and becomes a receiver in its place. After
+ *     LOOP_IDLE_NS without a request the watcher sleeps until the next one.
+ * So the loop never waits on one request for longer than rescue_ns to receive the next,
+ * and concurrency for slow requests is libfuse's (max_threads at once).
+ *
+ * Contract: loop_run receives with ops->receive, processes with ops->process, each in the
+ * threads it starts (never in the caller's), and returns when a receive reports the end
+ * (0 or -errno other than -EINTR), or when ops->exited() holds and the caller's thread was
+ * woken (a signal interrupts its wait: the caller's way to end the loop early, as with
+ * fuse_session_loop_mt). Threads in receive are then cancelled (receive is the only
+ * place cancellation is enabled), and every thread is joined: a request in process is
+ * finished first. Returns 0 or the -errno of the receive that ended it.
+ *
+ * Costs: the receiving thread takes the loop's mutex twice per request and reads the
+ * clock once; the watcher wakes at most once per rescue_ns while requests come.
+ */
+#ifndef MLFS_LOOP_H
+#define MLFS_LOOP_H
+
+#include <stdint.h>
+
+#ifndef FUSE_USE_VERSION
+#define FUSE_USE_VERSION 312
+#endif
+#include <fuse_lowlevel.h>
+
+/* The watcher's period: what a quick request that blocks costs the requests behind it. */
+#define LOOP_RESCUE_NS (1000 * 1000ull)
+/* After this long without a request the watcher stops waking (an idle daemon sleeps). */
+#define LOOP_IDLE_NS (100 * 1000 * 1000ull)
+
+struct loop_ops {
+	/* The next request into buf (a worker's own, zeroed at first: receive may allocate
+	 * buf->mem, which the loop frees): > 0 its size, -EINTR nothing yet, 0 or another
+	 * -errno the end of the session. Called with cancellation enabled. */
+	int (*receive)(void *arg, struct fuse_buf *buf);
+	/* Whether the request in buf is answered without waiting on I/O. */
+	int (*quick)(void *arg, const struct fuse_buf *buf);
+	void (*process)(void *arg, const struct fuse_buf *buf);
+	/* Whether the session was told to end (checked when the caller's wait is woken). */
+	int (*exited)(void *arg);
+};
+
+/* Runs the loop with at most max_threads (>= 1) workers; see the contract above.
+ * rescue_ns is LOOP_RESCUE_NS but for tests. */
+int loop_run(const struct loop_ops *ops, void *arg, unsigned max_threads, uint64_t rescue_ns);
+
+#endif

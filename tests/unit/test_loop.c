@@ -1,0 +1,315 @@
+/*
+ * test_loop.c - fs/loop.c against a fake session: quick requests stay on one thread, a
+ * slow one hands the receiving over, a quick one that blocks is rescued by the watcher,
+ * and the loop ends (and joins every thread) on a receive's end or on exited() plus a
+ * signal. No test asserts a time: every wait has a 10 s limit only so that a broken
+ * loop fails instead of hanging.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fs/loop.h"
+#include "tests/unit/test.h"
+
+#define NITEMS 64
+
+/* The fake session: a queue of request numbers; receive blocks until one comes. */
+static struct fake {
+	pthread_mutex_t mu;
+	pthread_cond_t cv; /* CLOCK_MONOTONIC */
+	unsigned head, tail, q[NITEMS];
+	int ending, end_rc, exited;
+	int quick[NITEMS], block[NITEMS], released[NITEMS];
+	int started[NITEMS], done[NITEMS];
+	pthread_t who[NITEMS];
+} fk;
+
+static void fake_reset(void)
+{
+	pthread_condattr_t ca;
+
+	memset(&fk, 0, sizeof(fk));
+	pthread_mutex_init(&fk.mu, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&fk.cv, &ca);
+	pthread_condattr_destroy(&ca);
+}
+
+static void fake_unlock(void *arg)
+{
+	pthread_mutex_unlock(arg);
+}
+
+static int fake_receive(void *arg, struct fuse_buf *buf)
+{
+	int r;
+
+	(void)arg;
+	pthread_mutex_lock(&fk.mu);
+	pthread_cleanup_push(fake_unlock, &fk.mu); /* a cancelled wait holds the mutex */
+	while (fk.head == fk.tail && !fk.ending)
+		pthread_cond_wait(&fk.cv, &fk.mu);
+	if (fk.head == fk.tail) {
+		r = fk.end_rc;
+	} else {
+		r = (int)fk.q[fk.head++ % NITEMS] + 1;
+		buf->size = (size_t)r;
+	}
+	pthread_cleanup_pop(1);
+	return r;
+}
+
+static int fake_quick(void *arg, const struct fuse_buf *buf)
+{
+	(void)arg;
+	return fk.quick[buf->size - 1];
+}
+
+static void fake_process(void *arg, const struct fuse_buf *buf)
+{
+	unsigned i = (unsigned)buf->size - 1;
+
+	(void)arg;
+	pthread_mutex_lock(&fk.mu);
+	fk.who[i] = pthread_self();
+	fk.started[i] = 1;
+	pthread_cond_broadcast(&fk.cv);
+	while (fk.block[i] && !fk.released[i])
+		pthread_cond_wait(&fk.cv, &fk.mu);
+	fk.done[i] = 1;
+	pthread_cond_broadcast(&fk.cv);
+	pthread_mutex_unlock(&fk.mu);
+}
+
+static int fake_exited(void *arg)
+{
+	int x;
+
+	(void)arg;
+	pthread_mutex_lock(&fk.mu);
+	x = fk.exited;
+	pthread_mutex_unlock(&fk.mu);
+	return x;
+}
+
+static const struct loop_ops fake_ops = {
+	.receive = fake_receive,
+	.quick = fake_quick,
+	.process = fake_process,
+	.exited = fake_exited,
+};
+
+static void push(unsigned i, int quick, int block)
+{
+	pthread_mutex_lock(&fk.mu);
+	fk.quick[i] = quick;
+	fk.block[i] = block;
+	fk.q[fk.tail++ % NITEMS] = i;
+	pthread_cond_broadcast(&fk.cv);
+	pthread_mutex_unlock(&fk.mu);
+}
+
+/* Waits (10 s at most) until *flag is set; returns it. */
+static int wait_flag(int *flag)
+{
+	struct timespec ts;
+	int v;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	ts.tv_sec += 10;
+	pthread_mutex_lock(&fk.mu);
+	while (!*flag && pthread_cond_timedwait(&fk.cv, &fk.mu, &ts) != ETIMEDOUT)
+		;
+	v = *flag;
+	pthread_mutex_unlock(&fk.mu);
+	return v;
+}
+
+static void release(unsigned i)
+{
+	pthread_mutex_lock(&fk.mu);
+	fk.released[i] = 1;
+	pthread_cond_broadcast(&fk.cv);
+	pthread_mutex_unlock(&fk.mu);
+}
+
+static void end_with(int rc)
+{
+	pthread_mutex_lock(&fk.mu);
+	fk.ending = 1;
+	fk.end_rc = rc;
+	pthread_cond_broadcast(&fk.cv);
+	pthread_mutex_unlock(&fk.mu);
+}
+
+struct run {
+	pthread_t thread;
+	unsigned max;
+	uint64_t rescue_ns;
+	int rc, returned;
+};
+
+static void *run_main(void *p)
+{
+	struct run *r = p;
+	int rc = loop_run(&fake_ops, NULL, r->max, r->rescue_ns);
+
+	pthread_mutex_lock(&fk.mu);
+	r->rc = rc;
+	r->returned = 1;
+	pthread_cond_broadcast(&fk.cv);
+	pthread_mutex_unlock(&fk.mu);
+	return NULL;
+}
+
+static void run_start(struct run *r, unsigned max, uint64_t rescue_ns)
+{
+	*r = (struct run){ .max = max, .rescue_ns = rescue_ns };
+	pthread_create(&r->thread, NULL, run_main, r);
+}
+
+static int run_join(struct run *r)
+{
+	EXPECT(wait_flag(&r->returned));
+	if (r->returned)
+		pthread_join(r->thread, NULL);
+	return r->rc;
+}
+
+/* Back-to-back quick requests are all answered by the thread that received the first:
+ * nobody else is woken (the point of the loop). */
+static void test_quick_requests_stay_on_one_thread(void)
+{
+	struct run r;
+	int same = 1;
+
+	fake_reset();
+	run_start(&r, 4, 10ull * 1000000000);
+	for (unsigned i = 0; i < 20; i++) {
+		push(i, 1, 0);
+		EXPECT(wait_flag(&fk.done[i]));
+		same &= pthread_equal(fk.who[i], fk.who[0]) != 0;
+	}
+	EXPECT(same);
+	end_with(0);
+	EXPECT_EQ(run_join(&r), 0);
+}
+
+/* A slow request hands the receiving over at once: a quick one behind it is answered
+ * while it waits, with no rescue (rescue_ns is 10 s here). */
+static void test_slow_request_hands_over(void)
+{
+	struct run r;
+
+	fake_reset();
+	run_start(&r, 4, 10ull * 1000000000);
+	push(0, 0, 1);
+	EXPECT(wait_flag(&fk.started[0]));
+	push(1, 1, 0);
+	EXPECT(wait_flag(&fk.done[1]));
+	EXPECT(!fk.done[0]);
+	EXPECT(!pthread_equal(fk.who[0], fk.who[1]));
+	/* two slow ones at once: a third thread is started for the next request */
+	push(2, 0, 1);
+	EXPECT(wait_flag(&fk.started[2]));
+	push(3, 1, 0);
+	EXPECT(wait_flag(&fk.done[3]));
+	release(0);
+	release(2);
+	EXPECT(wait_flag(&fk.done[0]));
+	EXPECT(wait_flag(&fk.done[2]));
+	end_with(-EIO);
+	EXPECT_EQ(run_join(&r), -EIO);
+}
+
+/* A request called quick that blocks anyway is found by the watcher, which receives in
+ * its place: the next request is answered while the first still waits. */
+static void test_blocked_quick_request_is_rescued(void)
+{
+	struct run r;
+
+	fake_reset();
+	run_start(&r, 3, 1000 * 1000);
+	push(0, 1, 1);
+	EXPECT(wait_flag(&fk.started[0]));
+	push(1, 1, 0);
+	EXPECT(wait_flag(&fk.done[1]));
+	/* and again, while the first still waits: a new watcher took the role */
+	push(2, 1, 1);
+	EXPECT(wait_flag(&fk.started[2]));
+	push(3, 1, 0);
+	EXPECT(wait_flag(&fk.done[3]));
+	EXPECT(!fk.done[0] && !fk.done[2]);
+	release(0);
+	release(2);
+	EXPECT(wait_flag(&fk.done[0]));
+	EXPECT(wait_flag(&fk.done[2]));
+	end_with(0);
+	EXPECT_EQ(run_join(&r), 0);
+}
+
+/* One thread at most: every request is answered, in turn, by it. */
+static void test_one_thread(void)
+{
+	struct run r;
+
+	fake_reset();
+	run_start(&r, 1, 1000 * 1000);
+	push(0, 0, 1);
+	push(1, 1, 0);
+	EXPECT(wait_flag(&fk.started[0]));
+	release(0);
+	EXPECT(wait_flag(&fk.done[1]));
+	EXPECT(pthread_equal(fk.who[0], fk.who[1]));
+	end_with(0);
+	EXPECT_EQ(run_join(&r), 0);
+}
+
+static void on_usr2(int sig)
+{
+	(void)sig;
+}
+
+/* exited() plus a signal to loop_run's thread ends the loop with every worker still
+ * waiting in receive (they are cancelled there) or parked. */
+static void test_exited_and_a_signal_end_the_loop(void)
+{
+	struct sigaction sa = { .sa_handler = on_usr2 };
+	struct run r;
+
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGUSR2, &sa, NULL); /* no SA_RESTART: sem_wait returns EINTR */
+	fake_reset();
+	run_start(&r, 4, 1000 * 1000);
+	push(0, 1, 0);
+	EXPECT(wait_flag(&fk.done[0]));
+	pthread_mutex_lock(&fk.mu);
+	fk.exited = 1;
+	pthread_mutex_unlock(&fk.mu);
+	/* a signal that lands before loop_run's sem_wait is lost: send until it returns */
+	for (int i = 0; i < 1000; i++) {
+		pthread_mutex_lock(&fk.mu);
+		int done = r.returned;
+		pthread_mutex_unlock(&fk.mu);
+		if (done)
+			break;
+		pthread_kill(r.thread, SIGUSR2);
+		usleep(10 * 1000);
+	}
+	EXPECT_EQ(run_join(&r), 0);
+}
+
+int main(void)
+{
+	test_quick_requests_stay_on_one_thread();
+	test_slow_request_hands_over();
+	test_blocked_quick_request_is_rescued();
+	test_one_thread();
+	test_exited_and_a_signal_end_the_loop();
+	return test_summary();
+}
