@@ -8,14 +8,18 @@
  * store), and a full spill dir keeps dirty blocks resident and makes writes fail ENOSPC.
  * The pool's stock (bcache.c "Stock") is filled in the background once a block
  * allocation asks, up to 64 MiB, never within REFILL_HOLD of a cut, and a cut frees it.
+ * One test starts the governor on a fake meminfo, to see what it is told mlfs holds.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -650,6 +654,81 @@ static void test_no_spill(void)
 	bc_free(bc);
 }
 
+/* What the governor is told mlfs holds (tier_resident_cb): mem_bytes less the pages of
+ * mapped blocks the kernel took, which mem_bytes counts until the block is unmapped.
+ * Two copied data blocks and four mapped ones, two from each of two files; the pages of
+ * the first file are dropped, as reclaim would: it is fsynced (clean pages), unmapped
+ * (MADV_DONTNEED) and dropped from the page cache (POSIX_FADV_DONTNEED) whole, since a
+ * large folio may span both of its blocks. The fake meminfo leaves free memory between
+ * the watermarks, so the first budget is exactly that figure (gov.c: a start gets
+ * resident plus the room over the high watermark, none here) and later samples hold
+ * it. Counting the dropped pages, the budget was (at least) two blocks more. */
+static void test_gov_counts_resident_mapped(void)
+{
+	char path[2][sizeof(spill_dir) + 16], mi[sizeof(spill_dir) + 16];
+	unsigned char *data = malloc(2 * BS);
+	struct bc_block *b, *r;
+	struct tier_config c;
+	struct tier *t = NULL;
+	struct bc *bc;
+	uint64_t mem, res;
+	int fd[2];
+	FILE *f;
+
+	EXPECT(data != NULL);
+	snprintf(mi, sizeof(mi), "%s/meminfo", spill_dir);
+	f = fopen(mi, "w");
+	EXPECT(f != NULL);
+	/* Low watermark 2% of 10 GiB = 205 MiB, high 410 MiB: 300 MiB free is between. */
+	fprintf(f, "MemTotal: 10485760 kB\nMemAvailable: 307200 kB\n");
+	EXPECT_EQ(fclose(f), 0);
+	EXPECT_EQ(bc_new(BS, BIG, &bc), 0);
+	add_data(bc, 2);
+	for (unsigned k = 0; k < 2; k++) {
+		snprintf(path[k], sizeof(path[k]), "%s/source%u", spill_dir, k);
+		fd[k] = open(path[k], O_RDWR | O_CREAT | O_TRUNC, 0600);
+		EXPECT(fd[k] >= 0);
+		fill(data, 2 * BS, 77 + k, 0);
+		EXPECT_EQ(pwrite(fd[k], data, 2 * BS, 0), (ssize_t)(2 * BS));
+		EXPECT_EQ(fsync(fd[k]), 0);
+		for (unsigned i = 0; i < 2; i++) {
+			EXPECT_EQ(bc_block_new_mapped(bc, fd[k], (uint64_t)i * BS, BS, &b), 0);
+			r = bc_insert(bc, b, &fid1, 10 + 2 * k + i);
+			EXPECT(r == b);
+			if (k == 0)
+				EXPECT_EQ(madvise(bc_block_buf(r), BS, MADV_DONTNEED), 0);
+			bc_block_put(bc, r);
+		}
+	}
+	EXPECT_EQ(posix_fadvise(fd[0], 0, 0, POSIX_FADV_DONTNEED), 0);
+	mem = bc_mem_bytes(bc);
+	EXPECT_EQ(cstats(bc).mapped_bytes, 4 * BS);
+	/* At most the second file's blocks (reclaim may take some of those too); more, and
+	 * the kernel kept the first file's pages and the test tests nothing. */
+	res = bc_mapped_resident(bc);
+	EXPECT(res <= 2 * BS);
+
+	tier_config_defaults(&c);
+	c.spill_dir = spill_dir;
+	c.gov.psi_path = NULL; /* no pressure but the fake meminfo's */
+	c.gov.psi_trigger = 0;
+	c.gov.meminfo_path = mi;
+	c.gov.mem_min = BS;
+	c.gov.mem_max = 64 * BS;
+	EXPECT_EQ(tier_new(&c, bc, &t), 0);
+	EXPECT_EQ(tier_start(t), 0);
+	EXPECT(tstats(t).have_gov);
+	EXPECT_EQ(tstats(t).gov.budget, mem - (4 * BS - res));
+	tier_free(t);
+	bc_free(bc);
+	for (unsigned k = 0; k < 2; k++) {
+		close(fd[k]);
+		unlink(path[k]);
+	}
+	unlink(mi);
+	free(data);
+}
+
 /* Rule D': with memory full, a new data block is kept on disk when SOURCE is slow
  * (drop=never stands for a slow SOURCE), thrown away when it is fast (drop=always);
  * what memory held stays, and the kept block reloads byte-exact from spill. */
@@ -879,6 +958,9 @@ static void test_prefetch(void)
 	EXPECT_EQ(cstats(bc).ahead_used, 6);
 	for (i = 0; i < 8; i++)
 		bc_block_put(bc, ck[i]);
+	/* A thread counts a block before it puts the queue's reference (after the log
+	 * line of a failed load): joined, every put is done. */
+	tier_prefetch_stop(t);
 	EXPECT_EQ(cstats(bc).ckpt_blocks, 0); /* every reference came back */
 	tier_free(t);
 	bc_free(bc);
@@ -976,6 +1058,7 @@ int main(void)
 	test_enospc_makes_room();
 	test_races();
 	test_no_spill();
+	test_gov_counts_resident_mapped();
 	test_disk_admission();
 	test_pool_stock();
 	test_prefetch();
