@@ -3,9 +3,11 @@
  *
  * Invariants (under l->mu)
  * 1. receivers counts the workers between taking the receiving turn and getting its
- *    result. A worker takes the turn only when receivers is 0, or as the watcher
- *    rescuing a stuck or handed-off request (so receivers can be 2 or more for a while;
- *    a worker back from a request parks while receivers > 0, which brings it back to 1).
+ *    result. A worker takes the turn when receivers is 0, as the watcher rescuing a
+ *    stuck or handed-off request, or right after it processed a slow request (so
+ *    receivers can be 2 or more while slow requests come, as in libfuse's loop; a
+ *    worker back from a quick request parks while receivers > 0, which brings it back
+ *    to 1). A slow request hands the receiving over only when no one else receives.
  * 2. A worker's quick_since is the time its quick request came, 0 when it has none,
  *    when its request is slow (the receiving was handed over already), or once the
  *    watcher rescued it (so one stuck request costs one rescue, not one per period).
@@ -137,8 +139,9 @@ static int loop_stuck_locked(struct loop *l, uint64_t now)
 	return stuck;
 }
 
-/* Takes the receiving turn, then processes what came; caller holds l->mu. */
-static void loop_serve_locked(struct loop *l, struct loop_worker *w)
+/* Takes the receiving turn, then processes what came; caller holds l->mu. Returns
+ * whether what it processed was slow (0 for none). */
+static int loop_serve_locked(struct loop *l, struct loop_worker *w)
 {
 	int r, quick;
 
@@ -152,14 +155,15 @@ static void loop_serve_locked(struct loop *l, struct loop_worker *w)
 	pthread_mutex_lock(&l->mu);
 	l->receivers--;
 	if (r == -EINTR)
-		return;
+		return 0;
 	if (r <= 0) {
 		loop_end_locked(l, r);
-		return;
+		return 0;
 	}
 	l->last_request = loop_now();
 	if (!quick) {
-		loop_handoff_locked(l);
+		if (!l->receivers) /* else one waits in receive already (invariant 1) */
+			loop_handoff_locked(l);
 	} else {
 		w->quick_since = l->last_request;
 		if (l->watcher_asleep) {
@@ -173,6 +177,7 @@ static void loop_serve_locked(struct loop *l, struct loop_worker *w)
 	pthread_mutex_lock(&l->mu);
 	l->busy--;
 	w->quick_since = 0;
+	return !quick;
 }
 
 /* The watcher (invariant 3): returns when it should receive, or at the end. */
@@ -210,17 +215,24 @@ static void *loop_worker_main(void *p)
 	struct loop_worker *w = p;
 	struct loop *l = w->l;
 
+	int slow = 0; /* what this worker processed last was slow */
+
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
 	pthread_mutex_lock(&l->mu);
 	while (!l->end) {
-		/* Watch over the others if no one does (invariant 3), else receive if no one
+		/* After a slow request, receive again at once (invariant 1): a stream of them
+		 * (a writer's 1 MiB WRITEs) then finds a worker already waiting in receive,
+		 * woken by the kernel as in libfuse's loop, instead of a hand-over each. Else
+		 * watch over the others if no one does (invariant 3), else receive if no one
 		 * does, else park. */
-		if (!l->watcher && l->max > 1 && (l->receivers || l->busy)) {
+		if (slow) {
+			slow = loop_serve_locked(l, w);
+		} else if (!l->watcher && l->max > 1 && (l->receivers || l->busy)) {
 			loop_watch_locked(l, w);
 			if (!l->end)
-				loop_serve_locked(l, w);
+				slow = loop_serve_locked(l, w);
 		} else if (!l->receivers) {
-			loop_serve_locked(l, w);
+			slow = loop_serve_locked(l, w);
 		} else {
 			l->parked++;
 			pthread_cond_wait(&l->park, &l->mu);

@@ -8,9 +8,11 @@
  * docs/performance.md). Here one thread receives; after a quick request it reads again
  * itself and, while the readers keep it busy, finds the next request queued without
  * sleeping. More threads are only for requests that may wait:
- *   - a request the caller's quick() calls slow (one that may wait on I/O) hands the
- *     receiving to another thread before it is processed (a parked one is woken, or one
- *     is started, up to max_threads), as libfuse's loop would have had one waiting;
+ *   - a request the caller's quick() calls slow (one that may wait on I/O, or a copy of
+ *     a MiB) hands the receiving to another thread before it is processed if no other
+ *     waits in receive (a parked one is woken, or one is started, up to max_threads),
+ *     and its worker receives again right after it, as libfuse's workers all do: while
+ *     slow requests come, several wait in receive and the kernel wakes one per request;
  *   - a quick request that still takes longer than rescue_ns (a cold SOURCE directory, a
  *     lock held by a snapshot) is found by the watcher, one parked thread that wakes
  *     every rescue_ns while requests come, and becomes a receiver in its place. After

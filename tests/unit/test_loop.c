@@ -25,6 +25,7 @@ static struct fake {
 	int ending, end_rc, exited;
 	int quick[NITEMS], block[NITEMS], released[NITEMS];
 	int started[NITEMS], done[NITEMS];
+	int receiving; /* workers inside fake_receive */
 	pthread_t who[NITEMS];
 } fk;
 
@@ -52,8 +53,11 @@ static int fake_receive(void *arg, struct fuse_buf *buf)
 	(void)arg;
 	pthread_mutex_lock(&fk.mu);
 	pthread_cleanup_push(fake_unlock, &fk.mu); /* a cancelled wait holds the mutex */
+	fk.receiving++;
+	pthread_cond_broadcast(&fk.cv);
 	while (fk.head == fk.tail && !fk.ending)
 		pthread_cond_wait(&fk.cv, &fk.mu);
+	fk.receiving--;
 	if (fk.head == fk.tail) {
 		r = fk.end_rc;
 	} else {
@@ -227,6 +231,46 @@ static void test_slow_request_hands_over(void)
 	EXPECT_EQ(run_join(&r), -EIO);
 }
 
+/* Waits (10 s at most) until n workers are inside receive; returns whether they are. */
+static int wait_receiving(int n)
+{
+	struct timespec ts;
+	int v;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	ts.tv_sec += 10;
+	pthread_mutex_lock(&fk.mu);
+	while (fk.receiving != n && pthread_cond_timedwait(&fk.cv, &fk.mu, &ts) != ETIMEDOUT)
+		;
+	v = fk.receiving == n;
+	pthread_mutex_unlock(&fk.mu);
+	return v;
+}
+
+/* After a slow request its worker receives again at once, beside the one it handed
+ * over to while it waited: two wait in receive (the next slow request then costs the
+ * kernel's wake-up only).
+ * After a quick one, its worker parks again while another receives: back to one. */
+static void test_receivers_follow_the_traffic(void)
+{
+	struct run r;
+
+	fake_reset();
+	run_start(&r, 4, 10ull * 1000000000);
+	EXPECT(wait_receiving(1));
+	push(0, 0, 1);
+	EXPECT(wait_flag(&fk.started[0]));
+	EXPECT(wait_receiving(1)); /* the one it handed over to */
+	release(0);
+	EXPECT(wait_flag(&fk.done[0]));
+	EXPECT(wait_receiving(2));
+	push(1, 1, 0);
+	EXPECT(wait_flag(&fk.done[1]));
+	EXPECT(wait_receiving(1));
+	end_with(0);
+	EXPECT_EQ(run_join(&r), 0);
+}
+
 /* A request called quick that blocks anyway is found by the watcher, which receives in
  * its place: the next request is answered while the first still waits. */
 static void test_blocked_quick_request_is_rescued(void)
@@ -308,6 +352,7 @@ int main(void)
 {
 	test_quick_requests_stay_on_one_thread();
 	test_slow_request_hands_over();
+	test_receivers_follow_the_traffic();
 	test_blocked_quick_request_is_rescued();
 	test_one_thread();
 	test_exited_and_a_signal_end_the_loop();
