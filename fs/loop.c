@@ -214,7 +214,6 @@ static void *loop_worker_main(void *p)
 {
 	struct loop_worker *w = p;
 	struct loop *l = w->l;
-
 	int slow = 0; /* what this worker processed last was slow */
 
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
@@ -262,7 +261,7 @@ int loop_run(const struct loop_ops *ops, void *arg, unsigned max_threads, uint64
 	sem_init(&l.done, 0, 0);
 	pthread_mutex_lock(&l.mu);
 	l.last_request = loop_now();
-	rc = loop_spawn_locked(&l); /* the receiver; the watcher starts when it parks */
+	rc = loop_spawn_locked(&l); /* the receiver, then the watcher */
 	if (!rc && l.max > 1)
 		loop_spawn_locked(&l);
 	pthread_mutex_unlock(&l.mu);
