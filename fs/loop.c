@@ -8,13 +8,16 @@
  *    receivers can be 2 or more while slow requests come, as in libfuse's loop; a
  *    worker back from a quick request parks while receivers > 0, which brings it back
  *    to 1). A slow request hands the receiving over only when no one else receives.
- * 2. A worker's quick_since is the time its quick request came, 0 when it has none,
+ * 2. A worker's quick_since is the time its quick request came (quick counts them), 0
+ *    when it has none,
  *    when its request is slow (the receiving was handed over already), or once the
  *    watcher rescued it (so one stuck request costs one rescue, not one per period).
- * 3. At most one worker is the watcher, and while any worker receives or processes, a
- *    free worker takes the role before it would receive or park; when the watcher leaves
- *    the role to receive, it wakes a parked worker (or starts one) to take the role, so
- *    the next stuck request is also found.
+ * 3. At most one worker is the watcher. A free worker receives if no one does and no
+ *    quick request is in process (whose worker will receive next; so no request waits
+ *    in the kernel while a worker is free but for a quick one's rescue_ns), else takes
+ *    the watcher role if it is vacant, else parks. When the watcher leaves the role to receive, it wakes a
+ *    parked worker (or starts one) to take it; a quick request that finds no watcher
+ *    and no parked worker starts one (below max), so the next stuck request is found.
  * 4. Workers are only added (up to max), and only while end is 0; all are joined by
  *    loop_run.
  */
@@ -49,7 +52,8 @@ struct loop {
 	pthread_cond_t wake;		/* the watcher (CLOCK_MONOTONIC) */
 	sem_t done;			/* posted once, when the loop ends */
 	unsigned max, nthreads, receivers, parked;
-	unsigned busy;			/* workers processing a request */
+	unsigned quick;			/* workers with a quick_since (invariant 2) */
+	unsigned starting;		/* workers started that have not run yet */
 	struct loop_worker *watcher;	/* invariant 3; NULL when none */
 	int watcher_asleep;		/* idle: waits for the next request, not the clock */
 	int handoff;			/* a slow request wants another receiver */
@@ -80,13 +84,15 @@ static int loop_spawn_locked(struct loop *l)
 		return -EAGAIN;
 	w = &l->w[l->nthreads];
 	w->l = l;
-	/* Workers take none of the signals that end a daemon, as libfuse's did not: the
-	 * daemon's signal thread and the caller's wait in loop_run take them. */
+	/* Workers take none of the signals that end a daemon, as libfuse's did not, nor
+	 * SIGUSR2 (the daemon's wake-up of loop_run's caller, which would interrupt a
+	 * worker's calls): the daemon's signal thread and the caller's wait take them. */
 	sigemptyset(&ends);
 	sigaddset(&ends, SIGTERM);
 	sigaddset(&ends, SIGINT);
 	sigaddset(&ends, SIGHUP);
 	sigaddset(&ends, SIGQUIT);
+	sigaddset(&ends, SIGUSR2);
 	pthread_sigmask(SIG_BLOCK, &ends, &old);
 	rc = pthread_create(&w->thread, NULL, loop_worker_main, w);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -97,6 +103,7 @@ static int loop_spawn_locked(struct loop *l)
 		return -rc;
 	}
 	l->nthreads++;
+	l->starting++;
 	return 0;
 }
 
@@ -133,6 +140,7 @@ static int loop_stuck_locked(struct loop *l, uint64_t now)
 	for (unsigned i = 0; i < l->nthreads; i++) {
 		if (l->w[i].quick_since && now - l->w[i].quick_since >= l->rescue_ns) {
 			l->w[i].quick_since = 0;
+			l->quick--;
 			stuck = 1;
 		}
 	}
@@ -166,17 +174,23 @@ static int loop_serve_locked(struct loop *l, struct loop_worker *w)
 			loop_handoff_locked(l);
 	} else {
 		w->quick_since = l->last_request;
+		l->quick++;
+		/* No watcher and no worker free to become one (they were all busy when it
+		 * left): start one, so that this request is rescued if it blocks. */
+		if (!l->watcher && !l->parked && !l->starting)
+			loop_spawn_locked(l);
 		if (l->watcher_asleep) {
 			l->watcher_asleep = 0; /* one wake-up per burst after an idle spell */
 			pthread_cond_signal(&l->wake);
 		}
 	}
-	l->busy++;
 	pthread_mutex_unlock(&l->mu);
 	l->ops->process(l->arg, &w->buf);
 	pthread_mutex_lock(&l->mu);
-	l->busy--;
-	w->quick_since = 0;
+	if (w->quick_since) {
+		w->quick_since = 0;
+		l->quick--;
+	}
 	return !quick;
 }
 
@@ -218,20 +232,19 @@ static void *loop_worker_main(void *p)
 
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
 	pthread_mutex_lock(&l->mu);
+	l->starting--;
 	while (!l->end) {
-		/* After a slow request, receive again at once (invariant 1): a stream of them
-		 * (a writer's 1 MiB WRITEs) then finds a worker already waiting in receive,
-		 * woken by the kernel as in libfuse's loop, instead of a hand-over each. Else
-		 * watch over the others if no one does (invariant 3), else receive if no one
-		 * does, else park. */
-		if (slow) {
+		/* Receive right after a slow request (invariant 1): a stream of them (a
+		 * writer's 1 MiB WRITEs) then finds a worker already waiting in receive, woken
+		 * by the kernel as in libfuse's loop, instead of a hand-over each. Receive too
+		 * if no one does and no quick request's worker is coming back to. Else watch
+		 * over the others if no one does (invariant 3), else park. */
+		if (slow || (!l->receivers && !l->quick)) {
 			slow = loop_serve_locked(l, w);
-		} else if (!l->watcher && l->max > 1 && (l->receivers || l->busy)) {
+		} else if (!l->watcher && l->max > 1) {
 			loop_watch_locked(l, w);
 			if (!l->end)
 				slow = loop_serve_locked(l, w);
-		} else if (!l->receivers) {
-			slow = loop_serve_locked(l, w);
 		} else {
 			l->parked++;
 			pthread_cond_wait(&l->park, &l->mu);
@@ -266,9 +279,21 @@ int loop_run(const struct loop_ops *ops, void *arg, unsigned max_threads, uint64
 		loop_spawn_locked(&l);
 	pthread_mutex_unlock(&l.mu);
 	if (!rc) {
-		/* A signal interrupts sem_wait (EINTR): the caller's way to end us early. */
-		while (!ops->exited(arg) && sem_wait(&l.done))
-			;
+		/* A signal interrupts the wait (EINTR): the caller's way to end us early. One
+		 * that lands between the check and the wait is lost, and an INIT that failed
+		 * ends the session with no request to come: so the wait also ends every
+		 * LOOP_EXIT_CHECK_NS to look at exited() again. */
+		for (;;) {
+			struct timespec ts;
+			uint64_t t = loop_now() + LOOP_EXIT_CHECK_NS;
+
+			if (ops->exited(arg))
+				break;
+			ts.tv_sec = (time_t)(t / 1000000000ull);
+			ts.tv_nsec = (long)(t % 1000000000ull);
+			if (!sem_clockwait(&l.done, CLOCK_MONOTONIC, &ts))
+				break;
+		}
 	}
 	pthread_mutex_lock(&l.mu);
 	loop_end_locked(&l, rc);

@@ -22,14 +22,15 @@
  *
  * Contract: loop_run receives with ops->receive, processes with ops->process, each in the
  * threads it starts (never in the caller's), and returns when a receive reports the end
- * (0 or -errno other than -EINTR), or when ops->exited() holds and the caller's thread was
- * woken (a signal interrupts its wait: the caller's way to end the loop early, as with
- * fuse_session_loop_mt). Threads in receive are then cancelled (receive is the only
+ * (0 or -errno other than -EINTR), or when ops->exited() holds: at once if the caller's
+ * thread is woken by a signal (its way to end the loop early, as with
+ * fuse_session_loop_mt), else within LOOP_EXIT_CHECK_NS. Threads in receive are then cancelled (receive is the only
  * place cancellation is enabled), and every thread is joined: a request in process is
  * finished first. Returns 0 or the -errno of the receive that ended it.
  *
  * Costs: the receiving thread takes the loop's mutex twice per request and reads the
- * clock once; the watcher wakes at most once per rescue_ns while requests come.
+ * clock once; the watcher wakes at most once per rescue_ns while requests come; the
+ * caller's thread once per LOOP_EXIT_CHECK_NS.
  */
 #ifndef MLFS_LOOP_H
 #define MLFS_LOOP_H
@@ -45,6 +46,8 @@
 #define LOOP_RESCUE_NS (1000 * 1000ull)
 /* After this long without a request the watcher stops waking (an idle daemon sleeps). */
 #define LOOP_IDLE_NS (100 * 1000 * 1000ull)
+/* How often loop_run's caller looks at exited() even if no signal woke it. */
+#define LOOP_EXIT_CHECK_NS (1000 * 1000 * 1000ull)
 
 struct loop_ops {
 	/* The next request into buf (a worker's own, zeroed at first: receive may allocate
