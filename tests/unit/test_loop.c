@@ -326,19 +326,25 @@ static void test_last_free_worker_receives(unsigned max)
 	EXPECT_EQ(run_join(&r), 0);
 }
 
+/* Starts a loop of 4, has it answer one quick request, then sets exited(). */
+static void run_then_exit(struct run *r)
+{
+	fake_reset();
+	run_start(r, 4, 1000 * 1000);
+	push(0, 1, 0);
+	EXPECT(wait_flag(&fk.done[0]));
+	pthread_mutex_lock(&fk.mu);
+	fk.exited = 1;
+	pthread_mutex_unlock(&fk.mu);
+}
+
 /* exited() alone, with no signal and no request to come (an INIT that failed, or the
  * signal lost before the wait), ends the loop within LOOP_EXIT_CHECK_NS. */
 static void test_exited_without_a_signal_ends_the_loop(void)
 {
 	struct run r;
 
-	fake_reset();
-	run_start(&r, 4, 1000 * 1000);
-	push(0, 1, 0);
-	EXPECT(wait_flag(&fk.done[0]));
-	pthread_mutex_lock(&fk.mu);
-	fk.exited = 1;
-	pthread_mutex_unlock(&fk.mu);
+	run_then_exit(&r);
 	EXPECT_EQ(run_join(&r), 0);
 }
 
@@ -373,14 +379,9 @@ static void test_exited_and_a_signal_end_the_loop(void)
 
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGUSR2, &sa, NULL); /* no SA_RESTART: sem_wait returns EINTR */
-	fake_reset();
-	run_start(&r, 4, 1000 * 1000);
-	push(0, 1, 0);
-	EXPECT(wait_flag(&fk.done[0]));
-	pthread_mutex_lock(&fk.mu);
-	fk.exited = 1;
-	pthread_mutex_unlock(&fk.mu);
-	/* a signal that lands before loop_run's sem_wait is lost: send until it returns */
+	run_then_exit(&r);
+	/* a signal that lands before loop_run's wait is lost (then the periodic check
+	 * ends it): send until it returns */
 	for (int i = 0; i < 1000; i++) {
 		pthread_mutex_lock(&fk.mu);
 		int done = r.returned;
