@@ -266,6 +266,8 @@ static void raw_bytes(struct raw *r, const void *p, size_t n)
 }
 
 /* Header up to and including nentries (the count written as given, true or not). */
+static uint64_t raw_base = 0xb45e; /* the base raw_begin writes in a version 4 header */
+
 static void raw_begin(struct raw *r, int version, uint64_t nentries)
 {
 	r->n = 0;
@@ -277,6 +279,8 @@ static void raw_begin(struct raw *r, int version, uint64_t nentries)
 	raw_le(r, 1763700000000000000ull, 8);
 	raw_le(r, 4, 2);
 	raw_bytes(r, "snap", 4);
+	if (version >= 4)
+		raw_le(r, raw_base, 8);
 	raw_le(r, nentries, 8);
 }
 
@@ -615,6 +619,23 @@ static void test_crafted_blocks_and_xattrs(void)
 	CRAFTED(-EINVAL, a);
 }
 
+/* m (decoded from r) encodes to r's bytes again, and so with version 0 (the lowest
+ * version that holds what it carries, which is r's here); leaves m->version at 0. */
+static void expect_reencodes(struct mf_manifest *m, const struct raw *r)
+{
+	void *buf = NULL;
+	size_t len = 0;
+
+	for (int pass = 0; pass < 2; pass++) {
+		if (pass)
+			m->version = 0;
+		EXPECT_EQ(mf_encode(m, &buf, &len), 0);
+		EXPECT(len == r->n && !memcmp(buf, r->b, len));
+		free(buf);
+		buf = NULL;
+	}
+}
+
 /* Entry flags: version 2 only, files only, known bits only; version 1 reads as none. */
 static void test_versions_and_open_writes(void)
 {
@@ -686,14 +707,8 @@ static void test_versions_and_open_writes(void)
 	if (m) {
 		EXPECT_EQ(m->version, 3);
 		EXPECT_EQ(m->open_writes, 0);
-		EXPECT_EQ(mf_encode(m, &buf, &len), 0);
-		EXPECT(len == r.n && !memcmp(buf, r.b, len));
-		free(buf);
 		/* version 0 picks the lowest that holds the flags: 3 here, 2 without */
-		m->version = 0;
-		EXPECT_EQ(mf_encode(m, &buf, &len), 0);
-		EXPECT(len == r.n && !memcmp(buf, r.b, len));
-		free(buf);
+		expect_reencodes(m, &r);
 		m->entries[1].flags = 0;
 		EXPECT_EQ(mf_encode(m, &buf, &len), 0);
 		EXPECT(len > 12 && ((unsigned char *)buf)[8] == MF_VERSION);
@@ -715,6 +730,44 @@ static void test_versions_and_open_writes(void)
 	raw_entry(&r, &d);
 	raw_seal(&r);
 	EXPECT_EQ(decode_rc(&r), -EINVAL);
+	/* Version 4: a base in the header, INHERITED on a directory too; byte for byte
+	 * again, and version 0 with a base picks 4. Not without a base. */
+	m = NULL;
+	a.flags = MF_ENTRY_INHERITED;
+	raw_begin(&r, 4, 3);
+	raw_root(&r);
+	raw_entry(&r, &a);
+	raw_entry(&r, &d);
+	raw_seal(&r);
+	EXPECT_EQ(mf_decode(r.b, r.n, &m), 0);
+	if (m) {
+		EXPECT_EQ(m->version, 4);
+		EXPECT_EQ(m->base, raw_base);
+		EXPECT(m->entries[2].type == MF_DIR && m->entries[2].flags == MF_ENTRY_INHERITED);
+		expect_reencodes(m, &r);
+		m->base = 0; /* version 0 now: 3, which cannot flag a directory */
+		buf = NULL;
+		EXPECT_EQ(mf_encode(m, &buf, &len), -EINVAL);
+		free(buf);
+		m->version = 4; /* and version 4 needs a base */
+		buf = NULL;
+		EXPECT_EQ(mf_encode(m, &buf, &len), -EINVAL);
+		free(buf);
+		m->version = 3;
+		m->base = 1; /* a base needs version 4 */
+		buf = NULL;
+		EXPECT_EQ(mf_encode(m, &buf, &len), -EINVAL);
+		free(buf);
+		mf_free(m);
+	}
+	raw_base = 0;
+	raw_begin(&r, 4, 2);
+	raw_root(&r);
+	raw_entry(&r, &a);
+	raw_seal(&r);
+	EXPECT_EQ(decode_rc(&r), -EINVAL);
+	raw_base = 0xb45e;
+	a.flags = 0;
 	d.flags = 0;
 	raw_begin(&r, 0, 1);
 	raw_root(&r);
@@ -807,6 +860,144 @@ static long find_path(const struct mf_manifest *m, const char *path)
 		if (mf_path(m, i, buf, sizeof(buf)) >= 0 && !strcmp(buf, path))
 			return (long)i;
 	return -1;
+}
+
+/*
+ * A part from a list of paths, parents first: "d/" a directory, "d/f=N" a file of N
+ * hundred bytes (equal N, equal content), "d/l>d/f" a hard link to an earlier file; a
+ * leading '*' flags the entry MF_ENTRY_INHERITED. base is the part's base.
+ */
+static struct mf_manifest *part_of(uint64_t base, const char *const *spec)
+{
+	struct mf_manifest *m = part_new();
+
+	m->base = base;
+	for (; *spec; spec++) {
+		const char *p = *spec;
+		int inh = *p == '*';
+		char path[128], *name, *val = NULL, sep = 0;
+		uint64_t parent = 1;
+		struct mf_entry *e;
+		int type = MF_FILE;
+		size_t len;
+
+		snprintf(path, sizeof(path), "%s", p + inh);
+		len = strlen(path);
+		if (path[len - 1] == '/') {
+			type = MF_DIR;
+			path[len - 1] = 0;
+		} else if ((val = strpbrk(path, "=>"))) {
+			sep = *val;
+			*val++ = 0;
+		}
+		if ((name = strrchr(path, '/'))) {
+			*name++ = 0;
+			parent = m->entries[find_path(m, path)].id;
+		} else {
+			name = path;
+		}
+		e = add(m, parent, name, type);
+		if (inh)
+			e->flags = MF_ENTRY_INHERITED;
+		if (sep == '=') {
+			set_blocks(e, strtoull(val, NULL, 10) * 100, 4096, 0);
+		} else if (sep == '>') {
+			e->link = m->entries[find_path(m, val)].id;
+			e->flags = 0;
+		}
+	}
+	return m;
+}
+
+/* Merges the parts (n), checks the union encodes and has exactly the paths listed. */
+static void expect_union(struct mf_manifest **q, size_t n, uint64_t want_conflicts,
+			 const char *const *paths)
+{
+	struct mf_manifest *u = NULL;
+	uint64_t conflicts;
+	size_t k = 0;
+	void *buf = NULL;
+	size_t len;
+
+	EXPECT_EQ(mf_merge(q, n, NULL, NULL, &u, &conflicts), 0);
+	if (!u)
+		return;
+	EXPECT_EQ(conflicts, want_conflicts);
+	for (; paths[k]; k++)
+		if (find_path(u, paths[k]) < 0)
+			printf("  missing from the union: %s\n", paths[k]);
+	EXPECT_EQ(u->nentries, k + 1);
+	EXPECT_EQ(mf_encode(u, &buf, &len), 0);
+	EXPECT_EQ(u->base, 0);
+	free(buf);
+	mf_free(u);
+	for (size_t i = 0; i < n; i++)
+		mf_free(q[i]);
+}
+
+/* The union carries a worker's deletions after a group restore (version 4 parts): a
+ * path only untouched copies of one base hold leaves when a part of that base lost it;
+ * never a rewrite, a new name, a file a kept link names, a directory with something
+ * left below it, anything below a conflict, or with another base or none. */
+static void test_merge_deletions(void)
+{
+	static const char *const all[] = { "*keep/", "*keep/a=1", "*old/", "*old/x=2",
+					   "*old/y=3", "*top=4", NULL };
+	struct mf_manifest *q[3];
+
+	/* worker 1 removed old/ and top, and made new: in either order of the parts */
+	for (int first = 0; first < 2; first++) {
+		static const char *const del[] = { "*keep/", "*keep/a=1", "new=5", NULL };
+
+		q[first] = part_of(7, all);
+		q[!first] = part_of(7, del);
+		expect_union(q, 2, 0, (const char *const[]){ "keep", "keep/a", "new", NULL });
+	}
+	/* worker 1 renamed old to old2 (what was below it is no longer INHERITED) */
+	q[0] = part_of(7, all);
+	q[1] = part_of(7, (const char *const[]){ "*keep/", "*keep/a=1", "old2/", "old2/x=2",
+						 "old2/y=3", "*top=4", NULL });
+	expect_union(q, 2, 0, (const char *const[]){ "keep", "keep/a", "old2", "old2/x",
+						     "old2/y", "top", NULL });
+	/* one worker removed top, another rewrote it: the rewrite stays; one removed old/
+	 * but another wrote old/z in it: old/ stays with old/z only */
+	q[0] = part_of(7, all);
+	q[1] = part_of(7, (const char *const[]){ "*keep/", "*keep/a=1", NULL });
+	q[2] = part_of(7, (const char *const[]){ "*keep/", "*keep/a=1", "*old/", "*old/x=2",
+						 "*old/y=3", "old/z=6", "top=9", NULL });
+	expect_union(q, 3, 0, (const char *const[]){ "keep", "keep/a", "old", "old/z", "top",
+						     NULL });
+	/* bases: another base, or none, removes nothing; holders of two bases keep it */
+	q[0] = part_of(7, all);
+	q[1] = part_of(8, (const char *const[]){ "*keep/", NULL });
+	q[2] = part_of(7, all);
+	expect_union(q, 3, 0, (const char *const[]){ "keep", "keep/a", "old", "old/x", "old/y",
+						     "top", NULL });
+	q[0] = part_of(0, all);
+	q[1] = part_of(0, (const char *const[]){ "*keep/", NULL });
+	q[0]->version = q[1]->version = 3; /* an older mlfs's parts: no base */
+	for (size_t i = 0; i < q[0]->nentries; i++)
+		if (q[0]->entries[i].type == MF_DIR)
+			q[0]->entries[i].flags = 0;
+	q[1]->entries[1].flags = 0;
+	expect_union(q, 2, 0, (const char *const[]){ "keep", "keep/a", "old", "old/x", "old/y",
+						     "top", NULL });
+	q[0] = part_of(7, (const char *const[]){ "*top=4", NULL });
+	q[1] = part_of(8, (const char *const[]){ "*top=4", NULL });
+	q[2] = part_of(7, (const char *const[]){ NULL });
+	expect_union(q, 3, 0, (const char *const[]){ "top", NULL });
+	/* a hard link kept (a link is never INHERITED) keeps the file it names */
+	q[0] = part_of(7, (const char *const[]){ "*f=1", "g>f", NULL });
+	q[1] = part_of(7, (const char *const[]){ NULL });
+	expect_union(q, 2, 0, (const char *const[]){ "f", "g", NULL });
+	/* worker 1 made d a file: a conflict, and d's files stay below it */
+	q[0] = part_of(7, (const char *const[]){ "*d/", "*d/f=1", NULL });
+	q[1] = part_of(7, (const char *const[]){ "d=2", NULL });
+	expect_union(q, 2, 1, (const char *const[]){ "d", "d/f", NULL });
+	/* everything removed by one of two workers: the union is the root alone */
+	q[0] = part_of(7, all);
+	q[1] = part_of(7, (const char *const[]){ NULL });
+	expect_union(q, 2, 0, (const char *const[]){ NULL });
 }
 
 /* Issue 11: every worker of a restored group sees all parts' trees: directories merge,
@@ -957,6 +1148,7 @@ int main(void)
 	test_rules();
 	test_garbage();
 	test_merge();
+	test_merge_deletions();
 	test_crafted_counts();
 	test_crafted_names();
 	test_crafted_tree();
