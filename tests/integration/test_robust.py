@@ -334,8 +334,7 @@ def test_a_blocked_quick_request_does_not_stop_the_mount(mounter):
     real machine a dead NFS mount inside SOURCE, or a cold disk), the watcher worker must
     take over the receiving: MOUNT/ckpt and the rest of MOUNT/data keep answering while
     that request waits. Without the rescue every later request would wait behind it.
-    The probes stay out of the blocked LOOKUP's directory: the kernel serializes the
-    lookups of one FUSE directory (no parallel dirops), whatever the daemon does."""
+    The probes stay out of the blocked LOOKUP's directory: the next test covers it."""
     m2 = mounter()
     write(os.path.join(m2.ckpt, "x"), b"behind a stopped daemon")
     src = mounter.tempdir("quick-src")
@@ -370,6 +369,54 @@ def test_a_blocked_quick_request_does_not_stop_the_mount(mounter):
         except subprocess.TimeoutExpired:
             # Not waited for: stuck in a FUSE request, it goes when m2 is continued.
             pytest.fail("the mount stopped answering while one LOOKUP was blocked on SOURCE")
+        assert child.returncode == 0, err
+        assert stat.poll() is None, "the stat did not stay blocked: the test tests nothing"
+    finally:
+        os.kill(m2.pid, signal.SIGCONT)
+        if stat is not None:
+            try:
+                stat.wait(30)
+            except subprocess.TimeoutExpired:
+                stat.kill()
+                stat.wait(30)
+        subprocess.run(["umount", "-l", stuck])
+
+
+def test_a_blocked_lookup_does_not_hold_its_directory(mounter):
+    """Parallel directory operations (ops.c mlfs_op_init): a LOOKUP that waits on SOURCE
+    (a name of SOURCE/dir that is a bind mount of a SIGSTOPped FUSE daemon's tree; on a
+    real machine a dead NFS mount, a slow bucket) must not hold the other names of the
+    same directory: a data loader's workers look up one class directory's files at
+    once. Without the capability the kernel holds the directory's lock across each
+    LOOKUP, and the probe of dir/ok waits as long as the stuck one."""
+    m2 = mounter()
+    src = mounter.tempdir("dirops-src")
+    os.mkdir(os.path.join(src, "dir"))
+    write(os.path.join(src, "dir", "ok"), b"answered")
+    stuck = os.path.join(src, "dir", "stuck")
+    os.mkdir(stuck)
+    subprocess.run(["mount", "--bind", m2.ckpt, stuck], check=True)
+    stat = None
+    try:
+        m = mounter(src=src)
+        # m2's attributes of its ckpt root last 1 s (CKPT_TIMEOUT): past that, the stat
+        # of the bind's root asks m2, which will not answer.
+        time.sleep(1.5)
+        U.sigstop(m2.pid)
+        stat = subprocess.Popen(["stat", os.path.join(m.data, "dir", "stuck")],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        U.wait_blocked_in(m.pid, os.path.join(src, "dir"),
+                          "no worker of the daemon blocked on the lookup of dir/stuck")
+        script = ("import sys\n"
+                  "assert open(sys.argv[1], 'rb').read() == b'answered'\n")
+        child = subprocess.Popen([sys.executable, "-c", script,
+                                  os.path.join(m.data, "dir", "ok")],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            _, err = child.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            # Not waited for: it goes when m2 is continued.
+            pytest.fail("a lookup in dir waited behind the blocked lookup of dir/stuck")
         assert child.returncode == 0, err
         assert stat.poll() is None, "the stat did not stay blocked: the test tests nothing"
     finally:
