@@ -830,8 +830,12 @@ static int mf_union_add(struct mf_union *u, const struct mf_manifest *p, unsigne
 			struct mf_entry *slot = &u->m->entries[at];
 			const struct mf_entry *have = mf_content(u->m, slot), *mine = mf_content(p, e);
 
-			if (mf_same(have, mine) || (mine->flags & MF_ENTRY_INHERITED &&
-						    !(have->flags & MF_ENTRY_INHERITED))) {
+			/* (an untouched directory is the same as another part's directory,
+			 * but never yields to a file or symlink: what it holds would land
+			 * below a non-directory, and its new files would vanish unreported) */
+			if (mf_same(have, mine) ||
+			    (mine->flags & MF_ENTRY_INHERITED && mine->type != MF_DIR &&
+			     !(have->flags & MF_ENTRY_INHERITED))) {
 				map[i] = at; /* the same, or ours is an untouched copy */
 				continue;
 			}

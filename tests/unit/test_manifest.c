@@ -994,6 +994,11 @@ static void test_merge_deletions(void)
 	q[0] = part_of(7, (const char *const[]){ "*d/", "*d/f=1", NULL });
 	q[1] = part_of(7, (const char *const[]){ "d=2", NULL });
 	expect_union(q, 2, 1, (const char *const[]){ "d", "d/f", NULL });
+	/* worker 0 made d a file, worker 1 kept the restored d/ (and may have written in
+	 * it): a conflict, not a directory yielding (its files would land below a file) */
+	q[0] = part_of(7, (const char *const[]){ "d=2", NULL });
+	q[1] = part_of(7, (const char *const[]){ "*d/", "*d/f=1", "d/new=3", NULL });
+	expect_union(q, 2, 1, (const char *const[]){ "d", NULL });
 	/* everything removed by one of two workers: the union is the root alone */
 	q[0] = part_of(7, all);
 	q[1] = part_of(7, (const char *const[]){ NULL });
