@@ -1005,6 +1005,262 @@ static void test_merge_deletions(void)
 	expect_union(q, 2, 0, (const char *const[]){ NULL });
 }
 
+/* ---- random parts of one restored tree (the deletions rule as a property) ---- */
+
+#define RM_MAX 96
+
+struct rm_node {
+	char path[96];
+	int type;	/* MF_FILE or MF_DIR */
+	int content;	/* files: size / 100, so equal content is equal bytes */
+	int inh;	/* as restored, at its restored path */
+};
+
+struct rm_tree {
+	struct rm_node n[RM_MAX];
+	int len;
+};
+
+static uint64_t rm_seed;
+
+static unsigned rm_rand(unsigned n)
+{
+	rm_seed = rm_seed * 6364136223846793005ull + 1442695040888963407ull;
+	return (unsigned)((rm_seed >> 33) % n);
+}
+
+static int rm_find(const struct rm_tree *t, const char *path)
+{
+	for (int i = 0; i < t->len; i++)
+		if (!strcmp(t->n[i].path, path))
+			return i;
+	return -1;
+}
+
+/* Whether path is q or below q. */
+static int rm_below(const char *path, const char *q)
+{
+	size_t l = strlen(q);
+
+	return !strncmp(path, q, l) && (path[l] == 0 || path[l] == '/');
+}
+
+static void rm_add(struct rm_tree *t, const char *path, int type, int content, int inh)
+{
+	if (t->len < RM_MAX && rm_find(t, path) < 0) {
+		struct rm_node *n = &t->n[t->len++];
+
+		snprintf(n->path, sizeof(n->path), "%s", path);
+		n->type = type;
+		n->content = content;
+		n->inh = inh;
+	}
+}
+
+/* A random directory of t ("" for the root) into buf. */
+static void rm_pick_dir(const struct rm_tree *t, char *buf, size_t size)
+{
+	int k = (int)rm_rand((unsigned)t->len + 1);
+
+	buf[0] = 0;
+	for (int i = 0; i < t->len && k >= 0; i++)
+		if (t->n[i].type == MF_DIR && --k < 0)
+			snprintf(buf, size, "%s", t->n[i].path);
+}
+
+/* One worker's change to its tree, as MOUNT/ckpt would flag it. */
+static void rm_change(struct rm_tree *t, int part, int step)
+{
+	char dir[96], path[200];
+	int i = t->len ? (int)rm_rand((unsigned)t->len) : -1, op = (int)rm_rand(6);
+
+	rm_pick_dir(t, dir, sizeof(dir));
+	/* a name some other part may make too (a clash), or one of this part's own */
+	if (rm_rand(4))
+		snprintf(path, sizeof(path), "%s%sp%d-%d", dir, *dir ? "/" : "", part, step);
+	else
+		snprintf(path, sizeof(path), "%s%sc%u", dir, *dir ? "/" : "", rm_rand(3));
+	if (strlen(path) >= sizeof(t->n[0].path))
+		return;
+	if (op == 0 && i >= 0 && t->n[i].type == MF_FILE) { /* rewrite */
+		t->n[i].content = 1000 + part * 100 + step;
+		t->n[i].inh = 0;
+	} else if (op == 1 && i >= 0) { /* unlink, or rm -r */
+		char gone[96];
+
+		snprintf(gone, sizeof(gone), "%s", t->n[i].path);
+		for (int j = t->len - 1; j >= 0; j--)
+			if (rm_below(t->n[j].path, gone))
+				t->n[j] = t->n[--t->len];
+	} else if (op == 2 && i >= 0 && rm_find(t, path) < 0 &&
+		   !rm_below(path, t->n[i].path)) { /* rename, with all below it */
+		char from[96];
+		size_t fl;
+
+		snprintf(from, sizeof(from), "%s", t->n[i].path);
+		fl = strlen(from);
+		for (int j = 0; j < t->len; j++) {
+			char np[300];
+
+			if (!rm_below(t->n[j].path, from))
+				continue;
+			snprintf(np, sizeof(np), "%s%s", path, t->n[j].path + fl);
+			if (strlen(np) >= sizeof(t->n[j].path))
+				return; /* too deep: not renamed (partly: fine, a new path) */
+			snprintf(t->n[j].path, sizeof(t->n[j].path), "%s", np);
+			t->n[j].inh = 0;
+		}
+	} else if (op == 3) {
+		rm_add(t, path, MF_DIR, 0, 0);
+	} else {
+		rm_add(t, path, MF_FILE, 2000 + part * 100 + step, 0);
+	}
+}
+
+static int rm_depth_cmp(const void *a, const void *b)
+{
+	const struct rm_node *x = a, *y = b;
+	int dx = 0, dy = 0;
+
+	for (const char *p = x->path; *p; p++)
+		dx += *p == '/';
+	for (const char *p = y->path; *p; p++)
+		dy += *p == '/';
+	return dx != dy ? dx - dy : strcmp(x->path, y->path);
+}
+
+/* The manifest of t: parents first; an entry is INHERITED only below INHERITED
+ * directories (the freeze's rule), with base. */
+static struct mf_manifest *rm_manifest(struct rm_tree *t, uint64_t base)
+{
+	struct mf_manifest *m = part_new();
+
+	m->base = base;
+	qsort(t->n, (size_t)t->len, sizeof(t->n[0]), rm_depth_cmp);
+	for (int i = 0; i < t->len; i++) {
+		char par[96], *slash;
+		uint64_t parent = 1;
+		struct mf_entry *e;
+		long pi;
+
+		snprintf(par, sizeof(par), "%s", t->n[i].path);
+		slash = strrchr(par, '/');
+		if (slash) {
+			*slash = 0;
+			pi = find_path(m, par);
+			if (pi < 0)
+				continue; /* its directory was removed: so is it */
+			parent = m->entries[pi].id;
+		}
+		e = add(m, parent, slash ? slash + 1 : par, t->n[i].type);
+		if (t->n[i].type == MF_FILE)
+			set_blocks(e, (uint64_t)t->n[i].content * 100, 4096, 0);
+		if (t->n[i].inh && (parent == 1 || (m->entries[find_path(m, par)].flags &
+						      MF_ENTRY_INHERITED)))
+			e->flags = MF_ENTRY_INHERITED;
+	}
+	return m;
+}
+
+/*
+ * Random jobs: a restored tree, each worker changes its copy, and the union must keep
+ * every change when there is no conflict (a rewrite, a new file or directory, a new
+ * name), keep what every worker still holds, and leave out what a worker removed that
+ * no worker changed or wrote below. Always: it encodes, and holds only what some part
+ * holds.
+ */
+static void test_merge_random(void)
+{
+	int jobs = 3000, carried = 0;
+
+	for (int job = 0; job < jobs; job++) {
+		struct rm_tree base = { .len = 0 }, parts[4];
+		struct mf_manifest *q[4], *u = NULL;
+		int n = 2 + (int)rm_rand(3);
+		uint64_t conflicts;
+		void *buf = NULL;
+		size_t len;
+
+		rm_seed = 0x9e3779b97f4a7c15ull * (uint64_t)(job + 1);
+		for (int k = 0; k < 12; k++)
+			rm_change(&base, 9, k); /* made by some earlier job: restored, inherited */
+		for (int k = 0; k < base.len; k++)
+			base.n[k].inh = 1;
+		for (int p = 0; p < n; p++) {
+			parts[p] = base;
+			for (int k = (int)rm_rand(4); k > 0; k--)
+				rm_change(&parts[p], p, k);
+			q[p] = rm_manifest(&parts[p], 7);
+		}
+		EXPECT_EQ(mf_merge(q, (size_t)n, NULL, NULL, &u, &conflicts), 0);
+		if (!u)
+			goto next;
+		EXPECT_EQ(mf_encode(u, &buf, &len), 0);
+		free(buf);
+		/* only what some part holds */
+		for (size_t i = 1; i < u->nentries; i++) {
+			char path[256];
+			int held = 0;
+
+			mf_path(u, i, path, sizeof(path));
+			for (int p = 0; p < n; p++)
+				held |= find_path(q[p], path) >= 0;
+			EXPECT(held);
+		}
+		if (conflicts)
+			goto next;
+		for (int p = 0; p < n; p++) {
+			for (size_t i = 1; i < q[p]->nentries; i++) {
+				const struct mf_entry *e = &q[p]->entries[i];
+				char path[256];
+				long at;
+
+				mf_path(q[p], i, path, sizeof(path));
+				at = find_path(u, path);
+				if (!(e->flags & MF_ENTRY_INHERITED)) { /* a change: kept as made */
+					EXPECT(at >= 0 && u->entries[at].type == e->type &&
+					       u->entries[at].size == e->size);
+					if (at < 0)
+						printf("  job %d: %s of part %d lost\n", job, path, p);
+				}
+			}
+		}
+		/* every path of the base: held by all (inherited) -> kept; removed by one,
+		 * nobody changed it or wrote below it -> left out */
+		for (int b = 0; b < base.len; b++) {
+			const char *path = base.n[b].path;
+			int holders = 0, touched = 0;
+
+			for (int p = 0; p < n; p++) {
+				long at = find_path(q[p], path);
+
+				if (at >= 0) {
+					holders++;
+					touched |= !(q[p]->entries[at].flags & MF_ENTRY_INHERITED);
+				}
+				for (size_t i = 1; i < q[p]->nentries; i++) {
+					char sub[256];
+
+					mf_path(q[p], i, sub, sizeof(sub));
+					touched |= rm_below(sub, path) && strcmp(sub, path) &&
+						   !(q[p]->entries[i].flags & MF_ENTRY_INHERITED);
+				}
+			}
+			if (holders == n)
+				EXPECT(find_path(u, path) >= 0);
+			if (holders < n && !touched) {
+				EXPECT(find_path(u, path) < 0);
+				carried++;
+			}
+		}
+next:
+		mf_free(u);
+		for (int p = 0; p < n; p++)
+			mf_free(q[p]);
+	}
+	EXPECT(carried > 100); /* the jobs exercise the rule, not only its exceptions */
+}
+
 /* Issue 11: every worker of a restored group sees all parts' trees: directories merge,
  * equal files are one, files two parts hold differently are conflicts (the first part's
  * stays), hard links follow their inode into the union. */
@@ -1154,6 +1410,7 @@ int main(void)
 	test_garbage();
 	test_merge();
 	test_merge_deletions();
+	test_merge_random();
 	test_crafted_counts();
 	test_crafted_names();
 	test_crafted_tree();
