@@ -958,6 +958,7 @@ struct pack_gc {
 	struct trashed {
 		char id[33];
 		uint64_t size;
+		uint64_t copied; /* record bytes copied into gc's new pack: not freed */
 		size_t n;
 		uint8_t (*hashes)[16];
 	} *t;
@@ -1061,7 +1062,7 @@ static int gc_copy_live(struct pack_set *ps, struct pack *p, pack_live_fn live, 
 	return rc;
 }
 
-static int gc_note(struct pack_gc *g, const struct pack *p)
+static int gc_note(struct pack_gc *g, const struct pack *p, uint64_t copied)
 {
 	struct trashed *t;
 
@@ -1077,6 +1078,7 @@ static int gc_note(struct pack_gc *g, const struct pack *p)
 	t = &g->t[g->nt];
 	memcpy(t->id, p->id, 33);
 	t->size = p->size;
+	t->copied = copied;
 	t->n = p->n;
 	t->hashes = malloc((p->n + 1) * 16);
 	if (!t->hashes)
@@ -1087,14 +1089,37 @@ static int gc_note(struct pack_gc *g, const struct pack *p)
 	return 0;
 }
 
+/* Copies p's live objects (live_bytes of records) into *w and queues p to be renamed
+ * aside once *w is durable (repack[*nre], with what was copied). -EIO/-ENOMEM: p is
+ * kept, damaged or unreadable (verify reports it); a writer the failure reset took the
+ * copies queued before it with it, so their originals stay too (nothing is trashed
+ * uncopied). */
+static int gc_repack(struct pack_set *ps, struct pack *p, pack_live_fn live, void *arg,
+		     struct hset *copied, struct pack_writer **w, struct pack **repack,
+		     uint64_t *copied_bytes, size_t *nre, uint64_t live_bytes)
+{
+	struct pack_writer *open_w = *w;
+	int rc = gc_copy_live(ps, p, live, arg, copied, w);
+
+	if (rc) {
+		if (open_w && !*w)
+			*nre = 0;
+		return rc;
+	}
+	copied_bytes[*nre] = live_bytes;
+	repack[(*nre)++] = p;
+	return 0;
+}
+
 int pack_gc_sweep(struct pack_set *ps, pack_live_fn live, void *arg, int64_t now_ns,
 		  int64_t grace_ns, const char *token, struct pack_gc **out, uint64_t *freed)
 {
 	struct pack_gc *g = calloc(1, sizeof(*g));
-	struct pack **v = NULL, **repack = NULL;
+	struct pack **v = NULL, **repack = NULL, **small = NULL;
+	uint64_t *copied_bytes = NULL, *small_live = NULL, merge_bytes = 0;
 	struct pack_writer *w = NULL;
 	struct hset copied = { 0 };
-	size_t nv = 0, nre = 0;
+	size_t nv = 0, nre = 0, nsmall = 0;
 	int rc;
 
 	if (!g)
@@ -1107,7 +1132,10 @@ int pack_gc_sweep(struct pack_set *ps, pack_live_fn live, void *arg, int64_t now
 	pthread_mutex_lock(&ps->mu);
 	v = malloc((ps->nv + 1) * sizeof(*v));
 	repack = malloc((ps->nv + 1) * sizeof(*repack));
-	if (v && repack) {
+	small = malloc((ps->nv + 1) * sizeof(*small));
+	copied_bytes = malloc((ps->nv + 1) * sizeof(*copied_bytes));
+	small_live = malloc((ps->nv + 1) * sizeof(*small_live));
+	if (v && repack && small && copied_bytes && small_live) {
 		nv = ps->nv;
 		for (size_t i = 0; i < nv; i++) {
 			v[i] = ps->v[i];
@@ -1115,7 +1143,7 @@ int pack_gc_sweep(struct pack_set *ps, pack_live_fn live, void *arg, int64_t now
 		}
 	}
 	pthread_mutex_unlock(&ps->mu);
-	if (!v || !repack) {
+	if (!v || !repack || !small || !copied_bytes || !small_live) {
 		rc = -ENOMEM;
 		goto out;
 	}
@@ -1139,25 +1167,23 @@ int pack_gc_sweep(struct pack_set *ps, pack_live_fn live, void *arg, int64_t now
 				live_bytes += PACK_REC_HDR + (uint64_t)p->ents[e].stored;
 			}
 		}
-		if (nlive && 2 * live_bytes >= rec_bytes)
-			continue;	/* mostly live: copying would cost more than it frees */
-		if (nlive) {
-			struct pack_writer *open_w = w;
-
-			if (gc_copy_live(ps, p, live, arg, &copied, &w)) {
-				/* Damaged or unreadable: kept; verify reports it. A writer
-				 * the failure reset took the copies queued before it with it:
-				 * their originals stay too (nothing is trashed uncopied). */
-				if (open_w && !w)
-					nre = 0;
-				continue;
+		if (nlive && 2 * live_bytes >= rec_bytes) {
+			/* Mostly live: copying would cost more than it frees, unless the
+			 * pack is small and others are (below). */
+			if (p->size < PACK_MERGE_BELOW) {
+				small_live[nsmall] = live_bytes;
+				small[nsmall++] = p;
 			}
-			repack[nre++] = p;
+			continue;
+		}
+		if (nlive) {
+			gc_repack(ps, p, live, arg, &copied, &w, repack, copied_bytes, &nre,
+				  live_bytes);
 			continue;
 		}
 		snprintf(file, sizeof(file), "%s.pack", p->id);
 		gc_trash_name(p->id, g->token, trash, sizeof(trash));
-		if ((rc = gc_note(g, p)))
+		if ((rc = gc_note(g, p, 0)))
 			break;
 		if (renameat(ps->dirfd, file, ps->dirfd, trash)) {
 			g->nt--;
@@ -1165,6 +1191,18 @@ int pack_gc_sweep(struct pack_set *ps, pack_live_fn live, void *arg, int64_t now
 			if (errno != ENOENT)	/* else another gc took it */
 				rc = -errno;
 		}
+	}
+	/* Small packs, mostly live, merged: each commit of a few changed blocks (an
+	 * autosnap of a quiet tree) leaves a pack of its own, and a store of thousands of
+	 * them costs every listing, scan and restore. Two or more are copied into gc's new
+	 * pack like a repack's survivors, up to PACK_TARGET bytes a run; one alone stays
+	 * (copying it would only rename it). */
+	for (size_t i = 0; i < nsmall && nsmall >= 2 && !rc; i++) {
+		if (merge_bytes + small_live[i] > PACK_TARGET)
+			break;
+		if (!gc_repack(ps, small[i], live, arg, &copied, &w, repack, copied_bytes, &nre,
+			       small_live[i]))
+			merge_bytes += small_live[i];
 	}
 	/* The copies durable (their pack published) before any original goes. */
 	if (!rc && w)
@@ -1175,7 +1213,7 @@ int pack_gc_sweep(struct pack_set *ps, pack_live_fn live, void *arg, int64_t now
 
 		snprintf(file, sizeof(file), "%s.pack", repack[i]->id);
 		gc_trash_name(repack[i]->id, g->token, trash, sizeof(trash));
-		if ((rc = gc_note(g, repack[i])))
+		if ((rc = gc_note(g, repack[i], copied_bytes[i])))
 			break;
 		if (renameat(ps->dirfd, file, ps->dirfd, trash)) {
 			g->nt--;
@@ -1189,6 +1227,9 @@ out:
 		release(ps, v[i], -1, 0);
 	free(v);
 	free(repack);
+	free(small);
+	free(copied_bytes);
+	free(small_live);
 	hset_free(&copied);
 	return rc;
 }
@@ -1227,7 +1268,7 @@ int pack_gc_settle(struct pack_set *ps, struct pack_gc *g, pack_live_fn live2, v
 				rc = -errno;
 		} else if (unlinkat(ps->dirfd, trash, 0) == 0) {
 			*objs += dead;
-			*bytes += t->size;
+			*bytes += t->size - (t->copied < t->size ? t->copied : t->size);
 		}
 		free(t->hashes);
 	}

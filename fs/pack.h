@@ -32,6 +32,7 @@
 
 #define PACK_REC_HDR 40			/* an object record's header (as a version 1 object's) */
 #define PACK_TARGET (128ull << 20)	/* a pack is finished once it holds this much */
+#define PACK_MERGE_BELOW (16ull << 20)	/* gc merges mostly-live packs smaller than this */
 #define PACK_FDS_MAX 256		/* pack descriptors kept open for reads */
 
 /* Object record header: magic "MLOB", version 1, flags (0 raw, 1 lz4), pad, logical and
@@ -111,7 +112,9 @@ typedef int (*pack_live_fn)(void *arg, const uint8_t hash[16]);	/* 1 live, 0 not
  * store filesystem's clock); then for every pack older than grace_ns: no live object ->
  * renamed to <id>.pack.gc.<token>; live objects under half its object bytes -> copied
  * (verified) into a new pack, which is made durable, then the old pack is renamed the
- * same way. *out (handed over to pack_gc_settle) lists the renamed packs.
+ * same way; two or more mostly-live packs smaller than PACK_MERGE_BELOW -> merged the
+ * same way (up to PACK_TARGET bytes of them a run). *out (handed over to
+ * pack_gc_settle) lists the renamed packs.
  */
 int pack_gc_sweep(struct pack_set *ps, pack_live_fn live, void *arg, int64_t now_ns,
 		  int64_t grace_ns, const char *token, struct pack_gc **out, uint64_t *freed);
