@@ -854,8 +854,9 @@ static int ctl_gc(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 	int rc = snapd_gc(snapd_of(m), &objs, &bytes);
 
 	if (rc == -EBUSY)
-		return ctl_fail(r, "gc: the store is in use (a snapshot being written, or another "
-				   "daemon's tree); try again later"), rc;
+		return ctl_fail(r, "gc: the store is in use (this daemon is writing a snapshot, "
+				   "or a daemon of an mlfs before store format 2 holds its lock); "
+				   "try again later"), rc;
 	if (rc)
 		return ctl_fail(r, "gc: %s", strerror(-rc)), rc;
 	ctl_out(r, "gc: removed %" PRIu64 " objects, %" PRIu64 " bytes", objs, bytes);

@@ -644,8 +644,10 @@ int snap_gc(const char *store_dir)
 		return 1;
 	rc = store_gc(s, &objs, &bytes);
 	store_close(s);
-	if (rc == -EBUSY) {
-		say("%s: a snapshot is being written; gc not run, try again later", store_dir);
+	if (rc == -EBUSY) { /* store_gc: only a format 1 daemon's STORE/lock does it here */
+		say("%s: a daemon of an mlfs before store format 2 has the store mounted (it holds "
+		    "%s/lock and would not see gc's leases); gc not run: unmount or upgrade it",
+		    store_dir, store_dir);
 		return 1;
 	}
 	if (rc == -EIO) {

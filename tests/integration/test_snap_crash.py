@@ -279,7 +279,7 @@ class Crash:
                 args = [env.mnt] if rng.random() < 0.5 else ["--store", env.store]
                 r = S.snap("gc", *args)
                 self.log(f"gc: {r.rc}")
-                if r.rc != 0 and "being written" not in r.err:
+                if r.rc != 0 and "writing a snapshot" not in r.err:
                     self.fail(f"gc: {r!r}", d)
             else:
                 self.note_list(env.mnt, d)

@@ -2,6 +2,7 @@
 daemon stays mounted, removes garbage once it is older than the grace time, and never
 removes what another mounted daemon's live (lazily restored) tree reads; a daemon whose
 lease cannot be refreshed says so in mlfs-stat and refuses takes, loudly."""
+import fcntl
 import os
 import random
 import subprocess
@@ -97,3 +98,25 @@ def test_init_by_many_at_once_all_succeed(snapenv):
     S.snap_ok("take", env.mnt, "s1", "--wait")
     env.unmount(d)
     S.snap_ok("verify", "--store", store)
+
+
+def test_gc_refused_beside_a_format_1_daemon_says_why(snapenv):
+    """A daemon of an mlfs before store format 2 holds STORE/lock shared for as long as
+    it is mounted and reads no leases: gc, offline or in a daemon, must not run beside
+    it, and must say that (not "a snapshot is being written")."""
+    env = snapenv()
+    d = env.mount()
+    write(os.path.join(d.ckpt, "f"), b"x" * 5000)
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    fd = os.open(os.path.join(env.store, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # the old daemon's hold
+        r = S.snap("gc", "--store", env.store)
+        assert r.rc != 0 and "before store format 2" in r.err, r
+        r = S.snap("gc", env.mnt)
+        assert r.rc != 0 and "before store format 2" in r.err, r
+    finally:
+        os.close(fd)
+        os.unlink(os.path.join(env.store, "lock"))
+    S.snap_ok("gc", "--store", env.store)
+    env.unmount(d)
