@@ -535,6 +535,14 @@ int store_lease_status(struct store *s, int64_t *age_ns)
 	return lease_keeper_status(s->lease, age_ns);
 }
 
+/* One of the store's own directories. O_NOFOLLOW: a symlink planted there (leases ->
+ * /etc) would have gc unlink every stale file of the directory it names, as root; it is
+ * damage, -ENOTDIR, reported by the caller as a damaged layout. */
+static int store_subdir(struct store *s, const char *name)
+{
+	return openat(s->dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+}
+
 int store_open(const char *dir, int flags, struct store **out)
 {
 	static unsigned seq;
@@ -575,13 +583,13 @@ int store_open(const char *dir, int flags, struct store **out)
 	if ((version = rc = check_format(s)) < 0)
 		goto fail;
 	rc = 0;
-	s->objfd = openat(s->dirfd, "objects", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	s->objfd = store_subdir(s, "objects");
 	if (s->objfd < 0 && errno != ENOENT) {	/* absent: made by version 2, packs only */
 		rc = -errno;
 		log_err("store: %s: damaged store layout: objects: %s", dir, strerror(errno));
 		goto fail;
 	}
-	s->snapfd = openat(s->dirfd, "snaps", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	s->snapfd = store_subdir(s, "snaps");
 	if (s->snapfd < 0) {
 		rc = -errno;
 		log_err("store: %s: damaged store layout: snaps: %s", dir, strerror(errno));
@@ -598,7 +606,7 @@ int store_open(const char *dir, int flags, struct store **out)
 		goto fail;
 	}
 	if (version > 1 || !(flags & STORE_RDONLY))
-		s->packfd = openat(s->dirfd, "packs", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		s->packfd = store_subdir(s, "packs");
 	if (s->packfd < 0 && (version > 1 || !(flags & STORE_RDONLY))) {
 		rc = -errno;
 		log_err("store: %s: damaged store layout: packs: %s", dir, strerror(errno));
@@ -608,7 +616,7 @@ int store_open(const char *dir, int flags, struct store **out)
 		goto fail;
 	if (!(flags & STORE_RDONLY)) {
 		/* Invariant 3: a writer's lease exists from its open to its close. */
-		s->leasefd = openat(s->dirfd, "leases", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		s->leasefd = store_subdir(s, "leases");
 		if (s->leasefd < 0) {
 			rc = -errno;
 			log_err("store: %s: damaged store layout: leases: %s", dir, strerror(errno));
@@ -2297,7 +2305,7 @@ static int gc_settle(struct gc_run *g, struct hset *live2, uint64_t *objs, uint6
 		if (!g->touched[i])
 			continue;
 		snprintf(name, sizeof(name), "%02x", i);
-		fd = openat(s->objfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		fd = openat(s->objfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 		if (fd < 0)
 			return -errno;
 		rc = sync_dir(s, fd);
