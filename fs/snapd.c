@@ -80,7 +80,12 @@ struct snapd {
 	 * snapshot is named after it, a name every worker of the job derives alike. */
 	char last[MF_NAME_MAX + 1];
 	int final_taken; /* snapd_finish took a final snapshot (under sd->mu) */
+	int probes;	 /* snapd_bounded threads still in the store (under sd->mu) */
 };
+
+/* How long take waits for the store to answer a check before it goes on without it
+ * (snapd_bounded). A live store answers a stat in milliseconds, GlusterFS included. */
+#define SNAPD_STORE_ANSWER_S 2
 
 /* The longest autosnap interval honoured: a year. Longer ones (autosnap=1e30, mtbf=inf
  * under autosnap=auto) would overflow time_t, and a wait that fails at once spins. */
@@ -351,6 +356,82 @@ static int snapd_name_published(struct snapd *sd, const char *name)
 	return store_name_taken(sd->st, name, sd->m->cfg.worker, sd->m->cfg.workers);
 }
 
+static int snapd_lease_retry(struct snapd *sd, const char *name)
+{
+	(void)name;
+	return store_lease_refresh(sd->st);
+}
+
+/* One call of fn on a thread of its own, waited for at most SNAPD_STORE_ANSWER_S. */
+struct snapd_probe {
+	struct snapd *sd;
+	int (*fn)(struct snapd *sd, const char *name);
+	char name[MF_NAME_MAX + 1];
+	int done, rc, refs; /* under sd->mu; refs: the thread's and the caller's */
+};
+
+static void snapd_probe_put_locked(struct snapd_probe *p)
+{
+	if (--p->refs == 0)
+		free(p);
+}
+
+static void *snapd_probe_run(void *arg)
+{
+	struct snapd_probe *p = arg;
+	struct snapd *sd = p->sd;
+	int rc = p->fn(sd, p->name);
+
+	pthread_mutex_lock(&sd->mu);
+	p->rc = rc;
+	p->done = 1;
+	sd->probes--;
+	snapd_probe_put_locked(p);
+	pthread_cond_broadcast(&sd->cv);
+	pthread_mutex_unlock(&sd->mu);
+	return NULL;
+}
+
+/* fn(sd, name), a look at the store that take makes before its freeze, bounded: a
+ * hung store (a stopped NFS or FUSE server) blocks a stat or a write for as long as it
+ * hangs, and take, which the promise says is a freeze of milliseconds, must not hang
+ * with it. -ETIMEDOUT when fn did not return within SNAPD_STORE_ANSWER_S; fn then runs
+ * on to its end on its thread, which snapd_free waits for (sd->probes) before it
+ * closes the store. Costs a thread per call (two per take at most). */
+static int snapd_bounded(struct snapd *sd, int (*fn)(struct snapd *sd, const char *name),
+			 const char *name)
+{
+	struct timespec until = snapd_abstime(SNAPD_STORE_ANSWER_S * 1000000000ull);
+	struct snapd_probe *p = calloc(1, sizeof(*p));
+	pthread_t t;
+	int rc;
+
+	if (!p)
+		return fn(sd, name);
+	p->sd = sd;
+	p->fn = fn;
+	snprintf(p->name, sizeof(p->name), "%s", name);
+	p->refs = 2;
+	pthread_mutex_lock(&sd->mu);
+	sd->probes++;
+	pthread_mutex_unlock(&sd->mu);
+	if (pthread_create(&t, NULL, snapd_probe_run, p)) {
+		pthread_mutex_lock(&sd->mu);
+		sd->probes--;
+		pthread_mutex_unlock(&sd->mu);
+		free(p);
+		return fn(sd, name);
+	}
+	pthread_detach(t);
+	pthread_mutex_lock(&sd->mu);
+	while (!p->done && pthread_cond_timedwait(&sd->cv, &sd->mu, &until) != ETIMEDOUT)
+		;
+	rc = p->done ? p->rc : -ETIMEDOUT;
+	snapd_probe_put_locked(p);
+	pthread_mutex_unlock(&sd->mu);
+	return rc;
+}
+
 /* Freezes MOUNT/ckpt as snapshot name and queues it. *out is the job, held for the
  * caller (job->waiters) until snapd_wait or snapd_release. */
 static int snapd_take(struct snapd *sd, const char *name, int automatic,
@@ -366,7 +447,15 @@ static int snapd_take(struct snapd *sd, const char *name, int automatic,
 		return -ENOMEM;
 	snprintf(job->name, sizeof(job->name), "%s", name);
 	job->automatic = automatic;
-	if (snapd_name_published(sd, name)) {
+	/* A store that does not answer: the freeze goes on without the early look (the
+	 * commit's create-once publish refuses a taken name all the same), so a take
+	 * stays a freeze while the store hangs and is persisted when it is back. */
+	rc = snapd_bounded(sd, snapd_name_published, name);
+	if (rc == -ETIMEDOUT)
+		log_warn("take '%s': the store did not answer in %d s; name not checked, "
+			 "the snapshot is persisted when the store answers", name,
+			 SNAPD_STORE_ANSWER_S);
+	else if (rc) {
 		free(job);
 		return -EEXIST;
 	}
@@ -545,7 +634,7 @@ static int snapd_lease_check(struct snapd *sd, struct ctl_req *r)
 
 	/* A failed refresh that a retry now fixes (the store is back) is no reason to
 	 * refuse; a lapsed lease stays refused (store_lease_refresh: -ENOLCK). */
-	if (rc && !store_lease_refresh(sd->st))
+	if (rc && !snapd_bounded(sd, snapd_lease_retry, ""))
 		rc = 0;
 	if (rc)
 		ctl_fail(r, "take: the store lease was not refreshed for %.0f s (see the log: "
@@ -1198,6 +1287,12 @@ void snapd_free(struct snapd *sd)
 	 * passed: then the process exits right after and the job dies unpublished). */
 	if (sd->started)
 		pthread_join(sd->persister, NULL);
+	/* A take's look at a hung store (snapd_bounded) ends when the store answers: the
+	 * store stays open until then. */
+	pthread_mutex_lock(&sd->mu);
+	while (sd->probes)
+		pthread_cond_wait(&sd->cv, &sd->mu);
+	pthread_mutex_unlock(&sd->mu);
 	while (sd->jobs) {
 		struct snapd_job *j = sd->jobs;
 

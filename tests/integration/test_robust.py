@@ -11,6 +11,8 @@
   --wait succeeds and verifies, without a restart.
 - SIGTERM while a FUSE worker is blocked on a slow SOURCE still gives the emergency
   snapshot within preempt_deadline.
+- take returns while the store hangs (a stopped FUSE server under STORE); its snapshot
+  is persisted once the store answers.
 
 Every loop mount made here is unmounted in every path (SnapEnv.extra_mounts, after the
 daemons), and a frozen or read-only one is thawed / made writable first.
@@ -413,6 +415,40 @@ def test_sigterm_with_a_read_blocked_on_source(stopped_source):
     assert S.export(env.store, new[0], out).ok
     S.assert_tree_equal(S.read_tree(out), t, f"emergency snapshot {new[0]}")
     assert "did not end within the 5 s deadline" in d.output(), d.output()
+
+
+def test_take_returns_while_the_store_hangs(mounter, snapenv):
+    """A store that stops answering (here STORE is in MOUNT2/ckpt of a second daemon that
+    the test SIGSTOPs; on a real machine a hung NFS or GlusterFS server): take without
+    --wait still returns, its snapshot frozen and queued, MOUNT/ckpt and MOUNT/data keep
+    answering, and once the store answers again the snapshot becomes durable and
+    restores byte-exact. Before, take stat'ed the store for the name before its freeze
+    and hung as long as the store did."""
+    m2 = mounter()
+    env = snapenv()
+    store = os.path.join(m2.ckpt, "store")
+    os.mkdir(store)
+    write(os.path.join(env.src, "d"), b"source bytes\n")
+    rng = rng_for("hung-store")
+    d = env.mount(store=store)
+    write(os.path.join(d.ckpt, "a"), rng.randbytes(3 * MiB))
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    U.sigstop(m2.pid)
+    try:
+        write(os.path.join(d.ckpt, "b"), rng.randbytes(2 * MiB + 7))
+        t = S.read_tree(d.ckpt)
+        r = S.snap("take", env.mnt, "s2", timeout=60)
+        assert r.ok, f"take while the store hangs: {r!r}"
+        with open(os.path.join(env.mnt, "data", "d"), "rb") as f:
+            assert f.read() == b"source bytes\n"
+        S.assert_tree_equal(S.read_tree(d.ckpt), t, "MOUNT/ckpt while the store hangs")
+    finally:
+        os.kill(m2.pid, signal.SIGCONT)
+    S.wait_durable(env.mnt, "s2")
+    out = env.path("export")
+    assert S.export(store, "s2", out).ok
+    S.assert_tree_equal(S.read_tree(out), t, "s2 taken while the store hung")
+    env.unmount(d)
 
 
 # ------------------------------------------------- names the daemon makes (test_model)
