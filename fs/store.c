@@ -222,8 +222,59 @@ static int sync_dir(struct store *s, int fd)
 	return -EIO;
 }
 
-/* Read a whole file relative to dirfd into a malloc'd buffer (handed over). */
-static int slurp(int dirfd, const char *name, void **buf, size_t *len)
+/* A manifest this large is checked (prefix and checksum, streamed) before a buffer of
+ * its size is allocated: a read of it twice, against gigabytes of memory for a stray
+ * file that only claims to be one. Below it the one read and mf_decode's check do. */
+#define MANIFEST_STREAM_MIN (64ull << 20)
+#define GROUP_FILE_MAX (1u << 20)	/* 4096 parts of < 100 bytes each, and the rest */
+#define FORMAT_MAX 4096
+
+/* Checks a manifest file of size bytes at fd before it is read whole: its prefix
+ * (mf_check_prefix: -EINVAL) and, from MANIFEST_STREAM_MIN up, its XXH3-128 trailer
+ * over a streamed read (-EIO on a mismatch). Reads the file once more for that. */
+static int manifest_precheck(int fd, uint64_t size)
+{
+	uint8_t pre[MF_PREFIX_LEN], *chunk;
+	XXH3_state_t *st = NULL;
+	XXH128_canonical_t sum;
+	uint64_t off = 0, body = size - MF_HASH_LEN;
+	int rc;
+
+	if (size < MF_PREFIX_LEN)
+		return -EINVAL;
+	if ((rc = fdio_pread_all(fd, pre, sizeof(pre), 0)))
+		return rc;
+	if ((rc = mf_check_prefix(pre, sizeof(pre), size)) || size < MANIFEST_STREAM_MIN)
+		return rc;
+	chunk = malloc(1u << 20);
+	st = XXH3_createState();
+	rc = -ENOMEM;
+	if (!chunk || !st || XXH3_128bits_reset(st) == XXH_ERROR)
+		goto out;
+	while (off < body) {
+		size_t n = body - off < (1u << 20) ? (size_t)(body - off) : 1u << 20;
+
+		if ((rc = fdio_pread_all(fd, chunk, n, off)))
+			goto out;
+		XXH3_128bits_update(st, chunk, n);
+		off += n;
+	}
+	if ((rc = fdio_pread_all(fd, chunk, MF_HASH_LEN, body)))
+		goto out;
+	XXH128_canonicalFromHash(&sum, XXH3_128bits_digest(st));
+	rc = memcmp(sum.digest, chunk, MF_HASH_LEN) ? -EIO : 0;
+out:
+	XXH3_freeState(st);
+	free(chunk);
+	return rc;
+}
+
+/* Read a whole file relative to dirfd into a malloc'd buffer (handed over): -EINVAL for
+ * one that is not a regular file or is larger than max. manifest: the file must pass
+ * manifest_precheck first (-EINVAL, or -EIO for a checksum mismatch of a large one), so
+ * nothing is allocated for a file of gigabytes that is no manifest. */
+static int slurp(int dirfd, const char *name, uint64_t max, int manifest, void **buf,
+		 size_t *len)
 {
 	struct stat st;
 	void *p;
@@ -238,16 +289,18 @@ static int slurp(int dirfd, const char *name, void **buf, size_t *len)
 		rc = -errno;
 		goto out_close;
 	}
-	if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > MANIFEST_MAX) {
+	if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > max) {
 		rc = -EINVAL;
 		goto out_close;
 	}
+	if (manifest && (rc = manifest_precheck(fd, (uint64_t)st.st_size)))
+		goto out_close;
 	p = malloc(st.st_size ? (size_t)st.st_size : 1);
 	if (!p) {
 		rc = -ENOMEM;
 		goto out_close;
 	}
-	if ((rc = fdio_read_all(fd, p, (size_t)st.st_size))) {
+	if ((rc = fdio_pread_all(fd, p, (size_t)st.st_size, 0))) {
 		free(p);
 		goto out_close;
 	}
@@ -413,7 +466,7 @@ static int check_format(struct store *s)
 	size_t len;
 	int rc, v;
 
-	rc = slurp(s->dirfd, "FORMAT", &p, &len);
+	rc = slurp(s->dirfd, "FORMAT", FORMAT_MAX, 0, &p, &len);
 	/* Not a store is the caller's to report (mlfs-snap prints one line, mount fails):
 	 * no log line here, unlike damage. */
 	if (rc == -ENOENT || rc == -EINVAL)
@@ -1301,7 +1354,7 @@ static int part_load(struct store *s, int gfd, const char *name, const char *pna
 	struct mf_manifest *p = NULL;
 	void *buf;
 	size_t len;
-	int rc = slurp(gfd, pname, &buf, &len);
+	int rc = slurp(gfd, pname, MANIFEST_MAX, 1, &buf, &len);
 
 	if (rc) {
 		if (rc != -ENOENT)
@@ -1607,7 +1660,7 @@ static int group_load(struct store *s, const char *name, mf_conflict_fn fn, void
 
 	if ((gfd = group_open(s, name)) < 0)
 		return gfd;
-	rc = slurp(gfd, GROUP_FILE, &buf, &len);
+	rc = slurp(gfd, GROUP_FILE, GROUP_FILE_MAX, 0, &buf, &len);
 	if (rc == -ENOENT) {
 		rc = -EAGAIN;
 		goto out;
@@ -1666,11 +1719,13 @@ int store_load_snapshot(struct store *s, const char *name, mf_conflict_fn fn, vo
 		return rc;
 	if (fstatat(s->snapfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
 		return group_load(s, name, fn, arg, out, conflicts);
-	rc = slurp(s->snapfd, name, &buf, &len);
-	if (rc == -EINVAL) {
-		/* not a regular file or absurdly large: not what commit wrote */
-		log_err("store: %s/snaps/%s: not a regular file of a sane size; not used",
-			s->path, name);
+	rc = slurp(s->snapfd, name, MANIFEST_MAX, 1, &buf, &len);
+	if (rc == -EINVAL || rc == -EIO) {
+		/* not a regular file, absurdly large, no manifest's header, or (a large one)
+		 * its checksum: not what commit wrote */
+		log_err("store: %s/snaps/%s: %s; not used", s->path, name,
+			rc == -EIO ? "damaged manifest (checksum mismatch)"
+				   : "not a regular file of a sane size with a manifest's header");
 		return -EIO;
 	}
 	if (rc) {
