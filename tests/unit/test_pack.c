@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -254,6 +256,106 @@ static void test_damage(const char *dir)
 	store_close(s);
 }
 
+/* The bytes of address space this process has mapped now (/proc/self/statm). */
+static uint64_t vm_size(void)
+{
+	unsigned long pages = 0;
+	FILE *f = fopen("/proc/self/statm", "r");
+
+	if (f) {
+		if (fscanf(f, "%lu", &pages) != 1)
+			pages = 0;
+		fclose(f);
+	}
+	return (uint64_t)pages * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+/* In a child whose address space may grow by 128 MiB at most: open the store at dir
+ * and read objects 0, n/7, ... back. Its exit status: 0 if all read right. */
+static int read_small_objects_capped(const char *dir, uint64_t n)
+{
+	pid_t pid = fork();
+	int status = -1;
+
+	if (pid == 0) {
+		struct rlimit rl;
+		struct store *s;
+		uint8_t h[16];
+
+		rl.rlim_cur = rl.rlim_max = vm_size() + (128u << 20);
+		if (setrlimit(RLIMIT_AS, &rl) || store_open(dir, 0, &s))
+			_exit(2);
+		for (uint64_t v = 0; v < n; v += n / 7) {
+			uint64_t back = 0;
+
+			hash_of(&v, 8, h);
+			if (store_get_block(s, h, &back, 8) != 8 || back != v)
+				_exit(3);
+		}
+		store_close(s);
+		_exit(0);
+	}
+	if (pid < 0 || waitpid(pid, &status, 0) != pid)
+		return -1;
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+/* An index of 16 MiB or more is verified streamed before it is allocated: a sparse pack
+ * whose tail claims 5 M entries (a 200 MB index of zeros) is damaged by a handle whose
+ * address space may grow by 128 MiB (it malloc'd the 200 MB and failed with ENOMEM:
+ * the daemon's peak RSS grew by 15 GB for a tail claiming 200 M), and a good pack of 450,000 small objects (an 18 MB index) still
+ * loads through that path: every object reads back. */
+static void test_huge_index(const char *dir)
+{
+	const uint64_t n_bad = 5000000, n_good = 450000;
+	struct mf_manifest *m = calloc(1, sizeof(*m));
+	struct store *s = NULL;
+	struct mf_entry *e;
+	uint8_t tail[32] = { 0 };
+	uint64_t v, ixoff = 16;
+	char p[512];
+	int fd, rc = 0;
+
+	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
+	if (!s || !m)
+		return;
+	snprintf(m->name, sizeof(m->name), "small-objects");
+	m->nentries = 2;
+	m->entries = calloc(2, sizeof(*m->entries));
+	m->time_ns = 1000;
+	m->entries[0] = (struct mf_entry){ .id = 1, .type = MF_DIR, .mode = 0755 };
+	m->entries[0].name = strdup("");
+	e = &m->entries[1];
+	*e = (struct mf_entry){ .id = 2, .parent = 1, .type = MF_FILE, .mode = 0644 };
+	e->name = strdup("f");
+	m->files = 1;
+	e->size = m->logical_bytes = n_good * 8;
+	e->block_size = 8;
+	e->nblocks = n_good;
+	e->blocks = calloc(n_good, sizeof(*e->blocks));
+	for (v = 0; v < n_good && !rc; v++) {
+		e->blocks[v].len = 8;
+		rc = store_put_block(s, &v, 8, e->blocks[v].hash, NULL);
+	}
+	EXPECT_EQ(rc, 0);
+	EXPECT_EQ(store_commit(s, m), 0);
+	mf_free(m);
+	store_close(s);
+	/* The crafted pack: a good header, a tail naming n_bad entries of zeros. */
+	path_of(p, sizeof(p), dir, "packs/0123456789abcdef0123456789abcdef.pack");
+	fd = open(p, O_WRONLY | O_CREAT | O_EXCL, 0400);
+	EXPECT(fd >= 0);
+	EXPECT(pwrite(fd, "MLFSPACK\1\0\0\0\0\0\0\0", 16, 0) == 16);
+	for (int i = 0; i < 8; i++) {
+		tail[i] = (uint8_t)(n_bad >> (8 * i));
+		tail[8 + i] = (uint8_t)(ixoff >> (8 * i));
+	}
+	memcpy(tail + 16, "MLPKTAIL", 8);
+	EXPECT(pwrite(fd, tail, 32, (off_t)(ixoff + n_bad * 40)) == 32);
+	close(fd);
+	EXPECT_EQ(read_small_objects_capped(dir, n_good), 0);
+}
+
 /* Dedup across packs and handles: a second handle, and a later session, write nothing
  * already in any pack. */
 static void test_dedup(const char *dir)
@@ -421,6 +523,8 @@ int main(void)
 	test_gc(p);
 	path_of(p, sizeof(p), root, "leftover");
 	test_leftover(p);
+	path_of(p, sizeof(p), root, "hugeindex");
+	test_huge_index(p);
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
 	if (system(cmd))
 		fprintf(stderr, "could not remove %s\n", root);
