@@ -795,7 +795,9 @@ static void snapd_conflict(void *arg, const struct mf_manifest *p, size_t idx, u
 		 "contents; part %u's is shown", (const char *)arg, kept, part, path, kept);
 }
 
-static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t msglen)
+/* r: the control request asking (NULL for -o restore at mount). */
+static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t msglen,
+			 struct ctl_req *r)
 {
 	char name[MF_NAME_MAX + 1], **old = NULL;
 	struct mf_manifest *mf = NULL;
@@ -829,6 +831,16 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 				      : "cannot read snapshot '%s' in %s",
 			 want, store_path(sd->st));
 		return rc;
+	}
+	/* The load may have waited long on a slow or hung store: a client killed or given
+	 * up meanwhile (timeout, Ctrl-C) went on believing nothing was restored, and may
+	 * have written MOUNT/ckpt since. A swap now would throw those writes away. */
+	if (r && ctl_client_gone(r)) {
+		log_warn("restore of '%s' abandoned: its client left before the swap; nothing "
+			 "restored", name);
+		snprintf(msg, msglen, "the client left: nothing restored");
+		mf_free(mf);
+		return -ECANCELED;
 	}
 	rc = ckpt_restore(sd->m->ckpt, mf, &old, &nold, &gen);
 	if (rc == -EINVAL)
@@ -877,7 +889,7 @@ static int ctl_restore(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 
 	if (argc != 2)
 		return ctl_fail(r, "restore: one NAME (or latest) is needed"), -EINVAL;
-	rc = snapd_restore(snapd_of(m), argv[1], msg, sizeof(msg));
+	rc = snapd_restore(snapd_of(m), argv[1], msg, sizeof(msg), r);
 	if (rc)
 		return ctl_fail(r, "restore: %s", msg), rc;
 	ctl_out(r, "%s", msg);
@@ -1157,7 +1169,7 @@ int snapd_new(struct mlfs *m, struct snapd **out)
 	snapd_the = sd;
 	snapd_publish_pending_groups(sd);
 	if (m->cfg.restore) {
-		rc = snapd_restore(sd, m->cfg.restore, msg, sizeof(msg));
+		rc = snapd_restore(sd, m->cfg.restore, msg, sizeof(msg), NULL);
 		if (rc == -ENOENT && !strcmp(m->cfg.restore, "latest")) {
 			log_info("restore=latest: the store %s has no snapshot usable as latest "
 				 "(none yet, or only damaged ones or ones taken with files open for "

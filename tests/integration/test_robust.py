@@ -12,7 +12,8 @@
 - SIGTERM while a FUSE worker is blocked on a slow SOURCE still gives the emergency
   snapshot within preempt_deadline.
 - take returns while the store hangs (a stopped FUSE server under STORE); its snapshot
-  is persisted once the store answers.
+  is persisted once the store answers. A restore whose client was killed while it waited
+  on that store restores nothing once the store answers.
 
 Every loop mount made here is unmounted in every path (SnapEnv.extra_mounts, after the
 daemons), and a frozen or read-only one is thawed / made writable first.
@@ -448,6 +449,62 @@ def test_take_returns_while_the_store_hangs(mounter, snapenv):
     out = env.path("export")
     assert S.export(store, "s2", out).ok
     S.assert_tree_equal(S.read_tree(out), t, "s2 taken while the store hung")
+    env.unmount(d)
+
+
+def _tids_blocked_in(pid, root):
+    """Threads of pid asleep in a call on a descriptor naming root or a file under it."""
+    out = set()
+    for tid, (call, st) in U._threads(pid, "syscall", "stat"):
+        call = call.split()
+        if len(call) < 2 or call[0] == "-1" or U._state(st) not in "SD":
+            continue
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{int(call[1], 16)}")
+        except (OSError, ValueError):
+            continue
+        if target == root or target.startswith(root.rstrip("/") + "/"):
+            out.add(tid)
+    return out
+
+
+def test_restore_given_up_while_the_store_hangs_restores_nothing(mounter, snapenv):
+    """mlfs-snap restore killed (a timeout, Ctrl-C) while the daemon waits on a hung
+    store for the manifest: the user goes on writing MOUNT/ckpt; when the store answers
+    again the daemon must not swap the tree to the snapshot no one is waiting for any
+    more (it did, and the writes made since were gone). It logs the restore abandoned."""
+    m2 = mounter()
+    env = snapenv()
+    store = os.path.join(m2.ckpt, "store")
+    os.mkdir(store)
+    rng = rng_for("restore-hung")
+    d = env.mount(store=store, foreground=True)   # its log in d.output()
+    old = rng.randbytes(MiB + 3)
+    write(os.path.join(d.ckpt, "a"), old)
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    U.sigstop(m2.pid)
+    try:
+        before = _tids_blocked_in(d.pid, store)
+        p = subprocess.Popen([S.SNAP, "restore", env.mnt, "s1"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        end = time.monotonic() + 60
+        while not (_tids_blocked_in(d.pid, store) - before):
+            assert time.monotonic() < end, "the restore never reached the store"
+            time.sleep(0.02)
+        p.kill()
+        p.wait()
+        new = rng.randbytes(2 * MiB)
+        write(os.path.join(d.ckpt, "a"), new)
+        write(os.path.join(d.ckpt, "b"), new)
+        t = S.read_tree(d.ckpt)
+    finally:
+        os.kill(m2.pid, signal.SIGCONT)
+    end = time.monotonic() + 60
+    while "abandoned" not in d.output():
+        S.assert_tree_equal(S.read_tree(d.ckpt), t, "MOUNT/ckpt after the store came back")
+        assert time.monotonic() < end, f"no 'restore abandoned' in the log:\n{d.output()}"
+        time.sleep(0.05)
+    S.assert_tree_equal(S.read_tree(d.ckpt), t, "MOUNT/ckpt after the restore was given up")
     env.unmount(d)
 
 
