@@ -1021,15 +1021,54 @@ static void gc_trash_name(const char *id, const char *token, char *buf, size_t s
 	snprintf(buf, size, "%s.pack.gc.%s", id, token);
 }
 
+/* A gc's trash (<id>.pack.gc.<token>) that its gc, killed between its two phases, did
+ * not settle: 1 if it holds an object live names (or live names the pack), then it is
+ * put back under its name; 0 if not (removed); -errno if it cannot be read (kept). A
+ * snapshot committed while that gc ran may name such an object: its commit checked the
+ * object was there before the rename, and the gc's second mark, which would have put
+ * the pack back, never came. A damaged one counts as dead: its objects were missing
+ * already. Reads the trash's index: O(its objects). */
+static int gc_trash_live(struct pack_set *ps, const char *name, pack_live_fn live, void *arg)
+{
+	struct pack *p = NULL;
+	uint8_t id[16];
+	char file[48];
+	int fd, rc, keep = 0;
+
+	fd = openat(ps->dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	if (fd < 0)
+		return -errno;
+	rc = pack_load(fd, "", &p);
+	close(fd);
+	if (rc)
+		return rc == -EINVAL || rc == -ELOOP ? 0 : rc;
+	memcpy(file, name, 32);
+	file[32] = 0;
+	id_bytes(file, id);
+	keep = live(arg, id);
+	for (size_t i = 0; i < p->n && !keep; i++)
+		keep = live(arg, p->ents[i].hash);
+	pack_free(p);
+	if (!keep)
+		return 0;
+	snprintf(file + 32, sizeof(file) - 32, ".pack");
+	if (renameat(ps->dirfd, name, ps->dirfd, file))
+		return -errno;
+	log_warn("store: %s/packs/%s: a killed gc's trash holds objects still named; put back",
+		 ps->path, name);
+	return 1;
+}
+
 /* Temporaries and other gcs' trash older than grace go (a ctime: a rename keeps the
- * mtime), but not a pack being written whose id a fresh lease names. */
+ * mtime), but not a pack being written whose id a fresh lease names, nor trash that
+ * holds a live object (gc_trash_live: put back, packs/ then fsynced). */
 static int gc_leftovers(struct pack_set *ps, pack_live_fn live, void *arg, int64_t now,
 			int64_t grace, uint64_t *freed)
 {
 	struct dirent *d;
 	struct stat st;
 	DIR *dir;
-	int rc = fdio_opendir(ps->dirfd, ".", &dir);
+	int rc = fdio_opendir(ps->dirfd, ".", &dir), back = 0;
 
 	if (rc)
 		return rc;
@@ -1052,10 +1091,21 @@ static int gc_leftovers(struct pack_set *ps, pack_live_fn live, void *arg, int64
 		if (fstatat(ps->dirfd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode) ||
 		    now - ts_ns(&st.st_ctim) < grace || now - ts_ns(&st.st_mtim) < grace)
 			continue;
+		if (strlen(d->d_name) > 41 && is_id(d->d_name, 32) &&
+		    !strncmp(d->d_name + 32, ".pack.gc.", 9)) {
+			int r = gc_trash_live(ps, d->d_name, live, arg);
+
+			back |= r == 1;
+			if (r)
+				continue;	/* put back, or unreadable: kept */
+		}
 		if (unlinkat(ps->dirfd, d->d_name, 0) == 0)
 			*freed += (uint64_t)st.st_size;
 	}
 	closedir(dir);
+	/* A put-back that does not last is a named object lost (as in pack_gc_settle). */
+	if (back && fsync(ps->dirfd))
+		return -EIO;
 	return 0;
 }
 

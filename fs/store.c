@@ -2276,8 +2276,21 @@ static int gc_sweep_dir(struct gc_run *g, int i)
 
 			memcpy(hex, d->d_name, 32);
 			hex[32] = 0;
-			if (!unhex(hex, h) && hset_find(g->live, h, 0))
-				continue;	/* a session's, named by its lease */
+			if (!unhex(hex, h) && hset_find(g->live, h, 0)) {
+				/* A session's, named by its lease; or a killed gc's trash of
+				 * an object named since (pack.c gc_trash_live): back under its
+				 * name, once older than grace (its gc is gone by then). */
+				if (!strncmp(d->d_name + 32, ".gc.", 4) &&
+				    !fstatat(fd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) &&
+				    S_ISREG(st.st_mode) &&
+				    g->now - ts_ns(&st.st_ctim) >= g->t->grace_ns) {
+					if (renameat2(fd, d->d_name, fd, hex, RENAME_NOREPLACE) == 0)
+						g->touched[i] = 1;
+					else if (errno == EEXIST)
+						unlinkat(fd, d->d_name, 0);
+				}
+				continue;
+			}
 		}
 		if (fstatat(fd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode))
 			continue;

@@ -449,6 +449,77 @@ static void test_leftover(const char *dir)
 	store_close(s);
 }
 
+/* The name of the one file in dir/packs whose name ends with suffix, in out (33 + ...). */
+static int pack_named(const char *dir, const char *suffix, char *out, size_t size)
+{
+	char p[512];
+	struct dirent *d;
+	DIR *dd;
+	int n = 0;
+
+	path_of(p, sizeof(p), dir, "packs");
+	if (!(dd = opendir(p)))
+		return -1;
+	while ((d = readdir(dd))) {
+		size_t l = strlen(d->d_name), sl = strlen(suffix);
+
+		if (l > sl && !strcmp(d->d_name + l - sl, suffix) && d->d_name[0] != '.') {
+			snprintf(out, size, "%s", d->d_name);
+			n++;
+		}
+	}
+	closedir(dd);
+	return n;
+}
+
+/* A gc killed between its phases leaves <id>.pack.gc.<token>; a snapshot committed while
+ * it ran may name objects in it (its commit found them before the rename, the second
+ * mark that would have put them back never came). The next gc puts such trash back
+ * rather than removing it once older than grace (it removed it: the durable snapshot
+ * lost its objects), and still removes trash whose objects nothing names. */
+static void test_killed_gc_trash(const char *dir)
+{
+	const unsigned live_seeds[] = { 31, 32 }, dead_seeds[] = { 33 };
+	char name[256], from[512], to[512];
+	uint64_t objs = 0, bytes = 0;
+	struct store *s;
+
+	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
+	if (!s)
+		return;
+	EXPECT_EQ(commit_seeds(s, "named", live_seeds, 2), 0);
+	store_close(s);
+	EXPECT_EQ(pack_named(dir, ".pack", name, sizeof(name)), 1);
+	path_of(from, sizeof(from), dir, "packs/");
+	strcat(from, name);
+	snprintf(to, sizeof(to), "%s.gc.99-1-00000000deadbeef", from);
+	EXPECT(rename(from, to) == 0);
+	/* And a dead one: a pack of a deleted snapshot, trashed the same way. */
+	EXPECT_EQ(store_open(dir, 0, &s), 0);
+	if (!s)
+		return;
+	EXPECT_EQ(commit_seeds(s, "gone", dead_seeds, 1), 0);
+	EXPECT_EQ(store_delete(s, "gone"), 0);
+	store_close(s);
+	EXPECT_EQ(pack_named(dir, ".pack", name, sizeof(name)), 1);
+	path_of(from, sizeof(from), dir, "packs/");
+	strcat(from, name);
+	snprintf(to, sizeof(to), "%s.gc.99-1-00000000deadbeef", from);
+	EXPECT(rename(from, to) == 0);
+	usleep(1100 * 1000);	/* past grace */
+	EXPECT_EQ(store_open(dir, 0, &s), 0);
+	if (!s)
+		return;
+	EXPECT_EQ(read_seed(s, 31), -ENOENT);	/* until a gc puts it back */
+	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
+	EXPECT_EQ(count_packs(dir, ".gc."), 0);
+	EXPECT_EQ(read_seed(s, 31), BS);
+	EXPECT_EQ(read_seed(s, 32), BS);
+	EXPECT_EQ(read_seed(s, 33), -ENOENT);
+	EXPECT_EQ(store_verify(s, NULL, NULL, NULL), 0);
+	store_close(s);
+}
+
 /* Records: a header names its hash and lengths; decode checks the hash. */
 /* pack_writer_count: what store_sync_objects asks before it trusts a finish to have
  * fsynced packs/ (an empty writer is dropped unfsynced). */
@@ -523,6 +594,8 @@ int main(void)
 	test_gc(p);
 	path_of(p, sizeof(p), root, "leftover");
 	test_leftover(p);
+	path_of(p, sizeof(p), root, "killedgc");
+	test_killed_gc_trash(p);
 	path_of(p, sizeof(p), root, "hugeindex");
 	test_huge_index(p);
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);

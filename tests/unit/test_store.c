@@ -3,6 +3,7 @@
  * gc, delete, names, damaged manifests and a full store (tmpfs, when run as root).
  */
 #include "fs/store.h"
+#include "fs/pack.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -1130,6 +1131,65 @@ static void test_stray(const char *dir)
 	store_close(s);
 }
 
+/* A version 1 store where a gc was killed between its phases: objects/xx/<hex>.gc.<token>
+ * holds an object a published manifest names (committed while that gc ran). The next gc
+ * puts it back under its name once older than grace; it kept it forever under the
+ * trash name, and every read of the object was -ENOENT. */
+static void test_v1_killed_gc_trash(const char *dir)
+{
+	static char buf[BS], back[BS];
+	unsigned char hdr[PACK_REC_HDR];
+	uint8_t h[1][16];
+	struct mf_manifest *m;
+	struct store *s;
+	uint64_t objs, bytes;
+	char p[512], t[600];
+	void *mb = NULL;
+	size_t ml = 0;
+	FILE *f;
+	int fd;
+
+	mkdir(dir, 0700);
+	path_of(p, sizeof(p), dir, "snaps");
+	mkdir(p, 0700);
+	path_of(p, sizeof(p), dir, "FORMAT");
+	f = fopen(p, "w");
+	EXPECT(f != NULL);
+	if (!f)
+		return;
+	fputs("mlfs-store\nversion 1\n", f);
+	fclose(f);
+	fill(buf, BS, 41, 0);
+	hash_of(buf, BS, h[0]);
+	pack_rec_header(hdr, h[0], BS, BS, 0);
+	v1_object_path(dir, h[0], p, sizeof(p));
+	snprintf(t, sizeof(t), "%s.gc.99-1-00000000deadbeef", p);
+	fd = open(t, O_WRONLY | O_CREAT | O_EXCL, 0400);
+	EXPECT(fd >= 0 && write(fd, hdr, sizeof(hdr)) == (ssize_t)sizeof(hdr) &&
+	       write(fd, buf, BS) == BS);
+	close(fd);
+	m = one_file("named", h, 1);
+	EXPECT_EQ(mf_encode(m, &mb, &ml), 0);
+	mf_free(m);
+	path_of(p, sizeof(p), dir, "snaps/named");
+	f = fopen(p, "w");
+	EXPECT(f && fwrite(mb, 1, ml, f) == ml);
+	if (f)
+		fclose(f);
+	free(mb);
+	age();
+	EXPECT_EQ(store_open(dir, 0, &s), 0);
+	if (!s)
+		return;
+	EXPECT_EQ(store_get_block(s, h[0], back, BS), -ENOENT);	/* until a gc */
+	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
+	EXPECT_EQ(store_get_block(s, h[0], back, BS), BS);
+	EXPECT(!memcmp(back, buf, BS));
+	EXPECT(access(t, F_OK) != 0);	/* the trash name is gone */
+	EXPECT_EQ(store_verify(s, NULL, NULL, NULL), 0);
+	store_close(s);
+}
+
 /* ---- groups (issue 11) ---- */
 
 /* Worker k of n commits its part of name: one file "shard-<k>" (or "model.pt" with
@@ -1407,6 +1467,8 @@ int main(void)
 	test_group_publish(p);
 	path_of(p, sizeof(p), root, "groupstates");
 	test_group_states(p);
+	path_of(p, sizeof(p), root, "v1trash");
+	test_v1_killed_gc_trash(p);
 	path_of(p, sizeof(p), root, "large");
 	test_large_manifest(p);
 	path_of(p, sizeof(p), root, "mnt");
