@@ -547,8 +547,13 @@ static int snapd_take_named(struct snapd *sd, const char *prefix, int automatic,
 
 /* Waits for job to leave PENDING, until deadline_ns (0: forever); calls progress every
  * 200 ms meanwhile. Drops the caller's waiter count. Returns the job's result. */
+/* r: the control request waiting (NULL for the daemon's own waits). A client that left
+ * (killed, a timeout) ends the wait with -ECANCELED within 200 ms: the snapshot goes on
+ * persisting, but the connection slot (fs/ctl.c: 32 of them) is not held until a hung
+ * store answers, which let such waits fill every slot and refuse take and mlfs-stat. */
 static int snapd_wait(struct snapd *sd, struct snapd_job *job, uint64_t deadline_ns,
-		      void (*progress)(void *arg, uint64_t done, uint64_t total), void *arg)
+		      void (*progress)(void *arg, uint64_t done, uint64_t total), void *arg,
+		      struct ctl_req *r)
 {
 	int rc;
 
@@ -557,10 +562,12 @@ static int snapd_wait(struct snapd *sd, struct snapd_job *job, uint64_t deadline
 		struct timespec ts;
 		uint64_t done = job->done, total = job->total;
 
-		if (deadline_ns && mlfs_now_ns() >= deadline_ns) {
+		if ((deadline_ns && mlfs_now_ns() >= deadline_ns) || (r && ctl_client_gone(r))) {
+			rc = deadline_ns && mlfs_now_ns() >= deadline_ns ? -ETIMEDOUT : -ECANCELED;
 			job->waiters--;
+			snapd_reap_locked(sd);
 			pthread_mutex_unlock(&sd->mu);
-			return -ETIMEDOUT;
+			return rc;
 		}
 		if (progress) {
 			pthread_mutex_unlock(&sd->mu);
@@ -617,6 +624,8 @@ static int snapd_group_wait(struct snapd *sd, struct ctl_req *r, const char *nam
 			return ctl_fail(r, "take: group '%s': %s", name, strerror(-rc)), rc;
 		if (mlfs_now_ns() >= end)
 			break;
+		if (ctl_client_gone(r))
+			return -ECANCELED;	/* as in snapd_wait: free the slot */
 		ctl_out(r, "progress group %s: %u of %u parts", name, parts, sd->m->cfg.workers);
 		usleep(100000);
 	}
@@ -704,7 +713,7 @@ static int ctl_take(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 		snapd_release(sd, job);
 		return 0;
 	}
-	rc = snapd_wait(sd, job, 0, ctl_progress, r);
+	rc = snapd_wait(sd, job, 0, ctl_progress, r, r);
 	if (rc)
 		return ctl_fail(r, "take: persist of '%s' failed: %s", name, strerror(-rc)), rc;
 	ctl_out(r, "durable %s", name);
@@ -1229,7 +1238,7 @@ static int snapd_drain(struct snapd *sd, uint64_t deadline)
 	if (last)
 		last->waiters++;
 	pthread_mutex_unlock(&sd->mu);
-	return last ? snapd_wait(sd, last, deadline, NULL, NULL) : 0;
+	return last ? snapd_wait(sd, last, deadline, NULL, NULL, NULL) : 0;
 }
 
 int snapd_finish(struct snapd *sd, const char *why, int deadline_s)
@@ -1273,7 +1282,7 @@ int snapd_finish_by(struct snapd *sd, const char *why, uint64_t deadline)
 	pthread_mutex_lock(&sd->mu);
 	sd->final_taken = 1;
 	pthread_mutex_unlock(&sd->mu);
-	rc = snapd_wait(sd, job, deadline, NULL, NULL);
+	rc = snapd_wait(sd, job, deadline, NULL, NULL, NULL);
 	if (rc)
 		log_err("snap: %s: final snapshot %s failed: %s", why, name, strerror(-rc));
 	else

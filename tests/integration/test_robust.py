@@ -508,6 +508,56 @@ def test_restore_given_up_while_the_store_hangs_restores_nothing(mounter, snapen
     env.unmount(d)
 
 
+def test_take_wait_clients_killed_while_the_store_hangs_free_their_slots(mounter, snapenv):
+    """32 `take --wait` (the control channel's whole capacity) wait on a hung store and are
+    killed (a training loop's timeout): their connections must be let go, so mlfs-stat
+    and the next take still connect. They held their slots until the store answered,
+    and every later command was refused as busy. Their snapshots still persist once the
+    store is back."""
+    m2 = mounter()
+    env = snapenv()
+    store = os.path.join(m2.ckpt, "store")
+    os.mkdir(store)
+    d = env.mount(store=store)
+    write(os.path.join(d.ckpt, "a"), rng_for("slots").randbytes(MiB))
+    S.snap_ok("take", env.mnt, "s0", "--wait")
+    U.sigstop(m2.pid)
+    procs = []
+    try:
+        before = _tids_blocked_in(d.pid, store)
+        for i in range(32):
+            procs.append(subprocess.Popen([S.SNAP, "take", env.mnt, f"w{i}", "--wait"],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        # Each take's look for its name blocks a thread in the store: then its request
+        # holds a slot, and its wait follows whether or not its client is still there.
+        end = time.monotonic() + 60
+        while len(_tids_blocked_in(d.pid, store) - before) < 32:
+            assert time.monotonic() < end, "the 32 takes never reached the store"
+            time.sleep(0.05)
+        for p in procs:
+            p.kill()
+            p.wait()
+        end = time.monotonic() + 30
+        while True:
+            r = subprocess.run([U.MLFS_STAT, "--json", env.mnt], capture_output=True,
+                               text=True, timeout=60)
+            if r.returncode == 0:
+                break
+            assert time.monotonic() < end, f"mlfs-stat refused 30 s after the kills: {r}"
+            time.sleep(0.1)
+        S.snap_ok("take", env.mnt, "after", timeout=60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        os.kill(m2.pid, signal.SIGCONT)
+    for i in range(32):
+        S.wait_durable(env.mnt, f"w{i}")
+    S.wait_durable(env.mnt, "after")
+    env.unmount(d)
+
+
 # ------------------------------------------------- names the daemon makes (test_model)
 
 def test_final_snapshot_name_taken_gets_a_suffix(snapenv):
