@@ -546,8 +546,8 @@ static int snapd_take_named(struct snapd *sd, const char *prefix, int automatic,
 }
 
 /* Waits for job to leave PENDING, until deadline_ns (0: forever); calls progress every
- * 200 ms meanwhile. Drops the caller's waiter count. Returns the job's result. */
-/* r: the control request waiting (NULL for the daemon's own waits). A client that left
+ * 200 ms meanwhile. Drops the caller's waiter count. Returns the job's result.
+ * r: the control request waiting (NULL for the daemon's own waits). A client that left
  * (killed, a timeout) ends the wait with -ECANCELED within 200 ms: the snapshot goes on
  * persisting, but the connection slot (fs/ctl.c: 32 of them) is not held until a hung
  * store answers, which let such waits fill every slot and refuse take and mlfs-stat. */
@@ -562,8 +562,9 @@ static int snapd_wait(struct snapd *sd, struct snapd_job *job, uint64_t deadline
 		struct timespec ts;
 		uint64_t done = job->done, total = job->total;
 
-		if ((deadline_ns && mlfs_now_ns() >= deadline_ns) || (r && ctl_client_gone(r))) {
-			rc = deadline_ns && mlfs_now_ns() >= deadline_ns ? -ETIMEDOUT : -ECANCELED;
+		rc = deadline_ns && mlfs_now_ns() >= deadline_ns ? -ETIMEDOUT
+		     : r && ctl_client_gone(r) ? -ECANCELED : 0;
+		if (rc) {
 			job->waiters--;
 			snapd_reap_locked(sd);
 			pthread_mutex_unlock(&sd->mu);
