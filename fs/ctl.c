@@ -5,6 +5,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -277,6 +278,16 @@ void ctl_fail(struct ctl_req *r, const char *fmt, ...)
 uid_t ctl_peer_uid(const struct ctl_req *r)
 {
 	return r->uid;
+}
+
+int ctl_client_gone(const struct ctl_req *r)
+{
+	struct pollfd p = { .fd = r->fd, .events = 0 };
+
+	/* POLLHUP on a Unix stream socket: the peer's end is closed both ways (its process
+	 * exited or was killed). A client that only shut down its writing (one request per
+	 * connection allows it) gives POLLRDHUP, not this: it still reads the answer. */
+	return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR));
 }
 
 int ctl_parse_request(char *buf, size_t len, char **argv, int *argc)

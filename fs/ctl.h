@@ -62,6 +62,10 @@ const char *ctl_path(const struct ctl *c);
 void ctl_out(struct ctl_req *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void ctl_fail(struct ctl_req *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 uid_t ctl_peer_uid(const struct ctl_req *r);
+/* 1 if r's client has closed its end of the connection (exited or was killed; a
+ * shutdown of its writing alone does not count), else 0. Never blocks: a command that
+ * waited long (on a slow store) asks before a change the client can no longer hear of. */
+int ctl_client_gone(const struct ctl_req *r);
 
 /* Client side. ctl_connect finds and connects to the daemon of mountpoint: fd or
  * -errno (-ENOTCONN "not an mlfs mount", -EACCES/-EPERM not allowed). ctl_call sends

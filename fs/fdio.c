@@ -57,7 +57,9 @@ int fdio_pread_all(int fd, void *buf, size_t len, uint64_t off)
 
 int fdio_opendir(int dirfd, const char *name, DIR **out)
 {
-	int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc;
+	/* O_NOFOLLOW: a symlink planted in a store (objects/xx) must not lead gc, which
+	 * unlinks what it lists, into a directory elsewhere. */
+	int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC), rc;
 
 	if (fd < 0)
 		return -errno;

@@ -11,7 +11,8 @@
  * fdio_opendir: a stream over directory name under dirfd ("." for dirfd itself) from its
  * start, on an open file description of its own: a dup of dirfd would share one
  * directory position with every other listing of it (list runs beside gc, and a gc
- * that missed entries would judge wrongly). *out is handed over: closedir() it.
+ * that missed entries would judge wrongly). A symlink named is not followed: -ENOTDIR.
+ * *out is handed over: closedir() it.
  */
 #ifndef MLFS_FDIO_H
 #define MLFS_FDIO_H

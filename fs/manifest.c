@@ -515,6 +515,22 @@ static int mf_decode_entry(struct rbuf *r, uint32_t version, struct mf_entry *e)
 	return r->err;
 }
 
+int mf_check_prefix(const void *buf, size_t len, uint64_t file_size)
+{
+	struct rbuf r = { .p = buf, .len = len };
+	uint32_t version;
+
+	if (len < MF_PREFIX_LEN || file_size < MF_HEADER_MIN + MF_TRAILER ||
+	    memcmp(buf, mf_magic, sizeof(mf_magic)))
+		return -EINVAL;
+	r.pos = 8;
+	version = (uint32_t)r_le(&r, 4);
+	(void)r_le(&r, 4);
+	if (version < 1 || version > MF_VERSION_MAX || r_le(&r, 8) != file_size)
+		return -EINVAL;
+	return 0;
+}
+
 int mf_decode(const void *buf, size_t len, struct mf_manifest **out)
 {
 	struct rbuf r = { .p = buf, .len = len };

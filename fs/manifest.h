@@ -152,6 +152,15 @@ int mf_encode(const struct mf_manifest *m, void **buf, size_t *len);
  */
 int mf_decode(const void *buf, size_t len, struct mf_manifest **out);
 
+/*
+ * The first MF_PREFIX_LEN bytes of a manifest file of file_size bytes (its magic, version
+ * and length field), checked before the whole file is read: 0, or -EINVAL (not a
+ * manifest, or its length field is not file_size). So a reader refuses a stray or sparse
+ * file of gigabytes without allocating for it. len < MF_PREFIX_LEN is -EINVAL. Pure.
+ */
+#define MF_PREFIX_LEN 24
+int mf_check_prefix(const void *buf, size_t len, uint64_t file_size);
+
 /* Release m and everything it owns. NULL is fine. */
 void mf_free(struct mf_manifest *m);
 

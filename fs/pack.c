@@ -262,6 +262,56 @@ static int index_rebuild_locked(struct pack_set *ps)
 	return rc;
 }
 
+/* 0 if index entry r (ENT bytes) points at a record inside the pack's data (before
+ * ixoff) and has known flags; -EINVAL otherwise. */
+static int ent_check(const uint8_t *r, uint64_t ixoff)
+{
+	uint64_t off = get_le(r + 16, 8), stored = get_le(r + 24, 4);
+
+	return off < PACK_HDR || off + PACK_REC_HDR + stored > ixoff || r[32] > 1 ? -EINVAL : 0;
+}
+
+/* An index this large is verified streamed (checksum and every entry's bounds) before a
+ * buffer and a table of its size are allocated: a crafted or sparse pack whose tail
+ * claims 200 M entries cost the daemon 15 GB of memory at its first scan. A legit one
+ * (over 400,000 objects in one pack) is read twice. */
+#define IX_STREAM_MIN (16ull << 20)
+#define IX_CHUNK (1u << 20)	/* a multiple of ENT */
+
+static int index_precheck(int fd, uint64_t n, uint64_t ixoff, const uint8_t tail[TAIL])
+{
+	uint8_t *chunk = malloc(IX_CHUNK / ENT * ENT);
+	XXH3_state_t *x = XXH3_createState();
+	uint64_t done = 0;
+	int rc = -ENOMEM;
+
+	if (!chunk || !x)
+		goto out;
+	XXH3_64bits_reset(x);
+	rc = 0;
+	while (!rc && done < n) {
+		uint64_t k = n - done < IX_CHUNK / ENT ? n - done : IX_CHUNK / ENT;
+
+		if ((rc = fdio_pread_all(fd, chunk, k * ENT, ixoff + done * ENT))) {
+			rc = rc == -EIO ? -EINVAL : rc;
+			break;
+		}
+		for (uint64_t i = 0; i < k && !rc; i++)
+			rc = ent_check(chunk + i * ENT, ixoff);
+		XXH3_64bits_update(x, chunk, k * ENT);
+		done += k;
+	}
+	if (!rc) {
+		XXH3_64bits_update(x, tail, 24);
+		if (XXH3_64bits_digest(x) != get_le(tail + 24, 8))
+			rc = -EINVAL;
+	}
+out:
+	XXH3_freeState(x);
+	free(chunk);
+	return rc;
+}
+
 /* Read and verify the index of packs/<name> (an open fd): a new struct pack (handed
  * over), or -EINVAL if it is not a whole pack, or the read's -errno. */
 static int pack_load(int fd, const char *id, struct pack **out)
@@ -287,6 +337,8 @@ static int pack_load(int fd, const char *id, struct pack **out)
 	    memcmp(tail + 16, TAIL_MAGIC, 8) || ixoff < PACK_HDR || n > size / ENT ||
 	    ixoff + n * ENT + TAIL != size)
 		return -EINVAL;
+	if (n * ENT >= IX_STREAM_MIN && (rc = index_precheck(fd, n, ixoff, tail)))
+		return rc;
 	ix = malloc(n * ENT + 1);
 	p = calloc(1, sizeof(*p));
 	if (p)
@@ -319,8 +371,7 @@ static int pack_load(int fd, const char *id, struct pack **out)
 		e->stored = (uint32_t)get_le(r + 24, 4);
 		e->logical = (uint32_t)get_le(r + 28, 4);
 		e->flags = r[32];
-		if (e->off < PACK_HDR || e->off + PACK_REC_HDR + e->stored > ixoff || e->flags > 1)
-			rc = -EINVAL;
+		rc = ent_check(r, ixoff);
 	}
 	if (rc)
 		goto fail;
@@ -971,15 +1022,54 @@ static void gc_trash_name(const char *id, const char *token, char *buf, size_t s
 	snprintf(buf, size, "%s.pack.gc.%s", id, token);
 }
 
+/* A gc's trash (<id>.pack.gc.<token>) that its gc, killed between its two phases, did
+ * not settle: 1 if it holds an object live names (or live names the pack), then it is
+ * put back under its name; 0 if not (removed); -errno if it cannot be read (kept). A
+ * snapshot committed while that gc ran may name such an object: its commit checked the
+ * object was there before the rename, and the gc's second mark, which would have put
+ * the pack back, never came. A damaged one counts as dead: its objects were missing
+ * already. Reads the trash's index: O(its objects). */
+static int gc_trash_live(struct pack_set *ps, const char *name, pack_live_fn live, void *arg)
+{
+	struct pack *p = NULL;
+	uint8_t id[16];
+	char file[48];
+	int fd, rc, keep = 0;
+
+	fd = openat(ps->dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	if (fd < 0)
+		return -errno;
+	rc = pack_load(fd, "", &p);
+	close(fd);
+	if (rc)
+		return rc == -EINVAL || rc == -ELOOP ? 0 : rc;
+	memcpy(file, name, 32);
+	file[32] = 0;
+	id_bytes(file, id);
+	keep = live(arg, id);
+	for (size_t i = 0; i < p->n && !keep; i++)
+		keep = live(arg, p->ents[i].hash);
+	pack_free(p);
+	if (!keep)
+		return 0;
+	snprintf(file + 32, sizeof(file) - 32, ".pack");
+	if (renameat(ps->dirfd, name, ps->dirfd, file))
+		return -errno;
+	log_warn("store: %s/packs/%s: a killed gc's trash holds objects still named; put back",
+		 ps->path, name);
+	return 1;
+}
+
 /* Temporaries and other gcs' trash older than grace go (a ctime: a rename keeps the
- * mtime), but not a pack being written whose id a fresh lease names. */
+ * mtime), but not a pack being written whose id a fresh lease names, nor trash that
+ * holds a live object (gc_trash_live: put back, packs/ then fsynced). */
 static int gc_leftovers(struct pack_set *ps, pack_live_fn live, void *arg, int64_t now,
 			int64_t grace, uint64_t *freed)
 {
 	struct dirent *d;
 	struct stat st;
 	DIR *dir;
-	int rc = fdio_opendir(ps->dirfd, ".", &dir);
+	int rc = fdio_opendir(ps->dirfd, ".", &dir), back = 0;
 
 	if (rc)
 		return rc;
@@ -1002,10 +1092,21 @@ static int gc_leftovers(struct pack_set *ps, pack_live_fn live, void *arg, int64
 		if (fstatat(ps->dirfd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode) ||
 		    now - ts_ns(&st.st_ctim) < grace || now - ts_ns(&st.st_mtim) < grace)
 			continue;
+		if (strlen(d->d_name) > 41 && is_id(d->d_name, 32) &&
+		    !strncmp(d->d_name + 32, ".pack.gc.", 9)) {
+			int r = gc_trash_live(ps, d->d_name, live, arg);
+
+			back |= r == 1;
+			if (r)
+				continue;	/* put back, or unreadable: kept */
+		}
 		if (unlinkat(ps->dirfd, d->d_name, 0) == 0)
 			*freed += (uint64_t)st.st_size;
 	}
 	closedir(dir);
+	/* A put-back that does not last is a named object lost (as in pack_gc_settle). */
+	if (back && fsync(ps->dirfd))
+		return -EIO;
 	return 0;
 }
 

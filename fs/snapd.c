@@ -80,7 +80,12 @@ struct snapd {
 	 * snapshot is named after it, a name every worker of the job derives alike. */
 	char last[MF_NAME_MAX + 1];
 	int final_taken; /* snapd_finish took a final snapshot (under sd->mu) */
+	int probes;	 /* snapd_bounded threads still in the store (under sd->mu) */
 };
+
+/* How long take waits for the store to answer a check before it goes on without it
+ * (snapd_bounded). A live store answers a stat in milliseconds, GlusterFS included. */
+#define SNAPD_STORE_ANSWER_S 2
 
 /* The longest autosnap interval honoured: a year. Longer ones (autosnap=1e30, mtbf=inf
  * under autosnap=auto) would overflow time_t, and a wait that fails at once spins. */
@@ -351,6 +356,82 @@ static int snapd_name_published(struct snapd *sd, const char *name)
 	return store_name_taken(sd->st, name, sd->m->cfg.worker, sd->m->cfg.workers);
 }
 
+static int snapd_lease_retry(struct snapd *sd, const char *name)
+{
+	(void)name;
+	return store_lease_refresh(sd->st);
+}
+
+/* One call of fn on a thread of its own, waited for at most SNAPD_STORE_ANSWER_S. */
+struct snapd_probe {
+	struct snapd *sd;
+	int (*fn)(struct snapd *sd, const char *name);
+	char name[MF_NAME_MAX + 1];
+	int done, rc, refs; /* under sd->mu; refs: the thread's and the caller's */
+};
+
+static void snapd_probe_put_locked(struct snapd_probe *p)
+{
+	if (--p->refs == 0)
+		free(p);
+}
+
+static void *snapd_probe_run(void *arg)
+{
+	struct snapd_probe *p = arg;
+	struct snapd *sd = p->sd;
+	int rc = p->fn(sd, p->name);
+
+	pthread_mutex_lock(&sd->mu);
+	p->rc = rc;
+	p->done = 1;
+	sd->probes--;
+	snapd_probe_put_locked(p);
+	pthread_cond_broadcast(&sd->cv);
+	pthread_mutex_unlock(&sd->mu);
+	return NULL;
+}
+
+/* fn(sd, name), a look at the store that take makes before its freeze, bounded: a
+ * hung store (a stopped NFS or FUSE server) blocks a stat or a write for as long as it
+ * hangs, and take, which the promise says is a freeze of milliseconds, must not hang
+ * with it. -ETIMEDOUT when fn did not return within SNAPD_STORE_ANSWER_S; fn then runs
+ * on to its end on its thread, which snapd_free waits for (sd->probes) before it
+ * closes the store. Costs a thread per call (two per take at most). */
+static int snapd_bounded(struct snapd *sd, int (*fn)(struct snapd *sd, const char *name),
+			 const char *name)
+{
+	struct timespec until = snapd_abstime(SNAPD_STORE_ANSWER_S * 1000000000ull);
+	struct snapd_probe *p = calloc(1, sizeof(*p));
+	pthread_t t;
+	int rc;
+
+	if (!p)
+		return fn(sd, name);
+	p->sd = sd;
+	p->fn = fn;
+	snprintf(p->name, sizeof(p->name), "%s", name);
+	p->refs = 2;
+	pthread_mutex_lock(&sd->mu);
+	sd->probes++;
+	pthread_mutex_unlock(&sd->mu);
+	if (pthread_create(&t, NULL, snapd_probe_run, p)) {
+		pthread_mutex_lock(&sd->mu);
+		sd->probes--;
+		pthread_mutex_unlock(&sd->mu);
+		free(p);
+		return fn(sd, name);
+	}
+	pthread_detach(t);
+	pthread_mutex_lock(&sd->mu);
+	while (!p->done && pthread_cond_timedwait(&sd->cv, &sd->mu, &until) != ETIMEDOUT)
+		;
+	rc = p->done ? p->rc : -ETIMEDOUT;
+	snapd_probe_put_locked(p);
+	pthread_mutex_unlock(&sd->mu);
+	return rc;
+}
+
 /* Freezes MOUNT/ckpt as snapshot name and queues it. *out is the job, held for the
  * caller (job->waiters) until snapd_wait or snapd_release. */
 static int snapd_take(struct snapd *sd, const char *name, int automatic,
@@ -366,7 +447,15 @@ static int snapd_take(struct snapd *sd, const char *name, int automatic,
 		return -ENOMEM;
 	snprintf(job->name, sizeof(job->name), "%s", name);
 	job->automatic = automatic;
-	if (snapd_name_published(sd, name)) {
+	/* A store that does not answer: the freeze goes on without the early look (the
+	 * commit's create-once publish refuses a taken name all the same), so a take
+	 * stays a freeze while the store hangs and is persisted when it is back. */
+	rc = snapd_bounded(sd, snapd_name_published, name);
+	if (rc == -ETIMEDOUT)
+		log_warn("take '%s': the store did not answer in %d s; name not checked, "
+			 "the snapshot is persisted when the store answers", name,
+			 SNAPD_STORE_ANSWER_S);
+	else if (rc) {
 		free(job);
 		return -EEXIST;
 	}
@@ -457,9 +546,14 @@ static int snapd_take_named(struct snapd *sd, const char *prefix, int automatic,
 }
 
 /* Waits for job to leave PENDING, until deadline_ns (0: forever); calls progress every
- * 200 ms meanwhile. Drops the caller's waiter count. Returns the job's result. */
+ * 200 ms meanwhile. Drops the caller's waiter count. Returns the job's result.
+ * r: the control request waiting (NULL for the daemon's own waits). A client that left
+ * (killed, a timeout) ends the wait with -ECANCELED within 200 ms: the snapshot goes on
+ * persisting, but the connection slot (fs/ctl.c: 32 of them) is not held until a hung
+ * store answers, which let such waits fill every slot and refuse take and mlfs-stat. */
 static int snapd_wait(struct snapd *sd, struct snapd_job *job, uint64_t deadline_ns,
-		      void (*progress)(void *arg, uint64_t done, uint64_t total), void *arg)
+		      void (*progress)(void *arg, uint64_t done, uint64_t total), void *arg,
+		      struct ctl_req *r)
 {
 	int rc;
 
@@ -468,10 +562,13 @@ static int snapd_wait(struct snapd *sd, struct snapd_job *job, uint64_t deadline
 		struct timespec ts;
 		uint64_t done = job->done, total = job->total;
 
-		if (deadline_ns && mlfs_now_ns() >= deadline_ns) {
+		rc = deadline_ns && mlfs_now_ns() >= deadline_ns ? -ETIMEDOUT
+		     : r && ctl_client_gone(r) ? -ECANCELED : 0;
+		if (rc) {
 			job->waiters--;
+			snapd_reap_locked(sd);
 			pthread_mutex_unlock(&sd->mu);
-			return -ETIMEDOUT;
+			return rc;
 		}
 		if (progress) {
 			pthread_mutex_unlock(&sd->mu);
@@ -528,6 +625,8 @@ static int snapd_group_wait(struct snapd *sd, struct ctl_req *r, const char *nam
 			return ctl_fail(r, "take: group '%s': %s", name, strerror(-rc)), rc;
 		if (mlfs_now_ns() >= end)
 			break;
+		if (ctl_client_gone(r))
+			return -ECANCELED;	/* as in snapd_wait: free the slot */
 		ctl_out(r, "progress group %s: %u of %u parts", name, parts, sd->m->cfg.workers);
 		usleep(100000);
 	}
@@ -545,7 +644,7 @@ static int snapd_lease_check(struct snapd *sd, struct ctl_req *r)
 
 	/* A failed refresh that a retry now fixes (the store is back) is no reason to
 	 * refuse; a lapsed lease stays refused (store_lease_refresh: -ENOLCK). */
-	if (rc && !store_lease_refresh(sd->st))
+	if (rc && !snapd_bounded(sd, snapd_lease_retry, ""))
 		rc = 0;
 	if (rc)
 		ctl_fail(r, "take: the store lease was not refreshed for %.0f s (see the log: "
@@ -615,7 +714,7 @@ static int ctl_take(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 		snapd_release(sd, job);
 		return 0;
 	}
-	rc = snapd_wait(sd, job, 0, ctl_progress, r);
+	rc = snapd_wait(sd, job, 0, ctl_progress, r, r);
 	if (rc)
 		return ctl_fail(r, "take: persist of '%s' failed: %s", name, strerror(-rc)), rc;
 	ctl_out(r, "durable %s", name);
@@ -706,7 +805,9 @@ static void snapd_conflict(void *arg, const struct mf_manifest *p, size_t idx, u
 		 "contents; part %u's is shown", (const char *)arg, kept, part, path, kept);
 }
 
-static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t msglen)
+/* r: the control request asking (NULL for -o restore at mount). */
+static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t msglen,
+			 struct ctl_req *r)
 {
 	char name[MF_NAME_MAX + 1], **old = NULL;
 	struct mf_manifest *mf = NULL;
@@ -740,6 +841,16 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 				      : "cannot read snapshot '%s' in %s",
 			 want, store_path(sd->st));
 		return rc;
+	}
+	/* The load may have waited long on a slow or hung store: a client killed or given
+	 * up meanwhile (timeout, Ctrl-C) went on believing nothing was restored, and may
+	 * have written MOUNT/ckpt since. A swap now would throw those writes away. */
+	if (r && ctl_client_gone(r)) {
+		log_warn("restore of '%s' abandoned: its client left before the swap; nothing "
+			 "restored", name);
+		snprintf(msg, msglen, "the client left: nothing restored");
+		mf_free(mf);
+		return -ECANCELED;
 	}
 	rc = ckpt_restore(sd->m->ckpt, mf, &old, &nold, &gen);
 	if (rc == -EINVAL)
@@ -788,7 +899,7 @@ static int ctl_restore(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 
 	if (argc != 2)
 		return ctl_fail(r, "restore: one NAME (or latest) is needed"), -EINVAL;
-	rc = snapd_restore(snapd_of(m), argv[1], msg, sizeof(msg));
+	rc = snapd_restore(snapd_of(m), argv[1], msg, sizeof(msg), r);
 	if (rc)
 		return ctl_fail(r, "restore: %s", msg), rc;
 	ctl_out(r, "%s", msg);
@@ -1069,7 +1180,7 @@ int snapd_new(struct mlfs *m, struct snapd **out)
 	snapd_the = sd;
 	snapd_publish_pending_groups(sd);
 	if (m->cfg.restore) {
-		rc = snapd_restore(sd, m->cfg.restore, msg, sizeof(msg));
+		rc = snapd_restore(sd, m->cfg.restore, msg, sizeof(msg), NULL);
 		if (rc == -ENOENT && !strcmp(m->cfg.restore, "latest")) {
 			log_info("restore=latest: the store %s has no snapshot usable as latest "
 				 "(none yet, or only damaged ones or ones taken with files open for "
@@ -1129,7 +1240,7 @@ static int snapd_drain(struct snapd *sd, uint64_t deadline)
 	if (last)
 		last->waiters++;
 	pthread_mutex_unlock(&sd->mu);
-	return last ? snapd_wait(sd, last, deadline, NULL, NULL) : 0;
+	return last ? snapd_wait(sd, last, deadline, NULL, NULL, NULL) : 0;
 }
 
 int snapd_finish(struct snapd *sd, const char *why, int deadline_s)
@@ -1173,7 +1284,7 @@ int snapd_finish_by(struct snapd *sd, const char *why, uint64_t deadline)
 	pthread_mutex_lock(&sd->mu);
 	sd->final_taken = 1;
 	pthread_mutex_unlock(&sd->mu);
-	rc = snapd_wait(sd, job, deadline, NULL, NULL);
+	rc = snapd_wait(sd, job, deadline, NULL, NULL, NULL);
 	if (rc)
 		log_err("snap: %s: final snapshot %s failed: %s", why, name, strerror(-rc));
 	else
@@ -1199,6 +1310,12 @@ void snapd_free(struct snapd *sd)
 	 * passed: then the process exits right after and the job dies unpublished). */
 	if (sd->started)
 		pthread_join(sd->persister, NULL);
+	/* A take's look at a hung store (snapd_bounded) ends when the store answers: the
+	 * store stays open until then. */
+	pthread_mutex_lock(&sd->mu);
+	while (sd->probes)
+		pthread_cond_wait(&sd->cv, &sd->mu);
+	pthread_mutex_unlock(&sd->mu);
 	while (sd->jobs) {
 		struct snapd_job *j = sd->jobs;
 

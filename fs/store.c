@@ -222,8 +222,59 @@ static int sync_dir(struct store *s, int fd)
 	return -EIO;
 }
 
-/* Read a whole file relative to dirfd into a malloc'd buffer (handed over). */
-static int slurp(int dirfd, const char *name, void **buf, size_t *len)
+/* A manifest this large is checked (prefix and checksum, streamed) before a buffer of
+ * its size is allocated: a read of it twice, against gigabytes of memory for a stray
+ * file that only claims to be one. Below it the one read and mf_decode's check do. */
+#define MANIFEST_STREAM_MIN (64ull << 20)
+#define GROUP_FILE_MAX (1u << 20)	/* 4096 parts of < 100 bytes each, and the rest */
+#define FORMAT_MAX 4096
+
+/* Checks a manifest file of size bytes at fd before it is read whole: its prefix
+ * (mf_check_prefix: -EINVAL) and, from MANIFEST_STREAM_MIN up, its XXH3-128 trailer
+ * over a streamed read (-EIO on a mismatch). Reads the file once more for that. */
+static int manifest_precheck(int fd, uint64_t size)
+{
+	uint8_t pre[MF_PREFIX_LEN], *chunk;
+	XXH3_state_t *st = NULL;
+	XXH128_canonical_t sum;
+	uint64_t off = 0, body = size - MF_HASH_LEN;
+	int rc;
+
+	if (size < MF_PREFIX_LEN)
+		return -EINVAL;
+	if ((rc = fdio_pread_all(fd, pre, sizeof(pre), 0)))
+		return rc;
+	if ((rc = mf_check_prefix(pre, sizeof(pre), size)) || size < MANIFEST_STREAM_MIN)
+		return rc;
+	chunk = malloc(1u << 20);
+	st = XXH3_createState();
+	rc = -ENOMEM;
+	if (!chunk || !st || XXH3_128bits_reset(st) == XXH_ERROR)
+		goto out;
+	while (off < body) {
+		size_t n = body - off < (1u << 20) ? (size_t)(body - off) : 1u << 20;
+
+		if ((rc = fdio_pread_all(fd, chunk, n, off)))
+			goto out;
+		XXH3_128bits_update(st, chunk, n);
+		off += n;
+	}
+	if ((rc = fdio_pread_all(fd, chunk, MF_HASH_LEN, body)))
+		goto out;
+	XXH128_canonicalFromHash(&sum, XXH3_128bits_digest(st));
+	rc = memcmp(sum.digest, chunk, MF_HASH_LEN) ? -EIO : 0;
+out:
+	XXH3_freeState(st);
+	free(chunk);
+	return rc;
+}
+
+/* Read a whole file relative to dirfd into a malloc'd buffer (handed over): -EINVAL for
+ * one that is not a regular file or is larger than max. manifest: the file must pass
+ * manifest_precheck first (-EINVAL, or -EIO for a checksum mismatch of a large one), so
+ * nothing is allocated for a file of gigabytes that is no manifest. */
+static int slurp(int dirfd, const char *name, uint64_t max, int manifest, void **buf,
+		 size_t *len)
 {
 	struct stat st;
 	void *p;
@@ -238,16 +289,18 @@ static int slurp(int dirfd, const char *name, void **buf, size_t *len)
 		rc = -errno;
 		goto out_close;
 	}
-	if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > MANIFEST_MAX) {
+	if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > max) {
 		rc = -EINVAL;
 		goto out_close;
 	}
+	if (manifest && (rc = manifest_precheck(fd, (uint64_t)st.st_size)))
+		goto out_close;
 	p = malloc(st.st_size ? (size_t)st.st_size : 1);
 	if (!p) {
 		rc = -ENOMEM;
 		goto out_close;
 	}
-	if ((rc = fdio_read_all(fd, p, (size_t)st.st_size))) {
+	if ((rc = fdio_pread_all(fd, p, (size_t)st.st_size, 0))) {
 		free(p);
 		goto out_close;
 	}
@@ -413,7 +466,7 @@ static int check_format(struct store *s)
 	size_t len;
 	int rc, v;
 
-	rc = slurp(s->dirfd, "FORMAT", &p, &len);
+	rc = slurp(s->dirfd, "FORMAT", FORMAT_MAX, 0, &p, &len);
 	/* Not a store is the caller's to report (mlfs-snap prints one line, mount fails):
 	 * no log line here, unlike damage. */
 	if (rc == -ENOENT || rc == -EINVAL)
@@ -535,6 +588,14 @@ int store_lease_status(struct store *s, int64_t *age_ns)
 	return lease_keeper_status(s->lease, age_ns);
 }
 
+/* One of the store's own directories. O_NOFOLLOW: a symlink planted there (leases ->
+ * /etc) would have gc unlink every stale file of the directory it names, as root; it is
+ * damage, -ENOTDIR, reported by the caller as a damaged layout. */
+static int store_subdir(struct store *s, const char *name)
+{
+	return openat(s->dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+}
+
 int store_open(const char *dir, int flags, struct store **out)
 {
 	static unsigned seq;
@@ -575,13 +636,13 @@ int store_open(const char *dir, int flags, struct store **out)
 	if ((version = rc = check_format(s)) < 0)
 		goto fail;
 	rc = 0;
-	s->objfd = openat(s->dirfd, "objects", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	s->objfd = store_subdir(s, "objects");
 	if (s->objfd < 0 && errno != ENOENT) {	/* absent: made by version 2, packs only */
 		rc = -errno;
 		log_err("store: %s: damaged store layout: objects: %s", dir, strerror(errno));
 		goto fail;
 	}
-	s->snapfd = openat(s->dirfd, "snaps", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	s->snapfd = store_subdir(s, "snaps");
 	if (s->snapfd < 0) {
 		rc = -errno;
 		log_err("store: %s: damaged store layout: snaps: %s", dir, strerror(errno));
@@ -598,7 +659,7 @@ int store_open(const char *dir, int flags, struct store **out)
 		goto fail;
 	}
 	if (version > 1 || !(flags & STORE_RDONLY))
-		s->packfd = openat(s->dirfd, "packs", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		s->packfd = store_subdir(s, "packs");
 	if (s->packfd < 0 && (version > 1 || !(flags & STORE_RDONLY))) {
 		rc = -errno;
 		log_err("store: %s: damaged store layout: packs: %s", dir, strerror(errno));
@@ -608,7 +669,7 @@ int store_open(const char *dir, int flags, struct store **out)
 		goto fail;
 	if (!(flags & STORE_RDONLY)) {
 		/* Invariant 3: a writer's lease exists from its open to its close. */
-		s->leasefd = openat(s->dirfd, "leases", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		s->leasefd = store_subdir(s, "leases");
 		if (s->leasefd < 0) {
 			rc = -errno;
 			log_err("store: %s: damaged store layout: leases: %s", dir, strerror(errno));
@@ -1293,7 +1354,7 @@ static int part_load(struct store *s, int gfd, const char *name, const char *pna
 	struct mf_manifest *p = NULL;
 	void *buf;
 	size_t len;
-	int rc = slurp(gfd, pname, &buf, &len);
+	int rc = slurp(gfd, pname, MANIFEST_MAX, 1, &buf, &len);
 
 	if (rc) {
 		if (rc != -ENOENT)
@@ -1599,7 +1660,7 @@ static int group_load(struct store *s, const char *name, mf_conflict_fn fn, void
 
 	if ((gfd = group_open(s, name)) < 0)
 		return gfd;
-	rc = slurp(gfd, GROUP_FILE, &buf, &len);
+	rc = slurp(gfd, GROUP_FILE, GROUP_FILE_MAX, 0, &buf, &len);
 	if (rc == -ENOENT) {
 		rc = -EAGAIN;
 		goto out;
@@ -1658,11 +1719,13 @@ int store_load_snapshot(struct store *s, const char *name, mf_conflict_fn fn, vo
 		return rc;
 	if (fstatat(s->snapfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
 		return group_load(s, name, fn, arg, out, conflicts);
-	rc = slurp(s->snapfd, name, &buf, &len);
-	if (rc == -EINVAL) {
-		/* not a regular file or absurdly large: not what commit wrote */
-		log_err("store: %s/snaps/%s: not a regular file of a sane size; not used",
-			s->path, name);
+	rc = slurp(s->snapfd, name, MANIFEST_MAX, 1, &buf, &len);
+	if (rc == -EINVAL || rc == -EIO) {
+		/* not a regular file, absurdly large, no manifest's header, or (a large one)
+		 * its checksum: not what commit wrote */
+		log_err("store: %s/snaps/%s: %s; not used", s->path, name,
+			rc == -EIO ? "damaged manifest (checksum mismatch)"
+				   : "not a regular file of a sane size with a manifest's header");
 		return -EIO;
 	}
 	if (rc) {
@@ -2213,8 +2276,21 @@ static int gc_sweep_dir(struct gc_run *g, int i)
 
 			memcpy(hex, d->d_name, 32);
 			hex[32] = 0;
-			if (!unhex(hex, h) && hset_find(g->live, h, 0))
-				continue;	/* a session's, named by its lease */
+			if (!unhex(hex, h) && hset_find(g->live, h, 0)) {
+				/* A session's, named by its lease; or a killed gc's trash of
+				 * an object named since (pack.c gc_trash_live): back under its
+				 * name, once older than grace (its gc is gone by then). */
+				if (!strncmp(d->d_name + 32, ".gc.", 4) &&
+				    !fstatat(fd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) &&
+				    S_ISREG(st.st_mode) &&
+				    g->now - ts_ns(&st.st_ctim) >= g->t->grace_ns) {
+					if (renameat2(fd, d->d_name, fd, hex, RENAME_NOREPLACE) == 0)
+						g->touched[i] = 1;
+					else if (errno == EEXIST)
+						unlinkat(fd, d->d_name, 0);
+				}
+				continue;
+			}
 		}
 		if (fstatat(fd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode))
 			continue;
@@ -2297,7 +2373,7 @@ static int gc_settle(struct gc_run *g, struct hset *live2, uint64_t *objs, uint6
 		if (!g->touched[i])
 			continue;
 		snprintf(name, sizeof(name), "%02x", i);
-		fd = openat(s->objfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		fd = openat(s->objfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 		if (fd < 0)
 			return -errno;
 		rc = sync_dir(s, fd);

@@ -11,6 +11,9 @@
   --wait succeeds and verifies, without a restart.
 - SIGTERM while a FUSE worker is blocked on a slow SOURCE still gives the emergency
   snapshot within preempt_deadline.
+- take returns while the store hangs (a stopped FUSE server under STORE); its snapshot
+  is persisted once the store answers. A restore whose client was killed while it waited
+  on that store restores nothing once the store answers.
 
 Every loop mount made here is unmounted in every path (SnapEnv.extra_mounts, after the
 daemons), and a frozen or read-only one is thawed / made writable first.
@@ -451,6 +454,146 @@ def test_sigterm_with_a_read_blocked_on_source(stopped_source):
     assert S.export(env.store, new[0], out).ok
     S.assert_tree_equal(S.read_tree(out), t, f"emergency snapshot {new[0]}")
     assert "did not end within the 5 s deadline" in d.output(), d.output()
+
+
+def test_take_returns_while_the_store_hangs(mounter, snapenv):
+    """A store that stops answering (here STORE is in MOUNT2/ckpt of a second daemon that
+    the test SIGSTOPs; on a real machine a hung NFS or GlusterFS server): take without
+    --wait still returns, its snapshot frozen and queued, MOUNT/ckpt and MOUNT/data keep
+    answering, and once the store answers again the snapshot becomes durable and
+    restores byte-exact. Before, take stat'ed the store for the name before its freeze
+    and hung as long as the store did."""
+    m2 = mounter()
+    env = snapenv()
+    store = os.path.join(m2.ckpt, "store")
+    os.mkdir(store)
+    write(os.path.join(env.src, "d"), b"source bytes\n")
+    rng = rng_for("hung-store")
+    d = env.mount(store=store)
+    write(os.path.join(d.ckpt, "a"), rng.randbytes(3 * MiB))
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    U.sigstop(m2.pid)
+    try:
+        write(os.path.join(d.ckpt, "b"), rng.randbytes(2 * MiB + 7))
+        t = S.read_tree(d.ckpt)
+        r = S.snap("take", env.mnt, "s2", timeout=60)
+        assert r.ok, f"take while the store hangs: {r!r}"
+        with open(os.path.join(env.mnt, "data", "d"), "rb") as f:
+            assert f.read() == b"source bytes\n"
+        S.assert_tree_equal(S.read_tree(d.ckpt), t, "MOUNT/ckpt while the store hangs")
+    finally:
+        os.kill(m2.pid, signal.SIGCONT)
+    S.wait_durable(env.mnt, "s2")
+    out = env.path("export")
+    assert S.export(store, "s2", out).ok
+    S.assert_tree_equal(S.read_tree(out), t, "s2 taken while the store hung")
+    env.unmount(d)
+
+
+def _tids_blocked_in(pid, root):
+    """Threads of pid asleep in a call on a descriptor naming root or a file under it."""
+    out = set()
+    for tid, (call, st) in U._threads(pid, "syscall", "stat"):
+        call = call.split()
+        if len(call) < 2 or call[0] == "-1" or U._state(st) not in "SD":
+            continue
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{int(call[1], 16)}")
+        except (OSError, ValueError):
+            continue
+        if target == root or target.startswith(root.rstrip("/") + "/"):
+            out.add(tid)
+    return out
+
+
+def test_restore_given_up_while_the_store_hangs_restores_nothing(mounter, snapenv):
+    """mlfs-snap restore killed (a timeout, Ctrl-C) while the daemon waits on a hung
+    store for the manifest: the user goes on writing MOUNT/ckpt; when the store answers
+    again the daemon must not swap the tree to the snapshot no one is waiting for any
+    more (it did, and the writes made since were gone). It logs the restore abandoned."""
+    m2 = mounter()
+    env = snapenv()
+    store = os.path.join(m2.ckpt, "store")
+    os.mkdir(store)
+    rng = rng_for("restore-hung")
+    d = env.mount(store=store, foreground=True)   # its log in d.output()
+    old = rng.randbytes(MiB + 3)
+    write(os.path.join(d.ckpt, "a"), old)
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    U.sigstop(m2.pid)
+    try:
+        before = _tids_blocked_in(d.pid, store)
+        p = subprocess.Popen([S.SNAP, "restore", env.mnt, "s1"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        end = time.monotonic() + 60
+        while not (_tids_blocked_in(d.pid, store) - before):
+            assert time.monotonic() < end, "the restore never reached the store"
+            time.sleep(0.02)
+        p.kill()
+        p.wait()
+        new = rng.randbytes(2 * MiB)
+        write(os.path.join(d.ckpt, "a"), new)
+        write(os.path.join(d.ckpt, "b"), new)
+        t = S.read_tree(d.ckpt)
+    finally:
+        os.kill(m2.pid, signal.SIGCONT)
+    end = time.monotonic() + 60
+    while "abandoned" not in d.output():
+        S.assert_tree_equal(S.read_tree(d.ckpt), t, "MOUNT/ckpt after the store came back")
+        assert time.monotonic() < end, f"no 'restore abandoned' in the log:\n{d.output()}"
+        time.sleep(0.05)
+    S.assert_tree_equal(S.read_tree(d.ckpt), t, "MOUNT/ckpt after the restore was given up")
+    env.unmount(d)
+
+
+def test_take_wait_clients_killed_while_the_store_hangs_free_their_slots(mounter, snapenv):
+    """32 `take --wait` (the control channel's whole capacity) wait on a hung store and are
+    killed (a training loop's timeout): their connections must be let go, so mlfs-stat
+    and the next take still connect. They held their slots until the store answered,
+    and every later command was refused as busy. Their snapshots still persist once the
+    store is back."""
+    m2 = mounter()
+    env = snapenv()
+    store = os.path.join(m2.ckpt, "store")
+    os.mkdir(store)
+    d = env.mount(store=store)
+    write(os.path.join(d.ckpt, "a"), rng_for("slots").randbytes(MiB))
+    S.snap_ok("take", env.mnt, "s0", "--wait")
+    U.sigstop(m2.pid)
+    procs = []
+    try:
+        before = _tids_blocked_in(d.pid, store)
+        for i in range(32):
+            procs.append(subprocess.Popen([S.SNAP, "take", env.mnt, f"w{i}", "--wait"],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        # Each take's look for its name blocks a thread in the store: then its request
+        # holds a slot, and its wait follows whether or not its client is still there.
+        end = time.monotonic() + 60
+        while len(_tids_blocked_in(d.pid, store) - before) < 32:
+            assert time.monotonic() < end, "the 32 takes never reached the store"
+            time.sleep(0.05)
+        for p in procs:
+            p.kill()
+            p.wait()
+        end = time.monotonic() + 30
+        while True:
+            r = subprocess.run([U.MLFS_STAT, "--json", env.mnt], capture_output=True,
+                               text=True, timeout=60)
+            if r.returncode == 0:
+                break
+            assert time.monotonic() < end, f"mlfs-stat refused 30 s after the kills: {r}"
+            time.sleep(0.1)
+        S.snap_ok("take", env.mnt, "after", timeout=60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        os.kill(m2.pid, signal.SIGCONT)
+    for i in range(32):
+        S.wait_durable(env.mnt, f"w{i}")
+    S.wait_durable(env.mnt, "after")
+    env.unmount(d)
 
 
 # ------------------------------------------------- names the daemon makes (test_model)

@@ -247,6 +247,40 @@ def test_store_readers_open_read_only(snapenv):
     assert S.store_files(env.store) == before
 
 
+@pytest.mark.parametrize("sub", ["leases", "packs", "snaps", "objects/01"])
+def test_store_directory_swapped_for_symlink_is_refused(snapenv, secret_dir, sub):
+    """A store whose leases/, packs/, snaps/ (or, in a version 1 store, objects/xx/) is
+    a symlink to a directory elsewhere: gc run as root never unlinks or renames a file
+    there (it removed every stale file of leases' target, as stale leases) and a mount
+    on it is refused; the store is damaged, not followed."""
+    env = snapenv()
+    victims = ["x", "shadow", "0123456789abcdef0123456789abcdef",
+               "0123456789abcdef0123456789abcdef.pack", "a.tmp.1", "b.gc.2"]
+    for n in victims[2:]:
+        with open(os.path.join(secret_dir, n), "wb") as f:
+            f.write(SECRET)
+    old = 1_000_000_000   # 2001: older than any stale or grace time
+    for n in victims:
+        os.utime(os.path.join(secret_dir, n), (old, old))
+    if sub.startswith("objects"):
+        os.makedirs(os.path.join(env.store, "objects"))
+        os.mkdir(os.path.join(env.store, "snaps"))
+        with open(os.path.join(env.store, "FORMAT"), "w") as f:
+            f.write("mlfs-store\nversion 1\n")
+    else:
+        S.snap_ok("init", "--store", env.store)
+        os.rmdir(os.path.join(env.store, sub))
+    os.symlink(secret_dir, os.path.join(env.store, sub))
+    S.assert_clean_failure(S.snap("gc", "--store", env.store), "gc through a symlink")
+    assert sorted(os.listdir(secret_dir)) == sorted(victims)
+    for n in victims:
+        assert _read(os.path.join(secret_dir, n)) == SECRET
+    if not sub.startswith("objects"):
+        d = env.mount(expect_ok=False)
+        assert d.down, f"mounted a store whose {sub}/ is a symlink"
+        assert sorted(os.listdir(secret_dir)) == sorted(victims)
+
+
 # ---------------------------------------------------------------- verify escapes names
 
 def test_verify_escapes_control_characters(snapenv):

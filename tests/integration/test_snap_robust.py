@@ -3,6 +3,8 @@
 - Checksum-valid crafted manifests (a count with nothing behind it, duplicate names):
   `list --store`, `list MNT`, `restore MNT NAME`, `-o restore=NAME` refuse them as
   damaged; `latest` skips them; the daemon stays up.
+- Stray files of gigabytes in STORE/snaps are damaged without costing their size in
+  memory (list, restore latest, verify; daemon and mlfs-snap).
 - A 150,000-deep chain of directories: take --wait, restore and unmount work (every
   walk of the tree is iterative).
 - An empty xattr value survives take and restore (a DEBUG=1 daemon aborted on it).
@@ -14,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -154,6 +157,71 @@ def test_crafted_manifest_is_damaged_never_a_crash(snapenv, case):
     assert "bad" in out and "damaged" in out, out
     assert_no_crash_text(out, "mount with restore=bad")
     assert not U.is_mounted(env.mnt)
+
+
+def vm_hwm_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+def run_rusage(argv, timeout=120):
+    """Runs argv: (exit code, stdout, stderr, its own peak RSS in KiB, from wait4)."""
+    with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fo, stderr=fe)
+        end = time.monotonic() + timeout
+        while True:
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > end:
+                p.kill()
+                pid, status, ru = os.wait4(p.pid, 0)
+                break
+            time.sleep(0.01)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        fo.seek(0)
+        fe.seek(0)
+        return (p.returncode, fo.read().decode(errors="replace"),
+                fe.read().decode(errors="replace"), ru.ru_maxrss)
+
+
+def test_huge_stray_files_in_snaps_cost_no_memory(snapenv):
+    """Files of gigabytes in STORE/snaps that are no manifest (a sparse 3 GiB file, and
+    a 200 MiB one with a manifest's header and a wrong checksum): list, restore latest
+    and verify call them damaged without allocating their size. Before, every list
+    malloc'd and read each one whole: the daemon's peak RSS grew by 3 GiB per list
+    (outside mem_bytes, an OOM kill in a tight cgroup), and mlfs-snap's reached 3 GiB."""
+    env = snapenv()
+    d = env.mount()
+    write(os.path.join(d.ckpt, "a"), b"good" * 1000)
+    S.snap_ok("take", env.mnt, "good", "--wait")
+    with open(os.path.join(env.store, "snaps", "huge"), "wb") as f:
+        f.truncate(3 << 30)
+    size = 200 << 20
+    with open(os.path.join(env.store, "snaps", "huge2"), "wb") as f:
+        f.write(b"MLFSMANF" + le(1, 4) + le(0, 4) + le(size, 8))
+        f.truncate(size)
+    before = vm_hwm_kib(d.pid)
+    onl = S.list_json(env.mnt)
+    assert onl["huge"]["state"] == "damaged" and onl["huge2"]["state"] == "damaged", onl
+    assert onl["good"]["state"] == "durable", onl
+    S.snap_ok("restore", env.mnt, "latest")
+    assert read(os.path.join(d.ckpt, "a")) == b"good" * 1000
+    grown = vm_hwm_kib(d.pid) - before
+    assert grown < 512 * 1024, f"the daemon's peak RSS grew by {grown} KiB reading them"
+    assert U.pid_alive(d.pid) and U.is_mounted(env.mnt), d.output()
+    env.unmount(d)
+    for argv in (["list", "--store", env.store], ["verify", "--store", env.store]):
+        rc, out, err, maxrss = run_rusage([S.SNAP, *argv])
+        assert rc in (0, 1) and "huge" in out, f"{argv}: exit {rc}: {out!r} {err!r}"
+        assert_no_crash_text(err, " ".join(argv))
+        assert maxrss < 1 << 20, f"{argv}: peak RSS {maxrss} KiB"
+    r = S.snap("list", "--store", env.store, "--json")
+    st = {e["name"]: e["state"] for e in json.loads(r.out)}
+    assert st == {"good": "durable", "huge": "damaged", "huge2": "damaged"}, r.out
 
 
 # ---------------------------------------------------------------- deep trees

@@ -154,6 +154,29 @@ out:
 	mf_free(m);
 }
 
+/* mf_check_prefix: what store.c reads of a manifest file before allocating its size. */
+static void test_prefix(void)
+{
+	struct mf_manifest *m = sample(1);
+	unsigned char *buf = NULL, zero[MF_PREFIX_LEN] = { 0 };
+	size_t len = 0;
+
+	EXPECT_EQ(mf_encode(m, (void **)&buf, &len), 0);
+	if (!buf)
+		goto out;
+	EXPECT_EQ(mf_check_prefix(buf, len, len), 0);
+	EXPECT_EQ(mf_check_prefix(buf, MF_PREFIX_LEN, len), 0);
+	EXPECT_EQ(mf_check_prefix(buf, MF_PREFIX_LEN - 1, len), -EINVAL);
+	EXPECT_EQ(mf_check_prefix(buf, len, len + 1), -EINVAL);	/* a file longer than it says */
+	EXPECT_EQ(mf_check_prefix(buf, len, 3ull << 30), -EINVAL);
+	EXPECT_EQ(mf_check_prefix(zero, sizeof(zero), 3ull << 30), -EINVAL);	/* sparse */
+	buf[8] = 99;	/* an unknown version */
+	EXPECT_EQ(mf_check_prefix(buf, len, len), -EINVAL);
+out:
+	free(buf);
+	mf_free(m);
+}
+
 static void test_every_truncation_and_flip(void)
 {
 	struct mf_manifest *m = sample(1), *d;
@@ -1405,6 +1428,7 @@ out:
 int main(void)
 {
 	test_round_trip();
+	test_prefix();
 	test_every_truncation_and_flip();
 	test_rules();
 	test_garbage();

@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -254,6 +256,106 @@ static void test_damage(const char *dir)
 	store_close(s);
 }
 
+/* The bytes of address space this process has mapped now (/proc/self/statm). */
+static uint64_t vm_size(void)
+{
+	unsigned long pages = 0;
+	FILE *f = fopen("/proc/self/statm", "r");
+
+	if (f) {
+		if (fscanf(f, "%lu", &pages) != 1)
+			pages = 0;
+		fclose(f);
+	}
+	return (uint64_t)pages * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+/* In a child whose address space may grow by 128 MiB at most: open the store at dir
+ * and read objects 0, n/7, ... back. Its exit status: 0 if all read right. */
+static int read_small_objects_capped(const char *dir, uint64_t n)
+{
+	pid_t pid = fork();
+	int status = -1;
+
+	if (pid == 0) {
+		struct rlimit rl;
+		struct store *s;
+		uint8_t h[16];
+
+		rl.rlim_cur = rl.rlim_max = vm_size() + (128u << 20);
+		if (setrlimit(RLIMIT_AS, &rl) || store_open(dir, 0, &s))
+			_exit(2);
+		for (uint64_t v = 0; v < n; v += n / 7) {
+			uint64_t back = 0;
+
+			hash_of(&v, 8, h);
+			if (store_get_block(s, h, &back, 8) != 8 || back != v)
+				_exit(3);
+		}
+		store_close(s);
+		_exit(0);
+	}
+	if (pid < 0 || waitpid(pid, &status, 0) != pid)
+		return -1;
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+/* An index of 16 MiB or more is verified streamed before it is allocated: a sparse pack
+ * whose tail claims 5 M entries (a 200 MB index of zeros) is damaged by a handle whose
+ * address space may grow by 128 MiB (it malloc'd the 200 MB and failed with ENOMEM:
+ * the daemon's peak RSS grew by 15 GB for a tail claiming 200 M), and a good pack of 450,000 small objects (an 18 MB index) still
+ * loads through that path: every object reads back. */
+static void test_huge_index(const char *dir)
+{
+	const uint64_t n_bad = 5000000, n_good = 450000;
+	struct mf_manifest *m = calloc(1, sizeof(*m));
+	struct store *s = NULL;
+	struct mf_entry *e;
+	uint8_t tail[32] = { 0 };
+	uint64_t v, ixoff = 16;
+	char p[512];
+	int fd, rc = 0;
+
+	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
+	if (!s || !m)
+		return;
+	snprintf(m->name, sizeof(m->name), "small-objects");
+	m->nentries = 2;
+	m->entries = calloc(2, sizeof(*m->entries));
+	m->time_ns = 1000;
+	m->entries[0] = (struct mf_entry){ .id = 1, .type = MF_DIR, .mode = 0755 };
+	m->entries[0].name = strdup("");
+	e = &m->entries[1];
+	*e = (struct mf_entry){ .id = 2, .parent = 1, .type = MF_FILE, .mode = 0644 };
+	e->name = strdup("f");
+	m->files = 1;
+	e->size = m->logical_bytes = n_good * 8;
+	e->block_size = 8;
+	e->nblocks = n_good;
+	e->blocks = calloc(n_good, sizeof(*e->blocks));
+	for (v = 0; v < n_good && !rc; v++) {
+		e->blocks[v].len = 8;
+		rc = store_put_block(s, &v, 8, e->blocks[v].hash, NULL);
+	}
+	EXPECT_EQ(rc, 0);
+	EXPECT_EQ(store_commit(s, m), 0);
+	mf_free(m);
+	store_close(s);
+	/* The crafted pack: a good header, a tail naming n_bad entries of zeros. */
+	path_of(p, sizeof(p), dir, "packs/0123456789abcdef0123456789abcdef.pack");
+	fd = open(p, O_WRONLY | O_CREAT | O_EXCL, 0400);
+	EXPECT(fd >= 0);
+	EXPECT(pwrite(fd, "MLFSPACK\1\0\0\0\0\0\0\0", 16, 0) == 16);
+	for (int i = 0; i < 8; i++) {
+		tail[i] = (uint8_t)(n_bad >> (8 * i));
+		tail[8 + i] = (uint8_t)(ixoff >> (8 * i));
+	}
+	memcpy(tail + 16, "MLPKTAIL", 8);
+	EXPECT(pwrite(fd, tail, 32, (off_t)(ixoff + n_bad * 40)) == 32);
+	close(fd);
+	EXPECT_EQ(read_small_objects_capped(dir, n_good), 0);
+}
+
 /* Dedup across packs and handles: a second handle, and a later session, write nothing
  * already in any pack. */
 static void test_dedup(const char *dir)
@@ -389,6 +491,77 @@ static void test_leftover(const char *dir)
 	store_close(s);
 }
 
+/* The name of the one file in dir/packs whose name ends with suffix, in out (33 + ...). */
+static int pack_named(const char *dir, const char *suffix, char *out, size_t size)
+{
+	char p[512];
+	struct dirent *d;
+	DIR *dd;
+	int n = 0;
+
+	path_of(p, sizeof(p), dir, "packs");
+	if (!(dd = opendir(p)))
+		return -1;
+	while ((d = readdir(dd))) {
+		size_t l = strlen(d->d_name), sl = strlen(suffix);
+
+		if (l > sl && !strcmp(d->d_name + l - sl, suffix) && d->d_name[0] != '.') {
+			snprintf(out, size, "%s", d->d_name);
+			n++;
+		}
+	}
+	closedir(dd);
+	return n;
+}
+
+/* A gc killed between its phases leaves <id>.pack.gc.<token>; a snapshot committed while
+ * it ran may name objects in it (its commit found them before the rename, the second
+ * mark that would have put them back never came). The next gc puts such trash back
+ * rather than removing it once older than grace (it removed it: the durable snapshot
+ * lost its objects), and still removes trash whose objects nothing names. */
+static void test_killed_gc_trash(const char *dir)
+{
+	const unsigned live_seeds[] = { 31, 32 }, dead_seeds[] = { 33 };
+	char name[256], from[512], to[512];
+	uint64_t objs = 0, bytes = 0;
+	struct store *s;
+
+	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
+	if (!s)
+		return;
+	EXPECT_EQ(commit_seeds(s, "named", live_seeds, 2), 0);
+	store_close(s);
+	EXPECT_EQ(pack_named(dir, ".pack", name, sizeof(name)), 1);
+	path_of(from, sizeof(from), dir, "packs/");
+	strcat(from, name);
+	snprintf(to, sizeof(to), "%s.gc.99-1-00000000deadbeef", from);
+	EXPECT(rename(from, to) == 0);
+	/* And a dead one: a pack of a deleted snapshot, trashed the same way. */
+	EXPECT_EQ(store_open(dir, 0, &s), 0);
+	if (!s)
+		return;
+	EXPECT_EQ(commit_seeds(s, "gone", dead_seeds, 1), 0);
+	EXPECT_EQ(store_delete(s, "gone"), 0);
+	store_close(s);
+	EXPECT_EQ(pack_named(dir, ".pack", name, sizeof(name)), 1);
+	path_of(from, sizeof(from), dir, "packs/");
+	strcat(from, name);
+	snprintf(to, sizeof(to), "%s.gc.99-1-00000000deadbeef", from);
+	EXPECT(rename(from, to) == 0);
+	usleep(1100 * 1000);	/* past grace */
+	EXPECT_EQ(store_open(dir, 0, &s), 0);
+	if (!s)
+		return;
+	EXPECT_EQ(read_seed(s, 31), -ENOENT);	/* until a gc puts it back */
+	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
+	EXPECT_EQ(count_packs(dir, ".gc."), 0);
+	EXPECT_EQ(read_seed(s, 31), BS);
+	EXPECT_EQ(read_seed(s, 32), BS);
+	EXPECT_EQ(read_seed(s, 33), -ENOENT);
+	EXPECT_EQ(store_verify(s, NULL, NULL, NULL), 0);
+	store_close(s);
+}
+
 /* Records: a header names its hash and lengths; decode checks the hash. */
 /* pack_writer_count: what store_sync_objects asks before it trusts a finish to have
  * fsynced packs/ (an empty writer is dropped unfsynced). */
@@ -465,6 +638,10 @@ int main(void)
 	test_gc_merges_small_packs(p);
 	path_of(p, sizeof(p), root, "leftover");
 	test_leftover(p);
+	path_of(p, sizeof(p), root, "killedgc");
+	test_killed_gc_trash(p);
+	path_of(p, sizeof(p), root, "hugeindex");
+	test_huge_index(p);
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
 	if (system(cmd))
 		fprintf(stderr, "could not remove %s\n", root);

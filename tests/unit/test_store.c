@@ -3,6 +3,7 @@
  * gc, delete, names, damaged manifests and a full store (tmpfs, when run as root).
  */
 #include "fs/store.h"
+#include "fs/pack.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -468,6 +469,53 @@ static void flip_byte(const char *path, off_t off)
 	c ^= 0x10;
 	EXPECT(pwrite(fd, &c, 1, off) == 1);
 	close(fd);
+}
+
+/* A manifest past MANIFEST_STREAM_MIN (64 MiB: one file of 3.5 M one-byte hole blocks,
+ * 21 bytes each) is checked streamed before it is read whole: a good one still loads,
+ * one byte flipped in its middle is damage (-EIO), and so is a sparse file of 3 GiB in
+ * snaps/, refused from its first bytes. */
+static void test_large_manifest(const char *dir)
+{
+	const uint64_t n = 3500000;
+	struct mf_manifest *m, *got = NULL;
+	struct store *s = NULL;
+	struct stat st;
+	char p[512];
+	int fd;
+
+	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
+	if (!s)
+		return;
+	m = one_file("big", NULL, 0);
+	m->entries[1].size = n;
+	m->entries[1].block_size = 1;
+	m->entries[1].nblocks = n;
+	free(m->entries[1].blocks);
+	m->entries[1].blocks = calloc(n, sizeof(*m->entries[1].blocks));
+	for (uint64_t i = 0; i < n; i++) {
+		m->entries[1].blocks[i].flags = MF_BLOCK_HOLE;
+		m->entries[1].blocks[i].len = 1;
+	}
+	m->logical_bytes = n;
+	EXPECT_EQ(store_commit(s, m), 0);
+	mf_free(m);
+	path_of(p, sizeof(p), dir, "snaps/big");
+	EXPECT(stat(p, &st) == 0 && st.st_size > (64 << 20));
+	EXPECT_EQ(store_load_manifest(s, "big", &got), 0);
+	EXPECT(got && got->entries[1].nblocks == n);
+	mf_free(got);
+	got = NULL;
+	flip_byte(p, st.st_size / 2);
+	EXPECT_EQ(store_load_manifest(s, "big", &got), -EIO);
+	EXPECT(!got);
+	path_of(p, sizeof(p), dir, "snaps/sparse");
+	fd = open(p, O_WRONLY | O_CREAT | O_EXCL, 0600);
+	EXPECT(fd >= 0 && ftruncate(fd, 3ll << 30) == 0);
+	close(fd);
+	EXPECT_EQ(store_load_manifest(s, "sparse", &got), -EIO);
+	unlink(p);
+	store_close(s);
 }
 
 static void test_damage(const char *dir)
@@ -1086,6 +1134,65 @@ static void test_stray(const char *dir)
 	store_close(s);
 }
 
+/* A version 1 store where a gc was killed between its phases: objects/xx/<hex>.gc.<token>
+ * holds an object a published manifest names (committed while that gc ran). The next gc
+ * puts it back under its name once older than grace; it kept it forever under the
+ * trash name, and every read of the object was -ENOENT. */
+static void test_v1_killed_gc_trash(const char *dir)
+{
+	static char buf[BS], back[BS];
+	unsigned char hdr[PACK_REC_HDR];
+	uint8_t h[1][16];
+	struct mf_manifest *m;
+	struct store *s;
+	uint64_t objs, bytes;
+	char p[512], t[600];
+	void *mb = NULL;
+	size_t ml = 0;
+	FILE *f;
+	int fd;
+
+	mkdir(dir, 0700);
+	path_of(p, sizeof(p), dir, "snaps");
+	mkdir(p, 0700);
+	path_of(p, sizeof(p), dir, "FORMAT");
+	f = fopen(p, "w");
+	EXPECT(f != NULL);
+	if (!f)
+		return;
+	fputs("mlfs-store\nversion 1\n", f);
+	fclose(f);
+	fill(buf, BS, 41, 0);
+	hash_of(buf, BS, h[0]);
+	pack_rec_header(hdr, h[0], BS, BS, 0);
+	v1_object_path(dir, h[0], p, sizeof(p));
+	snprintf(t, sizeof(t), "%s.gc.99-1-00000000deadbeef", p);
+	fd = open(t, O_WRONLY | O_CREAT | O_EXCL, 0400);
+	EXPECT(fd >= 0 && write(fd, hdr, sizeof(hdr)) == (ssize_t)sizeof(hdr) &&
+	       write(fd, buf, BS) == BS);
+	close(fd);
+	m = one_file("named", h, 1);
+	EXPECT_EQ(mf_encode(m, &mb, &ml), 0);
+	mf_free(m);
+	path_of(p, sizeof(p), dir, "snaps/named");
+	f = fopen(p, "w");
+	EXPECT(f && fwrite(mb, 1, ml, f) == ml);
+	if (f)
+		fclose(f);
+	free(mb);
+	age();
+	EXPECT_EQ(store_open(dir, 0, &s), 0);
+	if (!s)
+		return;
+	EXPECT_EQ(store_get_block(s, h[0], back, BS), -ENOENT);	/* until a gc */
+	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
+	EXPECT_EQ(store_get_block(s, h[0], back, BS), BS);
+	EXPECT(!memcmp(back, buf, BS));
+	EXPECT(access(t, F_OK) != 0);	/* the trash name is gone */
+	EXPECT_EQ(store_verify(s, NULL, NULL, NULL), 0);
+	store_close(s);
+}
+
 /* ---- groups (issue 11) ---- */
 
 /* Worker k of n commits its part of name: one file "shard-<k>" (or "model.pt" with
@@ -1363,6 +1470,10 @@ int main(void)
 	test_group_publish(p);
 	path_of(p, sizeof(p), root, "groupstates");
 	test_group_states(p);
+	path_of(p, sizeof(p), root, "v1trash");
+	test_v1_killed_gc_trash(p);
+	path_of(p, sizeof(p), root, "large");
+	test_large_manifest(p);
 	path_of(p, sizeof(p), root, "mnt");
 	test_full(p);
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
