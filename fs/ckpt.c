@@ -1425,6 +1425,14 @@ int ckpt_fallocate(struct ckpt_ns *ns, struct ckpt_inode *ino, int mode, off_t o
 		rc = ckpt_zero_range_locked(ns, ino, start, end < size ? end : size);
 	if (!rc && !(mode & FALLOC_FL_KEEP_SIZE) && end > size)
 		rc = ckpt_truncate_locked(ns, ino, end);
+	/* Every fallocate that succeeds is a change, as on ext4, also one that leaves the
+	 * content as it was (preallocation inside or past the end, a range past EOF). */
+	if (!rc) {
+		pthread_mutex_lock(&ns->mu);
+		ino->mtime = ino->ctime = ckpt_now();
+		ckpt_changed(ns);
+		pthread_mutex_unlock(&ns->mu);
+	}
 	pthread_rwlock_unlock(&ino->lock);
 	return rc;
 }
@@ -1784,7 +1792,10 @@ int ckpt_removexattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *nam
 	pthread_mutex_lock(&ns->mu);
 	pp = ckpt_xattr_find_locked(ino, name);
 	if (!pp) {
-		rc = -ENODATA;
+		/* Removing an ACL that is not there (or is the mode alone) succeeds, as
+		 * ext4_set_acl(NULL) does; other names want XATTR_REPLACE's ENODATA. */
+		if (xns != XNS_ACL_ACCESS && xns != XNS_ACL_DEFAULT)
+			rc = -ENODATA;
 	} else {
 		ckpt_xattr_del_locked(ino, pp);
 		ino->ctime = ckpt_now();

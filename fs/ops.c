@@ -568,8 +568,10 @@ static void mlfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, 
 	/* -o immutable: once an OPEN was answered ENOSYS the kernel sends no RELEASE, not
 	 * even for created files, so no open is counted there (nor released, below): the
 	 * lookup count alone keeps an unlinked file alive while it is open. */
+	/* The file is new: an O_TRUNC has nothing to cut, and truncating would stamp its
+	 * times after the entry reply carried them (ext4 skips it too, FMODE_CREATED). */
 	if (!mlfs_no_open(m) &&
-	    (rc = ckpt_open(m->ckpt, (struct ckpt_inode *)e.ino, fi->flags,
+	    (rc = ckpt_open(m->ckpt, (struct ckpt_inode *)e.ino, fi->flags & ~O_TRUNC,
 			    fuse_req_ctx(req)->pid, &cf))) {
 		ckpt_forget(m->ckpt, (struct ckpt_inode *)e.ino, 1); /* the entry never sent */
 		return reply_rc(req, rc);

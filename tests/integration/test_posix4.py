@@ -1,0 +1,138 @@
+"""MOUNT/ckpt, POSIX semantics part 4: differences from ext4 that the differential harness
+(posix_diff.py, test_posix_diff.py) found, each pinned by the smallest case that shows
+it. Every expectation is ext4's: MLFS_TEST_NATIVE=1 checks them against the local ext4.
+"""
+import ctypes
+import errno
+import os
+import struct
+import time
+
+import pytest
+
+import mlfs_util as U
+
+
+def p(ckpt, *parts):
+    return os.path.join(ckpt, *parts)
+
+
+def touch(path, mode=0o644):
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, mode))
+
+
+@pytest.fixture
+def umask022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+ACL_USER_OBJ, ACL_USER, ACL_GROUP_OBJ, ACL_GROUP, ACL_MASK, ACL_OTHER = 1, 2, 4, 8, 16, 32
+
+
+def acl_value(entries):
+    """The system.posix_acl_* value of entries [(tag, perm, id)] (version 2, sorted)."""
+    out = struct.pack("<I", 2)
+    for tag, perm, ident in sorted(entries, key=lambda e: (e[0], e[2])):
+        out += struct.pack("<HHI", tag, perm, ident & 0xffffffff)
+    return out
+
+
+# --- xattrs and ACLs -------------------------------------------------------------------
+
+def test_removing_an_absent_acl_succeeds(ckpt, umask022):
+    """removexattr of system.posix_acl_access/_default where there is none (never set, or
+    set equivalent to the mode, which stores nothing) succeeds on ext4 (ext4_set_acl with
+    no ACL and no XATTR_REPLACE); a user.* name that is not there is ENODATA."""
+    f, d = p(ckpt, "f"), p(ckpt, "d")
+    touch(f)
+    os.mkdir(d)
+    for path in (f, d):
+        os.removexattr(path, "system.posix_acl_access")
+        os.removexattr(path, "system.posix_acl_default")
+        U.expect_errno(errno.ENODATA, os.removexattr, path, "user.none")
+    # An ACL the mode says all of is not stored: removing it changes nothing.
+    os.setxattr(f, "system.posix_acl_access",
+                acl_value([(ACL_USER_OBJ, 6, -1), (ACL_GROUP_OBJ, 4, -1), (ACL_OTHER, 0, -1)]))
+    assert os.stat(f).st_mode & 0o777 == 0o640
+    os.removexattr(f, "system.posix_acl_access")
+    assert os.stat(f).st_mode & 0o777 == 0o640
+    # A real one goes, and a second removal still succeeds.
+    os.setxattr(d, "system.posix_acl_default",
+                acl_value([(ACL_USER_OBJ, 7, -1), (ACL_GROUP_OBJ, 5, -1), (ACL_OTHER, 5, -1)]))
+    os.removexattr(d, "system.posix_acl_default")
+    U.expect_errno(errno.ENODATA, os.getxattr, d, "system.posix_acl_default")
+    os.removexattr(d, "system.posix_acl_default")
+
+
+# --- times -----------------------------------------------------------------------------
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.statx.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint,
+                       ctypes.c_void_p]
+libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+AT_FDCWD = -100
+AT_STATX_FORCE_SYNC = 0x2000
+STATX_BASIC_STATS = 0x7ff
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE = 1, 2, 0x10
+
+
+def statx_times(path):
+    """(atime, mtime, ctime) in ns, asked of the file system itself
+    (AT_STATX_FORCE_SYNC: a FUSE mount sends GETATTR instead of answering from its
+    attribute cache)."""
+    buf = ctypes.create_string_buffer(256)
+    if libc.statx(AT_FDCWD, path.encode(), AT_STATX_FORCE_SYNC, STATX_BASIC_STATS, buf):
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), path)
+
+    def ts(off):
+        sec, nsec = struct.unpack_from("<qI", buf, off)
+        return sec * 10**9 + nsec
+    return ts(64), ts(112), ts(96)
+
+
+def cached_times(path):
+    st = os.stat(path)
+    return st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns
+
+
+def test_create_with_o_trunc_keeps_the_times_it_reported(ckpt):
+    """open(O_CREAT | O_TRUNC) of a new name: the times the creation reported are the
+    file's (ext4 does not truncate a file its open created). MOUNT/ckpt truncated it
+    after the reply, so the kernel showed the creation's times until its cache expired
+    and then later ones, with no change in between."""
+    for flags in (os.O_WRONLY, os.O_RDWR, os.O_RDONLY):
+        f = p(ckpt, f"f{flags}")
+        fd = os.open(f, os.O_CREAT | os.O_TRUNC | flags, 0o644)
+        try:
+            assert cached_times(f) == statx_times(f)
+        finally:
+            os.close(fd)
+        assert cached_times(f) == statx_times(f)
+
+
+@pytest.mark.parametrize("size,mode,off,length", [
+    (0, FALLOC_FL_KEEP_SIZE, 10, 1),                          # past EOF, size kept
+    (8192, FALLOC_FL_KEEP_SIZE, 0, 4096),                     # inside: nothing to do
+    (8192, 0, 0, 4096),                                       # mode 0 inside
+    (0, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 4096, 4096),  # a hole past EOF
+    (100, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 4096, 100),  # zeros past EOF
+])
+def test_fallocate_always_updates_mtime_and_ctime(ckpt, size, mode, off, length):
+    """ext4 stamps mtime and ctime at every fallocate that succeeds, also one that
+    changes neither the size nor a byte; MOUNT/ckpt only when it did change something."""
+    f = p(ckpt, "f")
+    with open(f, "wb") as fh:
+        fh.write(b"x" * size)
+    before = statx_times(f)
+    time.sleep(0.01)  # a clock step apart, not a duration asserted
+    fd = os.open(f, os.O_RDWR)
+    try:
+        assert libc.fallocate(fd, mode, off, length) == 0, os.strerror(ctypes.get_errno())
+    finally:
+        os.close(fd)
+    after = statx_times(f)
+    assert after[1] > before[1] and after[2] > before[2], (before, after)
+    assert os.stat(f).st_size == size
