@@ -1805,6 +1805,18 @@ int ckpt_removexattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *nam
 	return rc;
 }
 
+int ckpt_kill_priv_needs_groups(struct ckpt_ns *ns, struct ckpt_inode *ino,
+				const struct ckpt_ctx *c)
+{
+	int needs;
+
+	pthread_mutex_lock(&ns->mu);
+	needs = S_ISREG(ino->mode) && c->uid != 0 && c->gid != ino->gid &&
+		(ino->mode & (S_ISGID | S_IXGRP)) == S_ISGID;
+	pthread_mutex_unlock(&ns->mu);
+	return needs;
+}
+
 int ckpt_kill_priv(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct ckpt_ctx *c)
 {
 	mode_t kill = 0;
@@ -1815,7 +1827,10 @@ int ckpt_kill_priv(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct ckpt
 	if (S_ISREG(ino->mode) && c->uid != 0) {
 		if (ino->mode & S_ISUID)
 			kill |= S_ISUID;
-		if ((ino->mode & (S_ISGID | S_IXGRP)) == (S_ISGID | S_IXGRP))
+		/* setattr_should_drop_sgid (Linux 6.x): with group execute, or when the
+		 * writer is outside the file's group. */
+		if ((ino->mode & S_ISGID) &&
+		    ((ino->mode & S_IXGRP) || !ckpt_in_group(c, ino->gid)))
 			kill |= S_ISGID;
 	}
 	if (kill) {

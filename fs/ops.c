@@ -216,6 +216,57 @@ static void mlfs_op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_inf
 		fuse_reply_attr(req, &st, timeout);
 }
 
+static struct ckpt_ctx ctx_of(fuse_req_t req)
+{
+	const struct fuse_ctx *c = fuse_req_ctx(req);
+
+	return (struct ckpt_ctx){ .uid = c->uid, .gid = c->gid, .umask = c->umask };
+}
+
+/* Fills c->groups with the caller's supplementary groups (libfuse reads them from /proc):
+ * into buf (room for 64) or, for more, a heap array that the caller frees when it is not
+ * buf. Returns the array used; on failure c keeps no groups (or the first 64). */
+#define MLFS_GROUPS_BUF 64
+static gid_t *ctx_groups(fuse_req_t req, struct ckpt_ctx *c, gid_t *buf)
+{
+	gid_t *g = buf;
+	int cap = MLFS_GROUPS_BUF, ng = fuse_req_getgroups(req, cap, g);
+
+	if (ng > cap) {
+		gid_t *big = malloc(ng * sizeof(*big));
+
+		if (big) { /* else the first 64: membership may then be missed */
+			g = big;
+			cap = ng;
+			ng = fuse_req_getgroups(req, cap, g);
+		}
+	}
+	/* The groups may have grown between the two calls: never past the array. */
+	c->groups = g;
+	c->ngroups = ng < 0 ? 0 : ng > cap ? cap : ng;
+	return g;
+}
+
+/*
+ * Removes what a write, truncate or fallocate by the caller removes on ext4
+ * (ckpt_kill_priv), reading the caller's groups only when the answer depends on them,
+ * and drops the kernel's cached attributes of ino if anything changed (attributes
+ * only: no page is locked, so it is safe inside a WRITE the kernel holds pages for).
+ */
+static void kill_priv(fuse_req_t req, struct mlfs *m, fuse_ino_t ino)
+{
+	struct ckpt_inode *n = (struct ckpt_inode *)node_of(ino);
+	struct ckpt_ctx c = ctx_of(req);
+	gid_t buf[MLFS_GROUPS_BUF], *g = buf;
+
+	if (c.uid != 0 && ckpt_kill_priv_needs_groups(m->ckpt, n, &c))
+		g = ctx_groups(req, &c, buf);
+	if (ckpt_kill_priv(m->ckpt, n, &c) && m->se)
+		fuse_lowlevel_notify_inval_inode(m->se, ino, -1, 0);
+	if (g != buf)
+		free(g);
+}
+
 static void mlfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
 			    struct fuse_file_info *fi)
 {
@@ -227,6 +278,12 @@ static void mlfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, i
 	if (n->kind != MLFS_CKPT)
 		return reply_rc(req, -EROFS);
 	rc = ckpt_setattr(m->ckpt, (struct ckpt_inode *)n, attr, to_set, &st);
+	/* A truncate removes privileges as a write does; the kernel sent the part of it
+	 * that it computes itself as a mode in this request (ckpt_kill_priv). */
+	if (!rc && (to_set & FUSE_SET_ATTR_SIZE)) {
+		kill_priv(req, m, ino);
+		rc = ckpt_getattr(m->ckpt, (struct ckpt_inode *)n, &st);
+	}
 	if (rc)
 		reply_rc(req, rc);
 	else
@@ -248,13 +305,6 @@ static void mlfs_op_readlink(fuse_req_t req, fuse_ino_t ino)
 		reply_rc(req, rc);
 	else
 		fuse_reply_readlink(req, buf);
-}
-
-static struct ckpt_ctx ctx_of(fuse_req_t req)
-{
-	const struct fuse_ctx *c = fuse_req_ctx(req);
-
-	return (struct ckpt_ctx){ .uid = c->uid, .gid = c->gid, .umask = c->umask };
 }
 
 /* mknod, mkdir, symlink and create: only in MOUNT/ckpt. */
@@ -450,12 +500,8 @@ static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 		/* An atomic O_TRUNC is a truncate the kernel did not see as a setattr, so it
 		 * removed no privileges: do it here, by the rules of a write (ckpt.h), and
 		 * drop the mode it caches (attributes only: no page is locked). */
-		if (fi->flags & O_TRUNC) {
-			struct ckpt_ctx c = ctx_of(req);
-
-			if (ckpt_kill_priv(m->ckpt, (struct ckpt_inode *)n, &c) && m->se)
-				fuse_lowlevel_notify_inval_inode(m->se, ino, -1, 0);
-		}
+		if (fi->flags & O_TRUNC)
+			kill_priv(req, m, ino);
 		fi->noflush = !cf; /* FLUSH only for handles with write access */
 		/* Every change goes through this kernel, so its cached pages stay true;
 		 * a restore swaps in new inodes, never old pages. */
@@ -693,13 +739,11 @@ static void mlfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_
 	 * so a freeze that holds them flags the file. */
 	if (fi && ckpt_file_of(fi))
 		ckpt_file_write(m->ckpt, (struct ckpt_inode *)n, ckpt_file_of(fi));
-	/* The kernel removed the privileges itself unless the handle is direct. */
-	if (fi && ckpt_fh_direct(fi)) {
-		struct ckpt_ctx c = ctx_of(req);
-
-		if (ckpt_kill_priv(m->ckpt, (struct ckpt_inode *)n, &c))
-			fuse_lowlevel_notify_inval_inode(m->se, ino, -1, 0); /* attributes only */
-	}
+	/* The kernel removed most privileges itself unless the handle is direct, never
+	 * a setgid without group execute (ckpt_kill_priv). A page written back from a
+	 * mapping comes with no caller (uid 0), as on ext4 where nothing is removed. */
+	if (!fi || !fi->writepage)
+		kill_priv(req, m, ino);
 	rc = ckpt_write(m->ckpt, (struct ckpt_inode *)n, buf, size, off);
 	if (rc < 0)
 		return reply_rc(req, rc);
@@ -886,30 +930,14 @@ static void mlfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 {
 	struct mlfs_node *n = node_of(ino);
 	struct ckpt_ctx c = ctx_of(req);
-	gid_t groups[64], *g = groups;
-	int ng = 0;
+	gid_t groups[MLFS_GROUPS_BUF], *g = groups;
 
 	if (n->kind != MLFS_CKPT)
 		return reply_rc(req, -EROFS);
 	/* Setting an access ACL keeps setgid only for a member of the file's group: that
-	 * needs the caller's supplementary groups (read from /proc by libfuse). */
-	if (c.uid != 0 && !strcmp(name, "system.posix_acl_access")) {
-		int cap = 64;
-
-		ng = fuse_req_getgroups(req, cap, groups);
-		if (ng > cap) {
-			gid_t *big = malloc(ng * sizeof(*big));
-
-			if (big) { /* else the first 64: membership may then be missed */
-				g = big;
-				cap = ng;
-				ng = fuse_req_getgroups(req, cap, g);
-			}
-		}
-		/* The groups may have grown between the two calls: never past the array. */
-		c.groups = g;
-		c.ngroups = ng < 0 ? 0 : ng > cap ? cap : ng;
-	}
+	 * needs the caller's supplementary groups. */
+	if (c.uid != 0 && !strcmp(name, "system.posix_acl_access"))
+		g = ctx_groups(req, &c, groups);
 	reply_rc(req, ckpt_setxattr(mlfs_of(req)->ckpt, (struct ckpt_inode *)n, name, value,
 				    size, flags, &c));
 	if (g != groups)
@@ -1002,9 +1030,14 @@ static void mlfs_op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t of
 {
 	struct mlfs_node *n = node_of(ino);
 
+	int rc;
+
 	if (n->kind != MLFS_CKPT)
 		return reply_rc(req, n->kind == MLFS_DATA ? -EROFS : -EISDIR);
-	reply_rc(req, ckpt_fallocate(mlfs_of(req)->ckpt, (struct ckpt_inode *)n, mode, off, len));
+	rc = ckpt_fallocate(mlfs_of(req)->ckpt, (struct ckpt_inode *)n, mode, off, len);
+	if (!rc) /* as a write (vfs_fallocate: file_modified) */
+		kill_priv(req, mlfs_of(req), ino);
+	reply_rc(req, rc);
 }
 
 /*

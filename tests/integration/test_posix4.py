@@ -5,6 +5,7 @@ it. Every expectation is ext4's: MLFS_TEST_NATIVE=1 checks them against the loca
 import ctypes
 import errno
 import os
+import stat
 import struct
 import time
 
@@ -136,3 +137,105 @@ def test_fallocate_always_updates_mtime_and_ctime(ckpt, size, mode, off, length)
     after = statx_times(f)
     assert after[1] > before[1] and after[2] > before[2], (before, after)
     assert os.stat(f).st_size == size
+
+
+# --- privileges removed by a change of content --------------------------------------
+
+NOBODY = 65534
+GROUP = 4242  # the file's group; any number will do, setgroups takes it as is
+
+
+def as_creds(fn, uid, gid, groups):
+    """fn() in a forked child with uid, gid and exactly these supplementary groups;
+    ('ok', value) or ('err', errno)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            os.setgroups(groups)
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+            try:
+                res = ("ok", fn())
+            except OSError as e:
+                res = ("err", e.errno)
+            os.write(w, repr(res).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 4096):
+        data += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert data, "child failed"
+    return eval(data)  # noqa: S307 - our own repr of a tuple
+
+
+def _write(flags):
+    def run(path):
+        fd = os.open(path, flags)
+        try:
+            os.write(fd, b"x")
+        finally:
+            os.close(fd)
+    return run
+
+
+def _ftruncate(path):
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, 1)
+    finally:
+        os.close(fd)
+
+
+def _fallocate(path):
+    fd = os.open(path, os.O_RDWR)
+    try:
+        if libc.fallocate(fd, 0, 0, 8192):
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e))
+    finally:
+        os.close(fd)
+
+
+CHANGES = {
+    "write-wronly": _write(os.O_WRONLY),   # a direct handle in MOUNT/ckpt
+    "write-rdwr": _write(os.O_RDWR),       # through the page cache
+    "truncate": lambda path: os.truncate(path, 1),
+    "ftruncate": _ftruncate,
+    "o_trunc": lambda path: os.close(os.open(path, os.O_WRONLY | os.O_TRUNC)),
+    "fallocate": _fallocate,
+}
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+@pytest.mark.parametrize("who,keeps", [
+    ((NOBODY, NOBODY, []), False),          # outside the file's group
+    ((NOBODY, NOBODY, [GROUP]), True),      # a member by a supplementary group
+    ((NOBODY, GROUP, []), True),            # a member by its primary group
+])
+def test_setgid_without_group_exec_cleared_for_non_members(ckpt, change, who, keeps):
+    """A change of content by a user outside the file's group clears a setgid without
+    group execute too (Linux 6.x setattr_should_drop_sgid, ext4); a member keeps it.
+    The FUSE kernel module recomputes the kill with the older rule (setgid with group
+    execute only), so MOUNT/ckpt kept it for everyone."""
+    f = p(ckpt, "f")
+    with open(f, "wb") as fh:
+        fh.write(b"data")
+    os.chown(f, 0, GROUP)
+    os.chmod(f, 0o2766)
+    assert as_creds(lambda: CHANGES[change](f), *who) == ("ok", None)
+    want = 0o2766 if keeps else 0o766
+    assert oct(stat.S_IMODE(os.stat(f).st_mode)) == oct(want)
+    assert oct(stat.S_IMODE(statx_mode(f))) == oct(want)  # what the file system holds
+
+
+def statx_mode(path):
+    buf = ctypes.create_string_buffer(256)
+    if libc.statx(AT_FDCWD, path.encode(), AT_STATX_FORCE_SYNC, STATX_BASIC_STATS, buf):
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), path)
+    return struct.unpack_from("<H", buf, 28)[0]
