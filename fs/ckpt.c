@@ -1557,10 +1557,11 @@ static int ckpt_xattr_attach(struct ckpt_inode *ino, const char *name, void *v, 
  * Sets name to a copy of value, checking the flags and the limits: the values of one
  * inode (CKPT_XATTR_TOTAL) and its names' list, which must fit XATTR_LIST_MAX (64 KiB)
  * so that listxattr can always return it (ext4 runs out of xattr space long before:
- * -ENOSPC as there). Under ns->mu.
+ * -ENOSPC as there). *changed is set when the value was not already that one (ext4
+ * leaves ctime alone for a value set again). Under ns->mu.
  */
 static int ckpt_xattr_set_locked(struct ckpt_inode *ino, const char *name, const void *value,
-				 size_t size, int flags)
+				 size_t size, int flags, bool *changed)
 {
 	struct ckpt_xattr **pp = ckpt_xattr_find_locked(ino, name), *x;
 	size_t names = 0;
@@ -1571,6 +1572,9 @@ static int ckpt_xattr_set_locked(struct ckpt_inode *ino, const char *name, const
 		return -EEXIST;
 	if (!pp && (flags & XATTR_REPLACE))
 		return -ENODATA;
+	if (pp && (*pp)->size == size && (!size || !memcmp((*pp)->value, value, size)))
+		return 0;
+	*changed = true;
 	if (ino->xattr_bytes + size + strlen(name) -
 		    (pp ? (*pp)->size + strlen(name) : 0) > CKPT_XATTR_TOTAL)
 		return -ENOSPC;
@@ -1601,10 +1605,11 @@ static int ckpt_xattr_set_locked(struct ckpt_inode *ino, const char *name, const
  * Setting an ACL, as ext4_set_acl: a bare header removes it; an access ACL sets the
  * mode's permission bits (and clears setgid for a caller outside the file's group, as
  * posix_acl_update_mode) and is stored only if the mode cannot say it all; a default
- * ACL belongs to directories only. Under ns->mu.
+ * ACL belongs to directories only. *changed is set when the mode or the stored xattrs
+ * changed: only then does ext4 stamp ctime. Under ns->mu.
  */
 static int ckpt_set_acl_locked(struct ckpt_inode *ino, int access, const char *value,
-			       size_t size, int flags, const struct ckpt_ctx *c)
+			       size_t size, int flags, const struct ckpt_ctx *c, bool *changed)
 {
 	const char *name = access ? PACL_XATTR_ACCESS : PACL_XATTR_DEFAULT;
 	struct ckpt_xattr **pp = ckpt_xattr_find_locked(ino, name);
@@ -1621,21 +1626,27 @@ static int ckpt_set_acl_locked(struct ckpt_inode *ino, int access, const char *v
 	if (!pp && (flags & XATTR_REPLACE))
 		return -ENODATA;
 	if (n == 0) {
-		if (pp)
+		if (pp) {
 			ckpt_xattr_del_locked(ino, pp);
+			*changed = true;
+		}
 		return 0;
 	}
 	if (!access)
-		return ckpt_xattr_set_locked(ino, name, value, size, 0);
+		return ckpt_xattr_set_locked(ino, name, value, size, 0, changed);
 	keep = pacl_equiv_mode(value, size, &mode);
 	if (!ckpt_in_group(c, ino->gid))
 		mode &= ~(mode_t)S_ISGID;
-	if (keep)
-		rc = ckpt_xattr_set_locked(ino, name, value, size, 0);
-	else if (pp)
+	if (keep) {
+		rc = ckpt_xattr_set_locked(ino, name, value, size, 0, changed);
+	} else if (pp) {
 		ckpt_xattr_del_locked(ino, pp);
-	if (!rc)
+		*changed = true;
+	}
+	if (!rc && mode != ino->mode) {
 		ino->mode = mode;
+		*changed = true;
+	}
 	return rc;
 }
 
@@ -1700,6 +1711,7 @@ int ckpt_setxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name,
 		  const char *value, size_t size, int flags, const struct ckpt_ctx *c)
 {
 	int xns = ckpt_xattr_ns(name), rc;
+	bool changed = false;
 
 	if (strlen(name) > XATTR_NAME_MAX || !*name)
 		return strlen(name) ? -ERANGE : -EINVAL;
@@ -1711,10 +1723,11 @@ int ckpt_setxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name,
 		return -E2BIG;
 	pthread_mutex_lock(&ns->mu);
 	if (xns == XNS_ACL_ACCESS || xns == XNS_ACL_DEFAULT)
-		rc = ckpt_set_acl_locked(ino, xns == XNS_ACL_ACCESS, value, size, flags, c);
+		rc = ckpt_set_acl_locked(ino, xns == XNS_ACL_ACCESS, value, size, flags, c,
+					 &changed);
 	else
-		rc = ckpt_xattr_set_locked(ino, name, value, size, flags);
-	if (!rc) {
+		rc = ckpt_xattr_set_locked(ino, name, value, size, flags, &changed);
+	if (!rc && changed) {
 		ino->ctime = ckpt_now();
 		ckpt_changed(ns);
 	}

@@ -239,3 +239,32 @@ def statx_mode(path):
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e), path)
     return struct.unpack_from("<H", buf, 28)[0]
+
+
+def test_xattr_set_again_keeps_ctime(ckpt, umask022):
+    """ext4 stamps ctime only when an xattr or the mode really changes: setting a value
+    again, an access ACL the mode already says (nothing stored), or removing a default
+    ACL that is not there leave it; a new value, and an ACL that changes the mode,
+    stamp it. MOUNT/ckpt stamped it at every successful setxattr."""
+    f, d = p(ckpt, "f"), p(ckpt, "d")
+    touch(f, 0o644)
+    os.mkdir(d, 0o755)
+    os.setxattr(f, "user.a", b"v")
+    os.setxattr(f, "user.e", b"")
+    same_mode = acl_value([(ACL_USER_OBJ, 6, -1), (ACL_GROUP_OBJ, 4, -1), (ACL_OTHER, 4, -1)])
+    bare = struct.pack("<I", 2)
+
+    def unchanged(fn, path):
+        before = statx_times(path)
+        time.sleep(0.01)  # a clock step apart, not a duration asserted
+        fn()
+        return statx_times(path)[2] == before[2]
+    assert unchanged(lambda: os.setxattr(f, "user.a", b"v"), f)
+    assert unchanged(lambda: os.setxattr(f, "user.e", b"", os.XATTR_REPLACE), f)
+    assert unchanged(lambda: os.setxattr(f, "system.posix_acl_access", same_mode), f)
+    assert unchanged(lambda: os.setxattr(d, "system.posix_acl_default", bare), d)
+    assert not unchanged(lambda: os.setxattr(f, "user.a", b"w"), f)
+    assert not unchanged(lambda: os.setxattr(
+        f, "system.posix_acl_access",
+        acl_value([(ACL_USER_OBJ, 6, -1), (ACL_GROUP_OBJ, 0, -1), (ACL_OTHER, 0, -1)])), f)
+    assert stat.S_IMODE(os.stat(f).st_mode) == 0o600
