@@ -223,11 +223,12 @@ static struct ckpt_ctx ctx_of(fuse_req_t req)
 	return (struct ckpt_ctx){ .uid = c->uid, .gid = c->gid, .umask = c->umask };
 }
 
-/* Fills c->groups with the caller's supplementary groups (libfuse reads them from /proc):
- * into buf (room for 64) or, for more, a heap array that the caller frees when it is not
- * buf. Returns the array used; on failure c keeps no groups (or the first 64). */
+/* The caller's supplementary groups (libfuse reads them from /proc: ~10 us), into buf
+ * (room for 64) or, for more, a heap array that the caller frees when it is not buf.
+ * Returns the array used and their number in *n; on failure no groups (or the first
+ * 64). */
 #define MLFS_GROUPS_BUF 64
-static gid_t *ctx_groups(fuse_req_t req, struct ckpt_ctx *c, gid_t *buf)
+static gid_t *req_groups(fuse_req_t req, gid_t *buf, int *n)
 {
 	gid_t *g = buf;
 	int cap = MLFS_GROUPS_BUF, ng = fuse_req_getgroups(req, cap, g);
@@ -242,8 +243,31 @@ static gid_t *ctx_groups(fuse_req_t req, struct ckpt_ctx *c, gid_t *buf)
 		}
 	}
 	/* The groups may have grown between the two calls: never past the array. */
+	*n = ng < 0 ? 0 : ng > cap ? cap : ng;
+	return g;
+}
+
+static gid_t *ctx_groups(fuse_req_t req, struct ckpt_ctx *c, gid_t *buf)
+{
+	gid_t *g = req_groups(req, buf, &c->ngroups);
+
 	c->groups = g;
-	c->ngroups = ng < 0 ? 0 : ng > cap ? cap : ng;
+	return g;
+}
+
+/* The caller as data.h opens SOURCE for it (data.c invariant 7): its groups only for
+ * a caller other than root, who opens as the daemon. Free the return value when it is
+ * not buf. */
+static gid_t *data_cred_of(fuse_req_t req, struct data_cred *who, gid_t *buf)
+{
+	const struct fuse_ctx *c = fuse_req_ctx(req);
+	gid_t *g = buf;
+
+	*who = (struct data_cred){ .uid = c->uid, .gid = c->gid };
+	if (c->uid != 0) {
+		g = req_groups(req, buf, &who->ngroups);
+		who->groups = g;
+	}
 	return g;
 }
 
@@ -475,7 +499,13 @@ static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 	if (n->kind == MLFS_DATA) {
 		if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC))
 			return reply_rc(req, -EROFS);
-		if ((rc = data_open(m->data, (struct data_node *)n, fi, &f)))
+		struct data_cred who;
+		gid_t buf[MLFS_GROUPS_BUF], *g = data_cred_of(req, &who, buf);
+
+		rc = data_open(m->data, (struct data_node *)n, &who, fi, &f);
+		if (g != buf)
+			free(g);
+		if (rc)
 			return reply_rc(req, rc);
 		fi->fh = (uint64_t)f;
 		/* Changed underneath: no keep_cache drops the kernel's pages, but its
@@ -796,8 +826,13 @@ static void mlfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_inf
 	if (n->kind == MLFS_DATA) {
 		struct data_dir *d;
 
-		if (!(rc = data_opendir(m->data, (struct data_node *)n, &d)))
+		struct data_cred who;
+		gid_t buf[MLFS_GROUPS_BUF], *g = data_cred_of(req, &who, buf);
+
+		if (!(rc = data_opendir(m->data, (struct data_node *)n, &who, &d)))
 			fi->fh = (uint64_t)d;
+		if (g != buf)
+			free(g);
 	} else if (n->kind == MLFS_CKPT) {
 		struct ckpt_dir *d;
 

@@ -268,3 +268,49 @@ def test_xattr_set_again_keeps_ctime(ckpt, umask022):
         f, "system.posix_acl_access",
         acl_value([(ACL_USER_OBJ, 6, -1), (ACL_GROUP_OBJ, 0, -1), (ACL_OTHER, 0, -1)])), f)
     assert stat.S_IMODE(os.stat(f).st_mode) == 0o600
+
+
+# --- MOUNT/data as a second user ------------------------------------------------------
+
+def _read_as(path, uid=NOBODY, gid=NOBODY, groups=()):
+    def read():
+        with open(path, "rb") as f:
+            return f.read().decode()
+    return as_creds(read, uid, gid, list(groups))
+
+
+def test_data_revoked_access_refused_at_next_open(mounter, tmp_path):
+    """A SOURCE file or directory made private while mounted is refused to another user
+    at the next open, as SOURCE itself refuses it: the kernel caches MOUNT/data's
+    attributes for data_timeout (an hour), and mlfs opened SOURCE as root, so the first
+    open after a chmod 600 of a file read it, and a directory made 700 stayed readable
+    and listable for the hour. A member of the file's group by a supplementary group
+    still reads it; root reads everything."""
+    src = str(tmp_path / "src")
+    os.makedirs(os.path.join(src, "sub"))
+    os.chmod(str(tmp_path), 0o755)
+    os.chmod(src, 0o755)
+    for rel, mode, gid in (("f", 0o644, 0), ("sub/g", 0o644, 0), ("gf", 0o640, GROUP)):
+        path = os.path.join(src, rel)
+        with open(path, "w") as fh:
+            fh.write(rel)
+        os.chown(path, 0, gid)
+        os.chmod(path, mode)
+    m = mounter(src=src, opts="allow_other")
+    data = m.data
+    assert _read_as(os.path.join(data, "f")) == ("ok", "f")
+    assert _read_as(os.path.join(data, "sub", "g")) == ("ok", "sub/g")
+    assert as_creds(lambda: os.listdir(os.path.join(data, "sub")), NOBODY, NOBODY, []) == \
+        ("ok", ["g"])
+    assert _read_as(os.path.join(data, "gf"), groups=[GROUP]) == ("ok", "gf")
+    assert _read_as(os.path.join(data, "gf")) == ("err", errno.EACCES)
+    os.chmod(os.path.join(src, "f"), 0o600)
+    os.chmod(os.path.join(src, "sub"), 0o700)
+    assert _read_as(os.path.join(data, "f")) == ("err", errno.EACCES)
+    assert _read_as(os.path.join(data, "sub", "g")) == ("err", errno.EACCES)
+    assert as_creds(lambda: os.listdir(os.path.join(data, "sub")), NOBODY, NOBODY, []) == \
+        ("err", errno.EACCES)
+    with open(os.path.join(data, "sub", "g")) as fh:
+        assert fh.read() == "sub/g"
+    with open(os.path.join(data, "f")) as fh:
+        assert fh.read() == "f"
