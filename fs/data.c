@@ -56,8 +56,9 @@
  *    made private in SOURCE is refused at the next open, as it is to a direct reader.
  *    The raw syscalls change only the calling thread (glibc's setgroups would change
  *    every thread). A switch that fails refuses the open (EACCES). Costs: three
- *    syscalls each way, and the caller's groups read from /proc (fuse_req_getgroups) per
- *    open of a non-root caller. Lookups and stat still answer from the daemon's view.
+ *    syscalls each way, and the caller's groups (ops.c reads them from /proc and keeps
+ *    them per thread for a second). Lookups and stat still answer from the daemon's
+ *    view.
  */
 #include "fs/data.h"
 

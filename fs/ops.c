@@ -13,6 +13,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -223,15 +224,75 @@ static struct ckpt_ctx ctx_of(fuse_req_t req)
 	return (struct ckpt_ctx){ .uid = c->uid, .gid = c->gid, .umask = c->umask };
 }
 
-/* The caller's supplementary groups (libfuse reads them from /proc: ~10 us), into buf
- * (room for 64) or, for more, a heap array that the caller frees when it is not buf.
- * Returns the array used and their number in *n; on failure no groups (or the first
- * 64). */
+/*
+ * The groups of recent callers, by thread (FUSE names the calling thread): libfuse reads
+ * them from /proc/PID/task/TID/status, ~25 us, and a data loader's few threads open
+ * thousands of files a second (data.c invariant 7 wants them at every open). An entry
+ * serves its thread, with the same uid and gid, for MLFS_GCACHE_NS: a thread that
+ * changed its supplementary groups meanwhile (setgroups(2), which needs CAP_SETGID) may
+ * be judged by its old ones for that long. Callers with more groups are not cached.
+ */
+#define MLFS_GCACHE 64
+#define MLFS_GCACHE_GROUPS 32
+#define MLFS_GCACHE_NS 1000000000ull
+static struct mlfs_gcache {
+	pid_t tid;
+	uid_t uid;
+	gid_t gid;
+	int n;
+	uint64_t at;
+	gid_t g[MLFS_GCACHE_GROUPS];
+} mlfs_gcache[MLFS_GCACHE];
+/* Lock order: a leaf; taken with nothing of ours held or under none, nothing under it. */
+static pthread_mutex_t mlfs_gcache_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int gcache_get(const struct fuse_ctx *c, gid_t *buf)
+{
+	struct mlfs_gcache *e = &mlfs_gcache[(unsigned)c->pid % MLFS_GCACHE];
+	uint64_t now = mlfs_now_ns();
+	int n = -1;
+
+	pthread_mutex_lock(&mlfs_gcache_mu);
+	if (e->tid == c->pid && e->uid == c->uid && e->gid == c->gid && e->at &&
+	    now - e->at < MLFS_GCACHE_NS) {
+		n = e->n;
+		memcpy(buf, e->g, n * sizeof(*buf));
+	}
+	pthread_mutex_unlock(&mlfs_gcache_mu);
+	return n;
+}
+
+static void gcache_put(const struct fuse_ctx *c, const gid_t *g, int n)
+{
+	struct mlfs_gcache *e = &mlfs_gcache[(unsigned)c->pid % MLFS_GCACHE];
+
+	if (n > MLFS_GCACHE_GROUPS)
+		return;
+	pthread_mutex_lock(&mlfs_gcache_mu);
+	e->tid = c->pid;
+	e->uid = c->uid;
+	e->gid = c->gid;
+	e->n = n;
+	e->at = mlfs_now_ns();
+	memcpy(e->g, g, n * sizeof(*g));
+	pthread_mutex_unlock(&mlfs_gcache_mu);
+}
+
+/* The caller's supplementary groups (above), into buf (room for 64) or, for more, a
+ * heap array that the caller frees when it is not buf. Returns the array used and their
+ * number in *n; on failure no groups (or the first 64). */
 #define MLFS_GROUPS_BUF 64
 static gid_t *req_groups(fuse_req_t req, gid_t *buf, int *n)
 {
+	const struct fuse_ctx *c = fuse_req_ctx(req);
 	gid_t *g = buf;
-	int cap = MLFS_GROUPS_BUF, ng = fuse_req_getgroups(req, cap, g);
+	int cap = MLFS_GROUPS_BUF, ng;
+
+	if ((ng = gcache_get(c, buf)) >= 0) {
+		*n = ng;
+		return buf;
+	}
+	ng = fuse_req_getgroups(req, cap, g);
 
 	if (ng > cap) {
 		gid_t *big = malloc(ng * sizeof(*big));
@@ -244,6 +305,8 @@ static gid_t *req_groups(fuse_req_t req, gid_t *buf, int *n)
 	}
 	/* The groups may have grown between the two calls: never past the array. */
 	*n = ng < 0 ? 0 : ng > cap ? cap : ng;
+	if (ng >= 0)
+		gcache_put(c, g, *n);
 	return g;
 }
 
