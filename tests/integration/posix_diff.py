@@ -119,10 +119,28 @@ def _fd_action(fd, act):
     raise ValueError(act)
 
 
+HELD = {}  # a worker's descriptors kept across operations: slot -> fd
+
+
 def run_op(W, op):
     """Runs op (a tuple) with paths relative to W; returns a comparable value. OSError
     propagates."""
     kind = op[0]
+    if kind == "hold":  # open and keep: later "fd" operations use it after other changes
+        _, slot, rel, flags = op
+        if slot in HELD:
+            os.close(HELD.pop(slot))
+        HELD[slot] = os.open(os.path.join(W, rel), flags | os.O_NONBLOCK)
+        return None
+    if kind == "fd":
+        _, slot, act = op
+        if slot not in HELD:
+            return "no fd"
+        return _fd_action(HELD[slot], act)
+    if kind == "unhold":
+        if op[1] in HELD:
+            os.close(HELD.pop(op[1]))
+        return None
 
     def P(rel):
         return os.path.join(W, rel)
@@ -546,6 +564,22 @@ def gen_op(rng, ids):
               rng.choice([None, p()]))
     if rng.random() < 0.05:
         op = ("chdir_rel", rng.choice(["d", "e", "s"]), op)  # paths then relative to it
+    elif rng.random() < 0.12:
+        # A descriptor kept across other operations (unlinked, renamed, chmod'ed under
+        # it); the slot belongs to the identity's worker.
+        slot = rng.randrange(3)
+        r = rng.random()
+        if r < 0.4:
+            op = ("hold", slot, p(), rng.choice([os.O_RDONLY, os.O_WRONLY, os.O_RDWR,
+                                                 os.O_RDWR | os.O_APPEND, os.O_RDONLY | os.O_DIRECTORY]))
+        elif r < 0.9:
+            op = ("fd", slot, rng.choice([
+                ("write", rng.choice([None, 0, 4000]), rng.choice([1, 5000]), rng.randrange(1 << 30)),
+                ("read", 0, 1 << 16), ("fstat",), ("ftruncate", rng.choice([0, 10, 70000])),
+                ("fchmod", rng.choice(MODES)), ("fchown", rng.choice(uids), rng.choice(gids)),
+                ("getdents",), ("fsetxattr", "user.h", b"v", 0)]))
+        else:
+            op = ("unhold", slot)
     return who, um, op
 
 
@@ -759,3 +793,93 @@ def directed(ids):
         (R, 0o022, ("unlink", "n/fa")),
     ]
     return ops
+
+
+# ---- MOUNT/data against a read-only bind mount of SOURCE -----------------------------
+
+DATA_PATHS = ["f", "g", "a", "a/f", "a/g", "a/b", "a/b/f", "l", "a/l"]
+DATA_LINKS = {"l": "f", "a/l": "f"}  # the symlinks and the file each names
+
+
+def data_source(src, ids, rng):
+    """A SOURCE tree of files, directories and symlinks with random owners and modes."""
+    for d in ("a", "a/b"):
+        os.mkdir(os.path.join(src, d))
+    for f in ("f", "g", "a/f", "a/g", "a/b/f"):
+        with open(os.path.join(src, f), "wb") as fh:
+            fh.write(_data(hash(f) & 0xffff, 3000))
+    os.symlink("f", os.path.join(src, "l"))
+    os.symlink("../f", os.path.join(src, "a/l"))
+    data_shuffle(src, ids, rng, everything=True)
+
+
+def data_shuffle(src, ids, rng, everything=False):
+    """Changes owners and modes of SOURCE entries behind the mount's back (root, in
+    SOURCE itself): some, or all."""
+    gids = [0, ids[1][1], ids[2][1], ids[1][2][1]]
+    for rel in DATA_PATHS:
+        path = os.path.join(src, rel)
+        if os.path.islink(path) or (not everything and rng.random() < 0.7):
+            continue
+        os.chown(path, rng.choice([0, ids[1][0], ids[2][0]]), rng.choice(gids))
+        if os.path.isdir(path):
+            os.chmod(path, rng.choice([0o755, 0o750, 0o700, 0o711, 0o705, 0o770, 0o701]))
+        else:
+            os.chmod(path, rng.choice([0o644, 0o640, 0o600, 0o604, 0o060, 0o400, 0o004]))
+
+
+def gen_data_op(rng):
+    """A user's attempt on MOUNT/data: reads that must succeed only where SOURCE lets
+    the user read, and writes that must always fail."""
+    who = rng.choice([1, 2])
+    p = rng.choice(DATA_PATHS)
+    k = rng.choice(["read", "read", "read", "list", "list", "write", "mkdir", "unlink",
+                    "chmod", "setxattr", "truncate"])
+    if k == "read":
+        op = ("open", p, os.O_RDONLY, 0, [("read", 0, 1 << 16)])
+    elif k == "list":
+        op = ("listdir", p)
+    elif k == "write":
+        op = ("open", p, rng.choice([os.O_WRONLY, os.O_RDWR, os.O_RDONLY | os.O_TRUNC,
+                                     os.O_WRONLY | os.O_CREAT]), 0o644, [])
+    elif k == "mkdir":
+        op = ("mkdir", p + "x", 0o755)
+    elif k == "unlink":
+        op = ("unlink", p)
+    elif k == "chmod":
+        op = ("chmod", p, 0o777)
+    elif k == "setxattr":
+        op = ("setxattr", p, "user.x", b"1", 0, True)
+    else:
+        op = ("truncate", p, 0)
+    return who, 0o022, op
+
+
+def data_leaks(ref, side, src, ids, rng, nops, log=print):
+    """Runs nops random attempts as the two users on the reference (a read-only bind
+    mount of SOURCE) and on MOUNT/data, shuffling SOURCE's owners and modes between
+    them. A read or listing that succeeds on MOUNT/data must succeed on the reference
+    with the same bytes (less access is allowed: the kernel's cached attributes may
+    still refuse what SOURCE now permits); a change must never succeed. Returns the
+    violations."""
+    bad = []
+    for i in range(nops):
+        if rng.random() < 0.2:
+            data_shuffle(src, ids, rng)
+        who, um, op = gen_data_op(rng)
+        want = ref.workers[who].call(op, um)
+        got = side.workers[who].call(op, um)
+        if got[0] in ("hang", "died", "bug"):
+            bad.append(f"op {i} {who=} {op!r}: {got}")
+            break
+        writes = op[0] in ("mkdir", "unlink", "chmod", "setxattr", "truncate") or (
+            op[0] == "open" and (op[2] & (os.O_ACCMODE | os.O_TRUNC | os.O_CREAT)))
+        if got[0] == "ok" and not writes and got != want and op[1] in DATA_LINKS:
+            # Through a symlink: the file it names may still be read by its own path
+            # (the walk through a directory made private since is the kernel's cached
+            # one, and reveals only names, as a lookup does).
+            want = ref.workers[who].call((op[0], DATA_LINKS[op[1]]) + op[2:], um)
+        if got[0] == "ok" and (writes or got != want):
+            bad.append(f"op {i} {who=} {op!r}: bind mount {want}, MOUNT/data {got}")
+            log(bad[-1])
+    return bad

@@ -6,9 +6,13 @@ default_permissions). Every return value and errno must match, and after every
 operation so must the whole tree (modes, owners, link counts, sizes, contents, xattrs
 and ACLs, which times changed).
 
+test_data_reads_no_more_than_source plays an attacker on MOUNT/data: two users try to
+read, list and change SOURCE's files while root changes their owners and modes in
+SOURCE, and nothing may succeed that a read-only bind mount of SOURCE refuses.
+
 MLFS_TEST_SEED picks the random sequences (U.SEED + k); a failure names the seed and
-the operation. The loop device, its mount, the users and the mount are removed in
-every path. About 20-40 s.
+the operation. The loop device, its mount, the bind mount, the users and the mlfs
+mounts are removed in every path. About 15-40 s.
 """
 import grp
 import os
@@ -132,3 +136,35 @@ def test_random_sequences_match_ext4(mounter, ext4_ref, diff_users):
             failed.append(f"seed {seed}: {d[0][:3000]}")
     assert U.pid_alive(m.pid), "the daemon died"
     assert not failed, f"{len(failed)} of {SEEDS} sequences differ:\n" + "\n".join(failed)
+
+
+def test_data_reads_no_more_than_source(mounter, test_root, diff_users):
+    """MOUNT/data as an attacker sees it: two users try reads, listings and changes
+    while root changes owners and modes in SOURCE between their attempts. A read or a
+    listing succeeds only if SOURCE itself (a read-only bind mount) lets that user
+    read the same bytes; a change never succeeds."""
+    ids, g = diff_users
+    base = tempfile.mkdtemp(prefix="datadiff-", dir=test_root)
+    os.chmod(base, 0o755)
+    src, bind = os.path.join(base, "src"), os.path.join(base, "bind")
+    os.mkdir(src)
+    os.mkdir(bind)
+    os.chmod(src, 0o755)
+    rng = random.Random(U.SEED)
+    D.data_source(src, ids, rng)
+    sides, bound = [], False
+    try:
+        m = mounter(src=src, opts="allow_other")
+        for argv in (["mount", "--bind", src, bind], ["mount", "-o", "remount,bind,ro", bind]):
+            r = _run(*argv)
+            bound = True
+            assert r.returncode == 0, r.stderr
+        sides = [D.Side("bind", bind, ids), D.Side("data", m.data, ids)]
+        bad = D.data_leaks(sides[0], sides[1], src, ids, rng, 2000, log=lambda s: None)
+        assert U.pid_alive(m.pid), "the daemon died"
+        assert not bad, "\n".join(bad[:20])
+    finally:
+        for s in sides:
+            s.close()
+        if bound and _run("umount", bind).returncode != 0:
+            _run("umount", "-l", bind)
