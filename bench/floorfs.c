@@ -25,7 +25,6 @@
 #include <fcntl.h>
 #include <fuse_lowlevel.h>
 #include <limits.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,8 +38,7 @@ static int floor_src = -1;
 
 /* Nodes: ino i is paths[i] (relative to SOURCE, "." for the root); a hash of the paths
  * finds a name's ino again. Grows, never shrinks (FORGET is ignored). The root, ".", is
- * ino 1 (FUSE_ROOT_ID). */
-static pthread_mutex_t floor_mu = PTHREAD_MUTEX_INITIALIZER;
+ * ino 1 (FUSE_ROOT_ID). No lock: the session loop is single-threaded. */
 static char **floor_paths;
 static size_t floor_n, floor_cap;
 static size_t *floor_hash; /* ino per slot, 0 = empty; size floor_hcap (power of 2) */
@@ -64,8 +62,8 @@ static void floor_hash_put(size_t ino)
 	floor_hash[i] = ino;
 }
 
-/* The ino of path, added if new; 0 when out of memory. Caller holds floor_mu. */
-static size_t floor_ino_locked(const char *path)
+/* The ino of path, added if new; 0 when out of memory. */
+static size_t floor_ino(const char *path)
 {
 	size_t i, ino;
 
@@ -105,15 +103,10 @@ static size_t floor_ino_locked(const char *path)
 /* Copies ino's path into buf; -ENOENT for an ino never given out. */
 static int floor_path(fuse_ino_t ino, char *buf, size_t len)
 {
-	int rc = 0;
-
-	pthread_mutex_lock(&floor_mu);
 	if (ino > floor_n)
-		rc = -ENOENT;
-	else
-		snprintf(buf, len, "%s", floor_paths[ino]);
-	pthread_mutex_unlock(&floor_mu);
-	return rc;
+		return -ENOENT;
+	snprintf(buf, len, "%s", floor_paths[ino]);
+	return 0;
 }
 
 static void floor_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
@@ -132,9 +125,7 @@ static void floor_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 		rc = -errno;
 		goto fail;
 	}
-	pthread_mutex_lock(&floor_mu);
-	e.ino = floor_ino_locked(path);
-	pthread_mutex_unlock(&floor_mu);
+	e.ino = floor_ino(path);
 	if (!e.ino) {
 		rc = -ENOMEM;
 		goto fail;
@@ -246,7 +237,7 @@ int main(int argc, char **argv)
 		perror(argv[2]);
 		return 1;
 	}
-	if (floor_ino_locked(".") != FUSE_ROOT_ID) /* the root is ino 1 */
+	if (floor_ino(".") != FUSE_ROOT_ID) /* the root is ino 1 */
 		return 1;
 	if (!(se = fuse_session_new(&args, &floor_ops, sizeof(floor_ops), NULL)))
 		return 1;

@@ -103,10 +103,14 @@ struct ckpt_inode {
 	int linkable;
 	uint32_t nopen;
 	uint32_t nwrite; /* handles writing (invariant 6): the freeze flags the file */
-	/* Restored with -o workers=N > 1 and its content unchanged since: the freeze flags
-	 * it MF_ENTRY_INHERITED, so a group's union prefers a worker's rewrite of it to
-	 * the other workers' untouched copies (mf_merge). Cleared by every content change
-	 * (write, truncate, fallocate), under the inode's write lock; read by the freeze. */
+	/* Restored with -o workers=N > 1 (a file or directory) and, for a file, its content
+	 * unchanged since: the freeze flags it MF_ENTRY_INHERITED when it is still at its
+	 * restored path (every directory above it inherited too, up to the root), so a
+	 * group's union prefers a worker's rewrite of it to the other workers' untouched
+	 * copies, and drops it when a worker of the same base removed it (mf_merge).
+	 * Cleared by every content change (write, truncate, fallocate, under the inode's
+	 * write lock) and by every new name (rename, link, under ns->mu): only a path as
+	 * restored may claim to be one. Read by the freeze. */
 	_Atomic int inherited;
 	/* Read-ahead state (ckpt_readahead_locked): the last block read, the end of what
 	 * was queued, the window in blocks (0: none yet). A heuristic shared by the
@@ -153,6 +157,9 @@ struct ckpt_ns {
 	struct ckpt_dirent **names;
 	size_t nbuckets, nnames;
 	struct ckpt_inode *root;
+	/* mf_id() of the manifest the tree was last restored from whole, with -o workers=N
+	 * > 1 (the part's base, manifest.h); 0: none. Under mu. */
+	uint64_t base;
 	_Atomic uint64_t ninodes; /* changed outside ns->mu too (restore builds inodes unlocked) */
 	/* Every inode alive, named or not (an unlinked file still open, a directory a
 	 * process sits in after rmdir, a restored-over tree the kernel still looks up):
@@ -804,6 +811,7 @@ int ckpt_link(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_inode *dir
 		rc = -EEXIST;
 	else if (!(rc = ckpt_link_locked(ns, dir, name, ino))) {
 		ino->linkable = 0; /* unlinked again, it stays unlinked (ext4) */
+		ino->inherited = 0; /* a name that no restore gave it */
 		ino->nlink++;
 		ino->ctime = dir->mtime = dir->ctime = ckpt_now();
 		ckpt_changed(ns);
@@ -956,6 +964,7 @@ int ckpt_rename(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
 		}
 		src->ino = victim;
 		dst->ino = ino;
+		ino->inherited = victim->inherited = 0; /* both moved off their restored paths */
 		ckpt_move_dir_locked(ino, dir, newdir);
 		ckpt_move_dir_locked(victim, newdir, dir);
 		ino->ctime = victim->ctime = now;
@@ -1002,6 +1011,7 @@ int ckpt_rename(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
 		ckpt_unlink_locked(ns, src);
 	}
 	ckpt_move_dir_locked(ino, dir, newdir);
+	ino->inherited = 0; /* off its restored path, and a directory with all below it */
 	ino->ctime = now;
 	dir->mtime = dir->ctime = newdir->mtime = newdir->ctime = now;
 	ckpt_changed(ns);
@@ -2037,6 +2047,7 @@ static int ckpt_freeze_entry_locked(struct ckpt_ns *ns, struct ckpt_fz *z,
 	struct mf_entry *e;
 	struct ckpt_xattr *x;
 	uint64_t id, i;
+	bool in_place;
 
 	*idp = 0;
 
@@ -2069,8 +2080,14 @@ static int ckpt_freeze_entry_locked(struct ckpt_ns *ns, struct ckpt_fz *z,
 	e->atime_ns = ckpt_ns_of(ino->atime);
 	e->mtime_ns = ckpt_ns_of(ino->mtime);
 	e->ctime_ns = ckpt_ns_of(ino->ctime);
+	/* At its restored path, in a tree restored whole: the root's child, or under an
+	 * entry frozen so (ids are indexes + 1, parents come first). */
+	in_place = ino->inherited && ns->base && parent_id &&
+		   (parent_id == 1 || (mf->entries[parent_id - 1].flags & MF_ENTRY_INHERITED));
 	if (S_ISDIR(ino->mode)) {
 		e->type = MF_DIR;
+		if (in_place)
+			e->flags |= MF_ENTRY_INHERITED; /* version 4 (manifest.h) */
 	} else if (S_ISLNK(ino->mode)) {
 		e->type = MF_SYMLINK;
 		e->size = ino->size;
@@ -2088,8 +2105,8 @@ static int ckpt_freeze_entry_locked(struct ckpt_ns *ns, struct ckpt_fz *z,
 		if (ino->nwrite) { /* its content may be a write cut in the middle */
 			e->flags |= MF_ENTRY_OPEN_WRITE;
 			mf->open_writes++;
-		} else if (ino->inherited) {
-			e->flags |= MF_ENTRY_INHERITED; /* as restored: version 3 (manifest.h) */
+		} else if (in_place) {
+			e->flags |= MF_ENTRY_INHERITED; /* as restored (manifest.h) */
 		}
 	} else {
 		/* FIFOs, sockets and device nodes have no place in a checkpoint store
@@ -2220,6 +2237,7 @@ int ckpt_freeze(struct ckpt_ns *ns, const char *name, struct ckpt_frozen **out)
 		z.f->mf->time_ns = ckpt_ns_of(ckpt_now());
 		pthread_mutex_lock(&ns->mu);
 		ns->freeze_epoch++;
+		z.f->mf->base = ns->base;
 		z.f->gen = atomic_load(&ns->gen);
 		rc = ckpt_freeze_locked(ns, &z);
 		pthread_mutex_unlock(&ns->mu);
@@ -2260,8 +2278,9 @@ static struct ckpt_inode *ckpt_inode_from(struct ckpt_ns *ns, const struct mf_en
 	ino->ctime = ckpt_ts_of(e->ctime_ns);
 	ino->size = e->size;
 	/* A job of several workers: every worker now holds every part's files; one that
-	 * rewrites a file must win over the others' untouched copies at the next group. */
-	ino->inherited = e->type == MF_FILE && ns->m->cfg.workers > 1;
+	 * rewrites a file must win over the others' untouched copies at the next group,
+	 * and one that removes a file or directory must not see it come back. */
+	ino->inherited = e->type != MF_SYMLINK && ns->m->cfg.workers > 1;
 	for (uint64_t j = 0; e->type == MF_FILE && j < e->nblocks; j++)
 		if (!(e->blocks[j].flags & MF_BLOCK_HOLE))
 			ino->data_bytes += e->blocks[j].len;
@@ -2424,6 +2443,9 @@ int ckpt_restore(struct ckpt_ns *ns, const struct mf_manifest *mf, char ***old, 
 	ns->root->gid = mf->entries[0].gid;
 	ns->root->mtime = ckpt_ts_of(mf->entries[0].mtime_ns);
 	ns->root->ctime = now;
+	/* The base of this worker's next parts: only a tree restored whole is the one
+	 * every worker of the group restored (mf_merge's deletions rule). */
+	ns->base = !rc && ns->m->cfg.workers > 1 ? mf_id(mf) : 0;
 	ckpt_changed(ns);
 	if (gen)
 		*gen = atomic_load(&ns->gen);

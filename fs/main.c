@@ -964,34 +964,31 @@ static void mlfs_stop(struct mlfs *m)
 }
 
 /* The request loop (fs/loop.h) over libfuse's session: requests are read through
- * mlfs_ops_set_io's hook and dispatched by libfuse, as its own loop would. */
-static struct {
+ * mlfs_ops_set_io's hook and dispatched by libfuse, as its own loop would. loop_run
+ * hands each callback this, its arg. */
+struct mlfs_loop {
 	struct fuse_session *se;
 	bool source_local;
-} mlfs_loop;
+};
 
 static int mlfs_loop_receive(void *arg, struct fuse_buf *buf)
 {
-	(void)arg;
-	return fuse_session_receive_buf(mlfs_loop.se, buf);
+	return fuse_session_receive_buf(((struct mlfs_loop *)arg)->se, buf);
 }
 
 static int mlfs_loop_quick(void *arg, const struct fuse_buf *buf)
 {
-	(void)arg;
-	return mlfs_ops_quick(buf, mlfs_loop.source_local);
+	return mlfs_ops_quick(buf, ((struct mlfs_loop *)arg)->source_local);
 }
 
 static void mlfs_loop_process(void *arg, const struct fuse_buf *buf)
 {
-	(void)arg;
-	fuse_session_process_buf(mlfs_loop.se, buf);
+	fuse_session_process_buf(((struct mlfs_loop *)arg)->se, buf);
 }
 
 static int mlfs_loop_exited(void *arg)
 {
-	(void)arg;
-	return fuse_session_exited(mlfs_loop.se);
+	return fuse_session_exited(((struct mlfs_loop *)arg)->se);
 }
 
 static const struct loop_ops mlfs_loop_ops = {
@@ -1143,12 +1140,12 @@ int main(int argc, char **argv)
 	mlfs_fuse_readahead(m.cfg.mountpoint);
 	if (ready_fd >= 0)
 		mlfs_ready(&ready_fd);
-	mlfs_loop.se = se;
-	mlfs_loop.source_local = pt_source_local(m.cfg.source);
+	struct mlfs_loop loop = { .se = se, .source_local = pt_source_local(m.cfg.source) };
+
 	/* The loop ends with ENODEV when the mount goes, or ECONNABORTED when it goes
 	 * while files are still open (fusermount3 -uz, a lazy umount): both are the
 	 * mount's end, not a failure of ours. */
-	r = loop_run(&mlfs_loop_ops, &mlfs_loop, m.cfg.threads, LOOP_RESCUE_NS);
+	r = loop_run(&mlfs_loop_ops, &loop, m.cfg.threads, LOOP_RESCUE_NS);
 	rc = r && r != -ECONNABORTED ? 1 : 0;
 	pthread_mutex_lock(&mlfs_sig.mu);
 	if (mlfs_sig.phase == 2) { /* the deadline passed: the signal thread leaves */

@@ -11,6 +11,7 @@
 #include "fs/manifest.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -233,11 +234,14 @@ static int mf_check_xattrs(const struct mf_entry *e)
 	return rc;
 }
 
-/* The version m is written in: its own, or for 0 the lowest that holds its flags. */
+/* The version m is written in: its own, or for 0 the lowest that holds its base and
+ * flags. */
 static uint32_t mf_version(const struct mf_manifest *m)
 {
 	if (m->version)
 		return m->version;
+	if (m->base)
+		return 4;
 	for (size_t i = 0; i < m->nentries; i++)
 		if (m->entries[i].flags & MF_ENTRY_INHERITED)
 			return 3;
@@ -255,9 +259,11 @@ static int mf_check_entry(const struct mf_manifest *m, size_t i, uint32_t versio
 	if (e->type < MF_FILE || e->type > MF_SYMLINK || (e->mode & ~07777u))
 		return -EINVAL;
 	if ((e->flags & ~(MF_ENTRY_OPEN_WRITE | MF_ENTRY_INHERITED)) ||
-	    (e->flags && (version < 2 || e->type != MF_FILE || e->link)) ||
+	    (e->flags && (version < 2 || e->link)) ||
+	    ((e->flags & MF_ENTRY_OPEN_WRITE) && e->type != MF_FILE) ||
 	    ((e->flags & MF_ENTRY_INHERITED) &&
-	     (version < 3 || (e->flags & MF_ENTRY_OPEN_WRITE))))
+	     (version < 3 || (e->flags & MF_ENTRY_OPEN_WRITE) ||
+	      (e->type != MF_FILE && (version < 4 || e->type != MF_DIR)))))
 		return -EINVAL;
 	if (i == 0) {
 		if (e->id != 1 || e->parent || e->link || nlen || e->type != MF_DIR)
@@ -336,6 +342,8 @@ static int mf_check(const struct mf_manifest *m)
 	if (m->version > MF_VERSION_MAX || m->flags)
 		return -EINVAL;
 	version = mf_version(m);
+	if ((version >= 4) != !!m->base)
+		return -EINVAL;
 	for (size_t i = 0; i < m->nentries; i++)
 		if ((rc = mf_check_entry(m, i, version)))
 			return rc;
@@ -361,6 +369,8 @@ int mf_encode(const struct mf_manifest *m, void **buf, size_t *len)
 	w_le(&w, (uint64_t)m->time_ns, 8);
 	w_le(&w, strlen(m->name), 2);
 	w_bytes(&w, m->name, strlen(m->name));
+	if (version >= 4)
+		w_le(&w, m->base, 8);
 	w_le(&w, m->nentries, 8);
 	for (size_t i = 0; i < m->nentries; i++) {
 		const struct mf_entry *e = &m->entries[i];
@@ -546,6 +556,8 @@ int mf_decode(const void *buf, size_t len, struct mf_manifest **out)
 		goto fail;
 	}
 	memcpy(m->name, name, nlen);
+	if (version >= 4)
+		m->base = r_le(&r, 8);
 	/* The count is checked against the bytes left before it is stored or allocated
 	 * for: mf_free() walks m->nentries entries. */
 	nentries = r_le(&r, 8);
@@ -628,6 +640,14 @@ int mf_path(const struct mf_manifest *m, size_t idx, char *buf, size_t size)
 	}
 	memmove(buf, buf + pos, size - pos);
 	return (int)(size - pos - 1);
+}
+
+uint64_t mf_id(const struct mf_manifest *m)
+{
+	uint64_t h = XXH3_64bits_withSeed(m->name, strnlen(m->name, sizeof(m->name)),
+					  (uint64_t)m->time_ns);
+
+	return h && h != UINT64_MAX ? h : 1; /* 0 is "no base", UINT64_MAX MF_BASE_MIXED */
 }
 
 /* ---- merge: the union of a group's parts (mf_merge) ---- */
@@ -744,10 +764,33 @@ static int mf_same(const struct mf_entry *a, const struct mf_entry *b)
 	return 1;
 }
 
+/* What the union knows of one of its paths besides the entry: the part whose entry it
+ * is, and who holds the path (for the deletions rule, mf_union_drop). */
+struct mf_slot {
+	unsigned owner;		/* the part whose entry is in the union */
+	uint32_t inherited;	/* parts holding it MF_ENTRY_INHERITED, with a base */
+	uint32_t others;	/* parts holding anything else at this path */
+	uint64_t base;		/* the inherited holders' base; MF_BASE_MIXED when two differ */
+	bool conflict;		/* some part's entry here lost: nothing below is dropped */
+};
+
+#define MF_BASE_MIXED UINT64_MAX
+
+/* Counts part p (of base `base`) as a holder of union path at, with entry e. */
+static void mf_slot_hold(struct mf_slot *s, const struct mf_entry *e, uint64_t base)
+{
+	if (base && !e->link && (e->flags & MF_ENTRY_INHERITED)) {
+		s->base = !s->inherited || s->base == base ? base : MF_BASE_MIXED;
+		s->inherited++;
+	} else {
+		s->others++;
+	}
+}
+
 /* Adds part p's entries to the union: map[i] is where p's entry i went (-1: dropped,
  * its parent lost to a conflict, or itself in conflict). */
 static int mf_union_add(struct mf_union *u, const struct mf_manifest *p, unsigned pi,
-			unsigned **owner, long *map, mf_conflict_fn fn, void *arg,
+			struct mf_slot **slots, long *map, mf_conflict_fn fn, void *arg,
 			uint64_t *conflicts)
 {
 	map[0] = 0; /* roots merge */
@@ -760,35 +803,39 @@ static int mf_union_add(struct mf_union *u, const struct mf_manifest *p, unsigne
 		if (pp < 0 || map[pp] < 0)
 			continue; /* under a conflict: the first part's tree stands there */
 		parent = u->m->entries[map[pp]].id;
+		at = mf_union_find(u, parent, e->name);
+		if (at >= 0)
+			mf_slot_hold(&(*slots)[at], e, p->base);
 		if (e->link) {
 			long t = mf_find(p, e->link);
 
-			if (t < 0 || map[t] < 0) {
-				/* its inode lost a conflict elsewhere: this path has no content */
-				(*conflicts)++;
-				if (fn)
-					fn(arg, p, i, pi, pi);
-				continue;
+			if (t >= 0 && map[t] >= 0) { /* the union's file for its inode */
+				tgt = map[t];
+				if (u->m->entries[tgt].link)
+					tgt = mf_find(u->m, u->m->entries[tgt].link);
 			}
-			tgt = map[t];
-			if (u->m->entries[tgt].link)
-				tgt = mf_find(u->m, u->m->entries[tgt].link);
 			if (tgt < 0 || u->m->entries[tgt].type != MF_FILE) {
-				/* its inode's path holds another part's directory or symlink
-				 * in the union: a link to that is no file, so a conflict */
+				/* its inode lost a conflict elsewhere, or its inode's path holds
+				 * another part's directory or symlink in the union: a link to
+				 * that is no file, so this path has no content: a conflict */
 				(*conflicts)++;
+				if (at >= 0)
+					(*slots)[at].conflict = true;
 				if (fn)
 					fn(arg, p, i, pi, pi);
 				continue;
 			}
 		}
-		at = mf_union_find(u, parent, e->name);
 		if (at >= 0) {
 			struct mf_entry *slot = &u->m->entries[at];
 			const struct mf_entry *have = mf_content(u->m, slot), *mine = mf_content(p, e);
 
-			if (mf_same(have, mine) || (mine->flags & MF_ENTRY_INHERITED &&
-						    !(have->flags & MF_ENTRY_INHERITED))) {
+			/* (an untouched directory is the same as another part's directory,
+			 * but never yields to a file or symlink: what it holds would land
+			 * below a non-directory, and its new files would vanish unreported) */
+			if (mf_same(have, mine) ||
+			    (mine->flags & MF_ENTRY_INHERITED && mine->type != MF_DIR &&
+			     !(have->flags & MF_ENTRY_INHERITED))) {
 				map[i] = at; /* the same, or ours is an untouched copy */
 				continue;
 			}
@@ -807,26 +854,27 @@ static int mf_union_add(struct mf_union *u, const struct mf_manifest *p, unsigne
 				d.link = 0;
 				mf_entry_release(slot);
 				*slot = d;
-				(*owner)[at] = pi;
+				(*slots)[at].owner = pi;
 				map[i] = at;
 				continue;
 			}
 			(*conflicts)++;
+			(*slots)[at].conflict = true;
 			if (fn)
-				fn(arg, p, i, (*owner)[at], pi);
+				fn(arg, p, i, (*slots)[at].owner, pi);
 			continue;
 		}
 		/* A new path: append (parent first, ids increase: the tree rules hold). */
 		if (u->m->nentries == u->cap) {
 			size_t cap = 2 * u->cap;
 			void *ne = realloc(u->m->entries, cap * sizeof(*u->m->entries));
-			void *no = ne ? realloc(*owner, cap * sizeof(**owner)) : NULL;
+			void *ns = ne ? realloc(*slots, cap * sizeof(**slots)) : NULL;
 
 			if (ne)
 				u->m->entries = ne;
-			if (!no)
+			if (!ns)
 				return -ENOMEM;
-			*owner = no;
+			*slots = ns;
 			u->cap = cap;
 		}
 		if (2 * (u->m->nentries + 1) > u->nslot && mf_union_grow(u))
@@ -838,7 +886,8 @@ static int mf_union_add(struct mf_union *u, const struct mf_manifest *p, unsigne
 		d->id = u->m->nentries + 1;
 		d->parent = parent;
 		d->link = tgt >= 0 ? u->m->entries[tgt].id : 0;
-		(*owner)[u->m->nentries] = pi;
+		(*slots)[u->m->nentries] = (struct mf_slot){ .owner = pi };
+		mf_slot_hold(&(*slots)[u->m->nentries], e, p->base);
 		size_t h = mf_union_key(d->parent, d->name) & (u->nslot - 1);
 
 		while (u->slot[h])
@@ -849,11 +898,93 @@ static int mf_union_add(struct mf_union *u, const struct mf_manifest *p, unsigne
 	return 0;
 }
 
+/* Parts of the group with base b (nonzero): those that each started from the same
+ * restored tree. */
+static uint32_t mf_parts_of_base(struct mf_manifest *const *parts, size_t n, uint64_t b)
+{
+	uint32_t k = 0;
+
+	for (size_t i = 0; i < n; i++)
+		k += parts[i]->base == b;
+	return k;
+}
+
+/*
+ * The deletions rule (mf_merge): a path whose holders all hold it INHERITED of one base,
+ * fewer than the parts of that base, was removed by a worker that started from the same
+ * tree, and leaves the union. Walked backwards (children have larger indexes than their
+ * parent, links than their target), so a directory is judged after everything below
+ * it and a file after every link to it; then the survivors are compacted in order and
+ * renumbered (the tree rules hold: parents and link targets keep coming first). In
+ * the union an entry's id is its index + 1 (mf_union_add appends so, and a rewrite
+ * keeps the slot's id), so parents and targets are found by id - 1.
+ * Returns how many entries left, or -ENOMEM.
+ */
+static long mf_union_drop(struct mf_union *u, const struct mf_slot *slots,
+			  struct mf_manifest *const *parts, size_t n)
+{
+	struct mf_manifest *m = u->m;
+	uint64_t *newid = calloc(m->nentries, sizeof(*newid));
+	uint32_t *kept_below = calloc(m->nentries, sizeof(*kept_below));
+	bool *guarded = calloc(m->nentries, sizeof(*guarded));
+	size_t i, w;
+	long dropped = 0;
+
+	if (!newid || !kept_below || !guarded) {
+		dropped = -ENOMEM;
+		goto out;
+	}
+	/* Forwards first: a path below a conflict is guarded (the parts disagree there). */
+	for (i = 1; i < m->nentries; i++)
+		guarded[i] = slots[i].conflict || guarded[m->entries[i].parent - 1];
+	for (i = m->nentries - 1; i > 0; i--) {
+		const struct mf_entry *e = &m->entries[i];
+		const struct mf_slot *s = &slots[i];
+		/* (MF_BASE_MIXED is no part's base: such a path is kept) */
+		bool drop = !guarded[i] && !s->others && s->inherited && !kept_below[i] &&
+			    s->inherited < mf_parts_of_base(parts, n, s->base);
+
+		if (drop) {
+			newid[i] = 0;
+			dropped++;
+			continue;
+		}
+		newid[i] = 1; /* kept: numbered below */
+		kept_below[e->parent - 1]++;
+		if (e->link)
+			kept_below[e->link - 1]++; /* a link kept keeps its target */
+	}
+	if (!dropped)
+		goto out;
+	newid[0] = 1;
+	for (i = 0, w = 0; i < m->nentries; i++) {
+		struct mf_entry *e = &m->entries[i];
+
+		if (!newid[i]) {
+			mf_entry_release(e);
+			continue;
+		}
+		newid[i] = w + 1;
+		if (i) /* their old ids: parents and targets, numbered already */
+			e->parent = newid[e->parent - 1];
+		if (e->link)
+			e->link = newid[e->link - 1];
+		e->id = w + 1;
+		m->entries[w++] = *e;
+	}
+	m->nentries = w;
+out:
+	free(newid);
+	free(kept_below);
+	free(guarded);
+	return dropped;
+}
+
 int mf_merge(struct mf_manifest *const *parts, size_t n, mf_conflict_fn fn, void *arg,
 	     struct mf_manifest **out, uint64_t *conflicts)
 {
 	struct mf_union u = { 0 };
-	unsigned *owner = NULL;
+	struct mf_slot *slots = NULL;
 	long *map = NULL;
 	int rc = -ENOMEM;
 
@@ -863,7 +994,7 @@ int mf_merge(struct mf_manifest *const *parts, size_t n, mf_conflict_fn fn, void
 	u.m = calloc(1, sizeof(*u.m));
 	u.cap = 64;
 	if (!u.m || !(u.m->entries = calloc(u.cap, sizeof(*u.m->entries))) ||
-	    !(owner = calloc(u.cap, sizeof(*owner))))
+	    !(slots = calloc(u.cap, sizeof(*slots))))
 		goto out;
 	snprintf(u.m->name, sizeof(u.m->name), "%s", parts[0]->name);
 	u.m->version = MF_VERSION;
@@ -882,9 +1013,11 @@ int mf_merge(struct mf_manifest *const *parts, size_t n, mf_conflict_fn fn, void
 		if (parts[k]->time_ns > u.m->time_ns)
 			u.m->time_ns = parts[k]->time_ns;
 		u.m->new_bytes += parts[k]->new_bytes;
-		if ((rc = mf_union_add(&u, parts[k], (unsigned)k, &owner, map, fn, arg, conflicts)))
+		if ((rc = mf_union_add(&u, parts[k], (unsigned)k, &slots, map, fn, arg, conflicts)))
 			goto out;
 	}
+	if ((rc = (int)mf_union_drop(&u, slots, parts, n)) < 0)
+		goto out;
 	/* The summary of the union: files (links once), bytes, open files. Its entries
 	 * are nobody's inherited copies: the flag is the parts' business. */
 	for (size_t i = 0; i < u.m->nentries; i++) {
@@ -904,7 +1037,7 @@ int mf_merge(struct mf_manifest *const *parts, size_t n, mf_conflict_fn fn, void
 out:
 	mf_free(u.m);
 	free(u.slot);
-	free(owner);
+	free(slots);
 	free(map);
 	return rc;
 }

@@ -42,14 +42,16 @@
  *     most MF_XATTR_VALUE_MAX bytes and names plus values of one entry at most
  *     MF_XATTR_TOTAL_MAX;
  *   - entry flags (version 2): only MF_ENTRY_OPEN_WRITE, and (version 3) at most one of
- *     it and MF_ENTRY_INHERITED, only on a file that is not a link; a version 1
- *     manifest has none.
+ *     it and MF_ENTRY_INHERITED, only on a file that is not a link, and (version 4)
+ *     MF_ENTRY_INHERITED on a directory too; a version 1 manifest has none;
+ *   - base (version 4) is nonzero; before version 4 it is 0.
  *
- * Versions: mf_decode reads version 1 (no entry flags), 2 and 3; a decoded manifest
+ * Versions: mf_decode reads version 1 (no entry flags), 2, 3 and 4; a decoded manifest
  * keeps its version and mf_encode writes that version again, byte for byte (decode then
  * encode is the identity, which tests/fuzz/fuzz_manifest.c checks). version 0 means
- * MF_VERSION, or 3 when an entry carries MF_ENTRY_INHERITED (so a manifest without
- * one stays readable by a version-2 mlfs).
+ * the lowest version that holds what m carries: 4 with a base, else 3 when an entry
+ * carries MF_ENTRY_INHERITED, else MF_VERSION (so a manifest without either stays
+ * readable by a version-2 mlfs).
  */
 #ifndef MLFS_MANIFEST_H
 #define MLFS_MANIFEST_H
@@ -58,7 +60,7 @@
 #include <stdint.h>
 
 #define MF_VERSION 2		/* written by default; 1 is still read and re-encoded */
-#define MF_VERSION_MAX 3	/* read; written (version 0) when an entry is INHERITED */
+#define MF_VERSION_MAX 4	/* read; 3 and 4 written (version 0) for a worker's part */
 #define MF_HASH_LEN 16		/* XXH3-128, canonical (big-endian) byte order */
 #define MF_NAME_MAX 255
 #define MF_TARGET_MAX 4095
@@ -75,9 +77,14 @@ enum mf_type { MF_FILE = 1, MF_DIR = 2, MF_SYMLINK = 3 };
  * (O_WRONLY/O_RDWR) by someone, so its content may be a torn write (a torch.save cut
  * by a SIGTERM); "latest" skips snapshots that have any (fs/store.h store_latest). */
 #define MF_ENTRY_OPEN_WRITE 0x1
-/* Entry flag (version 3). INHERITED: a file of a worker (-o workers=N > 1) as a group
- * restore gave it, unchanged since: mf_merge prefers another part's rewrite of that
- * path to it, rather than calling the two a conflict. */
+/* Entry flag (version 3; on directories version 4). INHERITED: an entry of a worker
+ * (-o workers=N > 1) exactly as the restore of the manifest named by the part's base gave
+ * it, at the same path: a file whose content is unchanged, a directory that is the one
+ * restored (not renamed, not removed and made again), each under a directory that is
+ * itself INHERITED (or the root). mf_merge prefers another part's rewrite of that path
+ * to it, rather than calling the two a conflict, and drops a path that only INHERITED
+ * copies hold when another part of the same base no longer has it (deleted or renamed
+ * away by that worker). */
 #define MF_ENTRY_INHERITED 0x2
 
 struct mf_block {
@@ -116,6 +123,9 @@ struct mf_manifest {
 	int64_t time_ns;		/* creation time, CLOCK_REALTIME */
 	uint32_t flags;			/* reserved, 0 */
 	uint32_t version;		/* 0: MF_VERSION; decode sets what it read */
+	/* Version 4: mf_id() of the manifest this tree was restored from, for a worker's
+	 * part (-o workers=N > 1, after a restore); 0: none. */
+	uint64_t base;
 	uint64_t nentries;
 	struct mf_entry *entries;
 	/* Entries with MF_ENTRY_OPEN_WRITE: counted by mf_decode, not encoded. */
@@ -155,6 +165,11 @@ long mf_find(const struct mf_manifest *m, uint64_t id);
  */
 int mf_path(const struct mf_manifest *m, size_t idx, char *buf, size_t size);
 
+/* The identity of m as a base (a part's base names the manifest its tree was restored
+ * from): a nonzero hash of its name and time_ns, the same on every worker that loaded
+ * the same group (its union's name and time). O(1). */
+uint64_t mf_id(const struct mf_manifest *m);
+
 /*
  * The union of a group's parts (one manifest per worker) as one tree, *out handed over:
  * what ckpt_restore shows on every worker after a group restore. Directories merge; a
@@ -164,11 +179,16 @@ int mf_path(const struct mf_manifest *m, size_t idx, char *buf, size_t size);
  * is left out), *conflicts counts them and fn (may be NULL) is called once for each
  * with the losing part p, its entry index idx, and the parts that hold the path
  * (kept_part, p's index). Not a conflict: a file one part rewrote where another holds
- * it MF_ENTRY_INHERITED (as restored, untouched): the rewrite wins. Metadata (mode,
- * owner, times) of merged entries is the first part's; the union carries no INHERITED
- * flags. Ids are renumbered; time_ns is the newest part's; new_bytes the sum; files,
- * logical_bytes and open_writes are counted over the union. -EINVAL for n == 0, -ENOMEM.
- * O(total entries + blocks compared).
+ * it MF_ENTRY_INHERITED (as restored, untouched): the rewrite wins. Deletions: a path
+ * whose every holder holds it INHERITED, all of one base, is left out when a part of
+ * that base has nothing at that path (its worker removed it, or renamed it away; the
+ * new name is not INHERITED and stays); a directory only once nothing is left below
+ * it, a file never while a hard link kept in the union names it, and nothing below a
+ * conflict. A part without a base (no restore) or of another base removes nothing.
+ * Metadata (mode, owner, times) of merged entries is the first part's; the union
+ * carries no INHERITED flags and no base. Ids are renumbered; time_ns is the newest
+ * part's; new_bytes the sum; files, logical_bytes and open_writes are counted over the
+ * union. -EINVAL for n == 0, -ENOMEM. O(total entries + blocks compared).
  */
 typedef void (*mf_conflict_fn)(void *arg, const struct mf_manifest *p, size_t idx,
 			       unsigned kept_part, unsigned part);

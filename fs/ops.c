@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -630,6 +631,18 @@ static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
  */
 #define MLFS_TMPFILE_NAME "/"
 
+/*
+ * Parallel lookups and readdirs in one directory (FUSE_PARALLEL_DIROPS): without it the
+ * kernel holds a directory's lock across each LOOKUP, so loader workers opening a class
+ * directory's files for the first time wait for each other's round trips to SOURCE,
+ * and one LOOKUP stuck on SOURCE (a dead NFS mount in it) holds every other name of
+ * its directory. libfuse 3.14 wants the capability by default but never puts it in its
+ * INIT reply, so the reply to the INIT request whose unique this holds gets the flag
+ * here. Both namespaces serve concurrent lookups and readdirs: every table is under its
+ * namespace's lock, and a name looked up twice at once finds one node.
+ */
+static _Atomic uint64_t mlfs_init_unique;
+
 static ssize_t mlfs_io_read(int fd, void *buf, size_t len, void *userdata)
 {
 	struct fuse_in_header *in = buf;
@@ -637,8 +650,15 @@ static ssize_t mlfs_io_read(int fd, void *buf, size_t len, void *userdata)
 	size_t head = sizeof(*in) + sizeof(struct fuse_create_in);
 
 	/* A TMPFILE too short to hold a name stays one: libfuse answers ENOSYS. */
-	if (n > 0 && in->opcode == FUSE_INIT)
+	if (n > 0 && in->opcode == FUSE_INIT) {
+		const struct fuse_init_in *ii = (const void *)(in + 1);
+
 		pt_note_init_in(buf, (size_t)n);
+		if ((size_t)n >= sizeof(*in) + offsetof(struct fuse_init_in, flags) +
+					sizeof(ii->flags) &&
+		    (ii->flags & FUSE_PARALLEL_DIROPS))
+			mlfs_init_unique = in->unique;
+	}
 	if (n >= (ssize_t)(head + sizeof(MLFS_TMPFILE_NAME)) && in->opcode == FUSE_TMPFILE &&
 	    in->len >= head + sizeof(MLFS_TMPFILE_NAME)) {
 		in->opcode = FUSE_CREATE;
@@ -648,9 +668,17 @@ static ssize_t mlfs_io_read(int fd, void *buf, size_t len, void *userdata)
 }
 
 /* Every reply passes here in the thread that made it: the INIT and OPEN replies that
- * passthrough.h marks get their passthrough fields. */
+ * passthrough.h marks get their passthrough fields, the INIT reply parallel dirops. */
 static ssize_t mlfs_io_writev(int fd, struct iovec *iov, int count, void *userdata)
 {
+	const struct fuse_out_header *oh = iov[0].iov_base;
+
+	if (mlfs_init_unique && count == 2 && iov[0].iov_len >= sizeof(*oh) && !oh->error &&
+	    oh->unique == mlfs_init_unique &&
+	    iov[1].iov_len >= offsetof(struct fuse_init_out, flags) + sizeof(uint32_t)) {
+		((struct fuse_init_out *)iov[1].iov_base)->flags |= FUSE_PARALLEL_DIROPS;
+		mlfs_init_unique = 0;
+	}
 	pt_patch_reply(iov, count);
 	return writev(fd, iov, count);
 }

@@ -114,6 +114,17 @@ static int manifests(const char *dir)
 		m->new_bytes = 2 * 4096;
 		bad |= emit(m, dir, v == 1 ? "tree-v1" : "tree");
 	}
+	/* A worker's part after a group restore (version 4): a base, INHERITED on a file
+	 * and on the directory above it. */
+	m = new_manifest("part", 0);
+	m->base = 0x5eed;
+	e = add(m, 1, "ckpt", MF_DIR);
+	e->flags = MF_ENTRY_INHERITED;
+	e = add(m, 2, "shard-0", MF_FILE);
+	blocks(e, 4096 + 5, 4096, 0);
+	e->flags = MF_ENTRY_INHERITED;
+	add(m, 2, "shard-1", MF_FILE)->block_size = 4096;
+	bad |= emit(m, dir, "part-v4");
 	m = new_manifest("deep", 0);
 	for (int i = 0; i < 40; i++)
 		add(m, (uint64_t)i + 1, "d", MF_DIR);

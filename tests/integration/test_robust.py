@@ -15,6 +15,7 @@
 Every loop mount made here is unmounted in every path (SnapEnv.extra_mounts, after the
 daemons), and a frozen or read-only one is thawed / made writable first.
 """
+import contextlib
 import os
 import random
 import signal
@@ -327,50 +328,30 @@ def stopped_source(mounter, snapenv):
             pass
 
 
-def test_a_blocked_quick_request_does_not_stop_the_mount(mounter):
-    """fs/loop.c: a LOOKUP on a local SOURCE is a quick request, answered by the one
-    receiving worker without handing the receiving over first. When it blocks anyway
-    (here a directory of SOURCE is a bind mount of a SIGSTOPped FUSE daemon's tree; on a
-    real machine a dead NFS mount inside SOURCE, or a cold disk), the watcher worker must
-    take over the receiving: MOUNT/ckpt and the rest of MOUNT/data keep answering while
-    that request waits. Without the rescue every later request would wait behind it.
-    The probes stay out of the blocked LOOKUP's directory: the kernel serializes the
-    lookups of one FUSE directory (no parallel dirops), whatever the daemon does."""
+@contextlib.contextmanager
+def lookup_stuck_on_source(mounter, src, stuck, blocked, first=None):
+    """A daemon serving src (yielded) with one stat of MOUNT/data/blocked stuck on
+    SOURCE: stuck (in src) is a bind mount of a second daemon's MOUNT/ckpt (holding x),
+    and that daemon is SIGSTOPped after first(mount) ran. Yields once a worker of the
+    daemon sleeps in a call on SOURCE. Always continues the second daemon, reaps the
+    stat and undoes the bind."""
     m2 = mounter()
     write(os.path.join(m2.ckpt, "x"), b"behind a stopped daemon")
-    src = mounter.tempdir("quick-src")
-    os.mkdir(os.path.join(src, "fine"))
-    write(os.path.join(src, "fine", "ok"), b"answered")
-    os.mkdir(os.path.join(src, "dir"))
-    stuck = os.path.join(src, "dir", "stuck")
     os.mkdir(stuck)
     subprocess.run(["mount", "--bind", m2.ckpt, stuck], check=True)
     stat = None
     try:
         m = mounter(src=src)
-        os.stat(os.path.join(m.data, "fine", "ok"))  # names cached: no LOOKUP later
+        if first:
+            first(m)
+        # m2's attributes of its ckpt root last 1 s (CKPT_TIMEOUT): past that, a stat
+        # of the bind's root asks m2, which will not answer.
+        time.sleep(1.5)
         U.sigstop(m2.pid)
-        stat = subprocess.Popen(["stat", os.path.join(m.data, "dir", "stuck", "x")],
+        stat = subprocess.Popen(["stat", os.path.join(m.data, blocked)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        U.wait_blocked_in(m.pid, src, "no worker of the daemon blocked on SOURCE/dir/stuck")
-        # In a child with a time limit: a mount that stopped answering would hang us.
-        script = (
-            "import os, sys\n"
-            "d, c = sys.argv[1], sys.argv[2]\n"
-            "assert open(os.path.join(d, 'fine', 'ok'), 'rb').read() == b'answered'\n"
-            "p = os.path.join(c, 'f')\n"
-            "with open(p, 'wb') as f: f.write(b'y' * 100000)\n"
-            "assert open(p, 'rb').read() == b'y' * 100000\n"
-            "os.mkdir(os.path.join(c, 'sub')); os.rename(p, os.path.join(c, 'sub', 'g'))\n"
-            "assert sorted(os.listdir(c)) == ['sub']\n")
-        child = subprocess.Popen([sys.executable, "-c", script, m.data, m.ckpt],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            _, err = child.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            # Not waited for: stuck in a FUSE request, it goes when m2 is continued.
-            pytest.fail("the mount stopped answering while one LOOKUP was blocked on SOURCE")
-        assert child.returncode == 0, err
+        U.wait_blocked_in(m.pid, src, f"no worker of the daemon blocked on SOURCE for {blocked}")
+        yield m
         assert stat.poll() is None, "the stat did not stay blocked: the test tests nothing"
     finally:
         os.kill(m2.pid, signal.SIGCONT)
@@ -381,6 +362,63 @@ def test_a_blocked_quick_request_does_not_stop_the_mount(mounter):
                 stat.kill()
                 stat.wait(30)
         subprocess.run(["umount", "-l", stuck])
+
+
+def probe(script, args, what):
+    """Runs script in a child with a time limit: a mount that stopped answering would
+    hang us. Not waited for on timeout: stuck in a FUSE request, it goes when the
+    stopped daemon is continued."""
+    child = subprocess.Popen([sys.executable, "-c", script] + args,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = child.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(what)
+    assert child.returncode == 0, err
+
+
+def test_a_blocked_quick_request_does_not_stop_the_mount(mounter):
+    """fs/loop.c: a LOOKUP on a local SOURCE is a quick request, answered by the one
+    receiving worker without handing the receiving over first. When it blocks anyway
+    (here a directory of SOURCE is a bind mount of a SIGSTOPped FUSE daemon's tree; on a
+    real machine a dead NFS mount inside SOURCE, or a cold disk), the watcher worker must
+    take over the receiving: MOUNT/ckpt and the rest of MOUNT/data keep answering while
+    that request waits. Without the rescue every later request would wait behind it.
+    The probes stay out of the blocked LOOKUP's directory: the next test covers it."""
+    src = mounter.tempdir("quick-src")
+    os.mkdir(os.path.join(src, "fine"))
+    write(os.path.join(src, "fine", "ok"), b"answered")
+    os.mkdir(os.path.join(src, "dir"))
+    with lookup_stuck_on_source(
+            mounter, src, os.path.join(src, "dir", "stuck"), "dir/stuck/x",
+            # names cached: no LOOKUP later
+            first=lambda m: os.stat(os.path.join(m.data, "fine", "ok"))) as m:
+        probe("import os, sys\n"
+              "d, c = sys.argv[1], sys.argv[2]\n"
+              "assert open(os.path.join(d, 'fine', 'ok'), 'rb').read() == b'answered'\n"
+              "p = os.path.join(c, 'f')\n"
+              "with open(p, 'wb') as f: f.write(b'y' * 100000)\n"
+              "assert open(p, 'rb').read() == b'y' * 100000\n"
+              "os.mkdir(os.path.join(c, 'sub')); os.rename(p, os.path.join(c, 'sub', 'g'))\n"
+              "assert sorted(os.listdir(c)) == ['sub']\n", [m.data, m.ckpt],
+              "the mount stopped answering while one LOOKUP was blocked on SOURCE")
+
+
+def test_a_blocked_lookup_does_not_hold_its_directory(mounter):
+    """Parallel directory operations (ops.c): a LOOKUP that waits on SOURCE (a name of
+    SOURCE/dir that is a bind mount of a SIGSTOPped FUSE daemon's tree; on a real
+    machine a dead NFS mount, a slow bucket) must not hold the other names of the same
+    directory: a data loader's workers look up one class directory's files at once.
+    Without the capability the kernel holds the directory's lock across each LOOKUP,
+    and the probe of dir/ok waits as long as the stuck one."""
+    src = mounter.tempdir("dirops-src")
+    os.mkdir(os.path.join(src, "dir"))
+    write(os.path.join(src, "dir", "ok"), b"answered")
+    with lookup_stuck_on_source(mounter, src, os.path.join(src, "dir", "stuck"),
+                                "dir/stuck") as m:
+        probe("import sys\nassert open(sys.argv[1], 'rb').read() == b'answered'\n",
+              [os.path.join(m.data, "dir", "ok")],
+              "a lookup in dir waited behind the blocked lookup of dir/stuck")
 
 
 def test_sigterm_with_a_read_blocked_on_source(stopped_source):

@@ -7,6 +7,7 @@ The helpers (workers_util.WorkerSet) take the store and SOURCE as parameters, so
 steps run on a shared filesystem (GlusterFS) too.
 """
 import os
+import shutil
 import time
 
 import mlfs_util as U
@@ -248,6 +249,77 @@ def test_conflict_is_reported_and_not_latest(workerset):
     r = S.snap("verify", "--store", ws.store)
     assert r.rc == 0 and "clash: conflict: same-name (parts 0 and 1" in r.out, r
     assert ws.unmount_all(job) == [0, 0]
+
+
+def tree_of(ckpt):
+    """Every path under ckpt (dirs end in '/') with each file's bytes."""
+    out = {}
+    for d, dirs, files in os.walk(ckpt):
+        rel = os.path.relpath(d, ckpt)
+        for n in dirs:
+            out[os.path.normpath(os.path.join(rel, n)) + "/"] = None
+        for n in files:
+            with open(os.path.join(d, n), "rb") as f:
+                out[os.path.normpath(os.path.join(rel, n))] = f.read()
+    return out
+
+
+def test_group_carries_deletions_and_renames(workerset):
+    """After a group restore every worker holds every file; what one worker removes or
+    renames away must not come back from the others' untouched copies in the next group
+    (rank 0 cleaning up an old checkpoint is the usual case), while a rewrite, a new
+    file or a new name always stays, and a second generation carries them again."""
+    ws = workerset()
+    job = ws.start(2)
+    write_shards(job, 1, step="step-1")
+    U.write_file(os.path.join(job[0].ckpt, "meta"), b"m" * 5000)
+    os.makedirs(os.path.join(job[1].ckpt, "keep", "sub"))
+    U.write_file(os.path.join(job[1].ckpt, "keep", "sub", "a"), shard(1, 7))
+    U.write_file(os.path.join(job[1].ckpt, "gone"), b"g" * 100)
+    U.write_file(os.path.join(job[1].ckpt, "hl"), b"h" * 3000)
+    take_all(ws, job, "g1", "--group-wait")
+    assert ws.unmount_all(job) == [0, 0]
+
+    job = ws.start(2, restore="g1")
+    want = tree_of(job[0].ckpt)
+    assert tree_of(job[1].ckpt) == want and "step-1/shard-1" in want, sorted(want)
+    # worker 0 removes the old step (both shards) and gone, and moves hl to hl2 by a
+    # hard link (its only name is then one no restore gave it); worker 1 renames keep
+    # and rewrites meta; each writes its new shard
+    shutil.rmtree(os.path.join(job[0].ckpt, "step-1"))
+    os.unlink(os.path.join(job[0].ckpt, "gone"))
+    os.link(os.path.join(job[0].ckpt, "hl"), os.path.join(job[0].ckpt, "hl2"))
+    os.unlink(os.path.join(job[0].ckpt, "hl"))
+    os.rename(os.path.join(job[1].ckpt, "keep"), os.path.join(job[1].ckpt, "kept"))
+    U.write_file(os.path.join(job[1].ckpt, "meta"), b"M" * 6000)
+    write_shards(job, 2, step="step-2")
+    take_all(ws, job, "g2", "--group-wait")
+    e = S.list_json(ws.store, store=True)["g2"]
+    assert e["state"] == "durable" and e["conflicts"] == 0, e
+    assert ws.unmount_all(job) == [0, 0]
+
+    want = {"step-2/": None, "kept/": None, "kept/sub/": None,
+            "kept/sub/a": shard(1, 7), "meta": b"M" * 6000, "hl2": b"h" * 3000}
+    want.update({f"step-2/shard-{k}": shard(k, 2) for k in range(2)})
+    job = ws.start(2, restore="g2")
+    for w in job:
+        got = tree_of(w.ckpt)
+        assert sorted(got) == sorted(want), (w.k, sorted(got))
+        for path, data in want.items():
+            if data is not None:
+                U.assert_bytes(got[path], data, f"worker {w.k}: {path}")
+    # a second generation: worker 1 removes meta and a file below the renamed dir
+    os.unlink(os.path.join(job[1].ckpt, "meta"))
+    os.unlink(os.path.join(job[1].ckpt, "kept", "sub", "a"))
+    take_all(ws, job, "g3", "--group-wait")
+    assert ws.unmount_all(job) == [0, 0]
+    one = ws.start(1)
+    r = one[0].snap("restore", "g3")
+    assert r.rc == 0 and "conflict" not in r.out, r
+    got = tree_of(one[0].ckpt)
+    assert sorted(got) == ["hl2", "kept/", "kept/sub/", "step-2/", "step-2/shard-0",
+                           "step-2/shard-1"], sorted(got)
+    assert ws.unmount_all(one) == [0]
 
 
 def test_keep_counts_groups(workerset):

@@ -266,6 +266,8 @@ static void raw_bytes(struct raw *r, const void *p, size_t n)
 }
 
 /* Header up to and including nentries (the count written as given, true or not). */
+static uint64_t raw_base = 0xb45e; /* the base raw_begin writes in a version 4 header */
+
 static void raw_begin(struct raw *r, int version, uint64_t nentries)
 {
 	r->n = 0;
@@ -277,6 +279,8 @@ static void raw_begin(struct raw *r, int version, uint64_t nentries)
 	raw_le(r, 1763700000000000000ull, 8);
 	raw_le(r, 4, 2);
 	raw_bytes(r, "snap", 4);
+	if (version >= 4)
+		raw_le(r, raw_base, 8);
 	raw_le(r, nentries, 8);
 }
 
@@ -615,6 +619,23 @@ static void test_crafted_blocks_and_xattrs(void)
 	CRAFTED(-EINVAL, a);
 }
 
+/* m (decoded from r) encodes to r's bytes again, and so with version 0 (the lowest
+ * version that holds what it carries, which is r's here); leaves m->version at 0. */
+static void expect_reencodes(struct mf_manifest *m, const struct raw *r)
+{
+	void *buf = NULL;
+	size_t len = 0;
+
+	for (int pass = 0; pass < 2; pass++) {
+		if (pass)
+			m->version = 0;
+		EXPECT_EQ(mf_encode(m, &buf, &len), 0);
+		EXPECT(len == r->n && !memcmp(buf, r->b, len));
+		free(buf);
+		buf = NULL;
+	}
+}
+
 /* Entry flags: version 2 only, files only, known bits only; version 1 reads as none. */
 static void test_versions_and_open_writes(void)
 {
@@ -686,14 +707,8 @@ static void test_versions_and_open_writes(void)
 	if (m) {
 		EXPECT_EQ(m->version, 3);
 		EXPECT_EQ(m->open_writes, 0);
-		EXPECT_EQ(mf_encode(m, &buf, &len), 0);
-		EXPECT(len == r.n && !memcmp(buf, r.b, len));
-		free(buf);
 		/* version 0 picks the lowest that holds the flags: 3 here, 2 without */
-		m->version = 0;
-		EXPECT_EQ(mf_encode(m, &buf, &len), 0);
-		EXPECT(len == r.n && !memcmp(buf, r.b, len));
-		free(buf);
+		expect_reencodes(m, &r);
 		m->entries[1].flags = 0;
 		EXPECT_EQ(mf_encode(m, &buf, &len), 0);
 		EXPECT(len > 12 && ((unsigned char *)buf)[8] == MF_VERSION);
@@ -715,6 +730,44 @@ static void test_versions_and_open_writes(void)
 	raw_entry(&r, &d);
 	raw_seal(&r);
 	EXPECT_EQ(decode_rc(&r), -EINVAL);
+	/* Version 4: a base in the header, INHERITED on a directory too; byte for byte
+	 * again, and version 0 with a base picks 4. Not without a base. */
+	m = NULL;
+	a.flags = MF_ENTRY_INHERITED;
+	raw_begin(&r, 4, 3);
+	raw_root(&r);
+	raw_entry(&r, &a);
+	raw_entry(&r, &d);
+	raw_seal(&r);
+	EXPECT_EQ(mf_decode(r.b, r.n, &m), 0);
+	if (m) {
+		EXPECT_EQ(m->version, 4);
+		EXPECT_EQ(m->base, raw_base);
+		EXPECT(m->entries[2].type == MF_DIR && m->entries[2].flags == MF_ENTRY_INHERITED);
+		expect_reencodes(m, &r);
+		m->base = 0; /* version 0 now: 3, which cannot flag a directory */
+		buf = NULL;
+		EXPECT_EQ(mf_encode(m, &buf, &len), -EINVAL);
+		free(buf);
+		m->version = 4; /* and version 4 needs a base */
+		buf = NULL;
+		EXPECT_EQ(mf_encode(m, &buf, &len), -EINVAL);
+		free(buf);
+		m->version = 3;
+		m->base = 1; /* a base needs version 4 */
+		buf = NULL;
+		EXPECT_EQ(mf_encode(m, &buf, &len), -EINVAL);
+		free(buf);
+		mf_free(m);
+	}
+	raw_base = 0;
+	raw_begin(&r, 4, 2);
+	raw_root(&r);
+	raw_entry(&r, &a);
+	raw_seal(&r);
+	EXPECT_EQ(decode_rc(&r), -EINVAL);
+	raw_base = 0xb45e;
+	a.flags = 0;
 	d.flags = 0;
 	raw_begin(&r, 0, 1);
 	raw_root(&r);
@@ -807,6 +860,405 @@ static long find_path(const struct mf_manifest *m, const char *path)
 		if (mf_path(m, i, buf, sizeof(buf)) >= 0 && !strcmp(buf, path))
 			return (long)i;
 	return -1;
+}
+
+/*
+ * A part from a list of paths, parents first: "d/" a directory, "d/f=N" a file of N
+ * hundred bytes (equal N, equal content), "d/l>d/f" a hard link to an earlier file; a
+ * leading '*' flags the entry MF_ENTRY_INHERITED. base is the part's base.
+ */
+static struct mf_manifest *part_of(uint64_t base, const char *const *spec)
+{
+	struct mf_manifest *m = part_new();
+
+	m->base = base;
+	for (; *spec; spec++) {
+		const char *p = *spec;
+		int inh = *p == '*';
+		char path[128], *name, *val = NULL, sep = 0;
+		uint64_t parent = 1;
+		struct mf_entry *e;
+		int type = MF_FILE;
+		size_t len;
+
+		snprintf(path, sizeof(path), "%s", p + inh);
+		len = strlen(path);
+		if (path[len - 1] == '/') {
+			type = MF_DIR;
+			path[len - 1] = 0;
+		} else if ((val = strpbrk(path, "=>"))) {
+			sep = *val;
+			*val++ = 0;
+		}
+		if ((name = strrchr(path, '/'))) {
+			*name++ = 0;
+			parent = m->entries[find_path(m, path)].id;
+		} else {
+			name = path;
+		}
+		e = add(m, parent, name, type);
+		if (inh)
+			e->flags = MF_ENTRY_INHERITED;
+		if (sep == '=') {
+			set_blocks(e, strtoull(val, NULL, 10) * 100, 4096, 0);
+		} else if (sep == '>') {
+			e->link = m->entries[find_path(m, val)].id;
+			e->flags = 0;
+		}
+	}
+	return m;
+}
+
+/* Merges the parts (n), checks the union encodes and has exactly the paths listed. */
+static void expect_union(struct mf_manifest **q, size_t n, uint64_t want_conflicts,
+			 const char *const *paths)
+{
+	struct mf_manifest *u = NULL;
+	uint64_t conflicts;
+	size_t k = 0;
+	void *buf = NULL;
+	size_t len;
+
+	EXPECT_EQ(mf_merge(q, n, NULL, NULL, &u, &conflicts), 0);
+	if (!u)
+		return;
+	EXPECT_EQ(conflicts, want_conflicts);
+	for (; paths[k]; k++)
+		if (find_path(u, paths[k]) < 0)
+			printf("  missing from the union: %s\n", paths[k]);
+	EXPECT_EQ(u->nentries, k + 1);
+	EXPECT_EQ(mf_encode(u, &buf, &len), 0);
+	EXPECT_EQ(u->base, 0);
+	free(buf);
+	mf_free(u);
+	for (size_t i = 0; i < n; i++)
+		mf_free(q[i]);
+}
+
+/* The union carries a worker's deletions after a group restore (version 4 parts): a
+ * path only untouched copies of one base hold leaves when a part of that base lost it;
+ * never a rewrite, a new name, a file a kept link names, a directory with something
+ * left below it, anything below a conflict, or with another base or none. */
+static void test_merge_deletions(void)
+{
+	static const char *const all[] = { "*keep/", "*keep/a=1", "*old/", "*old/x=2",
+					   "*old/y=3", "*top=4", NULL };
+	struct mf_manifest *q[3];
+
+	/* worker 1 removed old/ and top, and made new: in either order of the parts */
+	for (int first = 0; first < 2; first++) {
+		static const char *const del[] = { "*keep/", "*keep/a=1", "new=5", NULL };
+
+		q[first] = part_of(7, all);
+		q[!first] = part_of(7, del);
+		expect_union(q, 2, 0, (const char *const[]){ "keep", "keep/a", "new", NULL });
+	}
+	/* worker 1 renamed old to old2 (what was below it is no longer INHERITED) */
+	q[0] = part_of(7, all);
+	q[1] = part_of(7, (const char *const[]){ "*keep/", "*keep/a=1", "old2/", "old2/x=2",
+						 "old2/y=3", "*top=4", NULL });
+	expect_union(q, 2, 0, (const char *const[]){ "keep", "keep/a", "old2", "old2/x",
+						     "old2/y", "top", NULL });
+	/* one worker removed top, another rewrote it: the rewrite stays; one removed old/
+	 * but another wrote old/z in it: old/ stays with old/z only */
+	q[0] = part_of(7, all);
+	q[1] = part_of(7, (const char *const[]){ "*keep/", "*keep/a=1", NULL });
+	q[2] = part_of(7, (const char *const[]){ "*keep/", "*keep/a=1", "*old/", "*old/x=2",
+						 "*old/y=3", "old/z=6", "top=9", NULL });
+	expect_union(q, 3, 0, (const char *const[]){ "keep", "keep/a", "old", "old/z", "top",
+						     NULL });
+	/* bases: another base, or none, removes nothing; holders of two bases keep it */
+	q[0] = part_of(7, all);
+	q[1] = part_of(8, (const char *const[]){ "*keep/", NULL });
+	q[2] = part_of(7, all);
+	expect_union(q, 3, 0, (const char *const[]){ "keep", "keep/a", "old", "old/x", "old/y",
+						     "top", NULL });
+	q[0] = part_of(0, all);
+	q[1] = part_of(0, (const char *const[]){ "*keep/", NULL });
+	q[0]->version = q[1]->version = 3; /* an older mlfs's parts: no base */
+	for (size_t i = 0; i < q[0]->nentries; i++)
+		if (q[0]->entries[i].type == MF_DIR)
+			q[0]->entries[i].flags = 0;
+	q[1]->entries[1].flags = 0;
+	expect_union(q, 2, 0, (const char *const[]){ "keep", "keep/a", "old", "old/x", "old/y",
+						     "top", NULL });
+	q[0] = part_of(7, (const char *const[]){ "*top=4", NULL });
+	q[1] = part_of(8, (const char *const[]){ "*top=4", NULL });
+	q[2] = part_of(7, (const char *const[]){ NULL });
+	expect_union(q, 3, 0, (const char *const[]){ "top", NULL });
+	/* a hard link kept (a link is never INHERITED) keeps the file it names */
+	q[0] = part_of(7, (const char *const[]){ "*f=1", "g>f", NULL });
+	q[1] = part_of(7, (const char *const[]){ NULL });
+	expect_union(q, 2, 0, (const char *const[]){ "f", "g", NULL });
+	/* worker 1 made d a file: a conflict, and d's files stay below it */
+	q[0] = part_of(7, (const char *const[]){ "*d/", "*d/f=1", NULL });
+	q[1] = part_of(7, (const char *const[]){ "d=2", NULL });
+	expect_union(q, 2, 1, (const char *const[]){ "d", "d/f", NULL });
+	/* worker 0 made d a file, worker 1 kept the restored d/ (and may have written in
+	 * it): a conflict, not a directory yielding (its files would land below a file) */
+	q[0] = part_of(7, (const char *const[]){ "d=2", NULL });
+	q[1] = part_of(7, (const char *const[]){ "*d/", "*d/f=1", "d/new=3", NULL });
+	expect_union(q, 2, 1, (const char *const[]){ "d", NULL });
+	/* everything removed by one of two workers: the union is the root alone */
+	q[0] = part_of(7, all);
+	q[1] = part_of(7, (const char *const[]){ NULL });
+	expect_union(q, 2, 0, (const char *const[]){ NULL });
+}
+
+/* ---- random parts of one restored tree (the deletions rule as a property) ---- */
+
+#define RM_MAX 96
+
+struct rm_node {
+	char path[96];
+	int type;	/* MF_FILE or MF_DIR */
+	int content;	/* files: size / 100, so equal content is equal bytes */
+	int inh;	/* as restored, at its restored path */
+};
+
+struct rm_tree {
+	struct rm_node n[RM_MAX];
+	int len;
+};
+
+static uint64_t rm_seed;
+
+static unsigned rm_rand(unsigned n)
+{
+	rm_seed = rm_seed * 6364136223846793005ull + 1442695040888963407ull;
+	return (unsigned)((rm_seed >> 33) % n);
+}
+
+static int rm_find(const struct rm_tree *t, const char *path)
+{
+	for (int i = 0; i < t->len; i++)
+		if (!strcmp(t->n[i].path, path))
+			return i;
+	return -1;
+}
+
+/* Whether path is q or below q. */
+static int rm_below(const char *path, const char *q)
+{
+	size_t l = strlen(q);
+
+	return !strncmp(path, q, l) && (path[l] == 0 || path[l] == '/');
+}
+
+static void rm_add(struct rm_tree *t, const char *path, int type, int content, int inh)
+{
+	if (t->len < RM_MAX && rm_find(t, path) < 0) {
+		struct rm_node *n = &t->n[t->len++];
+
+		snprintf(n->path, sizeof(n->path), "%s", path);
+		n->type = type;
+		n->content = content;
+		n->inh = inh;
+	}
+}
+
+/* A random directory of t ("" for the root) into buf. */
+static void rm_pick_dir(const struct rm_tree *t, char *buf, size_t size)
+{
+	int k = (int)rm_rand((unsigned)t->len + 1);
+
+	buf[0] = 0;
+	for (int i = 0; i < t->len && k >= 0; i++)
+		if (t->n[i].type == MF_DIR && --k < 0)
+			snprintf(buf, size, "%s", t->n[i].path);
+}
+
+/* One worker's change to its tree, as MOUNT/ckpt would flag it. */
+static void rm_change(struct rm_tree *t, int part, int step)
+{
+	char dir[96], path[200];
+	int i = t->len ? (int)rm_rand((unsigned)t->len) : -1, op = (int)rm_rand(6);
+
+	rm_pick_dir(t, dir, sizeof(dir));
+	/* a name some other part may make too (a clash), or one of this part's own */
+	if (rm_rand(4))
+		snprintf(path, sizeof(path), "%s%sp%d-%d", dir, *dir ? "/" : "", part, step);
+	else
+		snprintf(path, sizeof(path), "%s%sc%u", dir, *dir ? "/" : "", rm_rand(3));
+	if (strlen(path) >= sizeof(t->n[0].path))
+		return;
+	if (op == 0 && i >= 0 && t->n[i].type == MF_FILE) { /* rewrite */
+		t->n[i].content = 1000 + part * 100 + step;
+		t->n[i].inh = 0;
+	} else if (op == 1 && i >= 0) { /* unlink, or rm -r */
+		char gone[96];
+
+		snprintf(gone, sizeof(gone), "%s", t->n[i].path);
+		for (int j = t->len - 1; j >= 0; j--)
+			if (rm_below(t->n[j].path, gone))
+				t->n[j] = t->n[--t->len];
+	} else if (op == 2 && i >= 0 && rm_find(t, path) < 0 &&
+		   !rm_below(path, t->n[i].path)) { /* rename, with all below it */
+		char from[96];
+		size_t fl;
+
+		snprintf(from, sizeof(from), "%s", t->n[i].path);
+		fl = strlen(from);
+		for (int j = 0; j < t->len; j++) {
+			char np[300];
+
+			if (!rm_below(t->n[j].path, from))
+				continue;
+			snprintf(np, sizeof(np), "%s%s", path, t->n[j].path + fl);
+			if (strlen(np) >= sizeof(t->n[j].path))
+				return; /* too deep: not renamed (partly: fine, a new path) */
+			snprintf(t->n[j].path, sizeof(t->n[j].path), "%s", np);
+			t->n[j].inh = 0;
+		}
+	} else if (op == 3) {
+		rm_add(t, path, MF_DIR, 0, 0);
+	} else {
+		rm_add(t, path, MF_FILE, 2000 + part * 100 + step, 0);
+	}
+}
+
+static int rm_depth_cmp(const void *a, const void *b)
+{
+	const struct rm_node *x = a, *y = b;
+	int dx = 0, dy = 0;
+
+	for (const char *p = x->path; *p; p++)
+		dx += *p == '/';
+	for (const char *p = y->path; *p; p++)
+		dy += *p == '/';
+	return dx != dy ? dx - dy : strcmp(x->path, y->path);
+}
+
+/* The manifest of t: parents first; an entry is INHERITED only below INHERITED
+ * directories (the freeze's rule), with base. */
+static struct mf_manifest *rm_manifest(struct rm_tree *t, uint64_t base)
+{
+	struct mf_manifest *m = part_new();
+
+	m->base = base;
+	qsort(t->n, (size_t)t->len, sizeof(t->n[0]), rm_depth_cmp);
+	for (int i = 0; i < t->len; i++) {
+		char par[96], *slash;
+		uint64_t parent = 1;
+		struct mf_entry *e;
+		long pi;
+
+		snprintf(par, sizeof(par), "%s", t->n[i].path);
+		slash = strrchr(par, '/');
+		if (slash) {
+			*slash = 0;
+			pi = find_path(m, par);
+			if (pi < 0)
+				continue; /* its directory was removed: so is it */
+			parent = m->entries[pi].id;
+		}
+		e = add(m, parent, slash ? slash + 1 : par, t->n[i].type);
+		if (t->n[i].type == MF_FILE)
+			set_blocks(e, (uint64_t)t->n[i].content * 100, 4096, 0);
+		if (t->n[i].inh && (parent == 1 || (m->entries[find_path(m, par)].flags &
+						      MF_ENTRY_INHERITED)))
+			e->flags = MF_ENTRY_INHERITED;
+	}
+	return m;
+}
+
+/*
+ * Random jobs: a restored tree, each worker changes its copy, and the union must keep
+ * every change when there is no conflict (a rewrite, a new file or directory, a new
+ * name), keep what every worker still holds, and leave out what a worker removed that
+ * no worker changed or wrote below. Always: it encodes, and holds only what some part
+ * holds.
+ */
+static void test_merge_random(void)
+{
+	int jobs = 3000, carried = 0;
+
+	for (int job = 0; job < jobs; job++) {
+		struct rm_tree base = { .len = 0 }, parts[4];
+		struct mf_manifest *q[4], *u = NULL;
+		int n = 2 + (int)rm_rand(3);
+		uint64_t conflicts;
+		void *buf = NULL;
+		size_t len;
+
+		rm_seed = 0x9e3779b97f4a7c15ull * (uint64_t)(job + 1);
+		for (int k = 0; k < 12; k++)
+			rm_change(&base, 9, k); /* made by some earlier job: restored, inherited */
+		for (int k = 0; k < base.len; k++)
+			base.n[k].inh = 1;
+		for (int p = 0; p < n; p++) {
+			parts[p] = base;
+			for (int k = (int)rm_rand(4); k > 0; k--)
+				rm_change(&parts[p], p, k);
+			q[p] = rm_manifest(&parts[p], 7);
+		}
+		EXPECT_EQ(mf_merge(q, (size_t)n, NULL, NULL, &u, &conflicts), 0);
+		if (!u)
+			goto next;
+		EXPECT_EQ(mf_encode(u, &buf, &len), 0);
+		free(buf);
+		/* only what some part holds */
+		for (size_t i = 1; i < u->nentries; i++) {
+			char path[256];
+			int held = 0;
+
+			mf_path(u, i, path, sizeof(path));
+			for (int p = 0; p < n; p++)
+				held |= find_path(q[p], path) >= 0;
+			EXPECT(held);
+		}
+		if (conflicts)
+			goto next;
+		for (int p = 0; p < n; p++) {
+			for (size_t i = 1; i < q[p]->nentries; i++) {
+				const struct mf_entry *e = &q[p]->entries[i];
+				char path[256];
+				long at;
+
+				mf_path(q[p], i, path, sizeof(path));
+				at = find_path(u, path);
+				if (!(e->flags & MF_ENTRY_INHERITED)) { /* a change: kept as made */
+					EXPECT(at >= 0 && u->entries[at].type == e->type &&
+					       u->entries[at].size == e->size);
+					if (at < 0)
+						printf("  job %d: %s of part %d lost\n", job, path, p);
+				}
+			}
+		}
+		/* every path of the base: held by all (inherited) -> kept; removed by one,
+		 * nobody changed it or wrote below it -> left out */
+		for (int b = 0; b < base.len; b++) {
+			const char *path = base.n[b].path;
+			int holders = 0, touched = 0;
+
+			for (int p = 0; p < n; p++) {
+				long at = find_path(q[p], path);
+
+				if (at >= 0) {
+					holders++;
+					touched |= !(q[p]->entries[at].flags & MF_ENTRY_INHERITED);
+				}
+				for (size_t i = 1; i < q[p]->nentries; i++) {
+					char sub[256];
+
+					mf_path(q[p], i, sub, sizeof(sub));
+					touched |= rm_below(sub, path) && strcmp(sub, path) &&
+						   !(q[p]->entries[i].flags & MF_ENTRY_INHERITED);
+				}
+			}
+			if (holders == n)
+				EXPECT(find_path(u, path) >= 0);
+			if (holders < n && !touched) {
+				EXPECT(find_path(u, path) < 0);
+				carried++;
+			}
+		}
+next:
+		mf_free(u);
+		for (int p = 0; p < n; p++)
+			mf_free(q[p]);
+	}
+	EXPECT(carried > 100); /* the jobs exercise the rule, not only its exceptions */
 }
 
 /* Issue 11: every worker of a restored group sees all parts' trees: directories merge,
@@ -957,6 +1409,8 @@ int main(void)
 	test_rules();
 	test_garbage();
 	test_merge();
+	test_merge_deletions();
+	test_merge_random();
 	test_crafted_counts();
 	test_crafted_names();
 	test_crafted_tree();
