@@ -1435,6 +1435,14 @@ int ckpt_fallocate(struct ckpt_ns *ns, struct ckpt_inode *ino, int mode, off_t o
 		rc = ckpt_zero_range_locked(ns, ino, start, end < size ? end : size);
 	if (!rc && !(mode & FALLOC_FL_KEEP_SIZE) && end > size)
 		rc = ckpt_truncate_locked(ns, ino, end);
+	/* Every fallocate that succeeds is a change, as on ext4, also one that leaves the
+	 * content as it was (preallocation inside or past the end, a range past EOF). */
+	if (!rc) {
+		pthread_mutex_lock(&ns->mu);
+		ino->mtime = ino->ctime = ckpt_now();
+		ckpt_changed(ns);
+		pthread_mutex_unlock(&ns->mu);
+	}
 	pthread_rwlock_unlock(&ino->lock);
 	return rc;
 }
@@ -1559,10 +1567,11 @@ static int ckpt_xattr_attach(struct ckpt_inode *ino, const char *name, void *v, 
  * Sets name to a copy of value, checking the flags and the limits: the values of one
  * inode (CKPT_XATTR_TOTAL) and its names' list, which must fit XATTR_LIST_MAX (64 KiB)
  * so that listxattr can always return it (ext4 runs out of xattr space long before:
- * -ENOSPC as there). Under ns->mu.
+ * -ENOSPC as there). *changed is set when the value was not already that one (ext4
+ * leaves ctime alone for a value set again). Under ns->mu.
  */
 static int ckpt_xattr_set_locked(struct ckpt_inode *ino, const char *name, const void *value,
-				 size_t size, int flags)
+				 size_t size, int flags, bool *changed)
 {
 	struct ckpt_xattr **pp = ckpt_xattr_find_locked(ino, name), *x;
 	size_t names = 0;
@@ -1573,6 +1582,9 @@ static int ckpt_xattr_set_locked(struct ckpt_inode *ino, const char *name, const
 		return -EEXIST;
 	if (!pp && (flags & XATTR_REPLACE))
 		return -ENODATA;
+	if (pp && (*pp)->size == size && (!size || !memcmp((*pp)->value, value, size)))
+		return 0;
+	*changed = true;
 	if (ino->xattr_bytes + size + strlen(name) -
 		    (pp ? (*pp)->size + strlen(name) : 0) > CKPT_XATTR_TOTAL)
 		return -ENOSPC;
@@ -1603,10 +1615,11 @@ static int ckpt_xattr_set_locked(struct ckpt_inode *ino, const char *name, const
  * Setting an ACL, as ext4_set_acl: a bare header removes it; an access ACL sets the
  * mode's permission bits (and clears setgid for a caller outside the file's group, as
  * posix_acl_update_mode) and is stored only if the mode cannot say it all; a default
- * ACL belongs to directories only. Under ns->mu.
+ * ACL belongs to directories only. *changed is set when the mode or the stored xattrs
+ * changed: only then does ext4 stamp ctime. Under ns->mu.
  */
 static int ckpt_set_acl_locked(struct ckpt_inode *ino, int access, const char *value,
-			       size_t size, int flags, const struct ckpt_ctx *c)
+			       size_t size, int flags, const struct ckpt_ctx *c, bool *changed)
 {
 	const char *name = access ? PACL_XATTR_ACCESS : PACL_XATTR_DEFAULT;
 	struct ckpt_xattr **pp = ckpt_xattr_find_locked(ino, name);
@@ -1623,21 +1636,27 @@ static int ckpt_set_acl_locked(struct ckpt_inode *ino, int access, const char *v
 	if (!pp && (flags & XATTR_REPLACE))
 		return -ENODATA;
 	if (n == 0) {
-		if (pp)
+		if (pp) {
 			ckpt_xattr_del_locked(ino, pp);
+			*changed = true;
+		}
 		return 0;
 	}
 	if (!access)
-		return ckpt_xattr_set_locked(ino, name, value, size, 0);
+		return ckpt_xattr_set_locked(ino, name, value, size, 0, changed);
 	keep = pacl_equiv_mode(value, size, &mode);
 	if (!ckpt_in_group(c, ino->gid))
 		mode &= ~(mode_t)S_ISGID;
-	if (keep)
-		rc = ckpt_xattr_set_locked(ino, name, value, size, 0);
-	else if (pp)
+	if (keep) {
+		rc = ckpt_xattr_set_locked(ino, name, value, size, 0, changed);
+	} else if (pp) {
 		ckpt_xattr_del_locked(ino, pp);
-	if (!rc)
+		*changed = true;
+	}
+	if (!rc && mode != ino->mode) {
 		ino->mode = mode;
+		*changed = true;
+	}
 	return rc;
 }
 
@@ -1702,6 +1721,7 @@ int ckpt_setxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name,
 		  const char *value, size_t size, int flags, const struct ckpt_ctx *c)
 {
 	int xns = ckpt_xattr_ns(name), rc;
+	bool changed = false;
 
 	if (strlen(name) > XATTR_NAME_MAX || !*name)
 		return strlen(name) ? -ERANGE : -EINVAL;
@@ -1713,10 +1733,11 @@ int ckpt_setxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name,
 		return -E2BIG;
 	pthread_mutex_lock(&ns->mu);
 	if (xns == XNS_ACL_ACCESS || xns == XNS_ACL_DEFAULT)
-		rc = ckpt_set_acl_locked(ino, xns == XNS_ACL_ACCESS, value, size, flags, c);
+		rc = ckpt_set_acl_locked(ino, xns == XNS_ACL_ACCESS, value, size, flags, c,
+					 &changed);
 	else
-		rc = ckpt_xattr_set_locked(ino, name, value, size, flags);
-	if (!rc) {
+		rc = ckpt_xattr_set_locked(ino, name, value, size, flags, &changed);
+	if (!rc && changed) {
 		ino->ctime = ckpt_now();
 		ckpt_changed(ns);
 	}
@@ -1794,7 +1815,10 @@ int ckpt_removexattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *nam
 	pthread_mutex_lock(&ns->mu);
 	pp = ckpt_xattr_find_locked(ino, name);
 	if (!pp) {
-		rc = -ENODATA;
+		/* Removing an ACL that is not there (or is the mode alone) succeeds, as
+		 * ext4_set_acl(NULL) does; other names want XATTR_REPLACE's ENODATA. */
+		if (xns != XNS_ACL_ACCESS && xns != XNS_ACL_DEFAULT)
+			rc = -ENODATA;
 	} else {
 		ckpt_xattr_del_locked(ino, pp);
 		ino->ctime = ckpt_now();
@@ -1802,6 +1826,18 @@ int ckpt_removexattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *nam
 	}
 	pthread_mutex_unlock(&ns->mu);
 	return rc;
+}
+
+int ckpt_kill_priv_needs_groups(struct ckpt_ns *ns, struct ckpt_inode *ino,
+				const struct ckpt_ctx *c)
+{
+	int needs;
+
+	pthread_mutex_lock(&ns->mu);
+	needs = S_ISREG(ino->mode) && c->uid != 0 && c->gid != ino->gid &&
+		(ino->mode & (S_ISGID | S_IXGRP)) == S_ISGID;
+	pthread_mutex_unlock(&ns->mu);
+	return needs;
 }
 
 int ckpt_kill_priv(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct ckpt_ctx *c)
@@ -1814,7 +1850,10 @@ int ckpt_kill_priv(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct ckpt
 	if (S_ISREG(ino->mode) && c->uid != 0) {
 		if (ino->mode & S_ISUID)
 			kill |= S_ISUID;
-		if ((ino->mode & (S_ISGID | S_IXGRP)) == (S_ISGID | S_IXGRP))
+		/* setattr_should_drop_sgid (Linux 6.x): with group execute, or when the
+		 * writer is outside the file's group. */
+		if ((ino->mode & S_ISGID) &&
+		    ((ino->mode & S_IXGRP) || !ckpt_in_group(c, ino->gid)))
 			kill |= S_ISGID;
 	}
 	if (kill) {

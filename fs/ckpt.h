@@ -110,13 +110,21 @@ int ckpt_read(struct ckpt_ns *ns, struct ckpt_inode *ino, size_t size, off_t off
 int ckpt_write(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *buf, size_t size,
 	       off_t off);
 /*
- * What the kernel does itself before a buffered write (file_remove_privs) but not before
- * a write through a FOPEN_DIRECT_IO handle (fs/fuse/file.c, without
- * FUSE_CAP_HANDLE_KILLPRIV_V2) nor an atomic O_TRUNC open: clears setuid, and setgid
- * when group-executable, unless the writer is root (uid 0 stands for CAP_FSETID, as
- * elsewhere here), and removes security.capability. 1 if it changed anything (the
- * caller drops the kernel's cached attributes), else 0. Takes ns->mu: pointer work.
+ * The privileges a write, truncate or fallocate by c removes, as ext4 does
+ * (file_remove_privs): clears setuid, and setgid when group-executable or when c is
+ * outside the file's group (setattr_should_drop_sgid, Linux 6.x), unless c is root
+ * (uid 0 stands for CAP_FSETID, as elsewhere here), and removes security.capability.
+ * The kernel does most of it itself before a buffered write, but not before a write
+ * through a FOPEN_DIRECT_IO handle (fs/fuse/file.c, without
+ * FUSE_CAP_HANDLE_KILLPRIV_V2) nor an atomic O_TRUNC open, and never the setgid
+ * without group execute (fuse_setattr recomputes the kill with the older rule). 1 if it
+ * changed anything (the caller drops the kernel's cached attributes), else 0.
+ * c->groups are needed only when ckpt_kill_priv_needs_groups says so (a setgid file
+ * without group execute, c's primary group another); without them c counts as outside
+ * the group. Both take ns->mu: pointer work.
  */
+int ckpt_kill_priv_needs_groups(struct ckpt_ns *ns, struct ckpt_inode *ino,
+				const struct ckpt_ctx *c);
 int ckpt_kill_priv(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct ckpt_ctx *c);
 
 /*

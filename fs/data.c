@@ -48,6 +48,17 @@
  *    filesystem mounted inside SOURCE) is logged and served as with -o immutable.
  *    Events on nodes are sent without ns->mu held (the kernel may wait on a page a
  *    worker is filling); nodes freed meanwhile only cost an ENOENT from the kernel.
+ * 7. A daemon running as root opens a SOURCE file or directory for a caller other than
+ *    root with the caller's credentials (fsuid, fsgid and supplementary groups of the
+ *    worker thread, switched around the open and back: data_as_caller), so that SOURCE's
+ *    own permission checks (modes and ACLs of every component) decide, not the kernel's
+ *    attributes of MOUNT/data, which it caches for data_timeout: a file or a directory
+ *    made private in SOURCE is refused at the next open, as it is to a direct reader.
+ *    The raw syscalls change only the calling thread (glibc's setgroups would change
+ *    every thread). A switch that fails refuses the open (EACCES). Costs: three
+ *    syscalls each way, and the caller's groups (ops.c reads them from /proc and keeps
+ *    them per thread for a second). Lookups and stat still answer from the daemon's
+ *    view.
  */
 #include "fs/data.h"
 
@@ -129,10 +140,17 @@ struct data_dir {
 	struct data_dir *prev, *next; /* ns->dirs, under ns->mu */
 };
 
+#define DATA_OWN_GROUPS_MAX 64
+
 struct data_ns {
 	struct mlfs *m;
 	int src_fd;
 	char *src_path;
+	/* The daemon's own credentials (invariant 7), read at start; never changed. */
+	uid_t own_uid;
+	gid_t own_gid;
+	gid_t own_groups[DATA_OWN_GROUPS_MAX];
+	int nown_groups;
 	/* The node table. A leaf: nothing else is taken under it; no I/O under it (the
 	 * backing-file ioctl of data_bind_locked runs under it: no I/O, no lock of ours). */
 	pthread_mutex_t mu;
@@ -355,6 +373,10 @@ int data_ns_new(struct mlfs *m, const char *source, struct data_ns **out)
 	if (!ns)
 		return -ENOMEM;
 	ns->m = m;
+	ns->own_uid = geteuid();
+	ns->own_gid = getegid();
+	/* More groups than that: as_caller switching stays off (data_as_caller). */
+	ns->nown_groups = getgroups(DATA_OWN_GROUPS_MAX, ns->own_groups);
 	ns->nbuckets = 4096;
 	ns->buckets = calloc(ns->nbuckets, sizeof(*ns->buckets));
 	ns->root = calloc(1, sizeof(*ns->root) + 1);
@@ -916,15 +938,44 @@ static int data_open_source(struct data_ns *ns, struct data_node *n, struct stat
 	return fd;
 }
 
+/* Invariant 7: makes this thread open with who's credentials (on = 1) or the daemon's
+ * again (on = 0). Returns 1 if switched (the caller switches back), 0 if nothing to do
+ * (no caller, root, or a daemon not running as root: the kernel's check stands alone),
+ * or -EACCES if the switch failed (the thread is back to the daemon's). */
+static int data_as_caller(const struct data_ns *ns, const struct data_cred *who, int on)
+{
+	if (on) {
+		if (!who || who->uid == 0 || ns->own_uid != 0 || ns->nown_groups < 0)
+			return 0;
+		if (syscall(SYS_setgroups, (size_t)who->ngroups, who->groups) < 0)
+			return -EACCES;
+		syscall(SYS_setfsgid, who->gid);
+		syscall(SYS_setfsuid, who->uid);
+		/* setfs*id return the previous id and no error: ask again to check. */
+		if ((uid_t)syscall(SYS_setfsuid, -1) == who->uid &&
+		    (gid_t)syscall(SYS_setfsgid, -1) == who->gid)
+			return 1;
+	}
+	syscall(SYS_setfsuid, ns->own_uid);
+	syscall(SYS_setfsgid, ns->own_gid);
+	syscall(SYS_setgroups, (size_t)ns->nown_groups, ns->own_groups);
+	return on ? -EACCES : 0;
+}
+
 /* Opens n's source file into f and revalidates it (invariant 2): a changed file gets
  * a new id and its old blocks are dropped. *changed tells the caller whether the
  * kernel's cached pages may be stale (invariant 5). */
-static int data_file_init(struct data_ns *ns, struct data_node *n, struct data_file *f,
-			  int *changed)
+static int data_file_init(struct data_ns *ns, struct data_node *n,
+			  const struct data_cred *who, struct data_file *f, int *changed)
 {
 	struct stat st;
-	int fd = data_open_source(ns, n, &st);
+	int as = data_as_caller(ns, who, 1), fd;
 
+	if (as < 0)
+		return as;
+	fd = data_open_source(ns, n, &st);
+	if (as)
+		data_as_caller(ns, who, 0);
 	if (fd < 0)
 		return fd;
 	f->fd = fd;
@@ -997,15 +1048,15 @@ static void data_bind_paged_locked(struct data_node *n, struct data_file *f)
 	f->paged = 1;
 }
 
-int data_open(struct data_ns *ns, struct data_node *n, struct fuse_file_info *fi,
-	      struct data_file **out)
+int data_open(struct data_ns *ns, struct data_node *n, const struct data_cred *who,
+	      struct fuse_file_info *fi, struct data_file **out)
 {
 	struct data_file *f = calloc(1, sizeof(*f));
 	int changed, refused = 0, rc;
 
 	if (!f)
 		return -ENOMEM;
-	if ((rc = data_file_init(ns, n, f, &changed))) {
+	if ((rc = data_file_init(ns, n, who, f, &changed))) {
 		free(f);
 		return rc;
 	}
@@ -1042,7 +1093,7 @@ int data_read_unopened(struct data_ns *ns, struct data_node *n, size_t size, off
 	struct data_file f = { 0 };
 	int changed, rc;
 
-	if ((rc = data_file_init(ns, n, &f, &changed)))
+	if ((rc = data_file_init(ns, n, NULL, &f, &changed)))
 		return rc;
 	rc = data_read(ns, &f, size, off, segs);
 	close(f.fd);
@@ -1290,18 +1341,25 @@ fail:
 	return rc;
 }
 
-int data_opendir(struct data_ns *ns, struct data_node *n, struct data_dir **out)
+int data_opendir(struct data_ns *ns, struct data_node *n, const struct data_cred *who,
+		 struct data_dir **out)
 {
 	char path[PATH_MAX];
 	struct data_dir *d;
-	int fd, rc;
+	int fd, rc, as;
 
 	if ((rc = data_path(n, path, sizeof(path))))
 		return rc;
 	d = calloc(1, sizeof(*d));
 	if (!d)
 		return -ENOMEM;
+	if ((as = data_as_caller(ns, who, 1)) < 0) {
+		free(d);
+		return as;
+	}
 	fd = data_open_beneath(ns, path, O_RDONLY | O_DIRECTORY);
+	if (as)
+		data_as_caller(ns, who, 0);
 	if (fd < 0 || !(d->dp = fdopendir(fd))) {
 		rc = fd < 0 ? fd : -errno;
 		if (fd >= 0)

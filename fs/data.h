@@ -71,9 +71,23 @@ int data_getxattr(struct data_ns *ns, struct data_node *n, const char *name, voi
 int data_listxattr(struct data_ns *ns, struct data_node *n, char *buf, size_t size,
 		   int privileged);
 
+/*
+ * Who opens a file or a directory: the caller of the request (fuse_req_ctx and its
+ * supplementary groups; groups borrowed). A daemon running as root opens SOURCE with
+ * these credentials (data.c invariant 7), so an open succeeds only if the caller could
+ * open the SOURCE file itself, whatever the kernel's cached attributes say; NULL or uid 0
+ * opens as the daemon.
+ */
+struct data_cred {
+	uid_t uid;
+	gid_t gid;
+	const gid_t *groups;
+	int ngroups;
+};
+
 /* Open files: *out is handed to the caller until data_release. */
-int data_open(struct data_ns *ns, struct data_node *n, struct fuse_file_info *fi,
-	      struct data_file **out);
+int data_open(struct data_ns *ns, struct data_node *n, const struct data_cred *who,
+	      struct fuse_file_info *fi, struct data_file **out);
 void data_release(struct data_ns *ns, struct data_file *f);
 /* With passthrough active (passthrough.h): the backing id the OPEN reply of f must name,
  * or 0 when f is served by the block cache. *reads_here: the id is of another SOURCE
@@ -92,7 +106,8 @@ int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
 /* Directory streams. data_readdir adds entries with fuse_add_direntry[_plus] to buf
  * (size bytes) from offset off and returns the bytes used; with plus, each entry added
  * takes a lookup reference, as the kernel expects. */
-int data_opendir(struct data_ns *ns, struct data_node *n, struct data_dir **out);
+int data_opendir(struct data_ns *ns, struct data_node *n, const struct data_cred *who,
+		 struct data_dir **out);
 int data_readdir(struct data_ns *ns, fuse_req_t req, struct data_node *parent,
 		 struct data_dir *d, char *buf, size_t size, off_t off, int plus);
 void data_releasedir(struct data_ns *ns, struct data_dir *d);

@@ -13,6 +13,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -217,6 +218,143 @@ static void mlfs_op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_inf
 		fuse_reply_attr(req, &st, timeout);
 }
 
+static struct ckpt_ctx ctx_of(fuse_req_t req)
+{
+	const struct fuse_ctx *c = fuse_req_ctx(req);
+
+	return (struct ckpt_ctx){ .uid = c->uid, .gid = c->gid, .umask = c->umask };
+}
+
+/*
+ * The groups of recent callers, by thread (FUSE names the calling thread): libfuse reads
+ * them from /proc/PID/task/TID/status, ~25 us, and a data loader's few threads open
+ * thousands of files a second (data.c invariant 7 wants them at every open). An entry
+ * serves its thread, with the same uid and gid, for MLFS_GCACHE_NS: a thread that
+ * changed its supplementary groups meanwhile (setgroups(2), which needs CAP_SETGID) may
+ * be judged by its old ones for that long. Callers with more groups are not cached.
+ */
+#define MLFS_GCACHE 64
+#define MLFS_GCACHE_GROUPS 32
+#define MLFS_GCACHE_NS 1000000000ull
+static struct mlfs_gcache {
+	pid_t tid;
+	uid_t uid;
+	gid_t gid;
+	int n;
+	uint64_t at;
+	gid_t g[MLFS_GCACHE_GROUPS];
+} mlfs_gcache[MLFS_GCACHE];
+/* Lock order: a leaf; taken with nothing of ours held or under none, nothing under it. */
+static pthread_mutex_t mlfs_gcache_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int gcache_get(const struct fuse_ctx *c, gid_t *buf)
+{
+	struct mlfs_gcache *e = &mlfs_gcache[(unsigned)c->pid % MLFS_GCACHE];
+	uint64_t now = mlfs_now_ns();
+	int n = -1;
+
+	pthread_mutex_lock(&mlfs_gcache_mu);
+	if (e->tid == c->pid && e->uid == c->uid && e->gid == c->gid && e->at &&
+	    now - e->at < MLFS_GCACHE_NS) {
+		n = e->n;
+		memcpy(buf, e->g, n * sizeof(*buf));
+	}
+	pthread_mutex_unlock(&mlfs_gcache_mu);
+	return n;
+}
+
+static void gcache_put(const struct fuse_ctx *c, const gid_t *g, int n)
+{
+	struct mlfs_gcache *e = &mlfs_gcache[(unsigned)c->pid % MLFS_GCACHE];
+
+	if (n > MLFS_GCACHE_GROUPS)
+		return;
+	pthread_mutex_lock(&mlfs_gcache_mu);
+	e->tid = c->pid;
+	e->uid = c->uid;
+	e->gid = c->gid;
+	e->n = n;
+	e->at = mlfs_now_ns();
+	memcpy(e->g, g, n * sizeof(*g));
+	pthread_mutex_unlock(&mlfs_gcache_mu);
+}
+
+/* The caller's supplementary groups (above), into buf (room for 64) or, for more, a
+ * heap array that the caller frees when it is not buf. Returns the array used and their
+ * number in *n; on failure no groups (or the first 64). */
+#define MLFS_GROUPS_BUF 64
+static gid_t *req_groups(fuse_req_t req, gid_t *buf, int *n)
+{
+	const struct fuse_ctx *c = fuse_req_ctx(req);
+	gid_t *g = buf;
+	int cap = MLFS_GROUPS_BUF, ng;
+
+	if ((ng = gcache_get(c, buf)) >= 0) {
+		*n = ng;
+		return buf;
+	}
+	ng = fuse_req_getgroups(req, cap, g);
+
+	if (ng > cap) {
+		gid_t *big = malloc(ng * sizeof(*big));
+
+		if (big) { /* else the first 64: membership may then be missed */
+			g = big;
+			cap = ng;
+			ng = fuse_req_getgroups(req, cap, g);
+		}
+	}
+	/* The groups may have grown between the two calls: never past the array. */
+	*n = ng < 0 ? 0 : ng > cap ? cap : ng;
+	if (ng >= 0)
+		gcache_put(c, g, *n);
+	return g;
+}
+
+static gid_t *ctx_groups(fuse_req_t req, struct ckpt_ctx *c, gid_t *buf)
+{
+	gid_t *g = req_groups(req, buf, &c->ngroups);
+
+	c->groups = g;
+	return g;
+}
+
+/* The caller as data.h opens SOURCE for it (data.c invariant 7): its groups only for
+ * a caller other than root, who opens as the daemon. Free the return value when it is
+ * not buf. */
+static gid_t *data_cred_of(fuse_req_t req, struct data_cred *who, gid_t *buf)
+{
+	const struct fuse_ctx *c = fuse_req_ctx(req);
+	gid_t *g = buf;
+
+	*who = (struct data_cred){ .uid = c->uid, .gid = c->gid };
+	if (c->uid != 0) {
+		g = req_groups(req, buf, &who->ngroups);
+		who->groups = g;
+	}
+	return g;
+}
+
+/*
+ * Removes what a write, truncate or fallocate by the caller removes on ext4
+ * (ckpt_kill_priv), reading the caller's groups only when the answer depends on them,
+ * and drops the kernel's cached attributes of ino if anything changed (attributes
+ * only: no page is locked, so it is safe inside a WRITE the kernel holds pages for).
+ */
+static void kill_priv(fuse_req_t req, struct mlfs *m, fuse_ino_t ino)
+{
+	struct ckpt_inode *n = (struct ckpt_inode *)node_of(ino);
+	struct ckpt_ctx c = ctx_of(req);
+	gid_t buf[MLFS_GROUPS_BUF], *g = buf;
+
+	if (c.uid != 0 && ckpt_kill_priv_needs_groups(m->ckpt, n, &c))
+		g = ctx_groups(req, &c, buf);
+	if (ckpt_kill_priv(m->ckpt, n, &c) && m->se)
+		fuse_lowlevel_notify_inval_inode(m->se, ino, -1, 0);
+	if (g != buf)
+		free(g);
+}
+
 static void mlfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
 			    struct fuse_file_info *fi)
 {
@@ -228,6 +366,12 @@ static void mlfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, i
 	if (n->kind != MLFS_CKPT)
 		return reply_rc(req, -EROFS);
 	rc = ckpt_setattr(m->ckpt, (struct ckpt_inode *)n, attr, to_set, &st);
+	/* A truncate removes privileges as a write does; the kernel sent the part of it
+	 * that it computes itself as a mode in this request (ckpt_kill_priv). */
+	if (!rc && (to_set & FUSE_SET_ATTR_SIZE)) {
+		kill_priv(req, m, ino);
+		rc = ckpt_getattr(m->ckpt, (struct ckpt_inode *)n, &st);
+	}
 	if (rc)
 		reply_rc(req, rc);
 	else
@@ -249,13 +393,6 @@ static void mlfs_op_readlink(fuse_req_t req, fuse_ino_t ino)
 		reply_rc(req, rc);
 	else
 		fuse_reply_readlink(req, buf);
-}
-
-static struct ckpt_ctx ctx_of(fuse_req_t req)
-{
-	const struct fuse_ctx *c = fuse_req_ctx(req);
-
-	return (struct ckpt_ctx){ .uid = c->uid, .gid = c->gid, .umask = c->umask };
 }
 
 /* mknod, mkdir, symlink and create: only in MOUNT/ckpt. */
@@ -426,7 +563,13 @@ static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 	if (n->kind == MLFS_DATA) {
 		if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC))
 			return reply_rc(req, -EROFS);
-		if ((rc = data_open(m->data, (struct data_node *)n, fi, &f)))
+		struct data_cred who;
+		gid_t buf[MLFS_GROUPS_BUF], *g = data_cred_of(req, &who, buf);
+
+		rc = data_open(m->data, (struct data_node *)n, &who, fi, &f);
+		if (g != buf)
+			free(g);
+		if (rc)
 			return reply_rc(req, rc);
 		fi->fh = (uint64_t)f;
 		/* Changed underneath: no keep_cache drops the kernel's pages, but its
@@ -451,12 +594,8 @@ static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 		/* An atomic O_TRUNC is a truncate the kernel did not see as a setattr, so it
 		 * removed no privileges: do it here, by the rules of a write (ckpt.h), and
 		 * drop the mode it caches (attributes only: no page is locked). */
-		if (fi->flags & O_TRUNC) {
-			struct ckpt_ctx c = ctx_of(req);
-
-			if (ckpt_kill_priv(m->ckpt, (struct ckpt_inode *)n, &c) && m->se)
-				fuse_lowlevel_notify_inval_inode(m->se, ino, -1, 0);
-		}
+		if (fi->flags & O_TRUNC)
+			kill_priv(req, m, ino);
 		fi->noflush = !cf; /* FLUSH only for handles with write access */
 		/* Every change goes through this kernel, so its cached pages stay true;
 		 * a restore swaps in new inodes, never old pages. */
@@ -596,8 +735,10 @@ static void mlfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, 
 	/* -o immutable: once an OPEN was answered ENOSYS the kernel sends no RELEASE, not
 	 * even for created files, so no open is counted there (nor released, below): the
 	 * lookup count alone keeps an unlinked file alive while it is open. */
+	/* The file is new: an O_TRUNC has nothing to cut, and truncating would stamp its
+	 * times after the entry reply carried them (ext4 skips it too, FMODE_CREATED). */
 	if (!mlfs_no_open(m) &&
-	    (rc = ckpt_open(m->ckpt, (struct ckpt_inode *)e.ino, fi->flags,
+	    (rc = ckpt_open(m->ckpt, (struct ckpt_inode *)e.ino, fi->flags & ~O_TRUNC,
 			    fuse_req_ctx(req)->pid, &cf))) {
 		ckpt_forget(m->ckpt, (struct ckpt_inode *)e.ino, 1); /* the entry never sent */
 		return reply_rc(req, rc);
@@ -719,13 +860,11 @@ static void mlfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_
 	 * so a freeze that holds them flags the file. */
 	if (fi && ckpt_file_of(fi))
 		ckpt_file_write(m->ckpt, (struct ckpt_inode *)n, ckpt_file_of(fi));
-	/* The kernel removed the privileges itself unless the handle is direct. */
-	if (fi && ckpt_fh_direct(fi)) {
-		struct ckpt_ctx c = ctx_of(req);
-
-		if (ckpt_kill_priv(m->ckpt, (struct ckpt_inode *)n, &c))
-			fuse_lowlevel_notify_inval_inode(m->se, ino, -1, 0); /* attributes only */
-	}
+	/* The kernel removed most privileges itself unless the handle is direct, never
+	 * a setgid without group execute (ckpt_kill_priv). A page written back from a
+	 * mapping comes with no caller (uid 0), as on ext4 where nothing is removed. */
+	if (!fi || !fi->writepage)
+		kill_priv(req, m, ino);
 	rc = ckpt_write(m->ckpt, (struct ckpt_inode *)n, buf, size, off);
 	if (rc < 0)
 		return reply_rc(req, rc);
@@ -778,8 +917,13 @@ static void mlfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_inf
 	if (n->kind == MLFS_DATA) {
 		struct data_dir *d;
 
-		if (!(rc = data_opendir(m->data, (struct data_node *)n, &d)))
+		struct data_cred who;
+		gid_t buf[MLFS_GROUPS_BUF], *g = data_cred_of(req, &who, buf);
+
+		if (!(rc = data_opendir(m->data, (struct data_node *)n, &who, &d)))
 			fi->fh = (uint64_t)d;
+		if (g != buf)
+			free(g);
 	} else if (n->kind == MLFS_CKPT) {
 		struct ckpt_dir *d;
 
@@ -912,30 +1056,14 @@ static void mlfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 {
 	struct mlfs_node *n = node_of(ino);
 	struct ckpt_ctx c = ctx_of(req);
-	gid_t groups[64], *g = groups;
-	int ng = 0;
+	gid_t groups[MLFS_GROUPS_BUF], *g = groups;
 
 	if (n->kind != MLFS_CKPT)
 		return reply_rc(req, -EROFS);
 	/* Setting an access ACL keeps setgid only for a member of the file's group: that
-	 * needs the caller's supplementary groups (read from /proc by libfuse). */
-	if (c.uid != 0 && !strcmp(name, "system.posix_acl_access")) {
-		int cap = 64;
-
-		ng = fuse_req_getgroups(req, cap, groups);
-		if (ng > cap) {
-			gid_t *big = malloc(ng * sizeof(*big));
-
-			if (big) { /* else the first 64: membership may then be missed */
-				g = big;
-				cap = ng;
-				ng = fuse_req_getgroups(req, cap, g);
-			}
-		}
-		/* The groups may have grown between the two calls: never past the array. */
-		c.groups = g;
-		c.ngroups = ng < 0 ? 0 : ng > cap ? cap : ng;
-	}
+	 * needs the caller's supplementary groups. */
+	if (c.uid != 0 && !strcmp(name, "system.posix_acl_access"))
+		g = ctx_groups(req, &c, groups);
 	reply_rc(req, ckpt_setxattr(mlfs_of(req)->ckpt, (struct ckpt_inode *)n, name, value,
 				    size, flags, &c));
 	if (g != groups)
@@ -1028,9 +1156,14 @@ static void mlfs_op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t of
 {
 	struct mlfs_node *n = node_of(ino);
 
+	int rc;
+
 	if (n->kind != MLFS_CKPT)
 		return reply_rc(req, n->kind == MLFS_DATA ? -EROFS : -EISDIR);
-	reply_rc(req, ckpt_fallocate(mlfs_of(req)->ckpt, (struct ckpt_inode *)n, mode, off, len));
+	rc = ckpt_fallocate(mlfs_of(req)->ckpt, (struct ckpt_inode *)n, mode, off, len);
+	if (!rc) /* as a write (vfs_fallocate: file_modified) */
+		kill_priv(req, mlfs_of(req), ino);
+	reply_rc(req, rc);
 }
 
 /*

@@ -1,0 +1,316 @@
+"""MOUNT/ckpt, POSIX semantics part 4: differences from ext4 that the differential harness
+(posix_diff.py, test_posix_diff.py) found, each pinned by the smallest case that shows
+it. Every expectation is ext4's: MLFS_TEST_NATIVE=1 checks them against the local ext4.
+"""
+import ctypes
+import errno
+import os
+import stat
+import struct
+import time
+
+import pytest
+
+import mlfs_util as U
+
+
+def p(ckpt, *parts):
+    return os.path.join(ckpt, *parts)
+
+
+def touch(path, mode=0o644):
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, mode))
+
+
+@pytest.fixture
+def umask022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+ACL_USER_OBJ, ACL_USER, ACL_GROUP_OBJ, ACL_GROUP, ACL_MASK, ACL_OTHER = 1, 2, 4, 8, 16, 32
+
+
+def acl_value(entries):
+    """The system.posix_acl_* value of entries [(tag, perm, id)] (version 2, sorted)."""
+    out = struct.pack("<I", 2)
+    for tag, perm, ident in sorted(entries, key=lambda e: (e[0], e[2])):
+        out += struct.pack("<HHI", tag, perm, ident & 0xffffffff)
+    return out
+
+
+# --- xattrs and ACLs -------------------------------------------------------------------
+
+def test_removing_an_absent_acl_succeeds(ckpt, umask022):
+    """removexattr of system.posix_acl_access/_default where there is none (never set, or
+    set equivalent to the mode, which stores nothing) succeeds on ext4 (ext4_set_acl with
+    no ACL and no XATTR_REPLACE); a user.* name that is not there is ENODATA."""
+    f, d = p(ckpt, "f"), p(ckpt, "d")
+    touch(f)
+    os.mkdir(d)
+    for path in (f, d):
+        os.removexattr(path, "system.posix_acl_access")
+        os.removexattr(path, "system.posix_acl_default")
+        U.expect_errno(errno.ENODATA, os.removexattr, path, "user.none")
+    # An ACL the mode says all of is not stored: removing it changes nothing.
+    os.setxattr(f, "system.posix_acl_access",
+                acl_value([(ACL_USER_OBJ, 6, -1), (ACL_GROUP_OBJ, 4, -1), (ACL_OTHER, 0, -1)]))
+    assert os.stat(f).st_mode & 0o777 == 0o640
+    os.removexattr(f, "system.posix_acl_access")
+    assert os.stat(f).st_mode & 0o777 == 0o640
+    # A real one goes, and a second removal still succeeds.
+    os.setxattr(d, "system.posix_acl_default",
+                acl_value([(ACL_USER_OBJ, 7, -1), (ACL_GROUP_OBJ, 5, -1), (ACL_OTHER, 5, -1)]))
+    os.removexattr(d, "system.posix_acl_default")
+    U.expect_errno(errno.ENODATA, os.getxattr, d, "system.posix_acl_default")
+    os.removexattr(d, "system.posix_acl_default")
+
+
+# --- times -----------------------------------------------------------------------------
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.statx.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint,
+                       ctypes.c_void_p]
+libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+AT_FDCWD = -100
+AT_STATX_FORCE_SYNC = 0x2000
+STATX_BASIC_STATS = 0x7ff
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE = 1, 2, 0x10
+
+
+def statx_times(path):
+    """(atime, mtime, ctime) in ns, asked of the file system itself
+    (AT_STATX_FORCE_SYNC: a FUSE mount sends GETATTR instead of answering from its
+    attribute cache)."""
+    buf = ctypes.create_string_buffer(256)
+    if libc.statx(AT_FDCWD, path.encode(), AT_STATX_FORCE_SYNC, STATX_BASIC_STATS, buf):
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), path)
+
+    def ts(off):
+        sec, nsec = struct.unpack_from("<qI", buf, off)
+        return sec * 10**9 + nsec
+    return ts(64), ts(112), ts(96)
+
+
+def cached_times(path):
+    st = os.stat(path)
+    return st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns
+
+
+def test_create_with_o_trunc_keeps_the_times_it_reported(ckpt):
+    """open(O_CREAT | O_TRUNC) of a new name: the times the creation reported are the
+    file's (ext4 does not truncate a file its open created). MOUNT/ckpt truncated it
+    after the reply, so the kernel showed the creation's times until its cache expired
+    and then later ones, with no change in between."""
+    for flags in (os.O_WRONLY, os.O_RDWR, os.O_RDONLY):
+        f = p(ckpt, f"f{flags}")
+        fd = os.open(f, os.O_CREAT | os.O_TRUNC | flags, 0o644)
+        try:
+            assert cached_times(f) == statx_times(f)
+        finally:
+            os.close(fd)
+        assert cached_times(f) == statx_times(f)
+
+
+@pytest.mark.parametrize("size,mode,off,length", [
+    (0, FALLOC_FL_KEEP_SIZE, 10, 1),                          # past EOF, size kept
+    (8192, FALLOC_FL_KEEP_SIZE, 0, 4096),                     # inside: nothing to do
+    (8192, 0, 0, 4096),                                       # mode 0 inside
+    (0, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 4096, 4096),  # a hole past EOF
+    (100, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 4096, 100),  # zeros past EOF
+])
+def test_fallocate_always_updates_mtime_and_ctime(ckpt, size, mode, off, length):
+    """ext4 stamps mtime and ctime at every fallocate that succeeds, also one that
+    changes neither the size nor a byte; MOUNT/ckpt only when it did change something."""
+    f = p(ckpt, "f")
+    with open(f, "wb") as fh:
+        fh.write(b"x" * size)
+    before = statx_times(f)
+    time.sleep(0.01)  # a clock step apart, not a duration asserted
+    fd = os.open(f, os.O_RDWR)
+    try:
+        assert libc.fallocate(fd, mode, off, length) == 0, os.strerror(ctypes.get_errno())
+    finally:
+        os.close(fd)
+    after = statx_times(f)
+    assert after[1] > before[1] and after[2] > before[2], (before, after)
+    assert os.stat(f).st_size == size
+
+
+# --- privileges removed by a change of content --------------------------------------
+
+NOBODY = 65534
+GROUP = 4242  # the file's group; any number will do, setgroups takes it as is
+
+
+def as_creds(fn, uid, gid, groups):
+    """fn() in a forked child with uid, gid and exactly these supplementary groups;
+    ('ok', value) or ('err', errno)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            os.setgroups(groups)
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+            try:
+                res = ("ok", fn())
+            except OSError as e:
+                res = ("err", e.errno)
+            os.write(w, repr(res).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 4096):
+        data += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert data, "child failed"
+    return eval(data)  # noqa: S307 - our own repr of a tuple
+
+
+def _write(flags):
+    def run(path):
+        fd = os.open(path, flags)
+        try:
+            os.write(fd, b"x")
+        finally:
+            os.close(fd)
+    return run
+
+
+def _ftruncate(path):
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, 1)
+    finally:
+        os.close(fd)
+
+
+def _fallocate(path):
+    fd = os.open(path, os.O_RDWR)
+    try:
+        if libc.fallocate(fd, 0, 0, 8192):
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e))
+    finally:
+        os.close(fd)
+
+
+CHANGES = {
+    "write-wronly": _write(os.O_WRONLY),   # a direct handle in MOUNT/ckpt
+    "write-rdwr": _write(os.O_RDWR),       # through the page cache
+    "truncate": lambda path: os.truncate(path, 1),
+    "ftruncate": _ftruncate,
+    "o_trunc": lambda path: os.close(os.open(path, os.O_WRONLY | os.O_TRUNC)),
+    "fallocate": _fallocate,
+}
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+@pytest.mark.parametrize("who,keeps", [
+    ((NOBODY, NOBODY, []), False),          # outside the file's group
+    ((NOBODY, NOBODY, [GROUP]), True),      # a member by a supplementary group
+    ((NOBODY, GROUP, []), True),            # a member by its primary group
+])
+def test_setgid_without_group_exec_cleared_for_non_members(ckpt, change, who, keeps):
+    """A change of content by a user outside the file's group clears a setgid without
+    group execute too (Linux 6.x setattr_should_drop_sgid, ext4); a member keeps it.
+    The FUSE kernel module recomputes the kill with the older rule (setgid with group
+    execute only), so MOUNT/ckpt kept it for everyone."""
+    f = p(ckpt, "f")
+    with open(f, "wb") as fh:
+        fh.write(b"data")
+    os.chown(f, 0, GROUP)
+    os.chmod(f, 0o2766)
+    assert as_creds(lambda: CHANGES[change](f), *who) == ("ok", None)
+    want = 0o2766 if keeps else 0o766
+    assert oct(stat.S_IMODE(os.stat(f).st_mode)) == oct(want)
+    assert oct(stat.S_IMODE(statx_mode(f))) == oct(want)  # what the file system holds
+
+
+def statx_mode(path):
+    buf = ctypes.create_string_buffer(256)
+    if libc.statx(AT_FDCWD, path.encode(), AT_STATX_FORCE_SYNC, STATX_BASIC_STATS, buf):
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), path)
+    return struct.unpack_from("<H", buf, 28)[0]
+
+
+def test_xattr_set_again_keeps_ctime(ckpt, umask022):
+    """ext4 stamps ctime only when an xattr or the mode really changes: setting a value
+    again, an access ACL the mode already says (nothing stored), or removing a default
+    ACL that is not there leave it; a new value, and an ACL that changes the mode,
+    stamp it. MOUNT/ckpt stamped it at every successful setxattr."""
+    f, d = p(ckpt, "f"), p(ckpt, "d")
+    touch(f, 0o644)
+    os.mkdir(d, 0o755)
+    os.setxattr(f, "user.a", b"v")
+    os.setxattr(f, "user.e", b"")
+    same_mode = acl_value([(ACL_USER_OBJ, 6, -1), (ACL_GROUP_OBJ, 4, -1), (ACL_OTHER, 4, -1)])
+    bare = struct.pack("<I", 2)
+
+    def unchanged(fn, path):
+        before = statx_times(path)
+        time.sleep(0.01)  # a clock step apart, not a duration asserted
+        fn()
+        return statx_times(path)[2] == before[2]
+    assert unchanged(lambda: os.setxattr(f, "user.a", b"v"), f)
+    assert unchanged(lambda: os.setxattr(f, "user.e", b"", os.XATTR_REPLACE), f)
+    assert unchanged(lambda: os.setxattr(f, "system.posix_acl_access", same_mode), f)
+    assert unchanged(lambda: os.setxattr(d, "system.posix_acl_default", bare), d)
+    assert not unchanged(lambda: os.setxattr(f, "user.a", b"w"), f)
+    assert not unchanged(lambda: os.setxattr(
+        f, "system.posix_acl_access",
+        acl_value([(ACL_USER_OBJ, 6, -1), (ACL_GROUP_OBJ, 0, -1), (ACL_OTHER, 0, -1)])), f)
+    assert stat.S_IMODE(os.stat(f).st_mode) == 0o600
+
+
+# --- MOUNT/data as a second user ------------------------------------------------------
+
+def _read_as(path, uid=NOBODY, gid=NOBODY, groups=()):
+    def read():
+        with open(path, "rb") as f:
+            return f.read().decode()
+    return as_creds(read, uid, gid, list(groups))
+
+
+def test_data_revoked_access_refused_at_next_open(mounter, tmp_path):
+    """A SOURCE file or directory made private while mounted is refused to another user
+    at the next open, as SOURCE itself refuses it: the kernel caches MOUNT/data's
+    attributes for data_timeout (an hour), and mlfs opened SOURCE as root, so the first
+    open after a chmod 600 of a file read it, and a directory made 700 stayed readable
+    and listable for the hour. A member of the file's group by a supplementary group
+    still reads it; root reads everything."""
+    src = str(tmp_path / "src")
+    os.makedirs(os.path.join(src, "sub"))
+    os.chmod(str(tmp_path), 0o755)
+    os.chmod(src, 0o755)
+    for rel, mode, gid in (("f", 0o644, 0), ("sub/g", 0o644, 0), ("gf", 0o640, GROUP)):
+        path = os.path.join(src, rel)
+        with open(path, "w") as fh:
+            fh.write(rel)
+        os.chown(path, 0, gid)
+        os.chmod(path, mode)
+    m = mounter(src=src, opts="allow_other")
+    data = m.data
+    assert _read_as(os.path.join(data, "f")) == ("ok", "f")
+    assert _read_as(os.path.join(data, "sub", "g")) == ("ok", "sub/g")
+    assert as_creds(lambda: os.listdir(os.path.join(data, "sub")), NOBODY, NOBODY, []) == \
+        ("ok", ["g"])
+    assert _read_as(os.path.join(data, "gf"), groups=[GROUP]) == ("ok", "gf")
+    assert _read_as(os.path.join(data, "gf")) == ("err", errno.EACCES)
+    os.chmod(os.path.join(src, "f"), 0o600)
+    os.chmod(os.path.join(src, "sub"), 0o700)
+    assert _read_as(os.path.join(data, "f")) == ("err", errno.EACCES)
+    assert _read_as(os.path.join(data, "sub", "g")) == ("err", errno.EACCES)
+    assert as_creds(lambda: os.listdir(os.path.join(data, "sub")), NOBODY, NOBODY, []) == \
+        ("err", errno.EACCES)
+    with open(os.path.join(data, "sub", "g")) as fh:
+        assert fh.read() == "sub/g"
+    with open(os.path.join(data, "f")) as fh:
+        assert fh.read() == "f"
