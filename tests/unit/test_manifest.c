@@ -51,7 +51,7 @@ static void set_blocks(struct mf_entry *e, uint64_t size, uint32_t bs, uint64_t 
 	e->blocks = calloc(e->nblocks ? e->nblocks : 1, sizeof(*e->blocks));
 	for (uint64_t i = 0; i < e->nblocks; i++) {
 		e->blocks[i].len = i + 1 < e->nblocks ? bs : (uint32_t)(size - (e->nblocks - 1) * bs);
-		if (hole_mask & (1ull << i)) {
+		if (i < 64 && (hole_mask & (1ull << i))) {
 			e->blocks[i].flags = MF_BLOCK_HOLE;
 		} else {
 			for (int k = 0; k < MF_HASH_LEN; k++)
@@ -1130,7 +1130,7 @@ static void rm_change(struct rm_tree *t, int part, int step)
 			snprintf(np, sizeof(np), "%s%s", path, t->n[j].path + fl);
 			if (strlen(np) >= sizeof(t->n[j].path))
 				return; /* too deep: not renamed (partly: fine, a new path) */
-			snprintf(t->n[j].path, sizeof(t->n[j].path), "%s", np);
+			memcpy(t->n[j].path, np, strlen(np) + 1);
 			t->n[j].inh = 0;
 		}
 	} else if (op == 3) {
