@@ -522,7 +522,7 @@ static int pack_named(const char *dir, const char *suffix, char *out, size_t siz
 static void test_killed_gc_trash(const char *dir)
 {
 	const unsigned live_seeds[] = { 31, 32 }, dead_seeds[] = { 33 };
-	char name[256], from[512], to[512];
+	char name[256], from[512], to[512 + 32];
 	uint64_t objs = 0, bytes = 0;
 	struct store *s;
 
