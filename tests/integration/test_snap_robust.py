@@ -167,25 +167,44 @@ def vm_hwm_kib(pid):
     raise AssertionError(f"no VmHWM for {pid}")
 
 
+# Forks and execs argv[2:] from a fresh interpreter and writes the child's ru_maxrss to
+# the fd argv[1]. Not from pytest's own process: Linux carries the forking process's peak
+# RSS over exec into the child's ru_maxrss, and pytest's passes a gigabyte in a full run.
+RUSAGE_LAUNCHER = r"""
+import os, sys
+fd = int(sys.argv[1])
+pid = os.fork()
+if pid == 0:
+    os.close(fd)
+    os.execv(sys.argv[2], sys.argv[2:])
+_, status, ru = os.wait4(pid, 0)
+os.write(fd, str(ru.ru_maxrss).encode())
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def run_rusage(argv, timeout=120):
     """Runs argv: (exit code, stdout, stderr, its own peak RSS in KiB, from wait4)."""
     with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
-        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fo, stderr=fe)
-        end = time.monotonic() + timeout
-        while True:
-            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() > end:
-                p.kill()
-                pid, status, ru = os.wait4(p.pid, 0)
-                break
-            time.sleep(0.01)
-        p.returncode = os.waitstatus_to_exitcode(status)
+        rfd, wfd = os.pipe()
+        with os.fdopen(rfd, "rb") as r:
+            try:
+                p = subprocess.Popen([sys.executable, "-c", RUSAGE_LAUNCHER, str(wfd), *argv],
+                                     stdin=subprocess.DEVNULL, stdout=fo, stderr=fe,
+                                     pass_fds=(wfd,), start_new_session=True)
+            finally:
+                os.close(wfd)
+            try:
+                p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+            maxrss = r.read().decode()
         fo.seek(0)
         fe.seek(0)
-        return (p.returncode, fo.read().decode(errors="replace"),
-                fe.read().decode(errors="replace"), ru.ru_maxrss)
+        out, err = fo.read().decode(errors="replace"), fe.read().decode(errors="replace")
+        assert maxrss, f"{argv}: no peak RSS reported (exit {p.returncode}): {err!r}"
+        return p.returncode, out, err, int(maxrss)
 
 
 def test_huge_stray_files_in_snaps_cost_no_memory(snapenv):
