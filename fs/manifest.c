@@ -675,6 +675,15 @@ struct mf_union {
 	size_t cap;
 	size_t *slot;
 	size_t nslot;
+	/* Paths a part held as a hard link that lost (its inode lost a conflict, or is no
+	 * file in the union) before the union had them: a later part's untouched copy there
+	 * is not one only untouched copies hold (mf_union_drop). The names are the
+	 * parts' (borrowed for the merge). */
+	struct mf_contested {
+		uint64_t parent;
+		const char *name;
+	} *contested;
+	size_t ncontested, ccap;
 };
 
 static uint64_t mf_union_key(uint64_t parent, const char *name)
@@ -835,8 +844,22 @@ static int mf_union_add(struct mf_union *u, const struct mf_manifest *p, unsigne
 				 * another part's directory or symlink in the union: a link to
 				 * that is no file, so this path has no content: a conflict */
 				(*conflicts)++;
-				if (at >= 0)
+				if (at >= 0) {
 					(*slots)[at].conflict = true;
+				} else {
+					if (u->ncontested == u->ccap) {
+						size_t cap = u->ccap ? 2 * u->ccap : 16;
+						void *nc = realloc(u->contested,
+								   cap * sizeof(*u->contested));
+
+						if (!nc)
+							return -ENOMEM;
+						u->contested = nc;
+						u->ccap = cap;
+					}
+					u->contested[u->ncontested++] =
+						(struct mf_contested){ parent, e->name };
+				}
 				if (fn)
 					fn(arg, p, i, pi, pi);
 				continue;
@@ -1032,6 +1055,12 @@ int mf_merge(struct mf_manifest *const *parts, size_t n, mf_conflict_fn fn, void
 		if ((rc = mf_union_add(&u, parts[k], (unsigned)k, &slots, map, fn, arg, conflicts)))
 			goto out;
 	}
+	for (size_t k = 0; k < u.ncontested; k++) {
+		long at = mf_union_find(&u, u.contested[k].parent, u.contested[k].name);
+
+		if (at >= 0)
+			slots[at].conflict = true; /* as if the link had come after it */
+	}
 	if ((rc = (int)mf_union_drop(&u, slots, parts, n)) < 0)
 		goto out;
 	/* The summary of the union: files (links once), bytes, open files. Its entries
@@ -1053,6 +1082,7 @@ int mf_merge(struct mf_manifest *const *parts, size_t n, mf_conflict_fn fn, void
 out:
 	mf_free(u.m);
 	free(u.slot);
+	free(u.contested);
 	free(slots);
 	free(map);
 	return rc;

@@ -1022,6 +1022,13 @@ static void test_merge_deletions(void)
 	q[0] = part_of(7, (const char *const[]){ "d=2", NULL });
 	q[1] = part_of(7, (const char *const[]){ "*d/", "*d/f=1", "d/new=3", NULL });
 	expect_union(q, 2, 1, (const char *const[]){ "d", NULL });
+	/* a restored pair of links t, p: worker 0 rewrote t and removed p, worker 1 rewrote
+	 * them differently (its p a link to a t that loses: a conflict at p too), worker
+	 * 2 removed t: p is a path in conflict, not one only untouched copies hold */
+	q[0] = part_of(7, (const char *const[]){ "t=2", NULL });
+	q[1] = part_of(7, (const char *const[]){ "t=3", "p>t", NULL });
+	q[2] = part_of(7, (const char *const[]){ "*p=1", NULL });
+	expect_union(q, 3, 2, (const char *const[]){ "t", "p", NULL });
 	/* everything removed by one of two workers: the union is the root alone */
 	q[0] = part_of(7, all);
 	q[1] = part_of(7, (const char *const[]){ NULL });
