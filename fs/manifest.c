@@ -797,6 +797,7 @@ struct mf_slot {
 	uint32_t others;	/* parts holding anything else at this path */
 	uint64_t base;		/* the inherited holders' base; MF_BASE_MIXED when two differ */
 	bool conflict;		/* some part's entry here lost: nothing below is dropped */
+	bool linked;		/* a hard link in the union names this file */
 };
 
 #define MF_BASE_MIXED UINT64_MAX
@@ -879,11 +880,13 @@ static int mf_union_add(struct mf_union *u, const struct mf_manifest *p, unsigne
 				continue;
 			}
 			if ((have->flags & MF_ENTRY_INHERITED) && !(mine->flags & MF_ENTRY_INHERITED) &&
-			    !slot->link && !e->link && mine->type == MF_FILE &&
-			    slot->type == MF_FILE) {
-				/* an untouched copy in the union, rewritten by this part: the
-				 * rewrite stands (its id, parent and name stay; links to it see
-				 * the new content, as links to one inode do) */
+			    !slot->link && !e->link && slot->type == MF_FILE &&
+			    (mine->type == MF_FILE || !(*slots)[at].linked)) {
+				/* an untouched copy in the union, rewritten by this part, or
+				 * replaced by a directory or symlink (which the copy would
+				 * yield to, came this part first): the rewrite stands (its id,
+				 * parent and name stay; links to it see the new content, as
+				 * links to one inode do; a file a link names stays a file) */
 				struct mf_entry d;
 
 				if (mf_entry_copy(&d, e))
@@ -926,6 +929,8 @@ static int mf_union_add(struct mf_union *u, const struct mf_manifest *p, unsigne
 		d->parent = parent;
 		d->link = tgt >= 0 ? u->m->entries[tgt].id : 0;
 		(*slots)[u->m->nentries] = (struct mf_slot){ .owner = pi };
+		if (tgt >= 0)
+			(*slots)[tgt].linked = true;
 		mf_slot_hold(&(*slots)[u->m->nentries], e, p->base);
 		size_t h = mf_union_key(d->parent, d->name) & (u->nslot - 1);
 
