@@ -51,7 +51,7 @@ static void set_blocks(struct mf_entry *e, uint64_t size, uint32_t bs, uint64_t 
 	e->blocks = calloc(e->nblocks ? e->nblocks : 1, sizeof(*e->blocks));
 	for (uint64_t i = 0; i < e->nblocks; i++) {
 		e->blocks[i].len = i + 1 < e->nblocks ? bs : (uint32_t)(size - (e->nblocks - 1) * bs);
-		if (hole_mask & (1ull << i)) {
+		if (i < 64 && (hole_mask & (1ull << i))) { /* (a mask names the first 64) */
 			e->blocks[i].flags = MF_BLOCK_HOLE;
 		} else {
 			for (int k = 0; k < MF_HASH_LEN; k++)
