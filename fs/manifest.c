@@ -675,6 +675,15 @@ struct mf_union {
 	size_t cap;
 	size_t *slot;
 	size_t nslot;
+	/* Paths a part held as a hard link that lost (its inode lost a conflict, or is no
+	 * file in the union) before the union had them: a later part's untouched copy there
+	 * is not one only untouched copies hold (mf_union_drop). The names are the
+	 * parts' (borrowed for the merge). */
+	struct mf_contested {
+		uint64_t parent;
+		const char *name;
+	} *contested;
+	size_t ncontested, ccap;
 };
 
 static uint64_t mf_union_key(uint64_t parent, const char *name)
@@ -788,6 +797,7 @@ struct mf_slot {
 	uint32_t others;	/* parts holding anything else at this path */
 	uint64_t base;		/* the inherited holders' base; MF_BASE_MIXED when two differ */
 	bool conflict;		/* some part's entry here lost: nothing below is dropped */
+	bool linked;		/* a hard link in the union names this file */
 };
 
 #define MF_BASE_MIXED UINT64_MAX
@@ -835,8 +845,22 @@ static int mf_union_add(struct mf_union *u, const struct mf_manifest *p, unsigne
 				 * another part's directory or symlink in the union: a link to
 				 * that is no file, so this path has no content: a conflict */
 				(*conflicts)++;
-				if (at >= 0)
+				if (at >= 0) {
 					(*slots)[at].conflict = true;
+				} else {
+					if (u->ncontested == u->ccap) {
+						size_t cap = u->ccap ? 2 * u->ccap : 16;
+						void *nc = realloc(u->contested,
+								   cap * sizeof(*u->contested));
+
+						if (!nc)
+							return -ENOMEM;
+						u->contested = nc;
+						u->ccap = cap;
+					}
+					u->contested[u->ncontested++] =
+						(struct mf_contested){ parent, e->name };
+				}
 				if (fn)
 					fn(arg, p, i, pi, pi);
 				continue;
@@ -856,11 +880,13 @@ static int mf_union_add(struct mf_union *u, const struct mf_manifest *p, unsigne
 				continue;
 			}
 			if ((have->flags & MF_ENTRY_INHERITED) && !(mine->flags & MF_ENTRY_INHERITED) &&
-			    !slot->link && !e->link && mine->type == MF_FILE &&
-			    slot->type == MF_FILE) {
-				/* an untouched copy in the union, rewritten by this part: the
-				 * rewrite stands (its id, parent and name stay; links to it see
-				 * the new content, as links to one inode do) */
+			    !slot->link && !e->link && slot->type == MF_FILE &&
+			    (mine->type == MF_FILE || !(*slots)[at].linked)) {
+				/* an untouched copy in the union, rewritten by this part, or
+				 * replaced by a directory or symlink (which the copy would
+				 * yield to, came this part first): the rewrite stands (its id,
+				 * parent and name stay; links to it see the new content, as
+				 * links to one inode do; a file a link names stays a file) */
 				struct mf_entry d;
 
 				if (mf_entry_copy(&d, e))
@@ -903,6 +929,8 @@ static int mf_union_add(struct mf_union *u, const struct mf_manifest *p, unsigne
 		d->parent = parent;
 		d->link = tgt >= 0 ? u->m->entries[tgt].id : 0;
 		(*slots)[u->m->nentries] = (struct mf_slot){ .owner = pi };
+		if (tgt >= 0)
+			(*slots)[tgt].linked = true;
 		mf_slot_hold(&(*slots)[u->m->nentries], e, p->base);
 		size_t h = mf_union_key(d->parent, d->name) & (u->nslot - 1);
 
@@ -1032,6 +1060,12 @@ int mf_merge(struct mf_manifest *const *parts, size_t n, mf_conflict_fn fn, void
 		if ((rc = mf_union_add(&u, parts[k], (unsigned)k, &slots, map, fn, arg, conflicts)))
 			goto out;
 	}
+	for (size_t k = 0; k < u.ncontested; k++) {
+		long at = mf_union_find(&u, u.contested[k].parent, u.contested[k].name);
+
+		if (at >= 0)
+			slots[at].conflict = true; /* as if the link had come after it */
+	}
 	if ((rc = (int)mf_union_drop(&u, slots, parts, n)) < 0)
 		goto out;
 	/* The summary of the union: files (links once), bytes, open files. Its entries
@@ -1053,6 +1087,7 @@ int mf_merge(struct mf_manifest *const *parts, size_t n, mf_conflict_fn fn, void
 out:
 	mf_free(u.m);
 	free(u.slot);
+	free(u.contested);
 	free(slots);
 	free(map);
 	return rc;

@@ -187,13 +187,15 @@ uint64_t mf_id(const struct mf_manifest *m);
  * the earliest part's entry stays (and under a directory that lost, that part's subtree
  * is left out), *conflicts counts them and fn (may be NULL) is called once for each
  * with the losing part p, its entry index idx, and the parts that hold the path
- * (kept_part, p's index). Not a conflict: a file one part rewrote where another holds
- * it MF_ENTRY_INHERITED (as restored, untouched): the rewrite wins. Deletions: a path
+ * (kept_part, p's index). Not a conflict: a file one part rewrote, or replaced by a
+ * directory or symlink, where another holds it MF_ENTRY_INHERITED (as restored,
+ * untouched): the change wins (a file a hard link names is never replaced by a
+ * directory or symlink: a conflict). Deletions: a path
  * whose every holder holds it INHERITED, all of one base, is left out when a part of
  * that base has nothing at that path (its worker removed it, or renamed it away; the
  * new name is not INHERITED and stays); a directory only once nothing is left below
- * it, a file never while a hard link kept in the union names it, and nothing below a
- * conflict. A part without a base (no restore) or of another base removes nothing.
+ * it, a file never while a hard link kept in the union names it, and nothing at or
+ * below a conflict (a part's hard link that lost is one at its path). A part without a base (no restore) or of another base removes nothing.
  * Metadata (mode, owner, times) of merged entries is the first part's; the union
  * carries no INHERITED flags and no base. Ids are renumbered; time_ns is the newest
  * part's; new_bytes the sum; files, logical_bytes and open_writes are counted over the

@@ -322,6 +322,36 @@ def test_group_carries_deletions_and_renames(workerset):
     assert ws.unmount_all(one) == [0]
 
 
+def test_group_file_made_a_directory_stays(workerset):
+    """After a group restore, worker 1 replaces the restored file 'model' by a directory
+    of new shards while worker 0 leaves its copy alone: the next group holds the
+    directory and its shards, with no conflict (worker 0's untouched copy yields, as it
+    does when its part comes second; it won as part 0 and the new shards were left
+    out)."""
+    ws = workerset()
+    job = ws.start(2)
+    U.write_file(os.path.join(job[0].ckpt, "model"), b"o" * 5000)
+    take_all(ws, job, "g1", "--group-wait")
+    assert ws.unmount_all(job) == [0, 0]
+
+    job = ws.start(2, restore="g1")
+    os.unlink(os.path.join(job[1].ckpt, "model"))
+    os.mkdir(os.path.join(job[1].ckpt, "model"))
+    U.write_file(os.path.join(job[1].ckpt, "model", "shard-1"), shard(1, 3))
+    take_all(ws, job, "g2", "--group-wait")
+    e = S.list_json(ws.store, store=True)["g2"]
+    assert e["state"] == "durable" and e["conflicts"] == 0, e
+    assert ws.unmount_all(job) == [0, 0]
+
+    one = ws.start(1)
+    r = one[0].snap("restore", "g2")
+    assert r.rc == 0 and "conflict" not in r.out, r
+    got = tree_of(one[0].ckpt)
+    assert sorted(got) == ["model/", "model/shard-1"], sorted(got)
+    U.assert_bytes(got["model/shard-1"], shard(1, 3), "model/shard-1")
+    assert ws.unmount_all(one) == [0]
+
+
 def test_keep_counts_groups(workerset):
     """keep=2 with three workers taking auto- groups every second: each worker's
     retention counts complete groups, so the store keeps two auto- groups (not two per

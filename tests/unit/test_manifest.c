@@ -887,8 +887,9 @@ static long find_path(const struct mf_manifest *m, const char *path)
 
 /*
  * A part from a list of paths, parents first: "d/" a directory, "d/f=N" a file of N
- * hundred bytes (equal N, equal content), "d/l>d/f" a hard link to an earlier file; a
- * leading '*' flags the entry MF_ENTRY_INHERITED. base is the part's base.
+ * hundred bytes (equal N, equal content), "d/l>d/f" a hard link to an earlier file,
+ * "d/s@t" a symlink to t; a leading '*' flags the entry MF_ENTRY_INHERITED. base is the
+ * part's base.
  */
 static struct mf_manifest *part_of(uint64_t base, const char *const *spec)
 {
@@ -909,9 +910,11 @@ static struct mf_manifest *part_of(uint64_t base, const char *const *spec)
 		if (path[len - 1] == '/') {
 			type = MF_DIR;
 			path[len - 1] = 0;
-		} else if ((val = strpbrk(path, "=>"))) {
+		} else if ((val = strpbrk(path, "=>@"))) {
 			sep = *val;
 			*val++ = 0;
+			if (sep == '@')
+				type = MF_SYMLINK;
 		}
 		if ((name = strrchr(path, '/'))) {
 			*name++ = 0;
@@ -926,6 +929,10 @@ static struct mf_manifest *part_of(uint64_t base, const char *const *spec)
 			set_blocks(e, strtoull(val, NULL, 10) * 100, 4096, 0);
 		} else if (sep == '>') {
 			e->link = m->entries[find_path(m, val)].id;
+			e->flags = 0;
+		} else if (sep == '@') {
+			e->target = dupstr(val);
+			e->size = strlen(val);
 			e->flags = 0;
 		}
 	}
@@ -1022,6 +1029,27 @@ static void test_merge_deletions(void)
 	q[0] = part_of(7, (const char *const[]){ "d=2", NULL });
 	q[1] = part_of(7, (const char *const[]){ "*d/", "*d/f=1", "d/new=3", NULL });
 	expect_union(q, 2, 1, (const char *const[]){ "d", NULL });
+	/* a restored pair of links t, p: worker 0 rewrote t and removed p, worker 1 rewrote
+	 * them differently (its p a link to a t that loses: a conflict at p too), worker
+	 * 2 removed t: p is a path in conflict, not one only untouched copies hold */
+	q[0] = part_of(7, (const char *const[]){ "t=2", NULL });
+	q[1] = part_of(7, (const char *const[]){ "t=3", "p>t", NULL });
+	q[2] = part_of(7, (const char *const[]){ "*p=1", NULL });
+	expect_union(q, 3, 2, (const char *const[]){ "t", "p", NULL });
+	/* worker 1 made the restored file p a directory of new files (or a symlink):
+	 * worker 0's untouched copy yields, in either order; a file a link names stays
+	 * (a link to a directory is no tree): a conflict */
+	for (int first = 0; first < 2; first++) {
+		q[first] = part_of(7, (const char *const[]){ "*p=1", "*f=1", NULL });
+		q[!first] = part_of(7, (const char *const[]){ "p/", "p/s=2", "*f=1", NULL });
+		expect_union(q, 2, 0, (const char *const[]){ "p", "p/s", "f", NULL });
+		q[first] = part_of(7, (const char *const[]){ "*p=1", NULL });
+		q[!first] = part_of(7, (const char *const[]){ "p@x", NULL });
+		expect_union(q, 2, 0, (const char *const[]){ "p", NULL });
+	}
+	q[0] = part_of(7, (const char *const[]){ "*p=1", "l>p", NULL });
+	q[1] = part_of(7, (const char *const[]){ "p/", "p/s=2", NULL });
+	expect_union(q, 2, 1, (const char *const[]){ "p", "l", NULL });
 	/* everything removed by one of two workers: the union is the root alone */
 	q[0] = part_of(7, all);
 	q[1] = part_of(7, (const char *const[]){ NULL });
