@@ -54,6 +54,7 @@
  *    own permission checks (modes and ACLs of every component) decide, not the kernel's
  *    attributes of MOUNT/data, which it caches for data_timeout: a file or a directory
  *    made private in SOURCE is refused at the next open, as it is to a direct reader.
+ *    Extended attributes are read (data_xattr) and listed as the caller too.
  *    The raw syscalls change only the calling thread (glibc's setgroups would change
  *    every thread). A switch that fails refuses the open (EACCES). Costs: three
  *    syscalls each way, and the caller's groups (ops.c reads them from /proc and keeps
@@ -797,8 +798,8 @@ int data_statfs(struct data_ns *ns, struct statvfs *sv)
  * /proc/self/fd/DFD/NAME, where DFD is n's parent opened beneath SOURCE and NAME is
  * resolved by the l*xattr call without following it (invariant 3). The root goes
  * through its own fd. */
-static ssize_t data_xattr(struct data_ns *ns, struct data_node *n, const char *name,
-			  void *buf, size_t size)
+static ssize_t data_xattr_as(struct data_ns *ns, struct data_node *n, const char *name,
+			     void *buf, size_t size)
 {
 	char path[64 + NAME_MAX];
 	ssize_t len;
@@ -820,15 +821,35 @@ static ssize_t data_xattr(struct data_ns *ns, struct data_node *n, const char *n
 	return len;
 }
 
-int data_getxattr(struct data_ns *ns, struct data_node *n, const char *name, void *buf,
-		  size_t size)
+static int data_as_caller(const struct data_ns *ns, const struct data_cred *who, int on);
+
+/* The call above as who (invariant 7): the kernel checked the caller against the mode
+ * it caches for data_timeout, so a value of a file made private since, or below a
+ * directory made private, would reach anyone the old mode let in. */
+static ssize_t data_xattr(struct data_ns *ns, struct data_node *n,
+			  const struct data_cred *who, const char *name, void *buf,
+			  size_t size)
 {
-	return (int)data_xattr(ns, n, name, buf, size);
+	int as = data_as_caller(ns, who, 1);
+	ssize_t len;
+
+	if (as < 0)
+		return as;
+	len = data_xattr_as(ns, n, name, buf, size);
+	if (as)
+		data_as_caller(ns, who, 0);
+	return len;
+}
+
+int data_getxattr(struct data_ns *ns, struct data_node *n, const struct data_cred *who,
+		  const char *name, void *buf, size_t size)
+{
+	return (int)data_xattr(ns, n, who, name, buf, size);
 }
 
 /* data_listxattr for an unprivileged caller: SOURCE's list without trusted.* names. */
-static int data_listxattr_public(struct data_ns *ns, struct data_node *n, char *buf,
-				 size_t size)
+static int data_listxattr_public(struct data_ns *ns, struct data_node *n,
+				 const struct data_cred *who, char *buf, size_t size)
 {
 	size_t need = 0, len;
 	ssize_t all;
@@ -838,7 +859,7 @@ static int data_listxattr_public(struct data_ns *ns, struct data_node *n, char *
 	 * XATTR_LIST_MAX (64 KiB) and E2BIG beyond, so this never needs a second try. */
 	if (!(list = malloc(XATTR_LIST_MAX + 1)))
 		return -ENOMEM;
-	all = data_xattr(ns, n, NULL, list, XATTR_LIST_MAX);
+	all = data_xattr(ns, n, who, NULL, list, XATTR_LIST_MAX);
 	if (all >= 0)
 		list[all] = '\0'; /* a last name without its NUL still ends */
 	for (p = list; all > 0 && p < list + all; p += len) {
@@ -855,12 +876,12 @@ static int data_listxattr_public(struct data_ns *ns, struct data_node *n, char *
 	return size && need > size ? -ERANGE : (int)need;
 }
 
-int data_listxattr(struct data_ns *ns, struct data_node *n, char *buf, size_t size,
-		   int privileged)
+int data_listxattr(struct data_ns *ns, struct data_node *n, const struct data_cred *who,
+		   char *buf, size_t size, int privileged)
 {
 	if (!privileged)
-		return data_listxattr_public(ns, n, buf, size);
-	return (int)data_xattr(ns, n, NULL, buf, size);
+		return data_listxattr_public(ns, n, who, buf, size);
+	return (int)data_xattr(ns, n, who, NULL, buf, size);
 }
 
 /* How long after a detected change every open of the file still drops the kernel's
