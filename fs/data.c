@@ -54,7 +54,7 @@
  *    own permission checks (modes and ACLs of every component) decide, not the kernel's
  *    attributes of MOUNT/data, which it caches for data_timeout: a file or a directory
  *    made private in SOURCE is refused at the next open, as it is to a direct reader.
- *    Extended attributes are read (data_xattr) and listed as the caller too.
+ *    Extended attributes (data_xattr) and symlink targets are read as the caller too.
  *    The raw syscalls change only the calling thread (glibc's setgroups would change
  *    every thread). A switch that fails refuses the open (EACCES). Costs: three
  *    syscalls each way, and the caller's groups (ops.c reads them from /proc and keeps
@@ -769,19 +769,26 @@ int data_getattr(struct data_ns *ns, struct data_node *n, struct stat *st)
 	return rc;
 }
 
-int data_readlink(struct data_ns *ns, struct data_node *n, char *buf, size_t size)
+static int data_as_caller(const struct data_ns *ns, const struct data_cred *who, int on);
+
+/* As who (invariant 7): a link below a directory made private since the kernel cached
+ * its mode is refused, as SOURCE refuses it. */
+int data_readlink(struct data_ns *ns, struct data_node *n, const struct data_cred *who,
+		  char *buf, size_t size)
 {
 	ssize_t len;
-	int dfd;
+	int dfd, as;
 
 	if (!n->parent)
 		return -EINVAL;
+	if ((as = data_as_caller(ns, who, 1)) < 0)
+		return as;
 	dfd = data_parent_fd(ns, n);
-	if (dfd < 0)
-		return dfd;
-	len = readlinkat(dfd, n->name, buf, size - 1);
-	if (len < 0)
+	len = dfd < 0 ? dfd : readlinkat(dfd, n->name, buf, size - 1);
+	if (dfd >= 0 && len < 0)
 		len = -errno;
+	if (as)
+		data_as_caller(ns, who, 0);
 	data_put_fd(ns, dfd);
 	if (len < 0)
 		return (int)len;
@@ -820,8 +827,6 @@ static ssize_t data_xattr_as(struct data_ns *ns, struct data_node *n, const char
 	data_put_fd(ns, dfd);
 	return len;
 }
-
-static int data_as_caller(const struct data_ns *ns, const struct data_cred *who, int on);
 
 /* The call above as who (invariant 7): the kernel checked the caller against the mode
  * it caches for data_timeout, so a value of a file made private since, or below a

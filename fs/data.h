@@ -61,7 +61,6 @@ int data_lookup(struct data_ns *ns, struct data_node *parent, const char *name,
 		struct fuse_entry_param *e);
 void data_forget(struct data_ns *ns, struct data_node *n, uint64_t nlookup);
 int data_getattr(struct data_ns *ns, struct data_node *n, struct stat *st);
-int data_readlink(struct data_ns *ns, struct data_node *n, char *buf, size_t size);
 int data_statfs(struct data_ns *ns, struct statvfs *sv);
 
 /*
@@ -78,6 +77,9 @@ struct data_cred {
 	int ngroups;
 };
 
+/* A symlink's target, read for who as data_open opens (data.c invariant 7). */
+int data_readlink(struct data_ns *ns, struct data_node *n, const struct data_cred *who,
+		  char *buf, size_t size);
 /* Extended attributes, read for who as data_open opens (data.c invariant 7): a user.*
  * value needs read permission on the file and every name needs search permission on
  * its directories, which SOURCE, not the kernel's cached modes, decides. */

@@ -385,9 +385,14 @@ static void mlfs_op_readlink(fuse_req_t req, fuse_ino_t ino)
 	char buf[PATH_MAX + 1];
 	int rc = -EINVAL;
 
-	if (n->kind == MLFS_DATA)
-		rc = data_readlink(m->data, (struct data_node *)n, buf, sizeof(buf));
-	else if (n->kind == MLFS_CKPT)
+	if (n->kind == MLFS_DATA) {
+		struct data_cred who;
+		gid_t groups[MLFS_GROUPS_BUF], *g = data_cred_of(req, &who, groups);
+
+		rc = data_readlink(m->data, (struct data_node *)n, &who, buf, sizeof(buf));
+		if (g != groups)
+			free(g);
+	} else if (n->kind == MLFS_CKPT)
 		rc = ckpt_readlink(m->ckpt, (struct ckpt_inode *)n, buf, sizeof(buf));
 	if (rc)
 		reply_rc(req, rc);

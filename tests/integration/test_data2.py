@@ -89,3 +89,23 @@ def test_data_acls_of_source_decide_for_another_user(mounter, tmp_path):
     assert both("denied", [GROUP]) == ("err", errno.EACCES)
     assert as_creds(lambda: os.getxattr(os.path.join(m.data, "denied"), "user.tag"),
                     NOBODY, NOBODY, [GROUP]) == ("err", errno.EACCES)
+
+
+@needs_root
+def test_data_readlink_below_revoked_directory_refused(mounter, tmp_path):
+    """A symlink's target below a directory made private in SOURCE is refused to another
+    user, as SOURCE refuses it: the kernel walked into the directory by the mode it
+    caches for data_timeout and mlfs read the link as root. Root still reads it."""
+    src = str(tmp_path / "src")
+    os.makedirs(os.path.join(src, "sub"))
+    os.chmod(str(tmp_path), 0o755)
+    os.chmod(src, 0o755)
+    os.symlink("secret-target", os.path.join(src, "sub", "l"))
+    m = mounter(src=src, opts="allow_other")
+    link = os.path.join(m.data, "sub", "l")
+    assert as_creds(lambda: os.readlink(link), NOBODY, NOBODY, []) == \
+        ("ok", "secret-target")
+    os.chmod(os.path.join(src, "sub"), 0o700)
+    assert as_creds(lambda: os.readlink(link), NOBODY, NOBODY, []) == \
+        ("err", errno.EACCES)
+    assert os.readlink(link) == "secret-target"
