@@ -28,7 +28,11 @@
  *    is therefore answered without keep_cache too (each such reader drops the pages
  *    itself before its read). Likewise a READ served from a handle whose file is no
  *    longer the node's current one (opened before a change) poisons the node's fid,
- *    since the kernel caches what it reads under the node's pages.
+ *    since the kernel caches what it reads under the node's pages; and an open that
+ *    finds opens of another version in flight (n->paged_fid) reads with direct_io,
+ *    since those opens may fill the pages with their old bytes after its drop. What
+ *    stays: the node has one set of attributes, so an open of the old version reads
+ *    (or maps) no further than the new file's size once a new open refreshed them.
  * 6. -o watch, on a local SOURCE only: every directory node holds an inotify watch
  *    from its first lookup until it is freed (n->wd, ns->wnodes), and the watch thread
  *    turns each event on a name in it into fuse_lowlevel_notify_inval_inode (pages
@@ -105,6 +109,11 @@ struct data_node {
 	uint32_t nbacked, ncached;
 	dev_t backing_dev; /* the SOURCE file backing_id registered */
 	ino_t backing_ino;
+	/* Under ns->mu: the opens in flight that read through the mount's page cache (no
+	 * passthrough, not direct), all of one version of the file, paged_fid (invariant
+	 * 5). */
+	struct bc_fid paged_fid;
+	uint32_t npaged;
 	uint16_t namelen;
 	char name[];
 };
@@ -118,6 +127,7 @@ struct data_file {
 	int backing_other;   /* that id is of another SOURCE file than fd's */
 	int counted;	     /* counted in n->ncached */
 	int paged;	     /* under passthrough_min: the mount's page cache is the cache */
+	int direct;	     /* opened direct_io: another version's opens hold the pages */
 	dev_t dev;	     /* fd's file */
 	ino_t ino;
 	struct data_file *prev, *next; /* ns->files, under ns->mu (data_open's only) */
@@ -660,6 +670,7 @@ static struct data_node *data_node_get(struct data_ns *ns, struct data_node *par
 		n->nchild = 0;
 		n->backing_id = 0;
 		n->nbacked = n->ncached = 0;
+		n->npaged = 0;
 		n->backing_dev = 0;
 		n->backing_ino = 0;
 		n->namelen = (uint16_t)len;
@@ -1099,6 +1110,22 @@ int data_open(struct data_ns *ns, struct data_node *n, const struct data_cred *w
 		data_bind_paged_locked(n, f);
 	else if (pt_active())
 		refused = data_bind_locked(n, f);
+	/*
+	 * The kernel keeps one page cache per node, whatever file each open reads, so
+	 * opens of an older version still in flight (SOURCE replaced or rewrote the file
+	 * since) fill it with old bytes that this open would then read: it reads with
+	 * direct_io, its reads all coming to data_read on its own file, until they are
+	 * closed (invariant 5). A passthrough open reads SOURCE's file (data_bind_locked).
+	 */
+	if (!f->backing_id) {
+		if (n->npaged && !data_fid_eq(&n->paged_fid, &f->fid)) {
+			f->direct = 1;
+			fi->direct_io = 1;
+			fi->keep_cache = 0;
+		} else if (!n->npaged++) {
+			n->paged_fid = f->fid;
+		}
+	}
 	DATA_LINK(&ns->files, f);
 	pthread_mutex_unlock(&ns->mu);
 	if (refused < 0)
@@ -1141,6 +1168,8 @@ void data_release(struct data_ns *ns, struct data_file *f)
 	} else if (f->counted) {
 		n->ncached--;
 	}
+	if (!f->backing_id && !f->direct)
+		n->npaged--;
 	pthread_mutex_unlock(&ns->mu);
 	if (close_id)
 		pt_backing_close(close_id);
