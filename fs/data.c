@@ -28,7 +28,11 @@
  *    is therefore answered without keep_cache too (each such reader drops the pages
  *    itself before its read). Likewise a READ served from a handle whose file is no
  *    longer the node's current one (opened before a change) poisons the node's fid,
- *    since the kernel caches what it reads under the node's pages.
+ *    since the kernel caches what it reads under the node's pages; and an open that
+ *    finds opens of another version in flight (n->paged_fid) reads with direct_io,
+ *    since those opens may fill the pages with their old bytes after its drop. What
+ *    stays: the node has one set of attributes, so an open of the old version reads
+ *    (or maps) no further than the new file's size once a new open refreshed them.
  * 6. -o watch, on a local SOURCE only: every directory node holds an inotify watch
  *    from its first lookup until it is freed (n->wd, ns->wnodes), and the watch thread
  *    turns each event on a name in it into fuse_lowlevel_notify_inval_inode (pages
@@ -54,6 +58,7 @@
  *    own permission checks (modes and ACLs of every component) decide, not the kernel's
  *    attributes of MOUNT/data, which it caches for data_timeout: a file or a directory
  *    made private in SOURCE is refused at the next open, as it is to a direct reader.
+ *    Extended attributes (data_xattr) and symlink targets are read as the caller too.
  *    The raw syscalls change only the calling thread (glibc's setgroups would change
  *    every thread). A switch that fails refuses the open (EACCES). Costs: three
  *    syscalls each way, and the caller's groups (ops.c reads them from /proc and keeps
@@ -104,6 +109,11 @@ struct data_node {
 	uint32_t nbacked, ncached;
 	dev_t backing_dev; /* the SOURCE file backing_id registered */
 	ino_t backing_ino;
+	/* Under ns->mu: the opens in flight that read through the mount's page cache (no
+	 * passthrough, not direct), all of one version of the file, paged_fid (invariant
+	 * 5). */
+	struct bc_fid paged_fid;
+	uint32_t npaged;
 	uint16_t namelen;
 	char name[];
 };
@@ -117,6 +127,7 @@ struct data_file {
 	int backing_other;   /* that id is of another SOURCE file than fd's */
 	int counted;	     /* counted in n->ncached */
 	int paged;	     /* under passthrough_min: the mount's page cache is the cache */
+	int direct;	     /* opened direct_io: another version's opens hold the pages */
 	dev_t dev;	     /* fd's file */
 	ino_t ino;
 	struct data_file *prev, *next; /* ns->files, under ns->mu (data_open's only) */
@@ -659,6 +670,7 @@ static struct data_node *data_node_get(struct data_ns *ns, struct data_node *par
 		n->nchild = 0;
 		n->backing_id = 0;
 		n->nbacked = n->ncached = 0;
+		n->npaged = 0;
 		n->backing_dev = 0;
 		n->backing_ino = 0;
 		n->namelen = (uint16_t)len;
@@ -768,19 +780,26 @@ int data_getattr(struct data_ns *ns, struct data_node *n, struct stat *st)
 	return rc;
 }
 
-int data_readlink(struct data_ns *ns, struct data_node *n, char *buf, size_t size)
+static int data_as_caller(const struct data_ns *ns, const struct data_cred *who, int on);
+
+/* As who (invariant 7): a link below a directory made private since the kernel cached
+ * its mode is refused, as SOURCE refuses it. */
+int data_readlink(struct data_ns *ns, struct data_node *n, const struct data_cred *who,
+		  char *buf, size_t size)
 {
 	ssize_t len;
-	int dfd;
+	int dfd, as;
 
 	if (!n->parent)
 		return -EINVAL;
+	if ((as = data_as_caller(ns, who, 1)) < 0)
+		return as;
 	dfd = data_parent_fd(ns, n);
-	if (dfd < 0)
-		return dfd;
-	len = readlinkat(dfd, n->name, buf, size - 1);
-	if (len < 0)
+	len = dfd < 0 ? dfd : readlinkat(dfd, n->name, buf, size - 1);
+	if (dfd >= 0 && len < 0)
 		len = -errno;
+	if (as)
+		data_as_caller(ns, who, 0);
 	data_put_fd(ns, dfd);
 	if (len < 0)
 		return (int)len;
@@ -797,8 +816,8 @@ int data_statfs(struct data_ns *ns, struct statvfs *sv)
  * /proc/self/fd/DFD/NAME, where DFD is n's parent opened beneath SOURCE and NAME is
  * resolved by the l*xattr call without following it (invariant 3). The root goes
  * through its own fd. */
-static ssize_t data_xattr(struct data_ns *ns, struct data_node *n, const char *name,
-			  void *buf, size_t size)
+static ssize_t data_xattr_as(struct data_ns *ns, struct data_node *n, const char *name,
+			     void *buf, size_t size)
 {
 	char path[64 + NAME_MAX];
 	ssize_t len;
@@ -820,15 +839,33 @@ static ssize_t data_xattr(struct data_ns *ns, struct data_node *n, const char *n
 	return len;
 }
 
-int data_getxattr(struct data_ns *ns, struct data_node *n, const char *name, void *buf,
-		  size_t size)
+/* The call above as who (invariant 7): the kernel checked the caller against the mode
+ * it caches for data_timeout, so a value of a file made private since, or below a
+ * directory made private, would reach anyone the old mode let in. */
+static ssize_t data_xattr(struct data_ns *ns, struct data_node *n,
+			  const struct data_cred *who, const char *name, void *buf,
+			  size_t size)
 {
-	return (int)data_xattr(ns, n, name, buf, size);
+	int as = data_as_caller(ns, who, 1);
+	ssize_t len;
+
+	if (as < 0)
+		return as;
+	len = data_xattr_as(ns, n, name, buf, size);
+	if (as)
+		data_as_caller(ns, who, 0);
+	return len;
+}
+
+int data_getxattr(struct data_ns *ns, struct data_node *n, const struct data_cred *who,
+		  const char *name, void *buf, size_t size)
+{
+	return (int)data_xattr(ns, n, who, name, buf, size);
 }
 
 /* data_listxattr for an unprivileged caller: SOURCE's list without trusted.* names. */
-static int data_listxattr_public(struct data_ns *ns, struct data_node *n, char *buf,
-				 size_t size)
+static int data_listxattr_public(struct data_ns *ns, struct data_node *n,
+				 const struct data_cred *who, char *buf, size_t size)
 {
 	size_t need = 0, len;
 	ssize_t all;
@@ -838,7 +875,7 @@ static int data_listxattr_public(struct data_ns *ns, struct data_node *n, char *
 	 * XATTR_LIST_MAX (64 KiB) and E2BIG beyond, so this never needs a second try. */
 	if (!(list = malloc(XATTR_LIST_MAX + 1)))
 		return -ENOMEM;
-	all = data_xattr(ns, n, NULL, list, XATTR_LIST_MAX);
+	all = data_xattr(ns, n, who, NULL, list, XATTR_LIST_MAX);
 	if (all >= 0)
 		list[all] = '\0'; /* a last name without its NUL still ends */
 	for (p = list; all > 0 && p < list + all; p += len) {
@@ -855,12 +892,12 @@ static int data_listxattr_public(struct data_ns *ns, struct data_node *n, char *
 	return size && need > size ? -ERANGE : (int)need;
 }
 
-int data_listxattr(struct data_ns *ns, struct data_node *n, char *buf, size_t size,
-		   int privileged)
+int data_listxattr(struct data_ns *ns, struct data_node *n, const struct data_cred *who,
+		   char *buf, size_t size, int privileged)
 {
 	if (!privileged)
-		return data_listxattr_public(ns, n, buf, size);
-	return (int)data_xattr(ns, n, NULL, buf, size);
+		return data_listxattr_public(ns, n, who, buf, size);
+	return (int)data_xattr(ns, n, who, NULL, buf, size);
 }
 
 /* How long after a detected change every open of the file still drops the kernel's
@@ -1073,6 +1110,22 @@ int data_open(struct data_ns *ns, struct data_node *n, const struct data_cred *w
 		data_bind_paged_locked(n, f);
 	else if (pt_active())
 		refused = data_bind_locked(n, f);
+	/*
+	 * The kernel keeps one page cache per node, whatever file each open reads, so
+	 * opens of an older version still in flight (SOURCE replaced or rewrote the file
+	 * since) fill it with old bytes that this open would then read: it reads with
+	 * direct_io, its reads all coming to data_read on its own file, until they are
+	 * closed (invariant 5). A passthrough open reads SOURCE's file (data_bind_locked).
+	 */
+	if (!f->backing_id) {
+		if (n->npaged && !data_fid_eq(&n->paged_fid, &f->fid)) {
+			f->direct = 1;
+			fi->direct_io = 1;
+			fi->keep_cache = 0;
+		} else if (!n->npaged++) {
+			n->paged_fid = f->fid;
+		}
+	}
 	DATA_LINK(&ns->files, f);
 	pthread_mutex_unlock(&ns->mu);
 	if (refused < 0)
@@ -1115,6 +1168,8 @@ void data_release(struct data_ns *ns, struct data_file *f)
 	} else if (f->counted) {
 		n->ncached--;
 	}
+	if (!f->backing_id && !f->direct)
+		n->npaged--;
 	pthread_mutex_unlock(&ns->mu);
 	if (close_id)
 		pt_backing_close(close_id);

@@ -61,15 +61,7 @@ int data_lookup(struct data_ns *ns, struct data_node *parent, const char *name,
 		struct fuse_entry_param *e);
 void data_forget(struct data_ns *ns, struct data_node *n, uint64_t nlookup);
 int data_getattr(struct data_ns *ns, struct data_node *n, struct stat *st);
-int data_readlink(struct data_ns *ns, struct data_node *n, char *buf, size_t size);
 int data_statfs(struct data_ns *ns, struct statvfs *sv);
-int data_getxattr(struct data_ns *ns, struct data_node *n, const char *name, void *buf,
-		  size_t size);
-/* The names SOURCE lists, but trusted.* ones only for a privileged caller (as ext4 lists
- * them only to CAP_SYS_ADMIN): the daemon reads SOURCE as root and would show them to
- * anyone. */
-int data_listxattr(struct data_ns *ns, struct data_node *n, char *buf, size_t size,
-		   int privileged);
 
 /*
  * Who opens a file or a directory: the caller of the request (fuse_req_ctx and its
@@ -84,6 +76,20 @@ struct data_cred {
 	const gid_t *groups;
 	int ngroups;
 };
+
+/* A symlink's target, read for who as data_open opens (data.c invariant 7). */
+int data_readlink(struct data_ns *ns, struct data_node *n, const struct data_cred *who,
+		  char *buf, size_t size);
+/* Extended attributes, read for who as data_open opens (data.c invariant 7): a user.*
+ * value needs read permission on the file and every name needs search permission on
+ * its directories, which SOURCE, not the kernel's cached modes, decides. */
+int data_getxattr(struct data_ns *ns, struct data_node *n, const struct data_cred *who,
+		  const char *name, void *buf, size_t size);
+/* The names SOURCE lists, but trusted.* ones only for a privileged caller (as ext4 lists
+ * them only to CAP_SYS_ADMIN): the daemon reads SOURCE as root and would show them to
+ * anyone. */
+int data_listxattr(struct data_ns *ns, struct data_node *n, const struct data_cred *who,
+		   char *buf, size_t size, int privileged);
 
 /* Open files: *out is handed to the caller until data_release. */
 int data_open(struct data_ns *ns, struct data_node *n, const struct data_cred *who,

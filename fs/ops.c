@@ -385,9 +385,14 @@ static void mlfs_op_readlink(fuse_req_t req, fuse_ino_t ino)
 	char buf[PATH_MAX + 1];
 	int rc = -EINVAL;
 
-	if (n->kind == MLFS_DATA)
-		rc = data_readlink(m->data, (struct data_node *)n, buf, sizeof(buf));
-	else if (n->kind == MLFS_CKPT)
+	if (n->kind == MLFS_DATA) {
+		struct data_cred who;
+		gid_t groups[MLFS_GROUPS_BUF], *g = data_cred_of(req, &who, groups);
+
+		rc = data_readlink(m->data, (struct data_node *)n, &who, buf, sizeof(buf));
+		if (g != groups)
+			free(g);
+	} else if (n->kind == MLFS_CKPT)
 		rc = ckpt_readlink(m->ckpt, (struct ckpt_inode *)n, buf, sizeof(buf));
 	if (rc)
 		reply_rc(req, rc);
@@ -1103,7 +1108,12 @@ static void mlfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, s
 		if (rc > 0 && size)
 			memcpy(buf, path, rc);
 	} else if (n->kind == MLFS_DATA) {
-		rc = data_getxattr(m->data, (struct data_node *)n, name, buf, size);
+		struct data_cred who;
+		gid_t groups[MLFS_GROUPS_BUF], *g = data_cred_of(req, &who, groups);
+
+		rc = data_getxattr(m->data, (struct data_node *)n, &who, name, buf, size);
+		if (g != groups)
+			free(g);
 		/* The kernel asks for ACLs to check permissions (FUSE_CAP_POSIX_ACL) and
 		 * takes any error but ENODATA as a refusal: a SOURCE without ACL support
 		 * has none. */
@@ -1127,10 +1137,15 @@ static void mlfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 
 	if (size && !(buf = malloc(size)))
 		return reply_rc(req, -ENOMEM);
-	if (n->kind == MLFS_DATA)
-		rc = data_listxattr(m->data, (struct data_node *)n, buf, size,
+	if (n->kind == MLFS_DATA) {
+		struct data_cred who;
+		gid_t groups[MLFS_GROUPS_BUF], *g = data_cred_of(req, &who, groups);
+
+		rc = data_listxattr(m->data, (struct data_node *)n, &who, buf, size,
 				    fuse_req_ctx(req)->uid == 0);
-	else if (n->kind == MLFS_CKPT) {
+		if (g != groups)
+			free(g);
+	} else if (n->kind == MLFS_CKPT) {
 		struct ckpt_ctx c = ctx_of(req);
 
 		rc = ckpt_listxattr(m->ckpt, (struct ckpt_inode *)n, buf, size, &c);
