@@ -1256,11 +1256,14 @@ int tier_start(struct tier *t)
 			goto out_backing;
 		bc_set_budget(t->bc, gov_budget(t->gov));
 	}
+	/* Set before the thread starts: it reads the flags beside it under t->mu, and the
+	 * compiler may load them together (TSan saw a write after pthread_create race). */
+	t->started = true;
 	if ((rc = -pthread_create(&t->thread, NULL, tier_thread, t))) {
+		t->started = false;
 		log_err("tier: thread: %s", strerror(-rc));
 		goto out_gov;
 	}
-	t->started = true;
 	/* Without the fill thread the daemon works as before, first writes slower. */
 	if ((rc = -pthread_create(&t->fill_thread, NULL, tier_fill_thread, t))) {
 		log_err("tier: pool fill thread: %s (no stock of faulted buffers)", strerror(-rc));
