@@ -29,10 +29,10 @@
  *    itself before its read). Likewise a READ served from a handle whose file is no
  *    longer the node's current one (opened before a change) poisons the node's fid,
  *    since the kernel caches what it reads under the node's pages; and an open that
- *    finds opens of another version in flight (n->paged_fid) reads with direct_io,
- *    since those opens may fill the pages with their old bytes after its drop. What
- *    stays: the node has one set of attributes, so an open of the old version reads
- *    (or maps) no further than the new file's size once a new open refreshed them.
+ *    finds opens of another version of the same SOURCE file in flight (rewritten in
+ *    place: n->paged_fid) reads with direct_io, since those opens may fill the pages
+ *    with their old bytes after its drop. A file replaced by another gets a new node
+ *    instead (invariant 8).
  * 6. -o watch, on a local SOURCE only: every directory node holds an inotify watch
  *    from its first lookup until it is freed (n->wd, ns->wnodes), and the watch thread
  *    turns each event on a name in it into fuse_lowlevel_notify_inval_inode (pages
@@ -64,6 +64,21 @@
  *    syscalls each way, and the caller's groups (ops.c reads them from /proc and keeps
  *    them per thread for a second). Lookups and stat still answer from the daemon's
  *    view.
+ * 8. A node that is not a directory stands for one SOURCE file (n->src_dev, src_ino), as
+ *    an inode does. When its name comes to name another file (a replace by rename, a
+ *    remove and re-create) while opens of the node are in flight (n->nopen), the node
+ *    is detached from the name table (n->detached): it keeps serving those opens, at
+ *    its own size and with its own attributes, and the name gets a new node, with a
+ *    new ino, at its next lookup. An OPEN that finds the change on such a node answers
+ *    ESTALE, on which the kernel's VFS walks the path again with LOOKUP_REVAL (once,
+ *    in do_filp_open), finds the new node and opens it; a GETATTR answers from an open
+ *    file of the node's own (fstat(2) of an open file whose name was removed works, as
+ *    on a local filesystem), and ESTALE on a detached node with no open left (stat(2)
+ *    retries the same way). With no open in flight the node follows its name, and
+ *    invariants 2 and 5 drop what the kernel and the block cache hold of the old file.
+ *    A directory is keyed by its name alone (replaced by another directory, it keeps
+ *    its node); a name that turns from directory to not, or back, gets a new node
+ *    whatever is open (an OPENDIR that finds no directory answers ESTALE too).
  */
 #include "fs/data.h"
 
@@ -107,13 +122,17 @@ struct data_node {
 	 * the other is open. */
 	int32_t backing_id;
 	uint32_t nbacked, ncached;
-	dev_t backing_dev; /* the SOURCE file backing_id registered */
-	ino_t backing_ino;
 	/* Under ns->mu: the opens in flight that read through the mount's page cache (no
 	 * passthrough, not direct), all of one version of the file, paged_fid (invariant
 	 * 5). */
 	struct bc_fid paged_fid;
 	uint32_t npaged;
+	/* Invariant 8, under ns->mu: the SOURCE file a non-directory stands for, its opens
+	 * in flight (data_open to data_release), and whether it left the name table. */
+	dev_t src_dev;
+	ino_t src_ino;
+	uint32_t nopen;
+	uint8_t isdir, detached;
 	uint16_t namelen;
 	char name[];
 };
@@ -124,12 +143,9 @@ struct data_file {
 	uint64_t size;
 	struct data_node *n;
 	int32_t backing_id; /* > 0: a passthrough open (the node's id) */
-	int backing_other;   /* that id is of another SOURCE file than fd's */
 	int counted;	     /* counted in n->ncached */
 	int paged;	     /* under passthrough_min: the mount's page cache is the cache */
 	int direct;	     /* opened direct_io: another version's opens hold the pages */
-	dev_t dev;	     /* fd's file */
-	ino_t ino;
 	struct data_file *prev, *next; /* ns->files, under ns->mu (data_open's only) */
 };
 
@@ -642,6 +658,48 @@ static void data_grow_locked(struct data_ns *ns)
 	ns->nbuckets = n;
 }
 
+/* Under ns->mu: n was detached from the name table (invariant 8). */
+static void data_detach_locked(struct data_ns *ns, struct data_node *n)
+{
+	size_t h = data_name_hash(n->parent, n->name, n->namelen) & (ns->nbuckets - 1);
+	struct data_node **pp;
+
+	if (n->detached)
+		return;
+	for (pp = &ns->buckets[h]; *pp != n; pp = &(*pp)->hnext)
+		;
+	*pp = n->hnext;
+	ns->nnodes--;
+	n->detached = 1;
+}
+
+/*
+ * Under ns->mu (invariant 8): n's name now names st's file. A node with no open in
+ * flight follows it; one with opens (or detached already), or one whose name changed
+ * between directory and not, is detached instead, and this returns -ESTALE. With open,
+ * a node that follows counts one more open.
+ */
+static int data_node_follow_locked(struct data_ns *ns, struct data_node *n,
+				   const struct stat *st, bool open)
+{
+	bool isdir = S_ISDIR(st->st_mode);
+
+	if (n->isdir != isdir ||
+	    (!isdir && (n->src_dev != st->st_dev || n->src_ino != st->st_ino))) {
+		if (n->nopen || n->detached || n->isdir != isdir) {
+			if (!n->detached)
+				log_debug("data: %s replaced: a new node takes its name",
+					  n->name);
+			data_detach_locked(ns, n);
+			return -ESTALE;
+		}
+		n->src_dev = st->st_dev;
+		n->src_ino = st->st_ino;
+	}
+	n->nopen += open;
+	return 0;
+}
+
 /* Finds or makes the node for (parent, name) and takes one lookup reference. */
 static struct data_node *data_node_get(struct data_ns *ns, struct data_node *parent,
 				       const char *name, const struct stat *st)
@@ -655,6 +713,8 @@ static struct data_node *data_node_get(struct data_ns *ns, struct data_node *par
 	for (n = *slot; n; n = n->hnext)
 		if (n->parent == parent && n->namelen == len && !memcmp(n->name, name, len))
 			break;
+	if (n && data_node_follow_locked(ns, n, st, false))
+		n = NULL; /* detached: the name gets a new node (invariant 8) */
 	if (!n) {
 		n = malloc(sizeof(*n) + len + 1);
 		if (!n)
@@ -671,8 +731,11 @@ static struct data_node *data_node_get(struct data_ns *ns, struct data_node *par
 		n->backing_id = 0;
 		n->nbacked = n->ncached = 0;
 		n->npaged = 0;
-		n->backing_dev = 0;
-		n->backing_ino = 0;
+		n->src_dev = st->st_dev;
+		n->src_ino = st->st_ino;
+		n->nopen = 0;
+		n->isdir = S_ISDIR(st->st_mode);
+		n->detached = 0;
 		n->namelen = (uint16_t)len;
 		memcpy(n->name, name, len + 1);
 		n->hnext = *slot;
@@ -736,13 +799,9 @@ static void data_unwatch_locked(struct data_ns *ns, struct data_node *n);
 static void data_unref_locked(struct data_ns *ns, struct data_node *n)
 {
 	while (n->parent && n->nlookup == 0 && n->nchild == 0) {
-		struct data_node *parent = n->parent, **pp;
-		size_t h = data_name_hash(parent, n->name, n->namelen) & (ns->nbuckets - 1);
+		struct data_node *parent = n->parent;
 
-		for (pp = &ns->buckets[h]; *pp != n; pp = &(*pp)->hnext)
-			;
-		*pp = n->hnext;
-		ns->nnodes--;
+		data_detach_locked(ns, n); /* from the table, unless it was already */
 		data_unwatch_locked(ns, n); /* invariant 6; a syscall that does no I/O */
 		free(n);
 		parent->nchild--;
@@ -759,9 +818,40 @@ void data_forget(struct data_ns *ns, struct data_node *n, uint64_t nlookup)
 	pthread_mutex_unlock(&ns->mu);
 }
 
-int data_getattr(struct data_ns *ns, struct data_node *n, struct stat *st)
+/*
+ * Under ns->mu: whether n stands for another file than its name's (st, or none: rc
+ * -ENOENT) and has opens of its own in flight; then *fd is a dup of one of them (or -1
+ * when f, an open of n, is at hand). Otherwise n follows its name (invariant 8).
+ */
+static int data_node_own_locked(struct data_ns *ns, struct data_node *n,
+				const struct data_file *f, int rc, const struct stat *st,
+				int *fd)
 {
-	int dfd, rc = 0;
+	const struct data_file *o;
+
+	*fd = -1;
+	if (rc && rc != -ENOENT)
+		return rc;
+	if (rc == -ENOENT && !n->nopen)
+		return rc;
+	if (!rc && (rc = data_node_follow_locked(ns, n, st, false)) == 0)
+		return 0;
+	if (!n->nopen)
+		return -ESTALE; /* detached, its opens closed: the kernel looks again */
+	for (o = ns->files; !f && o && o->n != n; o = o->next)
+		;
+	if (!f && (!o || (*fd = fcntl(o->fd, F_DUPFD_CLOEXEC, 0)) < 0))
+		return -ESTALE;
+	return 1;
+}
+
+/* The attributes of n's file (invariant 8): its name's in SOURCE, or, while opens of
+ * its own file are in flight and the name is gone or names another, that file's. f,
+ * when not NULL, is an open of n the request came with. */
+static int data_getattr_of(struct data_ns *ns, struct data_node *n,
+			   const struct data_file *f, struct stat *st)
+{
+	int dfd, fd, rc = 0;
 
 	if (!n->parent) {
 		if (fstat(ns->src_fd, st) < 0)
@@ -771,13 +861,31 @@ int data_getattr(struct data_ns *ns, struct data_node *n, struct stat *st)
 	}
 	dfd = data_parent_fd(ns, n);
 	if (dfd < 0)
-		return dfd;
-	if (fstatat(dfd, n->name, st, AT_SYMLINK_NOFOLLOW) < 0)
+		rc = dfd;
+	else if (fstatat(dfd, n->name, st, AT_SYMLINK_NOFOLLOW) < 0)
 		rc = -errno;
 	data_put_fd(ns, dfd);
+	pthread_mutex_lock(&ns->mu);
+	rc = data_node_own_locked(ns, n, f, rc, st, &fd);
+	pthread_mutex_unlock(&ns->mu);
+	if (rc == 1) {
+		rc = fstat(f ? f->fd : fd, st) < 0 ? -errno : 0;
+		if (fd >= 0)
+			close(fd);
+	}
 	if (!rc)
 		data_fill_attr(n, st);
 	return rc;
+}
+
+int data_getattr(struct data_ns *ns, struct data_node *n, struct stat *st)
+{
+	return data_getattr_of(ns, n, NULL, st);
+}
+
+int data_getattr_open(struct data_ns *ns, const struct data_file *f, struct stat *st)
+{
+	return data_getattr_of(ns, f->n, f, st);
 }
 
 static int data_as_caller(const struct data_ns *ns, const struct data_cred *who, int on);
@@ -905,17 +1013,23 @@ int data_listxattr(struct data_ns *ns, struct data_node *n, const struct data_cr
  * page drop, and free on an unchanged dataset. */
 #define DATA_SETTLE_NS (10ull * 1000000000ull)
 
-/* Records fid as n's current id (invariant 2): when it differs from the one n held,
- * the old id's blocks are dropped. Returns whether the kernel's cached pages of n may
- * be stale: it differed, or did within DATA_SETTLE_NS (invariant 5). */
+/* Records st's file, of id fid, as n's current one (invariant 2): when the id differs
+ * from the one n held, the old id's blocks are dropped. Returns whether the kernel's
+ * cached pages of n may be stale: it differed, or did within DATA_SETTLE_NS (invariant
+ * 5); or -ESTALE when n no longer stands for st's file (invariant 8). With open, counts
+ * one more open of n. */
 static int data_node_revalidate(struct data_ns *ns, struct data_node *n,
-				const struct bc_fid *fid)
+				const struct stat *st, const struct bc_fid *fid, bool open)
 {
 	uint64_t now = mlfs_now_ns();
 	struct bc_fid old;
 	int settling;
 
 	pthread_mutex_lock(&ns->mu);
+	if ((settling = data_node_follow_locked(ns, n, st, open))) {
+		pthread_mutex_unlock(&ns->mu);
+		return settling;
+	}
 	old = n->fid;
 	n->fid = *fid;
 	if (!data_fid_eq(&old, fid))
@@ -1003,10 +1117,11 @@ static int data_as_caller(const struct data_ns *ns, const struct data_cred *who,
  * a new id and its old blocks are dropped. *changed tells the caller whether the
  * kernel's cached pages may be stale (invariant 5). */
 static int data_file_init(struct data_ns *ns, struct data_node *n,
-			  const struct data_cred *who, struct data_file *f, int *changed)
+			  const struct data_cred *who, struct data_file *f, int *changed,
+			  bool open)
 {
 	struct stat st;
-	int as = data_as_caller(ns, who, 1), fd;
+	int as = data_as_caller(ns, who, 1), fd, rc;
 
 	if (as < 0)
 		return as;
@@ -1018,10 +1133,12 @@ static int data_file_init(struct data_ns *ns, struct data_node *n,
 	f->fd = fd;
 	f->fid = data_fid_of(&st);
 	f->size = st.st_size;
-	f->dev = st.st_dev;
-	f->ino = st.st_ino;
 	f->n = n;
-	*changed = data_node_revalidate(ns, n, &f->fid);
+	if ((rc = data_node_revalidate(ns, n, &st, &f->fid, open)) < 0) {
+		close(fd);
+		return rc;
+	}
+	*changed = rc;
 	return 0;
 }
 
@@ -1030,11 +1147,8 @@ static int data_file_init(struct data_ns *ns, struct data_node *n,
  * (opened O_RDONLY beneath SOURCE, invariant 3) when n has none; or counts f as a
  * block-cache open when the kernel refuses it or n has such opens already. Caller holds
  * ns->mu; costs one ioctl (no SOURCE I/O) for the first open of a node. An open while
- * others are in flight must name their id (the kernel binds one backing file per inode):
- * if SOURCE replaced the file by rename meanwhile, that id is of the old file, so this
- * open is marked backing_other and its reads come to the block cache, which reads the
- * new file (FOPEN_DIRECT_IO beside FOPEN_PASSTHROUGH); only its mmap maps the old file,
- * until all of those opens are closed (design.md, "The read path").
+ * others are in flight names their id (the kernel binds one backing file per inode),
+ * which is of its own SOURCE file: a node stands for one (invariant 8).
  * Returns 0, or the kernel's -errno when it refused f's file (f uses the block cache).
  */
 static int data_bind_locked(struct data_node *n, struct data_file *f)
@@ -1044,13 +1158,10 @@ static int data_bind_locked(struct data_node *n, struct data_file *f)
 	if (n->nbacked) {
 		n->nbacked++;
 		f->backing_id = n->backing_id;
-		f->backing_other = n->backing_dev != f->dev || n->backing_ino != f->ino;
 		return 0;
 	}
 	if (!n->ncached && (id = pt_backing_open(f->fd)) > 0) {
 		n->backing_id = id;
-		n->backing_dev = f->dev;
-		n->backing_ino = f->ino;
 		n->nbacked = 1;
 		f->backing_id = id;
 		return 0;
@@ -1093,7 +1204,7 @@ int data_open(struct data_ns *ns, struct data_node *n, const struct data_cred *w
 
 	if (!f)
 		return -ENOMEM;
-	if ((rc = data_file_init(ns, n, who, f, &changed))) {
+	if ((rc = data_file_init(ns, n, who, f, &changed, true))) {
 		free(f);
 		return rc;
 	}
@@ -1134,9 +1245,8 @@ int data_open(struct data_ns *ns, struct data_node *n, const struct data_cred *w
 	return 0;
 }
 
-int data_backing_id(const struct data_file *f, bool *reads_here)
+int data_backing_id(const struct data_file *f)
 {
-	*reads_here = f->backing_other;
 	return f->backing_id;
 }
 
@@ -1146,7 +1256,7 @@ int data_read_unopened(struct data_ns *ns, struct data_node *n, size_t size, off
 	struct data_file f = { 0 };
 	int changed, rc;
 
-	if ((rc = data_file_init(ns, n, NULL, &f, &changed)))
+	if ((rc = data_file_init(ns, n, NULL, &f, &changed, false)))
 		return rc;
 	rc = data_read(ns, &f, size, off, segs);
 	close(f.fd);
@@ -1170,6 +1280,7 @@ void data_release(struct data_ns *ns, struct data_file *f)
 	}
 	if (!f->backing_id && !f->direct)
 		n->npaged--;
+	n->nopen--;
 	pthread_mutex_unlock(&ns->mu);
 	if (close_id)
 		pt_backing_close(close_id);
@@ -1415,6 +1526,13 @@ int data_opendir(struct data_ns *ns, struct data_node *n, const struct data_cred
 	fd = data_open_beneath(ns, path, O_RDONLY | O_DIRECTORY);
 	if (as)
 		data_as_caller(ns, who, 0);
+	if (fd == -ENOTDIR && n->parent) {
+		/* No longer a directory (invariant 8): the kernel looks the path up again. */
+		pthread_mutex_lock(&ns->mu);
+		data_detach_locked(ns, n);
+		pthread_mutex_unlock(&ns->mu);
+		fd = -ESTALE;
+	}
 	if (fd < 0 || !(d->dp = fdopendir(fd))) {
 		rc = fd < 0 ? fd : -errno;
 		if (fd >= 0)

@@ -60,7 +60,12 @@ void data_watch_stop(struct data_ns *ns);
 int data_lookup(struct data_ns *ns, struct data_node *parent, const char *name,
 		struct fuse_entry_param *e);
 void data_forget(struct data_ns *ns, struct data_node *n, uint64_t nlookup);
+/* The attributes of n's SOURCE file; while opens of a file SOURCE's name no longer names
+ * (replaced or removed) are in flight, that file's (data.c invariant 8). */
 int data_getattr(struct data_ns *ns, struct data_node *n, struct stat *st);
+/* The same for a GETATTR that came with f, an open of the node (a read past the size
+ * the kernel caches): f's file, when the name no longer names it. */
+int data_getattr_open(struct data_ns *ns, const struct data_file *f, struct stat *st);
 int data_statfs(struct data_ns *ns, struct statvfs *sv);
 
 /*
@@ -96,9 +101,8 @@ int data_open(struct data_ns *ns, struct data_node *n, const struct data_cred *w
 	      struct fuse_file_info *fi, struct data_file **out);
 void data_release(struct data_ns *ns, struct data_file *f);
 /* With passthrough active (passthrough.h): the backing id the OPEN reply of f must name,
- * or 0 when f is served by the block cache. *reads_here: the id is of another SOURCE
- * file than f's (replaced while open), so f's reads must still come to data_read. */
-int data_backing_id(const struct data_file *f, bool *reads_here);
+ * or 0 when f is served by the block cache. */
+int data_backing_id(const struct data_file *f);
 /* data_read for a file the kernel did not open through us (-o immutable: no OPEN
  * requests): opens SOURCE for this one read, revalidating it like data_open. */
 int data_read_unopened(struct data_ns *ns, struct data_node *n, size_t size, off_t off,

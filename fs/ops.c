@@ -207,7 +207,9 @@ static void mlfs_op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_inf
 		root_stat(m, &st);
 		timeout = 3600;
 	} else if (n->kind == MLFS_DATA) {
-		rc = data_getattr(m->data, (struct data_node *)n, &st);
+		/* With a handle: a read past the size the kernel caches. */
+		rc = fi && fi->fh ? data_getattr_open(m->data, (struct data_file *)fi->fh, &st)
+				  : data_getattr(m->data, (struct data_node *)n, &st);
 		timeout = m->cfg.data_timeout;
 	} else {
 		rc = ckpt_getattr(m->ckpt, (struct ckpt_inode *)n, &st);
@@ -556,7 +558,6 @@ static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 	struct mlfs_node *n = node_of(ino);
 	struct data_file *f;
 	int backing_id = 0, rc;
-	bool reads_here;
 
 	/* -o immutable or -o watch: the first open answers ENOSYS and the kernel sends no
 	 * OPEN or RELEASE again on this mount (FUSE no_open), with keep_cache for every
@@ -586,9 +587,9 @@ static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 			fuse_lowlevel_notify_inval_inode(m->se, ino, -1, 0);
 		fi->noflush = 1; /* no FLUSH on close(): mlfs_op_flush */
 		/* Passthrough: reads and mmap go to SOURCE's file in the kernel. */
-		if ((backing_id = data_backing_id(f, &reads_here))) {
+		if ((backing_id = data_backing_id(f))) {
 			fi->keep_cache = 0;
-			pt_mark_open(backing_id, reads_here);
+			pt_mark_open(backing_id);
 		}
 	} else if (n->kind == MLFS_CKPT) {
 		struct ckpt_file *cf;

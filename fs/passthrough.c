@@ -67,7 +67,6 @@ _Static_assert(sizeof(struct pt_open_out) == sizeof(struct fuse_open_out),
 /* The mark: 0 none, PT_MARK_INIT, or a backing id (> 0) for the next OPEN reply. */
 #define PT_MARK_INIT (-1)
 static __thread int pt_mark;
-static __thread bool pt_mark_direct;
 
 static bool pt_allowed;
 static int pt_fuse_fd = -1;
@@ -176,10 +175,9 @@ void pt_backing_close(int id)
 		atomic_fetch_sub(&pt_ids, 1);
 }
 
-void pt_mark_open(int id, bool direct_io)
+void pt_mark_open(int id)
 {
 	pt_mark = id;
-	pt_mark_direct = direct_io;
 	atomic_fetch_add(&pt_opens, 1);
 }
 
@@ -209,8 +207,6 @@ void pt_patch_reply(struct iovec *iov, int count)
 
 		o->open_flags &= ~FOPEN_KEEP_CACHE; /* refused beside passthrough (.h) */
 		o->open_flags |= PT_FOPEN_PASSTHROUGH;
-		if (pt_mark_direct) /* reads come to us; mmap maps the backing file */
-			o->open_flags |= FOPEN_DIRECT_IO;
 		o->backing_id = mark;
 	}
 }

@@ -70,10 +70,8 @@ int pt_backing_open(int fd);
 void pt_refused(int rc);
 void pt_backing_close(int id);
 
-/* The next reply written by this thread is the OPEN reply of a passthrough open; with
- * direct_io, read requests still come to the daemon (FOPEN_DIRECT_IO beside
- * FOPEN_PASSTHROUGH) and only mmap goes to the backing file. */
-void pt_mark_open(int id, bool direct_io);
+/* The next reply written by this thread is the OPEN reply of a passthrough open. */
+void pt_mark_open(int id);
 /* Clears a mark the reply did not consume (the reply failed before its write). */
 void pt_unmark(void);
 /* ops.c's write hook: patches the reply in iov if this thread marked it. */

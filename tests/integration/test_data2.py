@@ -3,6 +3,7 @@ import errno
 import mmap
 import os
 import random
+import stat
 import struct
 import threading
 import time
@@ -153,6 +154,59 @@ def test_data_open_after_replace_not_served_old_readers_pages(mounter, opts, siz
         os.close(a)
     with open(os.path.join(m.data, "f"), "rb") as f:
         assert f.read() == b"N" * size
+
+
+@pytest.mark.parametrize("opts", ["block_size=64K", "block_size=64K,passthrough=off"])
+def test_data_replaced_or_removed_file_stays_whole_for_its_opens(mounter, opts):
+    """A file SOURCE replaced while it is open stays, for that open, the file it opened,
+    as on a local filesystem (data.c invariant 8): its reads and mappings reach its own
+    size (before, the name's one inode took the new file's size once a new open
+    refreshed it: a shorter replacement cut the old open's reads short and its mapping
+    faulted), fstat(2) gives its own attributes, also once its name was removed
+    (before: ENOENT, and a read past the cached size failed with ENOENT too). The name
+    meanwhile reads, stats and maps as the new file, under another ino; and a file
+    replaced by a directory is a directory from its next open on."""
+    m = mounter(opts=opts)
+    src, data = os.path.join(m.src, "f"), os.path.join(m.data, "f")
+    old, new = os.urandom(3 << 20), os.urandom(70000)
+    U.write_file(src, old)
+    a = os.open(data, os.O_RDONLY)
+    try:
+        assert os.pread(a, 4096, 0) == old[:4096]
+        ino = os.fstat(a).st_ino
+        U.write_file(src + ".tmp", new)
+        os.rename(src + ".tmp", src)
+        with open(data, "rb") as f:
+            assert f.read() == new
+            assert os.fstat(f.fileno()).st_size == len(new)
+            assert os.fstat(f.fileno()).st_ino != ino
+        assert os.stat(data).st_size == len(new)
+        assert os.fstat(a).st_size == len(old) and os.fstat(a).st_ino == ino
+        assert _read_all(a) == old
+        with mmap.mmap(a, len(old), prot=mmap.PROT_READ) as mm:
+            assert mm[:] == old
+        os.unlink(src)
+        assert os.fstat(a).st_size == len(old)
+        assert _read_all(a) == old
+        os.mkdir(src)
+    finally:
+        os.close(a)
+    d = os.open(data, os.O_RDONLY)  # the kernel's cached attributes still say a file
+    try:
+        assert stat.S_ISDIR(os.fstat(d).st_mode)
+    finally:
+        os.close(d)
+    assert os.path.isdir(data) and os.listdir(data) == []
+    os.rmdir(src)
+    U.write_file(src, new)
+    b = os.open(data, os.O_RDONLY)
+    try:
+        os.unlink(src)  # removed while open, never replaced
+        assert os.fstat(b).st_size == len(new)
+        assert os.pread(b, 2 * len(new), 0) == new
+    finally:
+        os.close(b)
+    assert U.pid_alive(m.pid)
 
 
 # --- a random-operation tester -----------------------------------------------------

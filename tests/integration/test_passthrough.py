@@ -156,9 +156,10 @@ def test_source_changed_between_opens(pt_mount):
 
 
 def test_replaced_while_open(pt_mount):
-    """The kernel binds one backing file per inode while any open of it is in flight:
-    an open after SOURCE replaced the file names the old id, and its reads come to the
-    block cache (FOPEN_DIRECT_IO beside passthrough), which reads the new file."""
+    """The kernel binds one backing file per inode while any open of it is in flight: an
+    open after SOURCE replaced the file gets a new inode (data.c invariant 8), with a
+    backing id of its own, and reads the new file by passthrough while the old open
+    reads the old file whole, at its own size."""
     m = pt_mount
     path = os.path.join(m.data, "big")
     old = want(m, "big")
@@ -172,8 +173,11 @@ def test_replaced_while_open(pt_mount):
         before = m.stat()["read_ops"]
         with open(path, "rb") as f:
             U.assert_bytes(f.read(), new, "reopened while the old file is open")
-        assert m.stat()["read_ops"] > before
-        assert m.stat()["backing_ids"] == 1
+            assert os.fstat(f.fileno()).st_ino != os.fstat(keep).st_ino
+            assert m.stat()["backing_ids"] == 2
+        assert m.stat()["read_ops"] == before
+        assert os.fstat(keep).st_size == len(old)
+        U.assert_bytes(os.pread(keep, 2 * len(old), 0), old, "the old open, after")
     finally:
         os.close(keep)
     wait_released(m)
