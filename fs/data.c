@@ -29,10 +29,9 @@
  *    itself before its read). Likewise a READ served from a handle whose file is no
  *    longer the node's current one (opened before a change) poisons the node's fid,
  *    since the kernel caches what it reads under the node's pages; and an open that
- *    finds opens of another version of the same SOURCE file in flight (rewritten in
- *    place: n->paged_fid) reads with direct_io, since those opens may fill the pages
- *    with their old bytes after its drop. A file replaced by another gets a new node
- *    instead (invariant 8).
+ *    finds opens of another version in flight that read through the pages
+ *    (n->paged_fid: the file was rewritten in place since) gets a new node, since
+ *    those opens may fill the pages with their old bytes after its drop (invariant 8).
  * 6. -o watch, on a local SOURCE only: every directory node holds an inotify watch
  *    from its first lookup until it is freed (n->wd, ns->wnodes), and the watch thread
  *    turns each event on a name in it into fuse_lowlevel_notify_inval_inode (pages
@@ -74,7 +73,9 @@
  *    in do_filp_open), finds the new node and opens it; a GETATTR answers from an open
  *    file of the node's own (fstat(2) of an open file whose name was removed works, as
  *    on a local filesystem), and ESTALE on a detached node with no open left (stat(2)
- *    retries the same way). With no open in flight the node follows its name, and
+ *    retries the same way). The same holds for a file rewritten in place (same SOURCE
+ *    inode, another size or mtime) while opens that read through the node's pages are
+ *    in flight (invariant 5). With no open in flight the node follows its name, and
  *    invariants 2 and 5 drop what the kernel and the block cache hold of the old file.
  *    A directory is keyed by its name alone (replaced by another directory, it keeps
  *    its node); a name that turns from directory to not, or back, gets a new node
@@ -123,8 +124,7 @@ struct data_node {
 	int32_t backing_id;
 	uint32_t nbacked, ncached;
 	/* Under ns->mu: the opens in flight that read through the mount's page cache (no
-	 * passthrough, not direct), all of one version of the file, paged_fid (invariant
-	 * 5). */
+	 * passthrough), all of one version of the file, paged_fid (invariant 5). */
 	struct bc_fid paged_fid;
 	uint32_t npaged;
 	/* Invariant 8, under ns->mu: the SOURCE file a non-directory stands for, its opens
@@ -145,7 +145,6 @@ struct data_file {
 	int32_t backing_id; /* > 0: a passthrough open (the node's id) */
 	int counted;	     /* counted in n->ncached */
 	int paged;	     /* under passthrough_min: the mount's page cache is the cache */
-	int direct;	     /* opened direct_io: another version's opens hold the pages */
 	struct data_file *prev, *next; /* ns->files, under ns->mu (data_open's only) */
 };
 
@@ -1217,26 +1216,30 @@ int data_open(struct data_ns *ns, struct data_node *n, const struct data_cred *w
 	 */
 	fi->keep_cache = !changed;
 	pthread_mutex_lock(&ns->mu);
+	/*
+	 * The kernel keeps one page cache per node: opens in flight that read through it
+	 * (npaged; beside them no passthrough open starts, so this one would too) of an
+	 * older version of the file, rewritten in place since, would fill it with old
+	 * bytes after this open's drop. The new version gets a node of its own, as a
+	 * replaced file does (invariant 8): the VFS retries on ESTALE.
+	 */
+	if (n->npaged && !data_fid_eq(&n->paged_fid, &f->fid)) {
+		n->nopen--;
+		if (!n->detached)
+			log_debug("data: %s rewritten while open: a new node takes its name",
+				  n->name);
+		data_detach_locked(ns, n);
+		pthread_mutex_unlock(&ns->mu);
+		close(f->fd);
+		free(f);
+		return -ESTALE;
+	}
 	if (pt_active() && f->size < ns->m->cfg.passthrough_min)
 		data_bind_paged_locked(n, f);
 	else if (pt_active())
 		refused = data_bind_locked(n, f);
-	/*
-	 * The kernel keeps one page cache per node, whatever file each open reads, so
-	 * opens of an older version still in flight (SOURCE replaced or rewrote the file
-	 * since) fill it with old bytes that this open would then read: it reads with
-	 * direct_io, its reads all coming to data_read on its own file, until they are
-	 * closed (invariant 5). A passthrough open reads SOURCE's file (data_bind_locked).
-	 */
-	if (!f->backing_id) {
-		if (n->npaged && !data_fid_eq(&n->paged_fid, &f->fid)) {
-			f->direct = 1;
-			fi->direct_io = 1;
-			fi->keep_cache = 0;
-		} else if (!n->npaged++) {
-			n->paged_fid = f->fid;
-		}
-	}
+	if (!f->backing_id && !n->npaged++)
+		n->paged_fid = f->fid;
 	DATA_LINK(&ns->files, f);
 	pthread_mutex_unlock(&ns->mu);
 	if (refused < 0)
@@ -1278,7 +1281,7 @@ void data_release(struct data_ns *ns, struct data_file *f)
 	} else if (f->counted) {
 		n->ncached--;
 	}
-	if (!f->backing_id && !f->direct)
+	if (!f->backing_id)
 		n->npaged--;
 	n->nopen--;
 	pthread_mutex_unlock(&ns->mu);

@@ -209,6 +209,34 @@ def test_data_replaced_or_removed_file_stays_whole_for_its_opens(mounter, opts):
     assert U.pid_alive(m.pid)
 
 
+@pytest.mark.parametrize("opts", ["block_size=64K", "block_size=64K,passthrough=off"])
+def test_data_rewritten_in_place_while_open_maps_shared(mounter, opts):
+    """A file rewritten in place (same SOURCE inode, new bytes and mtime) while an open
+    of it that reads through the mount's pages is in flight: a new open reads and
+    maps (MAP_SHARED, as numpy.memmap does) the new bytes. Before, it read with direct_io
+    so that the old open could not refill its pages, and its shared mmap failed with
+    ENODEV (libfuse 3.14 cannot ask for FUSE_DIRECT_IO_ALLOW_MMAP); now it gets a node of
+    its own (data.c invariant 8)."""
+    m = mounter(opts=opts)
+    src, data = os.path.join(m.src, "f"), os.path.join(m.data, "f")
+    size = 200000  # under passthrough_min: the mount's page cache serves it
+    U.write_file(src, b"O" * size)
+    a = os.open(data, os.O_RDONLY)
+    try:
+        assert os.pread(a, 4096, 0) == b"O" * 4096
+        time.sleep(0.01)  # a new mtime
+        with open(src, "r+b") as f:
+            f.write(b"N" * size)
+        with open(data, "rb") as f:
+            with mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mm:
+                assert mm[:] == b"N" * size
+            assert f.read() == b"N" * size
+    finally:
+        os.close(a)
+    with open(data, "rb") as f:
+        assert f.read() == b"N" * size
+
+
 # --- a random-operation tester -----------------------------------------------------
 
 WORD = struct.Struct("<HIH")  # file, tag, word index (mod 2**16): self-describing bytes
