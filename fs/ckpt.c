@@ -103,14 +103,17 @@ struct ckpt_inode {
 	int linkable;
 	uint32_t nopen;
 	uint32_t nwrite; /* handles writing (invariant 6): the freeze flags the file */
-	/* Restored with -o workers=N > 1 (a file or directory) and, for a file, its content
-	 * unchanged since: the freeze flags it MF_ENTRY_INHERITED when it is still at its
-	 * restored path (every directory above it inherited too, up to the root), so a
-	 * group's union prefers a worker's rewrite of it to the other workers' untouched
-	 * copies, and drops it when a worker of the same base removed it (mf_merge).
-	 * Cleared by every content change (write, truncate, fallocate, under the inode's
-	 * write lock) and by every new name (rename, link, under ns->mu): only a path as
-	 * restored may claim to be one. Read by the freeze. */
+	/* Restored with -o workers=N > 1 (a file, directory or symlink) and, for a file,
+	 * its content unchanged since (a symlink's target never changes in place): the
+	 * freeze flags it MF_ENTRY_INHERITED when it is still at its restored path (every
+	 * directory above it inherited too, up to the root), so a group's union prefers a
+	 * worker's rewrite of it to the other workers' untouched copies, and drops it when
+	 * a worker of the same base removed it (mf_merge). Cleared by every content change
+	 * (write, truncate, fallocate, under the inode's write lock) and by every new name
+	 * (rename, link, under ns->mu): only a path as restored may claim to be one.
+	 * Metadata (chmod, chown, times, xattrs) leaves it, for files and symlinks alike:
+	 * the union keeps one part's metadata of a path anyway (mf_merge). Read by the
+	 * freeze. */
 	_Atomic int inherited;
 	/* Read-ahead state (ckpt_readahead_locked): the last block read, the end of what
 	 * was queued, the window in blocks (0: none yet). A heuristic shared by the
@@ -2093,6 +2096,8 @@ static int ckpt_freeze_entry_locked(struct ckpt_ns *ns, struct ckpt_fz *z,
 		e->size = ino->size;
 		if (!(e->target = strdup(ino->target)))
 			return -ENOMEM;
+		if (in_place)
+			e->flags |= MF_ENTRY_INHERITED; /* version 5 (manifest.h) */
 	} else if (S_ISREG(ino->mode)) {
 		e->type = MF_FILE;
 		if (ino->freeze_epoch == ns->freeze_epoch) {
@@ -2278,9 +2283,10 @@ static struct ckpt_inode *ckpt_inode_from(struct ckpt_ns *ns, const struct mf_en
 	ino->ctime = ckpt_ts_of(e->ctime_ns);
 	ino->size = e->size;
 	/* A job of several workers: every worker now holds every part's files; one that
-	 * rewrites a file must win over the others' untouched copies at the next group,
-	 * and one that removes a file or directory must not see it come back. */
-	ino->inherited = e->type != MF_SYMLINK && ns->m->cfg.workers > 1;
+	 * rewrites a file (or makes a symlink anew) must win over the others' untouched
+	 * copies at the next group, and one that removes a file, directory or symlink
+	 * must not see it come back. */
+	ino->inherited = ns->m->cfg.workers > 1;
 	for (uint64_t j = 0; e->type == MF_FILE && j < e->nblocks; j++)
 		if (!(e->blocks[j].flags & MF_BLOCK_HOLE))
 			ino->data_bytes += e->blocks[j].len;

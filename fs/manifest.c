@@ -238,14 +238,20 @@ static int mf_check_xattrs(const struct mf_entry *e)
  * flags. */
 static uint32_t mf_version(const struct mf_manifest *m)
 {
+	uint32_t v = MF_VERSION;
+
 	if (m->version)
 		return m->version;
-	if (m->base)
-		return 4;
-	for (size_t i = 0; i < m->nentries; i++)
-		if (m->entries[i].flags & MF_ENTRY_INHERITED)
-			return 3;
-	return MF_VERSION;
+	for (size_t i = 0; i < m->nentries; i++) {
+		const struct mf_entry *e = &m->entries[i];
+
+		if (!(e->flags & MF_ENTRY_INHERITED))
+			continue;
+		if (e->type == MF_SYMLINK)
+			return 5; /* (without a base mf_check refuses it) */
+		v = 3;
+	}
+	return m->base ? 4 : v;
 }
 
 /* version: mf_version(m), computed once by the caller (it scans every entry). */
@@ -263,7 +269,8 @@ static int mf_check_entry(const struct mf_manifest *m, size_t i, uint32_t versio
 	    ((e->flags & MF_ENTRY_OPEN_WRITE) && e->type != MF_FILE) ||
 	    ((e->flags & MF_ENTRY_INHERITED) &&
 	     (version < 3 || (e->flags & MF_ENTRY_OPEN_WRITE) ||
-	      (e->type != MF_FILE && (version < 4 || e->type != MF_DIR)))))
+	      (e->type == MF_DIR && version < 4) ||
+	      (e->type == MF_SYMLINK && version < 5))))
 		return -EINVAL;
 	if (i == 0) {
 		if (e->id != 1 || e->parent || e->link || nlen || e->type != MF_DIR)
@@ -880,13 +887,16 @@ static int mf_union_add(struct mf_union *u, const struct mf_manifest *p, unsigne
 				continue;
 			}
 			if ((have->flags & MF_ENTRY_INHERITED) && !(mine->flags & MF_ENTRY_INHERITED) &&
-			    !slot->link && !e->link && slot->type == MF_FILE &&
+			    !slot->link && !e->link && slot->type != MF_DIR &&
 			    (mine->type == MF_FILE || !(*slots)[at].linked)) {
-				/* an untouched copy in the union, rewritten by this part, or
-				 * replaced by a directory or symlink (which the copy would
-				 * yield to, came this part first): the rewrite stands (its id,
-				 * parent and name stay; links to it see the new content, as
-				 * links to one inode do; a file a link names stays a file) */
+				/* an untouched file or symlink in the union, rewritten
+				 * by this part (a symlink by another target: symlink(2)
+				 * makes a new one, never in place), or replaced by one of
+				 * another type (which the copy would yield to, came this
+				 * part first): the rewrite stands (its id, parent and name
+				 * stay; links to it see the new content, as links to one
+				 * inode do; a file a link names stays a file; no link
+				 * names a symlink) */
 				struct mf_entry d;
 
 				if (mf_entry_copy(&d, e))

@@ -43,15 +43,17 @@
  *     MF_XATTR_TOTAL_MAX;
  *   - entry flags (version 2): only MF_ENTRY_OPEN_WRITE, and (version 3) at most one of
  *     it and MF_ENTRY_INHERITED, only on a file that is not a link, and (version 4)
- *     MF_ENTRY_INHERITED on a directory too; a version 1 manifest has none;
- *   - base (version 4) is nonzero; before version 4 it is 0.
+ *     MF_ENTRY_INHERITED on a directory too, and (version 5) on a symlink too; a
+ *     version 1 manifest has none;
+ *   - base (version 4 and 5) is nonzero; before version 4 it is 0.
  *
- * Versions: mf_decode reads version 1 (no entry flags), 2, 3 and 4; a decoded manifest
+ * Versions: mf_decode reads version 1 (no entry flags), 2, 3, 4 and 5; a decoded manifest
  * keeps its version and mf_encode writes that version again, byte for byte (decode then
  * encode is the identity, which tests/fuzz/fuzz_manifest.c checks). version 0 means
- * the lowest version that holds what m carries: 4 with a base, else 3 when an entry
- * carries MF_ENTRY_INHERITED, else MF_VERSION (so a manifest without either stays
- * readable by a version-2 mlfs).
+ * the lowest version that holds what m carries: 5 when a symlink carries
+ * MF_ENTRY_INHERITED, else 4 with a base, else 3 when an entry carries
+ * MF_ENTRY_INHERITED, else MF_VERSION (so a manifest without either stays readable by a
+ * version-2 mlfs, and a part without an inherited symlink by a version-4 mlfs).
  */
 #ifndef MLFS_MANIFEST_H
 #define MLFS_MANIFEST_H
@@ -60,7 +62,7 @@
 #include <stdint.h>
 
 #define MF_VERSION 2		/* written by default; 1 is still read and re-encoded */
-#define MF_VERSION_MAX 4	/* read; 3 and 4 written (version 0) for a worker's part */
+#define MF_VERSION_MAX 5	/* read; 3 to 5 written (version 0) for a worker's part */
 #define MF_HASH_LEN 16		/* XXH3-128, canonical (big-endian) byte order */
 #define MF_NAME_MAX 255
 #define MF_TARGET_MAX 4095
@@ -77,14 +79,14 @@ enum mf_type { MF_FILE = 1, MF_DIR = 2, MF_SYMLINK = 3 };
  * (O_WRONLY/O_RDWR) by someone, so its content may be a torn write (a torch.save cut
  * by a SIGTERM); "latest" skips snapshots that have any (fs/store.h store_latest). */
 #define MF_ENTRY_OPEN_WRITE 0x1
-/* Entry flag (version 3; on directories version 4). INHERITED: an entry of a worker
- * (-o workers=N > 1) exactly as the restore of the manifest named by the part's base gave
- * it, at the same path: a file whose content is unchanged, a directory that is the one
- * restored (not renamed, not removed and made again), each under a directory that is
- * itself INHERITED (or the root). mf_merge prefers another part's rewrite of that path
- * to it, rather than calling the two a conflict, and drops a path that only INHERITED
- * copies hold when another part of the same base no longer has it (deleted or renamed
- * away by that worker). */
+/* Entry flag (version 3; on directories version 4; on symlinks version 5). INHERITED: an
+ * entry of a worker (-o workers=N > 1) exactly as the restore of the manifest named by
+ * the part's base gave it, at the same path: a file whose content is unchanged, a
+ * directory or symlink that is the one restored (not renamed, not linked, not removed
+ * and made again), each under a directory that is itself INHERITED (or the root).
+ * mf_merge prefers another part's rewrite of that path to it, rather than calling the
+ * two a conflict, and drops a path that only INHERITED copies hold when another part of
+ * the same base no longer has it (deleted or renamed away by that worker). */
 #define MF_ENTRY_INHERITED 0x2
 
 struct mf_block {
@@ -188,14 +190,16 @@ uint64_t mf_id(const struct mf_manifest *m);
  * is left out), *conflicts counts them and fn (may be NULL) is called once for each
  * with the losing part p, its entry index idx, and the parts that hold the path
  * (kept_part, p's index). Not a conflict: a file one part rewrote, or replaced by a
- * directory or symlink, where another holds it MF_ENTRY_INHERITED (as restored,
- * untouched): the change wins (a file a hard link names is never replaced by a
- * directory or symlink: a conflict). Deletions: a path
- * whose every holder holds it INHERITED, all of one base, is left out when a part of
- * that base has nothing at that path (its worker removed it, or renamed it away; the
- * new name is not INHERITED and stays); a directory only once nothing is left below
- * it, a file never while a hard link kept in the union names it, and nothing at or
- * below a conflict (a part's hard link that lost is one at its path). A part without a base (no restore) or of another base removes nothing.
+ * directory or symlink, or a symlink one part made anew (another target, or another
+ * type), where another holds it MF_ENTRY_INHERITED (as restored, untouched): the change
+ * wins (a file a hard link names is never replaced by a directory or symlink: a
+ * conflict). Deletions: a path (file, directory or symlink) whose every holder holds
+ * it INHERITED, all of one base, is left out when a part of that base has nothing at
+ * that path (its worker removed it, or renamed it away; the new name is not INHERITED
+ * and stays); a directory only once nothing is left below it, a file never while a
+ * hard link kept in the union names it, and nothing at or below a conflict (a part's
+ * hard link that lost is one at its path). A part without a base (no restore) or of
+ * another base removes nothing.
  * Metadata (mode, owner, times) of merged entries is the first part's; the union
  * carries no INHERITED flags and no base. Ids are renumbered; time_ns is the newest
  * part's; new_bytes the sum; files, logical_bytes and open_writes are counted over the

@@ -125,6 +125,22 @@ static int manifests(const char *dir)
 	e->flags = MF_ENTRY_INHERITED;
 	add(m, 2, "shard-1", MF_FILE)->block_size = 4096;
 	bad |= emit(m, dir, "part-v4");
+	/* Version 5: the same with an INHERITED symlink beside the file, and one not. */
+	m = new_manifest("part", 0);
+	m->base = 0x5eed;
+	e = add(m, 1, "ckpt", MF_DIR);
+	e->flags = MF_ENTRY_INHERITED;
+	e = add(m, 2, "shard-0", MF_FILE);
+	blocks(e, 4096 + 5, 4096, 0);
+	e->flags = MF_ENTRY_INHERITED;
+	e = add(m, 2, "latest", MF_SYMLINK);
+	e->target = strdup("shard-0");
+	e->size = strlen(e->target);
+	e->flags = MF_ENTRY_INHERITED;
+	e = add(m, 1, "new", MF_SYMLINK);
+	e->target = strdup("ckpt/latest");
+	e->size = strlen(e->target);
+	bad |= emit(m, dir, "part-v5");
 	m = new_manifest("deep", 0);
 	for (int i = 0; i < 40; i++)
 		add(m, (uint64_t)i + 1, "d", MF_DIR);

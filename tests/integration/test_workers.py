@@ -322,6 +322,82 @@ def test_group_carries_deletions_and_renames(workerset):
     assert ws.unmount_all(one) == [0]
 
 
+def links_of(ckpt):
+    """Every symlink under ckpt, by its path, with its target."""
+    out = {}
+    for d, dirs, files in os.walk(ckpt):
+        for n in dirs + files:
+            path = os.path.join(d, n)
+            if os.path.islink(path):
+                out[os.path.relpath(path, ckpt)] = os.readlink(path)
+    return out
+
+
+def test_group_carries_symlink_deletions(workerset):
+    """Symlinks carry deletions as files do: after a group restore a symlink that one
+    worker removes (or moves away by a rename or a hard link) does not come back from the
+    other workers' untouched copies in the next group; one every worker kept stays; one
+    a worker made anew with another target (symlink(2) never changes one in place)
+    takes that target, whichever worker's part comes first. Before, a restored symlink
+    was never marked inherited: a removed one was resurrected and a remade one was a
+    conflict. The parts carrying an untouched symlink are manifest version 5."""
+    ws = workerset()
+    job = ws.start(2)
+    c0, c1 = job[0].ckpt, job[1].ckpt
+    U.write_file(os.path.join(c0, "model"), b"m" * 5000)
+    for name in ("kept", "gone0", "gone1", "moved", "linked"):
+        os.symlink("model", os.path.join(c0, name))
+    os.symlink("old-0", os.path.join(c1, "swap0"))
+    os.symlink("old-1", os.path.join(c1, "swap1"))
+    os.makedirs(os.path.join(c1, "d"))
+    os.symlink("../model", os.path.join(c1, "d", "in"))
+    take_all(ws, job, "g1", "--group-wait")
+    assert ws.unmount_all(job) == [0, 0]
+
+    job = ws.start(2, restore="g1")
+    c0, c1 = job[0].ckpt, job[1].ckpt
+    first = {"kept": "model", "gone0": "model", "gone1": "model", "moved": "model",
+             "linked": "model", "swap0": "old-0", "swap1": "old-1", "d/in": "../model"}
+    for w in job:
+        assert links_of(w.ckpt) == first, (w.k, links_of(w.ckpt))
+    # worker 0 removes gone0 and makes swap0 anew; worker 1 removes gone1 and d/in,
+    # renames moved, gives linked a second name and drops the first, makes swap1 anew;
+    # both leave kept alone
+    os.unlink(os.path.join(c0, "gone0"))
+    os.unlink(os.path.join(c0, "swap0"))
+    os.symlink("new-0", os.path.join(c0, "swap0"))
+    os.unlink(os.path.join(c1, "gone1"))
+    os.unlink(os.path.join(c1, "d", "in"))
+    os.rename(os.path.join(c1, "moved"), os.path.join(c1, "moved2"))
+    os.link(os.path.join(c1, "linked"), os.path.join(c1, "linked2"), follow_symlinks=False)
+    os.unlink(os.path.join(c1, "linked"))
+    os.unlink(os.path.join(c1, "swap1"))
+    os.symlink("new-1", os.path.join(c1, "swap1"))
+    take_all(ws, job, "g2", "--group-wait")
+    e = S.list_json(ws.store, store=True)["g2"]
+    assert e["state"] == "durable" and e["conflicts"] == 0, e
+    assert ws.unmount_all(job) == [0, 0]
+    d = os.path.join(ws.store, "snaps", "g2")
+    for part in (f for f in W.group_parts(ws.store, "g2") if f.startswith("part-")):
+        with open(os.path.join(d, part), "rb") as f:
+            head = f.read(12)
+        # each worker still holds untouched symlinks (kept, and what the other removed)
+        assert head[:8] == b"MLFSMANF" and head[8] == 5, (part, head)
+
+    want = {"kept": "model", "swap0": "new-0", "swap1": "new-1", "moved2": "model",
+            "linked2": "model"}
+    for n in (2, 1):
+        job = ws.start(n, restore="g2")
+        for w in job:
+            assert links_of(w.ckpt) == want, (n, w.k, links_of(w.ckpt))
+            assert sorted(os.listdir(w.ckpt)) == sorted(["model", "d", *want]), \
+                (n, w.k, sorted(os.listdir(w.ckpt)))
+            assert os.listdir(os.path.join(w.ckpt, "d")) == []
+            with open(os.path.join(w.ckpt, "kept"), "rb") as f:
+                U.assert_bytes(f.read(), b"m" * 5000, f"worker {w.k}: kept")
+        assert ws.unmount_all(job) == [0] * n
+
+
 def test_group_file_made_a_directory_stays(workerset):
     """After a group restore, worker 1 replaces the restored file 'model' by a directory
     of new shards while worker 0 leaves its copy alone: the next group holds the

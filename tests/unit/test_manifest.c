@@ -664,7 +664,9 @@ static void test_versions_and_open_writes(void)
 {
 	static struct raw r;
 	struct raw_ent a = file_f(), d = { .id = 3, .parent = 1, .type = MF_DIR, .name = "d",
-					   .mode = 0755 };
+					   .mode = 0755 },
+		       s = { .id = 4, .parent = 1, .type = MF_SYMLINK, .name = "s",
+			     .mode = 0777, .size = 1, .target = "f" };
 	struct mf_manifest *m = NULL;
 	void *buf = NULL;
 	size_t len = 0;
@@ -713,7 +715,8 @@ static void test_versions_and_open_writes(void)
 		free(buf);
 		mf_free(m);
 	}
-	/* The first version unknown (3 is read since issue 11: INHERITED). */
+	/* The first version unknown (3 is read since issue 11: INHERITED; 5 since symlinks
+	 * carry it). */
 	raw_begin(&r, MF_VERSION_MAX + 1, 1);
 	raw_root(&r);
 	raw_seal(&r);
@@ -783,8 +786,64 @@ static void test_versions_and_open_writes(void)
 		free(buf);
 		mf_free(m);
 	}
+	/* Version 5: INHERITED on a symlink too, byte for byte again; version 0 picks 5
+	 * for it (4 without it, so a version-4 mlfs reads such parts); not in version 4,
+	 * not without a base. */
+	s.flags = MF_ENTRY_INHERITED;
+	m = NULL;
+	raw_begin(&r, 5, 4);
+	raw_root(&r);
+	raw_entry(&r, &a);
+	raw_entry(&r, &d);
+	raw_entry(&r, &s);
+	raw_seal(&r);
+	EXPECT_EQ(mf_decode(r.b, r.n, &m), 0);
+	if (m) {
+		EXPECT_EQ(m->version, 5);
+		EXPECT_EQ(m->base, raw_base);
+		EXPECT(m->entries[3].type == MF_SYMLINK &&
+		       m->entries[3].flags == MF_ENTRY_INHERITED);
+		expect_reencodes(m, &r);
+		m->entries[3].flags = 0;
+		buf = NULL;
+		EXPECT_EQ(mf_encode(m, &buf, &len), 0);
+		EXPECT(len > 12 && ((unsigned char *)buf)[8] == 4);
+		free(buf);
+		m->entries[3].flags = MF_ENTRY_INHERITED;
+		m->version = 4; /* version 4 cannot flag a symlink */
+		buf = NULL;
+		EXPECT_EQ(mf_encode(m, &buf, &len), -EINVAL);
+		free(buf);
+		m->version = 0;
+		m->base = 0; /* nor can anything without a base */
+		buf = NULL;
+		EXPECT_EQ(mf_encode(m, &buf, &len), -EINVAL);
+		free(buf);
+		mf_free(m);
+	}
+	raw_begin(&r, 4, 4);
+	raw_root(&r);
+	raw_entry(&r, &a);
+	raw_entry(&r, &d);
+	raw_entry(&r, &s);
+	raw_seal(&r);
+	EXPECT_EQ(decode_rc(&r), -EINVAL);
+	s.flags = MF_ENTRY_INHERITED | MF_ENTRY_OPEN_WRITE;
+	raw_begin(&r, 5, 4);
+	raw_root(&r);
+	raw_entry(&r, &a);
+	raw_entry(&r, &d);
+	raw_entry(&r, &s);
+	raw_seal(&r);
+	EXPECT_EQ(decode_rc(&r), -EINVAL);
+	s.flags = 0;
 	raw_base = 0;
 	raw_begin(&r, 4, 2);
+	raw_root(&r);
+	raw_entry(&r, &a);
+	raw_seal(&r);
+	EXPECT_EQ(decode_rc(&r), -EINVAL);
+	raw_begin(&r, 5, 2);
 	raw_root(&r);
 	raw_entry(&r, &a);
 	raw_seal(&r);
@@ -888,8 +947,8 @@ static long find_path(const struct mf_manifest *m, const char *path)
 /*
  * A part from a list of paths, parents first: "d/" a directory, "d/f=N" a file of N
  * hundred bytes (equal N, equal content), "d/l>d/f" a hard link to an earlier file,
- * "d/s@t" a symlink to t; a leading '*' flags the entry MF_ENTRY_INHERITED. base is the
- * part's base.
+ * "d/s@t" a symlink to t; a leading '*' flags the entry MF_ENTRY_INHERITED (never a
+ * link). base is the part's base.
  */
 static struct mf_manifest *part_of(uint64_t base, const char *const *spec)
 {
@@ -933,7 +992,6 @@ static struct mf_manifest *part_of(uint64_t base, const char *const *spec)
 		} else if (sep == '@') {
 			e->target = dupstr(val);
 			e->size = strlen(val);
-			e->flags = 0;
 		}
 	}
 	return m;
@@ -1056,14 +1114,108 @@ static void test_merge_deletions(void)
 	expect_union(q, 2, 0, (const char *const[]){ NULL });
 }
 
+/* Symlinks carry INHERITED too (version 5 parts): one a worker removed or renamed away
+ * leaves the union, one it made anew (another target, or a file or directory in its
+ * place) wins over the others' untouched copies in either order, one every worker kept
+ * stays; two workers making it anew differently is a conflict. Before, a restored
+ * symlink was never INHERITED and came back from the untouched copies. */
+static void test_merge_symlinks(void)
+{
+	static const char *const all[] = { "*keep@a", "*gone@b", "*swap@c", "*d/",
+					   "*d/in@x", "*f=1", NULL };
+	struct mf_manifest *q[3], *u = NULL;
+	uint64_t conflicts;
+	long at;
+
+	for (int first = 0; first < 2; first++) {
+		/* worker 1 removed gone and d/ (with the symlink in it), made swap anew */
+		q[first] = part_of(7, all);
+		q[!first] = part_of(7, (const char *const[]){ "*keep@a", "swap@new", "*f=1",
+							      NULL });
+		EXPECT_EQ(mf_merge(q, 2, NULL, NULL, &u, &conflicts), 0);
+		EXPECT_EQ(conflicts, 0);
+		if (u) {
+			EXPECT_EQ(u->nentries, 4);
+			EXPECT(find_path(u, "gone") < 0 && find_path(u, "d") < 0);
+			at = find_path(u, "keep");
+			EXPECT(at >= 0 && !strcmp(u->entries[at].target, "a"));
+			at = find_path(u, "swap");
+			EXPECT(at >= 0 && u->entries[at].type == MF_SYMLINK &&
+			       !strcmp(u->entries[at].target, "new") &&
+			       u->entries[at].size == 3 && !u->entries[at].flags);
+			mf_free(u);
+			u = NULL;
+		}
+		mf_free(q[0]);
+		mf_free(q[1]);
+		/* worker 1 made the symlink swap a file, keep a directory of new files */
+		q[first] = part_of(7, all);
+		q[!first] = part_of(7, (const char *const[]){ "keep/", "keep/n=2",
+							      "*gone@b", "swap=3", "*d/",
+							      "*d/in@x", "*f=1", NULL });
+		expect_union(q, 2, 0, (const char *const[]){ "keep", "keep/n", "gone",
+							     "swap", "d", "d/in", "f",
+							     NULL });
+	}
+	/* worker 1 renamed gone to moved (a new name: not INHERITED), and the symlink in
+	 * d/ to the root (d/ itself stays: nobody removed it) */
+	q[0] = part_of(7, all);
+	q[1] = part_of(7, (const char *const[]){ "*keep@a", "moved@b", "*swap@c", "*d/",
+						 "in@x", "*f=1", NULL });
+	expect_union(q, 2, 0, (const char *const[]){ "keep", "moved", "swap", "d", "in",
+						     "f", NULL });
+	/* two workers made swap anew with different targets: a conflict, the first stays;
+	 * a third that removed it changes nothing there */
+	q[0] = part_of(7, (const char *const[]){ "swap@one", NULL });
+	q[1] = part_of(7, (const char *const[]){ "swap@two", NULL });
+	q[2] = part_of(7, (const char *const[]){ NULL });
+	EXPECT_EQ(mf_merge(q, 3, NULL, NULL, &u, &conflicts), 0);
+	EXPECT_EQ(conflicts, 1);
+	if (u) {
+		at = find_path(u, "swap");
+		EXPECT(at >= 0 && !strcmp(u->entries[at].target, "one"));
+		mf_free(u);
+		u = NULL;
+	}
+	for (int i = 0; i < 3; i++)
+		mf_free(q[i]);
+	/* the same new target on both: one entry, no conflict */
+	q[0] = part_of(7, (const char *const[]){ "swap@new", NULL });
+	q[1] = part_of(7, (const char *const[]){ "*swap@c", NULL });
+	q[2] = part_of(7, (const char *const[]){ "swap@new", NULL });
+	expect_union(q, 3, 0, (const char *const[]){ "swap", NULL });
+	/* another base removes nothing */
+	q[0] = part_of(7, all);
+	q[1] = part_of(8, (const char *const[]){ NULL });
+	expect_union(q, 2, 0, (const char *const[]){ "keep", "gone", "swap", "d", "d/in",
+						     "f", NULL });
+	/* a part with an inherited symlink is version 5, and decodes so */
+	q[0] = part_of(7, all);
+	{
+		void *buf = NULL;
+		size_t len = 0;
+		struct mf_manifest *m = NULL;
+
+		EXPECT_EQ(mf_encode(q[0], &buf, &len), 0);
+		EXPECT(buf && len > 12 && ((unsigned char *)buf)[8] == 5);
+		EXPECT_EQ(mf_decode(buf, len, &m), 0);
+		EXPECT(m && m->version == 5 && m->entries[find_path(m, "gone")].flags ==
+							MF_ENTRY_INHERITED);
+		mf_free(m);
+		free(buf);
+	}
+	mf_free(q[0]);
+}
+
 /* ---- random parts of one restored tree (the deletions rule as a property) ---- */
 
 #define RM_MAX 96
 
 struct rm_node {
 	char path[96];
-	int type;	/* MF_FILE or MF_DIR */
-	int content;	/* files: size / 100, so equal content is equal bytes */
+	int type;	/* MF_FILE, MF_DIR or MF_SYMLINK */
+	int content;	/* files: size / 100, so equal content is equal bytes; symlinks:
+			 * the target is "t<content>" */
 	int inh;	/* as restored, at its restored path */
 };
 
@@ -1123,7 +1275,7 @@ static void rm_pick_dir(const struct rm_tree *t, char *buf, size_t size)
 static void rm_change(struct rm_tree *t, int part, int step)
 {
 	char dir[96], path[200];
-	int i = t->len ? (int)rm_rand((unsigned)t->len) : -1, op = (int)rm_rand(6);
+	int i = t->len ? (int)rm_rand((unsigned)t->len) : -1, op = (int)rm_rand(7);
 
 	rm_pick_dir(t, dir, sizeof(dir));
 	/* a name some other part may make too (a clash), or one of this part's own */
@@ -1133,7 +1285,7 @@ static void rm_change(struct rm_tree *t, int part, int step)
 		snprintf(path, sizeof(path), "%s%sc%u", dir, *dir ? "/" : "", rm_rand(3));
 	if (strlen(path) >= sizeof(t->n[0].path))
 		return;
-	if (op == 0 && i >= 0 && t->n[i].type == MF_FILE) { /* rewrite */
+	if (op == 0 && i >= 0 && t->n[i].type != MF_DIR) { /* rewrite, or a new symlink */
 		t->n[i].content = 1000 + part * 100 + step;
 		t->n[i].inh = 0;
 	} else if (op == 1 && i >= 0) { /* unlink, or rm -r */
@@ -1163,6 +1315,8 @@ static void rm_change(struct rm_tree *t, int part, int step)
 		}
 	} else if (op == 3) {
 		rm_add(t, path, MF_DIR, 0, 0);
+	} else if (op == 4) {
+		rm_add(t, path, MF_SYMLINK, 3000 + part * 100 + step, 0);
 	} else {
 		rm_add(t, path, MF_FILE, 2000 + part * 100 + step, 0);
 	}
@@ -1206,6 +1360,13 @@ static struct mf_manifest *rm_manifest(struct rm_tree *t, uint64_t base)
 		e = add(m, parent, slash ? slash + 1 : par, t->n[i].type);
 		if (t->n[i].type == MF_FILE)
 			set_blocks(e, (uint64_t)t->n[i].content * 100, 4096, 0);
+		if (t->n[i].type == MF_SYMLINK) {
+			char target[16];
+
+			snprintf(target, sizeof(target), "t%d", t->n[i].content);
+			e->target = dupstr(target);
+			e->size = strlen(target);
+		}
 		if (t->n[i].inh && (parent == 1 || (m->entries[find_path(m, par)].flags &
 						      MF_ENTRY_INHERITED)))
 			e->flags = MF_ENTRY_INHERITED;
@@ -1215,14 +1376,14 @@ static struct mf_manifest *rm_manifest(struct rm_tree *t, uint64_t base)
 
 /*
  * Random jobs: a restored tree, each worker changes its copy, and the union must keep
- * every change when there is no conflict (a rewrite, a new file or directory, a new
- * name), keep what every worker still holds, and leave out what a worker removed that
- * no worker changed or wrote below. Always: it encodes, and holds only what some part
- * holds.
+ * every change when there is no conflict (a rewrite, a new file, directory or symlink,
+ * a symlink made anew, a new name), keep what every worker still holds, and leave out
+ * what a worker removed that no worker changed or wrote below. Always: it encodes, and
+ * holds only what some part holds.
  */
 static void test_merge_random(void)
 {
-	int jobs = 3000, carried = 0;
+	int jobs = 3000, carried = 0, carried_symlinks = 0;
 
 	for (int job = 0; job < jobs; job++) {
 		struct rm_tree base = { .len = 0 }, parts[4];
@@ -1270,7 +1431,9 @@ static void test_merge_random(void)
 				at = find_path(u, path);
 				if (!(e->flags & MF_ENTRY_INHERITED)) { /* a change: kept as made */
 					EXPECT(at >= 0 && u->entries[at].type == e->type &&
-					       u->entries[at].size == e->size);
+					       u->entries[at].size == e->size &&
+					       (e->type != MF_SYMLINK ||
+						!strcmp(u->entries[at].target, e->target)));
 					if (at < 0)
 						printf("  job %d: %s of part %d lost\n", job, path, p);
 				}
@@ -1302,6 +1465,7 @@ static void test_merge_random(void)
 			if (holders < n && !touched) {
 				EXPECT(find_path(u, path) < 0);
 				carried++;
+				carried_symlinks += base.n[b].type == MF_SYMLINK;
 			}
 		}
 next:
@@ -1309,7 +1473,11 @@ next:
 		for (int p = 0; p < n; p++)
 			mf_free(q[p]);
 	}
-	EXPECT(carried > 100); /* the jobs exercise the rule, not only its exceptions */
+	/* the jobs exercise the rule, not only its exceptions, on symlinks too */
+	EXPECT(carried > 100);
+	EXPECT(carried_symlinks > 20);
+	printf("  merge_random: %d deletions carried, %d of them symlinks\n", carried,
+	       carried_symlinks);
 }
 
 /* Issue 11: every worker of a restored group sees all parts' trees: directories merge,
@@ -1462,6 +1630,7 @@ int main(void)
 	test_garbage();
 	test_merge();
 	test_merge_deletions();
+	test_merge_symlinks();
 	test_merge_random();
 	test_crafted_counts();
 	test_crafted_names();
