@@ -641,7 +641,9 @@ static void test_ctl_sampling_phase(void)
 
 /* ---- the threaded governor ---- */
 
-static _Atomic uint64_t cb_budget, cb_calls, cb_first_budget, cb_first_samples;
+/* cb_calls counts calls done (after the first one's record, which the test thread reads
+ * once it sees cb_calls move), cb_entered calls begun. */
+static _Atomic uint64_t cb_budget, cb_calls, cb_entered, cb_first_budget, cb_first_samples;
 static struct gov *_Atomic cb_gov; /* set once gov_new() returned */
 static uint64_t resident_now = GIB;
 
@@ -658,12 +660,13 @@ static void fake_budget(void *arg, uint64_t budget)
 	struct gov *g = atomic_load(&cb_gov);
 	struct gov_inputs in;
 
-	if (atomic_fetch_add(&cb_calls, 1) == 0 && g) {
+	if (atomic_fetch_add(&cb_entered, 1) == 0 && g) {
 		gov_get_inputs(g, &in);
 		atomic_store(&cb_first_samples, in.samples);
 		atomic_store(&cb_first_budget, budget);
 	}
 	atomic_store(&cb_budget, budget);
+	atomic_fetch_add(&cb_calls, 1);
 }
 
 static uint64_t now_ms(void)
