@@ -77,8 +77,13 @@
  *    retries the same way). With no open in flight the node follows its name, and
  *    invariants 2 and 5 drop what the kernel and the block cache hold of the old file.
  *    A directory is keyed by its name alone (replaced by another directory, it keeps
- *    its node); a name that turns from directory to not, or back, gets a new node
- *    whatever is open (an OPENDIR that finds no directory answers ESTALE too).
+ *    its node); a name that changes type (file, directory, symlink) gets a new node
+ *    whatever is open, and the request that finds the change on the old one answers
+ *    ESTALE: an OPENDIR that finds no directory, an OPEN that finds a symlink (ELOOP,
+ *    invariant 3), a READLINK that finds no symlink (EINVAL). A GETATTR of an open
+ *    file whose parent directory is gone, a file or a symlink now, answers from its
+ *    fd as when the name alone is gone. Detached nodes wait in ns->gone until the
+ *    kernel forgets them (or the mount ends) and count in data_nodes.
  */
 #include "fs/data.h"
 
@@ -132,7 +137,8 @@ struct data_node {
 	dev_t src_dev;
 	ino_t src_ino;
 	uint32_t nopen;
-	uint8_t isdir, detached;
+	mode_t type; /* S_IFMT of its file: a name that changes type gets a new node */
+	uint8_t detached;
 	uint16_t namelen;
 	char name[];
 };
@@ -184,6 +190,10 @@ struct data_ns {
 	struct data_node **buckets;
 	size_t nbuckets, nnodes;
 	struct data_node *root;
+	/* Nodes detached from the table while the kernel holds them (invariant 8), linked
+	 * by hnext: few (files replaced while open), so a free walks the list. */
+	struct data_node *gone;
+	size_t ngone;
 	/* The in-flight SOURCE reads (single flight). Taken with nothing held; only
 	 * bcache shard mutexes (bc_block_get/put) under it; the pread runs without it. */
 	pthread_mutex_t fl_mu;
@@ -482,6 +492,12 @@ void data_ns_free(struct data_ns *ns)
 			free(n);
 		}
 	}
+	while (ns->gone) { /* detached nodes the kernel held at the end (invariant 8) */
+		struct data_node *n = ns->gone;
+
+		ns->gone = n->hnext;
+		free(n);
+	}
 	free(ns->buckets);
 	free(ns->root);
 	free(ns->src_path);
@@ -502,7 +518,7 @@ uint64_t data_nodes(struct data_ns *ns)
 	uint64_t n;
 
 	pthread_mutex_lock(&ns->mu);
-	n = ns->nnodes;
+	n = ns->nnodes + ns->ngone;
 	pthread_mutex_unlock(&ns->mu);
 	return n;
 }
@@ -658,35 +674,48 @@ static void data_grow_locked(struct data_ns *ns)
 	ns->nbuckets = n;
 }
 
-/* Under ns->mu: n was detached from the name table (invariant 8). */
-static void data_detach_locked(struct data_ns *ns, struct data_node *n)
+/* Under ns->mu: takes n out of the name table, or, detached, out of ns->gone. */
+static void data_unhash_locked(struct data_ns *ns, struct data_node *n)
 {
 	size_t h = data_name_hash(n->parent, n->name, n->namelen) & (ns->nbuckets - 1);
-	struct data_node **pp;
+	struct data_node **pp = n->detached ? &ns->gone : &ns->buckets[h];
 
-	if (n->detached)
-		return;
-	for (pp = &ns->buckets[h]; *pp != n; pp = &(*pp)->hnext)
+	for (; *pp != n; pp = &(*pp)->hnext)
 		;
 	*pp = n->hnext;
-	ns->nnodes--;
+	if (n->detached)
+		ns->ngone--;
+	else
+		ns->nnodes--;
+}
+
+/* Under ns->mu: n leaves the name table for ns->gone (invariant 8), where it stays,
+ * counted in data_nodes, until the kernel forgets it or the mount ends. */
+static void data_detach_locked(struct data_ns *ns, struct data_node *n)
+{
+	if (n->detached)
+		return;
+	data_unhash_locked(ns, n);
 	n->detached = 1;
+	n->hnext = ns->gone;
+	ns->gone = n;
+	ns->ngone++;
 }
 
 /*
  * Under ns->mu (invariant 8): n's name now names st's file. A node with no open in
  * flight follows it; one with opens (or detached already), or one whose name changed
- * between directory and not, is detached instead, and this returns -ESTALE. With open,
+ * type, is detached instead, and this returns -ESTALE. With open,
  * a node that follows counts one more open.
  */
 static int data_node_follow_locked(struct data_ns *ns, struct data_node *n,
 				   const struct stat *st, bool open)
 {
-	bool isdir = S_ISDIR(st->st_mode);
+	mode_t type = st->st_mode & S_IFMT;
 
-	if (n->isdir != isdir ||
-	    (!isdir && (n->src_dev != st->st_dev || n->src_ino != st->st_ino))) {
-		if (n->nopen || n->detached || n->isdir != isdir) {
+	if (n->type != type ||
+	    (type != S_IFDIR && (n->src_dev != st->st_dev || n->src_ino != st->st_ino))) {
+		if (n->nopen || n->detached || n->type != type) {
 			if (!n->detached)
 				log_debug("data: %s replaced: a new node takes its name",
 					  n->name);
@@ -734,7 +763,7 @@ static struct data_node *data_node_get(struct data_ns *ns, struct data_node *par
 		n->src_dev = st->st_dev;
 		n->src_ino = st->st_ino;
 		n->nopen = 0;
-		n->isdir = S_ISDIR(st->st_mode);
+		n->type = st->st_mode & S_IFMT;
 		n->detached = 0;
 		n->namelen = (uint16_t)len;
 		memcpy(n->name, name, len + 1);
@@ -801,7 +830,7 @@ static void data_unref_locked(struct data_ns *ns, struct data_node *n)
 	while (n->parent && n->nlookup == 0 && n->nchild == 0) {
 		struct data_node *parent = n->parent;
 
-		data_detach_locked(ns, n); /* from the table, unless it was already */
+		data_unhash_locked(ns, n);
 		data_unwatch_locked(ns, n); /* invariant 6; a syscall that does no I/O */
 		free(n);
 		parent->nchild--;
@@ -830,6 +859,10 @@ static int data_node_own_locked(struct data_ns *ns, struct data_node *n,
 	const struct data_file *o;
 
 	*fd = -1;
+	/* The name is gone: removed, or a directory above it removed or made a file
+	 * (ENOTDIR) or a symlink (ELOOP, invariant 3). */
+	if (rc == -ENOTDIR || rc == -ELOOP)
+		rc = -ENOENT;
 	if (rc && rc != -ENOENT)
 		return rc;
 	if (rc == -ENOENT && !n->nopen)
@@ -909,6 +942,14 @@ int data_readlink(struct data_ns *ns, struct data_node *n, const struct data_cre
 	if (as)
 		data_as_caller(ns, who, 0);
 	data_put_fd(ns, dfd);
+	if (len == -EINVAL) {
+		/* No longer a symlink (invariant 8): the kernel, which followed the link it
+		 * cached, looks the path up again and finds what the name is now. */
+		pthread_mutex_lock(&ns->mu);
+		data_detach_locked(ns, n);
+		pthread_mutex_unlock(&ns->mu);
+		return -ESTALE;
+	}
 	if (len < 0)
 		return (int)len;
 	buf[len] = '\0';
@@ -1089,6 +1130,18 @@ static int data_open_source(struct data_ns *ns, struct data_node *n, struct stat
 	return fd;
 }
 
+/* Whether n's name in SOURCE is a symlink now (n's parent is not the root's). */
+static bool data_is_symlink(struct data_ns *ns, const struct data_node *n)
+{
+	int dfd = data_parent_fd(ns, n);
+	struct stat st;
+	bool lnk = dfd >= 0 && !fstatat(dfd, n->name, &st, AT_SYMLINK_NOFOLLOW) &&
+		   S_ISLNK(st.st_mode);
+
+	data_put_fd(ns, dfd);
+	return lnk;
+}
+
 /* Invariant 7: makes this thread open with who's credentials (on = 1) or the daemon's
  * again (on = 0). Returns 1 if switched (the caller switches back), 0 if nothing to do
  * (no caller, root, or a daemon not running as root: the kernel's check stands alone),
@@ -1128,6 +1181,14 @@ static int data_file_init(struct data_ns *ns, struct data_node *n,
 	fd = data_open_source(ns, n, &st);
 	if (as)
 		data_as_caller(ns, who, 0);
+	if (fd == -ELOOP && n->parent && data_is_symlink(ns, n)) {
+		/* The file was replaced by a symlink (invariant 8): the kernel looks the path
+		 * up again, finds the link and follows it itself. */
+		pthread_mutex_lock(&ns->mu);
+		data_detach_locked(ns, n);
+		pthread_mutex_unlock(&ns->mu);
+		return -ESTALE;
+	}
 	if (fd < 0)
 		return fd;
 	f->fd = fd;
@@ -1526,8 +1587,9 @@ int data_opendir(struct data_ns *ns, struct data_node *n, const struct data_cred
 	fd = data_open_beneath(ns, path, O_RDONLY | O_DIRECTORY);
 	if (as)
 		data_as_caller(ns, who, 0);
-	if (fd == -ENOTDIR && n->parent) {
-		/* No longer a directory (invariant 8): the kernel looks the path up again. */
+	if (n->parent && (fd == -ENOTDIR || (fd == -ELOOP && data_is_symlink(ns, n)))) {
+		/* No longer a directory (invariant 8; a symlink now fails with ELOOP,
+		 * invariant 3): the kernel looks the path up again. */
 		pthread_mutex_lock(&ns->mu);
 		data_detach_locked(ns, n);
 		pthread_mutex_unlock(&ns->mu);
