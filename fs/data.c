@@ -50,6 +50,14 @@
  *    node comes back under the same ino, and the kernel would keep walking its old
  *    names below it. A directory that cannot be watched (inotify's limit, a non-local
  *    filesystem mounted inside SOURCE) is logged and served as with -o immutable.
+ *    A file (any non-directory) whose name is made, removed or renamed over is
+ *    detached instead (invariant 8), its pages and attributes left to the kernel: they
+ *    are still true of its file, which opens we cannot know of (no OPEN) may be
+ *    reading, and the name gets a new node. For the same reason a node of a watched
+ *    mount is detached whenever its name is found naming another file, before the
+ *    event too: the request that finds it answers ESTALE (a read of what the kernel no
+ *    longer holds of the old file, an fstat in the event's window) where it would
+ *    have answered with the new file's bytes or size under the old file's pages.
  *    Events on nodes are sent without ns->mu held (the kernel may wait on a page a
  *    worker is filling); nodes freed meanwhile only cost an ENOENT from the kernel.
  * 7. A daemon running as root opens a SOURCE file or directory for a caller other than
@@ -715,7 +723,8 @@ static int data_node_follow_locked(struct data_ns *ns, struct data_node *n,
 
 	if (n->type != type ||
 	    (type != S_IFDIR && (n->src_dev != st->st_dev || n->src_ino != st->st_ino))) {
-		if (n->nopen || n->detached || n->type != type) {
+		/* -o watch: no OPEN tells us of opens, so any may be (invariant 6). */
+		if (n->nopen || n->detached || n->type != type || ns->ifd >= 0) {
 			if (!n->detached)
 				log_debug("data: %s replaced: a new node takes its name",
 					  n->name);
@@ -1818,7 +1827,14 @@ static void data_watch_event(struct data_ns *ns, const struct inotify_event *ev)
 		dino = data_ino(d);
 		c = data_child_locked(ns, d, name);
 		cino = c ? data_ino(c) : 0;
-		if (c && (ev->mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO))) {
+		if (c && c->type != S_IFDIR &&
+		    (ev->mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO))) {
+			/* The name no longer names c's file (invariant 8): c keeps what the
+			 * kernel holds of that file, true still, for the opens of it we
+			 * cannot know of, and the name gets a new node. */
+			data_detach_locked(ns, c);
+			cino = 0;
+		} else if (c && (ev->mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO))) {
 			data_unwatch_locked(ns, c);
 			if (c->nchild)
 				below = c;

@@ -293,3 +293,139 @@ def test_continuous_replace_readers(mounter, opts, how, big, readers):
     else:
         assert set(errs) <= {errno.ESTALE}
     _alive(m)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (other users)")
+@pytest.mark.parametrize("opts", ["allow_other", "allow_other,passthrough=off"])
+def test_other_user_replaced_while_open(mounter, tmp_path, opts):
+    """Another user's open keeps the file it opened whole while SOURCE replaces it; their
+    next open reads the replacement, or is refused when the replacement is private to
+    root, as SOURCE refuses it."""
+    src = str(tmp_path / "src")
+    os.mkdir(src)
+    os.chmod(str(tmp_path), 0o755)
+    os.chmod(src, 0o755)
+    f = os.path.join(src, "f")
+    old, new = os.urandom(1 << 20), os.urandom(5000)
+    U.write_file(f, old)
+    m = mounter(src=src, opts=opts)
+    data = os.path.join(m.data, "f")
+    r, w = os.pipe()
+    r2, w2 = os.pipe()
+
+    def child():
+        a = os.open(data, os.O_RDONLY)
+        first = os.pread(a, 4096, 0)
+        os.write(w, b"1")
+        os.read(r2, 1)  # replaced by a public file
+        with open(data, "rb") as fh:
+            got_new = fh.read()
+        os.write(w, b"2")
+        os.read(r2, 1)  # replaced by a private one
+        try:
+            os.open(data, os.O_RDONLY)
+            private = "opened"
+        except OSError as e:
+            private = e.errno
+        rest = _read_all(a)
+        return (first == old[:4096], got_new == new, private, rest == old,
+                os.fstat(a).st_size)
+
+    pid_res = []
+    t = threading.Thread(target=lambda: pid_res.append(as_creds(child, NOBODY, NOBODY, [])))
+    t.start()
+    try:
+        assert os.read(r, 1) == b"1"
+        _replace(f, new)
+        os.write(w2, b"x")
+        assert os.read(r, 1) == b"2"
+        U.write_file(f + ".tmp", b"secret", mode=0o600)
+        os.rename(f + ".tmp", f)
+        os.write(w2, b"x")
+    finally:
+        t.join()
+    assert pid_res == [("ok", (True, True, errno.EACCES, True, len(old)))]
+    _alive(m)
+
+
+@pytest.mark.parametrize("opts", ["immutable", "watch"])
+def test_broken_promise_or_watch_never_kills_daemon(mounter, opts):
+    """-o immutable promises SOURCE does not change; breaking it (replaces, type
+    changes, removals while open) may serve old or new bytes but never kills the
+    daemon."""
+    m = mounter(opts=opts)
+    errs, bad, n = _churn(m, 2, False, 200, "open")
+    s, ds = os.path.join(m.src, "s"), os.path.join(m.data, "s")
+    U.write_file(s, b"file")
+    fd = os.open(ds, os.O_RDONLY)
+    os.unlink(s)
+    os.mkdir(s)
+    for call in (lambda: os.listdir(ds), lambda: os.fstat(fd), lambda: os.pread(fd, 10, 0),
+                 lambda: open(ds, "rb").read()):
+        try:
+            call()
+        except OSError:
+            pass
+    os.close(fd)
+    os.rmdir(s)
+    os.symlink("f", s)
+    for call in (lambda: os.readlink(ds), lambda: open(ds, "rb").read()):
+        try:
+            call()
+        except OSError:
+            pass
+    _alive(m)
+
+
+@pytest.mark.daemon
+def test_watch_replaced_file_never_reads_the_other(mounter):
+    """-o watch runs without OPEN, so nothing tells the daemon which files are open.
+    An open of a file SOURCE then replaced by rename read the new file's bytes once the
+    watch thread applied the rename (it dropped the old open's pages, and its reads
+    opened the name). Now the name gets a new node at the event, the old node keeps its
+    pages and attributes, and a read that needs the old file from SOURCE fails with
+    ESTALE: every byte read is the old file's (natively: the old file whole). An open
+    in the moment before the watch thread applies a rename read old pages and new bytes
+    mixed; it now reads the old file, or fails with ESTALE where it needs SOURCE's."""
+    m = mounter(opts="watch")
+    src, data = os.path.join(m.src, "f"), os.path.join(m.data, "f")
+    old, new = os.urandom(3 << 20), os.urandom(100000)
+    U.write_file(src, old)
+    a = os.open(data, os.O_RDONLY)
+    try:
+        assert os.pread(a, 1 << 20, 0) == old[:1 << 20]
+        _replace(src, new, data)
+        with open(data, "rb") as f:
+            assert f.read() == new
+        assert os.pread(a, 1 << 20, 0) == old[:1 << 20]  # its pages, kept
+        got, err = b"", None
+        while True:  # what the kernel still holds of the old file, then ESTALE
+            try:
+                chunk = os.pread(a, 1 << 20, len(got))
+            except OSError as e:
+                err = e.errno
+                break
+            if not chunk:
+                break
+            got += chunk
+        assert got == old[:len(got)]
+        assert err == errno.ESTALE if len(got) < len(old) else err is None
+    finally:
+        os.close(a)
+    kinds = {}
+    vers = [bytes([i]) * ((3 << 20) if i % 2 else (1 << 20)) for i in range(40)]
+    U.write_file(src, vers[0])
+    with open(data, "rb") as f:
+        f.read()
+    for i in range(1, 40):
+        _replace(src, vers[i])
+        try:
+            with open(data, "rb") as f:
+                got = f.read()
+            k = "new" if got == vers[i] else "old" if got == vers[i - 1] else "mixed"
+        except OSError as e:
+            k = errno.errorcode[e.errno]
+        kinds[k] = kinds.get(k, 0) + 1
+    print(f"\nWATCH window: {kinds}")
+    assert "mixed" not in kinds and set(kinds) <= {"new", "old", "ESTALE"}
+    _alive(m)
