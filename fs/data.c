@@ -90,7 +90,8 @@
  *    ESTALE: an OPENDIR that finds no directory, an OPEN that finds a symlink (ELOOP,
  *    invariant 3), a READLINK that finds no symlink (EINVAL). A GETATTR of an open
  *    file whose parent directory is gone, a file or a symlink now, answers from its
- *    fd as when the name alone is gone. Detached nodes wait in ns->gone until the
+ *    fd as when the name alone is gone, and so does an open directory whose name is
+ *    gone or no directory now (its opens count in nopen too). Detached nodes wait in ns->gone until the
  *    kernel forgets them (or the mount ends) and count in data_nodes.
  */
 #include "fs/data.h"
@@ -141,7 +142,8 @@ struct data_node {
 	struct bc_fid paged_fid;
 	uint32_t npaged;
 	/* Invariant 8, under ns->mu: the SOURCE file a non-directory stands for, its opens
-	 * in flight (data_open to data_release), and whether it left the name table. */
+	 * in flight (data_open to data_release, data_opendir to data_releasedir), and
+	 * whether it left the name table. */
 	dev_t src_dev;
 	ino_t src_ino;
 	uint32_t nopen;
@@ -176,6 +178,7 @@ struct data_inflight {
 
 struct data_dir {
 	DIR *dp;
+	struct data_node *n; /* counted in n->nopen (invariant 8) */
 	off_t offset;
 	struct dirent *entry; /* read but not yet returned (buffer was full) */
 	struct data_dir *prev, *next; /* ns->dirs, under ns->mu */
@@ -866,6 +869,7 @@ static int data_node_own_locked(struct data_ns *ns, struct data_node *n,
 				int *fd)
 {
 	const struct data_file *o;
+	const struct data_dir *d = NULL;
 
 	*fd = -1;
 	/* The name is gone: removed, or a directory above it removed or made a file
@@ -882,7 +886,9 @@ static int data_node_own_locked(struct data_ns *ns, struct data_node *n,
 		return -ESTALE; /* detached, its opens closed: the kernel looks again */
 	for (o = ns->files; !f && o && o->n != n; o = o->next)
 		;
-	if (!f && (!o || (*fd = fcntl(o->fd, F_DUPFD_CLOEXEC, 0)) < 0))
+	for (d = ns->dirs; !f && !o && d && d->n != n; d = d->next)
+		;
+	if (!f && (!(o || d) || (*fd = fcntl(o ? o->fd : dirfd(d->dp), F_DUPFD_CLOEXEC, 0)) < 0))
 		return -ESTALE;
 	return 1;
 }
@@ -1611,8 +1617,10 @@ int data_opendir(struct data_ns *ns, struct data_node *n, const struct data_cred
 		free(d);
 		return rc;
 	}
+	d->n = n;
 	pthread_mutex_lock(&ns->mu);
 	DATA_LINK(&ns->dirs, d);
+	n->nopen++;
 	pthread_mutex_unlock(&ns->mu);
 	*out = d;
 	return 0;
@@ -1680,6 +1688,7 @@ void data_releasedir(struct data_ns *ns, struct data_dir *d)
 {
 	pthread_mutex_lock(&ns->mu);
 	DATA_UNLINK(&ns->dirs, d);
+	d->n->nopen--;
 	pthread_mutex_unlock(&ns->mu);
 	closedir(d->dp);
 	free(d);
