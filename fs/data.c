@@ -57,7 +57,10 @@
  *    mount is detached whenever its name is found naming another file, before the
  *    event too: the request that finds it answers ESTALE (a read of what the kernel no
  *    longer holds of the old file, an fstat in the event's window) where it would
- *    have answered with the new file's bytes or size under the old file's pages.
+ *    have answered with the new file's bytes or size under the old file's pages. Not
+ *    told apart before its event: a replacement that reuses the inode number of the
+ *    file the node stands for (ext4 does, two replaces on), which reads as a rewrite
+ *    in place (design.md, known faults).
  *    Events on nodes are sent without ns->mu held (the kernel may wait on a page a
  *    worker is filling); nodes freed meanwhile only cost an ENOENT from the kernel.
  * 7. A daemon running as root opens a SOURCE file or directory for a caller other than
@@ -979,13 +982,16 @@ int data_statfs(struct data_ns *ns, struct statvfs *sv)
 /* The xattr calls have no *at() form before Linux 6.13: they name n as
  * /proc/self/fd/DFD/NAME, where DFD is n's parent opened beneath SOURCE and NAME is
  * resolved by the l*xattr call without following it (invariant 3). The root goes
- * through its own fd. */
+ * through its own fd, and so does a node with opens whose name no longer names its
+ * file (invariant 8: fgetxattr of an open file SOURCE replaced gives that file's, as
+ * natively), at the cost of one fstatat for a node with opens. */
 static ssize_t data_xattr_as(struct data_ns *ns, struct data_node *n, const char *name,
 			     void *buf, size_t size)
 {
 	char path[64 + NAME_MAX];
+	struct stat st;
 	ssize_t len;
-	int dfd;
+	int dfd, fd = -1, own;
 
 	if (!n->parent) {
 		len = name ? fgetxattr(ns->src_fd, name, buf, size) :
@@ -993,12 +999,29 @@ static ssize_t data_xattr_as(struct data_ns *ns, struct data_node *n, const char
 		return len < 0 ? -errno : len;
 	}
 	dfd = data_parent_fd(ns, n);
-	if (dfd < 0)
-		return dfd;
-	snprintf(path, sizeof(path), "/proc/self/fd/%d/%s", dfd, n->name);
-	len = name ? lgetxattr(path, name, buf, size) : llistxattr(path, buf, size);
-	if (len < 0)
-		len = -errno;
+	pthread_mutex_lock(&ns->mu);
+	own = n->nopen || n->detached;
+	pthread_mutex_unlock(&ns->mu);
+	if (own) {
+		own = dfd < 0 ? dfd : fstatat(dfd, n->name, &st, AT_SYMLINK_NOFOLLOW) ? -errno : 0;
+		pthread_mutex_lock(&ns->mu);
+		own = data_node_own_locked(ns, n, NULL, own, &st, &fd);
+		pthread_mutex_unlock(&ns->mu);
+	}
+	if (own == 1) {
+		len = name ? fgetxattr(fd, name, buf, size) : flistxattr(fd, buf, size);
+		if (len < 0)
+			len = -errno;
+		close(fd);
+	} else if (own < 0 || dfd < 0) {
+		data_put_fd(ns, dfd);
+		return own < 0 ? own : dfd;
+	} else {
+		snprintf(path, sizeof(path), "/proc/self/fd/%d/%s", dfd, n->name);
+		len = name ? lgetxattr(path, name, buf, size) : llistxattr(path, buf, size);
+		if (len < 0)
+			len = -errno;
+	}
 	data_put_fd(ns, dfd);
 	return len;
 }
