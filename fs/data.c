@@ -729,8 +729,11 @@ static int data_node_follow_locked(struct data_ns *ns, struct data_node *n,
 
 	if (n->type != type ||
 	    (type != S_IFDIR && (n->src_dev != st->st_dev || n->src_ino != st->st_ino))) {
-		/* -o watch: no OPEN tells us of opens, so any may be (invariant 6). */
-		if (n->nopen || n->detached || n->type != type || ns->ifd >= 0) {
+		/* -o watch: no OPEN tells us of opens, so any may be (invariant 6); not in
+		 * a directory without a watch (served as -o immutable), where no event would
+		 * ever give the kernel the new node. */
+		if (n->nopen || n->detached || n->type != type ||
+		    (ns->ifd >= 0 && n->parent && n->parent->wd > 0)) {
 			if (!n->detached)
 				log_debug("data: %s replaced: a new node takes its name",
 					  n->name);

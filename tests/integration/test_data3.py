@@ -486,3 +486,34 @@ def test_xattr_of_open_file_replaced_or_removed(mounter):
     finally:
         os.close(a)
     _alive(m)
+
+
+@pytest.mark.daemon
+def test_watch_unwatched_directory_replaced_file_reads(mounter):
+    """With -o watch, a directory that cannot be watched (another filesystem mounted in
+    SOURCE: no event ever comes) is served as with -o immutable: a file replaced in it
+    reads as the new file at its next open, not ESTALE for as long as the kernel keeps
+    the name (the node must follow its name there: nothing would tell the kernel of a
+    new one)."""
+    import shutil
+    if not shutil.which("bindfs"):
+        pytest.skip("bindfs not installed")
+    m = mounter.foreground(opts="watch")
+    other = mounter.tempdir("other-")
+    U.write_file(os.path.join(other, "x"), b"first" * 1000)
+    sub = os.path.join(m.src, "sub")
+    os.mkdir(sub)
+    subprocess.run(["bindfs", "--no-allow-other", other, sub], check=True,
+                   capture_output=True, timeout=60)
+    try:
+        view = os.path.join(m.data, "sub", "x")
+        with open(view, "rb") as f:
+            assert f.read() == b"first" * 1000
+        _replace(os.path.join(other, "x"), b"second" * 2000)
+        with open(view, "rb") as f:  # its old pages, dropped: the read comes to us
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            got = f.read()
+        assert got.startswith(b"second")
+    finally:
+        U.fusermount_u(sub)
+    _alive(m)
