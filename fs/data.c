@@ -49,6 +49,17 @@
  *    node comes back under the same ino, and the kernel would keep walking its old
  *    names below it. A directory that cannot be watched (inotify's limit, a non-local
  *    filesystem mounted inside SOURCE) is logged and served as with -o immutable.
+ *    A file (any non-directory) whose name is made, removed or renamed over is
+ *    detached instead (invariant 8), its pages and attributes left to the kernel: they
+ *    are still true of its file, which opens we cannot know of (no OPEN) may be
+ *    reading, and the name gets a new node. For the same reason a node of a watched
+ *    mount is detached whenever its name is found naming another file, before the
+ *    event too: the request that finds it answers ESTALE (a read of what the kernel no
+ *    longer holds of the old file, an fstat in the event's window) where it would
+ *    have answered with the new file's bytes or size under the old file's pages. Not
+ *    told apart before its event: a replacement that reuses the inode number of the
+ *    file the node stands for (ext4 does, two replaces on), which reads as a rewrite
+ *    in place (design.md, known faults).
  *    Events on nodes are sent without ns->mu held (the kernel may wait on a page a
  *    worker is filling); nodes freed meanwhile only cost an ENOENT from the kernel.
  * 7. A daemon running as root opens a SOURCE file or directory for a caller other than
@@ -78,8 +89,14 @@
  *    in flight (invariant 5). With no open in flight the node follows its name, and
  *    invariants 2 and 5 drop what the kernel and the block cache hold of the old file.
  *    A directory is keyed by its name alone (replaced by another directory, it keeps
- *    its node); a name that turns from directory to not, or back, gets a new node
- *    whatever is open (an OPENDIR that finds no directory answers ESTALE too).
+ *    its node); a name that changes type (file, directory, symlink) gets a new node
+ *    whatever is open, and the request that finds the change on the old one answers
+ *    ESTALE: an OPENDIR that finds no directory, an OPEN that finds a symlink (ELOOP,
+ *    invariant 3), a READLINK that finds no symlink (EINVAL). A GETATTR of an open
+ *    file whose parent directory is gone, a file or a symlink now, answers from its
+ *    fd as when the name alone is gone, and so does an open directory whose name is
+ *    gone or no directory now (its opens count in nopen too). Detached nodes wait in ns->gone until the
+ *    kernel forgets them (or the mount ends) and count in data_nodes.
  */
 #include "fs/data.h"
 
@@ -128,11 +145,13 @@ struct data_node {
 	struct bc_fid paged_fid;
 	uint32_t npaged;
 	/* Invariant 8, under ns->mu: the SOURCE file a non-directory stands for, its opens
-	 * in flight (data_open to data_release), and whether it left the name table. */
+	 * in flight (data_open to data_release, data_opendir to data_releasedir), and
+	 * whether it left the name table. */
 	dev_t src_dev;
 	ino_t src_ino;
 	uint32_t nopen;
-	uint8_t isdir, detached;
+	mode_t type; /* S_IFMT of its file: a name that changes type gets a new node */
+	uint8_t detached;
 	uint16_t namelen;
 	char name[];
 };
@@ -161,6 +180,7 @@ struct data_inflight {
 
 struct data_dir {
 	DIR *dp;
+	struct data_node *n; /* counted in n->nopen (invariant 8) */
 	off_t offset;
 	struct dirent *entry; /* read but not yet returned (buffer was full) */
 	struct data_dir *prev, *next; /* ns->dirs, under ns->mu */
@@ -183,6 +203,10 @@ struct data_ns {
 	struct data_node **buckets;
 	size_t nbuckets, nnodes;
 	struct data_node *root;
+	/* Nodes detached from the table while the kernel holds them (invariant 8), linked
+	 * by hnext: few (files replaced while open), so a free walks the list. */
+	struct data_node *gone;
+	size_t ngone;
 	/* The in-flight SOURCE reads (single flight). Taken with nothing held; only
 	 * bcache shard mutexes (bc_block_get/put) under it; the pread runs without it. */
 	pthread_mutex_t fl_mu;
@@ -481,6 +505,12 @@ void data_ns_free(struct data_ns *ns)
 			free(n);
 		}
 	}
+	while (ns->gone) { /* detached nodes the kernel held at the end (invariant 8) */
+		struct data_node *n = ns->gone;
+
+		ns->gone = n->hnext;
+		free(n);
+	}
 	free(ns->buckets);
 	free(ns->root);
 	free(ns->src_path);
@@ -501,7 +531,7 @@ uint64_t data_nodes(struct data_ns *ns)
 	uint64_t n;
 
 	pthread_mutex_lock(&ns->mu);
-	n = ns->nnodes;
+	n = ns->nnodes + ns->ngone;
 	pthread_mutex_unlock(&ns->mu);
 	return n;
 }
@@ -657,35 +687,52 @@ static void data_grow_locked(struct data_ns *ns)
 	ns->nbuckets = n;
 }
 
-/* Under ns->mu: n was detached from the name table (invariant 8). */
-static void data_detach_locked(struct data_ns *ns, struct data_node *n)
+/* Under ns->mu: takes n out of the name table, or, detached, out of ns->gone. */
+static void data_unhash_locked(struct data_ns *ns, struct data_node *n)
 {
 	size_t h = data_name_hash(n->parent, n->name, n->namelen) & (ns->nbuckets - 1);
-	struct data_node **pp;
+	struct data_node **pp = n->detached ? &ns->gone : &ns->buckets[h];
 
-	if (n->detached)
-		return;
-	for (pp = &ns->buckets[h]; *pp != n; pp = &(*pp)->hnext)
+	for (; *pp != n; pp = &(*pp)->hnext)
 		;
 	*pp = n->hnext;
-	ns->nnodes--;
+	if (n->detached)
+		ns->ngone--;
+	else
+		ns->nnodes--;
+}
+
+/* Under ns->mu: n leaves the name table for ns->gone (invariant 8), where it stays,
+ * counted in data_nodes, until the kernel forgets it or the mount ends. */
+static void data_detach_locked(struct data_ns *ns, struct data_node *n)
+{
+	if (n->detached)
+		return;
+	data_unhash_locked(ns, n);
 	n->detached = 1;
+	n->hnext = ns->gone;
+	ns->gone = n;
+	ns->ngone++;
 }
 
 /*
  * Under ns->mu (invariant 8): n's name now names st's file. A node with no open in
  * flight follows it; one with opens (or detached already), or one whose name changed
- * between directory and not, is detached instead, and this returns -ESTALE. With open,
+ * type, is detached instead, and this returns -ESTALE. With open,
  * a node that follows counts one more open.
  */
 static int data_node_follow_locked(struct data_ns *ns, struct data_node *n,
 				   const struct stat *st, bool open)
 {
-	bool isdir = S_ISDIR(st->st_mode);
+	mode_t type = st->st_mode & S_IFMT;
 
-	if (n->isdir != isdir ||
-	    (!isdir && (n->src_dev != st->st_dev || n->src_ino != st->st_ino))) {
-		if (n->nopen || n->detached || n->isdir != isdir) {
+	if (n->type != type ||
+	    (type != S_IFDIR && (n->src_dev != st->st_dev || n->src_ino != st->st_ino))) {
+		/* -o watch: no OPEN tells us of opens, so any may be (invariant 6); not in
+		 * a directory without a watch (served as -o immutable), where no event would
+		 * ever give the kernel the new node. */
+		if (n->nopen || n->detached || n->type != type ||
+		    (ns->ifd >= 0 && n->parent && n->parent->wd > 0)) {
 			if (!n->detached)
 				log_debug("data: %s replaced: a new node takes its name",
 					  n->name);
@@ -733,7 +780,7 @@ static struct data_node *data_node_get(struct data_ns *ns, struct data_node *par
 		n->src_dev = st->st_dev;
 		n->src_ino = st->st_ino;
 		n->nopen = 0;
-		n->isdir = S_ISDIR(st->st_mode);
+		n->type = st->st_mode & S_IFMT;
 		n->detached = 0;
 		n->namelen = (uint16_t)len;
 		memcpy(n->name, name, len + 1);
@@ -800,7 +847,7 @@ static void data_unref_locked(struct data_ns *ns, struct data_node *n)
 	while (n->parent && n->nlookup == 0 && n->nchild == 0) {
 		struct data_node *parent = n->parent;
 
-		data_detach_locked(ns, n); /* from the table, unless it was already */
+		data_unhash_locked(ns, n);
 		data_unwatch_locked(ns, n); /* invariant 6; a syscall that does no I/O */
 		free(n);
 		parent->nchild--;
@@ -827,8 +874,13 @@ static int data_node_own_locked(struct data_ns *ns, struct data_node *n,
 				int *fd)
 {
 	const struct data_file *o;
+	const struct data_dir *d = NULL;
 
 	*fd = -1;
+	/* The name is gone: removed, or a directory above it removed or made a file
+	 * (ENOTDIR) or a symlink (ELOOP, invariant 3). */
+	if (rc == -ENOTDIR || rc == -ELOOP)
+		rc = -ENOENT;
 	if (rc && rc != -ENOENT)
 		return rc;
 	if (rc == -ENOENT && !n->nopen)
@@ -839,7 +891,9 @@ static int data_node_own_locked(struct data_ns *ns, struct data_node *n,
 		return -ESTALE; /* detached, its opens closed: the kernel looks again */
 	for (o = ns->files; !f && o && o->n != n; o = o->next)
 		;
-	if (!f && (!o || (*fd = fcntl(o->fd, F_DUPFD_CLOEXEC, 0)) < 0))
+	for (d = ns->dirs; !f && !o && d && d->n != n; d = d->next)
+		;
+	if (!f && (!(o || d) || (*fd = fcntl(o ? o->fd : dirfd(d->dp), F_DUPFD_CLOEXEC, 0)) < 0))
 		return -ESTALE;
 	return 1;
 }
@@ -908,6 +962,14 @@ int data_readlink(struct data_ns *ns, struct data_node *n, const struct data_cre
 	if (as)
 		data_as_caller(ns, who, 0);
 	data_put_fd(ns, dfd);
+	if (len == -EINVAL) {
+		/* No longer a symlink (invariant 8): the kernel, which followed the link it
+		 * cached, looks the path up again and finds what the name is now. */
+		pthread_mutex_lock(&ns->mu);
+		data_detach_locked(ns, n);
+		pthread_mutex_unlock(&ns->mu);
+		return -ESTALE;
+	}
 	if (len < 0)
 		return (int)len;
 	buf[len] = '\0';
@@ -922,13 +984,16 @@ int data_statfs(struct data_ns *ns, struct statvfs *sv)
 /* The xattr calls have no *at() form before Linux 6.13: they name n as
  * /proc/self/fd/DFD/NAME, where DFD is n's parent opened beneath SOURCE and NAME is
  * resolved by the l*xattr call without following it (invariant 3). The root goes
- * through its own fd. */
+ * through its own fd, and so does a node with opens whose name no longer names its
+ * file (invariant 8: fgetxattr of an open file SOURCE replaced gives that file's, as
+ * natively), at the cost of one fstatat for a node with opens. */
 static ssize_t data_xattr_as(struct data_ns *ns, struct data_node *n, const char *name,
 			     void *buf, size_t size)
 {
 	char path[64 + NAME_MAX];
+	struct stat st;
 	ssize_t len;
-	int dfd;
+	int dfd, fd = -1, own;
 
 	if (!n->parent) {
 		len = name ? fgetxattr(ns->src_fd, name, buf, size) :
@@ -936,12 +1001,29 @@ static ssize_t data_xattr_as(struct data_ns *ns, struct data_node *n, const char
 		return len < 0 ? -errno : len;
 	}
 	dfd = data_parent_fd(ns, n);
-	if (dfd < 0)
-		return dfd;
-	snprintf(path, sizeof(path), "/proc/self/fd/%d/%s", dfd, n->name);
-	len = name ? lgetxattr(path, name, buf, size) : llistxattr(path, buf, size);
-	if (len < 0)
-		len = -errno;
+	pthread_mutex_lock(&ns->mu);
+	own = n->nopen || n->detached;
+	pthread_mutex_unlock(&ns->mu);
+	if (own) {
+		own = dfd < 0 ? dfd : fstatat(dfd, n->name, &st, AT_SYMLINK_NOFOLLOW) ? -errno : 0;
+		pthread_mutex_lock(&ns->mu);
+		own = data_node_own_locked(ns, n, NULL, own, &st, &fd);
+		pthread_mutex_unlock(&ns->mu);
+	}
+	if (own == 1) {
+		len = name ? fgetxattr(fd, name, buf, size) : flistxattr(fd, buf, size);
+		if (len < 0)
+			len = -errno;
+		close(fd);
+	} else if (own < 0 || dfd < 0) {
+		data_put_fd(ns, dfd);
+		return own < 0 ? own : dfd;
+	} else {
+		snprintf(path, sizeof(path), "/proc/self/fd/%d/%s", dfd, n->name);
+		len = name ? lgetxattr(path, name, buf, size) : llistxattr(path, buf, size);
+		if (len < 0)
+			len = -errno;
+	}
 	data_put_fd(ns, dfd);
 	return len;
 }
@@ -1088,6 +1170,18 @@ static int data_open_source(struct data_ns *ns, struct data_node *n, struct stat
 	return fd;
 }
 
+/* Whether n's name in SOURCE is a symlink now (n's parent is not the root's). */
+static bool data_is_symlink(struct data_ns *ns, const struct data_node *n)
+{
+	int dfd = data_parent_fd(ns, n);
+	struct stat st;
+	bool lnk = dfd >= 0 && !fstatat(dfd, n->name, &st, AT_SYMLINK_NOFOLLOW) &&
+		   S_ISLNK(st.st_mode);
+
+	data_put_fd(ns, dfd);
+	return lnk;
+}
+
 /* Invariant 7: makes this thread open with who's credentials (on = 1) or the daemon's
  * again (on = 0). Returns 1 if switched (the caller switches back), 0 if nothing to do
  * (no caller, root, or a daemon not running as root: the kernel's check stands alone),
@@ -1127,6 +1221,14 @@ static int data_file_init(struct data_ns *ns, struct data_node *n,
 	fd = data_open_source(ns, n, &st);
 	if (as)
 		data_as_caller(ns, who, 0);
+	if (fd == -ELOOP && n->parent && data_is_symlink(ns, n)) {
+		/* The file was replaced by a symlink (invariant 8): the kernel looks the path
+		 * up again, finds the link and follows it itself. */
+		pthread_mutex_lock(&ns->mu);
+		data_detach_locked(ns, n);
+		pthread_mutex_unlock(&ns->mu);
+		return -ESTALE;
+	}
 	if (fd < 0)
 		return fd;
 	f->fd = fd;
@@ -1529,8 +1631,9 @@ int data_opendir(struct data_ns *ns, struct data_node *n, const struct data_cred
 	fd = data_open_beneath(ns, path, O_RDONLY | O_DIRECTORY);
 	if (as)
 		data_as_caller(ns, who, 0);
-	if (fd == -ENOTDIR && n->parent) {
-		/* No longer a directory (invariant 8): the kernel looks the path up again. */
+	if (n->parent && (fd == -ENOTDIR || (fd == -ELOOP && data_is_symlink(ns, n)))) {
+		/* No longer a directory (invariant 8; a symlink now fails with ELOOP,
+		 * invariant 3): the kernel looks the path up again. */
 		pthread_mutex_lock(&ns->mu);
 		data_detach_locked(ns, n);
 		pthread_mutex_unlock(&ns->mu);
@@ -1543,8 +1646,10 @@ int data_opendir(struct data_ns *ns, struct data_node *n, const struct data_cred
 		free(d);
 		return rc;
 	}
+	d->n = n;
 	pthread_mutex_lock(&ns->mu);
 	DATA_LINK(&ns->dirs, d);
+	n->nopen++;
 	pthread_mutex_unlock(&ns->mu);
 	*out = d;
 	return 0;
@@ -1612,6 +1717,7 @@ void data_releasedir(struct data_ns *ns, struct data_dir *d)
 {
 	pthread_mutex_lock(&ns->mu);
 	DATA_UNLINK(&ns->dirs, d);
+	d->n->nopen--;
 	pthread_mutex_unlock(&ns->mu);
 	closedir(d->dp);
 	free(d);
@@ -1759,7 +1865,14 @@ static void data_watch_event(struct data_ns *ns, const struct inotify_event *ev)
 		dino = data_ino(d);
 		c = data_child_locked(ns, d, name);
 		cino = c ? data_ino(c) : 0;
-		if (c && (ev->mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO))) {
+		if (c && c->type != S_IFDIR &&
+		    (ev->mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO))) {
+			/* The name no longer names c's file (invariant 8): c keeps what the
+			 * kernel holds of that file, true still, for the opens of it we
+			 * cannot know of, and the name gets a new node. */
+			data_detach_locked(ns, c);
+			cino = 0;
+		} else if (c && (ev->mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO))) {
 			data_unwatch_locked(ns, c);
 			if (c->nchild)
 				below = c;
