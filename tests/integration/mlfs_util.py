@@ -7,6 +7,7 @@ import ctypes.util
 import errno
 import json
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -380,17 +381,18 @@ def link_fd(fd, path, how="proc"):
         raise OSError(e, os.strerror(e), str(path))
 
 
-def as_user(fn, uid=65534, gid=65534):
-    """Run fn() in a forked child with uid/gid switched and no supplementary groups.
-    Returns ('ok', value) or ('err', errno); anything else the child raises is reported
-    as ('exc', repr)."""
+def as_creds(fn, uid, gid, groups=()):
+    """Run fn() in a forked child with uid, gid and exactly these supplementary groups.
+    Returns ('ok', value) or ('err', errno), value as fn returned it (pickled: bytes
+    and tuples stay so); anything else the child raises, or a value pickle cannot
+    carry, is reported as ('exc', repr)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         code = 0
         try:
             os.close(r)
-            os.setgroups([])
+            os.setgroups(list(groups))
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)
             try:
@@ -399,23 +401,29 @@ def as_user(fn, uid=65534, gid=65534):
                 res = ("err", e.errno)
             except BaseException as e:  # noqa: B902 - reported to the parent
                 res = ("exc", repr(e))
-            os.write(w, json.dumps(res).encode())
+            try:
+                out = pickle.dumps(res)
+            except Exception as e:  # noqa: BLE001 - reported to the parent
+                out = pickle.dumps(("exc", repr(e)))
+            os.write(w, out)
         except BaseException:
             code = 1
         finally:
             os._exit(code)
     os.close(w)
     data = b""
-    while True:
-        chunk = os.read(r, 65536)
-        if not chunk:
-            break
+    while chunk := os.read(r, 65536):
         data += chunk
     os.close(r)
     _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0 and data, "as_user child failed"
-    kind, val = json.loads(data)
-    return [kind, val]
+    assert os.waitstatus_to_exitcode(status) == 0 and data, "as_creds child failed"
+    return pickle.loads(data)  # noqa: S301 - our own child's
+
+
+def as_user(fn, uid=65534, gid=65534):
+    """as_creds with no supplementary groups, as JSON gives it back: [kind, value], with
+    tuples in value made lists."""
+    return json.loads(json.dumps(as_creds(fn, uid, gid)))
 
 
 def wait_pid_gone_all(list_pids, timeout):

@@ -11,7 +11,8 @@ import time
 import pytest
 
 import mlfs_util as U
-from test_posix4 import GROUP, NOBODY, as_creds
+from mlfs_util import as_creds
+from test_posix4 import GROUP, NOBODY
 
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (other users)")

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import mlfs_util as U
-from test_posix4 import NOBODY, as_creds
+from mlfs_util import as_creds
+from test_posix4 import NOBODY
 
 MODES = ["", "passthrough=off", "watch", "passthrough_min=1M"]
 

@@ -12,6 +12,7 @@ import time
 import pytest
 
 import mlfs_util as U
+from mlfs_util import as_creds
 
 
 def p(ckpt, *parts):
@@ -143,34 +144,6 @@ def test_fallocate_always_updates_mtime_and_ctime(ckpt, size, mode, off, length)
 
 NOBODY = 65534
 GROUP = 4242  # the file's group; any number will do, setgroups takes it as is
-
-
-def as_creds(fn, uid, gid, groups):
-    """fn() in a forked child with uid, gid and exactly these supplementary groups;
-    ('ok', value) or ('err', errno)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(r)
-            os.setgroups(groups)
-            os.setresgid(gid, gid, gid)
-            os.setresuid(uid, uid, uid)
-            try:
-                res = ("ok", fn())
-            except OSError as e:
-                res = ("err", e.errno)
-            os.write(w, repr(res).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    data = b""
-    while chunk := os.read(r, 4096):
-        data += chunk
-    os.close(r)
-    os.waitpid(pid, 0)
-    assert data, "child failed"
-    return eval(data)  # noqa: S307 - our own repr of a tuple
 
 
 def _write(flags):
