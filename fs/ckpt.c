@@ -53,6 +53,15 @@
  * at the limit), so an unbounded sparse file could exhaust memory at a single write
  * or snapshot. EFBIG beyond, as ext4 past its own limit. */
 #define CKPT_FILE_MAX (1ull << 40)
+/* The block-map slots of all files together (ckpt_slots_set): a hole costs a slot in
+ * memory and a manifest block in every snapshot (about 64 bytes while a take builds it,
+ * 21 in the store) but no byte of the budget, so sparse files of anyone who may create
+ * files in MOUNT/ckpt could drive a take, and with it the daemon, out of memory. At most
+ * mem_max/CKPT_SLOT_SHARE slots (a take's manifest then peaks near a quarter of
+ * mem_max), but never fewer than two files at the size limit; -ENOSPC past it, as a
+ * full disk. A slot of real data pays for itself in the tiers; it counts the same. */
+#define CKPT_SLOT_SHARE 256
+#define CKPT_SLOTS_FLOOR_FILES 2
 #define CKPT_XATTR_MAX (64u << 10) /* one value, as ext4 with ea_inode */
 #define CKPT_XATTR_TOTAL (1u << 20) /* all of one inode's xattrs */
 /* Read-ahead of restored files (ckpt_readahead_locked): a file's blocks that are only in
@@ -130,6 +139,9 @@ struct ckpt_inode {
 	/* regular files */
 	struct bc_block **blocks;
 	uint64_t nblocks; /* slots allocated in blocks[] */
+	/* What ns->slots counts for this file: max(nblocks, size in blocks) (ckpt_slots_set).
+	 * Under the inode's write lock, or alone while it is unreachable (restore, destroy). */
+	uint64_t slots;
 	/* symlinks */
 	char *target;
 	/* ckpt_freeze's scratch (under ns->mu): this inode's entry id in the freeze
@@ -164,6 +176,10 @@ struct ckpt_ns {
 	 * > 1 (the part's base, manifest.h); 0: none. Under mu. */
 	uint64_t base;
 	_Atomic uint64_t ninodes; /* changed outside ns->mu too (restore builds inodes unlocked) */
+	/* Block-map slots of every file alive (CKPT_FILE_MAX's neighbour CKPT_SLOT_SHARE):
+	 * the sum of their ino->slots, at most slots_max but for a restore (never refused). */
+	_Atomic uint64_t slots;
+	uint64_t slots_max;
 	/* Every inode alive, named or not (an unlinked file still open, a directory a
 	 * process sits in after rmdir, a restored-over tree the kernel still looks up):
 	 * ckpt_ns_free frees these too, as the daemon may exit (SIGTERM, a lost
@@ -236,6 +252,7 @@ static void ckpt_inode_destroy(struct ckpt_ns *ns, struct ckpt_inode *ino)
 		if (ino->blocks[i])
 			bc_block_disown(ns->bc, ino->blocks[i]);
 	free(ino->blocks);
+	atomic_fetch_sub(&ns->slots, ino->slots);
 	for (x = ino->xattrs; x; x = next) {
 		next = x->next;
 		free(x->name);
@@ -273,6 +290,9 @@ int ckpt_ns_new(struct mlfs *m, struct ckpt_ns **out)
 	ns->m = m;
 	ns->bc = m->bc;
 	ns->bs = bc_block_size(m->bc);
+	ns->slots_max = m->cfg.mem_max / CKPT_SLOT_SHARE;
+	if (ns->slots_max < CKPT_SLOTS_FLOOR_FILES * (CKPT_FILE_MAX / ns->bs))
+		ns->slots_max = CKPT_SLOTS_FLOOR_FILES * (CKPT_FILE_MAX / ns->bs);
 	pthread_mutex_init(&ns->mu, NULL);
 	pthread_mutex_init(&ns->all_mu, NULL);
 	ns->nbuckets = 1024;
@@ -490,19 +510,53 @@ int ckpt_getattr(struct ckpt_ns *ns, struct ckpt_inode *ino, struct stat *st)
 	return 0;
 }
 
-/* Makes blocks[] hold at least n slots. Under the inode's write lock. */
-static int ckpt_blocks_reserve(struct ckpt_inode *ino, uint64_t n)
+/*
+ * Counts max(map slots, size in blocks) for ino in ns->slots (CKPT_SLOT_SHARE). A
+ * growth that would pass ns->slots_max is -ENOSPC and changes nothing, unless force (a
+ * restore: the snapshot was taken under this or another mount's limit, and refusing it
+ * would lose it). Racing growths of two files may both be refused near the limit. Under
+ * the inode's write lock (or with the inode unreachable).
+ */
+static int ckpt_slots_set(struct ckpt_ns *ns, struct ckpt_inode *ino, uint64_t nblocks,
+			  uint64_t size, int force)
 {
-	uint64_t cap = ino->nblocks ? ino->nblocks : 4;
+	uint64_t want = (size + ns->bs - 1) / ns->bs, d;
+
+	if (want < nblocks)
+		want = nblocks;
+	if (want <= ino->slots) {
+		atomic_fetch_sub(&ns->slots, ino->slots - want);
+	} else {
+		d = want - ino->slots;
+		if (atomic_fetch_add(&ns->slots, d) + d > ns->slots_max && !force) {
+			atomic_fetch_sub(&ns->slots, d);
+			return -ENOSPC;
+		}
+	}
+	ino->slots = want;
+	return 0;
+}
+
+/* Makes blocks[] hold at least n slots, counted (ckpt_slots_set: -ENOSPC). Under the
+ * inode's write lock. */
+static int ckpt_blocks_reserve(struct ckpt_ns *ns, struct ckpt_inode *ino, uint64_t n,
+			       int force)
+{
+	uint64_t cap = ino->nblocks ? ino->nblocks : 4, had = ino->slots;
 	struct bc_block **nb;
+	int rc;
 
 	if (n <= ino->nblocks)
 		return 0;
 	while (cap < n)
 		cap *= 2;
+	if ((rc = ckpt_slots_set(ns, ino, cap, ino->size, force)))
+		return rc;
 	nb = realloc(ino->blocks, cap * sizeof(*nb));
-	if (!nb)
+	if (!nb) {
+		ckpt_slots_set(ns, ino, had, 0, 1); /* gives back what was counted */
 		return -ENOMEM;
+	}
 	memset(nb + ino->nblocks, 0, (cap - ino->nblocks) * sizeof(*nb));
 	ino->blocks = nb;
 	ino->nblocks = cap;
@@ -581,9 +635,12 @@ static int ckpt_truncate_locked(struct ckpt_ns *ns, struct ckpt_inode *ino, uint
 {
 	uint64_t keep = (size + ns->bs - 1) / ns->bs, i, dropped = 0;
 	uint32_t tail = size % ns->bs;
-	struct bc_block *b;
+	struct bc_block *b, **nb;
 	int rc;
 
+	/* Growing counts its slots first (CKPT_SLOT_SHARE); nothing changed if refused. */
+	if (size > ino->size && (rc = ckpt_slots_set(ns, ino, ino->nblocks, size, 0)))
+		return rc;
 	ino->inherited = 0;
 	/* The partial last block first: it may fail (a copy), and then nothing changed. */
 	if (tail && keep && keep - 1 < ino->nblocks && (b = ino->blocks[keep - 1]) &&
@@ -601,6 +658,14 @@ static int ckpt_truncate_locked(struct ckpt_ns *ns, struct ckpt_inode *ino, uint
 			ino->blocks[i] = NULL;
 		}
 	}
+	/* A map four times what the size needs shrinks to twice (a byte written at the
+	 * limit, then a truncate, kept 8 MiB); a failed realloc keeps the old one. */
+	if (ino->nblocks > 4 * keep && ino->nblocks > 4 &&
+	    (nb = realloc(ino->blocks, (keep > 2 ? 2 * keep : 4) * sizeof(*nb)))) {
+		ino->blocks = nb;
+		ino->nblocks = keep > 2 ? 2 * keep : 4;
+	}
+	ckpt_slots_set(ns, ino, ino->nblocks, size, 1); /* no growth past the check above */
 	pthread_mutex_lock(&ns->mu);
 	ino->size = size;
 	ino->data_bytes -= dropped;
@@ -1317,7 +1382,7 @@ int ckpt_write(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *buf, size
 		return -EFBIG;
 	pthread_rwlock_wrlock(&ino->lock);
 	ino->inherited = 0;
-	if ((rc = ckpt_blocks_reserve(ino, (end + ns->bs - 1) / ns->bs)))
+	if ((rc = ckpt_blocks_reserve(ns, ino, (end + ns->bs - 1) / ns->bs, 0)))
 		goto out;
 	while (pos < end) {
 		uint64_t idx = pos / ns->bs;
@@ -2310,8 +2375,10 @@ static struct ckpt_inode *ckpt_inode_from(struct ckpt_ns *ns, const struct mf_en
 		x->size = e->xattrs[i].value_len;
 		ino->xattr_bytes += x->size + strlen(x->name);
 	}
+	if (e->type == MF_FILE)
+		ckpt_slots_set(ns, ino, 0, ino->size, 1); /* never refused (ckpt_slots_set) */
 	if (e->type == MF_FILE && e->nblocks) {
-		if (ckpt_blocks_reserve(ino, e->nblocks))
+		if (ckpt_blocks_reserve(ns, ino, e->nblocks, 1))
 			goto fail;
 		for (uint64_t j = 0; j < e->nblocks; j++) {
 			if (e->blocks[j].flags & MF_BLOCK_HOLE)

@@ -1,0 +1,107 @@
+"""A second user against a root mount with allow_other: what test_security.py does not
+cover. Each test plays the other user (made for the session with useradd, removed in
+the finalizer) and checks that the daemon neither leaks nor dies for everyone.
+"""
+import errno
+import glob
+import os
+
+import pytest
+
+import mlfs_util as U
+import snap_util as S
+
+pytestmark = pytest.mark.daemon
+
+TIB = 1 << 40
+
+
+def as_other(other_user, fn):
+    uid, gid = other_user
+    return U.as_user(fn, uid=uid, gid=gid)
+
+
+@pytest.fixture
+def shared(mounter, other_user):
+    """A root mount (allow_other, 64 MiB memory) whose MOUNT/ckpt is a sticky directory
+    open to all, as /tmp is."""
+    m = mounter(opts="allow_other,mem_max=64M,mem_min=16M")
+    os.chmod(m.ckpt, 0o1777)
+    return m
+
+
+def _rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for ln in f:
+            if ln.startswith("VmHWM:"):
+                return int(ln.split()[1])
+    return 0
+
+
+def test_sparse_files_cannot_exhaust_daemon_memory(shared, other_user):
+    """A hole costs the daemon a block-map slot (8 bytes) and, in every snapshot, a
+    manifest block (about 60 bytes while taken, 21 in the store), but the user pays
+    nothing for it. A user making many 1 TiB sparse files (ftruncate, or one byte
+    written at the end) drove a root take to gigabytes and the store to 21 MiB a
+    file: enough of them got the daemon killed for everyone. The slots of all files
+    together are bounded (ENOSPC past it, as a full disk), and given back when a file
+    shrinks or goes."""
+    m = shared
+    d = os.path.join(m.ckpt, "u")
+
+    def fill():
+        os.mkdir(d)
+        out = []
+        for i in range(64):
+            fd = os.open(os.path.join(d, f"t{i}"), os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                if i % 2:
+                    os.ftruncate(fd, TIB - 1)
+                else:
+                    os.pwrite(fd, b"x", TIB - 1)
+                out.append("ok")
+            except OSError as e:
+                out.append(e.errno)
+                if len(out) > 8:
+                    break
+            finally:
+                os.close(fd)
+        return out
+
+    kind, out = as_other(other_user, fill)
+    assert kind == "ok", out
+    made = out.count("ok")
+    assert 1 <= made <= 8, f"{made} sparse files of 1 TiB made: {out}"
+    assert set(out[made:]) == {errno.ENOSPC}, out
+    assert all(x == "ok" for x in out[:made]), out
+    # Root's snapshot of the tree stays small, and the daemon lives.
+    S.snap_ok("take", m.mnt, "s1", "--wait")
+    snap_bytes = sum(os.path.getsize(p) for p in glob.glob(os.path.join(m.store, "snaps", "**"),
+                                                         recursive=True)
+                     if os.path.isfile(p))
+    assert snap_bytes < 200 << 20, snap_bytes
+    assert U.pid_alive(m.pid)
+    # Shrinking or removing a file gives its slots back.
+
+    def shrink():
+        names = sorted(os.listdir(d))
+        for n in names:
+            os.truncate(os.path.join(d, n), 4096)
+        fd = os.open(os.path.join(d, "again"), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            os.pwrite(fd, b"y", TIB - 1)
+        finally:
+            os.close(fd)
+        for n in names:
+            os.unlink(os.path.join(d, n))
+        fd = os.open(os.path.join(d, "again2"), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, TIB - 1)
+        finally:
+            os.close(fd)
+        return len(names)
+
+    assert as_other(other_user, shrink) == ["ok", len(out)]
+    with open(os.path.join(d, "again"), "rb") as f:
+        f.seek(TIB - 2)
+        assert f.read() == b"\0y"
