@@ -64,6 +64,13 @@
 #define CKPT_SLOTS_FLOOR_FILES 2
 #define CKPT_XATTR_MAX (64u << 10) /* one value, as ext4 with ea_inode */
 #define CKPT_XATTR_TOTAL (1u << 20) /* all of one inode's xattrs */
+/* All inodes' xattrs together (ns->xattr_bytes): they stay in memory (no tier spills
+ * them) and a take copies them twice (manifest, then its bytes), so a user setting
+ * CKPT_XATTR_TOTAL on file after file had the daemon killed for memory in minutes. At
+ * most mem_max/CKPT_XATTR_SHARE, never less than CKPT_XATTR_FLOOR; -ENOSPC past it,
+ * as ext4 out of blocks. */
+#define CKPT_XATTR_SHARE 16
+#define CKPT_XATTR_FLOOR (64ull << 20)
 /* Read-ahead of restored files (ckpt_readahead_locked): a file's blocks that are only in
  * the store load at their first read, one store read each; read-ahead asks the tier's
  * threads (tier_prefetch) for the next ones meanwhile. The window starts at INIT at a
@@ -180,6 +187,10 @@ struct ckpt_ns {
 	 * the sum of their ino->slots, at most slots_max but for a restore (never refused). */
 	_Atomic uint64_t slots;
 	uint64_t slots_max;
+	/* The sum of every inode's xattr_bytes (CKPT_XATTR_SHARE), at most xattr_max but for
+	 * a restore. Changed under ns->mu, or outside it by a restore building inodes. */
+	_Atomic uint64_t xattr_bytes;
+	uint64_t xattr_max;
 	/* Every inode alive, named or not (an unlinked file still open, a directory a
 	 * process sits in after rmdir, a restored-over tree the kernel still looks up):
 	 * ckpt_ns_free frees these too, as the daemon may exit (SIGTERM, a lost
@@ -259,6 +270,7 @@ static void ckpt_inode_destroy(struct ckpt_ns *ns, struct ckpt_inode *ino)
 		free(x->value);
 		free(x);
 	}
+	atomic_fetch_sub(&ns->xattr_bytes, ino->xattr_bytes);
 	free(ino->target);
 	pthread_rwlock_destroy(&ino->lock);
 	pthread_mutex_destroy(&ino->ra_mu);
@@ -293,6 +305,9 @@ int ckpt_ns_new(struct mlfs *m, struct ckpt_ns **out)
 	ns->slots_max = m->cfg.mem_max / CKPT_SLOT_SHARE;
 	if (ns->slots_max < CKPT_SLOTS_FLOOR_FILES * (CKPT_FILE_MAX / ns->bs))
 		ns->slots_max = CKPT_SLOTS_FLOOR_FILES * (CKPT_FILE_MAX / ns->bs);
+	ns->xattr_max = m->cfg.mem_max / CKPT_XATTR_SHARE;
+	if (ns->xattr_max < CKPT_XATTR_FLOOR)
+		ns->xattr_max = CKPT_XATTR_FLOOR;
 	pthread_mutex_init(&ns->mu, NULL);
 	pthread_mutex_init(&ns->all_mu, NULL);
 	ns->nbuckets = 1024;
@@ -680,7 +695,8 @@ static void ckpt_acl_chmod_locked(struct ckpt_inode *ino);
 static int ckpt_acl_inherit_locked(struct ckpt_inode *dir, mode_t *mode,
 				   const struct ckpt_ctx *c, void **acl, size_t *acl_size,
 				   void **dacl);
-static int ckpt_xattr_attach(struct ckpt_inode *ino, const char *name, void *v, size_t size);
+static int ckpt_xattr_attach(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name,
+			     void *v, size_t size);
 
 int ckpt_setattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct stat *attr,
 		 int to_set, struct stat *out)
@@ -755,11 +771,16 @@ static int ckpt_create_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, const 
 		if (S_ISDIR(mode))
 			mode |= S_ISGID;
 	}
-	ino = ckpt_inode_new(ns, mode, c->uid, gid);
-	rc = ino ? 0 : -ENOMEM;
-	if (!rc && acl && !(rc = ckpt_xattr_attach(ino, PACL_XATTR_ACCESS, acl, acl_size)))
+	/* The inherited ACLs count in ns->xattr_bytes as any xattr (CKPT_XATTR_SHARE). */
+	rc = ns->xattr_bytes + (acl ? acl_size + sizeof(PACL_XATTR_ACCESS) : 0) +
+			     (dacl ? acl_size + sizeof(PACL_XATTR_DEFAULT) : 0) > ns->xattr_max
+		     ? -ENOSPC : 0;
+	ino = rc ? NULL : ckpt_inode_new(ns, mode, c->uid, gid);
+	if (!rc && !ino)
+		rc = -ENOMEM;
+	if (!rc && acl && !(rc = ckpt_xattr_attach(ns, ino, PACL_XATTR_ACCESS, acl, acl_size)))
 		acl = NULL;
-	if (!rc && dacl && !(rc = ckpt_xattr_attach(ino, PACL_XATTR_DEFAULT, dacl, acl_size)))
+	if (!rc && dacl && !(rc = ckpt_xattr_attach(ns, ino, PACL_XATTR_DEFAULT, dacl, acl_size)))
 		dacl = NULL;
 	free(acl);
 	free(dacl);
@@ -1605,17 +1626,21 @@ static void ckpt_xattr_free(struct ckpt_xattr *x)
 	free(x);
 }
 
-static void ckpt_xattr_del_locked(struct ckpt_inode *ino, struct ckpt_xattr **pp)
+static void ckpt_xattr_del_locked(struct ckpt_ns *ns, struct ckpt_inode *ino,
+				  struct ckpt_xattr **pp)
 {
 	struct ckpt_xattr *x = *pp;
 
 	*pp = x->next;
 	ino->xattr_bytes -= x->size + strlen(x->name);
+	ns->xattr_bytes -= x->size + strlen(x->name);
 	ckpt_xattr_free(x);
 }
 
-/* Adds name = v (handed over on success) to ino; the caller checked that it is new. */
-static int ckpt_xattr_attach(struct ckpt_inode *ino, const char *name, void *v, size_t size)
+/* Adds name = v (handed over on success) to ino; the caller checked that it is new and
+ * that it fits (ns->xattr_max). */
+static int ckpt_xattr_attach(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name,
+			     void *v, size_t size)
 {
 	struct ckpt_xattr *x = calloc(1, sizeof(*x));
 
@@ -1628,6 +1653,7 @@ static int ckpt_xattr_attach(struct ckpt_inode *ino, const char *name, void *v, 
 	x->next = ino->xattrs;
 	ino->xattrs = x;
 	ino->xattr_bytes += size + strlen(name);
+	ns->xattr_bytes += size + strlen(name);
 	return 0;
 }
 
@@ -1638,8 +1664,8 @@ static int ckpt_xattr_attach(struct ckpt_inode *ino, const char *name, void *v, 
  * -ENOSPC as there). *changed is set when the value was not already that one (ext4
  * leaves ctime alone for a value set again). Under ns->mu.
  */
-static int ckpt_xattr_set_locked(struct ckpt_inode *ino, const char *name, const void *value,
-				 size_t size, int flags, bool *changed)
+static int ckpt_xattr_set_locked(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name,
+				 const void *value, size_t size, int flags, bool *changed)
 {
 	struct ckpt_xattr **pp = ckpt_xattr_find_locked(ino, name), *x;
 	size_t names = 0;
@@ -1656,6 +1682,10 @@ static int ckpt_xattr_set_locked(struct ckpt_inode *ino, const char *name, const
 	if (ino->xattr_bytes + size + strlen(name) -
 		    (pp ? (*pp)->size + strlen(name) : 0) > CKPT_XATTR_TOTAL)
 		return -ENOSPC;
+	/* All inodes' together (CKPT_XATTR_SHARE): only a growth is refused. */
+	if ((!pp || size > (*pp)->size) &&
+	    ns->xattr_bytes + (pp ? size - (*pp)->size : size + strlen(name)) > ns->xattr_max)
+		return -ENOSPC;
 	if (!pp) {
 		for (x = ino->xattrs; x; x = x->next)
 			names += strlen(x->name) + 1;
@@ -1669,12 +1699,13 @@ static int ckpt_xattr_set_locked(struct ckpt_inode *ino, const char *name, const
 	if (pp) {
 		x = *pp;
 		ino->xattr_bytes += size - x->size;
+		ns->xattr_bytes += size - x->size;
 		free(x->value);
 		x->value = v;
 		x->size = size;
 		return 0;
 	}
-	if ((rc = ckpt_xattr_attach(ino, name, v, size)))
+	if ((rc = ckpt_xattr_attach(ns, ino, name, v, size)))
 		free(v);
 	return rc;
 }
@@ -1686,8 +1717,9 @@ static int ckpt_xattr_set_locked(struct ckpt_inode *ino, const char *name, const
  * ACL belongs to directories only. *changed is set when the mode or the stored xattrs
  * changed: only then does ext4 stamp ctime. Under ns->mu.
  */
-static int ckpt_set_acl_locked(struct ckpt_inode *ino, int access, const char *value,
-			       size_t size, int flags, const struct ckpt_ctx *c, bool *changed)
+static int ckpt_set_acl_locked(struct ckpt_ns *ns, struct ckpt_inode *ino, int access,
+			       const char *value, size_t size, int flags,
+			       const struct ckpt_ctx *c, bool *changed)
 {
 	const char *name = access ? PACL_XATTR_ACCESS : PACL_XATTR_DEFAULT;
 	struct ckpt_xattr **pp = ckpt_xattr_find_locked(ino, name);
@@ -1705,20 +1737,20 @@ static int ckpt_set_acl_locked(struct ckpt_inode *ino, int access, const char *v
 		return -ENODATA;
 	if (n == 0) {
 		if (pp) {
-			ckpt_xattr_del_locked(ino, pp);
+			ckpt_xattr_del_locked(ns, ino, pp);
 			*changed = true;
 		}
 		return 0;
 	}
 	if (!access)
-		return ckpt_xattr_set_locked(ino, name, value, size, 0, changed);
+		return ckpt_xattr_set_locked(ns, ino, name, value, size, 0, changed);
 	keep = pacl_equiv_mode(value, size, &mode);
 	if (!ckpt_in_group(c, ino->gid))
 		mode &= ~(mode_t)S_ISGID;
 	if (keep) {
-		rc = ckpt_xattr_set_locked(ino, name, value, size, 0, changed);
+		rc = ckpt_xattr_set_locked(ns, ino, name, value, size, 0, changed);
 	} else if (pp) {
-		ckpt_xattr_del_locked(ino, pp);
+		ckpt_xattr_del_locked(ns, ino, pp);
 		*changed = true;
 	}
 	if (!rc && mode != ino->mode) {
@@ -1801,10 +1833,10 @@ int ckpt_setxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name,
 		return -E2BIG;
 	pthread_mutex_lock(&ns->mu);
 	if (xns == XNS_ACL_ACCESS || xns == XNS_ACL_DEFAULT)
-		rc = ckpt_set_acl_locked(ino, xns == XNS_ACL_ACCESS, value, size, flags, c,
+		rc = ckpt_set_acl_locked(ns, ino, xns == XNS_ACL_ACCESS, value, size, flags, c,
 					 &changed);
 	else
-		rc = ckpt_xattr_set_locked(ino, name, value, size, flags, &changed);
+		rc = ckpt_xattr_set_locked(ns, ino, name, value, size, flags, &changed);
 	if (!rc && changed) {
 		ino->ctime = ckpt_now();
 		ckpt_changed(ns);
@@ -1888,7 +1920,7 @@ int ckpt_removexattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *nam
 		if (xns != XNS_ACL_ACCESS && xns != XNS_ACL_DEFAULT)
 			rc = -ENODATA;
 	} else {
-		ckpt_xattr_del_locked(ino, pp);
+		ckpt_xattr_del_locked(ns, ino, pp);
 		ino->ctime = ckpt_now();
 		ckpt_changed(ns);
 	}
@@ -1929,7 +1961,7 @@ int ckpt_kill_priv(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct ckpt
 		changed = 1;
 	}
 	if ((pp = ckpt_xattr_find_locked(ino, "security.capability"))) {
-		ckpt_xattr_del_locked(ino, pp);
+		ckpt_xattr_del_locked(ns, ino, pp);
 		changed = 1;
 	}
 	if (changed) {
@@ -2374,6 +2406,7 @@ static struct ckpt_inode *ckpt_inode_from(struct ckpt_ns *ns, const struct mf_en
 			memcpy(x->value, e->xattrs[i].value, e->xattrs[i].value_len);
 		x->size = e->xattrs[i].value_len;
 		ino->xattr_bytes += x->size + strlen(x->name);
+		ns->xattr_bytes += x->size + strlen(x->name); /* never refused */
 	}
 	if (e->type == MF_FILE)
 		ckpt_slots_set(ns, ino, 0, ino->size, 1); /* never refused (ckpt_slots_set) */

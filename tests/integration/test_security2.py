@@ -105,3 +105,85 @@ def test_sparse_files_cannot_exhaust_daemon_memory(shared, other_user):
     with open(os.path.join(d, "again"), "rb") as f:
         f.seek(TIB - 2)
         assert f.read() == b"\0y"
+
+
+ACL_DEFAULT = bytes.fromhex("02000000") + b"".join(
+    bytes.fromhex(e) for e in ("01000700ffffffff", "0200040000000000", "04000500ffffffff",
+                               "10000700ffffffff", "20000000ffffffff"))  # u:root:r
+
+
+def test_xattrs_cannot_exhaust_daemon_memory(shared, other_user):
+    """xattrs stay in daemon memory (no tier spills them) and a take copies them into
+    the manifest: 1 MiB an inode (15 values of 64 KiB) on file after file grew the
+    daemon by 200 MiB a second, with nothing counting it. All inodes' xattrs together
+    are bounded (mem_max/16, at least 64 MiB here): ENOSPC past it, as ext4 out of
+    blocks, also for the default ACL a new file inherits; removing gives room back."""
+    m = shared
+    d = os.path.join(m.ckpt, "x")
+    v = os.urandom(65536)
+
+    def setx(path, name, value):
+        try:
+            os.setxattr(path, name, value)
+            return 0
+        except OSError as e:
+            return e.errno
+
+    def fill():
+        os.mkdir(d)
+        os.mkdir(os.path.join(d, "acl"))
+        os.setxattr(os.path.join(d, "acl"), "system.posix_acl_default", ACL_DEFAULT)
+        stop = None
+        for i in range(200):   # 200 MiB at most: a daemon without the bound lives
+            f = os.path.join(d, f"f{i}")
+            open(f, "wb").close()
+            for k in range(15):   # within one inode's 1 MiB, names included
+                if (err := setx(f, f"user.k{k}", v)):
+                    stop = [i, k, err]
+                    break
+            if stop:
+                break
+        if not stop or stop[2] != errno.ENOSPC:
+            return stop
+        # Fill what is left to the last few bytes, on files of their own.
+        j = 0
+        for size in (16384, 2048, 256, 32, 4, 1):
+            while j < 4000:   # a bounded daemon refuses within a few dozen
+                f = os.path.join(d, f"pad{j // 8}")
+                if not os.path.exists(f):
+                    open(f, "wb").close()
+                if setx(f, f"user.p{j}", b"p" * size):
+                    break
+                j += 1
+        return stop
+
+    kind, out = as_other(other_user, fill)
+    assert kind == "ok" and out is not None, f"200 MiB of xattrs set: {out}"
+    i, k, err = out
+    assert err == errno.ENOSPC, out
+    assert 64 * 15 - 15 <= i * 15 + k <= 64 * 16 + 15, out   # about 64 MiB of values
+    assert U.pid_alive(m.pid)
+    S.snap_ok("take", m.mnt, "s1", "--wait")
+
+    def after():
+        got = []
+        # A replacement that does not grow still works at the limit; a new name not.
+        got.append(setx(os.path.join(d, "f0"), "user.k0", b"small"))
+        got.append(setx(os.path.join(d, "f0"), "user.k0", v))
+        got.append(setx(os.path.join(d, "f0"), "user.new", b"12345678"))
+        # A new entry below a default ACL would store a copy of it.
+        try:
+            open(os.path.join(d, "acl", "child"), "wb").close()
+            got.append(0)
+        except OSError as e:
+            got.append(e.errno)
+        for n in os.listdir(d):
+            if n.startswith("f"):
+                for x in os.listxattr(os.path.join(d, n)):
+                    os.removexattr(os.path.join(d, n), x)
+        got.append(setx(os.path.join(d, "f0"), "user.new", v))
+        open(os.path.join(d, "acl", "child"), "wb").close()
+        got.append(len(os.getxattr(os.path.join(d, "acl", "child"), "system.posix_acl_access")))
+        return got
+
+    assert as_other(other_user, after) == ["ok", [0, 0, errno.ENOSPC, errno.ENOSPC, 0, 44]]
