@@ -71,6 +71,15 @@
  * as ext4 out of blocks. */
 #define CKPT_XATTR_SHARE 16
 #define CKPT_XATTR_FLOOR (64ull << 20)
+/* Inodes, names and symlink targets together (ns->meta_bytes, counted at their struct
+ * sizes): they stay in memory too, and symlinks of 4 KiB targets grew the daemon by 35
+ * MiB a second. At most mem_max/CKPT_META_SHARE, never less than CKPT_META_FLOOR (about
+ * half a million files of short names); -ENOSPC past it for a create or a link, as ext4
+ * out of inodes; statfs's f_files and f_ffree say it. A rename is never refused. */
+#define CKPT_META_SHARE 8
+#define CKPT_META_FLOOR (256ull << 20)
+#define CKPT_INODE_COST (sizeof(struct ckpt_inode))
+#define CKPT_NAME_COST(len) (sizeof(struct ckpt_dirent) + (len) + 1)
 /* Read-ahead of restored files (ckpt_readahead_locked): a file's blocks that are only in
  * the store load at their first read, one store read each; read-ahead asks the tier's
  * threads (tier_prefetch) for the next ones meanwhile. The window starts at INIT at a
@@ -191,6 +200,10 @@ struct ckpt_ns {
 	 * a restore. Changed under ns->mu, or outside it by a restore building inodes. */
 	_Atomic uint64_t xattr_bytes;
 	uint64_t xattr_max;
+	/* Inodes, names and symlink targets (CKPT_META_SHARE), at most meta_max but for a
+	 * restore and a rename: ckpt_meta_room. Changed under ns->mu, or by a restore. */
+	_Atomic uint64_t meta_bytes;
+	uint64_t meta_max;
 	/* Every inode alive, named or not (an unlinked file still open, a directory a
 	 * process sits in after rmdir, a restored-over tree the kernel still looks up):
 	 * ckpt_ns_free frees these too, as the daemon may exit (SIGTERM, a lost
@@ -244,6 +257,7 @@ static struct ckpt_inode *ckpt_inode_new(struct ckpt_ns *ns, mode_t mode, uid_t 
 	ino->gid = gid;
 	ino->atime = ino->mtime = ino->ctime = ckpt_now();
 	ns->ninodes++;
+	ns->meta_bytes += CKPT_INODE_COST;
 	pthread_mutex_lock(&ns->all_mu);
 	if ((ino->anext = ns->all))
 		ns->all->aprev = ino;
@@ -271,6 +285,7 @@ static void ckpt_inode_destroy(struct ckpt_ns *ns, struct ckpt_inode *ino)
 		free(x);
 	}
 	atomic_fetch_sub(&ns->xattr_bytes, ino->xattr_bytes);
+	ns->meta_bytes -= CKPT_INODE_COST + (ino->target ? strlen(ino->target) + 1 : 0);
 	free(ino->target);
 	pthread_rwlock_destroy(&ino->lock);
 	pthread_mutex_destroy(&ino->ra_mu);
@@ -308,6 +323,9 @@ int ckpt_ns_new(struct mlfs *m, struct ckpt_ns **out)
 	ns->xattr_max = m->cfg.mem_max / CKPT_XATTR_SHARE;
 	if (ns->xattr_max < CKPT_XATTR_FLOOR)
 		ns->xattr_max = CKPT_XATTR_FLOOR;
+	ns->meta_max = m->cfg.mem_max / CKPT_META_SHARE;
+	if (ns->meta_max < CKPT_META_FLOOR)
+		ns->meta_max = CKPT_META_FLOOR;
 	pthread_mutex_init(&ns->mu, NULL);
 	pthread_mutex_init(&ns->all_mu, NULL);
 	ns->nbuckets = 1024;
@@ -455,6 +473,7 @@ static int ckpt_link_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, const ch
 		dir->head = d;
 	dir->tail = d;
 	dir->nentries++;
+	ns->meta_bytes += CKPT_NAME_COST(len);
 	if (++ns->nnames > 2 * ns->nbuckets)
 		ckpt_grow_names_locked(ns);
 	return 0;
@@ -479,7 +498,15 @@ static void ckpt_unlink_locked(struct ckpt_ns *ns, struct ckpt_dirent *d)
 		d->dir->tail = d->prev;
 	d->dir->nentries--;
 	ns->nnames--;
+	ns->meta_bytes -= CKPT_NAME_COST(d->namelen);
 	free(d);
+}
+
+/* -ENOSPC if more bytes of inodes, names and targets would pass ns->meta_max
+ * (CKPT_META_SHARE). Under ns->mu. */
+static int ckpt_meta_room(struct ckpt_ns *ns, size_t more)
+{
+	return ns->meta_bytes + more > ns->meta_max ? -ENOSPC : 0;
 }
 
 static int ckpt_check_name(const char *name)
@@ -762,6 +789,8 @@ static int ckpt_create_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, const 
 		return dir->nlink == 0 ? -ENOENT : -ENOTDIR;
 	if (name && ckpt_find_locked(ns, dir, name))
 		return -EEXIST;
+	if ((rc = ckpt_meta_room(ns, CKPT_INODE_COST + (name ? CKPT_NAME_COST(strlen(name)) : 0))))
+		return rc;
 	if ((rc = ckpt_acl_inherit_locked(dir, &mode, c, &acl, &acl_size, &dacl)))
 		return rc;
 	/* BSD group semantics in a setgid directory, as ext4: the group is inherited, and
@@ -869,9 +898,11 @@ int ckpt_symlink(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
 	if (!t)
 		return -ENOMEM;
 	pthread_mutex_lock(&ns->mu);
-	if (!(rc = ckpt_create_locked(ns, dir, name, S_IFLNK | 0777, c, &ino))) {
+	if (!(rc = ckpt_meta_room(ns, strlen(t) + 1)) &&
+	    !(rc = ckpt_create_locked(ns, dir, name, S_IFLNK | 0777, c, &ino))) {
 		ino->target = t;
 		ino->size = strlen(t);
+		ns->meta_bytes += strlen(t) + 1;
 		t = NULL;
 		ckpt_entry_locked(ns, ino, e);
 	}
@@ -898,7 +929,8 @@ int ckpt_link(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_inode *dir
 		rc = -EMLINK; /* ext4's EXT4_LINK_MAX */
 	else if (ckpt_find_locked(ns, dir, name))
 		rc = -EEXIST;
-	else if (!(rc = ckpt_link_locked(ns, dir, name, ino))) {
+	else if (!(rc = ckpt_meta_room(ns, CKPT_NAME_COST(strlen(name)))) &&
+		 !(rc = ckpt_link_locked(ns, dir, name, ino))) {
 		ino->linkable = 0; /* unlinked again, it stays unlinked (ext4) */
 		ino->inherited = 0; /* a name that no restore gave it */
 		ino->nlink++;
@@ -1136,9 +1168,11 @@ int ckpt_statfs(struct ckpt_ns *ns, struct statvfs *sv)
 	sv->f_bsize = sv->f_frsize = 4096;
 	sv->f_blocks = total / 4096;
 	sv->f_bfree = sv->f_bavail = used < total ? (total - used) / 4096 : 0;
+	/* Files: what ns->meta_max leaves room for at one inode and a short name each. */
 	pthread_mutex_lock(&ns->mu);
-	sv->f_files = ns->ninodes + (1u << 20);
-	sv->f_ffree = sv->f_favail = 1u << 20;
+	sv->f_ffree = sv->f_favail = ns->meta_bytes < ns->meta_max
+		? (ns->meta_max - ns->meta_bytes) / (CKPT_INODE_COST + CKPT_NAME_COST(16)) : 0;
+	sv->f_files = ns->ninodes + sv->f_ffree;
 	pthread_mutex_unlock(&ns->mu);
 	sv->f_namemax = NAME_MAX;
 	return 0;
@@ -2389,6 +2423,8 @@ static struct ckpt_inode *ckpt_inode_from(struct ckpt_ns *ns, const struct mf_en
 			ino->data_bytes += e->blocks[j].len;
 	if (e->type == MF_SYMLINK && !(ino->target = strdup(e->target ? e->target : "")))
 		goto fail;
+	if (ino->target)
+		ns->meta_bytes += strlen(ino->target) + 1; /* never refused */
 	for (i = 0; i < e->nxattrs; i++) {
 		struct ckpt_xattr *x = calloc(1, sizeof(*x));
 

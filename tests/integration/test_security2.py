@@ -187,3 +187,55 @@ def test_xattrs_cannot_exhaust_daemon_memory(shared, other_user):
         return got
 
     assert as_other(other_user, after) == ["ok", [0, 0, errno.ENOSPC, errno.ENOSPC, 0, 44]]
+
+
+def test_names_and_symlinks_cannot_exhaust_daemon_memory(shared, other_user):
+    """Every inode, name and symlink target of MOUNT/ckpt lives in daemon memory, and
+    statfs promised a million more inodes whatever was made: symlinks with 4 KiB
+    targets grew the daemon by about 35 MiB a second, unbounded. All of it together is
+    bounded (mem_max/8, at least 256 MiB): ENOSPC past it for a create or a link, as
+    ext4 out of inodes or blocks; a rename still works and removing gives room back."""
+    m = shared
+    d = os.path.join(m.ckpt, "n")
+    target = "t" * 4095
+
+    def fill():
+        os.mkdir(d)
+        open(os.path.join(d, "file"), "wb").close()
+        for i in range(120000):   # about 550 MiB at most: a daemon without the bound lives
+            try:
+                os.symlink(target, os.path.join(d, f"{i:0200d}"))
+            except OSError as e:
+                return [i, e.errno]
+        return None
+
+    kind, out = as_other(other_user, fill)
+    assert kind == "ok" and out is not None, f"120000 symlinks of 4 KiB made: {out}"
+    made, err = out
+    assert err == errno.ENOSPC and made >= 20000, out
+    assert U.pid_alive(m.pid)
+    st = os.statvfs(m.ckpt)
+    assert st.f_ffree < 1000, (st.f_files, st.f_ffree)
+
+    def after():
+        got = []
+        for fn in (lambda: os.link(os.path.join(d, "file"), os.path.join(d, "l" * 250)),
+                   lambda: os.mkdir(os.path.join(d, "dir")),
+                   lambda: os.mknod(os.path.join(d, "fifo"), 0o10600),
+                   lambda: open(os.path.join(d, "new"), "xb").close(),
+                   lambda: os.rename(os.path.join(d, f"{0:0200d}"), os.path.join(d, "r" * 200))):
+            try:
+                fn()
+                got.append(0)
+            except OSError as e:
+                got.append(e.errno)
+        for i in range(1, 101):
+            os.unlink(os.path.join(d, f"{i:0200d}"))
+        os.mkdir(os.path.join(d, "dir"))
+        os.link(os.path.join(d, "file"), os.path.join(d, "l" * 250))
+        os.symlink(target, os.path.join(d, "again"))
+        return got
+
+    assert as_other(other_user, after) == ["ok", [errno.ENOSPC] * 4 + [0]]
+    S.snap_ok("take", m.mnt, "s1", "--wait")
+
