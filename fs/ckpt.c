@@ -175,6 +175,7 @@ struct ckpt_dir { /* an open directory stream: a copy of the listing */
 		char *name;
 	} *ents;
 	int filled;
+	size_t bytes; /* what ns->dir_bytes counts for this copy (ckpt_dir_fill) */
 };
 
 struct ckpt_ns {
@@ -204,6 +205,11 @@ struct ckpt_ns {
 	 * restore and a rename: ckpt_meta_room. Changed under ns->mu, or by a restore. */
 	_Atomic uint64_t meta_bytes;
 	uint64_t meta_max;
+	/* The listing copies of all open directory streams (ckpt_dir_fill): at most
+	 * meta_max, which one copy of the largest directory fits in. A copy is O(entries)
+	 * per open, and a user may open a million streams: 300 of one directory of 50000
+	 * long names took 4 GiB. Changed under ns->mu. */
+	uint64_t dir_bytes;
 	/* Every inode alive, named or not (an unlinked file still open, a directory a
 	 * process sits in after rmdir, a restored-over tree the kernel still looks up):
 	 * ckpt_ns_free frees these too, as the daemon may exit (SIGTERM, a lost
@@ -2006,7 +2012,7 @@ int ckpt_kill_priv(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct ckpt
 	return changed;
 }
 
-static void ckpt_dir_clear(struct ckpt_dir *d)
+static void ckpt_dir_clear(struct ckpt_ns *ns, struct ckpt_dir *d)
 {
 	size_t i;
 
@@ -2014,17 +2020,35 @@ static void ckpt_dir_clear(struct ckpt_dir *d)
 		free(d->ents[i].name);
 	d->n = 0;
 	d->filled = 0;
+	pthread_mutex_lock(&ns->mu);
+	ns->dir_bytes -= d->bytes;
+	pthread_mutex_unlock(&ns->mu);
+	d->bytes = 0;
 }
 
 /* Copies dir's listing into d: cost O(entries) per open or rewind, which makes every
- * later readdir call O(its batch) however large the directory. */
+ * later readdir call O(its batch) however large the directory. -ENOMEM when all
+ * streams' copies would pass ns->meta_max (ns->dir_bytes). */
 static int ckpt_dir_fill(struct ckpt_ns *ns, struct ckpt_inode *dir, struct ckpt_dir *d)
 {
 	struct ckpt_dirent *e;
+	size_t bytes;
 	int rc = 0;
 
-	ckpt_dir_clear(d);
+	ckpt_dir_clear(ns, d);
 	pthread_mutex_lock(&ns->mu);
+	/* What the copy will take, its array at its current capacity or more. A walk as
+	 * long as the copy's own. */
+	bytes = (d->cap > dir->nentries + 2 ? d->cap : dir->nentries + 2) * sizeof(*d->ents) +
+		sizeof(".") + sizeof("..");
+	for (e = dir->head; e; e = e->next)
+		bytes += e->namelen + 1;
+	if (ns->dir_bytes + bytes > ns->meta_max) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	ns->dir_bytes += bytes;
+	d->bytes = bytes;
 	if (d->cap < dir->nentries + 2) {
 		size_t cap = dir->nentries + 2;
 		void *p = realloc(d->ents, cap * sizeof(*d->ents));
@@ -2047,7 +2071,7 @@ static int ckpt_dir_fill(struct ckpt_ns *ns, struct ckpt_inode *dir, struct ckpt
 out:
 	pthread_mutex_unlock(&ns->mu);
 	if (rc)
-		ckpt_dir_clear(d); /* never a stream with holes: the next call fills again */
+		ckpt_dir_clear(ns, d); /* never a stream with holes: the next call fills again */
 	else
 		d->filled = 1;
 	return rc;
@@ -2117,7 +2141,7 @@ void ckpt_releasedir(struct ckpt_ns *ns, struct ckpt_dir *d)
 	else
 		ns->dirs = d->next;
 	pthread_mutex_unlock(&ns->all_mu);
-	ckpt_dir_clear(d);
+	ckpt_dir_clear(ns, d);
 	free(d->ents);
 	free(d);
 }

@@ -239,3 +239,41 @@ def test_names_and_symlinks_cannot_exhaust_daemon_memory(shared, other_user):
     assert as_other(other_user, after) == ["ok", [errno.ENOSPC] * 4 + [0]]
     S.snap_ok("take", m.mnt, "s1", "--wait")
 
+
+def test_directory_streams_cannot_exhaust_daemon_memory(shared, other_user):
+    """Each open directory stream of MOUNT/ckpt holds a copy of the listing, made at its
+    first read: 300 streams of one 50000-entry directory of long names took 4 GiB of
+    daemon memory, and a user may open a million. The copies of all streams together
+    are bounded (as much as MOUNT/ckpt's names may take: 256 MiB here): past it a read
+    that would copy fails with ENOMEM; closing streams gives the room back."""
+    m = shared
+    d = os.path.join(m.ckpt, "big")
+    n = 20000   # a copy of about 5 MiB
+
+    def run():
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        buf = ctypes.create_string_buffer(4096)
+        os.mkdir(d)
+        for i in range(n):
+            os.mknod(os.path.join(d, f"{i:0240d}"), 0o10600)
+        fds, err = [], None
+        try:
+            for _ in range(150):   # about 800 MiB at most: a daemon without the bound lives
+                fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+                fds.append(fd)
+                if libc.syscall(217, fd, buf, 4096) < 0:   # getdents64
+                    err = ctypes.get_errno()
+                    break
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return [len(fds), err, len(os.listdir(d))]
+
+    kind, out = as_other(other_user, run)
+    assert kind == "ok", out
+    opened, err, listed = out
+    assert err == errno.ENOMEM and 20 <= opened < 150, out
+    assert listed == n
+    assert U.pid_alive(m.pid)
+    assert len(os.listdir(d)) == n
