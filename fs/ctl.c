@@ -16,6 +16,7 @@
 #include <sys/time.h>
 #include <sys/un.h>
 #include <sys/xattr.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -32,6 +33,8 @@
  * drain: an idle or stuck client costs a thread for seconds, never holds the daemon
  * past its unmount (ctl_free). Commands themselves (take --wait) are not bounded. */
 #define CTL_IO_TIMEOUT_S 5
+/* accept() out of descriptors or memory is retried this often (ctl_accept_loop). */
+#define CTL_ACCEPT_RETRY_MS 100
 
 struct ctl_cmd {
 	const char *name;
@@ -374,8 +377,10 @@ static void *ctl_accept_loop(void *arg)
 {
 	static const char busy[] = "err 16 too many control connections at once; try again\n";
 	struct timeval tmo = { .tv_sec = CTL_IO_TIMEOUT_S };
+	struct timespec retry = { .tv_nsec = CTL_ACCEPT_RETRY_MS * 1000000L };
 	struct ctl *c = arg;
-	unsigned busy_logged = 0;
+	unsigned busy_logged = 0, short_logged = 0;
+	int stopping;
 
 	for (;;) {
 		struct ucred cred;
@@ -385,9 +390,24 @@ static void *ctl_accept_loop(void *arg)
 		int fd = accept4(c->fd, NULL, NULL, SOCK_CLOEXEC);
 
 		if (fd < 0) {
-			if (errno == EINTR || errno == ECONNABORTED)
+			int e = errno;
+
+			if (e == EINTR || e == ECONNABORTED)
 				continue;
-			break; /* shut down by ctl_free */
+			pthread_mutex_lock(&c->mu);
+			stopping = c->stopping;
+			pthread_mutex_unlock(&c->mu);
+			if (stopping || e == EBADF || e == EINVAL || e == ENOTSOCK)
+				break; /* shut down by ctl_free */
+			/* Out of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM): a user
+			 * holding opens of MOUNT/data can cause it. Quitting left every later
+			 * client waiting forever; the shortage passes, so wait it out. The
+			 * client waits in the backlog meanwhile. */
+			if (!short_logged++)
+				log_warn("control: accept: %s; retrying every %d ms", strerror(e),
+					 CTL_ACCEPT_RETRY_MS);
+			nanosleep(&retry, NULL);
+			continue;
 		}
 		r = calloc(1, sizeof(*r));
 		if (!r || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0) {

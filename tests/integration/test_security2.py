@@ -277,3 +277,58 @@ def test_directory_streams_cannot_exhaust_daemon_memory(shared, other_user):
     assert listed == n
     assert U.pid_alive(m.pid)
     assert len(os.listdir(d)) == n
+
+
+HOLD_FDS = r"""
+import os, sys
+fds = []
+try:
+    while len(fds) < 100000:
+        fds.append(os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY))
+except OSError as e:
+    print(len(fds), e.errno, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_control_survives_a_user_holding_the_daemons_files(mounter, other_user):
+    """Every open of MOUNT/data costs the daemon a descriptor, so a user can make it
+    run out. The control channel's accept then failed with EMFILE, and its thread
+    took that for the shutdown and quit: every later mlfs-snap and mlfs-stat waited
+    forever, also once the user let go. It must wait out the shortage instead."""
+    import resource
+    import subprocess
+    import sys
+    src = mounter.tempdir("src-")
+    os.mkdir(os.path.join(src, "d"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))   # the daemon inherits it
+    try:
+        m = mounter(src=src, opts="allow_other")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    uid, gid = other_user
+    hold = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
+                             sys.executable, "-c", HOLD_FDS, os.path.join(m.data, "d")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        n, err = hold.stdout.readline().split()
+        stat = subprocess.Popen([U.MLFS_STAT, "--json", m.mnt], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            stat.wait(timeout=2)   # it may fail while the daemon has no descriptor left
+        except subprocess.TimeoutExpired:
+            pass
+    finally:
+        hold.communicate("go\n", timeout=60)
+    try:
+        stat.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        stat.kill()
+        stat.communicate()
+        pytest.fail(f"mlfs-stat hung after the user (who held {n} opens, then "
+                    f"errno {err}) let go")
+    assert int(n) < 256 and int(err) == errno.EMFILE, (n, err)   # the daemon ran out
+    r = S.snap("take", m.mnt, "after", "--wait", timeout=60)
+    assert r.rc == 0, r
+    assert U.pid_alive(m.pid)
