@@ -112,6 +112,7 @@
 #include <linux/openat2.h>
 #include <poll.h>
 #include <sys/inotify.h>
+#include <sys/resource.h>
 #include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
@@ -227,7 +228,54 @@ struct data_ns {
 	size_t nwnodes;
 	_Atomic uint64_t wevents;
 	_Atomic int wfailed; /* a directory could not be watched (logged once) */
+	/* Open handles (files and directory streams): each holds a descriptor of SOURCE for
+	 * as long as the kernel keeps it, so opens of MOUNT/data could use up the daemon's
+	 * descriptors, and then the persister, the spill tier, the store and everyone's
+	 * opens failed with EMFILE. data_handle_get refuses a user's open past
+	 * user_max (ENFILE) and root's past root_max, which keeps the rest for the daemon
+	 * (DATA_FD_RESERVE). */
+	_Atomic uint64_t nhandles;
+	uint64_t user_max, root_max;
 };
+
+/* The descriptors kept from MOUNT/data's opens: a quarter of RLIMIT_NOFILE at the
+ * start, at least 64 and at most 4096; root's opens may use half of them. */
+#define DATA_FD_RESERVE_MIN 64
+#define DATA_FD_RESERVE_MAX 4096
+
+static void data_handles_init(struct data_ns *ns)
+{
+	struct rlimit rl;
+	uint64_t lim = 1024, reserve;
+
+	if (!getrlimit(RLIMIT_NOFILE, &rl))
+		lim = rl.rlim_cur == RLIM_INFINITY ? 1u << 20 : rl.rlim_cur;
+	reserve = lim / 4;
+	if (reserve < DATA_FD_RESERVE_MIN)
+		reserve = DATA_FD_RESERVE_MIN;
+	if (reserve > DATA_FD_RESERVE_MAX)
+		reserve = DATA_FD_RESERVE_MAX;
+	ns->user_max = lim > reserve ? lim - reserve : 0;
+	ns->root_max = lim > reserve / 2 ? lim - reserve / 2 : 0;
+}
+
+/* Counts one more open handle for who (NULL: the daemon's own uid); -ENFILE past the
+ * limit (struct data_ns, nhandles). data_handle_put gives it back. */
+static int data_handle_get(struct data_ns *ns, const struct data_cred *who)
+{
+	uint64_t max = !who || who->uid == 0 ? ns->root_max : ns->user_max;
+
+	if (atomic_fetch_add(&ns->nhandles, 1) >= max) {
+		atomic_fetch_sub(&ns->nhandles, 1);
+		return -ENFILE;
+	}
+	return 0;
+}
+
+static void data_handle_put(struct data_ns *ns)
+{
+	atomic_fetch_sub(&ns->nhandles, 1);
+}
 
 /* Links h (a data_file or data_dir) at the head of *head; caller holds ns->mu. */
 #define DATA_LINK(head, h)                       \
@@ -423,6 +471,7 @@ int data_ns_new(struct mlfs *m, const char *source, struct data_ns **out)
 	if (!ns)
 		return -ENOMEM;
 	ns->m = m;
+	data_handles_init(ns);
 	ns->own_uid = geteuid();
 	ns->own_gid = getegid();
 	/* More groups than that: as_caller switching stays off (data_as_caller). */
@@ -1300,13 +1349,18 @@ static void data_bind_paged_locked(struct data_node *n, struct data_file *f)
 int data_open(struct data_ns *ns, struct data_node *n, const struct data_cred *who,
 	      struct fuse_file_info *fi, struct data_file **out)
 {
-	struct data_file *f = calloc(1, sizeof(*f));
+	struct data_file *f;
 	int changed, refused = 0, rc;
 
-	if (!f)
+	if ((rc = data_handle_get(ns, who)))
+		return rc;
+	if (!(f = calloc(1, sizeof(*f)))) {
+		data_handle_put(ns);
 		return -ENOMEM;
+	}
 	if ((rc = data_file_init(ns, n, who, f, &changed, true))) {
 		free(f);
+		data_handle_put(ns);
 		return rc;
 	}
 	/*
@@ -1334,6 +1388,7 @@ int data_open(struct data_ns *ns, struct data_node *n, const struct data_cred *w
 		pthread_mutex_unlock(&ns->mu);
 		close(f->fd);
 		free(f);
+		data_handle_put(ns);
 		return -ESTALE;
 	}
 	if (pt_active() && f->size < ns->m->cfg.passthrough_min)
@@ -1391,6 +1446,7 @@ void data_release(struct data_ns *ns, struct data_file *f)
 		pt_backing_close(close_id);
 	close(f->fd);
 	free(f);
+	data_handle_put(ns);
 }
 
 /* Reads [off, off + len) of f from SOURCE into a new, unhashed block (counted, handed
@@ -1621,11 +1677,16 @@ int data_opendir(struct data_ns *ns, struct data_node *n, const struct data_cred
 
 	if ((rc = data_path(n, path, sizeof(path))))
 		return rc;
+	if ((rc = data_handle_get(ns, who)))
+		return rc;
 	d = calloc(1, sizeof(*d));
-	if (!d)
+	if (!d) {
+		data_handle_put(ns);
 		return -ENOMEM;
+	}
 	if ((as = data_as_caller(ns, who, 1)) < 0) {
 		free(d);
+		data_handle_put(ns);
 		return as;
 	}
 	fd = data_open_beneath(ns, path, O_RDONLY | O_DIRECTORY);
@@ -1644,6 +1705,7 @@ int data_opendir(struct data_ns *ns, struct data_node *n, const struct data_cred
 		if (fd >= 0)
 			close(fd);
 		free(d);
+		data_handle_put(ns);
 		return rc;
 	}
 	d->n = n;
@@ -1721,6 +1783,7 @@ void data_releasedir(struct data_ns *ns, struct data_dir *d)
 	pthread_mutex_unlock(&ns->mu);
 	closedir(d->dp);
 	free(d);
+	data_handle_put(ns);
 }
 
 /* The node of name in directory d, or NULL; caller holds ns->mu. */

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/sysinfo.h>
@@ -739,6 +740,7 @@ fail:
 static int mlfs_start(struct mlfs *m)
 {
 	struct tier_config tc;
+	struct rlimit rl;
 	int rc;
 
 	if ((rc = bc_new(m->cfg.block_size, m->cfg.mem_max, &m->bc)))
@@ -746,6 +748,14 @@ static int mlfs_start(struct mlfs *m)
 	mlfs_tier_config(&m->cfg, &tc);
 	if ((rc = tier_new(&tc, m->bc, &m->tier)))
 		return rc;
+	/* Each open of MOUNT/data holds a descriptor while the kernel keeps it (data.c
+	 * keeps a share of the limit for the daemon itself): take what the hard limit
+	 * allows, as the soft one is often 1024. Nothing here uses select(). */
+	if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &rl))
+			log_debug("mlfs: RLIMIT_NOFILE stays: %s", strerror(errno));
+	}
 	if ((rc = data_ns_new(m, m->cfg.source, &m->data)))
 		return fprintf(stderr, "mlfs: source %s: %s\n", m->cfg.source, strerror(-rc)), rc;
 	if ((rc = ckpt_ns_new(m, &m->ckpt)))

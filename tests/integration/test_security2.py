@@ -291,28 +291,22 @@ sys.stdin.readline()
 """
 
 
-def test_control_survives_a_user_holding_the_daemons_files(mounter, other_user):
-    """Every open of MOUNT/data costs the daemon a descriptor, so a user can make it
-    run out. The control channel's accept then failed with EMFILE, and its thread
-    took that for the shutdown and quit: every later mlfs-snap and mlfs-stat waited
-    forever, also once the user let go. It must wait out the shortage instead."""
-    import resource
+def test_control_survives_the_daemon_running_out_of_descriptors(mounter):
+    """Every open of MOUNT/data costs the daemon a descriptor, so a user could make it
+    run out (test_user_opens_leave_the_daemon_descriptors now keeps a share back). The
+    control channel's accept then failed with EMFILE, and its thread took that for the
+    shutdown and quit: every later mlfs-snap and mlfs-stat waited forever, also once
+    the descriptors were back. It must wait out the shortage instead. Here the
+    daemon's soft limit is cut to what it holds, then given back."""
     import subprocess
-    import sys
-    src = mounter.tempdir("src-")
-    os.mkdir(os.path.join(src, "d"))
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))   # the daemon inherits it
+    m = mounter(opts="allow_other")
+    before = subprocess.run(["prlimit", "--pid", str(m.pid), "--nofile", "--raw",
+                             "--noheadings", "--output=SOFT,HARD"], capture_output=True,
+                            text=True, check=True).stdout.split()
+    held = len(os.listdir(f"/proc/{m.pid}/fd"))
+    subprocess.run(["prlimit", "--pid", str(m.pid), f"--nofile={held}:{before[1]}"],
+                   check=True)
     try:
-        m = mounter(src=src, opts="allow_other")
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    uid, gid = other_user
-    hold = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
-                             sys.executable, "-c", HOLD_FDS, os.path.join(m.data, "d")],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        n, err = hold.stdout.readline().split()
         stat = subprocess.Popen([U.MLFS_STAT, "--json", m.mnt], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         try:
@@ -320,15 +314,50 @@ def test_control_survives_a_user_holding_the_daemons_files(mounter, other_user):
         except subprocess.TimeoutExpired:
             pass
     finally:
-        hold.communicate("go\n", timeout=60)
+        subprocess.run(["prlimit", "--pid", str(m.pid), f"--nofile={before[0]}:{before[1]}"],
+                       check=True)
     try:
         stat.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         stat.kill()
         stat.communicate()
-        pytest.fail(f"mlfs-stat hung after the user (who held {n} opens, then "
-                    f"errno {err}) let go")
-    assert int(n) < 256 and int(err) == errno.EMFILE, (n, err)   # the daemon ran out
+        pytest.fail("mlfs-stat hung after the daemon got its descriptors back")
     r = S.snap("take", m.mnt, "after", "--wait", timeout=60)
     assert r.rc == 0, r
+    assert U.pid_alive(m.pid)
+
+
+def test_user_opens_leave_the_daemon_descriptors(mounter, other_user, monkeypatch):
+    """Each open of MOUNT/data holds a SOURCE descriptor in the daemon. A user who
+    opened until refused left the daemon none: root's reads of MOUNT/data and every
+    take failed with EMFILE while the user held them. A user's opens are refused
+    (ENFILE) before the daemon's limit, keeping a share for root and the daemon."""
+    import subprocess
+    import sys
+    src = mounter.tempdir("src-")
+    os.mkdir(os.path.join(src, "d"))
+    with open(os.path.join(src, "f"), "wb") as f:
+        f.write(b"root reads me\n")
+    wrapper = os.path.join(mounter.tempdir("bin-"), "mlfs")
+    with open(wrapper, "w") as f:   # a hard limit of 256 the daemon cannot raise
+        f.write(f"#!/bin/sh\nexec prlimit --nofile=256:256 {U.MLFS} \"$@\"\n")
+    os.chmod(wrapper, 0o755)
+    monkeypatch.setattr(U, "MLFS", wrapper)
+    m = mounter(src=src, opts="allow_other")
+    monkeypatch.undo()
+    uid, gid = other_user
+    hold = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
+                             sys.executable, "-c", HOLD_FDS, os.path.join(m.data, "d")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        n, err = (int(x) for x in hold.stdout.readline().split())
+        assert err == errno.ENFILE and n < 256, (n, err)
+        with open(os.path.join(m.data, "f"), "rb") as f:
+            assert f.read() == b"root reads me\n"
+        with open(os.path.join(m.ckpt, "model.pt"), "wb") as f:
+            f.write(os.urandom(3 << 20))
+        r = S.snap("take", m.mnt, "held", "--wait", timeout=60)
+        assert r.rc == 0, r
+    finally:
+        hold.communicate("go\n", timeout=60)
     assert U.pid_alive(m.pid)
