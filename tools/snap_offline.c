@@ -446,16 +446,80 @@ static uint32_t max_block(const struct mf_manifest *m)
 	return b;
 }
 
-int snap_restore(const char *store_dir, const char *name, const char *to)
+/*
+ * The tree is built by path under a stage beside to, so every directory above it must
+ * be one that nobody but root and the caller can change: otherwise another user could
+ * rename the stage (or a directory above) away and put a symlink in its place between
+ * two steps, and the files (whose bytes any user of MOUNT/ckpt may have written) would
+ * be made wherever it points, as root. Each directory of to's parent, symlinks resolved
+ * (realpath), must be owned by root or the caller and writable by no one else but in a
+ * sticky directory (/tmp), where others cannot rename what is not theirs. Sets *out to
+ * to's absolute form under that resolved parent (handed over); -errno after one line.
+ */
+static int target_safe(const char *to, char **out)
+{
+	char *dup = strdup(to), *base, *real = NULL, *p;
+	size_t len;
+	int rc = 0;
+
+	if (!dup)
+		return -ENOMEM;
+	for (len = strlen(dup); len > 1 && dup[len - 1] == '/'; len--)
+		dup[len - 1] = 0;
+	base = strrchr(dup, '/');
+	if (base)
+		*base++ = 0;
+	else
+		base = dup;
+	if (!*base || !strcmp(base, ".") || !strcmp(base, "..")) {
+		say("%s: name a new or empty directory", to);
+		rc = -EINVAL;
+		goto out;
+	}
+	if (!(real = realpath(base == dup ? "." : *dup ? dup : "/", NULL))) {
+		rc = -errno;
+		say("%s: %s", to, strerror(errno));
+		goto out;
+	}
+	for (p = real;; p++) {
+		struct stat st;
+		char c = *p;
+
+		if (c != '/' && c != 0)
+			continue;
+		*p = 0;
+		if (lstat(p == real ? "/" : real, &st)) {
+			rc = -errno;
+			say("%s: %s", p == real ? "/" : real, strerror(errno));
+		} else if ((st.st_uid != 0 && st.st_uid != geteuid()) ||
+			   ((st.st_mode & 0022) && !(st.st_mode & S_ISVTX))) {
+			rc = -EPERM;
+			say("%s: refusing to restore below %s: another user can change it (owner "
+			    "uid %u, mode %o)", to, p == real ? "/" : real, (unsigned)st.st_uid,
+			    (unsigned)(st.st_mode & 07777));
+		}
+		*p = c;
+		if (rc || !c)
+			break;
+	}
+	if (!rc && asprintf(out, "%s/%s", strcmp(real, "/") ? real : "", base) < 0)
+		rc = -ENOMEM;
+out:
+	free(real);
+	free(dup);
+	return rc;
+}
+
+int snap_restore(const char *store_dir, const char *name, const char *to_arg)
 {
 	struct restore r = { 0 };
 	struct mf_manifest *m = NULL;
-	char *stage = NULL, *slash, *parent = NULL;
+	char *stage = NULL, *slash, *parent = NULL, *to = NULL;
 	int rc, status = 1, fd;
 
 	if (open_store(store_dir, STORE_RDONLY, &r.s))
 		return 1;
-	if (load(r.s, store_dir, name, &m) || target_ok(to))
+	if (load(r.s, store_dir, name, &m) || target_safe(to_arg, &to) || target_ok(to))
 		goto out;
 	/* A sibling, so the final rename stays within one filesystem. */
 	if (asprintf(&stage, "%s.mlfs-restore.%ld", to, (long)getpid()) < 0)
@@ -511,6 +575,7 @@ out:
 	free(r.buf);
 	free(parent);
 	free(stage);
+	free(to);
 	mf_free(m);
 	store_close(r.s);
 	return status;

@@ -361,3 +361,34 @@ def test_user_opens_leave_the_daemon_descriptors(mounter, other_user, monkeypatc
     finally:
         hold.communicate("go\n", timeout=60)
     assert U.pid_alive(m.pid)
+
+
+def test_offline_restore_refuses_a_place_another_user_can_change(mounter, other_user):
+    """restore --store --to builds the tree in TO.mlfs-restore.PID and writes every file
+    by its path under it. Run by root below a directory another user owns (or may
+    write to), that user could rename the stage away and put a symlink to /etc in its
+    place between two steps: root then created the snapshot's files, whose bytes any
+    user of MOUNT/ckpt may have written, wherever the symlink pointed. Such a place is
+    refused before anything is made; a sticky directory of root's (/tmp) is fine."""
+    m = mounter(opts="allow_other")
+    with open(os.path.join(m.ckpt, "f"), "wb") as f:
+        f.write(b"restored\n")
+    S.snap_ok("take", m.mnt, "s1", "--wait")
+    theirs = mounter.tempdir("theirs-")
+    os.chown(theirs, *other_user)
+    os.mkdir(os.path.join(theirs, "sub"))   # root's, but below theirs
+    for to in (os.path.join(theirs, "r"), os.path.join(theirs, "sub", "r")):
+        r = S.snap("restore", "--store", m.store, "s1", "--to", to)
+        assert r.rc != 0 and theirs in r.err, r
+        assert sorted(os.listdir(theirs)) == ["sub"] and not os.listdir(
+            os.path.join(theirs, "sub")), os.listdir(theirs)
+    open_dir = mounter.tempdir("open-")
+    os.chmod(open_dir, 0o777)
+    r = S.snap("restore", "--store", m.store, "s1", "--to", os.path.join(open_dir, "r"))
+    assert r.rc != 0 and open_dir in r.err, r
+    sticky = mounter.tempdir("sticky-")
+    os.chmod(sticky, 0o1777)
+    for to in (os.path.join(sticky, "r"), os.path.join(sticky, "r2/")):
+        S.snap_ok("restore", "--store", m.store, "s1", "--to", to)
+        with open(os.path.join(to, "f"), "rb") as f:
+            assert f.read() == b"restored\n"
