@@ -400,8 +400,11 @@ static int restore_paths(struct restore *r)
 	for (size_t i = 0; i < n; i++) {
 		int len = mf_path(r->m, i, rel, sizeof(rel));
 
-		if (len < 0)
+		/* Any user may nest MOUNT/ckpt past PATH_MAX; the tree is written by path. */
+		if (len < 0) {
+			say("%s: a path of the snapshot: %s", r->stage, strerror(-len));
 			return len;
+		}
 		if (asprintf(&r->paths[i], "%s%s%s", r->stage, len ? "/" : "", rel) < 0)
 			return -ENOMEM;
 	}
@@ -532,7 +535,8 @@ int snap_restore(const char *store_dir, const char *name, const char *to_arg)
 	r.stage = stage;
 	r.buf = malloc(max_block(m));
 	if (!r.buf || (rc = restore_paths(&r))) {
-		say("out of memory");
+		if (!r.buf || rc == -ENOMEM)
+			say("out of memory");
 		goto out_partial;
 	}
 	if ((rc = restore_create(&r)) || (rc = restore_meta(&r)))

@@ -392,3 +392,30 @@ def test_offline_restore_refuses_a_place_another_user_can_change(mounter, other_
         S.snap_ok("restore", "--store", m.store, "s1", "--to", to)
         with open(os.path.join(to, "f"), "rb") as f:
             assert f.read() == b"restored\n"
+
+
+def test_offline_restore_of_a_tree_deeper_than_path_max_says_so(mounter, other_user):
+    """Any user may nest directories in MOUNT/ckpt past PATH_MAX (each step relative).
+    The daemon's take and restore handle any depth; restore --store --to writes by
+    path and cannot, and said "out of memory". It must name the real cause."""
+    m = mounter(opts="allow_other")
+    os.chmod(m.ckpt, 0o1777)
+
+    def nest():
+        fd = os.open(m.ckpt, os.O_RDONLY)
+        for _ in range(30):   # 30 * 201 bytes: past PATH_MAX
+            os.mkdir("d" * 200, dir_fd=fd)
+            nfd = os.open("d" * 200, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        os.close(fd)
+        return True
+
+    assert as_other(other_user, nest) == ["ok", True]
+    S.snap_ok("take", m.mnt, "deep", "--wait")
+    S.snap_ok("restore", m.mnt, "deep")
+    to = os.path.join(mounter.tempdir("to-"), "r")
+    r = S.snap("restore", "--store", m.store, "deep", "--to", to)
+    assert r.rc != 0 and "out of memory" not in r.err, r
+    assert os.strerror(errno.ENAMETOOLONG) in r.err, r
+    assert U.pid_alive(m.pid)
