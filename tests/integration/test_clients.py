@@ -302,7 +302,8 @@ def test_fio_randwrite_verify(mounter, tmp_path, engine, direct):
     run(["fio", "--name=v", f"--directory={d}", f"--ioengine={engine}", f"--direct={direct}",
          "--rw=randwrite", "--bsrange=512-64k", "--size=8m", "--numjobs=3", "--iodepth=8",
          "--verify=crc32c", "--verify_fatal=1", "--do_verify=1", "--verify_backlog=128",
-         "--group_reporting", f"--output={tmp_path / 'fio.log'}"], f"fio {engine}")
+         "--group_reporting", f"--output={tmp_path / 'fio.log'}"], f"fio {engine}",
+        cwd=str(tmp_path))  # a failed verify leaves its state files in the cwd
     with open(tmp_path / "fio.log") as f:
         log = f.read()
     assert "err= 0" in log and "verify" not in log.replace("--verify", ""), log[-3000:]
@@ -447,3 +448,61 @@ def test_dataloader_memmap_mmap_small_budget(mounter):
     assert st["source_bytes_read"] > 2 * 8 * MiB, f"the 8 MiB budget held all: {st}"
     assert st["csum_errors"] == 0, st
     assert_alive(m, "DataLoader")
+
+
+# --- a snapshot taken while a writer was open ----------------------------------------------
+
+def usable(store):
+    """Names of the durable snapshots in store that `latest` may pick (no file open for
+    writing at the take)."""
+    return sorted(n for n, e in S.list_json(store, store=True).items()
+                  if e["state"] in S.STORED and not e.get("open_for_write"))
+
+
+def test_final_snapshot_after_writer_closed_is_latest(mounter, tmp_path):
+    """A snapshot taken while a file was open for writing is never latest; the file then
+    closed with no write since, and the clean unmount took no final snapshot, so
+    restore latest found nothing (before: 'no snapshot usable as latest'). Now the
+    closed writer makes the tree "changed" again and the unmount snapshot is latest."""
+    m = mounter()
+    data = os.urandom(300000)
+    with open(os.path.join(m.ckpt, "model.pt"), "wb") as f:
+        f.write(data)
+        f.flush()
+        r = S.snap_ok("take", m.mnt, "s1", "--wait")
+        assert "open for writing" in r.out, r
+    errs = mounter.teardown(m)  # unmounts and waits for the daemon's final persist
+    assert not errs, errs
+    got = usable(m.store)
+    assert got and got[0].startswith("unmount-"), \
+        f"no snapshot usable as latest after a clean unmount: {S.list_json(m.store, True)}"
+    out = str(tmp_path / "latest")
+    S.snap_ok("restore", "--store", m.store, "latest", "--to", out)
+    with open(os.path.join(out, "model.pt"), "rb") as f:
+        U.assert_bytes(f.read(), data, "model.pt restored as latest")
+
+
+def test_autosnap_retakes_once_the_writer_closes(mounter):
+    """autosnap=1s: its snapshots while a writer stays open (and nothing changes) are
+    not latest and not repeated; once the writer closes, the next one is latest (before:
+    none came, the tree's generation had not moved)."""
+    m = mounter(opts="autosnap=1s")
+    f = open(os.path.join(m.ckpt, "model.pt"), "wb")
+    try:
+        f.write(b"w" * 100000)
+        f.flush()
+        deadline = time.monotonic() + 60
+        while not S.list_json(m.mnt):
+            assert time.monotonic() < deadline, "no autosnap within 60 s"
+            time.sleep(0.1)
+        time.sleep(2.5)  # two more intervals with the writer open and nothing written
+        snaps = S.list_json(m.mnt)
+        assert len(snaps) == 1 and all(e.get("open_for_write") == 1
+                                       for e in snaps.values()), snaps
+    finally:
+        f.close()
+    deadline = time.monotonic() + 60
+    while not usable(m.store):
+        assert time.monotonic() < deadline, \
+            f"no usable autosnap within 60 s of the close: {S.list_json(m.mnt)}"
+        time.sleep(0.1)
