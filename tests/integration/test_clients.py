@@ -288,6 +288,31 @@ def test_cp_and_tar_round_trips_keep_xattrs_acls_links(mounter, tmp_path):
     assert_alive(m, "cp/tar")
 
 
+def test_data_hard_links_through_cp_and_tar(mounter, tmp_path):
+    """MOUNT/data shows SOURCE's hard links as SOURCE does, one st_ino for every name of a
+    file (before: each name had its own number with nlink 2, so cp -a and tar out of
+    MOUNT/data made copies and du counted them twice), and cp -a and tar from MOUNT/data
+    into MOUNT/ckpt give SOURCE's tree back: links, xattrs, ACLs, modes, mtimes."""
+    need("setfacl")
+    need("tar")
+    m = mounter()
+    src = os.path.join(m.src, "rich")
+    make_rich_tree(src)
+    want = tree(src)
+    d = os.path.join(m.data, "rich")
+    ino = {p: os.lstat(os.path.join(d, p)).st_ino for p in ("a", "hl", "big", "d/hl2", "sl")}
+    assert ino["a"] == ino["hl"] and ino["big"] == ino["d/hl2"], ino
+    assert len({ino["a"], ino["big"], ino["sl"], os.lstat(d).st_ino}) == 4, ino
+    assert_same_tree(tree(d), want, "MOUNT/data")
+    run(["cp", "-a", d, os.path.join(m.ckpt, "cp")], "cp -a data -> ckpt")
+    assert_same_tree(tree(os.path.join(m.ckpt, "cp")), want, "cp -a out of MOUNT/data")
+    out = os.path.join(m.ckpt, "tx")
+    os.mkdir(out)
+    flags = "--xattrs --xattrs-include=* --acls"
+    run(["sh", "-c", f"tar {flags} -cpf - -C {d} . | tar {flags} -xpf - -C {out}"],
+        "tar data -> ckpt")
+    assert_same_tree(tree(out), want, "tar out of MOUNT/data")
+
 # --- fio -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("engine,direct", [("psync", 0), ("libaio", 1), ("io_uring", 0),
