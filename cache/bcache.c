@@ -462,6 +462,15 @@ uint64_t bc_pool_fill(struct bc *bc)
 	return added;
 }
 
+/* Sets b->buf, as an atomic store: bc_block_resident reads it without the shard lock
+ * (ckpt_read asks whether to read ahead), and a plain store beside that atomic load is
+ * a data race (TSan: stress-ng's I/O stressors while the tier evicts under an 8 MiB
+ * budget). Relaxed: whoever uses the buffer takes the shard lock first. */
+static void bc_set_buf(struct bc_block *b, void *buf)
+{
+	__atomic_store_n(&b->buf, buf, __ATOMIC_RELAXED);
+}
+
 /* Frees b's buffer; with `pool`, into the pool when it fits there. Only buffers the job
  * let go of are pooled (a checkpoint block freed by its last put: a file truncated,
  * unlinked or replaced, a snapshot persisted); an eviction frees memory to meet the
@@ -472,7 +481,7 @@ static void bc_buf_free(struct bc *bc, struct bc_block *b, bool pool)
 
 	if (!buf)
 		return;
-	b->buf = NULL;
+	bc_set_buf(b, NULL);
 	atomic_fetch_sub(&bc->mem_bytes, b->cap);
 	atomic_fetch_sub(&bc->resident[b->cls], 1);
 	if (b->cls == BC_CKPT && !(b->flags & BC_STORED))
@@ -510,11 +519,14 @@ static int bc_buf_alloc(struct bc *bc, struct bc_block *b, uint32_t cap, bool ze
 {
 	/* A block-sized buffer comes from the pool when it has one (not zeroed: see
 	 * "Buffer pool"); anything else, or an empty pool, from malloc. */
-	if (cap == bc->block_size && (b->buf = bc_pool_get(bc))) {
+	void *buf;
+
+	if (cap == bc->block_size && (buf = bc_pool_get(bc))) {
+		bc_set_buf(b, buf);
 		cap = bc->pool_cap;
 		goto counted;
 	}
-	b->buf = zero ? calloc(1, cap ? cap : 1) : malloc(cap ? cap : 1);
+	bc_set_buf(b, zero ? calloc(1, cap ? cap : 1) : malloc(cap ? cap : 1));
 	if (!b->buf)
 		return -ENOMEM;
 	{
@@ -1187,7 +1199,7 @@ int bc_block_reserve(struct bc *bc, struct bc_block *b, uint32_t cap)
 	atomic_fetch_add(&bc->mem_bytes, cap - b->cap);
 	if (!(b->flags & BC_STORED))
 		atomic_fetch_add(&bc->dirty_bytes, cap - b->cap);
-	b->buf = nb;
+	bc_set_buf(b, nb);
 	b->cap = cap;
 	bc_pool_trim(bc);
 	return 0;
@@ -1548,7 +1560,7 @@ static void bc_load_end_as(struct bc *bc, struct bc_block *b, void *buf, int rc,
 		else
 			b->flags &= ~BC_AHEAD;
 		bc_list_del(bc_list_of(s, b), b);
-		b->buf = buf;
+		bc_set_buf(b, buf);
 		b->cap = bc_footprint(buf);
 		atomic_fetch_add(&bc->mem_bytes, b->cap);
 		atomic_fetch_add(&bc->resident[b->cls], 1);

@@ -221,6 +221,9 @@ struct ckpt_ns {
 	struct ckpt_file *files; /* write handles not released: the same reason, all_mu */
 	uint64_t freeze_epoch;
 	_Atomic uint64_t gen; /* bumped by every change: ckpt_generation() */
+	/* Every inode's nwrite summed (invariant 6), changed with it under mu; read
+	 * without a lock by ckpt_writing(). */
+	_Atomic uint64_t nwriting;
 };
 
 static void ckpt_changed(struct ckpt_ns *ns)
@@ -1248,24 +1251,30 @@ int ckpt_open(struct ckpt_ns *ns, struct ckpt_inode *ino, int flags, pid_t pid,
 		ckpt_file_link(ns, f);
 	pthread_mutex_lock(&ns->mu);
 	ino->nopen++;
-	if (f)
+	if (f) {
 		ino->nwrite++;
+		atomic_fetch_add(&ns->nwriting, 1);
+	}
 	pthread_mutex_unlock(&ns->mu);
 	*fp = f;
 	return 0;
 }
 
-/* Sets or clears f->writing and counts it in nwrite (invariant 6). Under ns->mu. */
-static void ckpt_file_set_writing_locked(struct ckpt_inode *ino, struct ckpt_file *f, bool on)
+/* Sets or clears f->writing and counts it in nwrite (invariant 6) and ns->nwriting.
+ * Under ns->mu. */
+static void ckpt_file_set_writing_locked(struct ckpt_ns *ns, struct ckpt_inode *ino,
+					 struct ckpt_file *f, bool on)
 {
 	if (atomic_load_explicit(&f->writing, memory_order_relaxed) == on)
 		return;
 	atomic_store_explicit(&f->writing, on, memory_order_relaxed);
 	if (on) {
 		ino->nwrite++;
+		atomic_fetch_add(&ns->nwriting, 1);
 	} else {
-		assert(ino->nwrite > 0);
+		assert(ino->nwrite > 0 && atomic_load(&ns->nwriting) > 0);
 		ino->nwrite--;
+		atomic_fetch_sub(&ns->nwriting, 1);
 	}
 }
 
@@ -1277,7 +1286,7 @@ void ckpt_file_flush(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_fil
 	if (pid != f->opener)
 		return;
 	pthread_mutex_lock(&ns->mu);
-	ckpt_file_set_writing_locked(ino, f, false);
+	ckpt_file_set_writing_locked(ns, ino, f, false);
 	pthread_mutex_unlock(&ns->mu);
 }
 
@@ -1287,7 +1296,7 @@ void ckpt_file_write(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_fil
 	if (atomic_load_explicit(&f->writing, memory_order_relaxed))
 		return;
 	pthread_mutex_lock(&ns->mu);
-	ckpt_file_set_writing_locked(ino, f, true);
+	ckpt_file_set_writing_locked(ns, ino, f, true);
 	pthread_mutex_unlock(&ns->mu);
 }
 
@@ -1297,7 +1306,7 @@ void ckpt_release(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_file *
 	assert(ino->nopen > 0);
 	ino->nopen--;
 	if (f)
-		ckpt_file_set_writing_locked(ino, f, false);
+		ckpt_file_set_writing_locked(ns, ino, f, false);
 	ckpt_maybe_free(ns, ino);
 	pthread_mutex_unlock(&ns->mu);
 	ckpt_file_unlink_free(ns, f);
@@ -2151,6 +2160,11 @@ void ckpt_releasedir(struct ckpt_ns *ns, struct ckpt_dir *d)
 uint64_t ckpt_generation(struct ckpt_ns *ns)
 {
 	return atomic_load(&ns->gen);
+}
+
+uint64_t ckpt_writing(struct ckpt_ns *ns)
+{
+	return atomic_load(&ns->nwriting);
 }
 
 static int64_t ckpt_ns_of(struct timespec ts)

@@ -179,6 +179,9 @@ int ckpt_freeze(struct ckpt_ns *ns, const char *name, struct ckpt_frozen **out);
 void ckpt_frozen_free(struct ckpt_ns *ns, struct ckpt_frozen *f);
 /* Counts changes to the tree; equal values mean nothing changed in between. */
 uint64_t ckpt_generation(struct ckpt_ns *ns);
+/* Handles open for writing now, in the tree or not (a freeze flags the files of those
+ * in the tree MF_ENTRY_OPEN_WRITE); 0 once every writer closed or released. */
+uint64_t ckpt_writing(struct ckpt_ns *ns);
 /*
  * Makes the tree the manifest's, in one step under the namespace lock: no reader sees
  * a mix. File blocks start non-resident, as store objects (bc_block_new_stored), and

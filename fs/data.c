@@ -710,7 +710,23 @@ static void data_put_fd(struct data_ns *ns, int fd)
  * would allow is refused with EROFS by the handler, the errno ext4 mounted ro gives. */
 static void data_fill_attr(const struct data_node *n, struct stat *st)
 {
-	st->st_ino = n->hdr.st_ino;
+	/* A node's own number, so a file replaced under its name shows a new one; but a
+	 * file SOURCE holds under several names (st_nlink > 1, not a directory) shows one
+	 * number derived from its st_dev and st_ino at every name, as SOURCE does, so that
+	 * cp -a, tar, rsync -H and du keep or count its hard links (with a number per node
+	 * each name was a file of its own with nlink 2: cp -a out of MOUNT/data made
+	 * copies). Bit 63 keeps these apart from the counters (MOUNT/data's from 16,
+	 * MOUNT/ckpt's from 2^40); two such files share one only if XXH3 of their (dev,
+	 * ino) collide in 63 bits. Computed from st, the attributes of the file n stands
+	 * for, so nothing is stored: a file whose last other name goes shows its node's
+	 * number again. */
+	if (!S_ISDIR(st->st_mode) && st->st_nlink > 1) {
+		uint64_t key[2] = { st->st_dev, st->st_ino };
+
+		st->st_ino = (1ull << 63) | XXH3_64bits(key, sizeof(key));
+	} else {
+		st->st_ino = n->hdr.st_ino;
+	}
 }
 
 static void data_grow_locked(struct data_ns *ns)

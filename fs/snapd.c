@@ -73,6 +73,7 @@ struct snapd {
 	pthread_t persister, autosnap;
 	int started, stopping;
 	uint64_t durable_gen;	  /* ckpt generation the newest durable snapshot holds */
+	uint64_t durable_open_writes; /* that snapshot's open_writes (0 after a restore) */
 	int have_durable;	  /* durable_gen is known (a persist or restore happened) */
 	double delta_s;		  /* last measured persist time */
 	uint64_t delta_bytes;
@@ -218,17 +219,23 @@ static void snapd_mark_stored(struct snapd *sd, struct snapd_job *job)
 }
 
 /* True when MOUNT/ckpt holds changes that no durable or pending snapshot covers.
- * Under sd->mu. */
+ * A snapshot taken while files were open for writing is never latest, so once every
+ * writer has closed it covers the tree no more: the same tree taken again is usable as
+ * latest (a close after the take's instant, with no write since, left the gen alone and
+ * the final snapshot and autosnap skipped it: restore=latest then gave an older
+ * snapshot, or none). While a writer is still open a new take would be no better, so
+ * none is taken. Under sd->mu. */
 static int snapd_changed_locked(struct snapd *sd)
 {
 	uint64_t gen = ckpt_generation(sd->m->ckpt);
+	int writing = ckpt_writing(sd->m->ckpt) > 0;
 
 	if (!sd->have_durable && gen == 0)
 		return 0; /* a new, empty tree that never held anything */
-	if (sd->have_durable && gen == sd->durable_gen)
+	if (sd->have_durable && gen == sd->durable_gen && (!sd->durable_open_writes || writing))
 		return 0;
 	for (struct snapd_job *j = sd->jobs; j; j = j->next)
-		if (j->state == JOB_PENDING && j->gen == gen)
+		if (j->state == JOB_PENDING && j->gen == gen && (!j->open_writes || writing))
 			return 0;
 	return 1;
 }
@@ -284,6 +291,7 @@ static void snapd_run_job(struct snapd *sd, struct snapd_job *job)
 		/* Only a durable snapshot covers the tree: a failed one leaves its changes
 		 * for the next take, autosnap or the final rule (invariant 1). */
 		sd->durable_gen = job->gen;
+		sd->durable_open_writes = job->open_writes;
 		sd->have_durable = 1;
 	}
 	ckpt_frozen_free(sd->m->ckpt, job->fz);
@@ -872,6 +880,9 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 		/* The tree is now a durable snapshot's, as of the swap. */
 		pthread_mutex_lock(&sd->mu);
 		sd->durable_gen = gen;
+		/* A tree restored from a snapshot that held a file open for writing keeps
+		 * that snapshot as what covers it: closing nothing makes it whole. */
+		sd->durable_open_writes = 0;
 		sd->have_durable = 1;
 		snprintf(sd->last, sizeof(sd->last), "%s", name);
 		pthread_mutex_unlock(&sd->mu);

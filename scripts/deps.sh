@@ -5,11 +5,11 @@
 set -eu
 level=${1:-build}
 pkgs="build-essential pkg-config libfuse3-dev fuse3 liburing-dev liblz4-dev libxxhash-dev"
-test_pkgs="clang python3 python3-pytest python3-numpy python3-matplotlib python3-torch stress-ng e2fsprogs util-linux kmod acl bindfs glusterfs-server glusterfs-client iproute2 procps strace"
+test_pkgs="clang python3 python3-pytest python3-numpy python3-matplotlib python3-torch stress-ng fio git tar e2fsprogs util-linux kmod acl bindfs glusterfs-server glusterfs-client iproute2 procps strace"
 case $level in
 build) ;;
 test) pkgs="$pkgs $test_pkgs" ;;
-bench) pkgs="$pkgs $test_pkgs fio mergerfs" ;;
+bench) pkgs="$pkgs $test_pkgs mergerfs" ;;
 *) echo "deps.sh: unknown level '$level' (build, test or bench)" >&2; exit 2 ;;
 esac
 missing=""
