@@ -95,7 +95,7 @@ struct ckpt_inode {
 	uint32_t nlink;
 	dev_t rdev;
 	uint64_t size;
-	uint64_t data_bytes; /* sum of its blocks' len: st_blocks; invariant 3 as size */
+	uint64_t data_bytes; /* sum of ckpt_alloc(its blocks' len): st_blocks; invariant 3 */
 	struct timespec atime, mtime, ctime;
 	uint64_t nlookup;
 	/* An O_TMPFILE file made without O_EXCL, not yet linked: link may give it its first
@@ -322,6 +322,14 @@ void ckpt_ns_free(struct ckpt_ns *ns)
 struct ckpt_inode *ckpt_root(struct ckpt_ns *ns)
 {
 	return ns->root;
+}
+
+/* What a block of len bytes counts in st_blocks: whole 4 KiB pages, as ext4 counts its
+ * 4 KiB blocks (a 100-byte file is 8 units there, and a page of memory here), so du and
+ * testers comparing st_blocks with a local file system agree. */
+static uint64_t ckpt_alloc(uint64_t len)
+{
+	return (len + 4095) & ~(uint64_t)4095;
 }
 
 static void ckpt_stat_locked(const struct ckpt_ns *ns, const struct ckpt_inode *ino,
@@ -590,13 +598,13 @@ static int ckpt_truncate_locked(struct ckpt_ns *ns, struct ckpt_inode *ino, uint
 	    bc_block_len(b) > tail) {
 		if ((rc = ckpt_block_for_write(ns, ino, keep - 1, tail, &b)))
 			return rc;
-		dropped += bc_block_len(b) - tail;
+		dropped += ckpt_alloc(bc_block_len(b)) - ckpt_alloc(tail);
 		bc_block_set_len(b, tail);
 		bc_write_end(ns->bc, b);
 	}
 	for (i = keep; i < ino->nblocks; i++) {
 		if (ino->blocks[i]) {
-			dropped += bc_block_len(ino->blocks[i]);
+			dropped += ckpt_alloc(bc_block_len(ino->blocks[i]));
 			bc_block_disown(ns->bc, ino->blocks[i]); /* readers may hold it */
 			ino->blocks[i] = NULL;
 		}
@@ -1336,7 +1344,7 @@ int ckpt_write(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *buf, size
 			memset(bbuf + blen, 0, boff - blen);
 		memcpy(bbuf + boff, buf + (pos - off), len);
 		if (boff + len > blen) {
-			grown += boff + len - blen;
+			grown += ckpt_alloc(boff + len) - ckpt_alloc(blen);
 			bc_block_set_len(b, boff + len);
 		}
 		bc_write_end(ns->bc, b);
@@ -1394,7 +1402,7 @@ static int ckpt_zero_range_locked(struct ckpt_ns *ns, struct ckpt_inode *ino, ui
 		b = ino->blocks[i];
 		if (!b || bstart < start || (end - bstart < bc_block_len(b)))
 			continue;
-		dropped += bc_block_len(b);
+		dropped += ckpt_alloc(bc_block_len(b));
 		bc_block_disown(ns->bc, b); /* readers may hold it */
 		ino->blocks[i] = NULL;
 	}
@@ -2289,7 +2297,7 @@ static struct ckpt_inode *ckpt_inode_from(struct ckpt_ns *ns, const struct mf_en
 	ino->inherited = ns->m->cfg.workers > 1;
 	for (uint64_t j = 0; e->type == MF_FILE && j < e->nblocks; j++)
 		if (!(e->blocks[j].flags & MF_BLOCK_HOLE))
-			ino->data_bytes += e->blocks[j].len;
+			ino->data_bytes += ckpt_alloc(e->blocks[j].len);
 	if (e->type == MF_SYMLINK && !(ino->target = strdup(e->target ? e->target : "")))
 		goto fail;
 	for (i = 0; i < e->nxattrs; i++) {
