@@ -424,6 +424,34 @@ def _xattrs(path):
     return out
 
 
+def _content_hash(fd, size, chunk=1 << 16):
+    """A hash of a file's bytes that costs its data, not its size (a sparse file of a
+    TiB): the chunks (aligned, of a fixed size) that SEEK_DATA finds and that are not
+    all zeros, each with its offset. Two file systems that place holes differently
+    (ext4 by 4 KiB, MOUNT/ckpt by its block) hash the same bytes the same."""
+    h = hashlib.md5()
+    zero = bytes(chunk)
+    pos, last = 0, -1
+    while pos < size:
+        try:
+            start = os.lseek(fd, pos, SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:
+                break
+            raise
+        end = os.lseek(fd, start, SEEK_HOLE)
+        c = start - start % chunk
+        while c < end:
+            if c > last:
+                b = os.pread(fd, chunk, c)
+                if b != zero[:len(b)]:
+                    h.update(struct.pack("<Q", c) + b)
+                last = c
+            c += chunk
+        pos = end
+    return h.hexdigest()
+
+
 def tree_state(W):
     """{relpath: (fields, times)} for everything under W (not W itself but its mode)."""
     out = {}
@@ -436,13 +464,7 @@ def tree_state(W):
             f["size"] = st.st_size
             fd = os.open(path, os.O_RDONLY | os.O_NOATIME | os.O_NOFOLLOW)
             try:
-                h = hashlib.md5()
-                while True:
-                    b = os.read(fd, 1 << 20)
-                    if not b:
-                        break
-                    h.update(b)
-                f["md5"] = h.hexdigest()
+                f["md5"] = _content_hash(fd, st.st_size)
             finally:
                 os.close(fd)
         elif stat.S_ISLNK(st.st_mode):
@@ -662,6 +684,78 @@ def gen_op(rng, ids):
                 ("getdents",), ("fsetxattr", "user.h", b"v", 0)]))
         else:
             op = ("unhold", slot)
+    return who, um, op
+
+
+def gen_op2(rng, ids):
+    """gen_op's operations half the time, and the rest of what directed2 covers the
+    other half: renameat2's flags and '.', '..' and trailing slashes in paths,
+    socket nodes, RLIMIT_FSIZE, writes and truncates at large offsets, pwrite with
+    O_APPEND, O_NOATIME and O_PATH opens, statx, utimensat of symlinks. No SEEK_DATA /
+    SEEK_HOLE or st_blocks: they differ by design at sub-block granularity (design.md)."""
+    if rng.random() < 0.5:
+        return gen_op(rng, ids)
+    who = rng.choice([0, 1, 1, 2, 2])
+    um = rng.choice(UMASKS)
+    suffix = lambda: rng.choice(["", "", "", "/", "/.", "/.."])  # noqa: E731
+    p = lambda: rng.choice(PATHS) + suffix()  # noqa: E731
+    k = rng.choice(["rename", "rename", "unlink", "rmdir", "mkdir", "socket", "fsize",
+                    "open2", "open2", "statx", "utimens", "access", "link", "open"])
+    if k == "rename":
+        # (RENAME_WHITEOUT only where it fails: the whiteout it leaves is a character
+        # device 0:0, which opens with ENXIO on ext4 and EACCES on a FUSE mount, nodev;
+        # directed2 covers its successes)
+        op = ("rename", p(), p(), rng.choice([0, RENAME_NOREPLACE, RENAME_EXCHANGE,
+                                              RENAME_EXCHANGE | RENAME_WHITEOUT]))
+    elif k in ("unlink", "rmdir"):
+        op = (k, p())
+    elif k == "mkdir":
+        op = ("mkdir", p(), rng.choice(MODES))
+    elif k == "socket":
+        op = ("socket", rng.choice(PATHS))
+    elif k == "fsize":
+        acts = [rng.choice([("write", rng.choice([None, 0, 990, 5000]), rng.choice([1, 20, 4096]),
+                             rng.randrange(1 << 30)),
+                            ("ftruncate", rng.choice([0, 999, 1000, 1001, 70000])),
+                            ("fstat",)]) for _ in range(rng.randrange(1, 4))]
+        op = ("fsize", rng.choice(PATHS), rng.choice([os.O_WRONLY, os.O_RDWR | os.O_CREAT,
+                                                      os.O_WRONLY | os.O_APPEND]),
+              rng.choice([1000, 4096]), acts)
+    elif k in ("open2", "open"):
+        flags = rng.choice([os.O_RDONLY, os.O_WRONLY, os.O_RDWR, os.O_PATH])
+        for f, pr in ((os.O_APPEND, 0.3), (os.O_NOATIME, 0.2), (os.O_CREAT, 0.3),
+                      (os.O_EXCL, 0.1), (os.O_TRUNC, 0.1), (os.O_NOFOLLOW, 0.1),
+                      (os.O_DIRECTORY, 0.05)):
+            if rng.random() < pr:
+                flags |= f
+        acts = []
+        for _ in range(rng.randrange(4)):
+            acts.append(rng.choice([
+                ("write", rng.choice([None, 0, 7, 1 << 20, (1 << 40) - 8192, (1 << 63) - 2]),
+                 rng.choice([1, 10, 5000]), rng.randrange(1 << 30)),
+                ("read", rng.choice([0, 3, 1 << 40]), 1 << 16),
+                # (not past 1 TiB, mlfs's largest file, where ext4 allows 16 TiB)
+                ("ftruncate", rng.choice([0, 5, 4097, 1 << 40, -1])),
+                # (not COLLAPSE_RANGE, INSERT_RANGE: the FUSE module refuses them,
+                # EOPNOTSUPP, where ext4 may say EINVAL, and changes the times first)
+                ("fallocate", rng.choice([0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_ZERO_RANGE,
+                                          FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE]),
+                 rng.choice([0, 1, 4096]), rng.choice([1, 4096, 8192])),
+                ("fstat",), ("fchmod", rng.choice(MODES)), ("getdents",)]))
+        op = (k, p(), flags, rng.choice(MODES), acts)
+    elif k == "statx":
+        op = ("statx", p(), rng.choice([0, AT_SYMLINK_NOFOLLOW, AT_STATX_FORCE_SYNC]),
+              rng.choice([STATX_BASIC_STATS, 0, 0x7, 0x200]))
+    elif k == "utimens":
+        spec = rng.choice([None, ((0, UTIME_NOW), (0, UTIME_OMIT)), ((5, 0), (0, UTIME_OMIT)),
+                           ((0, UTIME_OMIT), (0, UTIME_OMIT)), ((0, 10**9), (0, 0)),
+                           ((-5, 3), (1 << 33, 0))])
+        op = ("utimens", p(), spec, rng.random() < 0.5)
+    elif k == "access":
+        op = ("access", p(), rng.choice([os.F_OK, os.R_OK, os.W_OK, os.X_OK, 7]),
+              rng.choice([0, AT_EACCESS, AT_SYMLINK_NOFOLLOW, AT_EACCESS | AT_SYMLINK_NOFOLLOW]))
+    else:
+        op = ("link", p(), p(), rng.random() < 0.5)
     return who, um, op
 
 

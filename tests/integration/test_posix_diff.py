@@ -156,6 +156,25 @@ def test_random_sequences_match_ext4(mounter, ext4_ref, diff_users):
     assert not failed, f"{len(failed)} of {SEEDS} sequences differ:\n" + "\n".join(failed)
 
 
+def test_random_more_sequences_match_ext4(mounter, ext4_ref, diff_users):
+    """As test_random_sequences_match_ext4 with posix_diff.gen_op2: renameat2 with every
+    flag, '.', '..' and trailing slashes, sockets, RLIMIT_FSIZE, large offsets, O_APPEND
+    with pwrite, O_NOATIME and O_PATH, statx and utimensat of symlinks mixed in."""
+    ids, g = diff_users
+    m = mounter(opts="allow_other")
+    failed = []
+    for k in range(SEEDS // 2):
+        seed = U.SEED + 1000 + k
+        rng = random.Random(seed)
+        ops = [D.gen_op2(rng, ids) for _ in range(OPS)]
+        d = _compare(os.path.join(ext4_ref, f"q{seed}"), os.path.join(m.ckpt, f"q{seed}"),
+                     ids, g, ops)
+        if d:
+            failed.append(f"seed {seed}: {d[0][:3000]}")
+    assert U.pid_alive(m.pid), "the daemon died"
+    assert not failed, f"{len(failed)} of {SEEDS // 2} sequences differ:\n" + "\n".join(failed)
+
+
 def test_data_reads_no_more_than_source(mounter, test_root, diff_users):
     """MOUNT/data as an attacker sees it: two users try reads, listings and changes
     while root changes owners and modes in SOURCE between their attempts. A read or a
