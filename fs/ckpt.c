@@ -625,6 +625,23 @@ static int ckpt_acl_inherit_locked(struct ckpt_inode *dir, mode_t *mode,
 				   void **dacl);
 static int ckpt_xattr_attach(struct ckpt_inode *ino, const char *name, void *v, size_t size);
 
+/* The times a file can hold are ext4's (256-byte inodes: 1901-12-13 to 2446-05-10,
+ * whole seconds at either end), and a time set outside is clamped there as ext4's
+ * timestamp_truncate does: the FUSE module's own range is all of time64_t, so without
+ * this a utimensat stored what ext4 cannot (and what a snapshot's nanosecond times
+ * cannot either: ckpt_ns_of). */
+#define CKPT_TIME_MIN (-(1ll << 31))
+#define CKPT_TIME_MAX ((1ll << 34) - 1 - (1ll << 31))
+
+static struct timespec ckpt_ts_clamp(struct timespec ts)
+{
+	if (ts.tv_sec <= CKPT_TIME_MIN)
+		return (struct timespec){ .tv_sec = CKPT_TIME_MIN };
+	if (ts.tv_sec >= CKPT_TIME_MAX)
+		return (struct timespec){ .tv_sec = CKPT_TIME_MAX };
+	return ts;
+}
+
 int ckpt_setattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct stat *attr,
 		 int to_set, struct stat *out)
 {
@@ -658,13 +675,13 @@ int ckpt_setattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct stat *
 	if (to_set & FUSE_SET_ATTR_ATIME_NOW)
 		ino->atime = now;
 	else if (to_set & FUSE_SET_ATTR_ATIME)
-		ino->atime = attr->st_atim;
+		ino->atime = ckpt_ts_clamp(attr->st_atim);
 	if (to_set & FUSE_SET_ATTR_MTIME_NOW)
 		ino->mtime = now;
 	else if (to_set & FUSE_SET_ATTR_MTIME)
-		ino->mtime = attr->st_mtim;
+		ino->mtime = ckpt_ts_clamp(attr->st_mtim);
 	if (to_set & FUSE_SET_ATTR_CTIME)
-		ino->ctime = attr->st_ctim;
+		ino->ctime = ckpt_ts_clamp(attr->st_ctim);
 	else
 		ino->ctime = now;
 	ckpt_changed(ns);
@@ -2006,9 +2023,18 @@ uint64_t ckpt_generation(struct ckpt_ns *ns)
 	return atomic_load(&ns->gen);
 }
 
+/* A time as the manifest stores it, nanoseconds since the epoch in an int64: 1677 to
+ * 2262. A time outside (ckpt_ts_clamp allows up to 2446, as ext4) is saturated, so a
+ * snapshot restores such a file at the end of that range rather than at a wrapped
+ * time. */
 static int64_t ckpt_ns_of(struct timespec ts)
 {
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+	int64_t ns;
+
+	if (__builtin_mul_overflow((int64_t)ts.tv_sec, (int64_t)1000000000, &ns) ||
+	    __builtin_add_overflow(ns, (int64_t)ts.tv_nsec, &ns))
+		return ts.tv_sec < 0 ? INT64_MIN : INT64_MAX;
+	return ns;
 }
 
 static struct timespec ckpt_ts_of(int64_t ns)

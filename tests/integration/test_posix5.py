@@ -1,7 +1,8 @@
 """MOUNT/ckpt, POSIX semantics part 5: what a random-operation tester checks that one
 operation at a time cannot show: readdir while other names come and go (every entry
 present for the whole listing is returned exactly once, none twice), and the mount's
-own boundaries (copy_file_range within and across it, the mount root). Every
+own boundaries (copy_file_range within and across it, the mount root), and the range
+of times a file can hold, in the tree and through a snapshot. Every
 expectation is ext4's: MLFS_TEST_NATIVE=1 checks them against the local ext4.
 """
 import errno
@@ -12,6 +13,8 @@ import threading
 import pytest
 
 import mlfs_util as U
+import snap_util as S
+from snap_util import snapenv  # noqa: F401  (fixture)
 
 
 def p(ckpt, *parts):
@@ -207,3 +210,50 @@ def test_mount_root_and_its_two_trees_cannot_go(mounter):
     os.mkdir(os.path.join(m.ckpt, "d"))
     U.expect_errno(errno.EROFS, os.rename, os.path.join(m.ckpt, "d"), m.data)
     assert os.path.isdir(m.ckpt) and os.path.isdir(m.data)
+
+
+# ext4's range of times (256-byte inodes), whole seconds at either end.
+EXT4_TIME_MIN, EXT4_TIME_MAX = -(1 << 31), (1 << 34) - 1 - (1 << 31)
+NS = 10**9
+
+
+@pytest.mark.parametrize("atime, mtime, want", [
+    ((-(1 << 40), 5), ((1 << 40), 7), (EXT4_TIME_MIN * NS, EXT4_TIME_MAX * NS)),
+    ((EXT4_TIME_MIN, 5), (EXT4_TIME_MAX, 7), (EXT4_TIME_MIN * NS, EXT4_TIME_MAX * NS)),
+    ((EXT4_TIME_MIN + 1, 5), (EXT4_TIME_MAX - 1, 7),
+     ((EXT4_TIME_MIN + 1) * NS + 5, (EXT4_TIME_MAX - 1) * NS + 7)),
+    ((-5, 3), ((1 << 62), 999999999), (-5 * NS + 3, EXT4_TIME_MAX * NS)),
+])
+def test_utimensat_clamps_to_ext4s_range(ckpt, atime, mtime, want):
+    """A time set outside 1901-12-13..2446-05-10 is clamped to that end with no
+    nanoseconds, as ext4 does (the FUSE module itself takes any time64_t); inside it is
+    kept to the nanosecond."""
+    f = p(ckpt, "t")
+    touch(f)
+    os.utime(f, ns=(atime[0] * NS + atime[1], mtime[0] * NS + mtime[1]))
+    st = os.stat(f)
+    assert (st.st_atime_ns, st.st_mtime_ns) == want
+
+
+@pytest.mark.daemon
+def test_times_past_2262_survive_a_snapshot_saturated(snapenv):
+    """A snapshot stores times as int64 nanoseconds (1677-2262): a file dated in 2400 (which
+    ext4 and MOUNT/ckpt hold) is restored at the end of that range, not at a wrapped
+    time, and one in 1901 or 2200 exactly."""
+    env = snapenv()
+    d = env.mount()
+    cases = {"far": 2400, "near": 2200, "old": 1901}
+    secs = {"far": 13569465600, "near": 7258118400, "old": EXT4_TIME_MIN + 1}
+    for name in cases:
+        touch(p(d.ckpt, name))
+        os.utime(p(d.ckpt, name), ns=(secs[name] * NS + 1, secs[name] * NS + 2))
+    S.snap_ok("take", env.mnt, "s", "--wait")
+    for name in cases:
+        os.utime(p(d.ckpt, name), ns=(0, 0))
+    S.snap_ok("restore", env.mnt, "s")
+    top = (1 << 63) - 1
+    st = os.stat(p(d.ckpt, "far"))
+    assert (st.st_atime_ns, st.st_mtime_ns) == (top, top)
+    for name in ("near", "old"):
+        st = os.stat(p(d.ckpt, name))
+        assert (st.st_atime_ns, st.st_mtime_ns) == (secs[name] * NS + 1, secs[name] * NS + 2)
