@@ -774,6 +774,23 @@ int ckpt_tmpfile(struct ckpt_ns *ns, struct ckpt_inode *dir, mode_t mode, int li
 	return rc;
 }
 
+/* A directory's link count counts its subdirectories as on ext4 (dir_nlink, on by
+ * default): past EXT4_LINK_MAX (65000) it becomes 1, "not counted", and stays 1 until
+ * the directory goes (ext4_inc_count, ext4_dec_count), where a count that went on
+ * would tell find and testers a number ext4 never shows. Under ns->mu. */
+static void ckpt_dir_inc(struct ckpt_inode *dir)
+{
+	dir->nlink++;
+	if (dir->nlink > 65000 || dir->nlink == 2)
+		dir->nlink = 1;
+}
+
+static void ckpt_dir_dec(struct ckpt_inode *dir)
+{
+	if (dir->nlink > 2)
+		dir->nlink--;
+}
+
 int ckpt_mkdir(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name, mode_t mode,
 	       const struct ckpt_ctx *c, struct fuse_entry_param *e)
 {
@@ -786,7 +803,7 @@ int ckpt_mkdir(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name, mod
 	if (!(rc = ckpt_create_locked(ns, dir, name, S_IFDIR | (mode & 07777), c, &ino))) {
 		ino->nlink = 2;
 		ino->parent = dir;
-		dir->nlink++;
+		ckpt_dir_inc(dir);
 		ckpt_entry_locked(ns, ino, e);
 	}
 	pthread_mutex_unlock(&ns->mu);
@@ -855,7 +872,7 @@ static void ckpt_drop_name_locked(struct ckpt_ns *ns, struct ckpt_inode *ino,
 {
 	if (S_ISDIR(ino->mode)) {
 		ino->nlink = 0;
-		ino->parent->nlink--;
+		ckpt_dir_dec(ino->parent);
 	} else {
 		ino->nlink--;
 	}
@@ -936,8 +953,8 @@ static void ckpt_move_dir_locked(struct ckpt_inode *ino, struct ckpt_inode *from
 {
 	if (!S_ISDIR(ino->mode) || from == to)
 		return;
-	from->nlink--;
-	to->nlink++;
+	ckpt_dir_dec(from);
+	ckpt_dir_inc(to);
 	ino->parent = to;
 }
 
@@ -2473,7 +2490,7 @@ int ckpt_restore(struct ckpt_ns *ns, const struct mf_manifest *mf, char ***old, 
 		if (e->type == MF_DIR) {
 			ino->nlink = 2;
 			ino->parent = parent;
-			parent->nlink++;
+			ckpt_dir_inc(parent);
 		} else {
 			ino->nlink++;
 		}

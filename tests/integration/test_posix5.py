@@ -257,3 +257,45 @@ def test_times_past_2262_survive_a_snapshot_saturated(snapenv):
     for name in ("near", "old"):
         st = os.stat(p(d.ckpt, name))
         assert (st.st_atime_ns, st.st_mtime_ns) == (secs[name] * NS + 1, secs[name] * NS + 2)
+
+
+def test_directory_link_count_past_ext4s_limit(ckpt):
+    """A directory's link count is 2 + its subdirectories up to 65000 and 1 ("not
+    counted") past that, as on ext4 with dir_nlink (its default); it stays 1 as
+    subdirectories go and come, and a subdirectory moved out or in keeps it so."""
+    d = p(ckpt, "many")
+    os.mkdir(d)
+    for i in range(64998):
+        os.mkdir(p(d, str(i)))
+    assert os.stat(d).st_nlink == 65000
+    os.rmdir(p(d, "0"))
+    assert os.stat(d).st_nlink == 64999
+    os.mkdir(p(d, "0"))
+    os.mkdir(p(d, "x"))                      # 64999 subdirectories: past the limit
+    assert os.stat(d).st_nlink == 1
+    for name in ("x", "0", "1"):
+        os.rmdir(p(d, name))
+    assert os.stat(d).st_nlink == 1
+    os.mkdir(p(ckpt, "out"))
+    os.rename(p(d, "2"), p(ckpt, "out", "2"))
+    os.rename(p(ckpt, "out", "2"), p(d, "2"))
+    assert os.stat(d).st_nlink == 1
+    assert os.stat(p(ckpt, "out")).st_nlink == 2
+
+
+@pytest.mark.daemon
+def test_directory_link_count_past_the_limit_after_restore(snapenv):
+    """A restore counts a directory's links as the tree did: 1 past 65000."""
+    env = snapenv()
+    d = env.mount()
+    many = p(d.ckpt, "many")
+    os.mkdir(many)
+    for i in range(64999):
+        os.mkdir(p(many, str(i)))
+    os.mkdir(p(d.ckpt, "few"))
+    os.mkdir(p(d.ckpt, "few", "a"))
+    S.snap_ok("take", env.mnt, "s", "--wait")
+    os.rmdir(p(d.ckpt, "few", "a"))
+    S.snap_ok("restore", env.mnt, "s")
+    assert os.stat(many).st_nlink == 1
+    assert os.stat(p(d.ckpt, "few")).st_nlink == 3
