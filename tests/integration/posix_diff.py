@@ -310,6 +310,35 @@ def run_op(W, op):
             resource.setrlimit(resource.RLIMIT_FSIZE, old)
             signal.signal(signal.SIGXFSZ, prev)
             os.close(fd)
+    if kind == "as":  # by root's worker: sub with real and effective ids apart
+        _, (ruid, euid, rgid, egid, groups), sub = op
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(r)
+                os.setgroups(groups)
+                os.setresgid(rgid, egid, egid)
+                os.setresuid(ruid, euid, euid)
+                try:
+                    res = ("ok", run_op(W, sub))
+                except OSError as e:
+                    res = ("err", errno.errorcode.get(e.errno, str(e.errno)))
+                os.write(w, pickle.dumps(res))
+            finally:
+                os._exit(0)
+        os.close(w)
+        try:
+            data = b""
+            while True:
+                b = os.read(r, 65536)
+                if not b:
+                    break
+                data += b
+        finally:
+            os.close(r)
+            os.waitpid(pid, 0)
+        return pickle.loads(data) if data else ("died",)
     if kind == "steps":  # several operations in one, each answer (or errno) in turn
         out = []
         for sub in op[1]:
@@ -1311,6 +1340,29 @@ def directed2(ids):
         (B, u, ("access", "t/fa", os.R_OK, 0x1)),              # bad flag: EINVAL
         (B, u, ("access", "t/l", os.W_OK, AT_SYMLINK_NOFOLLOW)),
         (B, u, ("access", "t/none", os.F_OK, 0)),
+        # real and effective ids apart: access() asks with the real ones, AT_EACCESS
+        # and open with the effective ones
+        (A, u, ("open", "t/ra", C | W, 0o600, [])),
+        (B, u, ("open", "t/eb", C | W, 0o600, [])),
+        (R, u, ("as", (ua, ub, ga, gb, [gb]), ("access", "t/ra", os.R_OK | os.W_OK, 0))),
+        (R, u, ("as", (ua, ub, ga, gb, [gb]), ("access", "t/ra", os.R_OK, AT_EACCESS))),
+        (R, u, ("as", (ua, ub, ga, gb, [gb]), ("access", "t/eb", os.R_OK, 0))),
+        (R, u, ("as", (ua, ub, ga, gb, [gb]), ("access", "t/eb", os.W_OK, AT_EACCESS))),
+        (R, u, ("as", (ua, ub, ga, gb, [gb]), ("open", "t/ra", RO, 0, []))),
+        (R, u, ("as", (ua, ub, ga, gb, [gb]), ("open", "t/eb", RW, 0, []))),
+        (R, u, ("as", (ua, ub, ga, gb, [gb]), ("open", "t/new", C | W, 0o640, []))),
+        (R, u, ("stat", "t/new", True)),
+        (R, u, ("chmod", "t/ra", 0o060)),
+        (R, u, ("chown", "t/ra", 0, g, True)),
+        (R, u, ("as", (ub, ua, gb, ga, [ga, g]), ("access", "t/ra", os.R_OK, AT_EACCESS))),
+        (R, u, ("as", (ub, ua, gb, ga, [ga, g]), ("access", "t/ra", os.R_OK, 0))),
+        (R, u, ("as", (ub, ua, gb, ga, [ga]), ("access", "t/ra", os.R_OK, AT_EACCESS))),
+        (R, u, ("as", (ua, 0, ga, ga, [ga]), ("access", "t/eb", os.R_OK, AT_EACCESS))),
+        (R, u, ("as", (ua, 0, ga, ga, [ga]), ("access", "t/eb", os.R_OK, 0))),
+        (R, u, ("as", (0, ua, 0, ga, [ga]), ("access", "t/eb", os.R_OK, 0))),
+        (R, u, ("as", (0, ua, 0, ga, [ga]), ("access", "t", os.X_OK, 0))),
+        (R, u, ("as", (ua, ub, ga, gb, [gb]), ("utimens", "t/eb", None, True))),
+        (R, u, ("as", (ua, ub, ga, gb, [gb]), ("chmod", "t/ra", 0o666))),
         # -- chmod, chown, supplementary groups
         (A, u, ("open", "t/g", C | W, 0o644, [])),
         (A, u, ("chown", "t/g", -1, g, True)),                 # supplementary group: ok
