@@ -823,7 +823,8 @@ def _times_unseen(op, f):
     """FIFO and socket I/O never reaches a FUSE server and the kernel keeps no times of
     its own for FUSE inodes (S_NOCMTIME): an open of one changes no time there."""
     mode = int(f["mode"], 8)
-    return _inner(op)[0] == "open" and (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode))
+    return (_inner(op)[0] in ("open", "open2", "fsize", "fd") and
+            (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)))
 
 
 def _normalize(d, op):
