@@ -1917,6 +1917,40 @@ int ckpt_kill_priv(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct ckpt
 	return changed;
 }
 
+/* A file whose setgid a chown by c drops on ext4 (ckpt_chown_kill_sgid), c's groups
+ * aside. Under ns->mu. */
+static int ckpt_chown_sgid_locked(const struct ckpt_inode *ino, const struct ckpt_ctx *c)
+{
+	return !S_ISDIR(ino->mode) && c->uid != 0 && c->uid == ino->uid &&
+	       (ino->mode & (S_ISGID | S_IXGRP)) == S_ISGID;
+}
+
+int ckpt_chown_needs_groups(struct ckpt_ns *ns, struct ckpt_inode *ino,
+			    const struct ckpt_ctx *c)
+{
+	int needs;
+
+	pthread_mutex_lock(&ns->mu);
+	needs = ckpt_chown_sgid_locked(ino, c) && c->gid != ino->gid;
+	pthread_mutex_unlock(&ns->mu);
+	return needs;
+}
+
+int ckpt_chown_kill_sgid(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct ckpt_ctx *c)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&ns->mu);
+	if (ckpt_chown_sgid_locked(ino, c) && !ckpt_in_group(c, ino->gid)) {
+		ino->mode &= ~(mode_t)S_ISGID;
+		ino->ctime = ckpt_now();
+		ckpt_changed(ns);
+		rc = 1;
+	}
+	pthread_mutex_unlock(&ns->mu);
+	return rc;
+}
+
 static void ckpt_dir_clear(struct ckpt_dir *d)
 {
 	size_t i;

@@ -1388,6 +1388,27 @@ def directed2(ids):
         (R, u, ("chown", "t/l", ua, g, False)),
         (R, u, ("chmod", "t/g", 0o17777)),
         (R, u, ("stat", "t/g", True)),
+        # chown by the owner outside the file's group: a setgid without group execute
+        # goes (setattr_should_drop_sgid, by the group before the chown)
+        (A, u, ("open", "t/sg", C | W, 0o644, [])),
+        (R, u, ("chown", "t/sg", -1, gb, True)),
+        (R, u, ("chmod", "t/sg", 0o2740)),
+        (A, u, ("chown", "t/sg", -1, -1, True)),
+        (A, u, ("stat", "t/sg", True)),
+        (R, u, ("chmod", "t/sg", 0o2740)),
+        (A, u, ("chown", "t/sg", ua, ga, True)),
+        (R, u, ("chmod", "t/sg", 0o2740)),
+        (A, u, ("chown", "t/sg", -1, g, True)),               # from ga, A's: kept
+        (A, u, ("chown", "t/sg", -1, -1, True)),
+        (R, u, ("chown", "t/sg", -1, gb, True)),
+        (R, u, ("chmod", "t/sg", 0o2740)),
+        (A, u, ("chown", "t/sg", ua, g, True)),                # from gb: dropped
+        (R, u, ("chmod", "t/sg", 0o2740)),
+        (R, u, ("chown", "t/sg", -1, gb, True)),
+        (A, u, ("open", "t/sg", W, 0, [("fchown", -1, -1)])),
+        (R, u, ("chmod", "t/sg", 0o2740)),
+        (A, u, ("chown", "t/sg", -1, -1, False)),
+        (R, u, ("chown", "t/sg", -1, -1, True)),               # root keeps it
         (A, u, ("mkdir", "t/gd", 0o755)),
         (A, u, ("chown", "t/gd", -1, g, True)),
         (A, u, ("chmod", "t/gd", 0o3777)),
