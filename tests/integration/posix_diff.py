@@ -723,7 +723,8 @@ def gen_op2(rng, ids):
     """gen_op's operations half the time, and the rest of what directed2 covers the
     other half: renameat2's flags and '.', '..' and trailing slashes in paths,
     socket nodes, RLIMIT_FSIZE, writes and truncates at large offsets, pwrite with
-    O_APPEND, O_NOATIME and O_PATH opens, statx, utimensat of symlinks. No SEEK_DATA /
+    O_APPEND, O_NOATIME and O_PATH opens, statx, utimensat of symlinks, ACLs naming
+    groups (supplementary ones of the caller too), chown of setgid files. No SEEK_DATA /
     SEEK_HOLE or st_blocks: they differ by design at sub-block granularity (design.md)."""
     if rng.random() < 0.5:
         return gen_op(rng, ids)
@@ -732,7 +733,8 @@ def gen_op2(rng, ids):
     suffix = lambda: rng.choice(["", "", "", "/", "/.", "/.."])  # noqa: E731
     p = lambda: rng.choice(PATHS) + suffix()  # noqa: E731
     k = rng.choice(["rename", "rename", "unlink", "rmdir", "mkdir", "socket", "fsize",
-                    "open2", "open2", "statx", "utimens", "access", "link", "open"])
+                    "open2", "open2", "statx", "utimens", "access", "link", "open", "setacl",
+                    "setacl", "chown"])
     if k == "rename":
         # (RENAME_WHITEOUT only where it fails: the whiteout it leaves is a character
         # device 0:0, which opens with ENXIO on ext4 and EACCES on a FUSE mount, nodev;
@@ -786,6 +788,20 @@ def gen_op2(rng, ids):
     elif k == "access":
         op = ("access", p(), rng.choice([os.F_OK, os.R_OK, os.W_OK, os.X_OK, 7]),
               rng.choice([0, AT_EACCESS, AT_SYMLINK_NOFOLLOW, AT_EACCESS | AT_SYMLINK_NOFOLLOW]))
+    elif k == "setacl":  # named groups: the shared one, a user's own, a supplementary one
+        perm = lambda: rng.randrange(8)  # noqa: E731
+        ents = [(ACL_USER_OBJ, perm(), 0xffffffff), (ACL_GROUP_OBJ, perm(), 0xffffffff),
+                (ACL_OTHER, perm(), 0xffffffff), (ACL_MASK, perm(), 0xffffffff)]
+        for gid in rng.sample([ids[1][2][1], ids[1][1], ids[2][1]], rng.randrange(1, 3)):
+            ents.append((ACL_GROUP, perm(), gid))
+        name = rng.choice(["system.posix_acl_access", "system.posix_acl_default"])
+        op = ("setxattr", rng.choice(PATHS), name, acl_value(ents), 0, True)
+    elif k == "chown":  # by owners, of setgid files without group execute too
+        path = rng.choice(PATHS)
+        op = rng.choice([("chmod", path, rng.choice([0o2740, 0o2750, 0o6744])),
+                         ("chown", path, rng.choice([-1, ids[who][0]]),
+                          rng.choice([-1, 0, ids[1][1], ids[2][1], ids[1][2][1]]),
+                          rng.random() < 0.8)])
     else:
         op = ("link", p(), p(), rng.random() < 0.5)
     return who, um, op
