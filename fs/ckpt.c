@@ -120,7 +120,7 @@ struct ckpt_inode {
 	uint32_t nlink;
 	dev_t rdev;
 	uint64_t size;
-	uint64_t data_bytes; /* sum of its blocks' len: st_blocks; invariant 3 as size */
+	uint64_t data_bytes; /* sum of ckpt_alloc(its blocks' len): st_blocks; invariant 3 */
 	struct timespec atime, mtime, ctime;
 	uint64_t nlookup;
 	/* An O_TMPFILE file made without O_EXCL, not yet linked: link may give it its first
@@ -384,6 +384,14 @@ void ckpt_ns_free(struct ckpt_ns *ns)
 struct ckpt_inode *ckpt_root(struct ckpt_ns *ns)
 {
 	return ns->root;
+}
+
+/* What a block of len bytes counts in st_blocks: whole 4 KiB pages, as ext4 counts its
+ * 4 KiB blocks (a 100-byte file is 8 units there, and a page of memory here), so du and
+ * testers comparing st_blocks with a local file system agree. */
+static uint64_t ckpt_alloc(uint64_t len)
+{
+	return (len + 4095) & ~(uint64_t)4095;
 }
 
 static void ckpt_stat_locked(const struct ckpt_ns *ns, const struct ckpt_inode *ino,
@@ -698,13 +706,13 @@ static int ckpt_truncate_locked(struct ckpt_ns *ns, struct ckpt_inode *ino, uint
 	    bc_block_len(b) > tail) {
 		if ((rc = ckpt_block_for_write(ns, ino, keep - 1, tail, &b)))
 			return rc;
-		dropped += bc_block_len(b) - tail;
+		dropped += ckpt_alloc(bc_block_len(b)) - ckpt_alloc(tail);
 		bc_block_set_len(b, tail);
 		bc_write_end(ns->bc, b);
 	}
 	for (i = keep; i < ino->nblocks; i++) {
 		if (ino->blocks[i]) {
-			dropped += bc_block_len(ino->blocks[i]);
+			dropped += ckpt_alloc(bc_block_len(ino->blocks[i]));
 			bc_block_disown(ns->bc, ino->blocks[i]); /* readers may hold it */
 			ino->blocks[i] = NULL;
 		}
@@ -733,6 +741,23 @@ static int ckpt_acl_inherit_locked(struct ckpt_inode *dir, mode_t *mode,
 				   void **dacl);
 static int ckpt_xattr_attach(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name,
 			     void *v, size_t size);
+
+/* The times a file can hold are ext4's (256-byte inodes: 1901-12-13 to 2446-05-10,
+ * whole seconds at either end), and a time set outside is clamped there as ext4's
+ * timestamp_truncate does: the FUSE module's own range is all of time64_t, so without
+ * this a utimensat stored what ext4 cannot (and what a snapshot's nanosecond times
+ * cannot either: ckpt_ns_of). */
+#define CKPT_TIME_MIN (-(1ll << 31))
+#define CKPT_TIME_MAX ((1ll << 34) - 1 - (1ll << 31))
+
+static struct timespec ckpt_ts_clamp(struct timespec ts)
+{
+	if (ts.tv_sec <= CKPT_TIME_MIN)
+		return (struct timespec){ .tv_sec = CKPT_TIME_MIN };
+	if (ts.tv_sec >= CKPT_TIME_MAX)
+		return (struct timespec){ .tv_sec = CKPT_TIME_MAX };
+	return ts;
+}
 
 int ckpt_setattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct stat *attr,
 		 int to_set, struct stat *out)
@@ -767,13 +792,13 @@ int ckpt_setattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct stat *
 	if (to_set & FUSE_SET_ATTR_ATIME_NOW)
 		ino->atime = now;
 	else if (to_set & FUSE_SET_ATTR_ATIME)
-		ino->atime = attr->st_atim;
+		ino->atime = ckpt_ts_clamp(attr->st_atim);
 	if (to_set & FUSE_SET_ATTR_MTIME_NOW)
 		ino->mtime = now;
 	else if (to_set & FUSE_SET_ATTR_MTIME)
-		ino->mtime = attr->st_mtim;
+		ino->mtime = ckpt_ts_clamp(attr->st_mtim);
 	if (to_set & FUSE_SET_ATTR_CTIME)
-		ino->ctime = attr->st_ctim;
+		ino->ctime = ckpt_ts_clamp(attr->st_ctim);
 	else
 		ino->ctime = now;
 	ckpt_changed(ns);
@@ -873,6 +898,23 @@ int ckpt_tmpfile(struct ckpt_ns *ns, struct ckpt_inode *dir, mode_t mode, int li
 	return rc;
 }
 
+/* A directory's link count counts its subdirectories as on ext4 (dir_nlink, on by
+ * default): past EXT4_LINK_MAX (65000) it becomes 1, "not counted", and stays 1 until
+ * the directory goes (ext4_inc_count, ext4_dec_count), where a count that went on
+ * would tell find and testers a number ext4 never shows. Under ns->mu. */
+static void ckpt_dir_inc(struct ckpt_inode *dir)
+{
+	dir->nlink++;
+	if (dir->nlink > 65000 || dir->nlink == 2)
+		dir->nlink = 1;
+}
+
+static void ckpt_dir_dec(struct ckpt_inode *dir)
+{
+	if (dir->nlink > 2)
+		dir->nlink--;
+}
+
 int ckpt_mkdir(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name, mode_t mode,
 	       const struct ckpt_ctx *c, struct fuse_entry_param *e)
 {
@@ -885,7 +927,7 @@ int ckpt_mkdir(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name, mod
 	if (!(rc = ckpt_create_locked(ns, dir, name, S_IFDIR | (mode & 07777), c, &ino))) {
 		ino->nlink = 2;
 		ino->parent = dir;
-		dir->nlink++;
+		ckpt_dir_inc(dir);
 		ckpt_entry_locked(ns, ino, e);
 	}
 	pthread_mutex_unlock(&ns->mu);
@@ -957,7 +999,7 @@ static void ckpt_drop_name_locked(struct ckpt_ns *ns, struct ckpt_inode *ino,
 {
 	if (S_ISDIR(ino->mode)) {
 		ino->nlink = 0;
-		ino->parent->nlink--;
+		ckpt_dir_dec(ino->parent);
 	} else {
 		ino->nlink--;
 	}
@@ -1038,8 +1080,8 @@ static void ckpt_move_dir_locked(struct ckpt_inode *ino, struct ckpt_inode *from
 {
 	if (!S_ISDIR(ino->mode) || from == to)
 		return;
-	from->nlink--;
-	to->nlink++;
+	ckpt_dir_dec(from);
+	ckpt_dir_inc(to);
 	ino->parent = to;
 }
 
@@ -1471,7 +1513,7 @@ int ckpt_write(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *buf, size
 			memset(bbuf + blen, 0, boff - blen);
 		memcpy(bbuf + boff, buf + (pos - off), len);
 		if (boff + len > blen) {
-			grown += boff + len - blen;
+			grown += ckpt_alloc(boff + len) - ckpt_alloc(blen);
 			bc_block_set_len(b, boff + len);
 		}
 		bc_write_end(ns->bc, b);
@@ -1529,7 +1571,7 @@ static int ckpt_zero_range_locked(struct ckpt_ns *ns, struct ckpt_inode *ino, ui
 		b = ino->blocks[i];
 		if (!b || bstart < start || (end - bstart < bc_block_len(b)))
 			continue;
-		dropped += bc_block_len(b);
+		dropped += ckpt_alloc(bc_block_len(b));
 		bc_block_disown(ns->bc, b); /* readers may hold it */
 		ino->blocks[i] = NULL;
 	}
@@ -2021,6 +2063,40 @@ int ckpt_kill_priv(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct ckpt
 	return changed;
 }
 
+/* A file whose setgid a chown by c drops on ext4 (ckpt_chown_kill_sgid), c's groups
+ * aside. Under ns->mu. */
+static int ckpt_chown_sgid_locked(const struct ckpt_inode *ino, const struct ckpt_ctx *c)
+{
+	return !S_ISDIR(ino->mode) && c->uid != 0 && c->uid == ino->uid &&
+	       (ino->mode & (S_ISGID | S_IXGRP)) == S_ISGID;
+}
+
+int ckpt_chown_needs_groups(struct ckpt_ns *ns, struct ckpt_inode *ino,
+			    const struct ckpt_ctx *c)
+{
+	int needs;
+
+	pthread_mutex_lock(&ns->mu);
+	needs = ckpt_chown_sgid_locked(ino, c) && c->gid != ino->gid;
+	pthread_mutex_unlock(&ns->mu);
+	return needs;
+}
+
+int ckpt_chown_kill_sgid(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct ckpt_ctx *c)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&ns->mu);
+	if (ckpt_chown_sgid_locked(ino, c) && !ckpt_in_group(c, ino->gid)) {
+		ino->mode &= ~(mode_t)S_ISGID;
+		ino->ctime = ckpt_now();
+		ckpt_changed(ns);
+		rc = 1;
+	}
+	pthread_mutex_unlock(&ns->mu);
+	return rc;
+}
+
 static void ckpt_dir_clear(struct ckpt_ns *ns, struct ckpt_dir *d)
 {
 	size_t i;
@@ -2167,9 +2243,18 @@ uint64_t ckpt_writing(struct ckpt_ns *ns)
 	return atomic_load(&ns->nwriting);
 }
 
+/* A time as the manifest stores it, nanoseconds since the epoch in an int64: 1677 to
+ * 2262. A time outside (ckpt_ts_clamp allows up to 2446, as ext4) is saturated, so a
+ * snapshot restores such a file at the end of that range rather than at a wrapped
+ * time. */
 static int64_t ckpt_ns_of(struct timespec ts)
 {
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+	int64_t ns;
+
+	if (__builtin_mul_overflow((int64_t)ts.tv_sec, (int64_t)1000000000, &ns) ||
+	    __builtin_add_overflow(ns, (int64_t)ts.tv_nsec, &ns))
+		return ts.tv_sec < 0 ? INT64_MIN : INT64_MAX;
+	return ns;
 }
 
 static struct timespec ckpt_ts_of(int64_t ns)
@@ -2458,7 +2543,7 @@ static struct ckpt_inode *ckpt_inode_from(struct ckpt_ns *ns, const struct mf_en
 	ino->inherited = ns->m->cfg.workers > 1;
 	for (uint64_t j = 0; e->type == MF_FILE && j < e->nblocks; j++)
 		if (!(e->blocks[j].flags & MF_BLOCK_HOLE))
-			ino->data_bytes += e->blocks[j].len;
+			ino->data_bytes += ckpt_alloc(e->blocks[j].len);
 	if (e->type == MF_SYMLINK && !(ino->target = strdup(e->target ? e->target : "")))
 		goto fail;
 	if (ino->target)
@@ -2613,7 +2698,7 @@ int ckpt_restore(struct ckpt_ns *ns, const struct mf_manifest *mf, char ***old, 
 		if (e->type == MF_DIR) {
 			ino->nlink = 2;
 			ino->parent = parent;
-			parent->nlink++;
+			ckpt_dir_inc(parent);
 		} else {
 			ino->nlink++;
 		}

@@ -367,6 +367,19 @@ static void mlfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, i
 
 	if (n->kind != MLFS_CKPT)
 		return reply_rc(req, -EROFS);
+	/* A chown (only owner, group, ctime: chown(f, -1, -1) names neither) by an owner
+	 * outside a setgid file's group: ext4 drops the setgid first, the FUSE module
+	 * keeps it (ckpt_chown_kill_sgid). */
+	if (!(to_set & ~(FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID | FUSE_SET_ATTR_CTIME))) {
+		struct ckpt_ctx c = ctx_of(req);
+		gid_t buf[MLFS_GROUPS_BUF], *g = buf;
+
+		if (c.uid != 0 && ckpt_chown_needs_groups(m->ckpt, (struct ckpt_inode *)n, &c))
+			g = ctx_groups(req, &c, buf);
+		ckpt_chown_kill_sgid(m->ckpt, (struct ckpt_inode *)n, &c);
+		if (g != buf)
+			free(g);
+	}
 	rc = ckpt_setattr(m->ckpt, (struct ckpt_inode *)n, attr, to_set, &st);
 	/* A truncate removes privileges as a write does; the kernel sent the part of it
 	 * that it computes itself as a mode in this request (ckpt_kill_priv). */

@@ -23,8 +23,10 @@ import hashlib
 import os
 import pickle
 import random
+import resource
 import select
 import signal
+import socket
 import stat
 import struct
 import subprocess
@@ -85,6 +87,33 @@ def _stat_fields(st):
     return f
 
 
+def _stat2_fields(st):
+    """_stat_fields and what a tester checks beside: st_blocks (of regular files:
+    allocation is in whole 4 KiB blocks on ext4), st_blksize, the device number."""
+    f = _stat_fields(st) + [st.st_rdev]
+    if stat.S_ISREG(st.st_mode):
+        f.append(st.st_blocks)
+    return f
+
+
+libc.statx.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint,
+                       ctypes.c_void_p]
+STATX_BASIC_STATS, STATX_BTIME = 0x7ff, 0x800
+AT_STATX_FORCE_SYNC = 0x2000
+
+
+def _statx(path, flags, mask):
+    """statx(2) of path: the fields a tester compares (which of the asked ones came back
+    in stx_mask, the basic stats, the attributes the file system knows of)."""
+    buf = ctypes.create_string_buffer(256)
+    _check(libc.statx(AT_FDCWD, path.encode(), flags, mask, buf))
+    (smask, blksize, attrs, nlink, uid, gid, mode) = struct.unpack_from("<IIQIIIH", buf, 0)
+    (ino, size, blocks, attrs_mask) = struct.unpack_from("<QQQQ", buf, 32)
+    return {"mask": hex(smask & mask & STATX_BASIC_STATS), "nlink": nlink, "uid": uid,
+            "gid": gid, "mode": oct(mode), "size": size if not stat.S_ISDIR(mode) else 0,
+            "attrs": hex(attrs & 0x30)}  # immutable, append: never set here
+
+
 def _fd_action(fd, act):
     kind = act[0]
     if kind == "write":
@@ -113,10 +142,25 @@ def _fd_action(fd, act):
         return _check(libc.lseek(fd, act[2], act[1]))
     if kind == "getdents":
         return sorted(os.listdir(fd))
+    if kind == "fstat2":
+        return _stat2_fields(os.fstat(fd))
+    if kind == "fdatasync":
+        os.fdatasync(fd)
+        return None
     if kind == "fsetxattr":
         os.setxattr(fd, act[1], act[2], act[3])
         return None
     raise ValueError(act)
+
+
+def _fd_actions(fd, acts):
+    out = []
+    for a in acts:
+        try:
+            out.append(("ok", _fd_action(fd, a)))
+        except OSError as e:
+            out.append(("err", errno.errorcode.get(e.errno, str(e.errno))))
+    return out
 
 
 HELD = {}  # a worker's descriptors kept across operations: slot -> fd
@@ -145,6 +189,13 @@ def run_op(W, op):
     def P(rel):
         return os.path.join(W, rel)
 
+    if kind == "open2":  # as "open", each action's answer or errno in turn
+        _, rel, flags, mode, acts = op
+        fd = os.open(P(rel), flags | os.O_NONBLOCK, mode)
+        try:
+            return _fd_actions(fd, acts)
+        finally:
+            os.close(fd)
     if kind == "open":
         _, rel, flags, mode, acts = op
         # O_NONBLOCK: an open of a FIFO must not wait for a peer (no effect on files).
@@ -233,6 +284,69 @@ def run_op(W, op):
                 os.close(b)
         finally:
             os.close(a)
+    if kind == "times":  # the values, not only which changed (tree_state's flags)
+        st = os.stat(P(op[1]), follow_symlinks=op[2])
+        return [st.st_atime_ns, st.st_mtime_ns]
+    if kind == "stat2":
+        return _stat2_fields(os.stat(P(op[1]), follow_symlinks=op[2]))
+    if kind == "statx":
+        return _statx(P(op[1]), op[2], op[3])
+    if kind == "socket":  # a socket node, bound (mknod S_IFSOCK makes one unbound)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.bind(P(op[1]))
+        finally:
+            s.close()
+        return None
+    if kind == "fsize":  # RLIMIT_FSIZE (soft) for the actions; SIGXFSZ ignored: EFBIG
+        _, rel, flags, limit, acts = op
+        old = resource.getrlimit(resource.RLIMIT_FSIZE)
+        prev = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        fd = os.open(P(rel), flags | os.O_NONBLOCK, 0o644)
+        try:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, old[1]))
+            return _fd_actions(fd, acts)
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, old)
+            signal.signal(signal.SIGXFSZ, prev)
+            os.close(fd)
+    if kind == "as":  # by root's worker: sub with real and effective ids apart
+        _, (ruid, euid, rgid, egid, groups), sub = op
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(r)
+                os.setgroups(groups)
+                os.setresgid(rgid, egid, egid)
+                os.setresuid(ruid, euid, euid)
+                try:
+                    res = ("ok", run_op(W, sub))
+                except OSError as e:
+                    res = ("err", errno.errorcode.get(e.errno, str(e.errno)))
+                os.write(w, pickle.dumps(res))
+            finally:
+                os._exit(0)
+        os.close(w)
+        try:
+            data = b""
+            while True:
+                b = os.read(r, 65536)
+                if not b:
+                    break
+                data += b
+        finally:
+            os.close(r)
+            os.waitpid(pid, 0)
+        return pickle.loads(data) if data else ("died",)
+    if kind == "steps":  # several operations in one, each answer (or errno) in turn
+        out = []
+        for sub in op[1]:
+            try:
+                out.append(("ok", run_op(W, sub)))
+            except OSError as e:
+                out.append(("err", errno.errorcode.get(e.errno, str(e.errno))))
+        return out
     if kind == "chdir_rel":  # an operation from inside a directory (search permission)
         _, rel, sub = op
         cwd = os.open(".", os.O_RDONLY)
@@ -342,6 +456,34 @@ def _xattrs(path):
     return out
 
 
+def _content_hash(fd, size, chunk=1 << 16):
+    """A hash of a file's bytes that costs its data, not its size (a sparse file of a
+    TiB): the chunks (aligned, of a fixed size) that SEEK_DATA finds and that are not
+    all zeros, each with its offset. Two file systems that place holes differently
+    (ext4 by 4 KiB, MOUNT/ckpt by its block) hash the same bytes the same."""
+    h = hashlib.md5()
+    zero = bytes(chunk)
+    pos, last = 0, -1
+    while pos < size:
+        try:
+            start = os.lseek(fd, pos, SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:
+                break
+            raise
+        end = os.lseek(fd, start, SEEK_HOLE)
+        c = start - start % chunk
+        while c < end:
+            if c > last:
+                b = os.pread(fd, chunk, c)
+                if b != zero[:len(b)]:
+                    h.update(struct.pack("<Q", c) + b)
+                last = c
+            c += chunk
+        pos = end
+    return h.hexdigest()
+
+
 def tree_state(W):
     """{relpath: (fields, times)} for everything under W (not W itself but its mode)."""
     out = {}
@@ -354,13 +496,7 @@ def tree_state(W):
             f["size"] = st.st_size
             fd = os.open(path, os.O_RDONLY | os.O_NOATIME | os.O_NOFOLLOW)
             try:
-                h = hashlib.md5()
-                while True:
-                    b = os.read(fd, 1 << 20)
-                    if not b:
-                        break
-                    h.update(b)
-                f["md5"] = h.hexdigest()
+                f["md5"] = _content_hash(fd, st.st_size)
             finally:
                 os.close(fd)
         elif stat.S_ISLNK(st.st_mode):
@@ -583,6 +719,94 @@ def gen_op(rng, ids):
     return who, um, op
 
 
+def gen_op2(rng, ids):
+    """gen_op's operations half the time, and the rest of what directed2 covers the
+    other half: renameat2's flags and '.', '..' and trailing slashes in paths,
+    socket nodes, RLIMIT_FSIZE, writes and truncates at large offsets, pwrite with
+    O_APPEND, O_NOATIME and O_PATH opens, statx, utimensat of symlinks, ACLs naming
+    groups (supplementary ones of the caller too), chown of setgid files. No SEEK_DATA /
+    SEEK_HOLE or st_blocks: they differ by design at sub-block granularity (design.md)."""
+    if rng.random() < 0.5:
+        return gen_op(rng, ids)
+    who = rng.choice([0, 1, 1, 2, 2])
+    um = rng.choice(UMASKS)
+    suffix = lambda: rng.choice(["", "", "", "/", "/.", "/.."])  # noqa: E731
+    p = lambda: rng.choice(PATHS) + suffix()  # noqa: E731
+    k = rng.choice(["rename", "rename", "unlink", "rmdir", "mkdir", "socket", "fsize",
+                    "open2", "open2", "statx", "utimens", "access", "link", "open", "setacl",
+                    "setacl", "chown"])
+    if k == "rename":
+        # (RENAME_WHITEOUT only where it fails: the whiteout it leaves is a character
+        # device 0:0, which opens with ENXIO on ext4 and EACCES on a FUSE mount, nodev;
+        # directed2 covers its successes)
+        op = ("rename", p(), p(), rng.choice([0, RENAME_NOREPLACE, RENAME_EXCHANGE,
+                                              RENAME_EXCHANGE | RENAME_WHITEOUT]))
+    elif k in ("unlink", "rmdir"):
+        op = (k, p())
+    elif k == "mkdir":
+        op = ("mkdir", p(), rng.choice(MODES))
+    elif k == "socket":
+        op = ("socket", rng.choice(PATHS))
+    elif k == "fsize":
+        acts = [rng.choice([("write", rng.choice([None, 0, 990, 5000]), rng.choice([1, 20, 4096]),
+                             rng.randrange(1 << 30)),
+                            ("ftruncate", rng.choice([0, 999, 1000, 1001, 70000])),
+                            ("fstat",)]) for _ in range(rng.randrange(1, 4))]
+        op = ("fsize", rng.choice(PATHS), rng.choice([os.O_WRONLY, os.O_RDWR | os.O_CREAT,
+                                                      os.O_WRONLY | os.O_APPEND]),
+              rng.choice([1000, 4096]), acts)
+    elif k in ("open2", "open"):
+        flags = rng.choice([os.O_RDONLY, os.O_WRONLY, os.O_RDWR, os.O_PATH])
+        for f, pr in ((os.O_APPEND, 0.3), (os.O_NOATIME, 0.2), (os.O_CREAT, 0.3),
+                      (os.O_EXCL, 0.1), (os.O_TRUNC, 0.1), (os.O_NOFOLLOW, 0.1),
+                      (os.O_DIRECTORY, 0.05)):
+            if rng.random() < pr:
+                flags |= f
+        acts = []
+        for _ in range(rng.randrange(4)):
+            acts.append(rng.choice([
+                ("write", rng.choice([None, 0, 7, 1 << 20, (1 << 40) - 8192, (1 << 63) - 2]),
+                 rng.choice([1, 10, 5000]), rng.randrange(1 << 30)),
+                ("read", rng.choice([0, 3, 1 << 40]), 1 << 16),
+                # (not past 1 TiB, mlfs's largest file, where ext4 allows 16 TiB)
+                ("ftruncate", rng.choice([0, 5, 4097, 1 << 40, -1])),
+                # (not COLLAPSE_RANGE, INSERT_RANGE: the FUSE module refuses them,
+                # EOPNOTSUPP, where ext4 may say EINVAL, and changes the times first)
+                ("fallocate", rng.choice([0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_ZERO_RANGE,
+                                          FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE]),
+                 rng.choice([0, 1, 4096]), rng.choice([1, 4096, 8192])),
+                ("fstat",), ("fchmod", rng.choice(MODES)), ("getdents",)]))
+        op = (k, p(), flags, rng.choice(MODES), acts)
+    elif k == "statx":
+        op = ("statx", p(), rng.choice([0, AT_SYMLINK_NOFOLLOW, AT_STATX_FORCE_SYNC]),
+              rng.choice([STATX_BASIC_STATS, 0, 0x7, 0x200]))
+    elif k == "utimens":
+        spec = rng.choice([None, ((0, UTIME_NOW), (0, UTIME_OMIT)), ((5, 0), (0, UTIME_OMIT)),
+                           ((0, UTIME_OMIT), (0, UTIME_OMIT)), ((0, 10**9), (0, 0)),
+                           ((-5, 3), (1 << 33, 0))])
+        op = ("utimens", p(), spec, rng.random() < 0.5)
+    elif k == "access":
+        op = ("access", p(), rng.choice([os.F_OK, os.R_OK, os.W_OK, os.X_OK, 7]),
+              rng.choice([0, AT_EACCESS, AT_SYMLINK_NOFOLLOW, AT_EACCESS | AT_SYMLINK_NOFOLLOW]))
+    elif k == "setacl":  # named groups: the shared one, a user's own, a supplementary one
+        perm = lambda: rng.randrange(8)  # noqa: E731
+        ents = [(ACL_USER_OBJ, perm(), 0xffffffff), (ACL_GROUP_OBJ, perm(), 0xffffffff),
+                (ACL_OTHER, perm(), 0xffffffff), (ACL_MASK, perm(), 0xffffffff)]
+        for gid in rng.sample([ids[1][2][1], ids[1][1], ids[2][1]], rng.randrange(1, 3)):
+            ents.append((ACL_GROUP, perm(), gid))
+        name = rng.choice(["system.posix_acl_access", "system.posix_acl_default"])
+        op = ("setxattr", rng.choice(PATHS), name, acl_value(ents), 0, True)
+    elif k == "chown":  # by owners, of setgid files without group execute too
+        path = rng.choice(PATHS)
+        op = rng.choice([("chmod", path, rng.choice([0o2740, 0o2750, 0o6744])),
+                         ("chown", path, rng.choice([-1, ids[who][0]]),
+                          rng.choice([-1, 0, ids[1][1], ids[2][1], ids[1][2][1]]),
+                          rng.random() < 0.8)])
+    else:
+        op = ("link", p(), p(), rng.random() < 0.5)
+    return who, um, op
+
+
 class Side:
     def __init__(self, name, W, ids):
         self.name, self.W = name, W
@@ -604,6 +828,9 @@ def known_difference(op, res):
     (the VFS adds a mode change to drop the setgid, which only the owner may make) and
     succeeds on FUSE (fuse_setattr drops that change before checking)."""
     op = _inner(op)
+    if (op[0] in ("open", "fd") and res[0] == ("err", "EPERM") and
+            ("fchown", -1, -1) in (op[4] if op[0] == "open" else [op[2]])):
+        return True  # the same through fchown; the actions after it then differ too
     return (op[0] == "chown" and op[2] == -1 and op[3] == -1 and
             res[0] == ("err", "EPERM") and all(r == ("ok", None) for r in res[1:]))
 
@@ -612,7 +839,8 @@ def _times_unseen(op, f):
     """FIFO and socket I/O never reaches a FUSE server and the kernel keeps no times of
     its own for FUSE inodes (S_NOCMTIME): an open of one changes no time there."""
     mode = int(f["mode"], 8)
-    return _inner(op)[0] == "open" and (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode))
+    return (_inner(op)[0] in ("open", "open2", "fsize", "fd") and
+            (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)))
 
 
 def _normalize(d, op):
@@ -620,15 +848,18 @@ def _normalize(d, op):
             for k, (f, ch) in d.items()}
 
 
-def compare_sides(sides, ops, log=print, stop_at=1, state_every=1):
+def compare_sides(sides, ops, log=print, stop_at=1, state_every=1, trace=None):
     """Runs ops on every side, comparing with the first. Returns the list of differences
-    (strings); stops after stop_at of them (0: never)."""
+    (strings); stops after stop_at of them (0: never). trace(i, op, results), if given,
+    sees every answer (to check what a sequence exercises)."""
     diffs = []
     ref = sides[0]
     prev = [tree_state(s.W) for s in sides]
     for i, (who, um, op) in enumerate(ops):
         res = [s.workers[who].call(op, um) for s in sides]
         known = known_difference(op, res)
+        if trace:
+            trace(i, who, op, res)
         for s, r in zip(sides[1:], res[1:]):
             if r != res[0] and not known:
                 diffs.append(f"op {i} {who=} umask={oct(um)} {op!r}: {ref.name} {res[0]} "
@@ -791,6 +1022,438 @@ def directed(ids):
         (R, 0o022, ("link", "fa", "n/fa", True)),
         (R, 0o022, ("rename", "fa", "n/fa", 0)),
         (R, 0o022, ("unlink", "n/fa")),
+    ]
+    return ops
+
+
+def directed2(ids):
+    """More pjdfstest cases, beyond directed(): renameat2's flags and every rename
+    errno, across sticky directories and by non-owners; link, unlink and rmdir errnos
+    with trailing slashes and '.'/'..'; mknod/mkfifo/socket nodes; utimensat's owner and
+    write-access rules; truncate and ftruncate of the wrong descriptors; EFBIG under
+    RLIMIT_FSIZE and near 2^63; O_APPEND with pwrite; fallocate's modes; SEEK_DATA and
+    SEEK_HOLE; statx; st_blocks of written and sparse files (not after fallocate, which
+    reserves nothing here: mlfs.8); open flags by non-owners; access with
+    AT_EACCESS; chmod and chown rules with supplementary groups. The tree and the time
+    flags are compared after each, so a failing call must change no time."""
+    R, A, B = 0, 1, 2
+    ua, ga, g = ids[1][0], ids[1][1], ids[1][2][1]
+    ub, gb = ids[2][0], ids[2][1]
+    W, RW, C, X, T = os.O_WRONLY, os.O_RDWR, os.O_CREAT, os.O_EXCL, os.O_TRUNC
+    RO = os.O_RDONLY
+    COLLAPSE, INSERT = 0x08, 0x20
+    KEEP, PUNCH, ZERO = FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE
+    u = 0o022
+    ops = [
+        # -- rename and renameat2
+        (R, 0, ("mkdir", "r", 0o777)),
+        (R, u, ("mkdir", "r/d1", 0o755)),
+        (R, u, ("mkdir", "r/d2", 0o755)),
+        (R, u, ("open2", "r/d2/x", C | W, 0o644, [("write", 0, 10, 1)])),
+        (R, u, ("open2", "r/f1", C | W, 0o644, [("write", 0, 10, 2)])),
+        (R, u, ("open2", "r/f2", C | W, 0o644, [("write", 0, 20, 3)])),
+        (R, u, ("symlink", "f1", "r/l1")),
+        (R, u, ("rename", "r/d1", "r/d2", 0)),                 # ENOTEMPTY
+        (R, u, ("rename", "r/d1", "r/d2", RENAME_NOREPLACE)),  # EEXIST
+        (R, u, ("rename", "r/d1", "r/d1/sub", 0)),             # EINVAL
+        (R, u, ("rename", "r/d2", "r/d2/x/y", 0)),             # ENOTDIR
+        (R, u, ("rename", "r/d1", "r/d1", 0)),                 # same: nothing
+        (R, u, ("rename", "r/f1", "r/f1", RENAME_NOREPLACE)),  # EEXIST
+        (R, u, ("rename", "r/f1", "r/f1", RENAME_EXCHANGE)),   # nothing
+        (R, u, ("rename", "r/d1/.", "r/d3", 0)),               # EBUSY
+        (R, u, ("rename", "r/d1/..", "r/d3", 0)),              # EBUSY
+        (R, u, ("rename", "r/f1", "r/d1/.", 0)),               # EBUSY
+        (R, u, ("rename", "r/f1/", "r/f3", 0)),                # ENOTDIR
+        (R, u, ("rename", "r/f1", "r/f3/", 0)),                # ENOTDIR
+        (R, u, ("rename", "r/d1/", "r/d3/", 0)),
+        (R, u, ("rename", "r/d3", "r/d1", 0)),
+        (R, u, ("rename", "r/none", "r/f1", 0)),               # ENOENT
+        (R, u, ("rename", "r/f1", "r/none/x", 0)),             # ENOENT
+        (R, u, ("rename", "r/f1", "r/d1", 0)),                 # EISDIR
+        (R, u, ("rename", "r/d1", "r/f1", 0)),                 # ENOTDIR
+        (R, u, ("rename", "r/f1", "r/f2", RENAME_EXCHANGE)),
+        (R, u, ("rename", "r/l1", "r/d1", RENAME_EXCHANGE)),
+        (R, u, ("rename", "r/d1", "r/d2/x", RENAME_EXCHANGE)),
+        (R, u, ("rename", "r/d2", "r/d2/x", RENAME_EXCHANGE)),  # EINVAL (ancestor)
+        (R, u, ("rename", "r/d2/x", "r/d2", RENAME_EXCHANGE)),  # EINVAL
+        (R, u, ("rename", "r/f1", "r/f2", RENAME_EXCHANGE | RENAME_WHITEOUT)),  # EINVAL
+        (R, u, ("rename", "r/f1", "r/f2", 8)),                 # unknown flag: EINVAL
+        (R, u, ("rename", "r/f1", "r/f2", RENAME_NOREPLACE | RENAME_WHITEOUT)),
+        (R, u, ("stat2", "r/f1", False)),
+        (R, u, ("link", "r/f2", "r/f1", False)),
+        (R, u, ("rename", "r/f2", "r/f1", 0)),                 # hard links: nothing
+        (R, u, ("rename", "r/f1", "r/f4", 0)),
+        (R, u, ("unlink", "r/f2")),
+        # by users: directory write and search, sticky directories
+        (R, u, ("mkdir", "r/pa", 0o755)),
+        (R, u, ("chown", "r/pa", ua, ga, True)),
+        (A, u, ("open", "r/pa/fa", C | W, 0o644, [])),
+        (A, u, ("mkdir", "r/pa/da", 0o755)),
+        (B, u, ("rename", "r/pa/fa", "r/fb", 0)),              # EACCES
+        (B, u, ("rename", "r/pa/da", "r/db", 0)),              # EACCES
+        (A, u, ("rename", "r/pa/da", "r/da", 0)),
+        (A, u, ("chmod", "r/da", 0o555)),
+        (A, u, ("rename", "r/da", "r/db", 0)),                 # needs da's write: EACCES
+        (A, u, ("rename", "r/da", "r/pa/da", RENAME_NOREPLACE)),
+        (A, u, ("chmod", "r/pa/da", 0o755)),
+        (A, u, ("open2", "s/fa", C | W, 0o644, [("write", 0, 5, 4)])),
+        (A, u, ("mkdir", "s/da", 0o777)),
+        (B, u, ("open", "s/fb", C | W, 0o666, [])),
+        (B, u, ("mkdir", "s/db", 0o777)),
+        (B, u, ("rename", "s/fa", "r/fa", 0)),                 # sticky: EPERM
+        (B, u, ("rename", "s/fb", "s/fa", 0)),                 # over another's: EPERM
+        (B, u, ("rename", "s/fb", "s/fa", RENAME_EXCHANGE)),   # EPERM
+        (B, u, ("rename", "s/db", "s/da", 0)),                 # EPERM
+        (B, u, ("rename", "s/fb", "s/da/fb", 0)),              # into another's: ok (777)
+        (B, u, ("rename", "s/da/fb", "s/fb", 0)),
+        (A, u, ("rename", "s/fb", "r/x", 0)),                  # EPERM
+        (R, u, ("rename", "s/fb", "s/fa", RENAME_EXCHANGE)),
+        (R, u, ("rename", "s/fb", "s/fa", RENAME_EXCHANGE)),
+        (B, u, ("rename", "s/fb", "s/fc", RENAME_WHITEOUT)),   # EPERM (CAP_MKNOD)
+        (R, u, ("rename", "s/fb", "s/fc", RENAME_WHITEOUT)),
+        (R, u, ("stat2", "s/fb", False)),
+        (R, u, ("unlink", "s/fb")),
+        (B, u, ("rename", "s/db", "s/da/db", 0)),              # dir into another's dir
+        (B, u, ("rename", "s/da/db", "s/db", 0)),
+        # -- link, unlink, rmdir
+        (R, 0, ("mkdir", "k", 0o777)),
+        (R, u, ("open", "k/f", C | W, 0o644, [])),
+        (R, u, ("mkdir", "k/d", 0o755)),
+        (R, u, ("open", "k/d/x", C | W, 0o644, [])),
+        (R, u, ("link", "k/f", "k/f", False)),                 # EEXIST
+        (R, u, ("link", "k/f", "k/d", False)),                 # EEXIST
+        (R, u, ("link", "k/f/", "k/g", False)),                # ENOTDIR
+        (R, u, ("link", "k/f", "k/g/", False)),                # ENOENT
+        (R, u, ("link", "k/none", "k/g", False)),              # ENOENT
+        (R, u, ("link", "k/f", "k/none/g", False)),            # ENOENT
+        (R, u, ("link", "k/f", "k/f/g", False)),               # ENOTDIR
+        (R, u, ("link", "k/d/.", "k/g", False)),               # EPERM
+        (R, u, ("unlink", "k/d")),                             # EISDIR
+        (R, u, ("unlink", "k/f/")),                            # ENOTDIR
+        (R, u, ("unlink", "k/d/")),                            # EISDIR
+        (R, u, ("unlink", "k/none")),
+        (R, u, ("unlink", "k/f/x")),
+        (R, u, ("rmdir", "k/f")),                              # ENOTDIR
+        (R, u, ("rmdir", "k/f/")),
+        (R, u, ("rmdir", "k/d")),                              # ENOTEMPTY
+        (R, u, ("rmdir", "k/d/")),
+        (R, u, ("rmdir", "k/d/x/..")),
+        (R, u, ("rmdir", ".")),                                # EINVAL
+        (R, u, ("rmdir", "k/none")),
+        (R, u, ("mkdir", "k/f/", 0o755)),                      # EEXIST
+        (R, u, ("mkdir", "k/e/", 0o755)),
+        (R, u, ("mkdir", "k/d/x/y", 0o755)),                   # ENOTDIR
+        (R, u, ("rmdir", "k/e/")),
+        (R, u, ("open", "k/f/", C | W, 0o644, [])),            # EISDIR
+        (R, u, ("open", "k/n/", C | W, 0o644, [])),            # EISDIR
+        (R, u, ("open", "k/f/", RO, 0, [])),                   # ENOTDIR
+        (R, u, ("symlink", "x", "k/f")),                       # EEXIST
+        (R, u, ("symlink", "x", "k/s/")),                      # ENOENT
+        (R, u, ("symlink", "", "k/s")),                        # ENOENT
+        (R, u, ("mknod", "k/f", stat.S_IFIFO | 0o644, 0)),     # EEXIST
+        (R, u, ("chmod", "k/d", 0o1777)),
+        (A, u, ("open", "k/d/a", C | W, 0o644, [])),
+        (B, u, ("unlink", "k/d/a")),                           # sticky: EPERM
+        (B, u, ("link", "k/d/a", "k/d/b", False)),             # protected_hardlinks
+        (A, u, ("link", "k/d/a", "k/d/b", False)),
+        (R, u, ("link", "k/d/a", "k/d/c", False)),
+        (R, u, ("chmod", "k", 0o755)),
+        (A, u, ("unlink", "k/d/a")),                           # EACCES? k/d 1777: ok
+        (A, u, ("unlink", "k/f")),                             # k not writable: EACCES
+        (A, u, ("rmdir", "k/d")),
+        (R, u, ("chmod", "k", 0o777)),
+        (R, u, ("chmod", "k/d", 0o311)),
+        (A, u, ("unlink", "k/d/b")),                           # not writable: EACCES
+        (R, u, ("chmod", "k/d", 0o300)),
+        (R, u, ("chown", "k/d", ua, ga, True)),
+        (A, u, ("unlink", "k/d/b")),
+        (A, u, ("listdir", "k/d")),                            # EACCES
+        (R, u, ("chmod", "k/d", 0o600)),
+        (A, u, ("unlink", "k/d/c")),                           # no search: EACCES
+        (A, u, ("stat", "k/d/c", False)),
+        # -- nodes
+        (R, u, ("mknod", "k/fifo", stat.S_IFIFO | 0o666, 0)),
+        (R, u, ("mknod", "k/sock", stat.S_IFSOCK | 0o640, 0)),
+        (R, u, ("mknod", "k/reg", stat.S_IFREG | 0o640, 0)),
+        (R, u, ("mknod", "k/reg0", 0o640, 0)),
+        (R, u, ("mknod", "k/blk", stat.S_IFBLK | 0o600, os.makedev(7, 0))),
+        (R, u, ("mknod", "k/dir", stat.S_IFDIR | 0o700, 0)),   # EPERM/EINVAL
+        (R, u, ("mknod", "k/bad", 0o170000 | 0o700, 0)),
+        (R, u, ("stat2", "k/blk", False)),
+        (A, 0o077, ("mknod", "k/fifo2", stat.S_IFIFO | 0o666, 0)),
+        (A, 0o077, ("socket", "k/sock2")),
+        (A, u, ("socket", "k/sock2")),                         # EADDRINUSE
+        (B, u, ("mknod", "k/c", stat.S_IFCHR | 0o600, os.makedev(1, 3))),  # EPERM
+        (B, u, ("mknod", "k/b", stat.S_IFBLK | 0o600, os.makedev(7, 0))),
+        (R, u, ("open2", "k/fifo", RW, 0, [("fstat",)])),
+        (R, u, ("truncate", "k/fifo", 0)),
+        (R, u, ("rename", "k/fifo", "k/sock", 0)),
+        (R, u, ("link", "k/sock", "k/sock3", False)),
+        (R, u, ("setxattr", "k/sock", "user.x", b"1", 0, False)),  # EPERM
+        (R, u, ("setxattr", "k/sock", "trusted.x", b"1", 0, False)),
+        (A, u, ("chmod", "k/sock2", 0o600)),
+        (B, u, ("utimens", "k/fifo2", None, True)),
+        # -- times: utimensat by owner, writer, others
+        (R, 0, ("mkdir", "t", 0o777)),
+        (A, u, ("open", "t/a", C | W, 0o644, [])),
+        (A, u, ("open", "t/w", C | W, 0o666, [])),
+        (B, u, ("utimens", "t/a", ((0, UTIME_NOW), (0, UTIME_NOW)), True)),   # EACCES
+        (B, u, ("utimens", "t/w", ((0, UTIME_NOW), (0, UTIME_NOW)), True)),   # ok
+        (B, u, ("utimens", "t/w", ((0, UTIME_OMIT), (0, UTIME_NOW)), True)),  # EPERM
+        (B, u, ("utimens", "t/w", ((0, UTIME_NOW), (0, UTIME_OMIT)), True)),
+        (B, u, ("utimens", "t/w", ((0, UTIME_OMIT), (0, UTIME_OMIT)), True)),
+        (B, u, ("utimens", "t/a", ((0, UTIME_OMIT), (0, UTIME_OMIT)), True)),
+        (B, u, ("utimens", "t/w", ((5, 0), (0, UTIME_OMIT)), True)),          # EPERM
+        (B, u, ("utimens", "t/w", ((5, 10**9), (5, 0)), True)),               # EINVAL
+        (A, u, ("utimens", "t/w", ((5, 10**9), (5, 0)), True)),
+        (A, u, ("utimens", "t/w", ((-1, 0), (1 << 40, 999999999)), True)),
+        (A, u, ("stat", "t/w", True)),
+        (A, u, ("times", "t/w", True)),                  # clamped: 1901 to 2446 on ext4
+        (A, u, ("utimens", "t/w", ((-(1 << 40), 5), (1 << 33, 7)), True)),
+        (A, u, ("times", "t/w", True)),
+        (A, u, ("utimens", "t/w", ((-(1 << 31), 5), ((1 << 34) - (1 << 31) - 1, 7)), True)),
+        (A, u, ("times", "t/w", True)),
+        (A, u, ("utimens", "t/w", ((-(1 << 31) + 1, 5), (9223372036, 854775807)), True)),
+        (A, u, ("times", "t/w", True)),
+        (A, u, ("utimens", "t/w", ((-5, 3), (1 << 62, 999999999)), True)),
+        (A, u, ("times", "t/w", True)),
+        (A, u, ("utimens", "t/w", ((1, 2), (3, 4)), True)),
+        (A, u, ("times", "t/w", True)),
+        (A, u, ("utimens", "t/a", ((0, -1), (5, 0)), True)),
+        (A, u, ("chmod", "t/a", 0o444)),
+        (A, u, ("utimens", "t/a", None, True)),                # owner: ok
+        (B, u, ("utimens", "t/a", None, True)),
+        (R, u, ("utimens", "t/a", None, True)),
+        (A, u, ("symlink", "a", "t/l")),
+        (A, u, ("utimens", "t/l", ((7, 0), (8, 0)), False)),
+        (B, u, ("utimens", "t/l", ((7, 0), (8, 0)), False)),   # EPERM
+        (B, u, ("utimens", "t/l", None, False)),               # EACCES
+        (A, u, ("utimens", "t", None, True)),                  # 777 dir of root: ok
+        (A, u, ("utimens", "t", ((1, 0), (1, 0)), True)),      # EPERM
+        # -- truncate and ftruncate
+        (A, u, ("open2", "t/a", RO, 0, [("ftruncate", 5)])),    # EINVAL (EBADF?)
+        (A, u, ("chmod", "t/a", 0o644)),
+        (A, u, ("open2", "t/a", os.O_PATH, 0, [("ftruncate", 5)])),  # EBADF
+        (A, u, ("open2", "t/a", W | os.O_APPEND, 0, [("ftruncate", 5)])),  # EPERM? ok
+        (A, u, ("open2", "t", os.O_PATH, 0, [("ftruncate", 0)])),
+        (B, u, ("truncate", "t/a", 0)),                        # EACCES
+        (B, u, ("truncate", "t/w", 100)),
+        (B, u, ("truncate", "t/w", 100)),                      # same size: times
+        (B, u, ("truncate", "t/w", -1)),
+        (B, u, ("truncate", "t/w/", 1)),
+        (B, u, ("truncate", "t", 1)),
+        (B, u, ("open2", "t/w", W, 0, [("ftruncate", -1)])),
+        (B, u, ("open2", "t/w", W, 0, [("ftruncate", 1 << 62)])),  # EFBIG
+        (B, u, ("truncate", "t/w", 1 << 62)),
+        (B, u, ("stat2", "t/w", True)),
+        (R, u, ("chmod", "t/w", 0o4777)),
+        (B, u, ("truncate", "t/w", 50)),                       # drops setuid
+        (R, u, ("chmod", "t/w", 0o2777)),
+        (B, u, ("open2", "t/w", W, 0, [("ftruncate", 51)])),    # drops setgid
+        (R, u, ("chmod", "t/w", 0o6777)),
+        (B, u, ("open", "t/w", W | T, 0, [])),
+        (R, u, ("chmod", "t/w", 0o6777)),
+        (R, u, ("open", "t/w", W | T, 0, [])),                 # root: kept
+        # -- EFBIG, RLIMIT_FSIZE, near 2^63
+        (A, u, ("fsize", "t/big", C | W, 1000, [("write", 990, 20, 5), ("fstat",),
+                                                ("write", 1000, 1, 6)])),
+        (A, u, ("fsize", "t/big", W, 1000, [("write", 2000, 1, 6)])),
+        (A, u, ("fsize", "t/big", W, 1000, [("ftruncate", 5000)])),
+        (A, u, ("fsize", "t/big", W, 1000, [("ftruncate", 10)])),
+        # (no fallocate past the limit: ext4 changes mtime and ctime before its EFBIG,
+        # FUSE refuses in the kernel, the server never asked)
+        (A, u, ("fsize", "t/big", W | os.O_APPEND, 15, [("write", None, 10, 7), ("fstat",)])),
+        (A, u, ("fsize", "t/big", W, 4096, [("write", 4096, 1, 8), ("write", 4095, 1, 8)])),
+        (A, u, ("open2", "t/big", RW, 0, [("write", (1 << 63) - 2, 10, 9)])),
+        (A, u, ("open2", "t/big", RW, 0, [("write", (1 << 63) - 1, 1, 9)])),
+        (A, u, ("open2", "t/big", RW, 0, [("read", (1 << 63) - 2, 10)])),
+        (A, u, ("open2", "t/big", RW, 0, [("seek", os.SEEK_END, (1 << 63) - 1),
+                                         ("seek", os.SEEK_SET, -1),
+                                         ("seek", SEEK_DATA, 1 << 62)])),
+        (A, u, ("open2", "t/big", RW, 0, [("fallocate", 0, (1 << 63) - 4096, 4096)])),
+        (A, u, ("open2", "t/big", RW, 0, [("fallocate", 0, (1 << 62), 1 << 62)])),
+        (A, u, ("open2", "t/big", RW, 0, [("fallocate", KEEP, 1 << 44, 4096)])),
+        # -- O_APPEND and pwrite
+        (A, u, ("open2", "t/ap", C | W | os.O_APPEND, 0o644, [
+            ("write", 100, 10, 10), ("write", 0, 5, 11), ("fstat",)])),
+        (A, u, ("open2", "t/ap", RW | os.O_APPEND, 0, [
+            ("ftruncate", 3), ("write", 1000, 2, 12), ("read", 0, 100)])),
+        # -- fallocate's modes and their errnos
+        (A, u, ("open2", "t/fa", C | RW, 0o644, [("write", 0, 3 * 4096, 13)])),
+        (A, u, ("open2", "t/fa", RW, 0, [("fallocate", PUNCH, 0, 4096)])),  # EOPNOTSUPP
+        (A, u, ("open2", "t/fa", RW, 0, [("fallocate", PUNCH | KEEP, 100, 5000),
+                                        ("read", 0, 1 << 16), ("fstat2",)])),
+        (A, u, ("open2", "t/fa", RW, 0, [("fallocate", ZERO, 8000, 10000), ("fstat",),
+                                        ("read", 0, 1 << 16)])),
+        (A, u, ("open2", "t/fa", RW, 0, [("fallocate", ZERO | KEEP, 20000, 10000),
+                                        ("fstat",)])),
+        (A, u, ("open2", "t/fa", RW, 0, [("fallocate", ZERO | PUNCH, 0, 10)])),  # EINVAL
+        (A, u, ("open2", "t/fa", RW, 0, [("fallocate", 0x80, 0, 10)])),
+        (A, u, ("open2", "t/fa", RW, 0, [("fallocate", 0x100, 0, 10)])),
+        (A, u, ("open2", "t/fa", W | os.O_APPEND, 0, [("fallocate", PUNCH | KEEP, 0, 10)])),
+        (A, u, ("open2", "t/fa", W | os.O_APPEND, 0, [("fallocate", KEEP, 0, 10)])),
+        (A, u, ("open2", "t", RO, 0, [("fallocate", 0, 0, 10)])),
+        (A, u, ("open2", "t/fa", RW, 0, [("fallocate", KEEP, 1 << 20, 4096), ("fstat",)])),
+        (A, u, ("open2", "t/fa", RW, 0, [("fallocate", 0, 0, 1 << 20), ("fstat",)])),
+        (A, u, ("open2", "t/fa", RW, 0, [("fallocate", 0, 1, (1 << 63) - 1)])),
+        (A, u, ("open2", "t/fa", RW, 0, [("fallocate", 0, 0, -1)])),
+        # -- sparse files: SEEK_DATA/SEEK_HOLE, st_blocks
+        # (whole blocks of st_blksize: mlfs's SEEK_HOLE finds holes at its block size)
+        (A, u, ("open2", "t/sp", C | RW, 0o644, [("write", 1 << 20, 1, 14), ("fstat2",),
+                                                 ("seek", SEEK_DATA, 0),
+                                                 ("seek", SEEK_HOLE, 0),
+                                                 ("seek", SEEK_HOLE, (1 << 20) + 1),
+                                                 ("seek", SEEK_DATA, (1 << 20) + 1)])),
+        (A, u, ("open2", "t/sp", RW, 0, [("write", 1 << 20, 1 << 20, 16), ("fstat2",),
+                                         ("ftruncate", 3 << 20), ("fstat2",),
+                                         ("seek", SEEK_HOLE, 1 << 20),
+                                         ("seek", SEEK_DATA, 2 << 20),
+                                         ("seek", SEEK_HOLE, 3 << 20)])),
+        (A, u, ("open2", "t/sp2", C | RW, 0o644, [("write", 0, 100, 15), ("fstat2",)])),
+        (A, u, ("open2", "t/sp3", C | RW, 0o644, [("ftruncate", 8 << 20), ("fstat2",),
+                                                 ("seek", SEEK_DATA, 0),
+                                                 ("seek", SEEK_HOLE, 0)])),
+        (A, u, ("open2", "t/sp4", C | RW, 0o644, [("fstat2",), ("seek", SEEK_DATA, 0),
+                                                 ("seek", SEEK_HOLE, 0)])),
+        # -- copy_file_range
+        (A, u, ("copy", "t/fa", "t/cp", 0, 10)),               # ENOENT
+        (A, u, ("open", "t/cp", C | W, 0o644, [])),
+        (A, u, ("copy", "t/fa", "t/cp", 0, 10000)),
+        (A, u, ("copy", "t/fa", "t/cp", 1 << 30, 10)),
+        (A, u, ("copy", "t/sp", "t/cp", 0, 1 << 21)),
+        (A, u, ("copy", "t", "t/cp", 0, 10)),
+        (A, u, ("copy", "t/fa", "t/fa", 0, 10)),               # overlap: EINVAL
+        (B, u, ("copy", "t/fa", "t/cp", 0, 10)),               # EACCES
+        # -- open flags
+        (A, u, ("open", "t/fa", RO | os.O_DIRECTORY, 0, [])),  # ENOTDIR
+        (A, u, ("open", "t/l", RO | os.O_NOFOLLOW, 0, [])),    # ELOOP
+        (A, u, ("open", "t/l", os.O_PATH | os.O_NOFOLLOW, 0, [])),
+        (A, u, ("open", "t/l", RO | os.O_NOFOLLOW | os.O_DIRECTORY, 0, [])),
+        (A, u, ("open", "t/fa", RO | X, 0, [])),               # O_EXCL alone: ok
+        (A, u, ("open", "t/nx", RO | X, 0, [])),               # ENOENT
+        (A, u, ("open", "t/nd", RO | os.O_DIRECTORY | C, 0o755, [])),  # EINVAL
+        (A, u, ("open", "t", RW, 0, [])),                      # EISDIR
+        (A, u, ("open", "t", RO | T, 0, [])),                  # EISDIR
+        (A, u, ("open", "t/fa", os.O_ACCMODE, 0, [])),
+        (B, u, ("open", "t/fa", RO | os.O_NOATIME, 0, [])),    # EPERM
+        (A, u, ("open", "t/fa", RO | os.O_NOATIME, 0, [])),
+        (R, u, ("open", "t/fa", RO | os.O_NOATIME, 0, [])),
+        (A, u, ("chmod", "t/fa", 0o646)),
+        (B, u, ("open2", "t/fa", RO | T, 0, [("fstat",)])),     # write permission: truncates
+        (B, u, ("open", "t/fa", W | C | X, 0o644, [])),        # EEXIST
+        (B, u, ("open", "t/fa", W | os.O_APPEND | T, 0, [])),
+        (B, u, ("fd", 0, ("fstat",))),
+        (A, u, ("chmod", "t/fa", 0o604)),
+        (B, u, ("open", "t/fa", RO | T, 0, [])),               # EACCES
+        (B, u, ("open", "t/fa", W, 0, [])),
+        # -- access and faccessat
+        (A, u, ("access", "t/fa", os.W_OK, 0)),
+        (A, u, ("access", "t/fa", os.X_OK, 0)),
+        (R, u, ("access", "t/fa", os.X_OK, 0)),                # no x bit: EACCES
+        (R, u, ("access", "t/fa", os.X_OK, AT_EACCESS)),
+        (R, u, ("access", "t", os.X_OK | os.W_OK, AT_EACCESS)),
+        (B, u, ("access", "t/fa", os.R_OK | os.W_OK, AT_EACCESS)),
+        (B, u, ("access", "t/fa", 8, 0)),                      # EINVAL
+        (B, u, ("access", "t/fa", os.R_OK, 0x1)),              # bad flag: EINVAL
+        (B, u, ("access", "t/l", os.W_OK, AT_SYMLINK_NOFOLLOW)),
+        (B, u, ("access", "t/none", os.F_OK, 0)),
+        # real and effective ids apart: access() asks with the real ones, AT_EACCESS
+        # and open with the effective ones
+        (A, u, ("open", "t/ra", C | W, 0o600, [])),
+        (B, u, ("open", "t/eb", C | W, 0o600, [])),
+        (R, u, ("as", (ua, ub, ga, gb, [gb]), ("access", "t/ra", os.R_OK | os.W_OK, 0))),
+        (R, u, ("as", (ua, ub, ga, gb, [gb]), ("access", "t/ra", os.R_OK, AT_EACCESS))),
+        (R, u, ("as", (ua, ub, ga, gb, [gb]), ("access", "t/eb", os.R_OK, 0))),
+        (R, u, ("as", (ua, ub, ga, gb, [gb]), ("access", "t/eb", os.W_OK, AT_EACCESS))),
+        (R, u, ("as", (ua, ub, ga, gb, [gb]), ("open", "t/ra", RO, 0, []))),
+        (R, u, ("as", (ua, ub, ga, gb, [gb]), ("open", "t/eb", RW, 0, []))),
+        (R, u, ("as", (ua, ub, ga, gb, [gb]), ("open", "t/new", C | W, 0o640, []))),
+        (R, u, ("stat", "t/new", True)),
+        (R, u, ("chmod", "t/ra", 0o060)),
+        (R, u, ("chown", "t/ra", 0, g, True)),
+        (R, u, ("as", (ub, ua, gb, ga, [ga, g]), ("access", "t/ra", os.R_OK, AT_EACCESS))),
+        (R, u, ("as", (ub, ua, gb, ga, [ga, g]), ("access", "t/ra", os.R_OK, 0))),
+        (R, u, ("as", (ub, ua, gb, ga, [ga]), ("access", "t/ra", os.R_OK, AT_EACCESS))),
+        (R, u, ("as", (ua, 0, ga, ga, [ga]), ("access", "t/eb", os.R_OK, AT_EACCESS))),
+        (R, u, ("as", (ua, 0, ga, ga, [ga]), ("access", "t/eb", os.R_OK, 0))),
+        (R, u, ("as", (0, ua, 0, ga, [ga]), ("access", "t/eb", os.R_OK, 0))),
+        (R, u, ("as", (0, ua, 0, ga, [ga]), ("access", "t", os.X_OK, 0))),
+        (R, u, ("as", (ua, ub, ga, gb, [gb]), ("utimens", "t/eb", None, True))),
+        (R, u, ("as", (ua, ub, ga, gb, [gb]), ("chmod", "t/ra", 0o666))),
+        # -- chmod, chown, supplementary groups
+        (A, u, ("open", "t/g", C | W, 0o644, [])),
+        (A, u, ("chown", "t/g", -1, g, True)),                 # supplementary group: ok
+        (A, u, ("chmod", "t/g", 0o2755)),                      # member of g: kept
+        (A, u, ("stat", "t/g", True)),
+        (A, u, ("chown", "t/g", -1, -1, True)),
+        (A, u, ("chown", "t/g", ua, -1, True)),
+        (A, u, ("chown", "t/g", -1, gb, True)),                # EPERM
+        (B, u, ("chown", "t/g", -1, -1, True)),                # (known difference)
+        (R, u, ("chown", "t/g", ub, -1, True)),                # drops setgid? (group x)
+        (R, u, ("chmod", "t/g", 0o2755)),
+        (B, u, ("chmod", "t/g", 0o2755)),                      # not in g: cleared
+        (B, u, ("chmod", "t/g", 0o4755)),
+        (B, u, ("chmod", "t/g", 0o7777)),
+        (B, u, ("chown", "t/g", -1, gb, True)),
+        (B, u, ("chmod", "t/g", 0o2755)),
+        (B, u, ("chown", "t/g", -1, g, True)),                 # EPERM
+        (R, u, ("chown", "t/g", -1, -1, True)),
+        (R, u, ("chown", "t/g", 0, -1, True)),                 # drops setuid/setgid
+        (R, u, ("chmod", "t/g", 0o6755)),
+        (R, u, ("chown", "t/g", -1, -1, True)),
+        (R, u, ("chown", "t/l", ua, g, False)),
+        (R, u, ("chmod", "t/g", 0o17777)),
+        (R, u, ("stat", "t/g", True)),
+        # chown by the owner outside the file's group: a setgid without group execute
+        # goes (setattr_should_drop_sgid, by the group before the chown)
+        (A, u, ("open", "t/sg", C | W, 0o644, [])),
+        (R, u, ("chown", "t/sg", -1, gb, True)),
+        (R, u, ("chmod", "t/sg", 0o2740)),
+        (A, u, ("chown", "t/sg", -1, -1, True)),
+        (A, u, ("stat", "t/sg", True)),
+        (R, u, ("chmod", "t/sg", 0o2740)),
+        (A, u, ("chown", "t/sg", ua, ga, True)),
+        (R, u, ("chmod", "t/sg", 0o2740)),
+        (A, u, ("chown", "t/sg", -1, g, True)),               # from ga, A's: kept
+        (A, u, ("chown", "t/sg", -1, -1, True)),
+        (R, u, ("chown", "t/sg", -1, gb, True)),
+        (R, u, ("chmod", "t/sg", 0o2740)),
+        (A, u, ("chown", "t/sg", ua, g, True)),                # from gb: dropped
+        (R, u, ("chmod", "t/sg", 0o2740)),
+        (R, u, ("chown", "t/sg", -1, gb, True)),
+        (A, u, ("open", "t/sg", W, 0, [("fchown", -1, -1)])),
+        (R, u, ("chmod", "t/sg", 0o2740)),
+        (A, u, ("chown", "t/sg", -1, -1, False)),
+        (R, u, ("chown", "t/sg", -1, -1, True)),               # root keeps it
+        (A, u, ("mkdir", "t/gd", 0o755)),
+        (A, u, ("chown", "t/gd", -1, g, True)),
+        (A, u, ("chmod", "t/gd", 0o3777)),
+        (B, u, ("open", "t/gd/x", C | W, 0o2777, [])),         # group g, setgid cleared
+        (B, u, ("mkdir", "t/gd/y", 0o777)),                    # setgid inherited
+        (A, u, ("chmod", "t/gd/y", 0o755)),                    # EPERM
+        (B, u, ("chmod", "t/gd/y", 0o755)),                    # not in g: setgid dropped?
+        # -- statx and stat
+        (A, u, ("statx", "t/fa", 0, STATX_BASIC_STATS)),
+        (A, u, ("statx", "t/fa", 0, 0)),
+        (A, u, ("statx", "t/l", AT_SYMLINK_NOFOLLOW, STATX_BASIC_STATS)),
+        (A, u, ("statx", "t", AT_STATX_FORCE_SYNC, STATX_BASIC_STATS)),
+        (A, u, ("statx", "t/fa", 0x80000000, STATX_BASIC_STATS)),  # EINVAL
+        (A, u, ("statx", "t/fa", 0, 0x80000000)),                  # EINVAL
+        (A, u, ("stat2", "t/sp", True)),
+        (A, u, ("stat2", "t/sp2", True)),
+        (A, u, ("stat2", "t/l", False)),
+        # -- directory link counts
+        (R, u, ("mkdir", "t/n", 0o777)),
+        (R, u, ("mkdir", "t/n/a", 0o777)),
+        (R, u, ("mkdir", "t/n/b", 0o777)),
+        (R, u, ("mkdir", "t/n/b/c", 0o777)),
+        (R, u, ("rename", "t/n/b/c", "t/n/c", 0)),
+        (R, u, ("rename", "t/n/c", "t/n/a", RENAME_EXCHANGE)),
+        (R, u, ("rename", "t/n/a", "t/n/b/a", 0)),
+        (R, u, ("rename", "t/n/c", "t/n/b", 0)),               # ENOTEMPTY
+        (R, u, ("rmdir", "t/n/b/a")),
+        (R, u, ("rename", "t/n/c", "t/n/b", 0)),
+        (R, u, ("stat", "t/n", True)),
     ]
     return ops
 

@@ -91,14 +91,14 @@ def diff_users():
             _run("groupdel", gname)
 
 
-def _compare(ext4_dir, ckpt_dir, ids, g, ops, stop_at=1):
+def _compare(ext4_dir, ckpt_dir, ids, g, ops, stop_at=1, trace=None):
     Ws = [ext4_dir, ckpt_dir]
     for W in Ws:
         D.prepare(W, g)
     sides = []
     try:
         sides = [D.Side("ext4", Ws[0], ids), D.Side("mlfs", Ws[1], ids)]
-        return D.compare_sides(sides, ops, log=lambda s: None, stop_at=stop_at)
+        return D.compare_sides(sides, ops, log=lambda s: None, stop_at=stop_at, trace=trace)
     finally:
         for s in sides:
             s.close()
@@ -115,6 +115,24 @@ def test_directed_sequence_matches_ext4(mounter, ext4_ref, diff_users):
     m = mounter(opts="allow_other")
     diffs = _compare(os.path.join(ext4_ref, "directed"), os.path.join(m.ckpt, "directed"),
                      ids, g, D.directed(ids), stop_at=5)
+    assert not diffs, "\n".join(d[:3000] for d in diffs)
+    assert U.pid_alive(m.pid)
+
+
+def test_directed_more_matches_ext4(mounter, ext4_ref, diff_users):
+    """posix_diff.directed2: every rename and renameat2 errno (flags, '.'/'..', trailing
+    slashes, sticky directories, non-owners), link/unlink/rmdir/mkdir errnos, FIFO,
+    socket and device nodes, utimensat's owner and write-access rules, truncate and
+    ftruncate errnos and the setuid/setgid they drop, EFBIG under RLIMIT_FSIZE and near
+    2^63, O_APPEND with pwrite, fallocate's modes, SEEK_DATA/SEEK_HOLE and st_blocks of
+    sparse files, copy_file_range, open flags (O_NOATIME by a non-owner, O_TRUNC with
+    write permission only), faccessat with AT_EACCESS, chmod and chown by members of a
+    supplementary group and by others, statx, directory link counts; the tree and which
+    times changed after each (nothing on failure)."""
+    ids, g = diff_users
+    m = mounter(opts="allow_other")
+    diffs = _compare(os.path.join(ext4_ref, "directed2"), os.path.join(m.ckpt, "directed2"),
+                     ids, g, D.directed2(ids), stop_at=5)
     assert not diffs, "\n".join(d[:3000] for d in diffs)
     assert U.pid_alive(m.pid)
 
@@ -136,6 +154,25 @@ def test_random_sequences_match_ext4(mounter, ext4_ref, diff_users):
             failed.append(f"seed {seed}: {d[0][:3000]}")
     assert U.pid_alive(m.pid), "the daemon died"
     assert not failed, f"{len(failed)} of {SEEDS} sequences differ:\n" + "\n".join(failed)
+
+
+def test_random_more_sequences_match_ext4(mounter, ext4_ref, diff_users):
+    """As test_random_sequences_match_ext4 with posix_diff.gen_op2: renameat2 with every
+    flag, '.', '..' and trailing slashes, sockets, RLIMIT_FSIZE, large offsets, O_APPEND
+    with pwrite, O_NOATIME and O_PATH, statx and utimensat of symlinks mixed in."""
+    ids, g = diff_users
+    m = mounter(opts="allow_other")
+    failed = []
+    for k in range(SEEDS // 2):
+        seed = U.SEED + 1000 + k
+        rng = random.Random(seed)
+        ops = [D.gen_op2(rng, ids) for _ in range(OPS)]
+        d = _compare(os.path.join(ext4_ref, f"q{seed}"), os.path.join(m.ckpt, f"q{seed}"),
+                     ids, g, ops)
+        if d:
+            failed.append(f"seed {seed}: {d[0][:3000]}")
+    assert U.pid_alive(m.pid), "the daemon died"
+    assert not failed, f"{len(failed)} of {SEEDS // 2} sequences differ:\n" + "\n".join(failed)
 
 
 def test_data_reads_no_more_than_source(mounter, test_root, diff_users):
