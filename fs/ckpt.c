@@ -79,6 +79,10 @@
 #define CKPT_META_SHARE 8
 #define CKPT_META_FLOOR (256ull << 20)
 #define CKPT_INODE_COST (sizeof(struct ckpt_inode))
+/* A sixteenth of the xattr and name bounds is root's alone (ckpt_limit), as ext4 keeps
+ * 5% of its blocks for root: a user who fills MOUNT/ckpt's metadata does not stop a
+ * job running as root from creating its next checkpoint files. */
+#define CKPT_ROOT_RESERVE 16
 #define CKPT_NAME_COST(len) (sizeof(struct ckpt_dirent) + (len) + 1)
 /* Read-ahead of restored files (ckpt_readahead_locked): a file's blocks that are only in
  * the store load at their first read, one store read each; read-ahead asks the tier's
@@ -519,11 +523,18 @@ static void ckpt_unlink_locked(struct ckpt_ns *ns, struct ckpt_dirent *d)
 	free(d);
 }
 
-/* -ENOSPC if more bytes of inodes, names and targets would pass ns->meta_max
- * (CKPT_META_SHARE). Under ns->mu. */
-static int ckpt_meta_room(struct ckpt_ns *ns, size_t more)
+/* What of a bound max the caller c may use: all of it for root, the rest but root's
+ * reserve (CKPT_ROOT_RESERVE) for anyone else. */
+static uint64_t ckpt_limit(uint64_t max, const struct ckpt_ctx *c)
 {
-	return ns->meta_bytes + more > ns->meta_max ? -ENOSPC : 0;
+	return c->uid == 0 ? max : max - max / CKPT_ROOT_RESERVE;
+}
+
+/* -ENOSPC if more bytes of inodes, names and targets would pass what c may use of
+ * ns->meta_max (CKPT_META_SHARE, ckpt_limit). Under ns->mu. */
+static int ckpt_meta_room(struct ckpt_ns *ns, size_t more, const struct ckpt_ctx *c)
+{
+	return ns->meta_bytes + more > ckpt_limit(ns->meta_max, c) ? -ENOSPC : 0;
 }
 
 static int ckpt_check_name(const char *name)
@@ -823,7 +834,8 @@ static int ckpt_create_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, const 
 		return dir->nlink == 0 ? -ENOENT : -ENOTDIR;
 	if (name && ckpt_find_locked(ns, dir, name))
 		return -EEXIST;
-	if ((rc = ckpt_meta_room(ns, CKPT_INODE_COST + (name ? CKPT_NAME_COST(strlen(name)) : 0))))
+	if ((rc = ckpt_meta_room(ns, CKPT_INODE_COST + (name ? CKPT_NAME_COST(strlen(name)) : 0),
+				 c)))
 		return rc;
 	if ((rc = ckpt_acl_inherit_locked(dir, &mode, c, &acl, &acl_size, &dacl)))
 		return rc;
@@ -836,7 +848,8 @@ static int ckpt_create_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, const 
 	}
 	/* The inherited ACLs count in ns->xattr_bytes as any xattr (CKPT_XATTR_SHARE). */
 	rc = ns->xattr_bytes + (acl ? acl_size + sizeof(PACL_XATTR_ACCESS) : 0) +
-			     (dacl ? acl_size + sizeof(PACL_XATTR_DEFAULT) : 0) > ns->xattr_max
+			     (dacl ? acl_size + sizeof(PACL_XATTR_DEFAULT) : 0) >
+		     ckpt_limit(ns->xattr_max, c)
 		     ? -ENOSPC : 0;
 	ino = rc ? NULL : ckpt_inode_new(ns, mode, c->uid, gid);
 	if (!rc && !ino)
@@ -949,7 +962,7 @@ int ckpt_symlink(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
 	if (!t)
 		return -ENOMEM;
 	pthread_mutex_lock(&ns->mu);
-	if (!(rc = ckpt_meta_room(ns, strlen(t) + 1)) &&
+	if (!(rc = ckpt_meta_room(ns, strlen(t) + 1, c)) &&
 	    !(rc = ckpt_create_locked(ns, dir, name, S_IFLNK | 0777, c, &ino))) {
 		ino->target = t;
 		ino->size = strlen(t);
@@ -963,7 +976,7 @@ int ckpt_symlink(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
 }
 
 int ckpt_link(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_inode *dir,
-	      const char *name, struct fuse_entry_param *e)
+	      const char *name, const struct ckpt_ctx *c, struct fuse_entry_param *e)
 {
 	int rc;
 
@@ -980,7 +993,7 @@ int ckpt_link(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_inode *dir
 		rc = -EMLINK; /* ext4's EXT4_LINK_MAX */
 	else if (ckpt_find_locked(ns, dir, name))
 		rc = -EEXIST;
-	else if (!(rc = ckpt_meta_room(ns, CKPT_NAME_COST(strlen(name)))) &&
+	else if (!(rc = ckpt_meta_room(ns, CKPT_NAME_COST(strlen(name)), c)) &&
 		 !(rc = ckpt_link_locked(ns, dir, name, ino))) {
 		ino->linkable = 0; /* unlinked again, it stays unlinked (ext4) */
 		ino->inherited = 0; /* a name that no restore gave it */
@@ -1209,7 +1222,14 @@ int ckpt_readlink(struct ckpt_ns *ns, struct ckpt_inode *ino, char *buf, size_t 
 	return rc;
 }
 
-int ckpt_statfs(struct ckpt_ns *ns, struct statvfs *sv)
+/* Files of one inode and a short name each that fit below limit. Under ns->mu. */
+static uint64_t ckpt_files_left(struct ckpt_ns *ns, uint64_t limit)
+{
+	return ns->meta_bytes < limit
+		? (limit - ns->meta_bytes) / (CKPT_INODE_COST + CKPT_NAME_COST(16)) : 0;
+}
+
+int ckpt_statfs(struct ckpt_ns *ns, const struct ckpt_ctx *c, struct statvfs *sv)
 {
 	uint64_t total = ns->m->cfg.mem_max + ns->m->cfg.spill_max;
 	uint64_t used = bc_mem_bytes(ns->bc);
@@ -1219,10 +1239,12 @@ int ckpt_statfs(struct ckpt_ns *ns, struct statvfs *sv)
 	sv->f_bsize = sv->f_frsize = 4096;
 	sv->f_blocks = total / 4096;
 	sv->f_bfree = sv->f_bavail = used < total ? (total - used) / 4096 : 0;
-	/* Files: what ns->meta_max leaves room for at one inode and a short name each. */
+	/* Files: what c may still use of ns->meta_max (ckpt_limit: root's reserve counts
+	 * for root only) at one inode and a short name each. FUSE carries no f_favail
+	 * (the kernel copies f_ffree), so the answer is per caller, as its creates are. */
 	pthread_mutex_lock(&ns->mu);
-	sv->f_ffree = sv->f_favail = ns->meta_bytes < ns->meta_max
-		? (ns->meta_max - ns->meta_bytes) / (CKPT_INODE_COST + CKPT_NAME_COST(16)) : 0;
+	sv->f_ffree = sv->f_favail = ckpt_files_left(ns, c ? ckpt_limit(ns->meta_max, c)
+							    : ns->meta_max);
 	sv->f_files = ns->ninodes + sv->f_ffree;
 	pthread_mutex_unlock(&ns->mu);
 	sv->f_namemax = NAME_MAX;
@@ -1606,7 +1628,7 @@ int ckpt_fallocate(struct ckpt_ns *ns, struct ckpt_inode *ino, int mode, off_t o
 	/* Nothing is reserved (memory is taken at the write), so refuse only what could
 	 * never fit: more than statfs calls free, when spill_max bounds the capacity
 	 * (without it the spill file system's free space is the limit, unknown here). */
-	if (!(mode & zero) && ns->m->cfg.spill_max && !ckpt_statfs(ns, &sv) &&
+	if (!(mode & zero) && ns->m->cfg.spill_max && !ckpt_statfs(ns, NULL, &sv) &&
 	    (uint64_t)len > sv.f_bavail * sv.f_frsize)
 		return -ENOSPC;
 	pthread_rwlock_wrlock(&ino->lock);
@@ -1756,7 +1778,8 @@ static int ckpt_xattr_attach(struct ckpt_ns *ns, struct ckpt_inode *ino, const c
  * leaves ctime alone for a value set again). Under ns->mu.
  */
 static int ckpt_xattr_set_locked(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name,
-				 const void *value, size_t size, int flags, bool *changed)
+				 const void *value, size_t size, int flags,
+				 const struct ckpt_ctx *c, bool *changed)
 {
 	struct ckpt_xattr **pp = ckpt_xattr_find_locked(ino, name), *x;
 	size_t names = 0;
@@ -1773,9 +1796,10 @@ static int ckpt_xattr_set_locked(struct ckpt_ns *ns, struct ckpt_inode *ino, con
 	if (ino->xattr_bytes + size + strlen(name) -
 		    (pp ? (*pp)->size + strlen(name) : 0) > CKPT_XATTR_TOTAL)
 		return -ENOSPC;
-	/* All inodes' together (CKPT_XATTR_SHARE): only a growth is refused. */
+	/* All inodes' together (CKPT_XATTR_SHARE, ckpt_limit): only a growth is refused. */
 	if ((!pp || size > (*pp)->size) &&
-	    ns->xattr_bytes + (pp ? size - (*pp)->size : size + strlen(name)) > ns->xattr_max)
+	    ns->xattr_bytes + (pp ? size - (*pp)->size : size + strlen(name)) >
+		    ckpt_limit(ns->xattr_max, c))
 		return -ENOSPC;
 	if (!pp) {
 		for (x = ino->xattrs; x; x = x->next)
@@ -1834,12 +1858,12 @@ static int ckpt_set_acl_locked(struct ckpt_ns *ns, struct ckpt_inode *ino, int a
 		return 0;
 	}
 	if (!access)
-		return ckpt_xattr_set_locked(ns, ino, name, value, size, 0, changed);
+		return ckpt_xattr_set_locked(ns, ino, name, value, size, 0, c, changed);
 	keep = pacl_equiv_mode(value, size, &mode);
 	if (!ckpt_in_group(c, ino->gid))
 		mode &= ~(mode_t)S_ISGID;
 	if (keep) {
-		rc = ckpt_xattr_set_locked(ns, ino, name, value, size, 0, changed);
+		rc = ckpt_xattr_set_locked(ns, ino, name, value, size, 0, c, changed);
 	} else if (pp) {
 		ckpt_xattr_del_locked(ns, ino, pp);
 		*changed = true;
@@ -1927,7 +1951,7 @@ int ckpt_setxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name,
 		rc = ckpt_set_acl_locked(ns, ino, xns == XNS_ACL_ACCESS, value, size, flags, c,
 					 &changed);
 	else
-		rc = ckpt_xattr_set_locked(ns, ino, name, value, size, flags, &changed);
+		rc = ckpt_xattr_set_locked(ns, ino, name, value, size, flags, c, &changed);
 	if (!rc && changed) {
 		ino->ctime = ckpt_now();
 		ckpt_changed(ns);

@@ -70,7 +70,7 @@ int ckpt_symlink(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
 int ckpt_tmpfile(struct ckpt_ns *ns, struct ckpt_inode *dir, mode_t mode, int linkable,
 		 const struct ckpt_ctx *c, struct fuse_entry_param *e);
 int ckpt_link(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_inode *dir,
-	      const char *name, struct fuse_entry_param *e);
+	      const char *name, const struct ckpt_ctx *c, struct fuse_entry_param *e);
 int ckpt_unlink(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name);
 int ckpt_rmdir(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name);
 /* flags: 0, RENAME_NOREPLACE, RENAME_EXCHANGE, or RENAME_WHITEOUT (with or without
@@ -79,7 +79,8 @@ int ckpt_rename(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
 		struct ckpt_inode *newdir, const char *newname, unsigned flags,
 		const struct ckpt_ctx *c);
 int ckpt_readlink(struct ckpt_ns *ns, struct ckpt_inode *ino, char *buf, size_t size);
-int ckpt_statfs(struct ckpt_ns *ns, struct statvfs *sv);
+/* The tiers' capacity and use; files left for c (NULL: root's view, ckpt_limit). */
+int ckpt_statfs(struct ckpt_ns *ns, const struct ckpt_ctx *c, struct statvfs *sv);
 
 /*
  * Open files: the open count keeps an unlinked inode alive until ckpt_release.

@@ -478,12 +478,13 @@ static void mlfs_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
 	struct mlfs_node *n = node_of(ino);
 	struct fuse_entry_param e;
 	struct ckpt_inode *dir;
+	struct ckpt_ctx c = ctx_of(req);
 	int rc = ckpt_parent(newparent, &dir);
 
 	if (!rc && n->kind != MLFS_CKPT)
 		rc = n->kind == MLFS_DATA ? -EXDEV : -EPERM;
 	if (!rc)
-		rc = ckpt_link(mlfs_of(req)->ckpt, (struct ckpt_inode *)n, dir, newname, &e);
+		rc = ckpt_link(mlfs_of(req)->ckpt, (struct ckpt_inode *)n, dir, newname, &c, &e);
 	reply_entry_rc(req, rc, &e);
 }
 
@@ -1060,10 +1061,12 @@ static void mlfs_op_statfs(fuse_req_t req, fuse_ino_t ino)
 	struct statvfs sv;
 	int rc;
 
+	struct ckpt_ctx c = ctx_of(req);
+
 	if (n->kind == MLFS_DATA)
 		rc = data_statfs(m->data, &sv);
 	else
-		rc = ckpt_statfs(m->ckpt, &sv);
+		rc = ckpt_statfs(m->ckpt, &c, &sv);
 	if (rc)
 		reply_rc(req, rc);
 	else
