@@ -137,42 +137,36 @@ def test_directed_more_matches_ext4(mounter, ext4_ref, diff_users):
     assert U.pid_alive(m.pid)
 
 
-def test_random_sequences_match_ext4(mounter, ext4_ref, diff_users):
-    """SEEDS seeded sequences of OPS random operations each, by root and the two users,
-    each in a fresh directory; the first difference of each failing sequence is
-    reported with its seed (rerun one with MLFS_TEST_SEED)."""
+def _random_runs(mounter, ext4_ref, diff_users, gen, n, first, tag):
+    """n seeded sequences of OPS operations from gen(rng, ids), seeds first.., each in a
+    fresh directory tag+seed on both sides; fails with each differing seed's first
+    difference (rerun one with MLFS_TEST_SEED)."""
     ids, g = diff_users
     m = mounter(opts="allow_other")
     failed = []
-    for k in range(SEEDS):
-        seed = U.SEED + k
+    for seed in range(first, first + n):
         rng = random.Random(seed)
-        ops = [D.gen_op(rng, ids) for _ in range(OPS)]
-        d = _compare(os.path.join(ext4_ref, f"r{seed}"), os.path.join(m.ckpt, f"r{seed}"),
+        ops = [gen(rng, ids) for _ in range(OPS)]
+        d = _compare(os.path.join(ext4_ref, f"{tag}{seed}"), os.path.join(m.ckpt, f"{tag}{seed}"),
                      ids, g, ops)
         if d:
             failed.append(f"seed {seed}: {d[0][:3000]}")
     assert U.pid_alive(m.pid), "the daemon died"
-    assert not failed, f"{len(failed)} of {SEEDS} sequences differ:\n" + "\n".join(failed)
+    assert not failed, f"{len(failed)} of {n} sequences differ:\n" + "\n".join(failed)
+
+
+def test_random_sequences_match_ext4(mounter, ext4_ref, diff_users):
+    """SEEDS seeded sequences of OPS random operations each, by root and the two users,
+    each in a fresh directory; the first difference of each failing sequence is
+    reported with its seed (rerun one with MLFS_TEST_SEED)."""
+    _random_runs(mounter, ext4_ref, diff_users, D.gen_op, SEEDS, U.SEED, "r")
 
 
 def test_random_more_sequences_match_ext4(mounter, ext4_ref, diff_users):
     """As test_random_sequences_match_ext4 with posix_diff.gen_op2: renameat2 with every
     flag, '.', '..' and trailing slashes, sockets, RLIMIT_FSIZE, large offsets, O_APPEND
     with pwrite, O_NOATIME and O_PATH, statx and utimensat of symlinks mixed in."""
-    ids, g = diff_users
-    m = mounter(opts="allow_other")
-    failed = []
-    for k in range(SEEDS // 2):
-        seed = U.SEED + 1000 + k
-        rng = random.Random(seed)
-        ops = [D.gen_op2(rng, ids) for _ in range(OPS)]
-        d = _compare(os.path.join(ext4_ref, f"q{seed}"), os.path.join(m.ckpt, f"q{seed}"),
-                     ids, g, ops)
-        if d:
-            failed.append(f"seed {seed}: {d[0][:3000]}")
-    assert U.pid_alive(m.pid), "the daemon died"
-    assert not failed, f"{len(failed)} of {SEEDS // 2} sequences differ:\n" + "\n".join(failed)
+    _random_runs(mounter, ext4_ref, diff_users, D.gen_op2, SEEDS // 2, U.SEED + 1000, "q")
 
 
 def test_data_reads_no_more_than_source(mounter, test_root, diff_users):
