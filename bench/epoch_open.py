@@ -24,6 +24,10 @@ Targets, each mounted fresh over the same SOURCE and unmounted on every exit pat
              floor of a check at OPEN (OPEN + RELEASE), of a check at LOOKUP (one LOOKUP
              per open, no OPEN) and of no check; floor-open is a default target (the
              floor under mlfs's default mode), the other two are for --targets
+  floor-uring
+             floor-open with FUSE over io_uring as the transport (Linux 6.14+): the
+             benchmark sets /sys/module/fuse/parameters/enable_uring to Y for the run
+             and puts back what it found; for --targets
   extra mlfs variants: --variant NAME=OPTS (more -o options) or --variant NAME=@BINARY
   (another build, for A/B runs of an older commit).
 
@@ -195,6 +199,22 @@ def c_bin(work, name, libs=()):
     return exe
 
 
+URING_PARAM = "/sys/module/fuse/parameters/enable_uring"
+
+
+def fuse_uring(on):
+    """Sets the fuse module's enable_uring (read by the kernel at each mount's INIT);
+    returns what it was. Exits with a message where the kernel has no such parameter."""
+    try:
+        with open(URING_PARAM) as f:
+            was = f.read().strip() == "Y"
+        with open(URING_PARAM, "w") as f:
+            f.write("Y" if on else "N")
+    except OSError as e:
+        raise SystemExit(f"epoch_open: floor-uring needs {URING_PARAM} (Linux 6.14+): {e}")
+    return was
+
+
 def fsbench_bin(work):
     return c_bin(work, "fsbench")
 
@@ -278,6 +298,7 @@ def main():
 
     signal.signal(signal.SIGTERM, on_signal)
     targets = []
+    uring_was = None
     try:
         mntroot = os.path.join(work, "mnt")
         for name in names:
@@ -302,7 +323,9 @@ def main():
                 pid = mounts.fg(["mergerfs", "-f", "-o", MERGERFS_OPTS, src, mnt], mnt, log)
                 targets.append(dict(name=name, root=mnt, pid=pid, cmd="mergerfs -o " + MERGERFS_OPTS))
             elif name.startswith("floor-"):
-                exe = c_bin(work, "floorfs", ["fuse3"])
+                exe = c_bin(work, "floorfs", ["fuse3", "liburing"])
+                if name == "floor-uring":
+                    uring_was = fuse_uring(True)
                 argv = [exe, name[len("floor-"):], src, mnt]
                 pid = mounts.fg(argv, mnt, log)
                 targets.append(dict(name=name, root=mnt, pid=pid, cmd=" ".join(argv[:2])))
@@ -358,6 +381,8 @@ def main():
                             for t, kind in runs), flush=True)
     finally:
         mounts.close()
+        if uring_was is not None:
+            fuse_uring(uring_was)
 
     rows = []
     for t, kind in runs:
