@@ -8,6 +8,7 @@ its md-cache may delay past the writer's call by up to a second) reads the new
 version. Fails, never skips, where glusterd cannot start.
 """
 import contextlib
+import errno
 import os
 import random
 import subprocess
@@ -68,10 +69,9 @@ def wait_visible(path, i, versions, timeout=30):
                 if which(f.read(), versions) == i:
                     return
         except OSError as e:
-            # A file replaced through another client: the GlusterFS client's cached
-            # handle of the name answers ESTALE once, natively.
-            import errno
-            assert e.errno == errno.ESTALE, e
+            # A file replaced through another client: for a moment the GlusterFS
+            # client answers opens of the name ESTALE or ENOENT, natively.
+            assert e.errno in (errno.ESTALE, errno.ENOENT), e
         assert time.monotonic() < end, f"{path}: version {i} not visible after {timeout} s"
         time.sleep(0.05)
 
