@@ -21,6 +21,7 @@ import time
 import pytest
 
 import mlfs_util as U
+from gluster_util import GlusterError, Volume
 import snap_util as S
 from snap_util import snapenv  # noqa: F401  (fixture)
 
@@ -154,4 +155,69 @@ def test_commands_on_a_hung_gluster_store_fail_and_give_their_connections_back(
     env.unmount(d)
     out = env.path("export")
     assert S.export(store, "s1", out).ok
+    assert S.snap("verify", "--store", store, timeout=120).ok
+
+
+def test_store_hung_past_the_ping_timeout_then_back(snapenv):
+    """The brick stays stopped past network.ping-timeout (here 3 s): the GlusterFS client
+    gives up on it and the daemon's store calls fail (ENOTCONN) instead of hanging. The
+    snapshot persisting then fails, loudly; once the brick answers again and the client
+    reconnects, the next take holds every change (the failed one's included), list and
+    restore work, and the earlier snapshots are intact."""
+    env = snapenv("gp-")
+    root = env.path("vol")
+    os.mkdir(root)
+    os.chmod(root, 0o755)
+    vol = Volume(root, nbricks=1, options=[("network.ping-timeout", "3")])
+    try:
+        try:
+            vol.up()
+        except GlusterError as e:
+            pytest.fail(f"GlusterFS volume: {e}", pytrace=False)
+        _ping_timeout_body(env, vol)
+    finally:
+        for dm in env.daemons:
+            if not dm.down:
+                env.kill(dm)
+        errs = vol.down()
+    assert not errs, f"GlusterFS teardown: {errs}"
+
+
+def _ping_timeout_body(env, vol):
+    rng = random.Random(U.SEED + 5)
+    store = vol.subdir("store-")
+    d = env.mount(store=store, foreground=True)
+    S.write(os.path.join(d.ckpt, "a"), rng.randbytes(MiB + 1))
+    want1 = S.read_tree(d.ckpt)
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    time.sleep(1.5)   # md-cache: past it every look asks the brick
+    pid = vol.stop_brick(0)
+    try:
+        S.write(os.path.join(d.ckpt, "b"), rng.randbytes(2 * MiB + 3))
+        r = S.snap("take", env.mnt, "s2", "--wait", timeout=120)
+        assert r.rc != "timeout", r
+        if r.ok:
+            pytest.fail(f"s2 became durable with the brick stopped: {r!r}")
+        # The client gave up on the brick: commands fail rather than wait.
+        r = S.snap("list", env.mnt, "--timeout", "30", timeout=60)
+        S.assert_clean_failure(r, "list with the brick gone")
+        assert stat_ok(env.mnt).returncode == 0
+    finally:
+        vol.cont_brick_pid(pid)
+    want3 = S.read_tree(d.ckpt)
+    # The client reconnects within a few seconds of the brick answering again.
+    end = time.monotonic() + 60
+    while not S.snap("list", env.mnt, "--timeout", "10", timeout=60).ok:
+        assert time.monotonic() < end, "list still failing 60 s after the brick came back"
+        time.sleep(0.5)
+    S.snap_ok("take", env.mnt, "s3", "--wait", timeout=120)
+    lst = S.list_json(env.mnt)
+    assert lst["s1"]["state"] == lst["s3"]["state"] == "durable", lst
+    assert "s2" not in lst or lst["s2"]["state"] == "durable", lst
+    S.snap_ok("restore", env.mnt, "s1", timeout=120)
+    S.assert_tree_equal(S.read_tree(d.ckpt), want1, "s1 after the brick came back")
+    S.snap_ok("restore", env.mnt, "s3", timeout=120)
+    S.assert_tree_equal(S.read_tree(d.ckpt), want3, "s3: every change, s2's too")
+    env.unmount(d, timeout=120)
+    assert d.proc.returncode == 0, d.output()
     assert S.snap("verify", "--store", store, timeout=120).ok
