@@ -221,3 +221,66 @@ def _ping_timeout_body(env, vol):
     env.unmount(d, timeout=120)
     assert d.proc.returncode == 0, d.output()
     assert S.snap("verify", "--store", store, timeout=120).ok
+
+
+def test_lazy_restored_reads_on_a_hung_store_hold_nothing_else(gluster_volume1, snapenv):
+    """A lazily restored tree whose blocks are only in the store, read while the store
+    hangs: those reads wait (there are no other bytes to give), but nothing else may:
+    files of MOUNT/ckpt written since, MOUNT/data, mlfs-stat, take. Once the store is
+    back the waiting reads return the snapshot's bytes. Two readers, fewer than the
+    FUSE workers (threads=4): as many waiting reads as workers hold every request of
+    the mount until the store answers (docs/design.md, known faults)."""
+    import sys
+    vol = gluster_volume1
+    rng = random.Random(U.SEED + 6)
+    env = snapenv("gl-lazy-")
+    S.write(os.path.join(env.src, "d"), b"source bytes\n")
+    store = vol.subdir("store-")
+    d = env.mount(store=store)
+    files = {f"f{i}": rng.randbytes(3 * MiB + i) for i in range(2)}
+    for n, data in files.items():
+        S.write(os.path.join(d.ckpt, n), data)
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    env.unmount(d)
+    d = env.mount(store=store, opts="restore=s1,threads=4")
+    time.sleep(1.5)
+    pid = vol.stop_brick(0)
+    readers = []
+    try:
+        for n in files:
+            readers.append(subprocess.Popen(
+                [sys.executable, "-c", "import sys, hashlib\n"
+                 "print(hashlib.sha256(open(sys.argv[1], 'rb').read()).hexdigest())",
+                 os.path.join(d.ckpt, n)], stdout=subprocess.PIPE, text=True))
+        end = time.monotonic() + 60
+        while not tids_blocked_in(d.pid, store):
+            assert time.monotonic() < end, "no read reached the store"
+            time.sleep(0.05)
+        time.sleep(1)
+        probe = subprocess.run(
+            [sys.executable, "-c", "import os, sys\n"
+             "c, dd = sys.argv[1], sys.argv[2]\n"
+             "p = os.path.join(c, 'new')\n"
+             "open(p, 'wb').write(b'z' * 3000000)\n"
+             "assert open(p, 'rb').read() == b'z' * 3000000\n"
+             "assert open(os.path.join(dd, 'd'), 'rb').read() == b'source bytes\\n'\n"
+             "assert 'f0' in os.listdir(c)\n", d.ckpt, os.path.join(env.mnt, "data")],
+            capture_output=True, text=True, timeout=60)
+        assert probe.returncode == 0, probe
+        assert stat_ok(env.mnt).returncode == 0
+        r = S.snap("take", env.mnt, "s2", timeout=60)
+        assert r.ok, r
+        assert any(p.poll() is None for p in readers), "no read waited: the test tests nothing"
+    finally:
+        vol.cont_brick_pid(pid)
+        outs = []
+        for p in readers:
+            try:
+                outs.append(p.communicate(timeout=120)[0].strip())
+            except subprocess.TimeoutExpired:
+                p.kill()
+                outs.append(None)
+    import hashlib
+    assert outs == [hashlib.sha256(v).hexdigest() for v in files.values()], outs
+    S.wait_durable(env.mnt, "s2")
+    env.unmount(d)
