@@ -390,7 +390,8 @@ static int snapd_lease_retry(struct snapd *sd, const char *name)
 struct snapd_call {
 	struct snapd *sd;
 	int (*fn)(struct snapd_call *c);	/* on the call's thread; may block */
-	void (*release)(struct snapd_call *c);	/* frees c and whatever fn left in it */
+	/* Frees c and whatever fn left in it; must not touch sd (it may be gone). */
+	void (*release)(struct snapd_call *c);
 	const char *what;	/* names a given-up call in the log when it ends */
 	uint64_t t0;		/* mlfs_now_ns() at its start */
 	int done, rc, refs, cancel; /* under sd->mu; refs: the thread's and the caller's */
@@ -443,19 +444,26 @@ static void *snapd_call_run(void *arg)
 {
 	struct snapd_call *c = arg;
 	struct snapd *sd = c->sd;
-	int rc = c->fn(c), cancel;
+	const char *what = c->what;
+	uint64_t t0 = c->t0;
+	int rc = c->fn(c), cancel, last;
 
+	/* One critical section: once sd->calls is 0, snapd_free may free sd, and once our
+	 * reference is dropped, the caller may free c; after the unlock only the copies,
+	 * and c's release when ours was the last reference (it touches no sd). */
 	pthread_mutex_lock(&sd->mu);
 	c->rc = rc;
 	c->done = 1;
 	cancel = c->cancel;
+	last = --c->refs == 0;
 	sd->calls--;
 	pthread_cond_broadcast(&sd->cv);
 	pthread_mutex_unlock(&sd->mu);
-	if (cancel && c->what)
-		log_info("snap: %s, given up by its command, ended after %.1f s: %s", c->what,
-			 (mlfs_now_ns() - c->t0) / 1e9, rc ? strerror(rc < 0 ? -rc : EIO) : "done");
-	snapd_call_put(c);
+	if (cancel && what)
+		log_info("snap: %s, given up by its command, ended after %.1f s: %s", what,
+			 (mlfs_now_ns() - t0) / 1e9, rc ? strerror(rc < 0 ? -rc : EIO) : "done");
+	if (last)
+		c->release(c);
 	return NULL;
 }
 
