@@ -557,7 +557,7 @@ static int snapd_bounded(struct snapd *sd, int (*fn)(struct snapd *sd, const cha
 			 const char *name)
 {
 	struct snapd_probe *p = calloc(1, sizeof(*p));
-	int rc;
+	int rc, ran;
 
 	if (!p)
 		return fn(sd, name);
@@ -566,8 +566,9 @@ static int snapd_bounded(struct snapd *sd, int (*fn)(struct snapd *sd, const cha
 	p->fn = fn;
 	snprintf(p->name, sizeof(p->name), "%s", name);
 	rc = snapd_call(sd, &p->c, SNAPD_STORE_ANSWER_S * 1000000000ull, NULL);
+	ran = snapd_call_done(&p->c) || rc != -EAGAIN;
 	snapd_call_put(&p->c);
-	if (rc == -EAGAIN) /* no thread: the look in this one, as before threads */
+	if (!ran) /* no thread: the look in this one, as before threads */
 		return fn(sd, name);
 	return rc == -EUSERS ? -ETIMEDOUT : rc;
 }
@@ -1091,7 +1092,7 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 	uint64_t gen = 0, conflicts = 0;
 	unsigned parts = 0, workers = 0;
 	size_t nold = 0, i;
-	int rc;
+	int rc, done;
 
 	if (!l) {
 		snprintf(msg, msglen, "out of memory");
@@ -1109,7 +1110,8 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 		rc = snapd_load_fn(&l->c);
 		l->c.done = 1;
 	}
-	if (rc != -EUSERS && rc != -EAGAIN && snapd_call_done(&l->c)) {
+	done = snapd_call_done(&l->c);
+	if (done) {
 		/* fn came back: its results are ours */
 		snprintf(name, sizeof(name), "%s", l->name);
 		mf = l->mf;
@@ -1121,6 +1123,10 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 	snapd_call_put(&l->c);
 	if (rc == -ETIMEDOUT || rc == -EUSERS || rc == -ECANCELED)
 		mf_free(mf); /* a load that came back just after it was given up */
+	if (!done && rc == -EAGAIN) {
+		snprintf(msg, msglen, "no thread to read the store with: nothing restored");
+		return rc;
+	}
 	if (rc == -ETIMEDOUT) {
 		snprintf(msg, msglen, "the store %s did not answer in %.0f s (a hung NFS, "
 			 "GlusterFS or FUSE server?): nothing restored", store_path(sd->st),
