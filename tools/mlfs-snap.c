@@ -23,13 +23,14 @@ static const char usage_text[] =
 	"       mlfs-snap restore MOUNT NAME|latest [--timeout SECONDS]\n"
 	"       mlfs-snap delete MOUNT NAME [--timeout SECONDS]\n"
 	"       mlfs-snap advise MOUNT\n"
-	"       mlfs-snap gc MOUNT [--timeout SECONDS]\n"
-	"  (--timeout: how long the daemon waits for its store; default 60, gc 600)\n";
+	"       mlfs-snap gc MOUNT [--timeout SECONDS]\n";
 
 static void usage(FILE *f)
 {
 	fputs(usage_text, f);
 	fputs(snap_offline_usage, f);
+	fputs("--timeout (list, restore, delete, gc through MOUNT): how long the daemon waits "
+	      "for its store; default 60 s, gc 600 s\n", f);
 }
 
 struct list_rows {
