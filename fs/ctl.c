@@ -31,7 +31,9 @@
 #define CTL_CONN_MAX 32
 /* A client has this long to send its request line, and each reply line this long to
  * drain: an idle or stuck client costs a thread for seconds, never holds the daemon
- * past its unmount (ctl_free). Commands themselves (take --wait) are not bounded. */
+ * past its unmount (ctl_free). Commands bound their own waits: those on the store give
+ * up after their --timeout or when their client leaves (fs/snapd.c, snapd_call), and
+ * take --wait ends when its client leaves. */
 #define CTL_IO_TIMEOUT_S 5
 /* accept() out of descriptors or memory is retried this often (ctl_accept_loop). */
 #define CTL_ACCEPT_RETRY_MS 100

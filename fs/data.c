@@ -1212,21 +1212,45 @@ static void data_file_check_current(struct data_ns *ns, struct data_file *f)
 }
 
 /* Opens n's source file (invariant 3) and fstats it: fd or -errno. */
+/*
+ * SOURCE's own ESTALE is tried again for at most this long, sleeping 10 ms, then twice
+ * that each time up to 160 ms (about 8 tries). A GlusterFS client whose file was
+ * replaced through another client (another host of the job) answers ESTALE to opens of
+ * the name for ~0.4 s while a descriptor of the old file is open in it (measured:
+ * test_gluster_source.py), and the daemon holds one for every open of MOUNT/data: the
+ * kernel's one retry (LOOKUP_REVAL) of our ESTALE met the same answer, and a data
+ * loader's open failed. Costs the opener the wait, and a FUSE worker with it; nothing
+ * where SOURCE never answers ESTALE (local filesystems).
+ */
+#define DATA_ESTALE_RETRY_NS (2ull * 1000000000ull)
+
 static int data_open_source(struct data_ns *ns, struct data_node *n, struct stat *st)
 {
 	char path[PATH_MAX];
+	uint64_t t0 = 0, nap_us = 10000;
 	int fd, rc;
 
 	if ((rc = data_path(n, path, sizeof(path))))
 		return rc;
-	fd = data_open_beneath(ns, path, O_RDONLY);
+	for (;;) {
+		fd = data_open_beneath(ns, path, O_RDONLY);
+		if (fd >= 0 && fstat(fd, st) < 0) {
+			rc = -errno;
+			close(fd);
+			fd = rc;
+		}
+		if (fd != -ESTALE)
+			break;
+		if (!t0)
+			t0 = mlfs_now_ns();
+		else if (mlfs_now_ns() - t0 >= DATA_ESTALE_RETRY_NS)
+			break;
+		usleep(nap_us);
+		if (nap_us < 160000)
+			nap_us *= 2;
+	}
 	if (fd < 0)
 		return fd;
-	if (fstat(fd, st) < 0) {
-		rc = -errno;
-		close(fd);
-		return rc;
-	}
 	/* The source is read in whole blocks in our own order: the kernel's readahead on
 	 * it would only read what we already asked for. A file of one block is read by one
 	 * pread, past which there is nothing to read ahead: no syscall for it per open. */

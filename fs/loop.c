@@ -18,8 +18,9 @@
  *    the watcher role if it is vacant, else parks. When the watcher leaves the role to receive, it wakes a
  *    parked worker (or starts one) to take it; a quick request that finds no watcher
  *    and no parked worker starts one (below max), so the next stuck request is found.
- * 4. Workers are only added (up to max), and only while end is 0; all are joined by
- *    loop_run.
+ * 4. Workers are only added, and only while end is 0; all are joined by loop_run. Up to
+ *    max as above; past it (up to hard) only by loop_rescue_slow_locked, when every
+ *    worker is busy and a slow request has waited LOOP_SLOW_STUCK_NS.
  */
 #include "fs/loop.h"
 
@@ -40,6 +41,7 @@ struct loop_worker {
 	pthread_t thread;
 	struct fuse_buf buf;	/* its own request buffer (receive may allocate mem) */
 	uint64_t quick_since;	/* invariant 2 */
+	uint64_t slow_since;	/* when its slow request came; 0 when it has none */
 };
 
 struct loop {
@@ -51,7 +53,7 @@ struct loop {
 	pthread_cond_t park;		/* parked workers */
 	pthread_cond_t wake;		/* the watcher (CLOCK_MONOTONIC) */
 	sem_t done;			/* posted once, when the loop ends */
-	unsigned max, nthreads, receivers, parked;
+	unsigned max, hard, nthreads, receivers, parked;
 	unsigned quick;			/* workers with a quick_since (invariant 2) */
 	unsigned starting;		/* workers started that have not run yet */
 	struct loop_worker *watcher;	/* invariant 3; NULL when none */
@@ -59,7 +61,7 @@ struct loop {
 	int handoff;			/* a slow request wants another receiver */
 	uint64_t last_request;		/* when the last request came */
 	int end, error;
-	struct loop_worker *w;		/* [max], the first nthreads started */
+	struct loop_worker *w;		/* [hard], the first nthreads started */
 };
 
 static uint64_t loop_now(void)
@@ -72,15 +74,15 @@ static uint64_t loop_now(void)
 
 static void *loop_worker_main(void *p);
 
-/* Starts one more worker (invariant 4); caller holds l->mu. */
-static int loop_spawn_locked(struct loop *l)
+/* Starts one more worker if fewer than limit run (invariant 4); caller holds l->mu. */
+static int loop_spawn_upto_locked(struct loop *l, unsigned limit)
 {
 	static int logged;
 	struct loop_worker *w;
 	sigset_t ends, old;
 	int rc;
 
-	if (l->end || l->nthreads == l->max)
+	if (l->end || l->nthreads >= limit)
 		return -EAGAIN;
 	w = &l->w[l->nthreads];
 	w->l = l;
@@ -105,6 +107,38 @@ static int loop_spawn_locked(struct loop *l)
 	l->nthreads++;
 	l->starting++;
 	return 0;
+}
+
+static int loop_spawn_locked(struct loop *l)
+{
+	return loop_spawn_upto_locked(l, l->max);
+}
+
+/*
+ * Every worker busy, none receiving, watching, parked or starting, and a slow request
+ * in process for LOOP_SLOW_STUCK_NS: reads waiting on a hung SOURCE or store (a stopped
+ * NFS or GlusterFS server) as many as max held every other request of the mount, the
+ * tree in memory and mlfs-stat's getxattr included, for as long as it hung. One more
+ * worker then receives (invariant 4), up to hard: each stuck request costs a thread
+ * and at most LOOP_SLOW_STUCK_NS plus loop_run's period of the others' waiting. Called
+ * by loop_run's caller every LOOP_EXIT_CHECK_NS. Not with max 1 (one thread asked).
+ */
+static void loop_rescue_slow_locked(struct loop *l)
+{
+	static int logged;
+	uint64_t now = loop_now();
+
+	if (l->end || l->max < 2 || l->receivers || l->watcher || l->parked || l->starting ||
+	    l->nthreads < l->max || l->nthreads >= l->hard)
+		return;
+	for (unsigned i = 0; i < l->nthreads; i++) {
+		if (l->w[i].slow_since && now - l->w[i].slow_since >= LOOP_SLOW_STUCK_NS) {
+			if (!loop_spawn_upto_locked(l, l->hard) && !logged++)
+				log_warn("loop: all %u FUSE workers wait on slow requests (a hung "
+					 "SOURCE or store?); starting more, up to %u", l->max, l->hard);
+			return;
+		}
+	}
 }
 
 static void loop_end_locked(struct loop *l, int error)
@@ -170,6 +204,7 @@ static int loop_serve_locked(struct loop *l, struct loop_worker *w)
 	}
 	l->last_request = loop_now();
 	if (!quick) {
+		w->slow_since = l->last_request;
 		if (!l->receivers) /* else one waits in receive already (invariant 1) */
 			loop_handoff_locked(l);
 	} else {
@@ -187,6 +222,7 @@ static int loop_serve_locked(struct loop *l, struct loop_worker *w)
 	pthread_mutex_unlock(&l->mu);
 	l->ops->process(l->arg, &w->buf);
 	pthread_mutex_lock(&l->mu);
+	w->slow_since = 0;
 	if (w->quick_since) {
 		w->quick_since = 0;
 		l->quick--;
@@ -263,7 +299,8 @@ int loop_run(const struct loop_ops *ops, void *arg, unsigned max_threads, uint64
 	unsigned n;
 	int rc;
 
-	if (!(l.w = calloc(l.max, sizeof(*l.w))))
+	l.hard = l.max + LOOP_EXTRA_MAX;
+	if (!(l.w = calloc(l.hard, sizeof(*l.w))))
 		return -ENOMEM;
 	pthread_mutex_init(&l.mu, NULL);
 	pthread_cond_init(&l.park, NULL);
@@ -293,6 +330,9 @@ int loop_run(const struct loop_ops *ops, void *arg, unsigned max_threads, uint64
 			ts.tv_nsec = (long)(t % 1000000000ull);
 			if (!sem_clockwait(&l.done, CLOCK_MONOTONIC, &ts))
 				break;
+			pthread_mutex_lock(&l.mu);
+			loop_rescue_slow_locked(&l);
+			pthread_mutex_unlock(&l.mu);
 		}
 	}
 	pthread_mutex_lock(&l.mu);

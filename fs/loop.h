@@ -18,7 +18,11 @@
  *     every rescue_ns while requests come, and becomes a receiver in its place. After
  *     LOOP_IDLE_NS without a request the watcher sleeps until the next one.
  * So the loop never waits on one request for longer than rescue_ns to receive the next,
- * and concurrency for slow requests is libfuse's (max_threads at once).
+ * and concurrency for slow requests is libfuse's (max_threads at once), but for one
+ * rescue: when every worker is busy and a slow request has waited LOOP_SLOW_STUCK_NS
+ * (reads on a hung SOURCE or store), loop_run's caller starts one more worker, each
+ * LOOP_EXIT_CHECK_NS while that lasts, at most LOOP_EXTRA_MAX beyond max_threads (> 1);
+ * they stay until the loop ends.
  *
  * Contract: loop_run receives with ops->receive, processes with ops->process, each in the
  * threads it starts (never in the caller's), and returns when a receive reports the end
@@ -46,6 +50,10 @@
 #define LOOP_RESCUE_NS (1000 * 1000ull)
 /* After this long without a request the watcher stops waking (an idle daemon sleeps). */
 #define LOOP_IDLE_NS (100 * 1000 * 1000ull)
+/* A slow request in process this long, with every worker busy, starts one more. */
+#define LOOP_SLOW_STUCK_NS (1000 * 1000 * 1000ull)
+/* The most workers started past max_threads that way. */
+#define LOOP_EXTRA_MAX 64
 /* How often loop_run's caller looks at exited() even if no signal woke it. */
 #define LOOP_EXIT_CHECK_NS (1000 * 1000 * 1000ull)
 

@@ -81,7 +81,7 @@ struct snapd {
 	 * snapshot is named after it, a name every worker of the job derives alike. */
 	char last[MF_NAME_MAX + 1];
 	int final_taken; /* snapd_finish took a final snapshot (under sd->mu) */
-	int probes;	 /* snapd_bounded threads still in the store (under sd->mu) */
+	int calls;	 /* snapd_call threads still in the store (under sd->mu) */
 };
 
 /* How long take waits for the store to answer a check before it goes on without it
@@ -370,74 +370,207 @@ static int snapd_lease_retry(struct snapd *sd, const char *name)
 	return store_lease_refresh(sd->st);
 }
 
-/* One call of fn on a thread of its own, waited for at most SNAPD_STORE_ANSWER_S. */
-struct snapd_probe {
+/*
+ * Store work on a thread of its own (snapd_call). A hung store (a stopped NFS,
+ * GlusterFS or FUSE server) blocks a stat, a listing or a write for as long as it
+ * hangs, and no command may hang with it: a command holds one of the control channel's
+ * 32 connections (fs/ctl.c) while it runs, and 32 commands stuck in the store refused
+ * every later one, mlfs-stat included. So the command's thread waits for the call only
+ * until a deadline and while its client is there (ctl_client_gone, looked at every
+ * 200 ms); past either it gives the call up (c->cancel, -ETIMEDOUT or -ECANCELED) and
+ * answers at once, and the call runs on to its end on its own thread, which frees what
+ * it made (c->release) and which snapd_free waits for (sd->calls) before it closes the
+ * store. A call that changes the store (delete, gc) looks at c->cancel once it holds
+ * sd->store_mu, so one given up while it waited behind a hung persist changes nothing.
+ * At most SNAPD_CALLS_MAX calls are in the store at once, given-up ones included; past
+ * that a command fails at once (-EBUSY) rather than add a thread: the threads a script
+ * retrying against a hung store costs are bounded, and so are the connections commands
+ * waiting on the store hold (half of them), so mlfs-stat and take always find one.
+ */
+struct snapd_call {
 	struct snapd *sd;
-	int (*fn)(struct snapd *sd, const char *name);
-	char name[MF_NAME_MAX + 1];
-	int done, rc, refs; /* under sd->mu; refs: the thread's and the caller's */
+	int (*fn)(struct snapd_call *c);	/* on the call's thread; may block */
+	/* Frees c and whatever fn left in it; must not touch sd (it may be gone). */
+	void (*release)(struct snapd_call *c);
+	const char *what;	/* names a given-up call in the log when it ends */
+	uint64_t t0;		/* mlfs_now_ns() at its start */
+	int done, rc, refs, cancel; /* under sd->mu; refs: the thread's and the caller's */
 };
 
-static void snapd_probe_put_locked(struct snapd_probe *p)
+/* Calls in the store at once (snapd_call), given-up ones included. */
+#define SNAPD_CALLS_MAX 16
+/* The default wait of list, delete and restore's manifest load for the store, and of
+ * gc (which reads every manifest twice and every pack index: O(store)); the commands'
+ * --timeout overrides it. Long enough for a live store of many snapshots on a shared
+ * filesystem, short enough that a hung one fails the command in a bounded time. */
+#define SNAPD_CMD_WAIT_S 60
+#define SNAPD_GC_WAIT_S 600
+
+/* 1 once fn came back: c's results may be read (after snapd_call, by its caller). */
+static int snapd_call_done(struct snapd_call *c)
 {
-	if (--p->refs == 0)
-		free(p);
+	int v;
+
+	pthread_mutex_lock(&c->sd->mu);
+	v = c->done;
+	pthread_mutex_unlock(&c->sd->mu);
+	return v;
 }
 
-static void *snapd_probe_run(void *arg)
+/* 1 once the caller gave c up: a call that changes the store stops before it does. */
+static int snapd_call_cancelled(struct snapd_call *c)
 {
-	struct snapd_probe *p = arg;
-	struct snapd *sd = p->sd;
-	int rc = p->fn(sd, p->name);
+	int v;
+
+	pthread_mutex_lock(&c->sd->mu);
+	v = c->cancel;
+	pthread_mutex_unlock(&c->sd->mu);
+	return v;
+}
+
+static void snapd_call_put(struct snapd_call *c)
+{
+	struct snapd *sd = c->sd;
+	int last;
 
 	pthread_mutex_lock(&sd->mu);
-	p->rc = rc;
-	p->done = 1;
-	sd->probes--;
-	snapd_probe_put_locked(p);
+	last = --c->refs == 0;
+	pthread_mutex_unlock(&sd->mu);
+	if (last)
+		c->release(c);
+}
+
+static void *snapd_call_run(void *arg)
+{
+	struct snapd_call *c = arg;
+	struct snapd *sd = c->sd;
+	const char *what = c->what;
+	uint64_t t0 = c->t0;
+	int rc = c->fn(c), cancel, last;
+
+	/* One critical section: once sd->calls is 0, snapd_free may free sd, and once our
+	 * reference is dropped, the caller may free c; after the unlock only the copies,
+	 * and c's release when ours was the last reference (it touches no sd). */
+	pthread_mutex_lock(&sd->mu);
+	c->rc = rc;
+	c->done = 1;
+	cancel = c->cancel;
+	last = --c->refs == 0;
+	sd->calls--;
 	pthread_cond_broadcast(&sd->cv);
 	pthread_mutex_unlock(&sd->mu);
+	if (cancel && what)
+		log_info("snap: %s, given up by its command, ended after %.1f s: %s", what,
+			 (mlfs_now_ns() - t0) / 1e9, rc ? strerror(rc < 0 ? -rc : EIO) : "done");
+	if (last)
+		c->release(c);
 	return NULL;
 }
 
-/* fn(sd, name), a look at the store that take makes before its freeze, bounded: a
- * hung store (a stopped NFS or FUSE server) blocks a stat or a write for as long as it
- * hangs, and take, which the promise says is a freeze of milliseconds, must not hang
- * with it. -ETIMEDOUT when fn did not return within SNAPD_STORE_ANSWER_S; fn then runs
- * on to its end on its thread, which snapd_free waits for (sd->probes) before it
- * closes the store. Costs a thread per call (two per take at most). */
-static int snapd_bounded(struct snapd *sd, int (*fn)(struct snapd *sd, const char *name),
-			 const char *name)
+/*
+ * Runs c->fn on a thread of its own and waits for it at most wait_ns, and while r's
+ * client is there (r NULL: no such check). Returns fn's result; -ETIMEDOUT or
+ * -ECANCELED (client gone) when it gave the call up; -EUSERS when SNAPD_CALLS_MAX calls
+ * are in the store already and -EAGAIN when no thread could be made (fn not run
+ * either way: errors no store call returns). The caller reads c's results only when
+ * snapd_call_done(c), and snapd_call_put(c)s in every case.
+ */
+static int snapd_call(struct snapd *sd, struct snapd_call *c, uint64_t wait_ns,
+		      struct ctl_req *r)
 {
-	struct timespec until = snapd_abstime(SNAPD_STORE_ANSWER_S * 1000000000ull);
-	struct snapd_probe *p = calloc(1, sizeof(*p));
+	uint64_t end, now;
 	pthread_t t;
 	int rc;
 
-	if (!p)
-		return fn(sd, name);
-	p->sd = sd;
-	p->fn = fn;
-	snprintf(p->name, sizeof(p->name), "%s", name);
-	p->refs = 2;
+	c->sd = sd;
+	c->refs = 1;
+	c->t0 = mlfs_now_ns();
+	end = c->t0 + wait_ns;
 	pthread_mutex_lock(&sd->mu);
-	sd->probes++;
-	pthread_mutex_unlock(&sd->mu);
-	if (pthread_create(&t, NULL, snapd_probe_run, p)) {
-		pthread_mutex_lock(&sd->mu);
-		sd->probes--;
+	if (sd->calls >= SNAPD_CALLS_MAX) {
 		pthread_mutex_unlock(&sd->mu);
-		free(p);
-		return fn(sd, name);
+		return -EUSERS;
+	}
+	sd->calls++;
+	c->refs = 2;
+	pthread_mutex_unlock(&sd->mu);
+	if (pthread_create(&t, NULL, snapd_call_run, c)) {
+		pthread_mutex_lock(&sd->mu);
+		sd->calls--;
+		c->refs = 1;
+		pthread_cond_broadcast(&sd->cv);
+		pthread_mutex_unlock(&sd->mu);
+		return -EAGAIN;
 	}
 	pthread_detach(t);
 	pthread_mutex_lock(&sd->mu);
-	while (!p->done && pthread_cond_timedwait(&sd->cv, &sd->mu, &until) != ETIMEDOUT)
-		;
-	rc = p->done ? p->rc : -ETIMEDOUT;
-	snapd_probe_put_locked(p);
+	for (;;) {
+		struct timespec ts;
+
+		if (c->done) {
+			rc = c->rc;
+			break;
+		}
+		now = mlfs_now_ns();
+		if (now >= end) {
+			rc = -ETIMEDOUT;
+			break;
+		}
+		if (r && ctl_client_gone(r)) {
+			rc = -ECANCELED;
+			break;
+		}
+		ts = snapd_abstime(r && end - now > 200000000ull ? 200000000ull : end - now);
+		pthread_cond_timedwait(&sd->cv, &sd->mu, &ts);
+	}
+	if (!c->done)
+		c->cancel = 1;
 	pthread_mutex_unlock(&sd->mu);
 	return rc;
+}
+
+/* snapd_bounded's call: fn(sd, name). */
+struct snapd_probe {
+	struct snapd_call c;
+	int (*fn)(struct snapd *sd, const char *name);
+	char name[MF_NAME_MAX + 1];
+};
+
+static int snapd_probe_fn(struct snapd_call *c)
+{
+	struct snapd_probe *p = (struct snapd_probe *)c;
+
+	return p->fn(c->sd, p->name);
+}
+
+static void snapd_probe_release(struct snapd_call *c)
+{
+	free(c);
+}
+
+/* fn(sd, name), a look at the store that take makes before its freeze, bounded: take,
+ * which the promise says is a freeze of milliseconds, must not hang with a hung store.
+ * -ETIMEDOUT when fn did not return within SNAPD_STORE_ANSWER_S, or when the store has
+ * SNAPD_CALLS_MAX calls in it already (then fn is not run: a store that many calls
+ * wait on is not answering). Costs a thread per call (two per take at most). */
+static int snapd_bounded(struct snapd *sd, int (*fn)(struct snapd *sd, const char *name),
+			 const char *name)
+{
+	struct snapd_probe *p = calloc(1, sizeof(*p));
+	int rc, ran;
+
+	if (!p)
+		return fn(sd, name);
+	p->c.fn = snapd_probe_fn;
+	p->c.release = snapd_probe_release;
+	p->fn = fn;
+	snprintf(p->name, sizeof(p->name), "%s", name);
+	rc = snapd_call(sd, &p->c, SNAPD_STORE_ANSWER_S * 1000000000ull, NULL);
+	ran = snapd_call_done(&p->c) || rc != -EAGAIN;
+	snapd_call_put(&p->c);
+	if (!ran) /* no thread: the look in this one, as before threads */
+		return fn(sd, name);
+	return rc == -EUSERS ? -ETIMEDOUT : rc;
 }
 
 /* Freezes MOUNT/ckpt as snapshot name and queues it. *out is the job, held for the
@@ -733,13 +866,90 @@ static int ctl_take(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 	return 0;
 }
 
+/* The arguments of list, restore, delete and gc: exactly npos positional ones into pos,
+ * and an optional --timeout SECONDS (0..604800) into *wait_ns, else def_s. */
+static int snapd_cmd_args(struct ctl_req *r, const char *cmd, int argc, char **argv,
+			  const char **pos, int npos, const char *want, double def_s,
+			  uint64_t *wait_ns)
+{
+	double t = def_s;
+	int i, n = 0;
+
+	for (i = 1; i < argc; i++) {
+		char *end;
+
+		if (!strcmp(argv[i], "--timeout")) {
+			if (i + 1 == argc)
+				return ctl_fail(r, "%s: --timeout needs SECONDS", cmd), -EINVAL;
+			t = strtod(argv[++i], &end);
+			if (!*argv[i] || *end || !(t >= 0 && t <= 86400 * 7))
+				return ctl_fail(r, "%s: bad --timeout '%s' (seconds, 0..604800)", cmd,
+						argv[i]), -EINVAL;
+		} else if (n < npos) {
+			pos[n++] = argv[i];
+		} else {
+			return ctl_fail(r, "%s: unexpected argument '%s'", cmd, argv[i]), -EINVAL;
+		}
+	}
+	if (n < npos)
+		return ctl_fail(r, "%s: %s is needed", cmd, want), -EINVAL;
+	*wait_ns = (uint64_t)(t * 1e9);
+	return 0;
+}
+
+/* The message of a command whose store call came back with -ETIMEDOUT, -ECANCELED or
+ * -EUSERS (snapd_call; answered as -EBUSY: *rc becomes it); 1 if it was one of those,
+ * else 0 (the caller says the rest). */
+static int snapd_call_failed(struct snapd *sd, struct ctl_req *r, const char *cmd, int *rc,
+			     uint64_t wait_ns, const char *then)
+{
+	if (*rc == -EUSERS)
+		*rc = -EBUSY;
+	else if (*rc == -EBUSY)
+		return 0; /* the store's own */
+	if (*rc == -ETIMEDOUT)
+		ctl_fail(r, "%s: the store %s did not answer in %.0f s (a hung NFS, GlusterFS "
+			    "or FUSE server?)%s", cmd, store_path(sd->st), wait_ns / 1e9, then);
+	else if (*rc == -EBUSY)
+		ctl_fail(r, "%s: %d earlier commands still wait on the store %s (is it hung?); "
+			    "try again later", cmd, SNAPD_CALLS_MAX, store_path(sd->st));
+	else if (*rc == -ECANCELED)
+		ctl_fail(r, "%s: the client left", cmd);
+	else
+		return 0;
+	return 1;
+}
+
+struct snapd_list_call {
+	struct snapd_call c;
+	struct store_snap_info *v;
+	size_t n;
+};
+
+static int snapd_list_fn(struct snapd_call *c)
+{
+	struct snapd_list_call *l = (struct snapd_list_call *)c;
+
+	return store_list(c->sd->st, STORE_LIST_DAMAGED, &l->v, &l->n);
+}
+
+static void snapd_list_release(struct snapd_call *c)
+{
+	free(((struct snapd_list_call *)c)->v);
+	free(c);
+}
+
 static int ctl_list(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 {
 	struct snapd *sd = snapd_of(m);
 	struct store_snap_info *v = NULL, *pend = NULL;
+	struct snapd_list_call *l;
 	size_t n = 0, np = 0, cap = 0, i, k;
+	uint64_t wait_ns;
 	int rc = 0;
 
+	if ((rc = snapd_cmd_args(r, "list", argc, argv, NULL, 0, "", SNAPD_CMD_WAIT_S, &wait_ns)))
+		return rc;
 	/* The pending jobs first, then the store, both without sd->store_mu: a persist
 	 * holds that for as long as the store takes (a slow or frozen store), and list must
 	 * not wait for it (store_list is safe at any time). In this order a job that
@@ -767,8 +977,26 @@ static int ctl_list(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 		np++;
 	}
 	pthread_mutex_unlock(&sd->mu);
-	if (!rc)
-		rc = store_list(sd->st, STORE_LIST_DAMAGED, &v, &n);
+	/* The store's list on a call of its own (snapd_call): a hung store fails list
+	 * after wait_ns instead of holding this connection for as long as it hangs. */
+	if (!rc && !(l = calloc(1, sizeof(*l))))
+		rc = -ENOMEM;
+	if (!rc) {
+		l->c.fn = snapd_list_fn;
+		l->c.release = snapd_list_release;
+		l->c.what = "a list";
+		rc = snapd_call(sd, &l->c, wait_ns, r);
+		if (!rc && snapd_call_done(&l->c)) {
+			v = l->v;
+			n = l->n;
+			l->v = NULL;
+		}
+		snapd_call_put(&l->c);
+		if (snapd_call_failed(sd, r, "list", &rc, wait_ns, "")) {
+			free(pend);
+			return rc;
+		}
+	}
 	if (rc) {
 		free(pend);
 		return ctl_fail(r, "list: %s", strerror(-rc)), rc;
@@ -813,28 +1041,111 @@ static void snapd_conflict(void *arg, const struct mf_manifest *p, size_t idx, u
 		 "contents; part %u's is shown", (const char *)arg, kept, part, path, kept);
 }
 
-/* r: the control request asking (NULL for -o restore at mount). */
-static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t msglen,
-			 struct ctl_req *r)
+/* What restore reads from the store before its swap: the manifest of want ("latest":
+ * the newest usable), on a call of its own when a client asks (snapd_call). */
+struct snapd_load_call {
+	struct snapd_call c;
+	char want[MF_NAME_MAX + 1], name[MF_NAME_MAX + 1];
+	struct mf_manifest *mf;
+	uint64_t conflicts;
+	unsigned parts, workers; /* of a partial group (-EAGAIN) */
+};
+
+static int snapd_load_fn(struct snapd_call *c)
 {
-	char name[MF_NAME_MAX + 1], **old = NULL;
+	struct snapd_load_call *l = (struct snapd_load_call *)c;
+	struct snapd *sd = c->sd;
+	int rc;
+
+	pthread_mutex_lock(&sd->store_mu);
+	if (snapd_call_cancelled(c))
+		rc = -ECANCELED; /* given up behind a persist: nothing to read for anyone */
+	else if (!strcmp(l->want, "latest"))
+		rc = store_latest(sd->st, l->name);
+	else
+		rc = store_name_valid(l->want) ? -EINVAL
+		     : (snprintf(l->name, sizeof(l->name), "%s", l->want), 0);
+	if (!rc)
+		rc = store_load_snapshot(sd->st, l->name, snapd_conflict, l->name, &l->mf,
+					 &l->conflicts);
+	pthread_mutex_unlock(&sd->store_mu);
+	if (rc == -EAGAIN)
+		store_group_state(sd->st, l->name, &l->parts, &l->workers);
+	return rc;
+}
+
+static void snapd_load_release(struct snapd_call *c)
+{
+	mf_free(((struct snapd_load_call *)c)->mf);
+	free(c);
+}
+
+/* r: the control request asking (NULL for -o restore at mount, which waits for the
+ * store as long as it takes: the mount is not up yet); wait_ns bounds r's wait for the
+ * manifest. */
+static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t msglen,
+			 struct ctl_req *r, uint64_t wait_ns)
+{
+	char name[MF_NAME_MAX + 1] = "", **old = NULL;
+	struct snapd_load_call *l = calloc(1, sizeof(*l));
 	struct mf_manifest *mf = NULL;
 	uint64_t gen = 0, conflicts = 0;
 	unsigned parts = 0, workers = 0;
 	size_t nold = 0, i;
-	int rc;
+	int rc, done;
 
-	pthread_mutex_lock(&sd->store_mu);
-	if (!strcmp(want, "latest"))
-		rc = store_latest(sd->st, name);
-	else
-		rc = store_name_valid(want) ? -EINVAL
-					    : (snprintf(name, sizeof(name), "%s", want), 0);
-	if (!rc)
-		rc = store_load_snapshot(sd->st, name, snapd_conflict, name, &mf, &conflicts);
-	pthread_mutex_unlock(&sd->store_mu);
+	if (!l) {
+		snprintf(msg, msglen, "out of memory");
+		return -ENOMEM;
+	}
+	snprintf(l->want, sizeof(l->want), "%s", want);
+	l->c.fn = snapd_load_fn;
+	l->c.release = snapd_load_release;
+	l->c.what = "a restore's manifest load (nothing is restored)";
+	if (r) {
+		rc = snapd_call(sd, &l->c, wait_ns, r);
+	} else {
+		l->c.sd = sd;
+		l->c.refs = 1;
+		rc = snapd_load_fn(&l->c);
+		l->c.done = 1;
+	}
+	done = snapd_call_done(&l->c);
+	if (done) {
+		/* fn came back: its results are ours */
+		snprintf(name, sizeof(name), "%s", l->name);
+		mf = l->mf;
+		l->mf = NULL;
+		conflicts = l->conflicts;
+		parts = l->parts;
+		workers = l->workers;
+	}
+	snapd_call_put(&l->c);
+	if (rc == -ETIMEDOUT || rc == -EUSERS || rc == -ECANCELED)
+		mf_free(mf); /* a load that came back just after it was given up */
+	if (!done && rc == -EAGAIN) {
+		snprintf(msg, msglen, "no thread to read the store with: nothing restored");
+		return rc;
+	}
+	if (rc == -ETIMEDOUT) {
+		snprintf(msg, msglen, "the store %s did not answer in %.0f s (a hung NFS, "
+			 "GlusterFS or FUSE server?): nothing restored", store_path(sd->st),
+			 wait_ns / 1e9);
+		return rc;
+	}
+	if (rc == -EUSERS) {
+		snprintf(msg, msglen, "%d earlier commands still wait on the store %s (is it "
+			 "hung?): nothing restored; try again later", SNAPD_CALLS_MAX,
+			 store_path(sd->st));
+		return -EBUSY;
+	}
+	if (rc == -ECANCELED) {
+		log_warn("restore of '%s' abandoned: its client left before the swap; nothing "
+			 "restored", want);
+		snprintf(msg, msglen, "the client left: nothing restored");
+		return rc;
+	}
 	if (rc == -EAGAIN) {
-		store_group_state(sd->st, name, &parts, &workers);
 		snprintf(msg, msglen, "group '%s' in %s is partial (%u of %u parts): nothing "
 			 "restored", name, store_path(sd->st), parts, workers);
 		return -ENOENT;
@@ -873,9 +1184,11 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 	else
 		snprintf(msg, msglen, "restored %s: %" PRIu64 " files, %" PRIu64 " bytes", name,
 			 mf->files, mf->logical_bytes);
-	if (!rc && store_lease_refresh(sd->st))
+	/* At mount (r NULL) before the fork: no thread may be left behind in the store. */
+	if (!rc && (r ? snapd_bounded(sd, snapd_lease_retry, "") : store_lease_refresh(sd->st)))
 		log_err("snap: restored %s, but the store lease naming its objects could not be "
-			"written: a gc elsewhere may take them", name);
+			"written (the lease thread retries every 10 s): a gc elsewhere may take "
+			"them meanwhile", name);
 	if (!rc) {
 		/* The tree is now a durable snapshot's, as of the swap. */
 		pthread_mutex_lock(&sd->mu);
@@ -905,43 +1218,83 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 
 static int ctl_restore(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 {
+	const char *want;
+	uint64_t wait_ns;
 	char msg[512];
 	int rc;
 
-	if (argc != 2)
-		return ctl_fail(r, "restore: one NAME (or latest) is needed"), -EINVAL;
-	rc = snapd_restore(snapd_of(m), argv[1], msg, sizeof(msg), r);
+	if ((rc = snapd_cmd_args(r, "restore", argc, argv, &want, 1, "one NAME (or latest)",
+				 SNAPD_CMD_WAIT_S, &wait_ns)))
+		return rc;
+	rc = snapd_restore(snapd_of(m), want, msg, sizeof(msg), r, wait_ns);
 	if (rc)
 		return ctl_fail(r, "restore: %s", msg), rc;
 	ctl_out(r, "%s", msg);
 	return 0;
 }
 
+struct snapd_delete_call {
+	struct snapd_call c;
+	char name[MF_NAME_MAX + 1];
+};
+
+/* Invariant 4: between jobs. Given up while it waited for store_mu (behind a persist
+ * on a hung store), it deletes nothing. */
+static int snapd_delete_fn(struct snapd_call *c)
+{
+	struct snapd_delete_call *d = (struct snapd_delete_call *)c;
+	struct snapd *sd = c->sd;
+	int rc;
+
+	pthread_mutex_lock(&sd->store_mu);
+	rc = snapd_call_cancelled(c) ? -ECANCELED : store_delete(sd->st, d->name);
+	pthread_mutex_unlock(&sd->store_mu);
+	return rc;
+}
+
+static void snapd_free_call(struct snapd_call *c)
+{
+	free(c);
+}
+
 static int ctl_delete(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 {
 	struct snapd *sd = snapd_of(m);
+	struct snapd_delete_call *d;
+	const char *name;
+	uint64_t wait_ns;
 	int rc;
 
-	if (argc != 2)
-		return ctl_fail(r, "delete: one NAME is needed"), -EINVAL;
-	if (store_name_valid(argv[1]))
-		return ctl_fail(r, "delete: bad snapshot name '%s'", argv[1]), -EINVAL;
+	if ((rc = snapd_cmd_args(r, "delete", argc, argv, &name, 1, "one NAME",
+				 SNAPD_CMD_WAIT_S, &wait_ns)))
+		return rc;
+	if (store_name_valid(name))
+		return ctl_fail(r, "delete: bad snapshot name '%s'", name), -EINVAL;
 	pthread_mutex_lock(&sd->mu);
 	for (struct snapd_job *j = sd->jobs; j; j = j->next) {
-		if (j->state == JOB_PENDING && !strcmp(j->name, argv[1])) {
+		if (j->state == JOB_PENDING && !strcmp(j->name, name)) {
 			pthread_mutex_unlock(&sd->mu);
-			return ctl_fail(r, "delete: '%s' is still being persisted", argv[1]), -EBUSY;
+			return ctl_fail(r, "delete: '%s' is still being persisted", name), -EBUSY;
 		}
 	}
 	pthread_mutex_unlock(&sd->mu);
-	pthread_mutex_lock(&sd->store_mu);
-	rc = store_delete(sd->st, argv[1]);
-	pthread_mutex_unlock(&sd->store_mu);
+	if (!(d = calloc(1, sizeof(*d))))
+		return -ENOMEM;
+	snprintf(d->name, sizeof(d->name), "%s", name);
+	d->c.fn = snapd_delete_fn;
+	d->c.release = snapd_free_call;
+	d->c.what = "a delete";
+	rc = snapd_call(sd, &d->c, wait_ns, r);
+	snapd_call_put(&d->c);
+	if (snapd_call_failed(sd, r, "delete", &rc, wait_ns, rc == -ETIMEDOUT ?
+			      "; a delete that reached it completes when it answers, one that "
+			      "did not is dropped: list shows which" : ""))
+		return rc;
 	if (rc == -ENOENT)
-		return ctl_fail(r, "delete: no snapshot '%s'", argv[1]), rc;
+		return ctl_fail(r, "delete: no snapshot '%s'", name), rc;
 	if (rc)
 		return ctl_fail(r, "delete: %s", strerror(-rc)), rc;
-	ctl_out(r, "deleted %s (its objects go at the next gc)", argv[1]);
+	ctl_out(r, "deleted %s (its objects go at the next gc)", name);
 	return 0;
 }
 
@@ -955,14 +1308,16 @@ static int snapd_lease_source(void *arg, uint8_t (**out)[16], size_t *n)
 
 /* gc keeping the objects the live tree reads: invariant 4 (between jobs). Other
  * daemons' trees and snapshots in flight are kept by their leases. */
-static int snapd_gc(struct snapd *sd, uint64_t *objs, uint64_t *bytes)
+static int snapd_gc(struct snapd *sd, struct snapd_call *c, uint64_t *objs, uint64_t *bytes)
 {
 	uint8_t (*keep)[16] = NULL;
 	size_t n = 0;
 	int rc;
 
 	pthread_mutex_lock(&sd->store_mu);
-	rc = bc_collect_stored(sd->m->bc, &keep, &n);
+	/* c: a command's call (snapd_call) given up while it waited behind a persist on a
+	 * hung store does not start. */
+	rc = c && snapd_call_cancelled(c) ? -ECANCELED : bc_collect_stored(sd->m->bc, &keep, &n);
 	if (!rc)
 		rc = store_gc_keep(sd->st, (const uint8_t (*)[16])keep, n, objs, bytes);
 	pthread_mutex_unlock(&sd->store_mu);
@@ -970,11 +1325,40 @@ static int snapd_gc(struct snapd *sd, uint64_t *objs, uint64_t *bytes)
 	return rc;
 }
 
+struct snapd_gc_call {
+	struct snapd_call c;
+	uint64_t objs, bytes;
+};
+
+static int snapd_gc_fn(struct snapd_call *c)
+{
+	struct snapd_gc_call *g = (struct snapd_gc_call *)c;
+	return snapd_gc(c->sd, c, &g->objs, &g->bytes);
+}
+
 static int ctl_gc(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 {
-	uint64_t objs = 0, bytes = 0;
-	int rc = snapd_gc(snapd_of(m), &objs, &bytes);
+	struct snapd *sd = snapd_of(m);
+	struct snapd_gc_call *g;
+	uint64_t objs = 0, bytes = 0, wait_ns;
+	int rc;
 
+	if ((rc = snapd_cmd_args(r, "gc", argc, argv, NULL, 0, "", SNAPD_GC_WAIT_S, &wait_ns)))
+		return rc;
+	if (!(g = calloc(1, sizeof(*g))))
+		return -ENOMEM;
+	g->c.fn = snapd_gc_fn;
+	g->c.release = snapd_free_call;
+	g->c.what = "a gc";
+	rc = snapd_call(sd, &g->c, wait_ns, r);
+	if (snapd_call_done(&g->c)) {
+		objs = g->objs;
+		bytes = g->bytes;
+	}
+	snapd_call_put(&g->c);
+	if (snapd_call_failed(sd, r, "gc", &rc, wait_ns, rc == -ETIMEDOUT ?
+					     "; a gc under way goes on and logs its result" : ""))
+		return rc;
 	if (rc == -EBUSY)
 		return ctl_fail(r, "gc: the store is in use (this daemon is writing a snapshot, "
 				   "or a daemon of an mlfs before store format 2 holds its lock); "
@@ -1071,7 +1455,7 @@ static void snapd_retention(struct snapd *sd)
 	free(v);
 	uint64_t objs, bytes;
 
-	if (!snapd_gc(sd, &objs, &bytes) && objs)
+	if (!snapd_gc(sd, NULL, &objs, &bytes) && objs)
 		log_info("snap: gc removed %" PRIu64 " objects (%" PRIu64 " bytes)", objs, bytes);
 }
 
@@ -1191,7 +1575,7 @@ int snapd_new(struct mlfs *m, struct snapd **out)
 	snapd_the = sd;
 	snapd_publish_pending_groups(sd);
 	if (m->cfg.restore) {
-		rc = snapd_restore(sd, m->cfg.restore, msg, sizeof(msg), NULL);
+		rc = snapd_restore(sd, m->cfg.restore, msg, sizeof(msg), NULL, 0);
 		if (rc == -ENOENT && !strcmp(m->cfg.restore, "latest")) {
 			log_info("restore=latest: the store %s has no snapshot usable as latest "
 				 "(none yet, or only damaged ones or ones taken with files open for "
@@ -1321,10 +1705,10 @@ void snapd_free(struct snapd *sd)
 	 * passed: then the process exits right after and the job dies unpublished). */
 	if (sd->started)
 		pthread_join(sd->persister, NULL);
-	/* A take's look at a hung store (snapd_bounded) ends when the store answers: the
+	/* A call given up on a hung store (snapd_call) ends when the store answers: the
 	 * store stays open until then. */
 	pthread_mutex_lock(&sd->mu);
-	while (sd->probes)
+	while (sd->calls)
 		pthread_cond_wait(&sd->cv, &sd->mu);
 	pthread_mutex_unlock(&sd->mu);
 	while (sd->jobs) {

@@ -29,8 +29,15 @@
  *   a lazily restored tree still reads; `mlfs-snap gc MOUNT` runs gc in the daemon,
  *   which keeps those objects.
  *
+ * - A hung store never holds a control command for longer than its bound: list,
+ *   restore, delete and gc wait for the store at most their --timeout (default 60 s,
+ *   gc 600 s) and while their client is there, then fail (ETIMEDOUT) and leave the
+ *   store call to finish on its own thread; take's looks wait 2 s; take --wait ends
+ *   when its client leaves. At most 16 store calls at once (snapd.c, snapd_call).
+ *
  * Thread safety: all entry points from any thread. Blocking: take --wait, restore,
- * delete, gc and snapd_finish do store I/O; the persister thread does the bulk.
+ * delete, gc and snapd_finish do store I/O (bounded as above, except snapd_finish and
+ * -o restore at mount); the persister thread does the bulk.
  */
 #ifndef MLFS_SNAPD_H
 #define MLFS_SNAPD_H

@@ -19,16 +19,18 @@
 
 static const char usage_text[] =
 	"usage: mlfs-snap take MOUNT NAME [--wait | --group-wait [--timeout SECONDS]]\n"
-	"       mlfs-snap list MOUNT [--json]\n"
-	"       mlfs-snap restore MOUNT NAME|latest\n"
-	"       mlfs-snap delete MOUNT NAME\n"
+	"       mlfs-snap list MOUNT [--json] [--timeout SECONDS]\n"
+	"       mlfs-snap restore MOUNT NAME|latest [--timeout SECONDS]\n"
+	"       mlfs-snap delete MOUNT NAME [--timeout SECONDS]\n"
 	"       mlfs-snap advise MOUNT\n"
-	"       mlfs-snap gc MOUNT\n";
+	"       mlfs-snap gc MOUNT [--timeout SECONDS]\n";
 
 static void usage(FILE *f)
 {
 	fputs(usage_text, f);
 	fputs(snap_offline_usage, f);
+	fputs("--timeout (list, restore, delete, gc through MOUNT): how long the daemon waits "
+	      "for its store; default 60 s, gc 600 s\n", f);
 }
 
 struct list_rows {
@@ -86,6 +88,9 @@ static void print_line(void *arg, const char *line)
 		return;
 	}
 	puts(line);
+	/* Streamed as the daemon sends them: a script logging `take --wait` to a file sees
+	 * "taken NAME" once the freeze is done, not when the persist ends. */
+	fflush(stdout);
 }
 
 /* Sends argv (the subcommand and its arguments, mount point removed) to mnt's daemon;

@@ -37,7 +37,7 @@ import time
 import pytest
 
 import mlfs_util as U
-from gluster_util import gluster_volume  # noqa: F401  (session fixture: a GlusterFS volume)
+from gluster_util import gluster_volume, gluster_volume1  # noqa: F401  (GlusterFS volumes)
 
 NATIVE = U.NATIVE
 MiB = 1 << 20

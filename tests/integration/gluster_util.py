@@ -191,17 +191,20 @@ def _volume_exists(name):
 # ---------------------------------------------------------------- the volume
 
 class Volume:
-    """One replica 3 arbiter 1 volume. root: its temp dir (bricks b0..b2, mnt, info.json);
-    name; host; mnt: the glusterfs mount point. up() then down() (idempotent, never
-    raises: returns the errors, and removes what it can)."""
+    """One replica 3 arbiter 1 volume (nbricks=1: a plain volume of one brick, whose one
+    server a test can stop). root: its temp dir (bricks b0..b2, mnt, info.json); name;
+    host; mnt: the glusterfs mount point. up() then down() (idempotent, never raises:
+    returns the errors, and removes what it can)."""
 
-    def __init__(self, root, name=None, owner_pid=None):
+    def __init__(self, root, name=None, owner_pid=None, nbricks=3, options=()):
         self.root = root
         self.owner = os.getpid() if owner_pid is None else owner_pid
         if name is None:
             name = f"mlfs-{os.getpid()}-{int(time.time() * 1000) % 1000000}"
         self.name = name
-        self.bricks = [os.path.join(root, f"b{i}") for i in range(3)]
+        self.bricks = [os.path.join(root, f"b{i}") for i in range(nbricks)]
+        self.options = list(options)   # (key, value) set before the start
+        self.stopped = set()           # brick pids SIGSTOPped by stop_brick
         self.mnt = os.path.join(root, "mnt")
         self.host = None
         self.started_glusterd = None   # seconds it took, when we started it
@@ -252,10 +255,17 @@ class Volume:
             os.makedirs(b, exist_ok=True)
         os.makedirs(self.mnt, exist_ok=True)
         # force: the bricks are on the root filesystem, which gluster otherwise refuses.
-        gluster("volume", "create", self.name, "replica", "3", "arbiter", "1",
-                *[f"{self.host}:{b}" for b in self.bricks], "force")
-        # Heal in the background at once, not at the self-heal daemon's 10-minute crawl.
-        gluster("volume", "set", self.name, "cluster.heal-timeout", "5")
+        if len(self.bricks) == 3:
+            gluster("volume", "create", self.name, "replica", "3", "arbiter", "1",
+                    *[f"{self.host}:{b}" for b in self.bricks], "force")
+            # Heal in the background at once, not at the self-heal daemon's 10-minute
+            # crawl.
+            gluster("volume", "set", self.name, "cluster.heal-timeout", "5")
+        else:
+            gluster("volume", "create", self.name,
+                    *[f"{self.host}:{b}" for b in self.bricks], "force")
+        for k, v in self.options:
+            gluster("volume", "set", self.name, k, v)
         gluster("volume", "start", self.name)
         _run(["mount", "-t", "glusterfs", f"{self.host}:/{self.name}", self.mnt])
         _wait(lambda: _is_mounted(self.mnt), 20, f"{self.mnt} in /proc/mounts")
@@ -287,6 +297,9 @@ class Volume:
     def _down(self):
         t0 = time.monotonic()
         errs = []
+        # A stopped brick would hang the umount and `volume stop`.
+        for pid in list(self.stopped):
+            self.cont_brick_pid(pid)
         if _is_mounted(self.mnt):
             r = _run(["umount", self.mnt], check=False)
             if r.returncode != 0:
@@ -353,7 +366,7 @@ class Volume:
             return None
         n = 0
         bricks = list(root.iter("brick"))
-        if len(bricks) != 3:
+        if len(bricks) != len(self.bricks):
             return None
         for b in bricks:
             if b.findtext("status") != "Connected":
@@ -396,10 +409,29 @@ class Volume:
         self.wait_healed(heal_timeout)
         return time.monotonic() - t
 
+    def stop_brick(self, i=0):
+        """SIGSTOPs brick i's glusterfsd (a hung server: its clients' calls wait, until
+        network.ping-timeout). Returns its pid; cont_brick_pid(pid), and down(), resume
+        it."""
+        pids = {p: pid for p, pid, _ in self.status()}
+        pid = pids.get(self.bricks[i])
+        if pid is None:
+            raise GlusterError(f"brick {self.bricks[i]} has no pid in volume status")
+        self.stopped.add(pid)
+        os.kill(pid, signal.SIGSTOP)
+        return pid
+
+    def cont_brick_pid(self, pid):
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        self.stopped.discard(pid)
+
     def restart_bricks(self, down_s=0.5):
         """Every brick restarted in turn, one at a time, each healed before the next
         goes down (two down at once would lose quorum). Returns the seconds each took."""
-        return [self.restart_brick(i, down_s) for i in range(3)]
+        return [self.restart_brick(i, down_s) for i in range(len(self.bricks))]
 
 
 def _is_mounted(path):
@@ -509,6 +541,33 @@ if pytest is not None:
                              f"(umount+stop+delete {t.get('stop_s', 0):.1f} s, bricks removed in "
                              f"{t.get('rm_s', 0):.1f} s, glusterd stop "
                              f"{t.get('glusterd_stop_s', 0):.1f} s)\n")
+            assert not errs, f"GlusterFS teardown: {errs}"
+
+
+if pytest is not None:
+    @pytest.fixture
+    def gluster_volume1():
+        """A volume of one brick for one test (made and removed around it: 2-3 s up, 5-10
+        s down), mounted at .mnt, whose server the test may stop (stop_brick): its
+        finalizer (down) always resumes it first. network.ping-timeout 120: a stopped
+        brick hangs its clients' calls for the test's whole length rather than turning
+        them into ENOTCONN after the default 42 s."""
+        root = tempfile.mkdtemp(prefix="mlfs-gluster1-", dir="/var/tmp")
+        os.chmod(root, 0o755)
+        vol = Volume(root, nbricks=1, options=[("network.ping-timeout", "120")])
+        try:
+            vol.up()
+        except BaseException as e:
+            errs = vol.down()
+            shutil.rmtree(root, ignore_errors=True)
+            if isinstance(e, GlusterError):
+                pytest.fail(f"GlusterFS volume for the test: {e}"
+                            + (f"; teardown: {errs}" if errs else ""), pytrace=False)
+            raise
+        try:
+            yield vol
+        finally:
+            errs = vol.down()
             assert not errs, f"GlusterFS teardown: {errs}"
 
 

@@ -563,14 +563,22 @@ def test_take_wait_clients_killed_while_the_store_hangs_free_their_slots(mounter
     procs = []
     try:
         before = _tids_blocked_in(d.pid, store)
+        outs = [env.path(f"take-w{i}.out") for i in range(32)]
         for i in range(32):
-            procs.append(subprocess.Popen([S.SNAP, "take", env.mnt, f"w{i}", "--wait"],
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            with open(outs[i], "w") as f:
+                procs.append(subprocess.Popen([S.SNAP, "take", env.mnt, f"w{i}", "--wait"],
+                                              stdout=f, stderr=subprocess.DEVNULL))
         # Each take's look for its name blocks a thread in the store: then its request
         # holds a slot, and its wait follows whether or not its client is still there.
+        # At most 16 looks wait in the store at once (fs/snapd.c SNAPD_CALLS_MAX): the
+        # takes past them skip theirs and go straight to their wait.
         end = time.monotonic() + 60
-        while len(_tids_blocked_in(d.pid, store) - before) < 32:
+        while len(_tids_blocked_in(d.pid, store) - before) < 16:
             assert time.monotonic() < end, "the 32 takes never reached the store"
+            time.sleep(0.05)
+        # ... and every take is past its freeze ("taken w<i>": its wait comes next).
+        while not all("taken" in open(o).read() for o in outs):
+            assert time.monotonic() < end, "the 32 takes were not all taken"
             time.sleep(0.05)
         for p in procs:
             p.kill()

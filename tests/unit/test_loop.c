@@ -326,6 +326,34 @@ static void test_last_free_worker_receives(unsigned max)
 	EXPECT_EQ(run_join(&r), 0);
 }
 
+/* Every worker waits in a slow request that does not end (reads on a hung store): the
+ * loop starts one more worker (LOOP_SLOW_STUCK_NS later) and a quick request is
+ * answered, twice over. Before, nothing was received until a slow request ended. */
+static void test_stuck_slow_requests_get_more_workers(unsigned max)
+{
+	struct run r;
+	unsigned i;
+
+	fake_reset();
+	run_start(&r, max, 1000 * 1000);
+	for (i = 0; i < max; i++) {
+		push(i, 0, 1);
+		EXPECT(wait_flag(&fk.started[i]));
+	}
+	push(max, 1, 0);
+	EXPECT(wait_flag(&fk.done[max]));
+	push(max + 1, 0, 1); /* one more that blocks: another worker again */
+	EXPECT(wait_flag(&fk.started[max + 1]));
+	push(max + 2, 1, 0);
+	EXPECT(wait_flag(&fk.done[max + 2]));
+	for (i = 0; i <= max + 1; i++)
+		release(i);
+	for (i = 0; i <= max + 1; i++)
+		EXPECT(wait_flag(&fk.done[i]));
+	end_with(0);
+	EXPECT_EQ(run_join(&r), 0);
+}
+
 /* Starts a loop of 4, has it answer one quick request, then sets exited(). */
 static void run_then_exit(struct run *r)
 {
@@ -403,6 +431,8 @@ int main(void)
 	test_one_thread();
 	test_last_free_worker_receives(2);
 	test_last_free_worker_receives(4);
+	test_stuck_slow_requests_get_more_workers(2);
+	test_stuck_slow_requests_get_more_workers(4);
 	test_exited_without_a_signal_ends_the_loop();
 	test_exited_and_a_signal_end_the_loop();
 	return test_summary();
