@@ -555,14 +555,24 @@ int snap_restore(const char *store_dir, const char *name, const char *to_arg)
 		say("%s: %s", to, strerror(rc ? -rc : errno));
 		goto out_partial;
 	}
+	/* The rename is durable only once the parent is flushed: a failure here is a
+	 * restore a power cut may undo, so it is not reported as done. to is absolute
+	 * (target_safe). */
 	parent = strdup(to);
 	slash = parent ? strrchr(parent, '/') : NULL;
-	if (slash)
-		*(slash == parent ? slash + 1 : slash) = 0;
-	fd = open(slash ? parent : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd >= 0) {
-		fsync(fd);
+	if (!slash) {
+		say("out of memory");
+		goto out;
+	}
+	*(slash == parent ? slash + 1 : slash) = 0;
+	fd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	rc = fd < 0 || fsync(fd) ? -errno : 0;
+	if (fd >= 0)
 		close(fd);
+	if (rc) {
+		say("%s: flushing %s: %s; the restored tree may not survive a power cut", to,
+		    parent, strerror(-rc));
+		goto out;
 	}
 	printf("restored '%s' to %s: %" PRIu64 " files, %" PRIu64 " bytes\n", m->name, to, m->files,
 	       m->logical_bytes);
