@@ -209,10 +209,13 @@ int lease_scan(int leasedir, const struct lease_times *t, int64_t now_ns,
 
 	if (rc)
 		return rc;
-	while (!rc && (d = readdir(dir))) {
+	/* A listing cut short is an error: a lease it missed protects no less. */
+	while (!rc && (rc = fdio_readdir(dir, &d)) > 0) {
 		struct stat st;
-		int lfd, tmp = !strncmp(d->d_name, ".tmp.", 5);
+		int lfd, tmp;
 
+		rc = 0;
+		tmp = !strncmp(d->d_name, ".tmp.", 5);
 		if (!strcmp(d->d_name, ".") || !strcmp(d->d_name, ".."))
 			continue;
 		lfd = openat(leasedir, d->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);

@@ -458,7 +458,8 @@ int pack_set_scan(struct pack_set *ps)
 	pthread_mutex_unlock(&ps->mu);
 	if ((rc = fdio_opendir(ps->dirfd, ".", &dir)))
 		return rc;
-	while ((d = readdir(dir))) {
+	/* A listing cut short is an error: the packs it missed are not forgotten. */
+	while ((rc = fdio_readdir(dir, &d)) > 0) {
 		if (strlen(d->d_name) != 37 || strcmp(d->d_name + 32, ".pack") || !is_id(d->d_name, 32))
 			continue;
 		if (nn == cap) {
@@ -1073,7 +1074,7 @@ static int gc_leftovers(struct pack_set *ps, pack_live_fn live, void *arg, int64
 
 	if (rc)
 		return rc;
-	while ((d = readdir(dir))) {
+	while ((rc = fdio_readdir(dir, &d)) > 0) {
 		uint8_t id[16];
 
 		if (strncmp(d->d_name, ".tmp.", 5) && !strstr(d->d_name, ".pack.gc."))
@@ -1107,7 +1108,7 @@ static int gc_leftovers(struct pack_set *ps, pack_live_fn live, void *arg, int64
 	/* A put-back that does not last is a named object lost (as in pack_gc_settle). */
 	if (back && fsync(ps->dirfd))
 		return -EIO;
-	return 0;
+	return rc;
 }
 
 /* Copy p's live objects, each read and verified, into *w. -EIO if one is damaged (p is
