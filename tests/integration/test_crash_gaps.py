@@ -395,3 +395,81 @@ def test_offline_restore_with_a_failing_call(fault_store):
         subprocess.run(["rm", "-rf", out])
 
     assert sweep(env, pristine, "restore", argv, check, faults) >= 20
+
+
+# ---------------------------------------------------------------- a full store
+
+def fill_up(mp):
+    """Writes filler files into mp until the filesystem refuses a byte more."""
+    n = 0
+    for chunk in (1 << 20, 65536, 4096, 1024, 1):
+        try:
+            while True:
+                n += 1
+                with open(os.path.join(mp, f"filler-{n}"), "wb") as f:
+                    while True:
+                        f.write(b"\0" * chunk)
+                        f.flush()
+        except OSError:
+            pass
+    st = os.statvfs(mp)
+    assert st.f_bavail == 0, f"{mp} not full: {st.f_bavail} blocks free"
+
+
+def test_full_store_mounts_and_delete_and_gc_give_room_back(snapenv, monkeypatch):
+    """A store whose filesystem is full to the last block (a job's snapshots filled it):
+    a daemon still mounts on it and restores, delete and gc (through the mount and
+    offline) still run, free the space, and the next take --wait succeeds. Before, each
+    of them failed at the store's open: its first lease write, a few bytes naming
+    nothing, got ENOSPC ("cannot write a lease"), so nothing but removing files by hand
+    gave a full store room back."""
+    monkeypatch.setenv("MLFS_LEASE_TIMES", S.FAST_LEASES)
+    env = snapenv("crash-full-")
+    mp = env.loop_ext4("storefs", 24, mkfs_args=("-m", "0"))
+    store = os.path.join(mp, "store")
+    os.mkdir(store)
+    rng = rng_for("full")
+    d = env.mount(store=store)
+    trees = {}
+    for i in range(3):       # disjoint: each delete frees its snapshot's bytes
+        if i:
+            os.unlink(os.path.join(d.ckpt, f"f{i - 1}"))
+        S.write(os.path.join(d.ckpt, f"f{i}"), rng.randbytes(4 * MiB))
+        S.snap_ok("take", env.mnt, f"s{i}", "--wait")
+        trees[f"s{i}"] = files_tree(d.ckpt)
+    env.unmount(d)
+    fill_up(mp)
+
+    d = env.mount(store=store, foreground=True, expect_ok=False)
+    assert not d.down, f"mount on a full store failed:\n{d.output()}"
+    S.snap_ok("restore", env.mnt, "s2")
+    S.assert_tree_equal(files_tree(d.ckpt), trees["s2"], "s2 restored from a full store")
+    S.write(os.path.join(d.ckpt, "new"), rng.randbytes(MiB))
+    r = S.snap("take", env.mnt, "nope", "--wait", timeout=120)
+    S.assert_clean_failure(r, "take --wait into a full store")
+    # A fresh mount (its lease names nothing, so it cannot lapse while the store is full
+    # and the grace time passes) deletes and collects.
+    env.unmount(d)
+    d = env.mount(store=store, foreground=True, expect_ok=False)
+    assert not d.down, f"mount on a full store failed:\n{d.output()}"
+    S.write(os.path.join(d.ckpt, "new"), rng.randbytes(MiB))
+    for n in ("s0", "s1"):
+        S.snap_ok("delete", env.mnt, n)
+    S.past_grace()
+    S.snap_ok("gc", env.mnt)
+    assert os.statvfs(mp).f_bavail > 0, "gc through the mount freed nothing"
+    t = files_tree(d.ckpt)
+    S.snap_ok("take", env.mnt, "s3", "--wait")
+    env.unmount(d)
+    out = env.path("s3-out")
+    assert S.export(store, "s3", out).ok
+    S.assert_tree_equal(files_tree(out), t, "s3 taken once gc gave room back")
+
+    # Offline, on a store full again.
+    fill_up(mp)
+    S.snap_ok("delete", "--store", store, "s2")
+    S.past_grace()
+    S.snap_ok("gc", "--store", store)
+    assert os.statvfs(mp).f_bavail > 0, "gc --store freed nothing"
+    S.snap_ok("verify", "--store", store)
+    assert set(S.list_json(store, store=True)) == {"s3"}
