@@ -324,11 +324,12 @@ def sweep(env, pristine, tag, argv_of, check, faults=FAULTS, max_n=80):
             subprocess.run(["cp", "-a", pristine, store], check=True)
             r, hit = injected(env, tag, syscall, err, n, argv_of(store))
             what = f"{tag} with {syscall} call {n} failing ({err})"
-            if "error while loading shared libraries" in r.err:
+            if "error while loading shared libraries" in r.err or \
+                    "LeakSanitizer has encountered a fatal error" in r.err:
                 subprocess.run(["rm", "-rf", store])
-                continue      # the dynamic loader's call, not ours
+                continue      # the dynamic loader's or the sanitizer's call, not ours
             assert isinstance(r.rc, int) and r.rc in (0, 1), f"{what}: {r!r}"
-            assert "Sanitizer" not in r.err and "runtime error" not in r.err, r.err
+            assert "Sanitizer" not in r.err and "runtime error" not in r.err, f"{what}: {r.err}"
             if hit:
                 total += 1
                 check(store, r, what)
