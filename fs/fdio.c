@@ -70,3 +70,11 @@ int fdio_opendir(int dirfd, const char *name, DIR **out)
 	}
 	return 0;
 }
+
+int fdio_readdir(DIR *dir, struct dirent **out)
+{
+	errno = 0;
+	if ((*out = readdir(dir)))
+		return 1;
+	return errno ? -errno : 0;
+}

@@ -13,6 +13,12 @@
  * directory position with every other listing of it (list runs beside gc, and a gc
  * that missed entries would judge wrongly). A symlink named is not followed: -ENOTDIR.
  * *out is handed over: closedir() it.
+ *
+ * fdio_readdir: the next entry of dir in *out (borrowed until the next call): 1, or 0 at
+ * the end, or -errno when the listing failed (readdir(3) answers NULL both at the end and
+ * on an error; a caller that took an EIO for the end acted on part of the directory as
+ * if it were all of it: gc missed manifests and leases, and removed a complete group it
+ * read as empty).
  */
 #ifndef MLFS_FDIO_H
 #define MLFS_FDIO_H
@@ -25,5 +31,6 @@ int fdio_write_all(int fd, const void *buf, size_t len);
 int fdio_read_all(int fd, void *buf, size_t len);
 int fdio_pread_all(int fd, void *buf, size_t len, uint64_t off);
 int fdio_opendir(int dirfd, const char *name, DIR **out);
+int fdio_readdir(DIR *dir, struct dirent **out);
 
 #endif

@@ -209,10 +209,13 @@ int lease_scan(int leasedir, const struct lease_times *t, int64_t now_ns,
 
 	if (rc)
 		return rc;
-	while (!rc && (d = readdir(dir))) {
+	/* A listing cut short is an error: a lease it missed protects no less. */
+	while (!rc && (rc = fdio_readdir(dir, &d)) > 0) {
 		struct stat st;
-		int lfd, tmp = !strncmp(d->d_name, ".tmp.", 5);
+		int lfd, tmp;
 
+		rc = 0;
+		tmp = !strncmp(d->d_name, ".tmp.", 5);
 		if (!strcmp(d->d_name, ".") || !strcmp(d->d_name, ".."))
 			continue;
 		lfd = openat(leasedir, d->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
@@ -264,6 +267,32 @@ struct lease_keeper {
 	int have_digest;
 };
 
+/* A lease that would name nothing, on a store with no room for it: no file names nothing
+ * just as well (lease_scan reads what is there), so the old one goes, and *mtime_ns
+ * (may be NULL) is stamped by an empty temporary, which needs an inode and no block. */
+static int lease_stamp_empty(int leasedir, const char *token, int64_t *mtime_ns)
+{
+	char tmp[128];
+	struct stat st;
+	int fd, rc = 0;
+
+	if (unlinkat(leasedir, token, 0) && errno != ENOENT)
+		return -errno;
+	if (!mtime_ns)
+		return 0;
+	snprintf(tmp, sizeof(tmp), ".tmp.%s", token);
+	fd = openat(leasedir, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return -errno;
+	if (fstat(fd, &st))
+		rc = -errno;
+	else
+		*mtime_ns = mtime_of(&st);
+	close(fd);
+	unlinkat(leasedir, tmp, 0);
+	return rc;
+}
+
 static int cmp16(const void *a, const void *b)
 {
 	return memcmp(a, b, 16);
@@ -286,7 +315,12 @@ static int keeper_write_locked(struct lease_keeper *k, const struct lease_buf *e
 		digest = XXH3_64bits(b.h ? (const void *)b.h : "", b.n * 16);
 		rc = lease_write(k->dirfd, k->token, &b, mtime_ns);
 	}
-	if ((rc == -ENOSPC || rc == -EDQUOT) && k->have_digest && digest == k->digest) {
+	if ((rc == -ENOSPC || rc == -EDQUOT) && !b.n) {
+		/* A full store and nothing to name (a tool's handle: delete, gc before it
+		 * repacks): delete and gc are how a full store gets room back, and they
+		 * failed here, at the open, before they could. */
+		rc = lease_stamp_empty(k->dirfd, k->token, mtime_ns);
+	} else if ((rc == -ENOSPC || rc == -EDQUOT) && k->have_digest && digest == k->digest) {
 		/* A full store, and the lease would name what it names already: touching
 		 * the file refreshes it as well (an inode update needs no new block), so a
 		 * full disk alone never lets a live lease go stale. */

@@ -20,8 +20,10 @@
  * hosts need clocks within a few seconds of each other, far below S; gc's local clock
  * is never compared with a file's mtime.
  *
- * A keeper (lease_keeper_*) owns one lease and a thread that refreshes it. A refresh that
- * fails is logged and makes lease_keeper_status() -ENOLCK until one succeeds; once no
+ * A keeper (lease_keeper_*) owns one lease and a thread that refreshes it. On a full store
+ * (ENOSPC, EDQUOT) a refresh that would name nothing removes the file instead (no lease
+ * names nothing as well; gc's "now" comes from an empty temporary), and one that would
+ * name what the file names already touches it. A refresh that fails is logged and makes lease_keeper_status() -ENOLCK until one succeeds; once no
  * refresh succeeded for S, the lease has lapsed for good (gc elsewhere may have taken
  * what this handle reads): status stays -ENOLCK and the owner must refuse new snapshots.
  *

@@ -293,7 +293,7 @@ static int index_precheck(int fd, uint64_t n, uint64_t ixoff, const uint8_t tail
 		uint64_t k = n - done < IX_CHUNK / ENT ? n - done : IX_CHUNK / ENT;
 
 		if ((rc = fdio_pread_all(fd, chunk, k * ENT, ixoff + done * ENT))) {
-			rc = rc == -EIO ? -EINVAL : rc;
+			/* -EIO: a failed read, not damage (pack_load) */
 			break;
 		}
 		for (uint64_t i = 0; i < k && !rc; i++)
@@ -328,9 +328,12 @@ static int pack_load(int fd, const char *id, struct pack **out)
 	size = (uint64_t)st.st_size;
 	if (!S_ISREG(st.st_mode) || size < PACK_HDR + TAIL)
 		return -EINVAL;
+	/* Every read below lies within the size fstat gave, and a pack never changes once
+	 * named (invariant 1): an -EIO is the store failing a read, not a pack cut short,
+	 * and is returned as such (pack_set_scan retries it; -EINVAL is damage for good). */
 	if ((rc = fdio_pread_all(fd, head, PACK_HDR, 0)) ||
 	    (rc = fdio_pread_all(fd, tail, TAIL, size - TAIL)))
-		return rc == -EIO ? -EINVAL : rc;
+		return rc;
 	n = get_le(tail, 8);
 	ixoff = get_le(tail + 8, 8);
 	if (memcmp(head, PACK_MAGIC, 8) || get_le(head + 8, 4) != PACK_VERSION ||
@@ -347,10 +350,8 @@ static int pack_load(int fd, const char *id, struct pack **out)
 		rc = -ENOMEM;
 		goto fail;
 	}
-	if ((rc = fdio_pread_all(fd, ix, n * ENT, ixoff))) {
-		rc = rc == -EIO ? -EINVAL : rc;
-		goto fail;
-	}
+	if ((rc = fdio_pread_all(fd, ix, n * ENT, ixoff)))
+		goto fail;	/* -EIO: a failed read, as above */
 	x = XXH3_createState();
 	if (!x) {
 		rc = -ENOMEM;
@@ -458,7 +459,8 @@ int pack_set_scan(struct pack_set *ps)
 	pthread_mutex_unlock(&ps->mu);
 	if ((rc = fdio_opendir(ps->dirfd, ".", &dir)))
 		return rc;
-	while ((d = readdir(dir))) {
+	/* A listing cut short is an error: the packs it missed are not forgotten. */
+	while ((rc = fdio_readdir(dir, &d)) > 0) {
 		if (strlen(d->d_name) != 37 || strcmp(d->d_name + 32, ".pack") || !is_id(d->d_name, 32))
 			continue;
 		if (nn == cap) {
@@ -509,6 +511,17 @@ int pack_set_scan(struct pack_set *ps)
 				ps->bad = nb;
 				memcpy(ps->bad[ps->nbad++], names[k], 33);
 			}
+			if (pfd >= 0)
+				close(pfd);
+			continue;
+		}
+		if (lrc == -EIO) {
+			/* The store failed a read: the pack stays unknown to this scan (its
+			 * objects missing for now: a commit writes them anew) and is read
+			 * again by the next one. Listing it damaged for good, as before,
+			 * failed every read of its objects until a remount. */
+			log_err("store: pack %s/packs/%s: its index could not be read: %s; "
+				"skipped until the next scan", ps->path, file, strerror(EIO));
 			if (pfd >= 0)
 				close(pfd);
 			continue;
@@ -1073,7 +1086,7 @@ static int gc_leftovers(struct pack_set *ps, pack_live_fn live, void *arg, int64
 
 	if (rc)
 		return rc;
-	while ((d = readdir(dir))) {
+	while ((rc = fdio_readdir(dir, &d)) > 0) {
 		uint8_t id[16];
 
 		if (strncmp(d->d_name, ".tmp.", 5) && !strstr(d->d_name, ".pack.gc."))
@@ -1107,7 +1120,7 @@ static int gc_leftovers(struct pack_set *ps, pack_live_fn live, void *arg, int64
 	/* A put-back that does not last is a named object lost (as in pack_gc_settle). */
 	if (back && fsync(ps->dirfd))
 		return -EIO;
-	return 0;
+	return rc;
 }
 
 /* Copy p's live objects, each read and verified, into *w. -EIO if one is damaged (p is

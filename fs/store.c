@@ -326,9 +326,10 @@ static int store_dir_is_fresh(int dirfd)
 
 	if (rc)
 		return rc;
-	while (!rc && (d = readdir(dp))) {
+	while (!rc && (rc = fdio_readdir(dp, &d)) > 0) {
 		size_t i;
 
+		rc = 0;
 		if (!strncmp(d->d_name, "FORMAT.tmp", 10))
 			continue;	/* a creator's temporary, ours or a peer's */
 		for (i = 0; i < sizeof(ours) / sizeof(ours[0]); i++)
@@ -1313,7 +1314,9 @@ static int group_scan(int gfd, struct group_scan *g)
 	memset(g, 0, sizeof(*g));
 	if ((rc = fdio_opendir(gfd, ".", &dir)))
 		return rc;
-	while ((d = readdir(dir))) {
+	/* A listing cut short is an error, never a group with fewer parts (or none, and
+	 * untouched since 1970: gc removed a complete group it read so). */
+	while ((rc = fdio_readdir(dir, &d)) > 0) {
 		unsigned k, n;
 
 		/* Untouched means nothing in it changed: "." (the directory's own mtime moves
@@ -1343,7 +1346,7 @@ static int group_scan(int gfd, struct group_scan *g)
 		}
 	}
 	closedir(dir);
-	return 0;
+	return rc;
 }
 
 /* Reads and checks one part: decodes (its checksum) and carries the group's name.
@@ -1876,10 +1879,12 @@ int store_list(struct store *s, int flags, struct store_snap_info **out, size_t 
 
 	if ((rc = store_snapdir(s, &dir)))
 		return rc;
-	while ((d = readdir(dir))) {
+	/* A listing cut short fails: part of it would name a wrong latest. */
+	while ((rc = fdio_readdir(dir, &d)) > 0) {
 		struct mf_manifest *m;
 		struct store_snap_info *i;
 
+		rc = 0;
 		if (d->d_name[0] == '.')
 			continue;	/* ., .. and temporary manifests (step 2, invariant 4) */
 		if (store_name_valid(d->d_name)) {
@@ -2094,10 +2099,11 @@ static int gc_group(struct store *s, const char *name, int64_t now, int64_t tmp_
 	}
 	if ((rc = fdio_opendir(gfd, ".", &dir)))
 		goto out;
-	while (!rc && (d = readdir(dir))) {
+	while (!rc && (rc = fdio_readdir(dir, &d)) > 0) {
 		struct mf_manifest *m;
 		unsigned k, n;
 
+		rc = 0;
 		if (!strncmp(d->d_name, ".tmp.", 5)) {
 			struct stat st;
 
@@ -2145,10 +2151,12 @@ static int gc_mark_manifests(struct store *s, const struct lease_times *t, int64
 
 	if ((rc = store_snapdir(s, &dir)))
 		return rc;
-	while (!rc && (d = readdir(dir))) {
+	/* A listing cut short is an error: a manifest it missed is no less live. */
+	while (!rc && (rc = fdio_readdir(dir, &d)) > 0) {
 		struct mf_manifest *m;
 		struct stat st;
 
+		rc = 0;
 		if (d->d_name[0] == '.')
 			continue;	/* ., .., temporaries (gc_snap_tmps) */
 		if (store_name_valid(d->d_name))
@@ -2211,7 +2219,7 @@ static int gc_snap_tmps(struct store *s, const struct lease_times *t, int64_t no
 
 	if ((rc = store_snapdir(s, &dir)))
 		return rc;
-	while ((d = readdir(dir))) {
+	while ((rc = fdio_readdir(dir, &d)) > 0) {
 		if (strncmp(d->d_name, ".tmp.", 5) ||
 		    fstatat(s->snapfd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) ||
 		    now - ts_ns(&st.st_mtim) < t->grace_ns)
@@ -2220,7 +2228,9 @@ static int gc_snap_tmps(struct store *s, const struct lease_times *t, int64_t no
 			removed = 1;
 	}
 	closedir(dir);
-	return removed ? sync_dir(s, s->snapfd) : 0;
+	if (removed && sync_dir(s, s->snapfd))
+		return -EIO;
+	return rc;
 }
 
 /* An object gc moved aside in phase 1: objects/xx/<hex>.gc.<token>. */
@@ -2265,7 +2275,7 @@ static int gc_sweep_dir(struct gc_run *g, int i)
 	if (rc)
 		return rc == -ENOENT ? 0 : rc;
 	fd = dirfd(dir);	/* the stream's own: closedir closes it */
-	while ((d = readdir(dir))) {
+	while ((rc = fdio_readdir(dir, &d)) > 0) {
 		uint8_t h[STORE_HASH_LEN];
 		int tmp = strstr(d->d_name, ".tmp.") || strstr(d->d_name, ".gc.");
 

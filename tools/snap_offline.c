@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fs/fdio.h"
 #include "fs/manifest.h"
 #include "cache/log.h"
 #include "fs/store.h"
@@ -416,7 +417,7 @@ static int target_ok(const char *to)
 	struct stat st;
 	struct dirent *d;
 	DIR *dir;
-	int empty = 1;
+	int empty = 1, rc;
 
 	if (lstat(to, &st)) {
 		if (errno == ENOENT)
@@ -428,10 +429,14 @@ static int target_ok(const char *to)
 		say("%s: exists and is not an empty directory", to);
 		return -EEXIST;
 	}
-	while ((d = readdir(dir)))
+	while ((rc = fdio_readdir(dir, &d)) > 0)
 		if (strcmp(d->d_name, ".") && strcmp(d->d_name, ".."))
 			empty = 0;
 	closedir(dir);
+	if (rc < 0) {
+		say("%s: %s", to, strerror(-rc));
+		return rc;
+	}
 	if (!empty) {
 		say("%s: exists and is not an empty directory", to);
 		return -EEXIST;
@@ -555,14 +560,24 @@ int snap_restore(const char *store_dir, const char *name, const char *to_arg)
 		say("%s: %s", to, strerror(rc ? -rc : errno));
 		goto out_partial;
 	}
+	/* The rename is durable only once the parent is flushed: a failure here is a
+	 * restore a power cut may undo, so it is not reported as done. to is absolute
+	 * (target_safe). */
 	parent = strdup(to);
 	slash = parent ? strrchr(parent, '/') : NULL;
-	if (slash)
-		*(slash == parent ? slash + 1 : slash) = 0;
-	fd = open(slash ? parent : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd >= 0) {
-		fsync(fd);
+	if (!slash) {
+		say("out of memory");
+		goto out;
+	}
+	*(slash == parent ? slash + 1 : slash) = 0;
+	fd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	rc = fd < 0 || fsync(fd) ? -errno : 0;
+	if (fd >= 0)
 		close(fd);
+	if (rc) {
+		say("%s: flushing %s: %s; the restored tree may not survive a power cut", to,
+		    parent, strerror(-rc));
+		goto out;
 	}
 	printf("restored '%s' to %s: %" PRIu64 " files, %" PRIu64 " bytes\n", m->name, to, m->files,
 	       m->logical_bytes);
@@ -720,7 +735,11 @@ int snap_gc(const char *store_dir)
 		return 1;
 	}
 	if (rc == -EIO) {
-		say("%s: gc refused: a manifest is damaged (see verify; delete it first)", store_dir);
+		/* Damage and a failing store both come back as -EIO: say both, so that a
+		 * store that failed one read is not taken for a snapshot to delete. */
+		say("%s: gc refused: Input/output error: a damaged manifest or fresh lease (verify "
+		    "names it; delete it first), or the store failed a read, a listing or a flush "
+		    "(try again)", store_dir);
 		return 1;
 	}
 	if (rc) {

@@ -4,13 +4,14 @@ system, and a conservative model of ext4's crash semantics says, at every record
 syscall, which of those changes a power cut there would keep.
 
 The model (stricter than ext4 in data=ordered mode, never looser):
-- A file's bytes are durable only after an fsync/fdatasync of it that began after its
-  last write (write, writev, pwrite*, ftruncate, fallocate, O_TRUNC). ext4's
-  auto_da_alloc (flush on rename-over or truncate) is not counted on.
+- A file's bytes are durable only after an fsync/fdatasync of it (or a syncfs of its
+  filesystem) that began after its last write (write, writev, pwrite*, ftruncate,
+  fallocate, O_TRUNC). ext4's auto_da_alloc (flush on rename-over or truncate) is not
+  counted on.
 - A directory entry (create, mkdir, rename, link, unlink, rmdir) is durable only after
-  an fsync of that directory that began after the change. Until then a power cut may
-  keep the old entry or the new one: an entry counts as durable only when what the
-  directory holds now is what its last fsync saw.
+  an fsync of that directory (or a syncfs of its filesystem) that began after the
+  change. Until then a power cut may keep the old entry or the new one: an entry counts
+  as durable only when what the directory holds now is what its last fsync saw.
 - A path is durable iff every directory entry on it, from /, is durable and names the
   same inode as now, and the file at its end holds no unsynced bytes. Entries that
   existed before the trace began are taken as durable.
@@ -218,6 +219,12 @@ class Model:
                 d, name, ino = self._walk(p, make_missing=False)
                 if d is not None:
                     self._set(p, Inode(True, f"{ev.text} {p}"), ev)
+        elif n in ("symlink", "symlinkat"):
+            p = self._at(a[1], a[2]) if n == "symlinkat" else self._at(None, a[1])
+            if p:
+                d, name, ino = self._walk(p, make_missing=False)
+                if d is not None:
+                    self._set(p, Inode(False, f"{ev.text} {p}"), ev)
         elif n in WRITES:
             p = fd_path(a[0])
             if p:
@@ -236,6 +243,10 @@ class Model:
             ino.synced_ev = ev
             if ino.dirty_t is None or ino.dirty_t <= ev.t0:
                 ino.dirty_t, ino.dirty_ev = None, None
+        elif n == "syncfs":
+            p = fd_path(a[0])
+            if p:
+                self._syncfs(mount_root(p), ev)
         elif n in ("rename", "renameat", "renameat2"):
             if n == "rename":
                 src, dst = self._at(None, a[0]), self._at(None, a[1])
@@ -256,6 +267,25 @@ class Model:
             p = self._at(a[0], a[1]) if n == "unlinkat" else self._at(None, a[0])
             if p:
                 self._set(p, None, ev)
+
+    def _syncfs(self, root, ev):
+        """syncfs: every change made before it on root's filesystem is durable (the
+        filesystems mounted below root are taken along: they hold none of the paths the
+        tests look at)."""
+        todo = [self.inode(root)]
+        while todo:
+            ino = todo.pop()
+            for name, (child, t, _) in ino.ents.items():
+                if t <= ev.t0:
+                    ino.durable[name] = child
+                if child is not None and child.is_dir:
+                    todo.append(child)
+                elif child is not None and child.dirty_t is not None and \
+                        child.dirty_t <= ev.t0:
+                    child.dirty_t, child.dirty_ev = None, None
+            ino.synced_ev = ev
+            if ino.dirty_t is not None and ino.dirty_t <= ev.t0:
+                ino.dirty_t, ino.dirty_ev = None, None
 
     @staticmethod
     def _at(dirarg, name):
@@ -319,8 +349,19 @@ class Model:
         return f"{path} still exists"
 
 
-CHANGES = WRITES | SYNCS | {"mkdir", "mkdirat", "rename", "renameat", "renameat2", "link",
-                            "linkat", "unlink", "unlinkat", "rmdir"}
+def mount_root(path):
+    """The mount point of the filesystem path is on (path itself may be gone now)."""
+    p = path
+    while not os.path.exists(p):
+        p = os.path.dirname(p)
+    while not os.path.ismount(p):
+        p = os.path.dirname(p)
+    return p
+
+
+CHANGES = WRITES | SYNCS | {"syncfs", "mkdir", "mkdirat", "symlink", "symlinkat", "rename",
+                            "renameat", "renameat2", "link", "linkat", "unlink", "unlinkat",
+                            "rmdir"}
 
 
 def changes(ev):

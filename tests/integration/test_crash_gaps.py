@@ -1,0 +1,537 @@
+"""Crash points test_snap_crash.py's loop does not reach: SIGKILL of the daemon while it
+runs its emergency snapshot (SIGTERM) or the final snapshot of an unmount; SIGKILL of
+mlfs-snap itself in take --wait, restore (live and offline), delete and gc --store; and
+then, on a fresh daemon over the same store: every snapshot reported durable restores
+byte-exact, no reported delete comes back, the store verifies, and a gc past the grace
+time frees every pack no snapshot names while keeping all that one names.
+"""
+import os
+import random
+import signal
+import subprocess
+import time
+
+import pytest
+
+import mlfs_util as U
+import snap_util as S
+from snap_util import snapenv  # noqa: F401  (fixture)
+from workers_util import workerset  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.daemon
+MiB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def no_leak_check_under_ptrace(monkeypatch):
+    """As in test_power_cut.py: LeakSanitizer stops the world with ptrace, which strace
+    holds already, so every traced process of an ASan build would fail at exit."""
+    old = os.environ.get("ASAN_OPTIONS", "")
+    monkeypatch.setenv("ASAN_OPTIONS", (old + ":" if old else "") + "detect_leaks=0")
+
+
+def rng_for(name):
+    return random.Random(f"{U.SEED}-crash-gaps-{name}")
+
+
+def files_tree(root):
+    return S.read_tree(root, content="bytes", mtime=False, xattrs=False)
+
+
+def check_store(env, want, deleted=(), what=""):
+    """verify --store; every name in want listed and restoring offline to its tree; no
+    name of deleted listed. Returns the listing."""
+    r = S.snap("verify", "--store", env.store, timeout=120)
+    assert r.ok, f"{what}: verify after a crash: {r!r}"
+    lst = S.list_json(env.store, store=True)
+    for name in deleted:
+        assert name not in lst, f"{what}: '{name}' listed after its delete returned 0"
+    for name, tree in want.items():
+        assert name in lst and lst[name]["state"] in S.STORED, \
+            f"{what}: '{name}' reported durable is not listed: {sorted(lst)}"
+        out = env.path(f"export-{name}-{time.monotonic_ns()}")
+        r = S.export(env.store, name, out)
+        assert r.ok, f"{what}: offline restore of '{name}': {r!r}"
+        S.assert_tree_equal(files_tree(out), tree, f"{what}: '{name}' restored")
+        subprocess.run(["rm", "-rf", out])
+    return lst
+
+
+def block_hashes(tree, block=MiB):
+    """The object names (XXH3-128 hex) of every block of every file of a tree."""
+    out = set()
+    for e in tree.values():
+        if e["type"] == "f":
+            data = e["data"]
+            out |= {S.xxh128_hex(data[o:o + block]) for o in range(0, len(data), block)}
+    return out
+
+
+def assert_garbage_freed(store, trees):
+    """After a gc past the grace time: no leftovers, and every pack holds an object that
+    a listed snapshot (trees: name -> tree) names; every such object is in a pack."""
+    left = [p for p in S.store_files(store) if ".tmp." in p or ".gc." in p]
+    assert not left, f"leftovers after gc: {left[:10]}"
+    named = set().union(*(block_hashes(t) for t in trees.values())) if trees else set()
+    idx = S.pack_index(store)
+    missing = named - set(idx)
+    assert not missing, f"gc removed {len(missing)} object(s) a snapshot names"
+    packs = {}
+    for h, loc in idx.items():
+        packs.setdefault(loc[0], set()).add(h)
+    dead = [p for p, hs in packs.items() if not hs & named]
+    assert not dead, f"gc left packs no snapshot names: {dead}"
+
+
+def fill(ckpt, rng, n, size):
+    for i in range(n):
+        S.write(os.path.join(ckpt, f"f{i}"), rng.randbytes(size))
+
+
+@pytest.mark.parametrize("how", ["sigterm", "unmount"])
+def test_kill_during_the_final_snapshot(snapenv, how):
+    """SIGKILL at a random moment of the emergency snapshot (SIGTERM) or of an unmount's
+    final snapshot: the snapshot is whole (the tree at the signal) or absent, the earlier
+    one still restores, the store verifies, and the next daemon takes and lists."""
+    env = snapenv("crash-final-")
+    rng = rng_for(how)
+    want = {}
+    for it in range(6):
+        d = env.mount(foreground=True, opts="preempt_deadline=20")
+        fill(d.ckpt, rng, 3, rng.randrange(1, 5) * MiB + rng.randrange(MiB))
+        name = f"s{it}"
+        S.snap_ok("take", env.mnt, name, "--wait")
+        want[name] = files_tree(d.ckpt)
+        # new bytes, so the final snapshot has several MiB to persist
+        fill(d.ckpt, rng, 4, 3 * MiB + rng.randrange(MiB))
+        at_signal = files_tree(d.ckpt)
+        before = set(S.snaps_in_store(env.store))
+        if how == "sigterm":
+            os.kill(d.pid, signal.SIGTERM)
+        else:
+            U.fusermount_u(env.mnt)
+        time.sleep(rng.choice([0, 0.002, 0.01, 0.03, 0.08, 0.2]))
+        env.kill(d)
+        new = set(S.snaps_in_store(env.store)) - before
+        assert len(new) <= 1, f"{how}: one final snapshot, not {new}"
+        lst = check_store(env, want, what=f"iteration {it} ({how})")
+        for n in new:
+            assert n.startswith("preempt-" if how == "sigterm" else "unmount-"), new
+            assert lst[n]["state"] in S.STORED, lst[n]
+            out = env.path(f"final-{it}")
+            assert S.export(env.store, n, out).ok
+            S.assert_tree_equal(files_tree(out), at_signal, f"final snapshot {n}")
+    d = env.mount()
+    S.write(os.path.join(d.ckpt, "after"), b"x" * 5000)
+    S.snap_ok("take", env.mnt, "after", "--wait")
+    env.unmount(d)
+
+
+def kill_at(p, delay):
+    """SIGKILL p after delay (if still running); True if it was still running."""
+    time.sleep(delay)
+    busy = p.poll() is None
+    p.kill()
+    p.communicate()
+    return busy
+
+
+def test_kill_snap_clients_then_gc_frees_garbage(snapenv, monkeypatch):
+    """SIGKILL of mlfs-snap in take --wait, restore MOUNT, restore --store --to, delete
+    --store and gc --store, each at a random moment, with a daemon killed now and then
+    mid-persist: the daemon lives on (a take whose client died still becomes durable), a
+    live restore shows one whole tree, an offline restore leaves its target absent or
+    whole, a delete that returned stays done; at the end a gc past the grace time frees
+    every pack no snapshot names (crashed sessions' packs, trashed packs of a killed gc)
+    and keeps everything a snapshot names."""
+    monkeypatch.setenv("MLFS_LEASE_TIMES", S.FAST_LEASES)
+    env = snapenv("crash-clients-")
+    rng = rng_for("clients")
+    trees, deleted = {}, set()
+    d = env.mount()
+    seq = 0
+    kills = {}
+    for it in range(int(os.environ.get("MLFS_CRASH_GAPS_ITERS", "14"))):
+        fill(d.ckpt, rng, rng.randrange(1, 4), rng.randrange(1, 4) * MiB + rng.randrange(MiB))
+        seq += 1
+        name = f"s{seq}"
+        tree = files_tree(d.ckpt)
+        op = rng.choice(["take", "restore", "export", "delete", "gc", "daemon"])
+        delay = rng.choice([0.001, 0.005, 0.02, 0.05, 0.15])
+        if op == "take":
+            p = subprocess.Popen([S.SNAP, "take", env.mnt, name, "--wait"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            kills[op] = kills.get(op, 0) + kill_at(p, delay)
+            # killed before its request reached the daemon: no snapshot; after: taken
+            if name in S.list_json(env.mnt):
+                S.wait_durable(env.mnt, name)
+                trees[name] = tree
+        elif op == "daemon":
+            S.snap_ok("take", env.mnt, name)
+            time.sleep(delay)
+            env.kill(d)
+            if name in S.snaps_in_store(env.store):
+                trees[name] = tree
+            d = env.mount()
+            kills[op] = kills.get(op, 0) + 1
+        else:
+            S.snap_ok("take", env.mnt, name, "--wait")
+            trees[name] = tree
+        live = sorted(n for n in trees if n not in deleted)
+        if op == "restore" and live:
+            target = rng.choice(live)
+            p = subprocess.Popen([S.SNAP, "restore", env.mnt, target],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            kills[op] = kills.get(op, 0) + kill_at(p, delay)
+            got = files_tree(d.ckpt)
+            assert got in (tree, trees[target]), \
+                f"after a killed restore of {target}, MOUNT/ckpt is neither tree"
+        elif op == "export" and live:
+            target = rng.choice(live)
+            out = env.path(f"out-{seq}")
+            p = subprocess.Popen([S.SNAP, "restore", "--store", env.store, target, "--to",
+                                  out], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            kills[op] = kills.get(op, 0) + kill_at(p, delay / 4)
+            if os.path.exists(out):
+                S.assert_tree_equal(files_tree(out), trees[target],
+                                    f"{out} after a killed offline restore")
+        elif op == "delete" and len(live) > 1:
+            target = rng.choice(live[:-1])
+            p = subprocess.Popen([S.SNAP, "delete", "--store", env.store, target],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(delay / 10)
+            p.kill()
+            p.communicate()
+            if p.returncode == 0:
+                deleted.add(target)
+            elif target not in S.snaps_in_store(env.store):
+                deleted.add(target)   # gone is gone, reported or not
+        elif op == "gc":
+            for n in live[:-2]:
+                S.snap_ok("delete", env.mnt, n)
+                deleted.add(n)
+            p = subprocess.Popen([S.SNAP, "gc", "--store", env.store],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            kills[op] = kills.get(op, 0) + kill_at(p, delay / 2)
+        live = {n: t for n, t in trees.items() if n not in deleted}
+        check_store(env, dict(rng.sample(sorted(live.items()), min(2, len(live)))),
+                    deleted, f"iteration {it} ({op})")
+    live = {n: t for n, t in trees.items() if n not in deleted}
+    env.unmount(d)
+    S.past_grace()
+    S.snap_ok("gc", "--store", env.store)
+    check_store(env, live, deleted, "the end")
+    # A take whose client was killed just after sending may have been taken after the
+    # test looked: its tree, read back, is named too.
+    for name in S.list_json(env.store, store=True):
+        if name not in live:
+            out = env.path(f"late-{name}")
+            assert S.export(env.store, name, out).ok
+            live[name] = files_tree(out)
+    assert_garbage_freed(env.store, live)
+    print(f"\nkills in flight: {kills}")
+
+
+# ---------------------------------------------------------------- injected faults
+
+GC_LEASES = "0.02,0.04,0.05"     # offline, no lease left: gc may collect at once
+FAULTS = [("write", "ENOSPC"), ("fsync", "EIO"), ("renameat", "EIO"), ("unlinkat", "EIO"),
+          ("openat", "EIO"), ("getdents64", "EIO"), ("pread64", "EIO")]
+SPARSE = ("openat", "pread64")
+
+
+@pytest.fixture
+def fault_store(snapenv, workerset):
+    """A store where gc has every kind of work: two deleted snapshots leave a pack of
+    garbage only, packs mostly garbage (repacked) and small packs (merged); and a group
+    of two workers. Returns (env, pristine store copy, {kept name: tree})."""
+    env = snapenv("crash-faults-")
+    rng = rng_for("faults")
+    d = env.mount()
+    trees = {}
+    for i in range(4):
+        S.write(os.path.join(d.ckpt, f"f{i}"), rng.randbytes(60_000 + i))
+        S.write(os.path.join(d.ckpt, "shared"), rng.randbytes(2 * MiB + 400_000))
+        os.makedirs(os.path.join(d.ckpt, f"d{i}"))
+        os.symlink(f"f{i}", os.path.join(d.ckpt, f"d{i}", "sym"))
+        S.snap_ok("take", env.mnt, f"s{i}", "--wait")
+        trees[f"s{i}"] = files_tree(d.ckpt)
+    env.unmount(d)
+    for n in ("s0", "s1"):
+        S.snap_ok("delete", "--store", env.store, n)
+        del trees[n]
+    ws = workerset(store=env.store)
+    job = ws.start(2)
+    for w in job:
+        S.write(os.path.join(w.ckpt, f"w{w.k}"), rng.randbytes(300_000))
+    for w in job:
+        assert w.snap("take", "g1", "--wait").rc == 0
+    trees["g1"] = {"": {"type": "d", "mode": 0o755}}
+    ws.unmount_all(job)
+    out = env.path("g1-tree")
+    assert S.export(env.store, "g1", out).ok
+    trees["g1"] = files_tree(out)
+    pristine = env.path("pristine")
+    subprocess.run(["cp", "-a", env.store, pristine], check=True)
+    return env, pristine, trees
+
+
+def injected(env, tag, syscall, err, n, argv):
+    """Runs mlfs-snap argv under strace with syscall's n-th call failing with err;
+    (Result, whether the fault was injected)."""
+    tr = env.path(f"inject-{tag}-{syscall}-{n}.tr")
+    r = S.run(["strace", "-f", "-qq", "-o", tr, "-e", f"trace={syscall}", "-e",
+               f"inject={syscall}:error={err}:when={n}", S.SNAP, *argv])
+    with open(tr, errors="replace") as f:
+        hit = "(INJECTED)" in f.read()
+    os.unlink(tr)
+    return r, hit
+
+
+def objects_of(store):
+    return set(S.pack_index(store))
+
+
+def assert_store_whole(env, store, trees, what, export=(), verify=True):
+    """verify --store (every object of every snapshot read and checked), every name of
+    trees listed; the names in export restored offline and compared."""
+    if verify:
+        r = S.snap("verify", "--store", store, timeout=60)
+        assert r.ok, f"{what}: verify: {r!r}"
+    lst = S.list_json(store, store=True)
+    for name in trees:
+        assert name in lst and lst[name]["state"] in S.STORED, \
+            f"{what}: '{name}' is gone: {lst}"
+    for name in export:
+        out = env.path(f"x-{time.monotonic_ns()}")
+        r = S.export(store, name, out)
+        assert r.ok, f"{what}: restore {name}: {r!r}"
+        S.assert_tree_equal(files_tree(out), trees[name], f"{what}: {name}")
+        subprocess.run(["rm", "-rf", out])
+    return lst
+
+
+def sweep(env, pristine, tag, argv_of, check, faults=FAULTS, max_n=80):
+    """For each (syscall, errno) and each n until the command no longer reaches the
+    n-th call: a fresh copy of the pristine store, the command with that call failing,
+    then check(store, Result, what). Returns the number of faults injected."""
+    total = 0
+    for syscall, err in faults:
+        for n in range(1, max_n + 1):
+            if n > 12 and n % 3 and syscall in SPARSE:
+                continue      # the many reads of manifests and packs: a third of them
+            store = env.path(f"st-{tag}-{syscall}-{n}")
+            subprocess.run(["cp", "-a", pristine, store], check=True)
+            r, hit = injected(env, tag, syscall, err, n, argv_of(store))
+            what = f"{tag} with {syscall} call {n} failing ({err})"
+            if "error while loading shared libraries" in r.err or \
+                    "LeakSanitizer has encountered a fatal error" in r.err:
+                subprocess.run(["rm", "-rf", store])
+                continue      # the dynamic loader's or the sanitizer's call, not ours
+            assert isinstance(r.rc, int) and r.rc in (0, 1), f"{what}: {r!r}"
+            assert "Sanitizer" not in r.err and "runtime error" not in r.err, f"{what}: {r.err}"
+            if hit:
+                total += 1
+                check(store, r, what)
+            subprocess.run(["rm", "-rf", store])
+            if not hit:
+                break
+    return total
+
+
+def test_gc_with_a_failing_store_call_loses_nothing(fault_store, monkeypatch):
+    """gc --store with one store call failing, for every call of each kind in turn
+    (write ENOSPC; fsync, rename, unlink, open, readdir, pread EIO): whatever it reports,
+    every snapshot and group is still listed and verifies, and the next gc settles the
+    store: the same objects as a gc that met no fault, no leftovers, every snapshot
+    restoring byte-exact. Before, a readdir that failed read as the end of the listing:
+    gc took a complete group whose listing failed for an empty one untouched since 1970
+    and removed it, and exited 0."""
+    env, pristine, trees = fault_store
+    monkeypatch.setenv("MLFS_LEASE_TIMES", GC_LEASES)
+    time.sleep(0.1)
+    ref = env.path("ref")
+    subprocess.run(["cp", "-a", pristine, ref], check=True)
+    S.snap_ok("gc", "--store", ref)
+    want = objects_of(ref)
+    assert want < objects_of(pristine), "gc had nothing to do: the test tests nothing"
+    rng = rng_for("gc-sweep")
+
+    def check(store, r, what):
+        if not r.ok:
+            assert "Sanitizer" not in r.err and len(r.err.strip().splitlines()) == 1, r
+        # listed now; the objects are checked after the next gc (which restores none)
+        assert_store_whole(env, store, trees, what, verify=False)
+        time.sleep(0.06)       # its leftovers older than the grace time
+        r2 = S.snap("gc", "--store", store)
+        assert r2.ok, f"{what}, then a gc: {r2!r}"
+        left = [p for p in S.store_files(store) if ".tmp." in p or ".gc." in p]
+        assert not left, f"{what}, then a gc: leftovers {left}"
+        assert objects_of(store) == want, f"{what}, then a gc: objects differ"
+        assert_store_whole(env, store, trees, f"{what}, then a gc",
+                           export=[rng.choice(sorted(trees))] if rng.random() < 0.3 else [])
+
+    n = sweep(env, pristine, "gc", lambda st: ["gc", "--store", st], check)
+    assert n >= 40, n
+
+
+def test_delete_with_a_failing_store_call(fault_store):
+    """delete --store with one call failing: exit 0 means the name is gone; either way
+    every other snapshot is whole."""
+    env, pristine, trees = fault_store
+    rest = {n: t for n, t in trees.items() if n != "s2"}
+
+    def check(store, r, what):
+        lst = assert_store_whole(env, store, rest, what)
+        if r.ok:
+            assert "s2" not in lst, f"{what}: exit 0 but s2 is listed"
+
+    assert sweep(env, pristine, "delete", lambda st: ["delete", "--store", st, "s2"],
+                 check) >= 10
+
+
+def test_offline_restore_with_a_failing_call(fault_store):
+    """restore --store --to with one call failing (the store's reads and the target's
+    writes alike, mkdir, symlink, syncfs too): exit 0 means the whole tree is there;
+    otherwise the target is absent or whole."""
+    env, pristine, trees = fault_store
+    faults = FAULTS + [("rename", "EIO"), ("mkdir", "ENOSPC"), ("symlink", "ENOSPC"), ("syncfs", "EIO"),
+                       ("ftruncate", "EIO"), ("pwrite64", "ENOSPC"), ("read", "EIO")]
+    k = [0]
+
+    def argv(store):
+        k[0] += 1
+        return ["restore", "--store", store, "s3", "--to", env.path(f"to-{k[0]}")]
+
+    def check(store, r, what):
+        out = env.path(f"to-{k[0]}")
+        if r.ok or os.path.exists(out):
+            assert os.path.exists(out), f"{what}: exit 0 and no {out}: {r!r}"
+            S.assert_tree_equal(files_tree(out), trees["s3"], what)
+        subprocess.run(["rm", "-rf", out])
+
+    assert sweep(env, pristine, "restore", argv, check, faults) >= 20
+
+
+# ---------------------------------------------------------------- a full store
+
+def fill_up(mp):
+    """Writes filler files into mp until the filesystem refuses a byte more."""
+    n = 0
+    for chunk in (1 << 20, 65536, 4096, 1024, 1):
+        try:
+            while True:
+                n += 1
+                with open(os.path.join(mp, f"filler-{n}"), "wb") as f:
+                    while True:
+                        f.write(b"\0" * chunk)
+                        f.flush()
+        except OSError:
+            pass
+    st = os.statvfs(mp)
+    assert st.f_bavail == 0, f"{mp} not full: {st.f_bavail} blocks free"
+
+
+def test_full_store_mounts_and_delete_and_gc_give_room_back(snapenv, monkeypatch):
+    """A store whose filesystem is full to the last block (a job's snapshots filled it):
+    a daemon still mounts on it and restores, delete and gc (through the mount and
+    offline) still run, free the space, and the next take --wait succeeds. Before, each
+    of them failed at the store's open: its first lease write, a few bytes naming
+    nothing, got ENOSPC ("cannot write a lease"), so nothing but removing files by hand
+    gave a full store room back."""
+    monkeypatch.setenv("MLFS_LEASE_TIMES", S.FAST_LEASES)
+    env = snapenv("crash-full-")
+    mp = env.loop_ext4("storefs", 24, mkfs_args=("-m", "0"))
+    store = os.path.join(mp, "store")
+    os.mkdir(store)
+    rng = rng_for("full")
+    d = env.mount(store=store)
+    trees = {}
+    for i in range(3):       # disjoint: each delete frees its snapshot's bytes
+        if i:
+            os.unlink(os.path.join(d.ckpt, f"f{i - 1}"))
+        S.write(os.path.join(d.ckpt, f"f{i}"), rng.randbytes(4 * MiB))
+        S.snap_ok("take", env.mnt, f"s{i}", "--wait")
+        trees[f"s{i}"] = files_tree(d.ckpt)
+    env.unmount(d)
+    fill_up(mp)
+
+    d = env.mount(store=store, foreground=True, expect_ok=False)
+    assert not d.down, f"mount on a full store failed:\n{d.output()}"
+    S.snap_ok("restore", env.mnt, "s2")
+    S.assert_tree_equal(files_tree(d.ckpt), trees["s2"], "s2 restored from a full store")
+    S.write(os.path.join(d.ckpt, "new"), rng.randbytes(MiB))
+    r = S.snap("take", env.mnt, "nope", "--wait", timeout=120)
+    S.assert_clean_failure(r, "take --wait into a full store")
+    # A fresh mount (its lease names nothing, so it cannot lapse while the store is full
+    # and the grace time passes) deletes and collects.
+    env.unmount(d)
+    d = env.mount(store=store, foreground=True, expect_ok=False)
+    assert not d.down, f"mount on a full store failed:\n{d.output()}"
+    S.write(os.path.join(d.ckpt, "new"), rng.randbytes(MiB))
+    for n in ("s0", "s1"):
+        S.snap_ok("delete", env.mnt, n)
+    S.past_grace()
+    S.snap_ok("gc", env.mnt)
+    assert os.statvfs(mp).f_bavail > 0, "gc through the mount freed nothing"
+    t = files_tree(d.ckpt)
+    S.snap_ok("take", env.mnt, "s3", "--wait")
+    env.unmount(d)
+    out = env.path("s3-out")
+    assert S.export(store, "s3", out).ok
+    S.assert_tree_equal(files_tree(out), t, "s3 taken once gc gave room back")
+
+    # Offline, on a store full again.
+    fill_up(mp)
+    S.snap_ok("delete", "--store", store, "s2")
+    S.past_grace()
+    S.snap_ok("gc", "--store", store)
+    assert os.statvfs(mp).f_bavail > 0, "gc --store freed nothing"
+    S.snap_ok("verify", "--store", store)
+    assert set(S.list_json(store, store=True)) == {"s3"}
+
+
+def test_a_failed_read_of_a_packs_index_is_not_damage_for_good(snapenv):
+    """A read of a pack's index that fails (EIO once, injected by strace attached to the
+    running daemon) while the daemon learns a pack a peer wrote: the restore may fail,
+    but once the store reads again the snapshot restores and reads byte-exact. Before,
+    pack_load took the EIO for a pack that is not whole: the daemon listed the pack as
+    damaged for the rest of its life, and every restore of a snapshot with objects in it
+    failed until a remount."""
+    a = snapenv("crash-index-a-")
+    b = snapenv("crash-index-b-")
+    da = a.mount()
+    rng = rng_for("index")
+    for n in range(1, 12):
+        # a new pack for each try, written by a peer: the daemon has to learn it
+        db = b.mount(store=a.store)
+        data = rng.randbytes(2 * MiB + n)
+        S.write(os.path.join(db.ckpt, "x"), data)
+        S.snap_ok("take", b.mnt, f"x{n}", "--wait")
+        b.unmount(db)
+        trace = a.path(f"attach-{n}.tr")
+        tr = subprocess.Popen(["strace", "-f", "-qq", "-y", "-o", trace, "-p", str(da.pid),
+                               "-e", "trace=pread64", "-e",
+                               f"inject=pread64:error=EIO:when={n}"],
+                              stderr=subprocess.DEVNULL)
+        try:
+            end = time.monotonic() + 30
+            while "TracerPid:\t0" in open(f"/proc/{da.pid}/status").read():
+                assert time.monotonic() < end, "strace did not attach"
+                time.sleep(0.05)
+            time.sleep(0.3)       # every thread attached
+            S.snap("restore", a.mnt, f"x{n}")
+        finally:
+            tr.terminate()
+            tr.wait(30)
+        with open(trace) as f:
+            hit = [ln for ln in f if "INJECTED" in ln]
+        r = S.snap("restore", a.mnt, f"x{n}")
+        assert r.ok, f"restore once the store reads again (failed: {hit}): {r!r}"
+        with open(os.path.join(da.ckpt, "x"), "rb") as f:
+            U.assert_bytes(f.read(), data, "x after a failed read")
+        if any(".pack>" in ln for ln in hit):
+            break
+    else:
+        pytest.fail("no read of a pack's index failed: the test tests nothing")
+    a.unmount(da)
