@@ -603,20 +603,31 @@ def test_final_snapshot_name_taken_gets_a_suffix(snapenv):
     within the second of its restart found that name taken and lost every change since
     the restart (exit 1, 'File exists'); a first fix tried one '-2' only. Here the names
     of this second and the next few, with and without '-2', are taken by hand first, so
-    the collision is certain, not a matter of timing."""
+    the collision is certain, not a matter of timing: the run of taken seconds [lo, hi)
+    grows until the clock is in it with MARGIN seconds to spare for the SIGTERM (a second
+    the clock passed meanwhile is taken all the same: harmless). A run that falls 10 s
+    behind the clock (takes slower than a second a pair: a loaded ASan build) starts
+    again further ahead, the lead doubled, rather than failing on a slow machine."""
+    MARGIN = 5
     env = snapenv()
     d = env.mount(foreground=True)
     rng = rng_for("suffix")
-    now = int(time.time())
     write(os.path.join(d.ckpt, "old"), b"old")
-    for t in range(now, now + 10):
-        name = "preempt-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(t))
+    lead = 0
+    lo = hi = int(time.time())
+    while not (lo <= time.time() and hi - time.time() >= MARGIN):
+        if time.time() >= hi + 10:   # falling behind the clock: start again ahead
+            lead = max(2 * lead, 10)
+            assert lead <= 640, "takes too slow to get ahead of the clock"
+            lo = hi = int(time.time()) + lead
+        name = "preempt-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(hi))
         S.snap_ok("take", env.mnt, name, "--wait")
         S.snap_ok("take", env.mnt, name + "-2", "--wait")
+        hi += 1
     data = rng.randbytes(200 * 1024)
     write(os.path.join(d.ckpt, "new"), data)
     t = S.read_tree(d.ckpt)
-    assert int(time.time()) < now + 10, "too slow to collide: the test tests nothing"
+    assert lo <= int(time.time()) < hi, "the clock left the taken seconds: the test tests nothing"
     os.kill(d.pid, signal.SIGTERM)
     rc = env.wait_exit(d, 60)
     assert rc == 0, f"exit {rc} after SIGTERM:\n{d.output()}"
