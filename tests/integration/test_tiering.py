@@ -424,6 +424,9 @@ def fake_cgroup_v2(mounter, prefix, limit, current):
 
 
 def wait_for(m, pred, timeout, what):
+    """Polls m's stats until pred holds; fails after timeout s. The bounds below are
+    generous on purpose (a loaded 2-core box, an ASan build, a spill at a busy disk's
+    speed): how fast the governor answers is bench/'s to measure, not a test's."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         s = m.stat()
@@ -455,14 +458,14 @@ def test_v2_files_drive_budget(mounter):
     # The cgroup nearly full: the budget is cut and mem_bytes follows it down.
     write_file(os.path.join(cg, "memory.current"), f"{G - 16 * MiB}\n")
     s, took = wait_for(m, lambda s: s["mem_budget"] < b0 and s["mem_bytes"] <= s["mem_budget"],
-                       2.0, "budget cut on cgroup usage")
+                       60.0, "budget cut on cgroup usage")
     assert s["budget_cuts"] > 0 and s["spilled_bytes"] > 0, s
     cut = s["mem_budget"]
 
     # Room again: after the hold the budget grows back (additively), reloads follow.
     write_file(os.path.join(cg, "memory.current"), f"{100 * MiB}\n")
-    s, _ = wait_for(m, lambda s: s["mem_budget"] > cut + 32 * MiB, 10.0, "budget growth")
-    s, _ = wait_for(m, lambda s: s["data_resident"] == s["data_blocks"] == 64, 10.0,
+    s, _ = wait_for(m, lambda s: s["mem_budget"] > cut + 32 * MiB, 60.0, "budget growth")
+    s, _ = wait_for(m, lambda s: s["data_resident"] == s["data_blocks"] == 64, 60.0,
                     "reload after growth")
     assert s["bg_reload_ops"] > 0, s
     grown = s["mem_budget"]
@@ -473,7 +476,7 @@ def test_v2_files_drive_budget(mounter):
         total += 250_000
         write_file(psi, psi_text(total))
         time.sleep(0.5)
-    s, _ = wait_for(m, lambda s: s["mem_budget"] < grown, 3.0, "budget cut on PSI")
+    s, _ = wait_for(m, lambda s: s["mem_budget"] < grown, 60.0, "budget cut on PSI")
     for n in names:
         check_file(m, n, "after the cuts")
 
