@@ -203,13 +203,19 @@ def test_colocated_job(memcg, mounter, test_root):
             f.write("1\n")
         time.sleep(1.0)
         # The co-located job starts: it takes what the cgroup has left, down to about
-        # the governor's low watermark band (free ~ 96 MiB), without a cut.
-        st = m.stat()
-        slack = L - st["cgroup_usage"] - 96 * MiB
-        if slack > 16 * MiB:
+        # the governor's low watermark band (free ~ 96 MiB), without a cut. Usage can
+        # still fall after a look (the kernel reclaiming what the fill left, writeback
+        # of the spill): then the hog's X below fitted in free memory and nothing had
+        # to give (mlfs "fell by 0 MiB", 1 of 5 runs under stress-ng). So the hog takes
+        # the slack again until the cgroup stays within the band.
+        for _ in range(10):
+            st = m.stat()
+            slack = L - st["cgroup_usage"] - 96 * MiB
+            if slack <= 16 * MiB:
+                break
             hog_grow(hog, slack)
             assert hog.stdout.readline().strip() == "grown"
-        time.sleep(1.0)
+            time.sleep(1.0)
         st0 = m.stat()
         mem0 = st0["mem_bytes"]
         assert st0["cgroup_version"] == 1 and st0["cgroup_limit"] == L, st0
@@ -424,6 +430,9 @@ def fake_cgroup_v2(mounter, prefix, limit, current):
 
 
 def wait_for(m, pred, timeout, what):
+    """Polls m's stats until pred holds; fails after timeout s. The bounds below are
+    generous on purpose (a loaded 2-core box, an ASan build, a spill at a busy disk's
+    speed): how fast the governor answers is bench/'s to measure, not a test's."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         s = m.stat()
@@ -455,14 +464,14 @@ def test_v2_files_drive_budget(mounter):
     # The cgroup nearly full: the budget is cut and mem_bytes follows it down.
     write_file(os.path.join(cg, "memory.current"), f"{G - 16 * MiB}\n")
     s, took = wait_for(m, lambda s: s["mem_budget"] < b0 and s["mem_bytes"] <= s["mem_budget"],
-                       2.0, "budget cut on cgroup usage")
+                       60.0, "budget cut on cgroup usage")
     assert s["budget_cuts"] > 0 and s["spilled_bytes"] > 0, s
     cut = s["mem_budget"]
 
     # Room again: after the hold the budget grows back (additively), reloads follow.
     write_file(os.path.join(cg, "memory.current"), f"{100 * MiB}\n")
-    s, _ = wait_for(m, lambda s: s["mem_budget"] > cut + 32 * MiB, 10.0, "budget growth")
-    s, _ = wait_for(m, lambda s: s["data_resident"] == s["data_blocks"] == 64, 10.0,
+    s, _ = wait_for(m, lambda s: s["mem_budget"] > cut + 32 * MiB, 60.0, "budget growth")
+    s, _ = wait_for(m, lambda s: s["data_resident"] == s["data_blocks"] == 64, 60.0,
                     "reload after growth")
     assert s["bg_reload_ops"] > 0, s
     grown = s["mem_budget"]
@@ -473,7 +482,7 @@ def test_v2_files_drive_budget(mounter):
         total += 250_000
         write_file(psi, psi_text(total))
         time.sleep(0.5)
-    s, _ = wait_for(m, lambda s: s["mem_budget"] < grown, 3.0, "budget cut on PSI")
+    s, _ = wait_for(m, lambda s: s["mem_budget"] < grown, 60.0, "budget cut on PSI")
     for n in names:
         check_file(m, n, "after the cuts")
 
