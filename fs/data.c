@@ -1211,7 +1211,6 @@ static void data_file_check_current(struct data_ns *ns, struct data_file *f)
 		data_node_poison(ns, f->n);
 }
 
-/* Opens n's source file (invariant 3) and fstats it: fd or -errno. */
 /*
  * SOURCE's own ESTALE is tried again for at most this long, sleeping 10 ms, then twice
  * that each time up to 160 ms (about 8 tries). A GlusterFS client whose file was
@@ -1224,6 +1223,7 @@ static void data_file_check_current(struct data_ns *ns, struct data_file *f)
  */
 #define DATA_ESTALE_RETRY_NS (2ull * 1000000000ull)
 
+/* Opens n's source file (invariant 3) and fstats it: fd or -errno. */
 static int data_open_source(struct data_ns *ns, struct data_node *n, struct stat *st)
 {
 	char path[PATH_MAX];
