@@ -23,9 +23,10 @@
  * A keeper (lease_keeper_*) owns one lease and a thread that refreshes it. On a full store
  * (ENOSPC, EDQUOT) a refresh that would name nothing removes the file instead (no lease
  * names nothing as well; gc's "now" comes from an empty temporary), and one that would
- * name what the file names already touches it. A refresh that fails is logged and makes lease_keeper_status() -ENOLCK until one succeeds; once no
- * refresh succeeded for S, the lease has lapsed for good (gc elsewhere may have taken
- * what this handle reads): status stays -ENOLCK and the owner must refuse new snapshots.
+ * name what the file names already touches it. A refresh that fails is logged and makes
+ * lease_keeper_status() -ENOLCK until one succeeds; once no refresh succeeded for S, the
+ * lease has lapsed for good (gc elsewhere may have taken what this handle reads): status
+ * stays -ENOLCK and the owner must refuse new snapshots.
  *
  * File format (text, rewritten whole via a temporary and rename):
  *     mlfs-lease 1\n
