@@ -830,8 +830,10 @@ static int ckpt_create_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, const 
 	size_t acl_size;
 	int rc;
 
-	if (!S_ISDIR(dir->mode) || dir->nlink == 0)
-		return dir->nlink == 0 ? -ENOENT : -ENOTDIR;
+	if (!S_ISDIR(dir->mode))
+		return -ENOTDIR; /* whatever its links: an unlinked file is no directory */
+	if (dir->nlink == 0)
+		return -ENOENT; /* removed: ext4 refuses new names in a dead directory */
 	if (name && ckpt_find_locked(ns, dir, name))
 		return -EEXIST;
 	if ((rc = ckpt_meta_room(ns, CKPT_INODE_COST + (name ? CKPT_NAME_COST(strlen(name)) : 0),
@@ -1131,6 +1133,13 @@ int ckpt_rename(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
 		goto out;
 	}
 	if (!(src = ckpt_find_locked(ns, dir, name))) {
+		rc = -ENOENT;
+		goto out;
+	}
+	/* A removed directory takes no new name (ext4: its lookup fails first, as in
+	 * create and link): the name would hang off a directory that no walk reaches and
+	 * that is freed at its last forget, under the name still in ns->names. */
+	if (newdir->nlink == 0) {
 		rc = -ENOENT;
 		goto out;
 	}
@@ -1623,8 +1632,8 @@ int ckpt_fallocate(struct ckpt_ns *ns, struct ckpt_inode *ino, int mode, off_t o
 		return -EOPNOTSUPP; /* as vfs_fallocate */
 	if (!S_ISREG(ino->mode))
 		return S_ISDIR(ino->mode) ? -EISDIR : -ENODEV;
-	if (!(mode & FALLOC_FL_PUNCH_HOLE) && end > CKPT_FILE_MAX)
-		return -EFBIG;
+	if (end > CKPT_FILE_MAX)
+		return -EFBIG; /* every mode, as vfs_fallocate at ext4's s_maxbytes */
 	/* Nothing is reserved (memory is taken at the write), so refuse only what could
 	 * never fit: more than statfs calls free, when spill_max bounds the capacity
 	 * (without it the spill file system's free space is the limit, unknown here). */
