@@ -20,10 +20,14 @@
  * modes, owners, hard links, xattrs; FIFOs and devices left out), its blocks' bytes
  * against the model, mf_encode and mf_decode accept it; each frozen block's checksum is
  * taken then and compared again when the frozen tree is freed, after later writes
- * (copy on write, invariant 5).
+ * (copy on write, invariant 5). A restore of a frozen tree (its blocks served as store
+ * objects by a backing of this file) replaces the model's tree with the manifest's;
+ * the old inodes live on while looked up or open, and the restored files' blocks load
+ * on first read or write.
  * At the end everything is released and unlinked: only the root may be left, and no
  * checkpoint block (bc stats). Not checked: times (but setattr's explicit ones), st_blocks,
- * ACLs, the slot/xattr/meta limits (-ENOSPC), restore, concurrency.
+ * ACLs, privilege kills, the slot/xattr/meta limits (-ENOSPC), -o workers (inherited
+ * flags), concurrency.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -429,8 +433,39 @@ static void check_read(int i, uint64_t off, uint32_t len)
 
 /* ---- set-up and tear-down ---- */
 
+/* The store of restored blocks: what ckpt_restore's blocks load from (the backing). */
+struct obj {
+	uint8_t name[16];
+	uint8_t *bytes;
+	uint32_t len;
+};
+static struct obj *objs;
+static size_t nobjs;
+
+static int obj_load(void *arg, struct bc_block *b, void *buf)
+{
+	for (size_t i = 0; i < nobjs; i++)
+		if (!memcmp(objs[i].name, bc_block_obj(b), 16)) {
+			CHECK(objs[i].len == bc_block_len(b));
+			memcpy(buf, objs[i].bytes, objs[i].len);
+			return 0;
+		}
+	return -EIO;
+}
+
+static void objs_free(void)
+{
+	for (size_t i = 0; i < nobjs; i++)
+		free(objs[i].bytes);
+	free(objs);
+	objs = NULL;
+	nobjs = 0;
+}
+
 static void setup_once(void)
 {
+	static const struct bc_backing bk = { .load = obj_load };
+
 	struct tier_config tc;
 
 	if (bc)
@@ -444,6 +479,7 @@ static void setup_once(void)
 	tc.use_gov = 0;
 	tc.prefetch_threads = 0;
 	CHECK(tier_new(&tc, bc, &tier) == 0);
+	bc_set_backing(bc, &bk);
 	m.bc = bc;
 	m.tier = tier;
 	m.cfg.mem_max = 1ull << 30;
@@ -503,6 +539,7 @@ static void frozen_release(int k)
 			if (!b)
 				continue;
 			CHECK(n < z->n);
+			CHECK(bc_block_load(bc, b) == 0);
 			CHECK(XXH3_64bits(bc_block_buf(b), bc_block_len(b)) == z->sums[n]);
 			n++;
 		}
@@ -557,6 +594,7 @@ static void teardown(void)
 	CHECK(bs.ckpt_blocks == 0);
 	ckpt_ns_free(ns);
 	ns = NULL;
+	objs_free();
 	memset(md, 0, sizeof(md));
 	memset(mh, 0, sizeof(mh));
 }
@@ -789,8 +827,6 @@ static void op_lseek(struct in *in)
 	if (i < 0)
 		return;
 	rc = ckpt_lseek(ns, mi[i].ci, (off_t)off, whence, &out);
-	if (getenv("FUZZ_CKPT_DEBUG"))
-		fprintf(stderr, "lseek %llu %d: %d %lld size %llu\n", (unsigned long long)off, whence, rc, (long long)out, (unsigned long long)mi[i].size);
 	if (off >= mi[i].size) {
 		CHECK_RC(rc, -ENXIO);
 		return;
@@ -1380,6 +1416,7 @@ static void op_freeze(struct in *in)
 				CHECK(model_zero_in(x, bstart, bstart + me->blocks[j].len));
 				continue;
 			}
+			CHECK(bc_block_load(bc, b) == 0); /* a restored block: from the store */
 			const uint8_t *p = bc_block_buf(b);
 
 			CHECK(bc_block_len(b) <= me->blocks[j].len);
@@ -1400,6 +1437,122 @@ static void op_freeze(struct in *in)
 	mf_free(back);
 	free(enc);
 	fz[k] = (struct frozen_sum){ f, sums, nsum };
+}
+
+/*
+ * Restores frozen tree k: its blocks become store objects (their bytes as frozen,
+ * which frozen_release checks were never written in place), the model's named inodes
+ * lose every name (they live on while looked up or open) and the model takes the
+ * manifest's tree, each name looked up once to reach its inode.
+ */
+static void op_restore(struct in *in)
+{
+	int k = u8(in) & 1, ids[4096], free_slots = 0, need = 0;
+	struct ckpt_frozen *f = fz[k].f;
+	struct mf_manifest *mf;
+	char **old;
+	size_t nold;
+
+	cur_name = "restore";
+	if (!f)
+		return;
+	mf = f->mf;
+	for (int i = 1; i < MAXI; i++)
+		free_slots += !model_alive(i) ||
+			      (mi[i].nlookup == 0 && mi[i].nopen == 0 && mi[i].nlink);
+	for (uint64_t e = 1; e < mf->nentries; e++)
+		need += !mf->entries[e].link;
+	if (need > free_slots || mf->nentries > 4096)
+		return;
+	for (uint64_t e = 1; e < mf->nentries; e++)
+		for (uint64_t j = 0; f->blocks[e] && j < mf->entries[e].nblocks; j++) {
+			struct bc_block *b = f->blocks[e][j];
+			struct obj *o;
+
+			if (!b)
+				continue;
+			CHECK(bc_block_load(bc, b) == 0);
+			objs = realloc(objs, (nobjs + 1) * sizeof(*objs));
+			CHECK(objs);
+			o = &objs[nobjs];
+			memset(o->name, 0, 16);
+			memcpy(o->name, &nobjs, sizeof(nobjs));
+			o->name[15] = 1;
+			/* The object is the manifest block's len: the frozen bytes, then
+			 * zeros (invariant 4 of ckpt.c), as the persister writes it. */
+			o->len = mf->entries[e].blocks[j].len;
+			o->bytes = calloc(1, o->len ? o->len : 1);
+			CHECK(o->bytes && bc_block_len(b) <= o->len);
+			memcpy(o->bytes, bc_block_buf(b), bc_block_len(b));
+			memcpy(mf->entries[e].blocks[j].hash, o->name, 16);
+			nobjs++;
+		}
+	CHECK_RC(ckpt_restore(ns, mf, &old, &nold, NULL), 0);
+	for (size_t i = 0; i < nold; i++)
+		free(old[i]);
+	free(old);
+	/* The old tree: every name gone. */
+	for (int d = 0; d < MAXD; d++)
+		if (md[d].used) {
+			mi[md[d].ino].nlink = 0;
+			md[d].used = 0;
+		}
+	for (int i = 1; i < MAXI; i++)
+		model_maybe_free(i);
+	/* The new one, in pre-order. */
+	mi[0].perm = mf->entries[0].mode & 07777;
+	mi[0].uid = mf->entries[0].uid;
+	mi[0].gid = mf->entries[0].gid;
+	mi[0].nlink = 2;
+	ids[0] = 0;
+	for (uint64_t e = 1; e < mf->nentries; e++) {
+		const struct mf_entry *me = &mf->entries[e];
+		long pi = mf_find(mf, me->parent);
+		int dir = ids[pi], name, d = free_dent(), i;
+		struct fuse_entry_param fe;
+
+		for (name = 0; name < NNAMES && strcmp(me->name, name_of(name)); name++)
+			;
+		CHECK(name < NNAMES && d >= 0);
+		if (me->link) {
+			i = ids[mf_find(mf, me->link)];
+			mi[i].nlink++;
+		} else {
+			i = model_new_inode(me->type == MF_FILE ? T_REG : me->type == MF_DIR ? T_DIR
+											: T_LNK);
+			CHECK(i >= 0);
+			mi[i].perm = me->mode;
+			mi[i].uid = me->uid;
+			mi[i].gid = me->gid;
+			mi[i].nlink = me->type == MF_DIR ? 2 : 1;
+			mi[i].size = me->size;
+			if (me->target)
+				mi[i].target = strdup(me->target);
+			for (uint32_t a = 0; a < me->nxattrs; a++) {
+				int xn;
+
+				for (xn = 0; xn < MAXX && strcmp(xnames[xn], me->xattrs[a].name); xn++)
+					;
+				CHECK(xn < MAXX && me->xattrs[a].value_len <= sizeof(mi[i].x[xn].v));
+				mi[i].x[xn].set = 1;
+				mi[i].x[xn].len = me->xattrs[a].value_len;
+				if (me->xattrs[a].value_len)
+					memcpy(mi[i].x[xn].v, me->xattrs[a].value, me->xattrs[a].value_len);
+			}
+			for (uint64_t j = 0; f->blocks[e] && j < me->nblocks; j++)
+				if (f->blocks[e][j] && !bc_block_load(bc, f->blocks[e][j]))
+					model_write(&mi[i], j * BS, bc_block_buf(f->blocks[e][j]),
+						    bc_block_len(f->blocks[e][j]));
+			if (me->type == MF_DIR)
+				mi[dir].nlink++;
+		}
+		ids[e] = i;
+		md[d] = (struct mdent){ 1, dir, name, i };
+		CHECK_RC(ckpt_lookup(ns, mi[dir].ci, me->name, &fe), 0);
+		mi[i].ci = (struct ckpt_inode *)fe.ino;
+		note_entry(i, &fe);
+	}
+	check_inode(0);
 }
 
 /* The whole model against ckpt: every name looked up, every inode's attributes. */
@@ -1434,7 +1587,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	mi[0].uid = 0;
 	mi[0].gid = getgid();
 	for (cur_op = 0; cur_op < MAX_OPS && in.n; cur_op++) {
-		switch (u8(&in) % 24) {
+		switch (u8(&in) % 25) {
 		case 0: case 1: op_create(&in, 0); break;
 		case 2: op_create(&in, 1); break;
 		case 3: op_create(&in, 2); break;
@@ -1457,6 +1610,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		case 21: op_freeze(&in); break;
 		case 22: op_tmpfile(&in); break;
 		case 23: op_lseek(&in); break;
+		case 24: op_restore(&in); break;
 		}
 		check_counts();
 	}
