@@ -1549,10 +1549,12 @@ static void op_restore(struct in *in)
 		ids[e] = i;
 		md[d] = (struct mdent){ 1, dir, name, i };
 		CHECK_RC(ckpt_lookup(ns, mi[dir].ci, me->name, &fe), 0);
+		CHECK(!me->link || mi[i].ci == (struct ckpt_inode *)fe.ino);
 		mi[i].ci = (struct ckpt_inode *)fe.ino;
-		note_entry(i, &fe);
+		mi[i].nlookup++; /* its links are counted once all names are in */
 	}
-	check_inode(0);
+	for (int i = 0; i < MAXI; i++)
+		check_inode(i);
 }
 
 /* The whole model against ckpt: every name looked up, every inode's attributes. */
