@@ -1015,6 +1015,9 @@ static void ckpt_drop_name_locked(struct ckpt_ns *ns, struct ckpt_inode *ino,
 	if (S_ISDIR(ino->mode)) {
 		ino->nlink = 0;
 		ckpt_dir_dec(ino->parent);
+		/* Removed, it may outlive its old parent (a process sitting in it, the
+		 * parent removed and forgotten): it keeps no pointer that could dangle. */
+		ino->parent = ino;
 	} else {
 		ino->nlink--;
 	}

@@ -107,8 +107,38 @@ static void test_fallocate_past_limit(void)
 	ckpt_ns_free(ns);
 }
 
+/* A directory removed while a process sits in it keeps no pointer to its old parent,
+ * which may be removed and forgotten (freed) meanwhile: its ".." is itself, and a
+ * rename check or a listing reads no freed memory (ASan: make DEBUG=1 unit). */
+static void test_removed_dir_outlives_parent(void)
+{
+	struct ckpt_ns *ns = ns_new();
+	struct ckpt_inode *root = ckpt_root(ns);
+	struct fuse_entry_param a, b, e;
+	struct ckpt_dir *dh;
+	struct stat st;
+	char buf[4096];
+
+	EXPECT_EQ(ckpt_mkdir(ns, root, "a", 0755, &user, &a), 0);
+	EXPECT_EQ(ckpt_mkdir(ns, ino_of(&a), "b", 0755, &user, &b), 0);
+	EXPECT_EQ(ckpt_rmdir(ns, ino_of(&a), "b"), 0);
+	EXPECT_EQ(ckpt_rmdir(ns, root, "a"), 0);
+	ckpt_forget(ns, ino_of(&a), 1); /* a is freed; b lives on */
+	EXPECT_EQ(ckpt_getattr(ns, ino_of(&b), &st), 0);
+	EXPECT_EQ(st.st_nlink, 0);
+	EXPECT_EQ(ckpt_opendir(ns, ino_of(&b), &dh), 0);
+	EXPECT(ckpt_readdir(ns, NULL, ino_of(&b), dh, buf, sizeof(buf), 0, 0) > 0);
+	ckpt_releasedir(ns, dh);
+	EXPECT_EQ(ckpt_mkdir(ns, root, "c", 0755, &user, &e), 0);
+	EXPECT_EQ(ckpt_rename(ns, root, "c", ino_of(&b), "c", 0, &user), -ENOENT);
+	ckpt_forget(ns, ino_of(&e), 1);
+	ckpt_forget(ns, ino_of(&b), 1);
+	ckpt_ns_free(ns);
+}
+
 int main(void)
 {
+	test_removed_dir_outlives_parent();
 	test_rename_into_removed_dir();
 	test_create_in_unlinked_file();
 	test_fallocate_past_limit();
