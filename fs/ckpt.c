@@ -6,7 +6,7 @@
  *    its directory's list, or in neither; both change only under ns->mu.
  * 2. An inode is freed exactly when nlink, nlookup and nopen are all zero (ckpt_maybe_free,
  *    under ns->mu). A directory's nlink is 2 + its subdirectories while it has a name,
- *    0 once removed.
+ *    0 once removed; removed, it is its own parent (no pointer to what may be freed).
  * 3. A file's content (blocks[], size) changes only under its rwlock held for writing,
  *    and size also under ns->mu so that getattr reads it consistently.
  * 4. blocks[i] == NULL for i >= DIV_ROUND_UP(size, block_size): truncation drops them.
