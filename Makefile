@@ -201,10 +201,11 @@ clean:
 # build/fuzz/crash-*: reproduce with build/fuzz/fuzz_<target> FILE).
 FUZZ_CC ?= clang
 FUZZ_SECONDS ?= $(or $(MLFS_FUZZ_SECONDS),60)
-FUZZ_TARGETS := manifest ctl pack lease
+FUZZ_TARGETS := manifest ctl pack lease ckpt
 FUZZ_FLAGS := -std=gnu11 -g -O1 -fno-omit-frame-pointer -D_GNU_SOURCE -I. \
 	-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	$(shell pkg-config --cflags fuse3 libxxhash 2>/dev/null)
+FUZZ_LIBS := -llz4 -lxxhash -pthread
 
 .PHONY: fuzz fuzz-build fuzz-seeds
 # Rewrites the committed seeds with mlfs's own encoder (after a format change).
@@ -219,10 +220,16 @@ build/fuzz/fuzz_manifest: tests/fuzz/fuzz_manifest.c fs/manifest.c fs/manifest.h
 build/fuzz/fuzz_ctl: tests/fuzz/fuzz_ctl.c fs/ctl.c cache/log.c fs/ctl.h fs/mlfs.h
 build/fuzz/fuzz_pack: tests/fuzz/fuzz_pack.c fs/pack.c fs/hset.c fs/fdio.c cache/log.c fs/pack.h fs/hset.h fs/fdio.h
 build/fuzz/fuzz_lease: tests/fuzz/fuzz_lease.c fs/lease.c fs/fdio.c cache/log.c fs/lease.h fs/fdio.h
+# MOUNT/ckpt with its block cache and an unstarted tier (no threads, no spill): its
+# write admission and read-ahead are the daemon's own code.
+build/fuzz/fuzz_ckpt: tests/fuzz/fuzz_ckpt.c fs/ckpt.c fs/acl.c fs/manifest.c cache/bcache.c \
+	cache/log.c tiering/tier.c tiering/spill.c tiering/uring.c tiering/gov.c fs/ckpt.h \
+	fs/acl.h fs/manifest.h fs/mlfs.h cache/bcache.h tiering/tier.h
+build/fuzz/fuzz_ckpt: FUZZ_LIBS += $(shell pkg-config --libs fuse3 liburing 2>/dev/null)
 $(FUZZ_TARGETS:%=build/fuzz/fuzz_%):
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  FUZZ-CC $@")
-	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $(filter %.c,$^) -llz4 -lxxhash -pthread
+	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $(filter %.c,$^) $(FUZZ_LIBS)
 
 fuzz: fuzz-build
 	$(Q)rc=0; for t in $(FUZZ_TARGETS); do \

@@ -6,7 +6,7 @@
  *    its directory's list, or in neither; both change only under ns->mu.
  * 2. An inode is freed exactly when nlink, nlookup and nopen are all zero (ckpt_maybe_free,
  *    under ns->mu). A directory's nlink is 2 + its subdirectories while it has a name,
- *    0 once removed.
+ *    0 once removed; removed, it is its own parent (no pointer to what may be freed).
  * 3. A file's content (blocks[], size) changes only under its rwlock held for writing,
  *    and size also under ns->mu so that getattr reads it consistently.
  * 4. blocks[i] == NULL for i >= DIV_ROUND_UP(size, block_size): truncation drops them.
@@ -830,8 +830,10 @@ static int ckpt_create_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, const 
 	size_t acl_size;
 	int rc;
 
-	if (!S_ISDIR(dir->mode) || dir->nlink == 0)
-		return dir->nlink == 0 ? -ENOENT : -ENOTDIR;
+	if (!S_ISDIR(dir->mode))
+		return -ENOTDIR; /* whatever its links: an unlinked file is no directory */
+	if (dir->nlink == 0)
+		return -ENOENT; /* removed: ext4 refuses new names in a dead directory */
 	if (name && ckpt_find_locked(ns, dir, name))
 		return -EEXIST;
 	if ((rc = ckpt_meta_room(ns, CKPT_INODE_COST + (name ? CKPT_NAME_COST(strlen(name)) : 0),
@@ -1013,6 +1015,9 @@ static void ckpt_drop_name_locked(struct ckpt_ns *ns, struct ckpt_inode *ino,
 	if (S_ISDIR(ino->mode)) {
 		ino->nlink = 0;
 		ckpt_dir_dec(ino->parent);
+		/* Removed, it may outlive its old parent (a process sitting in it, the
+		 * parent removed and forgotten): it keeps no pointer that could dangle. */
+		ino->parent = ino;
 	} else {
 		ino->nlink--;
 	}
@@ -1131,6 +1136,13 @@ int ckpt_rename(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
 		goto out;
 	}
 	if (!(src = ckpt_find_locked(ns, dir, name))) {
+		rc = -ENOENT;
+		goto out;
+	}
+	/* A removed directory takes no new name (ext4: its lookup fails first, as in
+	 * create and link): the name would hang off a directory that no walk reaches and
+	 * that is freed at its last forget, under the name still in ns->names. */
+	if (newdir->nlink == 0) {
 		rc = -ENOENT;
 		goto out;
 	}
@@ -1623,8 +1635,8 @@ int ckpt_fallocate(struct ckpt_ns *ns, struct ckpt_inode *ino, int mode, off_t o
 		return -EOPNOTSUPP; /* as vfs_fallocate */
 	if (!S_ISREG(ino->mode))
 		return S_ISDIR(ino->mode) ? -EISDIR : -ENODEV;
-	if (!(mode & FALLOC_FL_PUNCH_HOLE) && end > CKPT_FILE_MAX)
-		return -EFBIG;
+	if (end > CKPT_FILE_MAX)
+		return -EFBIG; /* every mode, as vfs_fallocate at ext4's s_maxbytes */
 	/* Nothing is reserved (memory is taken at the write), so refuse only what could
 	 * never fit: more than statfs calls free, when spill_max bounds the capacity
 	 * (without it the spill file system's free space is the limit, unknown here). */

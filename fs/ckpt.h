@@ -148,7 +148,8 @@ int ckpt_chown_kill_sgid(struct ckpt_ns *ns, struct ckpt_inode *ino, const struc
  * reserve nothing, as memory is taken when written: -ENOSPC only if the range exceeds
  * what statfs calls free with spill_max set, and a later write may still get -ENOSPC.
  * FALLOC_FL_PUNCH_HOLE|KEEP_SIZE and FALLOC_FL_ZERO_RANGE (with or without KEEP_SIZE)
- * zero the range, dropping whole blocks (holes again). Other modes: -EOPNOTSUPP.
+ * zero the range, dropping whole blocks (holes again). Other modes: -EOPNOTSUPP. A range
+ * ending past the 1 TiB file limit is -EFBIG in every mode, as vfs_fallocate.
  */
 int ckpt_fallocate(struct ckpt_ns *ns, struct ckpt_inode *ino, int mode, off_t off,
 		   off_t len);
