@@ -174,7 +174,8 @@ def test_gc_and_delete_while_workers_persist_through_brick_restarts(workerset,
     with Background(gluster_volume.restart_bricks) as restarts, \
             Background(persist_and_read) as bg:
         r = job[0].snap("gc", timeout=180)
-        assert r.rc == 0, f"gc from worker 0 while workers 1-3 are mounted: {r!r}"
+        assert r.rc == 0, \
+            f"gc from worker 0 while workers 1-3 are mounted: {r!r}\nits log:\n{job[0].output()}"
         removed = gc_removed(r)
         bg.join()
         restarts.join()
