@@ -57,6 +57,7 @@ struct pack {
 	int fd;		/* -1 until read (or over PACK_FDS_MAX) */
 	int users;	/* readers between find and release */
 	int gone;	/* forgotten by a scan: freed when users drops to 0 */
+	int fd_bad;	/* fd answered EBADFD: closed at the next use with no reader on it */
 	uint64_t gen;	/* ps->gen when it was added: scans started before never forget it */
 	uint64_t next;	/* where the furthest read of the current stream ended */
 	uint64_t ahead;	/* prefetch asked up to here */
@@ -645,22 +646,30 @@ uint64_t pack_set_count(struct pack_set *ps)
 	return n;
 }
 
-/* Caller holds mu. A descriptor for reading p (opened if need be), p->users taken. */
+/* Caller holds mu. A descriptor for reading p (opened if need be), p->users taken.
+ * A kept descriptor that went bad is replaced once no reader holds it; until then each
+ * read opens its own. */
 static int use_locked(struct pack_set *ps, struct pack *p, int *fd, int *own)
 {
 	char file[48];
 
 	*own = 0;
-	if (p->fd < 0) {
+	if (p->fd >= 0 && p->fd_bad && !p->users) {
+		close(p->fd);
+		p->fd = -1;
+		p->fd_bad = 0;
+		ps->nfds--;
+	}
+	if (p->fd < 0 || p->fd_bad) {
 		snprintf(file, sizeof(file), "%s.pack", p->id);
 		*fd = openat(ps->dirfd, file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 		if (*fd < 0)
 			return -errno;
-		if (ps->nfds < PACK_FDS_MAX) {
+		if (p->fd < 0 && ps->nfds < PACK_FDS_MAX) {
 			p->fd = *fd;
 			ps->nfds++;
 		} else {
-			*own = 1;	/* too many open: this read's alone */
+			*own = 1;	/* too many open, or the kept one bad: this read's alone */
 		}
 	} else {
 		*fd = p->fd;
@@ -753,6 +762,13 @@ static int get_once(struct pack_set *ps, const uint8_t hash[16], void *buf, uint
 	}
 	if (rc == -EIO && !why)
 		why = "shorter than its index says";
+	if (rc == -EBADFD && !own) {
+		/* A GlusterFS client answers so on a descriptor it could not open again after
+		 * its bricks restarted, and for good: stop using it (pack_set_get retries). */
+		pthread_mutex_lock(&ps->mu);
+		p->fd_bad = 1;
+		pthread_mutex_unlock(&ps->mu);
+	}
 out:
 	if (why) {
 		hex(hash, 16, hx);
@@ -778,6 +794,8 @@ int pack_set_get(struct pack_set *ps, const uint8_t hash[16], void *buf, uint32_
 			return src;
 		rc = get_once(ps, hash, buf, len);
 	}
+	if (rc == -EBADFD)	/* a kept descriptor gone bad: once more on a new one */
+		rc = get_once(ps, hash, buf, len);
 	return rc;
 }
 

@@ -88,6 +88,12 @@ struct snapd {
  * (snapd_bounded). A live store answers a stat in milliseconds, GlusterFS included. */
 #define SNAPD_STORE_ANSWER_S 2
 
+/* A store call or persist that failed with a transient error (store_transient: a
+ * GlusterFS brick restarting) is made again, from its start, until this long after its
+ * first such failure, waiting 50 ms more each time up to 1 s: a brick restart and its
+ * heal take 4-20 s. */
+#define SNAPD_TRANSIENT_S 30
+
 /* The longest autosnap interval honoured: a year. Longer ones (autosnap=1e30, mtbf=inf
  * under autosnap=auto) would overflow time_t, and a wait that fails at once spins. */
 #define SNAPD_INTERVAL_MAX_S (365.0 * 86400)
@@ -242,15 +248,24 @@ static int snapd_changed_locked(struct snapd *sd)
 
 static void snapd_retention(struct snapd *sd);
 
-static void snapd_run_job(struct snapd *sd, struct snapd_job *job)
+/* The wait before the next try of a call that failed with a transient error, or 0 when
+ * SNAPD_TRANSIENT_S have passed since its first such failure (*since, set by the first
+ * call of a series; 0 before it): give up. */
+static unsigned snapd_transient_wait_ms(uint64_t *since, unsigned *tries)
 {
-	uint64_t t0 = mlfs_now_ns();
-	/* Read now: once the job leaves PENDING below, a waiter may reap and free it the
-	 * moment sd->mu is dropped, so nothing after that unlock may touch *job. */
-	int automatic = job->automatic;
+	uint64_t now = mlfs_now_ns();
+	unsigned ms = ++*tries < 20 ? 50 * *tries : 1000;
+
+	if (!*since)
+		*since = now;
+	return now - *since + ms * 1000000ull > SNAPD_TRANSIENT_S * 1000000000ull ? 0 : ms;
+}
+
+/* One persist of job, under store_mu. */
+static int snapd_persist_once(struct snapd *sd, struct snapd_job *job)
+{
 	int rc;
 
-	pthread_mutex_lock(&sd->store_mu);
 	/* A failed directory fsync broke the handle (store.h): every later snapshot would
 	 * fail until a restart, the final one included. Recover it: the commit then syncs
 	 * everything again before it relies on anything. */
@@ -267,7 +282,29 @@ static void snapd_run_job(struct snapd *sd, struct snapd_job *job)
 	}
 	if (rc)
 		store_abort(sd->st);
-	else
+	return rc;
+}
+
+static void snapd_run_job(struct snapd *sd, struct snapd_job *job)
+{
+	uint64_t t0 = mlfs_now_ns();
+	/* Read now: once the job leaves PENDING below, a waiter may reap and free it the
+	 * moment sd->mu is dropped, so nothing after that unlock may touch *job. */
+	int automatic = job->automatic;
+	uint64_t since = 0;
+	unsigned tries = 0, ms;
+	int rc;
+
+	pthread_mutex_lock(&sd->store_mu);
+	/* Made again from its start (a new pack, a new manifest): the frozen tree is still
+	 * held, and what the failed one put is garbage no snapshot names. */
+	while (store_transient(rc = snapd_persist_once(sd, job)) &&
+	       (ms = snapd_transient_wait_ms(&since, &tries))) {
+		log_warn("snap: persist of %s failed: %s; trying again in %u ms", job->name,
+			 strerror(-rc), ms);
+		usleep(ms * 1000);
+	}
+	if (!rc)
 		snapd_mark_stored(sd, job);
 	pthread_mutex_unlock(&sd->store_mu);
 
@@ -445,8 +482,18 @@ static void *snapd_call_run(void *arg)
 	struct snapd_call *c = arg;
 	struct snapd *sd = c->sd;
 	const char *what = c->what;
-	uint64_t t0 = c->t0;
-	int rc = c->fn(c), cancel, last;
+	uint64_t t0 = c->t0, since = 0;
+	unsigned tries = 0, ms;
+	int rc, cancel, last;
+
+	/* Every fn may be made again from its start after a transient error (delete and
+	 * gc count what an earlier try did). */
+	while (store_transient(rc = c->fn(c)) && !snapd_call_cancelled(c) &&
+	       (ms = snapd_transient_wait_ms(&since, &tries))) {
+		log_warn("snap: %s failed: %s; trying again in %u ms", what ? what : "a store check",
+			 strerror(-rc), ms);
+		usleep(ms * 1000);
+	}
 
 	/* One critical section: once sd->calls is 0, snapd_free may free sd, and once our
 	 * reference is dropped, the caller may free c; after the unlock only the copies,
@@ -762,7 +809,8 @@ static int snapd_group_wait(struct snapd *sd, struct ctl_req *r, const char *nam
 			ctl_out(r, "group %s complete: %u parts", name, sd->m->cfg.workers);
 			return 0;
 		}
-		if (rc < 0)
+		/* A transient error (a GlusterFS brick restarting) is one more poll. */
+		if (rc < 0 && (!store_transient(rc) || mlfs_now_ns() >= end))
 			return ctl_fail(r, "take: group '%s': %s", name, strerror(-rc)), rc;
 		if (mlfs_now_ns() >= end)
 			break;
@@ -1236,6 +1284,7 @@ static int ctl_restore(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 struct snapd_delete_call {
 	struct snapd_call c;
 	char name[MF_NAME_MAX + 1];
+	int tried;	/* an earlier try failed (transient): it may have deleted the name */
 };
 
 /* Invariant 4: between jobs. Given up while it waited for store_mu (behind a persist
@@ -1249,6 +1298,9 @@ static int snapd_delete_fn(struct snapd_call *c)
 	pthread_mutex_lock(&sd->store_mu);
 	rc = snapd_call_cancelled(c) ? -ECANCELED : store_delete(sd->st, d->name);
 	pthread_mutex_unlock(&sd->store_mu);
+	if (rc == -ENOENT && d->tried)
+		rc = 0;		/* gone, by our earlier try or another's delete: done */
+	d->tried = 1;
 	return rc;
 }
 
@@ -1333,7 +1385,12 @@ struct snapd_gc_call {
 static int snapd_gc_fn(struct snapd_call *c)
 {
 	struct snapd_gc_call *g = (struct snapd_gc_call *)c;
-	return snapd_gc(c->sd, c, &g->objs, &g->bytes);
+	uint64_t objs = 0, bytes = 0;
+	int rc = snapd_gc(c->sd, c, &objs, &bytes);
+
+	g->objs += objs;	/* with what an earlier try that failed freed */
+	g->bytes += bytes;
+	return rc;
 }
 
 static int ctl_gc(struct mlfs *m, struct ctl_req *r, int argc, char **argv)

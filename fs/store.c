@@ -2420,6 +2420,7 @@ int store_gc_keep(struct store *s, const uint8_t (*keep)[STORE_HASH_LEN], size_t
 	struct gc_run g = { .s = s, .live = &live };
 	struct pack_gc *pg = NULL;
 	uint64_t objs = 0, bytes = 0;
+	const char *step = NULL;	/* what failed, for the log */
 	int rc = 0;
 
 	pthread_mutex_lock(&s->mu);
@@ -2427,23 +2428,30 @@ int store_gc_keep(struct store *s, const uint8_t (*keep)[STORE_HASH_LEN], size_t
 		rc = s->broken ? s->broken : s->session ? -EBUSY : -EROFS;
 		goto out;
 	}
+	step = "its check for a version 1 daemon";
 	if ((rc = gc_no_old_daemon(s)))
 		goto out;
 	g.t = lease_keeper_times(s->lease);
 	/* "now" is our own lease's mtime, stamped by the store's filesystem like every
 	 * time we compare it with (lease.h: clocks). */
+	step = "the refresh of its lease";
 	if ((rc = lease_keeper_refresh(s->lease, NULL, &g.now)))
 		goto out;
+	step = "its mark";
 	if ((rc = gc_mark(s, g.t, g.now, keep, nkeep, &live)))
 		goto out;
+	step = "its sweep of snapshot temporaries";
 	if ((rc = gc_snap_tmps(s, g.t, g.now)))
 		goto out;
+	step = "its sweep";
 	for (int i = 0; i < 256 && !rc && s->objfd >= 0; i++)
 		rc = gc_sweep_dir(&g, i);	/* version 1 objects */
 	if (!rc)
 		rc = pack_gc_sweep(s->packs, gc_live, &live, g.now, g.t->grace_ns, s->token, &pg,
 				   &g.tmp_bytes);
 	/* Phase 2 (invariant 3), also after a phase 1 error: trash is settled either way. */
+	if (!rc)
+		step = "its second mark, or settling what it set aside";
 	{
 		int trashed = g.ntrash || (pg && pack_gc_trashed(pg));
 		/* Without a second mark nothing may be removed: all is put back. */
@@ -2459,6 +2467,8 @@ int store_gc_keep(struct store *s, const uint8_t (*keep)[STORE_HASH_LEN], size_t
 		}
 	}
 out:
+	if (rc && step)
+		log_err("store: %s: gc failed in %s: %s", s->path, step, strerror(-rc));
 	pthread_mutex_unlock(&s->mu);
 	hset_free(&live);
 	hset_free(&live2);

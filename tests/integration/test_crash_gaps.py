@@ -491,6 +491,39 @@ def test_full_store_mounts_and_delete_and_gc_give_room_back(snapenv, monkeypatch
     assert set(S.list_json(store, store=True)) == {"s3"}
 
 
+class injecting:
+    """strace attached to the running daemon pid, the n-th call of each of syscalls
+    (comma-separated) failing with err, for the with block; only calls on path when
+    given (-P). Then the list holds the trace's INJECTED lines (-y: each names its
+    file)."""
+
+    def __init__(self, pid, trace, syscalls, err, n=1, path=None):
+        self.pid, self.trace, self.hit = pid, trace, []
+        self.argv = ["strace", "-f", "-qq", "-y", "-o", trace, "-p", str(pid),
+                     "-e", f"trace={syscalls}", "-e", f"inject={syscalls}:error={err}:when={n}"]
+        if path:
+            self.argv[1:1] = ["-P", path]
+
+    def __enter__(self):
+        self.tr = subprocess.Popen(self.argv, stderr=subprocess.DEVNULL)
+        try:
+            end = time.monotonic() + 30
+            while "TracerPid:\t0" in open(f"/proc/{self.pid}/status").read():
+                assert time.monotonic() < end, "strace did not attach"
+                time.sleep(0.05)
+            time.sleep(0.3)       # every thread attached
+        except BaseException:
+            self.__exit__()
+            raise
+        return self.hit
+
+    def __exit__(self, *exc):
+        self.tr.terminate()
+        self.tr.wait(30)
+        with open(self.trace) as f:
+            self.hit.extend(ln for ln in f if "INJECTED" in ln)
+
+
 def test_a_failed_read_of_a_packs_index_is_not_damage_for_good(snapenv):
     """A read of a pack's index that fails (EIO once, injected by strace attached to the
     running daemon) while the daemon learns a pack a peer wrote: the restore may fail,
@@ -509,23 +542,8 @@ def test_a_failed_read_of_a_packs_index_is_not_damage_for_good(snapenv):
         S.write(os.path.join(db.ckpt, "x"), data)
         S.snap_ok("take", b.mnt, f"x{n}", "--wait")
         b.unmount(db)
-        trace = a.path(f"attach-{n}.tr")
-        tr = subprocess.Popen(["strace", "-f", "-qq", "-y", "-o", trace, "-p", str(da.pid),
-                               "-e", "trace=pread64", "-e",
-                               f"inject=pread64:error=EIO:when={n}"],
-                              stderr=subprocess.DEVNULL)
-        try:
-            end = time.monotonic() + 30
-            while "TracerPid:\t0" in open(f"/proc/{da.pid}/status").read():
-                assert time.monotonic() < end, "strace did not attach"
-                time.sleep(0.05)
-            time.sleep(0.3)       # every thread attached
+        with injecting(da.pid, a.path(f"attach-{n}.tr"), "pread64", "EIO", n) as hit:
             S.snap("restore", a.mnt, f"x{n}")
-        finally:
-            tr.terminate()
-            tr.wait(30)
-        with open(trace) as f:
-            hit = [ln for ln in f if "INJECTED" in ln]
         r = S.snap("restore", a.mnt, f"x{n}")
         assert r.ok, f"restore once the store reads again (failed: {hit}): {r!r}"
         with open(os.path.join(da.ckpt, "x"), "rb") as f:
@@ -535,3 +553,80 @@ def test_a_failed_read_of_a_packs_index_is_not_damage_for_good(snapenv):
     else:
         pytest.fail("no read of a pack's index failed: the test tests nothing")
     a.unmount(da)
+
+
+def test_a_pack_descriptor_gone_bad_is_replaced(snapenv):
+    """A kept pack descriptor that answers EBADFD, as a GlusterFS client does for good on
+    a descriptor it could not open again after its bricks restarted (injected once by
+    strace on the running daemon): the read is tried again on a new descriptor and
+    returns the right bytes, and so do the reads after it. Before, that read failed, and
+    every later read of the pack through the same descriptor would have too."""
+    a = snapenv("crash-badfd-a-")
+    b = snapenv("crash-badfd-b-")
+    rng = rng_for("badfd")
+    files = {f"f{i}": rng.randbytes(256 * 1024 + i) for i in range(4)}
+    # Written by a peer: the daemon under test holds none of these blocks in memory,
+    # so each read of a restored file is a read of the pack.
+    db = b.mount(store=a.store)
+    for n, data in files.items():
+        S.write(os.path.join(db.ckpt, n), data)
+    S.snap_ok("take", b.mnt, "s", "--wait")
+    b.unmount(db)
+    da = a.mount()
+    S.snap_ok("restore", a.mnt, "s")
+
+    def read(n):
+        with open(os.path.join(da.ckpt, n), "rb") as f:
+            U.assert_bytes(f.read(), files[n], f"{n} restored")
+
+    read("f0")       # the daemon opens the pack, and keeps the descriptor
+    with injecting(da.pid, a.path("badfd.tr"), "preadv,pread64", "EBADFD") as hit:
+        read("f1")
+    assert any(".pack>" in ln for ln in hit), f"no read of the pack failed: {hit}"
+    read("f2")
+    read("f3")
+    a.unmount(da)
+
+
+@pytest.mark.parametrize("cmd,syscall,err,where", [
+    ("take", "fsync", "EBADFD", None),
+    ("take", "getdents64", "ENOTCONN", None),
+    ("list", "getdents64", "EBADFD", "snaps"),
+    ("delete", "unlinkat", "EBADFD", None),
+    # not packs/: its listing for gc's lease goes on without it, by design
+    ("gc", "getdents64", "ENOTCONN", "snaps"),
+])
+def test_a_transient_store_error_is_tried_again(snapenv, cmd, syscall, err, where):
+    """A store call that fails with EBADFD or ENOTCONN, as a GlusterFS client answers
+    for a while after a brick restarts (test_gluster_workers saw both), once (injected
+    by strace on the running daemon): the daemon makes the call again from its start,
+    the command succeeds and does all it says. Before, the command failed (take: the
+    persist failed and the snapshot was lost; gc, list, delete: an error)."""
+    env = snapenv(f"crash-transient-{cmd}-")
+    d = env.mount(foreground=True)    # its log: the retry is seen there
+    old = rng_for(f"transient-{cmd}-old").randbytes(300 * 1024)
+    new = rng_for(f"transient-{cmd}-new").randbytes(200 * 1024)
+    S.write(os.path.join(d.ckpt, "x"), old)
+    S.snap_ok("take", env.mnt, "s0", "--wait")
+    S.write(os.path.join(d.ckpt, "x"), new)
+    argv = {"take": ("take", env.mnt, "s1", "--wait"), "list": ("list", env.mnt),
+            "delete": ("delete", env.mnt, "s0"), "gc": ("gc", env.mnt)}[cmd]
+    with injecting(d.pid, env.path(f"{cmd}.tr"), syscall, err,
+                   path=where and os.path.join(env.store, where)) as hit:
+        r = S.snap(*argv)
+    assert r.ok, f"{cmd} with one {syscall} failing {err}: {r!r}\n{d.output()}"
+    assert any(env.store in ln for ln in hit), f"no store call failed: {hit}"
+    assert "trying again" in d.output(), (hit, d.output())
+    names = set(S.list_json(env.mnt))
+    if cmd == "take":
+        out = env.path("s1-out")
+        assert S.export(env.store, "s1", out).ok
+        S.assert_tree_equal(files_tree(out), S.model_tree({"x": new}),
+                            "s1 after a retried persist")
+    elif cmd == "list":
+        assert "s0" in r.out, r
+    elif cmd == "delete":
+        assert "s0" not in names, names
+    assert "s0" in names or cmd == "delete", names
+    env.unmount(d)
+
