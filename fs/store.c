@@ -32,6 +32,8 @@
  *  6. After a failed fsync of a directory the handle is broken: the kernel may have
  *     dropped what it failed to write, so nothing later may be built on it (as LMDB
  *     marks its env unusable). Every write then fails with -EIO until reopened.
+ *     An EBADFD from a kept descriptor is not such a failure: nothing was written or
+ *     dropped through it, and a fresh descriptor's fsync stands in (sync_dir).
  *  7. store_get_block() never reports success for bytes whose XXH3-128 differs from the
  *     name asked for; a mismatch is -EIO and a log line naming the object's path.
  *  8. FORMAT is created once and never rewritten in place: each creator writes its own
@@ -211,15 +213,27 @@ static int unhex(const char *s, uint8_t out[STORE_HASH_LEN])
 	return s[2 * STORE_HASH_LEN] ? -EINVAL : 0;
 }
 
-/* fsync a directory; a failure breaks the handle (invariant 6). */
+/* fsync a directory; a failure breaks the handle (invariant 6) and is -EIO, or the
+ * transient error (store_transient) that a caller may try again after store_recover.
+ * A kept descriptor that answers EBADFD (a GlusterFS client's, not open again on a
+ * brick that restarted) flushed nothing and dropped nothing, so the fsync is made once
+ * more on a fresh descriptor of the same directory before it counts as failed. */
 static int sync_dir(struct store *s, int fd)
 {
-	if (fsync(fd) == 0)
+	int rc = fsync(fd) ? -errno : 0, fresh;
+
+	if (rc == -EBADFD) {
+		fresh = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		rc = fresh < 0 ? -errno : fsync(fresh) ? -errno : 0;
+		if (fresh >= 0)
+			close(fresh);
+	}
+	if (!rc)
 		return 0;
 	log_err("store: %s: fsync of a directory failed: %s; handle unusable until reopened",
-		s->path, strerror(errno));
+		s->path, strerror(-rc));
 	s->broken = -EIO;
-	return -EIO;
+	return store_transient(rc) ? rc : -EIO;
 }
 
 /* A manifest this large is checked (prefix and checksum, streamed) before a buffer of
@@ -1037,8 +1051,8 @@ static int sync_objects_locked(struct store *s)
 	 * the manifest may name objects (dedup) in a pack a peer renamed into packs/ and
 	 * has not fsynced packs/ for yet, a name a power cut could take back. One
 	 * directory fsync per such commit (a take of an unchanged tree, mostly). */
-	if (!own && s->packfd >= 0 && sync_dir(s, s->packfd))
-		return -EIO;
+	if (!own && s->packfd >= 0 && (rc = sync_dir(s, s->packfd)))
+		return rc;
 	if (s->full_sync) {
 		/* store_recover: what an earlier failed fsync may have dropped is flushed
 		 * or found missing (step 1b) before anything relies on it. */
@@ -1047,8 +1061,8 @@ static int sync_objects_locked(struct store *s)
 			log_err("store: %s: syncfs: %s", s->path, strerror(errno));
 			return rc;
 		}
-		if (sync_dir(s, s->packfd) || sync_dir(s, s->snapfd))
-			return -EIO;
+		if ((rc = sync_dir(s, s->packfd)) || (rc = sync_dir(s, s->snapfd)))
+			return rc;
 		s->full_sync = 0;
 	}
 	return 0;
@@ -1492,7 +1506,7 @@ int store_group_publish(struct store *s, const char *name)
 		/* Published, maybe by a peer that has renamed the group file in and not
 		 * yet fsynced the directory: fsync it before saying so (the group file's
 		 * and the parts' bytes were fsynced before that rename). */
-		rc = sync_dir(s, gfd) ? -EIO : 1;
+		rc = sync_dir(s, gfd) ?: 1;
 		goto out;
 	}
 	if (g.workers <= 0 || g.nparts < (unsigned)g.workers) {
@@ -2215,7 +2229,7 @@ static int gc_snap_tmps(struct store *s, const struct lease_times *t, int64_t no
 	struct dirent *d;
 	struct stat st;
 	DIR *dir;
-	int rc, removed = 0;
+	int rc, rc2, removed = 0;
 
 	if ((rc = store_snapdir(s, &dir)))
 		return rc;
@@ -2228,8 +2242,8 @@ static int gc_snap_tmps(struct store *s, const struct lease_times *t, int64_t no
 			removed = 1;
 	}
 	closedir(dir);
-	if (removed && sync_dir(s, s->snapfd))
-		return -EIO;
+	if (removed && (rc2 = sync_dir(s, s->snapfd)))
+		return rc2;
 	return rc;
 }
 

@@ -630,3 +630,25 @@ def test_a_transient_store_error_is_tried_again(snapenv, cmd, syscall, err, wher
     assert "s0" in names or cmd == "delete", names
     env.unmount(d)
 
+
+def test_a_directory_fsync_gone_bad_is_made_again(snapenv):
+    """The fsync of snaps/ through the store's kept descriptor answers EBADFD once, as a
+    GlusterFS client's does when that descriptor is not open again on a brick that
+    restarted (injected by strace): the fsync is made again on a fresh descriptor, and
+    the take is durable with no retry and the handle not broken. Before, the take failed
+    with EIO and the next one had to sync the whole store again."""
+    env = snapenv("crash-dirfsync-")
+    d = env.mount(foreground=True)
+    data = rng_for("dirfsync").randbytes(300 * 1024)
+    S.write(os.path.join(d.ckpt, "x"), data)
+    with injecting(d.pid, env.path("dirfsync.tr"), "fsync", "EBADFD",
+                   path=os.path.join(env.store, "snaps")) as hit:
+        r = S.snap("take", env.mnt, "s", "--wait")
+    assert hit, "no fsync of snaps/ failed: the test tests nothing"
+    assert r.ok, f"take with one fsync of snaps/ failing EBADFD: {r!r}\n{d.output()}"
+    log = d.output()
+    assert "fsync of a directory failed" not in log and "trying again" not in log, log
+    out = env.path("s-out")
+    assert S.export(env.store, "s", out).ok
+    S.assert_tree_equal(files_tree(out), S.model_tree({"x": data}), "s")
+    env.unmount(d)
