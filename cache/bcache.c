@@ -120,6 +120,7 @@
 #include <xxhash.h>
 
 #include "cache/log.h"
+#include "cache/mono.h"
 
 #ifndef MADV_PAGEOUT
 #define MADV_PAGEOUT 21
@@ -203,14 +204,6 @@ static uint64_t bc_key_hash(const struct bc_fid *fid, uint64_t index)
 	h ^= h >> 29;
 	h *= 0xbf58476d1ce4e5b9ull;
 	return h ^ (h >> 32);
-}
-
-static uint64_t bc_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 static void bc_list_push(struct bc_list *l, struct bc_block *b)
@@ -727,7 +720,7 @@ struct bc_block *bc_block_new(struct bc *bc, enum bc_class cls, uint32_t cap)
 	}
 	b->len = cls == BC_DATA ? cap : 0;
 	if (cls == BC_DATA) {
-		b->born_ns = bc_now_ns(); /* the caller reads SOURCE into it now */
+		b->born_ns = mono_now_ns(); /* the caller reads SOURCE into it now */
 		b->flags = BC_UNPLACED | BC_CSUM_STALE; /* NEW */
 		atomic_fetch_add(&bc->unplaced, b->cap);
 	}
@@ -789,7 +782,7 @@ int bc_block_new_mapped(struct bc *bc, int fd, uint64_t off, uint32_t len,
 	b->buf = p;
 	b->cap = cap;
 	b->len = len;
-	b->born_ns = bc_now_ns();
+	b->born_ns = mono_now_ns();
 	b->flags = BC_UNPLACED | BC_CSUM_STALE | BC_MAPPED; /* NEW */
 	atomic_fetch_add(&bc->mem_bytes, cap);
 	atomic_fetch_add(&bc->mapped_bytes, cap);
@@ -1018,17 +1011,10 @@ struct bc_block *bc_insert(struct bc *bc, struct bc_block *b, const struct bc_fi
 	uint64_t h = bc_key_hash(fid, index);
 	struct bc_shard *s = &bc->shards[h % BC_SHARDS];
 	struct bc_block *old;
-	uint64_t took = bc_now_ns() - b->born_ns, avg, sample;
 	bool over;
 
-	/* SOURCE cost sample: the time since bc_block_new was data.c's pread. The racy
-	 * read-modify-write may lose a sample under concurrency; it is an estimate. */
-	if (b->len) {
-		sample = (uint64_t)((double)took * (double)(1u << 20) / (double)b->len);
-		avg = atomic_load_explicit(&bc->src_ns_per_mib, memory_order_relaxed);
-		avg = avg ? avg - avg / 8 + sample / 8 : sample;
-		atomic_store_explicit(&bc->src_ns_per_mib, avg, memory_order_relaxed);
-	}
+	/* SOURCE cost sample: the time since bc_block_new was data.c's pread. */
+	mono_avg_ns_per_mib(&bc->src_ns_per_mib, mono_now_ns() - b->born_ns, b->len);
 	/* Admission before the lock: the budget test is advisory under concurrency (a few
 	 * blocks over at most, one per racing thread), and the tier manager trims. Over
 	 * budget, the disk tier may still take the block: it goes in first in line for

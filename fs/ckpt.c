@@ -39,6 +39,7 @@
 
 #include "cache/bcache.h"
 #include "cache/log.h"
+#include "cache/mono.h"
 #include "fs/acl.h"
 #include "fs/manifest.h"
 #include "tiering/tier.h"
@@ -2458,7 +2459,7 @@ static int ckpt_freeze_entry_locked(struct ckpt_ns *ns, struct ckpt_fz *z,
 }
 
 /* How long ckpt_freeze retries while a writer holds a file's content lock. */
-#define CKPT_FREEZE_RETRY_NS 1000000000ll
+#define CKPT_FREEZE_RETRY_NS 1000000000ull
 
 /* The whole tree in pre-order (a parent before its children, as manifest.h wants).
  * Iterative: an explicit stack on the heap of (next name to visit, directory's entry
@@ -2517,10 +2518,9 @@ int ckpt_freeze(struct ckpt_ns *ns, const char *name, struct ckpt_frozen **out)
 {
 	struct ckpt_fz z;
 	unsigned attempt;
-	struct timespec t0, t1;
+	uint64_t t0 = mono_now_ns();
 	int rc;
 
-	clock_gettime(CLOCK_MONOTONIC, &t0);
 	for (attempt = 0;; attempt++) {
 		memset(&z, 0, sizeof(z));
 		z.f = calloc(1, sizeof(*z.f));
@@ -2543,9 +2543,7 @@ int ckpt_freeze(struct ckpt_ns *ns, const char *name, struct ckpt_frozen **out)
 		 * lock for one request (at most 1 MiB of memcpy), so this ends fast, but
 		 * a spill reload under that lock may take long: bounded (issue 9), the
 		 * caller (a preemption's deadline) decides whether to try again. */
-		clock_gettime(CLOCK_MONOTONIC, &t1);
-		if ((t1.tv_sec - t0.tv_sec) * 1000000000ll + (t1.tv_nsec - t0.tv_nsec) >=
-		    CKPT_FREEZE_RETRY_NS)
+		if (mono_now_ns() - t0 >= CKPT_FREEZE_RETRY_NS)
 			return -EBUSY;
 		usleep(attempt < 10 ? 50 : 1000);
 	}

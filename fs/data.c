@@ -122,6 +122,7 @@
 
 #include "cache/bcache.h"
 #include "cache/log.h"
+#include "cache/mono.h"
 #include "fs/passthrough.h"
 #include "tiering/tier.h"
 
@@ -1167,7 +1168,7 @@ int data_listxattr(struct data_ns *ns, struct data_node *n, const struct data_cr
 static int data_node_revalidate(struct data_ns *ns, struct data_node *n,
 				const struct stat *st, const struct bc_fid *fid, bool open)
 {
-	uint64_t now = mlfs_now_ns();
+	uint64_t now = mono_now_ns();
 	struct bc_fid old;
 	int settling;
 
@@ -1242,8 +1243,8 @@ static int data_open_source(struct data_ns *ns, struct data_node *n, struct stat
 		if (fd != -ESTALE)
 			break;
 		if (!t0)
-			t0 = mlfs_now_ns();
-		else if (mlfs_now_ns() - t0 >= DATA_ESTALE_RETRY_NS)
+			t0 = mono_now_ns();
+		else if (mono_now_ns() - t0 >= DATA_ESTALE_RETRY_NS)
 			break;
 		usleep(nap_us);
 		if (nap_us < 160000)

@@ -17,20 +17,13 @@
 #include <xxhash.h>
 
 #include "cache/log.h"
+#include "cache/mono.h"
 #include "fs/fdio.h"
 
 #define LEASE_HEAD "mlfs-lease 1\n"
 #define LEASE_LINE 33	/* 32 hex + '\n' */
 #define LEASE_END 21	/* "end " + 16 hex + '\n' */
 #define LEASE_MAX (256ull << 20)	/* refuse to slurp anything larger as a lease */
-
-static int64_t mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 static int64_t mtime_of(const struct stat *st)
 {
@@ -336,14 +329,15 @@ static int keeper_write_locked(struct lease_keeper *k, const struct lease_buf *e
 		k->digest = digest;
 		k->have_digest = 1;
 	}
-	if (!rc && k->running && !k->lapsed && mono_ns() - k->last_ok >= k->t.stale_ns &&
+	if (!rc && k->running && !k->lapsed &&
+	    (int64_t)mono_now_ns() - k->last_ok >= k->t.stale_ns &&
 	    !atomic_exchange(&k->lapsed, 1)) {
 		/* Written, but too late: a gc may have judged it stale meanwhile. Only a
 		 * running keeper (a daemon's) can lapse: a tool's lease names only its
 		 * session, whose commit re-checks every object after its own refresh. */
 		log_err("store: %s: lease leases/%s lapsed (not refreshed for %.0f s): objects "
 			"this mount reads may have been collected; snapshots are refused, remount",
-			k->path, k->token, (mono_ns() - k->last_ok) / 1e9);
+			k->path, k->token, ((int64_t)mono_now_ns() - k->last_ok) / 1e9);
 	}
 	if (rc) {
 		if (!k->failed)
@@ -355,7 +349,7 @@ static int keeper_write_locked(struct lease_keeper *k, const struct lease_buf *e
 	if (k->failed && !k->lapsed)
 		log_info("store: %s: lease leases/%s refreshed again", k->path, k->token);
 	k->failed = 0;
-	k->last_ok = mono_ns();
+	k->last_ok = (int64_t)mono_now_ns();
 	return 0;
 }
 
@@ -366,10 +360,7 @@ static void *keeper_main(void *arg)
 
 	pthread_mutex_lock(&k->mu);
 	while (!k->stopping) {
-		int64_t at = mono_ns() + k->t.refresh_ns;
-
-		ts.tv_sec = at / 1000000000;
-		ts.tv_nsec = at % 1000000000;
+		ts = mono_deadline((uint64_t)k->t.refresh_ns);
 		while (!k->stopping && pthread_cond_timedwait(&k->cv, &k->mu, &ts) != ETIMEDOUT)
 			;
 		if (!k->stopping)
@@ -403,7 +394,7 @@ int lease_keeper_start(int leasedir, const char *store_path, const char *token,
 		rc = -ENOMEM;
 		goto fail;
 	}
-	k->last_ok = mono_ns();
+	k->last_ok = (int64_t)mono_now_ns();
 	pthread_mutex_lock(&k->mu);
 	rc = keeper_write_locked(k, NULL, NULL);
 	pthread_mutex_unlock(&k->mu);
@@ -457,7 +448,7 @@ int lease_keeper_refresh(struct lease_keeper *k, const struct lease_buf *extra, 
  * (mlfs-stat, take's check). */
 int lease_keeper_status(struct lease_keeper *k, int64_t *age_ns)
 {
-	int64_t age = mono_ns() - k->last_ok;
+	int64_t age = (int64_t)mono_now_ns() - k->last_ok;
 
 	if (k->running && !k->lapsed && age >= k->t.stale_ns && !atomic_exchange(&k->lapsed, 1))
 		log_err("store: %s: lease leases/%s lapsed (not refreshed for %.0f s): objects "

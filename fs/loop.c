@@ -33,6 +33,7 @@
 #include <time.h>
 
 #include "cache/log.h"
+#include "cache/mono.h"
 
 struct loop;
 
@@ -63,14 +64,6 @@ struct loop {
 	int end, error;
 	struct loop_worker *w;		/* [hard], the first nthreads started */
 };
-
-static uint64_t loop_now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static void *loop_worker_main(void *p);
 
@@ -126,7 +119,7 @@ static int loop_spawn_locked(struct loop *l)
 static void loop_rescue_slow_locked(struct loop *l)
 {
 	static int logged;
-	uint64_t now = loop_now();
+	uint64_t now = mono_now_ns();
 
 	if (l->end || l->max < 2 || l->receivers || l->watcher || l->parked || l->starting ||
 	    l->nthreads < l->max || l->nthreads >= l->hard)
@@ -202,7 +195,7 @@ static int loop_serve_locked(struct loop *l, struct loop_worker *w)
 		loop_end_locked(l, r);
 		return 0;
 	}
-	l->last_request = loop_now();
+	l->last_request = mono_now_ns();
 	if (!quick) {
 		w->slow_since = l->last_request;
 		if (!l->receivers) /* else one waits in receive already (invariant 1) */
@@ -235,7 +228,7 @@ static void loop_watch_locked(struct loop *l, struct loop_worker *w)
 {
 	l->watcher = w;
 	while (!l->end) {
-		uint64_t now = loop_now(), t;
+		uint64_t now = mono_now_ns();
 		struct timespec ts;
 
 		if (!l->receivers && (l->handoff || loop_stuck_locked(l, now)))
@@ -246,9 +239,7 @@ static void loop_watch_locked(struct loop *l, struct loop_worker *w)
 			l->watcher_asleep = 0;
 			continue;
 		}
-		t = now + l->rescue_ns;
-		ts.tv_sec = (time_t)(t / 1000000000ull);
-		ts.tv_nsec = (long)(t % 1000000000ull);
+		ts = mono_abstime(now + l->rescue_ns);
 		pthread_cond_timedwait(&l->wake, &l->mu, &ts);
 	}
 	l->watcher = NULL;
@@ -310,7 +301,7 @@ int loop_run(const struct loop_ops *ops, void *arg, unsigned max_threads, uint64
 	pthread_condattr_destroy(&ca);
 	sem_init(&l.done, 0, 0);
 	pthread_mutex_lock(&l.mu);
-	l.last_request = loop_now();
+	l.last_request = mono_now_ns();
 	rc = loop_spawn_locked(&l); /* the receiver, then the watcher */
 	if (!rc && l.max > 1)
 		loop_spawn_locked(&l);
@@ -321,13 +312,10 @@ int loop_run(const struct loop_ops *ops, void *arg, unsigned max_threads, uint64
 		 * ends the session with no request to come: so the wait also ends every
 		 * LOOP_EXIT_CHECK_NS to look at exited() again. */
 		for (;;) {
-			struct timespec ts;
-			uint64_t t = loop_now() + LOOP_EXIT_CHECK_NS;
+			struct timespec ts = mono_deadline(LOOP_EXIT_CHECK_NS);
 
 			if (ops->exited(arg))
 				break;
-			ts.tv_sec = (time_t)(t / 1000000000ull);
-			ts.tv_nsec = (long)(t % 1000000000ull);
 			if (!sem_clockwait(&l.done, CLOCK_MONOTONIC, &ts))
 				break;
 			pthread_mutex_lock(&l.mu);

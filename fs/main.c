@@ -30,6 +30,7 @@
 
 #include "cache/bcache.h"
 #include "cache/log.h"
+#include "cache/mono.h"
 #include "fs/ckpt.h"
 #include "fs/ctl.h"
 #include "fs/data.h"
@@ -499,7 +500,7 @@ static struct {
 	pthread_cond_t cv;		/* CLOCK_MONOTONIC */
 	pthread_t main_thread, thread;
 	int sig;			/* the first signal taken; 0 none */
-	uint64_t deadline_ns;		/* SIGTERM: mlfs_now_ns() + preempt_deadline */
+	uint64_t deadline_ns;		/* SIGTERM: mono_now_ns() + preempt_deadline */
 	int phase;
 	int preempt_running, preempt_done, preempt_rc;
 	int final_ran, final_rc;	/* main's final rule ran; the exit status it gives */
@@ -581,7 +582,7 @@ static void *mlfs_signals(void *arg)
 		}
 		mlfs_sig.sig = sig;
 		if (sig == SIGTERM)
-			mlfs_sig.deadline_ns = mlfs_now_ns() +
+			mlfs_sig.deadline_ns = mono_now_ns() +
 					       (uint64_t)mlfs_sig.preempt_deadline_s * 1000000000ull;
 		mlfs_sig_end_loop_locked(m);
 		/* The emergency snapshot runs here only while the loop may still be
@@ -599,8 +600,7 @@ static void *mlfs_signals(void *arg)
 		mlfs_sig.preempt_rc = rc;
 		pthread_cond_broadcast(&mlfs_sig.cv);
 		/* The deadline holds: wait for main to finish, not past it. */
-		struct timespec ts = { .tv_sec = (time_t)(mlfs_sig.deadline_ns / 1000000000ull),
-				       .tv_nsec = (long)(mlfs_sig.deadline_ns % 1000000000ull) };
+		struct timespec ts = mono_abstime(mlfs_sig.deadline_ns);
 
 		while (!mlfs_sig.final_done &&
 		       pthread_cond_timedwait(&mlfs_sig.cv, &mlfs_sig.mu, &ts) == 0)
@@ -1092,7 +1092,7 @@ int main(int argc, char **argv)
 		log_set_debug(1);
 	}
 	m.owner = geteuid();
-	m.started_ns = mlfs_now_ns();
+	m.started_ns = mono_now_ns();
 	m.mounted_at = time(NULL);
 	mlfs_g = &m;
 	if ((rc = mlfs_start(&m))) {

@@ -104,7 +104,6 @@ struct mlfs {
 /* Process-wide: one mount per daemon. Set once before the loop starts. */
 extern struct mlfs *mlfs_g;
 
-uint64_t mlfs_now_ns(void);
 /* Parses "123", "64K", "1M", "2G", "1T" (powers of 1024) into *out; -EINVAL on anything
  * else or on overflow. */
 int mlfs_parse_size(const char *s, uint64_t *out);

@@ -25,6 +25,7 @@
 
 #include "cache/bcache.h"
 #include "cache/log.h"
+#include "cache/mono.h"
 #include "fs/ckpt.h"
 #include "fs/ctl.h"
 #include "fs/data.h"
@@ -252,7 +253,7 @@ static pthread_mutex_t mlfs_gcache_mu = PTHREAD_MUTEX_INITIALIZER;
 static int gcache_get(const struct fuse_ctx *c, gid_t *buf)
 {
 	struct mlfs_gcache *e = &mlfs_gcache[(unsigned)c->pid % MLFS_GCACHE];
-	uint64_t now = mlfs_now_ns();
+	uint64_t now = mono_now_ns();
 	int n = -1;
 
 	pthread_mutex_lock(&mlfs_gcache_mu);
@@ -276,7 +277,7 @@ static void gcache_put(const struct fuse_ctx *c, const gid_t *g, int n)
 	e->uid = c->uid;
 	e->gid = c->gid;
 	e->n = n;
-	e->at = mlfs_now_ns();
+	e->at = mono_now_ns();
 	memcpy(e->g, g, n * sizeof(*g));
 	pthread_mutex_unlock(&mlfs_gcache_mu);
 }

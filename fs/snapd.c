@@ -37,6 +37,7 @@
 
 #include "cache/bcache.h"
 #include "cache/log.h"
+#include "cache/mono.h"
 #include "fs/ckpt.h"
 #include "fs/ctl.h"
 #include "fs/manifest.h"
@@ -97,16 +98,6 @@ struct snapd {
 /* The longest autosnap interval honoured: a year. Longer ones (autosnap=1e30, mtbf=inf
  * under autosnap=auto) would overflow time_t, and a wait that fails at once spins. */
 #define SNAPD_INTERVAL_MAX_S (365.0 * 86400)
-
-/* An absolute CLOCK_MONOTONIC time ns from now for pthread_cond_timedwait on sd->cv
- * (whose clock is CLOCK_MONOTONIC: an NTP step at boot must not stretch or cut waits). */
-static struct timespec snapd_abstime(uint64_t ns_from_now)
-{
-	uint64_t t = mlfs_now_ns() + ns_from_now;
-
-	return (struct timespec){ .tv_sec = (time_t)(t / 1000000000ull),
-				  .tv_nsec = (long)(t % 1000000000ull) };
-}
 
 int snapd_load_block(void *arg, struct bc_block *b, void *buf)
 {
@@ -253,7 +244,7 @@ static void snapd_retention(struct snapd *sd);
  * call of a series; 0 before it): give up. */
 static unsigned snapd_transient_wait_ms(uint64_t *since, unsigned *tries)
 {
-	uint64_t now = mlfs_now_ns();
+	uint64_t now = mono_now_ns();
 	unsigned ms = ++*tries < 20 ? 50 * *tries : 1000;
 
 	if (!*since)
@@ -287,7 +278,7 @@ static int snapd_persist_once(struct snapd *sd, struct snapd_job *job)
 
 static void snapd_run_job(struct snapd *sd, struct snapd_job *job)
 {
-	uint64_t t0 = mlfs_now_ns();
+	uint64_t t0 = mono_now_ns();
 	/* Read now: once the job leaves PENDING below, a waiter may reap and free it the
 	 * moment sd->mu is dropped, so nothing after that unlock may touch *job. */
 	int automatic = job->automatic;
@@ -308,7 +299,7 @@ static void snapd_run_job(struct snapd *sd, struct snapd_job *job)
 		snapd_mark_stored(sd, job);
 	pthread_mutex_unlock(&sd->store_mu);
 
-	double secs = (mlfs_now_ns() - t0) / 1e9;
+	double secs = (mono_now_ns() - t0) / 1e9;
 
 	if (rc)
 		log_err("snap: persist of %s failed: %s; earlier snapshots are intact", job->name,
@@ -430,7 +421,7 @@ struct snapd_call {
 	/* Frees c and whatever fn left in it; must not touch sd (it may be gone). */
 	void (*release)(struct snapd_call *c);
 	const char *what;	/* names a given-up call in the log when it ends */
-	uint64_t t0;		/* mlfs_now_ns() at its start */
+	uint64_t t0;		/* mono_now_ns() at its start */
 	int done, rc, refs, cancel; /* under sd->mu; refs: the thread's and the caller's */
 };
 
@@ -508,7 +499,7 @@ static void *snapd_call_run(void *arg)
 	pthread_mutex_unlock(&sd->mu);
 	if (cancel && what)
 		log_info("snap: %s, given up by its command, ended after %.1f s: %s", what,
-			 (mlfs_now_ns() - t0) / 1e9, rc ? strerror(rc < 0 ? -rc : EIO) : "done");
+			 (mono_now_ns() - t0) / 1e9, rc ? strerror(rc < 0 ? -rc : EIO) : "done");
 	if (last)
 		c->release(c);
 	return NULL;
@@ -531,7 +522,7 @@ static int snapd_call(struct snapd *sd, struct snapd_call *c, uint64_t wait_ns,
 
 	c->sd = sd;
 	c->refs = 1;
-	c->t0 = mlfs_now_ns();
+	c->t0 = mono_now_ns();
 	end = c->t0 + wait_ns;
 	pthread_mutex_lock(&sd->mu);
 	if (sd->calls >= SNAPD_CALLS_MAX) {
@@ -558,7 +549,7 @@ static int snapd_call(struct snapd *sd, struct snapd_call *c, uint64_t wait_ns,
 			rc = c->rc;
 			break;
 		}
-		now = mlfs_now_ns();
+		now = mono_now_ns();
 		if (now >= end) {
 			rc = -ETIMEDOUT;
 			break;
@@ -567,7 +558,7 @@ static int snapd_call(struct snapd *sd, struct snapd_call *c, uint64_t wait_ns,
 			rc = -ECANCELED;
 			break;
 		}
-		ts = snapd_abstime(r && end - now > 200000000ull ? 200000000ull : end - now);
+		ts = mono_deadline(r && end - now > 200000000ull ? 200000000ull : end - now);
 		pthread_cond_timedwait(&sd->cv, &sd->mu, &ts);
 	}
 	if (!c->done)
@@ -750,7 +741,7 @@ static int snapd_wait(struct snapd *sd, struct snapd_job *job, uint64_t deadline
 		struct timespec ts;
 		uint64_t done = job->done, total = job->total;
 
-		rc = deadline_ns && mlfs_now_ns() >= deadline_ns ? -ETIMEDOUT
+		rc = deadline_ns && mono_now_ns() >= deadline_ns ? -ETIMEDOUT
 		     : r && ctl_client_gone(r) ? -ECANCELED : 0;
 		if (rc) {
 			job->waiters--;
@@ -763,7 +754,7 @@ static int snapd_wait(struct snapd *sd, struct snapd_job *job, uint64_t deadline
 			progress(arg, done, total);
 			pthread_mutex_lock(&sd->mu);
 		}
-		ts = snapd_abstime(200000000ull);
+		ts = mono_deadline(200000000ull);
 		pthread_cond_timedwait(&sd->cv, &sd->mu, &ts);
 	}
 	rc = job->rc;
@@ -795,7 +786,7 @@ static struct snapd *snapd_of(struct mlfs *m);
 static int snapd_group_wait(struct snapd *sd, struct ctl_req *r, const char *name,
 			    double timeout_s)
 {
-	uint64_t end = mlfs_now_ns() + (uint64_t)(timeout_s * 1e9);
+	uint64_t end = mono_now_ns() + (uint64_t)(timeout_s * 1e9);
 	unsigned parts = 0, workers = 0;
 	int rc;
 
@@ -810,9 +801,9 @@ static int snapd_group_wait(struct snapd *sd, struct ctl_req *r, const char *nam
 			return 0;
 		}
 		/* A transient error (a GlusterFS brick restarting) is one more poll. */
-		if (rc < 0 && (!store_transient(rc) || mlfs_now_ns() >= end))
+		if (rc < 0 && (!store_transient(rc) || mono_now_ns() >= end))
 			return ctl_fail(r, "take: group '%s': %s", name, strerror(-rc)), rc;
-		if (mlfs_now_ns() >= end)
+		if (mono_now_ns() >= end)
 			break;
 		if (ctl_client_gone(r))
 			return -ECANCELED;	/* as in snapd_wait: free the slot */
@@ -1544,9 +1535,9 @@ static void *snapd_autosnap(void *arg)
 			clock_gettime(CLOCK_REALTIME, &now);
 			now_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
 			boundary = (time_t)((now.tv_sec / ivs + 1) * ivs);
-			ts = snapd_abstime((uint64_t)boundary * 1000000000ull - now_ns);
+			ts = mono_deadline((uint64_t)boundary * 1000000000ull - now_ns);
 		} else {
-			ts = snapd_abstime((uint64_t)(iv * 1e9));
+			ts = mono_deadline((uint64_t)(iv * 1e9));
 		}
 		pthread_mutex_lock(&sd->mu);
 		/* Any error but a wake-up ends the wait (EINVAL must not spin). */
@@ -1615,7 +1606,7 @@ int snapd_new(struct mlfs *m, struct snapd **out)
 		pthread_condattr_t ca;
 
 		pthread_condattr_init(&ca);
-		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* snapd_abstime */
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* waits: mono_deadline */
 		pthread_cond_init(&sd->cv, &ca);
 		pthread_condattr_destroy(&ca);
 	}
@@ -1697,7 +1688,7 @@ static int snapd_drain(struct snapd *sd, uint64_t deadline)
 
 int snapd_finish(struct snapd *sd, const char *why, int deadline_s)
 {
-	return snapd_finish_by(sd, why, deadline_s ? mlfs_now_ns() +
+	return snapd_finish_by(sd, why, deadline_s ? mono_now_ns() +
 					(uint64_t)deadline_s * 1000000000ull : 0);
 }
 
@@ -1725,7 +1716,7 @@ int snapd_finish_by(struct snapd *sd, const char *why, uint64_t deadline)
 	/* A freeze gives up after a second of writers holding a file (ckpt_freeze):
 	 * again until the deadline, which holds whatever the writers do. */
 	while ((rc = snapd_take_named(sd, why, 0, time(NULL), name, sizeof(name), &job)) == -EBUSY &&
-	       (!deadline || mlfs_now_ns() + 1000000000ull < deadline)) {
+	       (!deadline || mono_now_ns() + 1000000000ull < deadline)) {
 		if (!busy++)
 			log_warn("snap: %s: a writer holds a file; retrying the freeze", why);
 	}

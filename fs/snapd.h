@@ -57,7 +57,7 @@ int snapd_start(struct snapd *sd);
 /* The final rule above. why is "preempt" or "unmount"; deadline_s 0 waits to the end.
  * Returns 0 when everything taken is durable, -ETIMEDOUT or the persist's -errno. */
 int snapd_finish(struct snapd *sd, const char *why, int deadline_s);
-/* The same against an absolute mlfs_now_ns() (CLOCK_MONOTONIC) deadline, 0 for none:
+/* The same against an absolute mono_now_ns() (CLOCK_MONOTONIC) deadline, 0 for none:
  * the preemption deadline is stamped when SIGTERM arrives, not when this runs. Two
  * calls in a row are fine (the second takes only what changed after the first). */
 int snapd_finish_by(struct snapd *sd, const char *why, uint64_t deadline_ns);

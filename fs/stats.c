@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "cache/bcache.h"
+#include "cache/mono.h"
 #include "fs/data.h"
 #include "fs/mlfs.h"
 #include "fs/snapd.h"
@@ -21,14 +22,6 @@
 #include "tiering/tier.h"
 
 struct mlfs *mlfs_g;
-
-uint64_t mlfs_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
-}
 
 int mlfs_parse_size(const char *s, uint64_t *out)
 {
@@ -108,7 +101,7 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 			f[n++] = (struct stats_field){ nm, hp, (uint64_t)(v) }; \
 	} while (0)
 	F("pid", "daemon process id", getpid());
-	F("uptime_s", "seconds since mount", (mlfs_now_ns() - m->started_ns) / 1000000000ull);
+	F("uptime_s", "seconds since mount", (mono_now_ns() - m->started_ns) / 1000000000ull);
 	F("block_size", "block size in bytes", bs.block_size);
 	F("mem_bytes", "bytes of block buffers resident in memory", bs.mem_bytes);
 	F("mem_budget", "current memory budget set by the governor", bs.budget);

@@ -13,6 +13,7 @@
 #include "tiering/gov.h"
 
 #include "cache/log.h"
+#include "cache/mono.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -55,14 +56,6 @@ static uint64_t gov_max(uint64_t a, uint64_t b)
 static uint64_t gov_sat_add(uint64_t a, uint64_t b)
 {
 	return a > UINT64_MAX - b ? UINT64_MAX : a + b;
-}
-
-static uint64_t gov_now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
 /* Reads all of a small file into buf, NUL-terminated; returns its length or -errno. */
@@ -643,7 +636,7 @@ static void gov_sample_once(struct gov *g, int triggered, int crossed)
 	gov_thr_arm(g, &s);
 	s.psi_triggered = triggered;
 	s.cg_crossed = crossed;
-	b = gov_ctl_step(&g->ctl, &s, gov_resident(g), gov_now_ms());
+	b = gov_ctl_step(&g->ctl, &s, gov_resident(g), mono_now_ms());
 	atomic_store(&g->budget, b);
 	pthread_mutex_lock(&g->lock);
 	g->last = s;
@@ -666,7 +659,7 @@ static void gov_sample_once(struct gov *g, int triggered, int crossed)
  * process on the machine outside time namespaces). */
 static uint64_t gov_next_tick(unsigned interval_ms)
 {
-	return (gov_now_ms() / interval_ms + 1) * interval_ms;
+	return (mono_now_ms() / interval_ms + 1) * interval_ms;
 }
 
 static void *gov_thread(void *p)
@@ -677,7 +670,7 @@ static void *gov_thread(void *p)
 	int n, triggered, woken, crossed;
 
 	for (;;) {
-		now = gov_now_ms();
+		now = mono_now_ms();
 		pfd[0] = (struct pollfd){ .fd = g->stop_fd, .events = POLLIN };
 		pfd[1] = (struct pollfd){ .fd = g->psi_fd, .events = POLLPRI }; /* -1: ignored */
 		pfd[2] = (struct pollfd){ .fd = g->thr_fd, .events = POLLIN };
@@ -715,11 +708,11 @@ static void *gov_thread(void *p)
 			g->thr_above = gov_thr_above(g) > 0;
 			/* Usage hovering at the threshold signals often: one sample per
 			 * GOV_PSI_MIN_WINDOW_MS at most; the crossing waits for it. */
-			woken = gov_now_ms() >= g->last_sample_ms + GOV_PSI_MIN_WINDOW_MS;
+			woken = mono_now_ms() >= g->last_sample_ms + GOV_PSI_MIN_WINDOW_MS;
 			if (!woken)
 				next = gov_min(next, g->last_sample_ms + GOV_PSI_MIN_WINDOW_MS);
 		}
-		if (!triggered && !woken && gov_now_ms() < next)
+		if (!triggered && !woken && mono_now_ms() < next)
 			continue;
 		crossed = g->cross_pending;
 		g->cross_pending = 0;
@@ -729,7 +722,7 @@ static void *gov_thread(void *p)
 			pthread_mutex_unlock(&g->lock);
 		}
 		gov_sample_once(g, triggered, crossed);
-		g->last_sample_ms = gov_now_ms();
+		g->last_sample_ms = mono_now_ms();
 		next = gov_next_tick(g->interval_ms);
 	}
 	return NULL;
@@ -865,7 +858,7 @@ int gov_new(const struct gov_config *c, gov_resident_fn resident_fn, gov_budget_
 	}
 	gov_ctl_init(&g->ctl, &cfg);
 	atomic_store(&g->budget, g->ctl.budget);
-	atomic_store(&g->budget, gov_ctl_step(&g->ctl, &s, gov_resident(g), gov_now_ms()));
+	atomic_store(&g->budget, gov_ctl_step(&g->ctl, &s, gov_resident(g), mono_now_ms()));
 	g->last = s;
 	g->samples = 1;
 

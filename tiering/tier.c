@@ -103,6 +103,7 @@
 
 #include "cache/bcache.h"
 #include "cache/log.h"
+#include "cache/mono.h"
 #include "tiering/spill.h"
 #include "tiering/uring.h"
 
@@ -176,30 +177,6 @@ struct tier_op {
 	uint32_t cap;	/* spill: bytes counted in inflight_bytes */
 };
 
-static uint64_t tier_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static uint64_t tier_now_ms(void)
-{
-	return tier_now_ns() / 1000000ull;
-}
-
-static void tier_deadline(struct timespec *ts, unsigned ms)
-{
-	clock_gettime(CLOCK_MONOTONIC, ts);
-	ts->tv_sec += ms / 1000;
-	ts->tv_nsec += (long)(ms % 1000) * 1000000L;
-	if (ts->tv_nsec >= 1000000000L) {
-		ts->tv_sec++;
-		ts->tv_nsec -= 1000000000L;
-	}
-}
-
 uint64_t tier_rss(void)
 {
 	unsigned long size, resident;
@@ -222,18 +199,6 @@ static void tier_loc_of(const struct bc_block *b, struct spill_loc *loc)
 	loc->disk_len = w.disk_len;
 	loc->len = w.len;
 	loc->flags = w.flags;
-}
-
-static void tier_ewma(_Atomic uint64_t *avg, uint64_t ns, uint32_t len)
-{
-	uint64_t sample, old;
-
-	if (!len)
-		return;
-	sample = (uint64_t)((double)ns * (double)(1u << 20) / (double)len);
-	old = atomic_load_explicit(avg, memory_order_relaxed);
-	atomic_store_explicit(avg, old ? old - old / 8 + sample / 8 : sample,
-			      memory_order_relaxed);
 }
 
 /* Bytes over the budget not yet covered by spills in flight (invariant 5). */
@@ -260,7 +225,7 @@ static uint64_t tier_excess(struct tier *t)
 /* Whether a spill may be tried now (invariant 6, and the backoff after an I/O error). */
 static bool tier_can_spill(struct tier *t)
 {
-	uint64_t now = tier_now_ms();
+	uint64_t now = mono_now_ms();
 	bool ok;
 
 	if (!t->sp)
@@ -278,11 +243,11 @@ static void tier_note_enospc(struct tier *t)
 	atomic_fetch_add(&t->enospc, 1);
 	pthread_mutex_lock(&t->mu);
 	/* One line per episode, and at most one per 10 s while it flaps. */
-	say = !t->full && (!t->full_said_ms || tier_now_ms() >= t->full_said_ms + 10000);
+	say = !t->full && (!t->full_said_ms || mono_now_ms() >= t->full_said_ms + 10000);
 	if (say)
-		t->full_said_ms = tier_now_ms();
+		t->full_said_ms = mono_now_ms();
 	t->full = true;
-	t->full_ms = tier_now_ms();
+	t->full_ms = mono_now_ms();
 	pthread_mutex_unlock(&t->mu);
 	if (say)
 		log_warn("tier: spill dir %s is full: dropping clean blocks, keeping dirty ones "
@@ -339,7 +304,7 @@ static bool tier_admit_data(void *arg)
 	spill_get_stats(t->sp, &ss);
 	if (t->cfg.spill_max)
 		return ss.disk_bytes < t->cfg.spill_max / 10 * 9;
-	now = tier_now_ms();
+	now = mono_now_ms();
 	pthread_mutex_lock(&t->mu);
 	if (now >= t->room_checked_ms + 1000) {
 		struct statvfs sv;
@@ -411,7 +376,7 @@ static void tier_spill_done(void *arg, int rc, const struct spill_loc *loc)
 		} else {
 			atomic_fetch_add(&t->spill_errors, 1);
 			pthread_mutex_lock(&t->mu);
-			t->fail_until_ms = tier_now_ms() + TIER_FAIL_BACKOFF_MS;
+			t->fail_until_ms = mono_now_ms() + TIER_FAIL_BACKOFF_MS;
 			pthread_mutex_unlock(&t->mu);
 		}
 		if (bc_block_class(b) == BC_DATA) {
@@ -528,7 +493,7 @@ static void tier_note_response(struct tier *t)
 	pthread_mutex_lock(&t->mu);
 	if (t->want_response) {
 		t->want_response = false;
-		atomic_store(&t->response_us, (tier_now_ns() - t->cut_ns) / 1000);
+		atomic_store(&t->response_us, (mono_now_ns() - t->cut_ns) / 1000);
 	}
 	pthread_mutex_unlock(&t->mu);
 }
@@ -671,7 +636,7 @@ static bool tier_refault_mapped(struct tier *t)
 	bool held;
 
 	pthread_mutex_lock(&t->mu);
-	held = t->last_cut_ms && tier_now_ms() < t->last_cut_ms + t->cfg.refill_hold_ms;
+	held = t->last_cut_ms && mono_now_ms() < t->last_cut_ms + t->cfg.refill_hold_ms;
 	pthread_mutex_unlock(&t->mu);
 	headroom = budget / 16 > 4ull * t->bs ? budget / 16 : 4ull * t->bs;
 	if (held || bc_mem_bytes(t->bc) + headroom >= budget)
@@ -698,10 +663,10 @@ static void *tier_fill_thread(void *arg)
 			continue;
 		}
 		until = t->last_cut_ms ? t->last_cut_ms + t->cfg.refill_hold_ms : 0;
-		now = tier_now_ms();
+		now = mono_now_ms();
 		if (now < until) {
-			/* At most a second at a time: a hold longer than an unsigned ms. */
-			tier_deadline(&ts, until - now < 1000 ? (unsigned)(until - now) : 1000);
+			/* At most a second at a time, then the hold is looked at again. */
+			ts = mono_deadline((until - now < 1000 ? until - now : 1000) * 1000000ull);
 			pthread_cond_timedwait(&t->fill_cv, &t->mu, &ts);
 			continue;
 		}
@@ -740,7 +705,7 @@ static bool tier_refill(struct tier *t)
 	if (!t->sp)
 		return false;
 	pthread_mutex_lock(&t->mu);
-	held = t->last_cut_ms && tier_now_ms() < t->last_cut_ms + t->cfg.refill_hold_ms;
+	held = t->last_cut_ms && mono_now_ms() < t->last_cut_ms + t->cfg.refill_hold_ms;
 	pthread_mutex_unlock(&t->mu);
 	if (held)
 		return false; /* REFILL_HOLD (tier.h); the 250 ms tick looks again */
@@ -812,7 +777,7 @@ static bool tier_ahead_room(struct tier *t, uint64_t len, bool reserve)
 	bool held;
 
 	pthread_mutex_lock(&t->mu);
-	held = t->last_cut_ms && tier_now_ms() < t->last_cut_ms + t->cfg.refill_hold_ms;
+	held = t->last_cut_ms && mono_now_ms() < t->last_cut_ms + t->cfg.refill_hold_ms;
 	pthread_mutex_unlock(&t->mu);
 	if (held)
 		return false;
@@ -971,7 +936,7 @@ static void *tier_thread(void *arg)
 		pthread_mutex_lock(&t->mu);
 		if (t->want_settle && bc_mem_bytes(t->bc) <= bc_budget(t->bc)) {
 			t->want_settle = false;
-			atomic_store(&t->settle_us, (tier_now_ns() - t->cut_ns) / 1000);
+			atomic_store(&t->settle_us, (mono_now_ns() - t->cut_ns) / 1000);
 		}
 		if (t->stop)
 			break;
@@ -989,7 +954,7 @@ static void *tier_thread(void *arg)
 			t->idle = true;
 			pthread_cond_broadcast(&t->idle_cv);
 		}
-		tier_deadline(&ts, TIER_INTERVAL_MS);
+		ts = mono_deadline(TIER_INTERVAL_MS * 1000000ull);
 		pthread_cond_timedwait(&t->cv, &t->mu, &ts);
 	}
 	pthread_mutex_unlock(&t->mu);
@@ -1019,10 +984,10 @@ static int tier_load(void *arg, struct bc_block *b, void *buf)
 	if ((flags & BC_SPILLED) && t->sp) {
 		tier_loc_of(b, &loc);
 		assert(loc.len == len);
-		t0 = tier_now_ns();
+		t0 = mono_now_ns();
 		rc = spill_read_sync(t->sp, &loc, buf, len, bc_block_csum(b));
 		if (!rc) {
-			tier_ewma(&t->reload_ns_per_mib, tier_now_ns() - t0, len);
+			mono_avg_ns_per_mib(&t->reload_ns_per_mib, mono_now_ns() - t0, len);
 			atomic_fetch_add(&t->reload_ops, 1);
 			return 0;
 		}
@@ -1115,11 +1080,11 @@ void tier_set_budget(struct tier *t, uint64_t budget)
 	bc_set_budget(t->bc, budget);
 	pthread_mutex_lock(&t->mu);
 	if (budget < old)
-		t->last_cut_ms = tier_now_ms();
+		t->last_cut_ms = mono_now_ms();
 	if (budget < old && bc_mem_bytes(t->bc) > budget && !t->want_settle) {
 		/* The response time the issue asks for (100 ms) starts at the first cut of
 		 * an episode; cuts while it is still being answered do not restart it. */
-		t->cut_ns = tier_now_ns();
+		t->cut_ns = mono_now_ns();
 		t->want_response = t->want_settle = true;
 	}
 	tier_wake_locked(t);
@@ -1338,7 +1303,7 @@ int tier_settle(struct tier *t, unsigned timeout_ms)
 
 	if (!t->started)
 		return -EINVAL;
-	tier_deadline(&ts, timeout_ms);
+	ts = mono_deadline(timeout_ms * 1000000ull);
 	pthread_mutex_lock(&t->mu);
 	tier_wake_locked(t);
 	while (!t->idle && rc == 0)
@@ -1352,14 +1317,14 @@ int tier_settle(struct tier *t, unsigned timeout_ms)
  * (invariant 6, or failing) and memory is over budget. Under t->mu. */
 static bool tier_blocked_locked(struct tier *t, size_t size)
 {
-	bool cannot = t->full || tier_now_ms() < t->fail_until_ms;
+	bool cannot = t->full || mono_now_ms() < t->fail_until_ms;
 
 	return cannot && bc_mem_bytes(t->bc) + size > bc_budget(t->bc);
 }
 
 int tier_admit_write(struct tier *t, size_t size)
 {
-	uint64_t budget, slack, start = tier_now_ms();
+	uint64_t budget, slack, start = mono_now_ms();
 	struct timespec ts;
 	bool blocked = false, behind, waited = false, asked = false;
 
@@ -1368,7 +1333,7 @@ int tier_admit_write(struct tier *t, size_t size)
 	pthread_mutex_lock(&t->mu);
 	if (!t->kick)
 		tier_wake_locked(t); /* a writer outruns the 250 ms tick: trim now */
-	tier_deadline(&ts, TIER_ADMIT_WAIT_MS);
+	ts = mono_deadline(TIER_ADMIT_WAIT_MS * 1000000ull);
 	while (t->sp && !t->stop) {
 		/* Full (invariant 6): wait up to TIER_ADMIT_WAIT_MS, then ENOSPC. Behind
 		 * (dirty bytes arriving faster than the spill drains them, more than SLACK
@@ -1377,7 +1342,7 @@ int tier_admit_write(struct tier *t, size_t size)
 		slack = budget / 8 > 8ull * t->bs ? budget / 8 : 8ull * t->bs;
 		blocked = tier_blocked_locked(t, size);
 		behind = bc_mem_bytes(t->bc) + size > budget + slack &&
-			 tier_now_ms() < start + TIER_BEHIND_WAIT_MS;
+			 mono_now_ms() < start + TIER_BEHIND_WAIT_MS;
 		if (!blocked && !behind)
 			break;
 		if (blocked && !asked) {
