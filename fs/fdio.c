@@ -6,6 +6,8 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include "cache/mono.h"
+
 int fdio_write_all(int fd, const void *buf, size_t len)
 {
 	const char *p = buf;
@@ -77,4 +79,22 @@ int fdio_readdir(DIR *dir, struct dirent **out)
 	if ((*out = readdir(dir)))
 		return 1;
 	return errno ? -errno : 0;
+}
+
+int fdio_fsync_dir(int fd)
+{
+	uint64_t end = mono_now_ns() + FDIO_TRANSIENT_S * 1000000000ull;
+	unsigned ms = 0;
+	int rc = fsync(fd) ? -errno : 0, fresh;
+
+	while (fdio_transient(rc) && (!ms || mono_now_ns() < end)) {
+		if (ms)
+			usleep(ms * 1000);
+		ms = ms < 1000 ? ms + 50 : 1000;
+		fresh = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		rc = fresh < 0 ? -errno : fsync(fresh) ? -errno : 0;
+		if (fresh >= 0)
+			close(fresh);
+	}
+	return rc;
 }

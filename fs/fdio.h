@@ -19,18 +19,38 @@
  * on an error; a caller that took an EIO for the end acted on part of the directory as
  * if it were all of it: gc missed manifests and leases, and removed a complete group it
  * read as empty).
+ *
+ * fdio_transient: 1 for what a network filesystem's client answers for a while after one
+ * of its servers restarted, and a local filesystem never does: EBADFD (GlusterFS, on a
+ * descriptor, fresh ones included, not yet open on the brick that came back) and
+ * ENOTCONN (no server answers). A call that failed so flushed, wrote and dropped
+ * nothing, and may be made again from its start.
+ *
+ * fdio_fsync_dir: fsync of directory fd. A transient failure is made again on a fresh
+ * descriptor of the same directory (the kept one may stay bad), at once and then every
+ * 50 ms more up to 1 s apart, for up to FDIO_TRANSIENT_S; 0 or -errno of the last try.
+ * Blocks that long at most beyond the fsyncs themselves.
  */
 #ifndef MLFS_FDIO_H
 #define MLFS_FDIO_H
 
 #include <dirent.h>
 #include <stddef.h>
+#include <errno.h>
 #include <stdint.h>
+
+#define FDIO_TRANSIENT_S 30	/* a GlusterFS brick's restart and heal take 4-20 s */
+
+static inline int fdio_transient(int rc)
+{
+	return rc == -EBADFD || rc == -ENOTCONN;
+}
 
 int fdio_write_all(int fd, const void *buf, size_t len);
 int fdio_read_all(int fd, void *buf, size_t len);
 int fdio_pread_all(int fd, void *buf, size_t len, uint64_t off);
 int fdio_opendir(int dirfd, const char *name, DIR **out);
 int fdio_readdir(DIR *dir, struct dirent **out);
+int fdio_fsync_dir(int fd);
 
 #endif

@@ -983,8 +983,8 @@ int pack_writer_finish(struct pack_set *ps, struct pack_writer **wp)
 		rc = -errno;
 		goto fail;
 	}
-	if (fsync(ps->dirfd)) {
-		log_err("store: %s: fsync of packs/ failed: %s", ps->path, strerror(errno));
+	if ((rc = fdio_fsync_dir(ps->dirfd))) {
+		log_err("store: %s: fsync of packs/ failed: %s", ps->path, strerror(-rc));
 		rc = -EIO;
 		goto out;	/* the pack stays: whether its name lasts is unknown */
 	}
@@ -1136,7 +1136,7 @@ static int gc_leftovers(struct pack_set *ps, pack_live_fn live, void *arg, int64
 	}
 	closedir(dir);
 	/* A put-back that does not last is a named object lost (as in pack_gc_settle). */
-	if (back && fsync(ps->dirfd))
+	if (back && fdio_fsync_dir(ps->dirfd))
 		return -EIO;
 	return rc;
 }
@@ -1404,7 +1404,7 @@ int pack_gc_settle(struct pack_set *ps, struct pack_gc *g, pack_live_fn live2, v
 		}
 		free(t->hashes);
 	}
-	if (g->nt && fsync(ps->dirfd) && !rc)
+	if (g->nt && fdio_fsync_dir(ps->dirfd) && !rc)
 		rc = -EIO;
 	if (g->nt && !rc)
 		rc = pack_set_scan(ps);	/* the ones put back known again */

@@ -40,6 +40,7 @@
 #include "cache/mono.h"
 #include "fs/ckpt.h"
 #include "fs/ctl.h"
+#include "fs/fdio.h"
 #include "fs/manifest.h"
 #include "fs/mlfs.h"
 #include "fs/store.h"
@@ -88,12 +89,6 @@ struct snapd {
 /* How long take waits for the store to answer a check before it goes on without it
  * (snapd_bounded). A live store answers a stat in milliseconds, GlusterFS included. */
 #define SNAPD_STORE_ANSWER_S 2
-
-/* A store call or persist that failed with a transient error (store_transient: a
- * GlusterFS brick restarting) is made again, from its start, until this long after its
- * first such failure, waiting 50 ms more each time up to 1 s: a brick restart and its
- * heal take 4-20 s. */
-#define SNAPD_TRANSIENT_S 30
 
 /* The longest autosnap interval honoured: a year. Longer ones (autosnap=1e30, mtbf=inf
  * under autosnap=auto) would overflow time_t, and a wait that fails at once spins. */
@@ -239,9 +234,11 @@ static int snapd_changed_locked(struct snapd *sd)
 
 static void snapd_retention(struct snapd *sd);
 
-/* The wait before the next try of a call that failed with a transient error, or 0 when
- * SNAPD_TRANSIENT_S have passed since its first such failure (*since, set by the first
- * call of a series; 0 before it): give up. */
+/* The wait before the next try of a store call or persist that failed with a transient
+ * error (fdio_transient: a GlusterFS brick restarting), made again from its start; or 0
+ * when FDIO_TRANSIENT_S have passed since its first such failure (*since, set by the
+ * first call of a series; 0 before it): give up. A directory fsync tries again on its
+ * own (fdio_fsync_dir), so a call that published something never fails for it alone. */
 static unsigned snapd_transient_wait_ms(uint64_t *since, unsigned *tries)
 {
 	uint64_t now = mono_now_ns();
@@ -249,7 +246,7 @@ static unsigned snapd_transient_wait_ms(uint64_t *since, unsigned *tries)
 
 	if (!*since)
 		*since = now;
-	return now - *since + ms * 1000000ull > SNAPD_TRANSIENT_S * 1000000000ull ? 0 : ms;
+	return now - *since + ms * 1000000ull > FDIO_TRANSIENT_S * 1000000000ull ? 0 : ms;
 }
 
 /* One persist of job, under store_mu. */
@@ -289,11 +286,12 @@ static void snapd_run_job(struct snapd *sd, struct snapd_job *job)
 	pthread_mutex_lock(&sd->store_mu);
 	/* Made again from its start (a new pack, a new manifest): the frozen tree is still
 	 * held, and what the failed one put is garbage no snapshot names. */
-	while (store_transient(rc = snapd_persist_once(sd, job)) &&
+	while (fdio_transient(rc = snapd_persist_once(sd, job)) &&
 	       (ms = snapd_transient_wait_ms(&since, &tries))) {
 		log_warn("snap: persist of %s failed: %s; trying again in %u ms", job->name,
 			 strerror(-rc), ms);
 		usleep(ms * 1000);
+		t0 = mono_now_ns();	/* delta_s (autosnap=auto): the try, not the waits */
 	}
 	if (!rc)
 		snapd_mark_stored(sd, job);
@@ -479,7 +477,7 @@ static void *snapd_call_run(void *arg)
 
 	/* Every fn may be made again from its start after a transient error (delete and
 	 * gc count what an earlier try did). */
-	while (store_transient(rc = c->fn(c)) && !snapd_call_cancelled(c) &&
+	while (fdio_transient(rc = c->fn(c)) && !snapd_call_cancelled(c) &&
 	       (ms = snapd_transient_wait_ms(&since, &tries))) {
 		log_warn("snap: %s failed: %s; trying again in %u ms", what ? what : "a store check",
 			 strerror(-rc), ms);
@@ -801,7 +799,7 @@ static int snapd_group_wait(struct snapd *sd, struct ctl_req *r, const char *nam
 			return 0;
 		}
 		/* A transient error (a GlusterFS brick restarting) is one more poll. */
-		if (rc < 0 && (!store_transient(rc) || mono_now_ns() >= end))
+		if (rc < 0 && (!fdio_transient(rc) || mono_now_ns() >= end))
 			return ctl_fail(r, "take: group '%s': %s", name, strerror(-rc)), rc;
 		if (mono_now_ns() >= end)
 			break;

@@ -32,8 +32,9 @@
  *  6. After a failed fsync of a directory the handle is broken: the kernel may have
  *     dropped what it failed to write, so nothing later may be built on it (as LMDB
  *     marks its env unusable). Every write then fails with -EIO until reopened.
- *     An EBADFD from a kept descriptor is not such a failure: nothing was written or
- *     dropped through it, and a fresh descriptor's fsync stands in (sync_dir).
+ *     A transient failure (fdio_transient: a GlusterFS brick restarting) is not such a
+ *     failure: nothing was flushed or dropped, and the fsync is made again on fresh
+ *     descriptors for up to FDIO_TRANSIENT_S before it counts (fdio_fsync_dir).
  *  7. store_get_block() never reports success for bytes whose XXH3-128 differs from the
  *     name asked for; a mismatch is -EIO and a log line naming the object's path.
  *  8. FORMAT is created once and never rewritten in place: each creator writes its own
@@ -213,27 +214,18 @@ static int unhex(const char *s, uint8_t out[STORE_HASH_LEN])
 	return s[2 * STORE_HASH_LEN] ? -EINVAL : 0;
 }
 
-/* fsync a directory; a failure breaks the handle (invariant 6) and is -EIO, or the
- * transient error (store_transient) that a caller may try again after store_recover.
- * A kept descriptor that answers EBADFD (a GlusterFS client's, not open again on a
- * brick that restarted) flushed nothing and dropped nothing, so the fsync is made once
- * more on a fresh descriptor of the same directory before it counts as failed. */
+/* fsync a directory (transient failures made again: fdio_fsync_dir); a failure breaks
+ * the handle (invariant 6). */
 static int sync_dir(struct store *s, int fd)
 {
-	int rc = fsync(fd) ? -errno : 0, fresh;
+	int rc = fdio_fsync_dir(fd);
 
-	if (rc == -EBADFD) {
-		fresh = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-		rc = fresh < 0 ? -errno : fsync(fresh) ? -errno : 0;
-		if (fresh >= 0)
-			close(fresh);
-	}
 	if (!rc)
 		return 0;
 	log_err("store: %s: fsync of a directory failed: %s; handle unusable until reopened",
 		s->path, strerror(-rc));
 	s->broken = -EIO;
-	return store_transient(rc) ? rc : -EIO;
+	return -EIO;
 }
 
 /* A manifest this large is checked (prefix and checksum, streamed) before a buffer of

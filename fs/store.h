@@ -44,7 +44,6 @@
 #ifndef MLFS_STORE_H
 #define MLFS_STORE_H
 
-#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -112,15 +111,6 @@ void store_abort(struct store *s);
 
 /* The handle's broken state (invariant 6): 0, or -EIO after a failed directory fsync. */
 int store_broken(struct store *s);
-
-/* 1 for what a network filesystem's client answers for a while after one of its
- * servers restarted, and a local filesystem never does: EBADFD (GlusterFS, on a
- * directory or file descriptor not yet open on the brick that came back) and ENOTCONN
- * (no server answers). A store call that failed so may be made again from its start. */
-static inline int store_transient(int rc)
-{
-	return rc == -EBADFD || rc == -ENOTCONN;
-}
 /* Makes a broken handle usable again (no session open, else -EBUSY): its next commit
  * does a full sync (syncfs, every object directory and snaps/ fsynced) before it relies
  * on anything. A long-lived daemon calls it before retrying rather than refuse every

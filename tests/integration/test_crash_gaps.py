@@ -493,9 +493,9 @@ def test_full_store_mounts_and_delete_and_gc_give_room_back(snapenv, monkeypatch
 
 class injecting:
     """strace attached to the running daemon pid, the n-th call of each of syscalls
-    (comma-separated) failing with err, for the with block; only calls on path when
-    given (-P). Then the list holds the trace's INJECTED lines (-y: each names its
-    file)."""
+    (comma-separated) in each thread failing with err, for the with block; only calls
+    on path when given (-P). Then the list holds the trace's INJECTED lines (-y: each
+    names its file)."""
 
     def __init__(self, pid, trace, syscalls, err, n=1, path=None):
         self.pid, self.trace, self.hit = pid, trace, []
@@ -631,24 +631,42 @@ def test_a_transient_store_error_is_tried_again(snapenv, cmd, syscall, err, wher
     env.unmount(d)
 
 
-def test_a_directory_fsync_gone_bad_is_made_again(snapenv):
-    """The fsync of snaps/ through the store's kept descriptor answers EBADFD once, as a
-    GlusterFS client's does when that descriptor is not open again on a brick that
-    restarted (injected by strace): the fsync is made again on a fresh descriptor, and
-    the take is durable with no retry and the handle not broken. Before, the take failed
-    with EIO and the next one had to sync the whole store again."""
-    env = snapenv("crash-dirfsync-")
+
+@pytest.mark.parametrize("cmd,where,err", [
+    ("take", "snaps", "EBADFD"),
+    ("take", "snaps", "ENOTCONN"),
+    ("take", "packs", "EBADFD"),
+    ("delete", "snaps", "ENOTCONN"),
+])
+def test_a_directory_fsync_gone_bad_is_made_again(snapenv, cmd, where, err):
+    """The fsync of snaps/ or packs/ through the store's kept descriptor answers EBADFD
+    or ENOTCONN (the first in each thread, injected by strace), as a GlusterFS client's
+    does while a brick restarts: the fsync is made again on a fresh descriptor, so the
+    command succeeds with no retry from its start and the handle is not broken. Before,
+    it failed with EIO (a delete: with its manifest already gone, so a retry could not
+    succeed either) and the next take had to sync the whole store again."""
+    env = snapenv(f"crash-dirfsync-{cmd}-{where}-")
     d = env.mount(foreground=True)
-    data = rng_for("dirfsync").randbytes(300 * 1024)
+    data = rng_for(f"dirfsync-{where}").randbytes(300 * 1024)
     S.write(os.path.join(d.ckpt, "x"), data)
-    with injecting(d.pid, env.path("dirfsync.tr"), "fsync", "EBADFD",
-                   path=os.path.join(env.store, "snaps")) as hit:
-        r = S.snap("take", env.mnt, "s", "--wait")
-    assert hit, "no fsync of snaps/ failed: the test tests nothing"
-    assert r.ok, f"take with one fsync of snaps/ failing EBADFD: {r!r}\n{d.output()}"
+    if cmd == "delete":
+        S.snap_ok("take", env.mnt, "s", "--wait")
+    argv = ("take", env.mnt, "s", "--wait") if cmd == "take" else ("delete", env.mnt, "s")
+    with injecting(d.pid, env.path("dirfsync.tr"), "fsync", err,
+                   path=os.path.join(env.store, where)) as hit:
+        r = S.snap(*argv)
+    assert hit, f"no fsync of {where}/ failed: the test tests nothing"
+    assert r.ok, f"{cmd} with an fsync of {where}/ failing {err}: {r!r}\n{d.output()}"
     log = d.output()
     assert "fsync of a directory failed" not in log and "trying again" not in log, log
-    out = env.path("s-out")
-    assert S.export(env.store, "s", out).ok
-    S.assert_tree_equal(files_tree(out), S.model_tree({"x": data}), "s")
+    if cmd == "delete":
+        assert "s" not in S.list_json(env.mnt)
+    else:
+        out = env.path("s-out")
+        assert S.export(env.store, "s", out).ok
+        S.assert_tree_equal(files_tree(out), S.model_tree({"x": data}), "s")
+    # The handle is whole: the next take needs no full sync of the store.
+    S.write(os.path.join(d.ckpt, "y"), data[:1000])
+    S.snap_ok("take", env.mnt, "s2", "--wait")
+    assert "reusing the store" not in d.output(), d.output()
     env.unmount(d)
