@@ -8,6 +8,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "fs/le.h"
+
 #define PACL_VERSION 2
 #define PACL_HDR 4
 #define PACL_ENT 8
@@ -21,16 +23,6 @@ enum {
 	PACL_MASK = 0x10,
 	PACL_OTHER = 0x20,
 };
-
-static uint16_t le16(const unsigned char *p)
-{
-	return (uint16_t)(p[0] | p[1] << 8);
-}
-
-static uint32_t le32(const unsigned char *p)
-{
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
 
 /* Entries in a value of size bytes; 0 for a value too short to have any (a damaged
  * store's value reaches pacl_chmod unchecked: never read past it). */
@@ -59,15 +51,15 @@ int pacl_check(const void *v, size_t size, size_t *n)
 
 	if (size < PACL_HDR || (size - PACL_HDR) % PACL_ENT)
 		return -EINVAL;
-	if (le32(p) != PACL_VERSION)
+	if (le_get(p, 4) != PACL_VERSION)
 		return -EOPNOTSUPP;
 	count = (size - PACL_HDR) / PACL_ENT;
 	/* Tags must come in the order of the enum: each object once, named ids ascending
 	 * and unique within their tag. */
 	for (i = 0; i < count; i++) {
 		const unsigned char *e = p + PACL_HDR + i * PACL_ENT;
-		unsigned tag = le16(e), perm = le16(e + 2);
-		uint32_t id = le32(e + 4);
+		unsigned tag = le_get(e, 2), perm = le_get(e + 2, 2);
+		uint32_t id = le_get(e + 4, 4);
 
 		if (perm & ~7u || tag < state)
 			return -EINVAL;
@@ -108,9 +100,9 @@ int pacl_equiv_mode(const void *v, size_t size, mode_t *mode)
 
 	for (i = 0; i < n; i++) {
 		const unsigned char *e = ent((void *)v, i);
-		unsigned perm = le16(e + 2) & 7;
+		unsigned perm = le_get(e + 2, 2) & 7;
 
-		switch (le16(e)) {
+		switch (le_get(e, 2)) {
 		case PACL_USER_OBJ:
 			m |= perm << 6;
 			break;
@@ -143,7 +135,7 @@ void pacl_chmod(void *v, size_t size, mode_t mode)
 	for (i = 0; i < n; i++) {
 		unsigned char *e = ent(v, i);
 
-		switch (le16(e)) {
+		switch (le_get(e, 2)) {
 		case PACL_USER_OBJ:
 			set_perm(e, mode >> 6);
 			break;
@@ -173,9 +165,9 @@ int pacl_create_masq(void *v, size_t size, mode_t *mode)
 
 	for (i = 0; i < n; i++) {
 		unsigned char *e = ent(v, i);
-		unsigned perm = le16(e + 2);
+		unsigned perm = le_get(e + 2, 2);
 
-		switch (le16(e)) {
+		switch (le_get(e, 2)) {
 		case PACL_USER_OBJ:
 			perm &= (m >> 6) & 7;
 			set_perm(e, perm);
@@ -201,7 +193,7 @@ int pacl_create_masq(void *v, size_t size, mode_t *mode)
 	if (!mask)
 		mask = group; /* pacl_check: a valid ACL has a group entry */
 	if (mask) {
-		unsigned perm = le16(mask + 2) & ((m >> 3) & 7);
+		unsigned perm = le_get(mask + 2, 2) & ((m >> 3) & 7);
 
 		set_perm(mask, perm);
 		m &= (mode_t)(perm << 3) | ~(mode_t)S_IRWXG;

@@ -6,13 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fs/le.h"
+
 static uint64_t hset_slot(const uint8_t *h)
 {
-	uint64_t v = 0;
-
-	for (int i = 0; i < 8; i++)
-		v |= (uint64_t)h[i] << (8 * i);
-	return v;	/* the keys are hashes already */
+	return le_get(h, 8);	/* the keys are hashes already */
 }
 
 int *hset_find(struct hset *t, const uint8_t h[16], int insert)

@@ -17,6 +17,8 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "fs/le.h"
+
 static const char mf_magic[8] = { 'M', 'L', 'F', 'S', 'M', 'A', 'N', 'F' };
 
 /* magic, version, flags, total length, time, name length */
@@ -59,17 +61,10 @@ static void w_bytes(struct wbuf *w, const void *src, size_t n)
 
 static void w_le(struct wbuf *w, uint64_t v, int n)
 {
-	unsigned char b[8];
+	uint8_t b[8];
 
-	for (int i = 0; i < n; i++)
-		b[i] = (unsigned char)(v >> (8 * i));
+	le_put(b, v, n);
 	w_bytes(w, b, n);
-}
-
-static void put_le64(unsigned char *p, uint64_t v)
-{
-	for (int i = 0; i < 8; i++)
-		p[i] = (unsigned char)(v >> (8 * i));
 }
 
 /* ---- decoding cursor: every read checks bounds; after one failure all reads fail ---- */
@@ -82,14 +77,13 @@ struct rbuf {
 
 static uint64_t r_le(struct rbuf *r, int n)
 {
-	uint64_t v = 0;
+	uint64_t v;
 
 	if (r->err || r->len - r->pos < (size_t)n) {
 		r->err = -EINVAL;
 		return 0;
 	}
-	for (int i = 0; i < n; i++)
-		v |= (uint64_t)r->p[r->pos + i] << (8 * i);
+	v = le_get(r->p + r->pos, n);
 	r->pos += n;
 	return v;
 }
@@ -425,7 +419,7 @@ int mf_encode(const struct mf_manifest *m, void **buf, size_t *len)
 		free(w.p);
 		return w.err;
 	}
-	put_le64(w.p + 16, w.len + MF_HASH_LEN);
+	le_put(w.p + 16, w.len + MF_HASH_LEN, 8);
 	XXH128_canonicalFromHash(&sum, XXH3_128bits(w.p, w.len));
 	w_bytes(&w, sum.digest, MF_HASH_LEN);
 	if (w.err) {

@@ -30,6 +30,7 @@
 #include "cache/log.h"
 #include "fs/fdio.h"
 #include "fs/hset.h"
+#include "fs/le.h"
 
 #define REC_MAGIC "MLOB"
 #define PACK_MAGIC "MLFSPACK"
@@ -96,21 +97,6 @@ struct pack_writer {
 
 /* ---- small helpers ---- */
 
-static void put_le(uint8_t *p, uint64_t v, int n)
-{
-	for (int i = 0; i < n; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le(const uint8_t *p, int n)
-{
-	uint64_t v = 0;
-
-	for (int i = 0; i < n; i++)
-		v |= (uint64_t)p[i] << (8 * i);
-	return v;
-}
-
 static void hex(const uint8_t *h, int n, char *out)
 {
 	static const char d[] = "0123456789abcdef";
@@ -143,18 +129,18 @@ void pack_rec_header(uint8_t hdr[PACK_REC_HDR], const uint8_t hash[16], uint32_t
 	memcpy(hdr, REC_MAGIC, 4);
 	hdr[4] = 1;
 	hdr[5] = lz4 ? 1 : 0;
-	put_le(hdr + 6, 0, 2);
-	put_le(hdr + 8, logical, 4);
-	put_le(hdr + 12, stored, 4);
+	le_put(hdr + 6, 0, 2);
+	le_put(hdr + 8, logical, 4);
+	le_put(hdr + 12, stored, 4);
 	memcpy(hdr + 16, hash, 16);
-	put_le(hdr + 32, XXH3_64bits(hdr, 32), 8);
+	le_put(hdr + 32, XXH3_64bits(hdr, 32), 8);
 }
 
 const char *pack_rec_bad(const uint8_t hdr[PACK_REC_HDR], const uint8_t hash[16], uint64_t stored)
 {
-	uint32_t logical = (uint32_t)get_le(hdr + 8, 4), st = (uint32_t)get_le(hdr + 12, 4);
+	uint32_t logical = (uint32_t)le_get(hdr + 8, 4), st = (uint32_t)le_get(hdr + 12, 4);
 
-	if (get_le(hdr + 32, 8) != XXH3_64bits(hdr, 32) || memcmp(hdr, REC_MAGIC, 4) ||
+	if (le_get(hdr + 32, 8) != XXH3_64bits(hdr, 32) || memcmp(hdr, REC_MAGIC, 4) ||
 	    hdr[4] != 1 || hdr[5] > 1)
 		return "bad header";
 	if (memcmp(hdr + 16, hash, 16) || st != stored || (hdr[5] == 0 && st != logical))
@@ -165,7 +151,7 @@ const char *pack_rec_bad(const uint8_t hdr[PACK_REC_HDR], const uint8_t hash[16]
 int pack_rec_decode(const uint8_t hdr[PACK_REC_HDR], const void *payload, void *buf, uint32_t len,
 		    const uint8_t hash[16], const char **why)
 {
-	uint32_t logical = (uint32_t)get_le(hdr + 8, 4), stored = (uint32_t)get_le(hdr + 12, 4);
+	uint32_t logical = (uint32_t)le_get(hdr + 8, 4), stored = (uint32_t)le_get(hdr + 12, 4);
 	XXH128_canonical_t c;
 
 	if (logical > len) {
@@ -267,7 +253,7 @@ static int index_rebuild_locked(struct pack_set *ps)
  * ixoff) and has known flags; -EINVAL otherwise. */
 static int ent_check(const uint8_t *r, uint64_t ixoff)
 {
-	uint64_t off = get_le(r + 16, 8), stored = get_le(r + 24, 4);
+	uint64_t off = le_get(r + 16, 8), stored = le_get(r + 24, 4);
 
 	return off < PACK_HDR || off + PACK_REC_HDR + stored > ixoff || r[32] > 1 ? -EINVAL : 0;
 }
@@ -304,7 +290,7 @@ static int index_precheck(int fd, uint64_t n, uint64_t ixoff, const uint8_t tail
 	}
 	if (!rc) {
 		XXH3_64bits_update(x, tail, 24);
-		if (XXH3_64bits_digest(x) != get_le(tail + 24, 8))
+		if (XXH3_64bits_digest(x) != le_get(tail + 24, 8))
 			rc = -EINVAL;
 	}
 out:
@@ -335,9 +321,9 @@ static int pack_load(int fd, const char *id, struct pack **out)
 	if ((rc = fdio_pread_all(fd, head, PACK_HDR, 0)) ||
 	    (rc = fdio_pread_all(fd, tail, TAIL, size - TAIL)))
 		return rc;
-	n = get_le(tail, 8);
-	ixoff = get_le(tail + 8, 8);
-	if (memcmp(head, PACK_MAGIC, 8) || get_le(head + 8, 4) != PACK_VERSION ||
+	n = le_get(tail, 8);
+	ixoff = le_get(tail + 8, 8);
+	if (memcmp(head, PACK_MAGIC, 8) || le_get(head + 8, 4) != PACK_VERSION ||
 	    memcmp(tail + 16, TAIL_MAGIC, 8) || ixoff < PACK_HDR || n > size / ENT ||
 	    ixoff + n * ENT + TAIL != size)
 		return -EINVAL;
@@ -361,7 +347,7 @@ static int pack_load(int fd, const char *id, struct pack **out)
 	XXH3_64bits_reset(x);
 	XXH3_64bits_update(x, ix, n * ENT);
 	XXH3_64bits_update(x, tail, 24);
-	if (XXH3_64bits_digest(x) != get_le(tail + 24, 8))
+	if (XXH3_64bits_digest(x) != le_get(tail + 24, 8))
 		rc = -EINVAL;
 	XXH3_freeState(x);
 	for (uint64_t i = 0; i < n && !rc; i++) {
@@ -369,9 +355,9 @@ static int pack_load(int fd, const char *id, struct pack **out)
 		const uint8_t *r = ix + i * ENT;
 
 		memcpy(e->hash, r, 16);
-		e->off = get_le(r + 16, 8);
-		e->stored = (uint32_t)get_le(r + 24, 4);
-		e->logical = (uint32_t)get_le(r + 28, 4);
+		e->off = le_get(r + 16, 8);
+		e->stored = (uint32_t)le_get(r + 24, 4);
+		e->logical = (uint32_t)le_get(r + 28, 4);
 		e->flags = r[32];
 		rc = ent_check(r, ixoff);
 	}
@@ -822,8 +808,8 @@ static int writer_open(struct pack_set *ps, struct pack_writer **out)
 		return rc;
 	}
 	memcpy(head, PACK_MAGIC, 8);
-	put_le(head + 8, PACK_VERSION, 4);
-	put_le(head + 12, 0, 4);
+	le_put(head + 8, PACK_VERSION, 4);
+	le_put(head + 12, 0, 4);
 	if ((rc = fdio_write_all(w->fd, head, PACK_HDR))) {
 		close(w->fd);
 		unlinkat(ps->dirfd, w->tmp, 0);
@@ -959,18 +945,18 @@ int pack_writer_finish(struct pack_set *ps, struct pack_writer **wp)
 		uint8_t *r = ix + i * ENT;
 
 		memcpy(r, w->ents[i].hash, 16);
-		put_le(r + 16, w->ents[i].off, 8);
-		put_le(r + 24, w->ents[i].stored, 4);
-		put_le(r + 28, w->ents[i].logical, 4);
+		le_put(r + 16, w->ents[i].off, 8);
+		le_put(r + 24, w->ents[i].stored, 4);
+		le_put(r + 28, w->ents[i].logical, 4);
 		r[32] = w->ents[i].flags;
 	}
-	put_le(tail, w->n, 8);
-	put_le(tail + 8, w->off, 8);
+	le_put(tail, w->n, 8);
+	le_put(tail + 8, w->off, 8);
 	memcpy(tail + 16, TAIL_MAGIC, 8);
 	XXH3_64bits_reset(x);
 	XXH3_64bits_update(x, ix, w->n * ENT);
 	XXH3_64bits_update(x, tail, 24);
-	put_le(tail + 24, XXH3_64bits_digest(x), 8);
+	le_put(tail + 24, XXH3_64bits_digest(x), 8);
 	/* Invariant 1: index, tail, one fsync, then the name; then the name durable. */
 	if ((rc = fdio_write_all(w->fd, ix, w->n * ENT)) || (rc = fdio_write_all(w->fd, tail, TAIL)))
 		goto fail;

@@ -82,6 +82,7 @@
 #include "cache/log.h"
 #include "fs/fdio.h"
 #include "fs/hset.h"
+#include "fs/le.h"
 #include "fs/lease.h"
 #include "fs/pack.h"
 
@@ -175,15 +176,6 @@ int store_object_count(struct store *s, uint64_t *n)
 const char *store_path(const struct store *s)
 {
 	return s->path;
-}
-
-static uint64_t get_le(const unsigned char *p, int n)
-{
-	uint64_t v = 0;
-
-	for (int i = 0; i < n; i++)
-		v |= (uint64_t)p[i] << (8 * i);
-	return v;
 }
 
 static void hash128(const void *buf, size_t len, uint8_t out[STORE_HASH_LEN])
@@ -801,9 +793,9 @@ void store_abort(struct store *s)
 static const char *obj_header_bad(const unsigned char *hdr, uint64_t size,
 				  const uint8_t hash[STORE_HASH_LEN])
 {
-	uint32_t logical = (uint32_t)get_le(hdr + 8, 4), stored = (uint32_t)get_le(hdr + 12, 4);
+	uint32_t logical = (uint32_t)le_get(hdr + 8, 4), stored = (uint32_t)le_get(hdr + 12, 4);
 
-	if (get_le(hdr + 32, 8) != XXH3_64bits(hdr, 32) || memcmp(hdr, OBJ_MAGIC, 4) ||
+	if (le_get(hdr + 32, 8) != XXH3_64bits(hdr, 32) || memcmp(hdr, OBJ_MAGIC, 4) ||
 	    hdr[4] != OBJ_VERSION || hdr[5] > OBJ_LZ4)
 		return "bad header";
 	if (memcmp(hdr + 16, hash, STORE_HASH_LEN) || size != OBJ_HDR + (uint64_t)stored ||
@@ -977,13 +969,13 @@ int store_get_block(struct store *s, const uint8_t hash[STORE_HASH_LEN], void *b
 		rc = obj_damaged(path, "short header");
 		goto out_close;
 	}
-	if (get_le(hdr + 32, 8) != XXH3_64bits(hdr, 32) || memcmp(hdr, OBJ_MAGIC, 4) ||
+	if (le_get(hdr + 32, 8) != XXH3_64bits(hdr, 32) || memcmp(hdr, OBJ_MAGIC, 4) ||
 	    hdr[4] != OBJ_VERSION || hdr[5] > OBJ_LZ4) {
 		rc = obj_damaged(path, "bad header");
 		goto out_close;
 	}
-	logical = (uint32_t)get_le(hdr + 8, 4);
-	stored = (uint32_t)get_le(hdr + 12, 4);
+	logical = (uint32_t)le_get(hdr + 8, 4);
+	stored = (uint32_t)le_get(hdr + 12, 4);
 	if (memcmp(hdr + 16, hash, STORE_HASH_LEN) || (uint64_t)st.st_size != OBJ_HDR + (uint64_t)stored ||
 	    logical > len || (hdr[5] == OBJ_RAW && stored != logical)) {
 		rc = obj_damaged(path, "header does not match its name, size or the caller's length");
