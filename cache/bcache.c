@@ -95,16 +95,9 @@
  * 10. A listed block whose count is 0 is being freed by its last put (which waits for
  *    the shard lock to unlink it): a pick never takes a reference to it.
  *
- * Locks. The daemon's order, each stated again at its declaration:
- *   ckpt inode rwlock -> ckpt ns->mu -> bcache shard mutex
- *   snapd store_mu -> store mu | bcache shard mutex | snapd mu
- *   data fl_mu -> bcache shard mutex
- *   leaves, taken under none of the above and taking nothing: tier t->mu (tier.c
- *   invariant 7), spill lock, uring lock, gov lock, data mu, ctl mu.
- *   bc->pool_mu (the buffer pool) is such a leaf too: never under a shard mutex.
- * The shard mutexes are leaves too: never two at once, never held across I/O, a copy
- * or hash of block contents, or a call out of this module (the backing's hooks, which
- * take t->mu and do I/O, run with none held).
+ * Locks: each states its place in the daemon's lock order at its declaration, here
+ * the shard mutex (struct bc_shard) and the pool's (struct bc, pool_mu), and BC_IO, a
+ * bit that works as a lock held across I/O, in bcache.h.
  */
 #include "cache/bcache.h"
 
@@ -163,10 +156,14 @@ struct bc_block {
 };
 
 struct bc_shard {
-	/* Lock order: a leaf. May be taken with a ckpt inode rwlock, ckpt ns->mu or
-	 * data.c's locks held; nothing else is taken under it (not another shard, not
-	 * t->mu: the backing's hooks are called after it is dropped). Never held across
-	 * I/O or a copy or hash of block contents. */
+	/* The shard's hash chains, lists, and every block's flags and list place
+	 * (invariants 2, 4, 5, 9). Lock order: a leaf. May be taken with a ckpt inode
+	 * lock, ns->mu, snapd's store_mu or sd->mu, or the store's mu and the lease
+	 * keeper's k->mu (the lease source: bc_collect_stored) held; nothing is taken
+	 * under it: not another shard (a sweep takes them one at a time), not pool_mu,
+	 * not t->mu (the backing's hooks run after it is dropped). Never held across
+	 * I/O or a copy or hash of block contents; a waiter for BC_IO sleeps on cv,
+	 * which drops it. */
 	pthread_mutex_t mu;
 	pthread_cond_t cv; /* a block of this shard left BC_IO */
 	struct bc_block **buckets;
@@ -184,9 +181,11 @@ struct bc {
 	_Atomic uint64_t unplaced;	 /* cap of BC_UNPLACED blocks: bc_unplaced_bytes */
 	_Atomic uint64_t mapped_bytes, map_refaults, map_prefetches; /* BC_MAPPED buffers */
 	_Atomic uint64_t ahead_used, ahead_unused; /* BC_AHEAD blocks read, evicted unread */
-	/* The buffer pool ("Buffer pool" below). Lock order: pool_mu is a leaf, taken
-	 * under no other lock (not a shard mutex: buffers are pooled after it is dropped)
-	 * and taking none; free() is called outside it. */
+	/* The buffer pool ("Buffer pool" below). Lock order: a leaf, never under a
+	 * shard mutex (buffers are pooled after it is dropped), but under any lock a
+	 * block's last put or a load may come under (a ckpt inode lock, ns->mu, sd->mu,
+	 * store_mu); it takes none: pool_low, which takes t->mu, is called after it.
+	 * No I/O under it; free() and the stock's faults run outside it. */
 	pthread_mutex_t pool_mu;
 	void *pool;			 /* freed block-sized buffers, linked by first word */
 	_Atomic uint64_t pool_bytes;	 /* pool_cap x buffers in the pool */

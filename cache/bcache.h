@@ -31,8 +31,11 @@
  *   bc_block is opaque: other modules use the accessors below and the transitions.
  *
  * Thread safety: every function may be called from any thread. Blocks are spread over
- * shards by key (data) or address (ckpt); each shard has its own mutex, held only for
- * pointer work, never across I/O or a copy of block contents.
+ * shards by key (data) or address (ckpt); each shard has its own mutex, a leaf held only
+ * for pointer work, never across I/O or a copy of block contents (the lock order is at
+ * struct bc_shard in bcache.c). The backing's hooks are called with no lock of bcache's
+ * held, but with whatever the caller holds: a load under a ckpt inode write lock, a
+ * last put under ns->mu or sd->mu.
  */
 #ifndef MLFS_BCACHE_H
 #define MLFS_BCACHE_H
@@ -70,6 +73,12 @@ enum {
 	BC_AHEAD = 1u << 11,	   /* ckpt: made resident by read-ahead (bc_block_prefetch) and
 				    * not read since (bc_block_note_read) */
 };
+/* BC_IO is a per-block lock held across I/O, which is its point: one load or eviction
+ * at a time. Lock order: its holder may hold a ckpt inode write lock
+ * (ckpt_block_for_write) or snapd's store_mu (a persist's load) from before; while it
+ * holds BC_IO it takes only the tier's, spill's, uring's, the pack set's and bcache's
+ * own locks, never a ckpt, snapd or store s->mu lock, so whoever waits for it
+ * (bc_load_begin, on the shard's cv) may hold those two. */
 
 /* File identity for data blocks: 128 bits derived from the source file's device,
  * inode, size and mtime, so a file that changes underneath gets a new id and can never

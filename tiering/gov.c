@@ -482,8 +482,10 @@ struct gov {
 	void *arg;
 	pthread_t thread;
 	_Atomic uint64_t budget;
-	/* Guards the fields below. A leaf: released before budget_fn (which takes the
-	 * tier's t->mu and bcache's atomics), never held across a cgroup file read. */
+	/* Guards the fields below (what gov_get_inputs reports). Lock order: a leaf:
+	 * released before budget_fn and resident_fn (which take t->mu and bcache's shard
+	 * mutexes), taking nothing; taken with nothing held (tier_get_stats and the
+	 * stats calls hold none). Never held across a cgroup or PSI file read. */
 	pthread_mutex_t lock;
 	struct gov_sample last;
 	uint64_t samples, cuts, grows, crossings;

@@ -77,8 +77,12 @@ struct spill {
 	uint64_t capacity; /* invariant 2; UINT64_MAX rounded down when unbounded */
 	uint64_t max_bytes;
 
-	/* Everything below; never held across I/O. A leaf: taken under nothing of
-	 * bcache or the tier (they call spill with their locks dropped). */
+	/* Everything below: the space map and counters. Lock order: a leaf, taking
+	 * nothing (uring calls and op->done run after it is dropped). Never under a
+	 * bcache shard mutex or t->mu (they call spill with their locks dropped), but
+	 * under a ckpt inode lock, ns->mu, sd->mu or store_mu (a reload, or a last put's
+	 * spill_release through the tier's unspill hook). Never held across I/O:
+	 * spill_free waits for the drain on drained, which drops it. */
 	pthread_mutex_t lock;
 	pthread_cond_t drained;
 	unsigned inflight; /* invariant 8 */
@@ -628,7 +632,9 @@ void spill_free(struct spill *s)
 /* --- blocking wrappers ----------------------------------------------------------- */
 
 struct spill_waiter {
-	pthread_mutex_t lock; /* a leaf: one waiter and its completion callback */
+	/* done, rc, loc: one waiter and its completion callback. A leaf; the waiter
+	 * sleeps on cond, so it is never held across the I/O it waits for. */
+	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	int done;
 	int rc;

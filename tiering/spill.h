@@ -16,7 +16,7 @@
  * - Thread safety: every function may be called from any thread at once, including from
  *   a spill or uring callback (except the _sync wrappers and spill_free). Many reads and
  *   writes are in flight at once; one mutex guards only the space map and the counters
- *   and is never held across I/O.
+ *   and is never held across I/O (a leaf: tiering/spill.c states its order).
  * - What blocks: spill_write compresses (or copies) the block on the calling thread
  *   before it returns: lz4 costs about 1-2 ms per MiB, a copy about 0.1 ms. It and
  *   spill_read wait for a ring slot when the ring is full (uring.h). spill_release and

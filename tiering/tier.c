@@ -61,8 +61,10 @@
  *  6. While t->full (the spill tier said ENOSPC) no spill is tried until space is
  *     released or TIER_FULL_RETRY_MS passed; a success clears it. Admission of checkpoint
  *     writes (tier_admit_write) follows t->full, not the retry timer.
- *  7. t->mu is a leaf lock: no bcache, spill or governor call is made while holding it
- *     (bcache calls tier_unspill with its own locks released, from any thread).
+ *  7. t->mu is a leaf lock: no call that takes a lock of bcache, spill or the governor
+ *     is made while holding it, only bcache's lock-free counters (bc_mem_bytes,
+ *     bc_budget); bcache calls tier_unspill with its own locks released, from any
+ *     thread. Its full order is at its declaration.
  *  8. Read-ahead holds a counted reference on every block in its queue or being loaded
  *     by one of its threads, so a block it touches is alive whatever its file does
  *     meanwhile (a writer copies it: bcache invariant 3; a truncate or a restore makes
@@ -127,8 +129,13 @@ struct tier {
 	uint64_t rss_base;	/* RSS minus mem_bytes at start */
 	pthread_t thread;
 
-	/* Everything below. A leaf (invariant 7): no bcache, spill or governor call under
-	 * it; bcache's hooks take it with no shard mutex held. */
+	/* Everything below. Lock order: a leaf (invariant 7), never with pf_mu. Taken
+	 * under no bcache, spill or governor lock (bcache's hooks and the governor's
+	 * budget_fn run with theirs dropped), but under any lock a hook's caller holds:
+	 * a ckpt inode lock or ns->mu (a last put's unspill, over_budget), sd->mu or
+	 * store_mu, data.c's fl_mu (over_budget). No I/O under it but one statvfs of the
+	 * spill dir a second (tier_admit_data, on a reader's thread); waits for the
+	 * spill (tier_slot, tier_admit_write, tier_free) sleep on a cv, which drops it. */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;	/* the thread: wake-ups, completions */
 	pthread_cond_t idle_cv;	/* tier_settle */
@@ -150,9 +157,11 @@ struct tier {
 	bool fill_started;
 	_Atomic bool fill_asked; /* pool_low came since the last fill began */
 
-	/* Read-ahead (tier_prefetch, invariant 8). Lock order: pf_mu is a leaf like t->mu
-	 * and never held with it: no bcache call under it (references are put after it is
-	 * dropped), nothing taken under it but pthread_create. */
+	/* Read-ahead (tier_prefetch, invariant 8). Lock order: a leaf like t->mu and
+	 * never held with it: no bcache call under it (references are put after it is
+	 * dropped), nothing taken under it but pthread_create. Taken with nothing held
+	 * (ckpt_read queues after its inode lock is dropped). Never held across I/O: the
+	 * threads load with it dropped, and tier_prefetch_stop joins them without it. */
 	pthread_mutex_t pf_mu;
 	pthread_cond_t pf_cv;	/* a block was queued, or pf_stop */
 	struct bc_block *pf_q[TIER_PREFETCH_QUEUE]; /* a ring: pf_head, pf_n */

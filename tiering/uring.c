@@ -56,7 +56,13 @@ struct uring_op {
 
 struct uring {
 	struct io_uring ring;
-	/* The queue's counters. A leaf: completion callbacks run without it. */
+	/* The queue's counters and the SQ ring. Lock order: a leaf, taking nothing:
+	 * completion callbacks run without it. Taken under whatever a spill caller holds
+	 * (the tier thread, a loader under a ckpt inode write lock), never under the
+	 * spill lock. Held across system calls that queue but do not wait: the
+	 * completion thread's io_uring_submit, a caller's eventfd write (uring_kick);
+	 * never across a wait for a completion: callers wait for room on space and
+	 * sq_space, which drop it. */
 	pthread_mutex_t lock;
 	pthread_cond_t space;    /* inflight fell below max_inflight */
 	pthread_cond_t sq_space; /* the thread submitted, so the SQ has room again */
@@ -434,7 +440,9 @@ int uring_fadvise(struct uring *u, int fd, off_t off, unsigned len, int advice,
 }
 
 struct uring_waiter {
-	pthread_mutex_t lock; /* a leaf: one waiter and its completion callback */
+	/* done, res: one waiter and its completion callback. A leaf; the waiter sleeps
+	 * on cond, so it is never held across the I/O it waits for. */
+	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	int done;
 	int res;

@@ -6,7 +6,8 @@
  *   tier (DESIGN.md "Threads": one I/O thread per ring). Each struct uring owns one
  *   io_uring and one completion thread that runs every callback.
  * - Thread safety: every call may come from any thread at once. Callers only prepare
- *   SQEs under one mutex (memory writes, no system call); the completion thread alone
+ *   SQEs under one mutex (memory writes and at most the eventfd write below, never a
+ *   wait for I/O; a leaf: tiering/uring.c states its order); the completion thread alone
  *   submits them, all pending SQEs in one io_uring_submit(), each time it wakes. Why not
  *   the callers: the kernel cancels (-ECANCELED) requests still in flight when the thread
  *   that submitted them exits, and libfuse ends idle worker threads. A caller that finds
