@@ -115,9 +115,16 @@ struct ckpt_dirent {
 struct ckpt_inode {
 	struct mlfs_node hdr;
 	/* Content: invariant 3. Lock order: first of the ckpt locks: taken with nothing
-	 * held (never two inodes' at once); ns->mu and bcache shard mutexes may be taken
-	 * under it. Held across a block's reload (spill or store I/O, ckpt_block_for_write),
-	 * which holds up only this file. */
+	 * held, never two inodes' at once; the one exception is ckpt_freeze, which only
+	 * tries it (tryrdlock) under sd->mu and ns->mu and starts over when it is taken.
+	 * Under it: ns->mu, ra_mu, bcache's shard mutexes and pool_mu, and through a
+	 * reload or a last put the tier's t->mu, spill's and uring's locks and the pack
+	 * set's ps->mu (a store read); never a snapd lock nor the store's s->mu, pmu
+	 * or lmu.
+	 * Held across a block's reload (ckpt_block_for_write: a spill read or a store
+	 * read, which lasts as long as a hung store does) with the write lock: the one
+	 * lock a FUSE worker holds while it waits on I/O; it holds up this file's
+	 * readers and writers and makes a freeze give up (-EBUSY) after a second. */
 	pthread_rwlock_t lock;
 	mode_t mode;
 	uid_t uid;
@@ -147,7 +154,8 @@ struct ckpt_inode {
 	_Atomic int inherited;
 	/* Read-ahead state (ckpt_readahead_locked): the last block read, the end of what
 	 * was queued, the window in blocks (0: none yet). A heuristic shared by the
-	 * file's readers. Lock order: after the inode's rwlock (read-held); a leaf. */
+	 * file's readers. Lock order: after the inode's rwlock (read-held); a leaf
+	 * (bc_block_get only: tier_prefetch runs after both are dropped); no I/O. */
 	pthread_mutex_t ra_mu;
 	uint64_t ra_last, ra_end;
 	unsigned ra_win;
@@ -187,9 +195,11 @@ struct ckpt_ns {
 	struct mlfs *m;
 	struct bc *bc;
 	uint32_t bs;
-	/* The tree (invariants 1, 2) and sizes. Lock order: after an inode's rwlock, before
-	 * bcache shard mutexes; never held across I/O or while waiting for an inode lock
-	 * (ckpt_freeze only tries them). */
+	/* The tree (invariants 1, 2) and sizes. Lock order: after an inode's rwlock and
+	 * after snapd's sd->mu (a take freezes under it); under it all_mu, bcache's shard
+	 * mutexes and pool_mu, and through a block's last put (an inode or tree freed,
+	 * a truncate) the tier's t->mu and the spill lock (the unspill hook). Never held
+	 * across I/O or while waiting for an inode lock (ckpt_freeze only tries them). */
 	pthread_mutex_t mu;
 	struct ckpt_dirent **names;
 	size_t nbuckets, nnames;
@@ -218,8 +228,9 @@ struct ckpt_ns {
 	/* Every inode alive, named or not (an unlinked file still open, a directory a
 	 * process sits in after rmdir, a restored-over tree the kernel still looks up):
 	 * ckpt_ns_free frees these too, as the daemon may exit (SIGTERM, a lost
-	 * connection) before the kernel forgets them. A leaf lock, taken under ns->mu or
-	 * alone (restore builds inodes unlocked); nothing is taken under it. */
+	 * connection) before the kernel forgets them. Lock order: a leaf, taken under
+	 * ns->mu or alone (restore builds inodes unlocked); nothing is taken under it.
+	 * Pointer work only. */
 	pthread_mutex_t all_mu;
 	struct ckpt_inode *all;
 	struct ckpt_dir *dirs; /* open directory streams: the same reason, under all_mu */
@@ -2332,7 +2343,7 @@ void ckpt_frozen_free(struct ckpt_ns *ns, struct ckpt_frozen *f)
 /* Appends the entry for ino (named name under parent_id); its id in *idp (0 when ino
  * is left out). -EAGAIN when a file's content lock is taken: the caller drops ns->mu
  * and starts over, so a writer that waits for ns->mu while holding its file's lock can
- * finish (lock order: inode lock, then ns->mu). Under ns->mu. */
+ * finish (the order at struct ckpt_inode's lock). Under ns->mu. */
 static int ckpt_freeze_entry_locked(struct ckpt_ns *ns, struct ckpt_fz *z,
 				    struct ckpt_inode *ino, const char *name, uint64_t parent_id,
 				    uint64_t *idp)

@@ -51,8 +51,10 @@ struct ctl {
 	ino_t ino;	/* the socket's inode: ctl_free removes only our own */
 	pthread_t thread;
 	int started;
-	/* The server's state (running, stopping). A leaf: taken with nothing held,
-	 * nothing taken under it; requests are served without it. */
+	/* The server's state (running, stopping, conns). Lock order: a leaf: taken with
+	 * nothing held, nothing taken under it; requests are served without it, so a
+	 * command's own locks (snapd's) are never under it. No I/O under it but
+	 * shutdown(2) of sockets (ctl_free), which never waits for a client. */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	int running, stopping;

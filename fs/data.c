@@ -199,8 +199,12 @@ struct data_ns {
 	gid_t own_gid;
 	gid_t own_groups[DATA_OWN_GROUPS_MAX];
 	int nown_groups;
-	/* The node table. A leaf: nothing else is taken under it; no I/O under it (the
-	 * backing-file ioctl of data_bind_locked runs under it: no I/O, no lock of ours). */
+	/* The node table, watches (wnodes) and open counts. Lock order: a leaf, taken
+	 * with nothing held (never with fl_mu); nothing else is taken under it (cache
+	 * drops, bc_drop_fid, and kernel notifications come after it is dropped). No I/O
+	 * under it: the backing-file ioctl of data_bind_locked, a dup of an open's fd and
+	 * inotify_rm_watch run under it, system calls that do no I/O and take no lock of
+	 * ours. */
 	pthread_mutex_t mu;
 	struct data_node **buckets;
 	size_t nbuckets, nnodes;
@@ -209,8 +213,11 @@ struct data_ns {
 	 * by hnext: few (files replaced while open), so a free walks the list. */
 	struct data_node *gone;
 	size_t ngone;
-	/* The in-flight SOURCE reads (single flight). Taken with nothing held; only
-	 * bcache shard mutexes (bc_block_get/put) under it; the pread runs without it. */
+	/* The in-flight SOURCE reads (single flight). Lock order: taken with nothing
+	 * held (never with mu); under it only bcache's reference counts: its put is never
+	 * a block's last (each waiter holds its own), so no shard mutex, but the put's
+	 * over_budget hook may take the tier's t->mu. The SOURCE read runs without it:
+	 * waiters for a read sleep on fl_cv, which drops it. */
 	pthread_mutex_t fl_mu;
 	pthread_cond_t fl_cv;
 	struct data_inflight *inflight;

@@ -14,7 +14,8 @@
  * - Functions return 0 or a count on success and -errno on failure.
  *
  * Thread safety: all functions may be called from any FUSE worker. The node table has
- * one mutex, held for pointer work only; source I/O happens with no lock held.
+ * one mutex, the in-flight reads another, both held for pointer work only; source I/O
+ * happens with no lock held (the order: at each lock in fs/data.c).
  */
 #ifndef MLFS_DATA_H
 #define MLFS_DATA_H

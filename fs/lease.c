@@ -248,7 +248,11 @@ struct lease_keeper {
 	void *arg;
 	pthread_t thread;
 	/* Guards everything below and serialises writes of the file, so it is held across
-	 * store I/O: lease_keeper_status takes it not, reading the four atomics. A leaf. */
+	 * store I/O (the lease write and fill's scan of packs/): lease_keeper_status takes
+	 * it not, reading the four atomics. Lock order: under the store's mu (a commit's
+	 * or gc's refresh) or alone (the keeper thread); not a leaf: fill runs under it
+	 * and takes the store's lmu, the pack set's ps->mu and, through the lease
+	 * source, bcache's shard mutexes. */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;	/* CLOCK_MONOTONIC */
 	int stopping;

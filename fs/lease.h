@@ -36,7 +36,9 @@
  * it is fresh (its owner may need anything), and removes it once stale.
  *
  * Thread safety: lease_write/lease_scan are plain functions; a keeper's functions may be
- * called from any thread. Blocking: file I/O on the store.
+ * called from any thread. A keeper's mutex is held across each refresh, fill callback
+ * included (its order: fs/lease.c); lease_keeper_status never takes it. Blocking: file
+ * I/O on the store.
  */
 #ifndef MLFS_LEASE_H
 #define MLFS_LEASE_H

@@ -49,7 +49,10 @@ struct loop {
 	const struct loop_ops *ops;
 	void *arg;
 	uint64_t rescue_ns;
-	/* A leaf lock: nothing else is taken under it, and no callback runs under it. */
+	/* Everything below (the invariants above). Lock order: a leaf: nothing else
+	 * is taken under it, and no callback (receive, quick, process, exited) runs
+	 * under it; taken with nothing held. Never held across I/O: receive and
+	 * process run with it dropped; under it only pthread_create and sem_post. */
 	pthread_mutex_t mu;
 	pthread_cond_t park;		/* parked workers */
 	pthread_cond_t wake;		/* the watcher (CLOCK_MONOTONIC) */

@@ -496,6 +496,11 @@ static int ctl_stats(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
  * the unmount from then on); 2 the signal thread claimed the exit (main must stop).
  */
 static struct {
+	/* Everything below (the phase protocol). Lock order: a leaf: taken with nothing
+	 * of ours held (main, the signal thread), nothing of ours under it; the final
+	 * snapshot (snapd_finish_by) runs with it dropped. Held across
+	 * fuse_session_unmount, so the two threads never unmount at once: that may wait
+	 * for fusermount3, never for a FUSE request or the store. */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;		/* CLOCK_MONOTONIC */
 	pthread_t main_thread, thread;

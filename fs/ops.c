@@ -247,7 +247,8 @@ static struct mlfs_gcache {
 	uint64_t at;
 	gid_t g[MLFS_GCACHE_GROUPS];
 } mlfs_gcache[MLFS_GCACHE];
-/* Lock order: a leaf; taken with nothing of ours held or under none, nothing under it. */
+/* Guards mlfs_gcache. Lock order: a leaf; taken with nothing of ours held, nothing
+ * under it. A copy of a few gids only: /proc is read (fuse_req_getgroups) without it. */
 static pthread_mutex_t mlfs_gcache_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static int gcache_get(const struct fuse_ctx *c, gid_t *buf)

@@ -72,8 +72,12 @@ struct loc {
 struct pack_set {
 	int dirfd;
 	char *path;
-	/* Guards everything below. A leaf: no other lock is taken under it, and no I/O is
-	 * done under it but open(2) of a pack for reading. */
+	/* Guards everything below. Lock order: a leaf, taking nothing; taken under the
+	 * store's mu, pmu and lmu, the lease keeper's k->mu, and by store reads under a
+	 * ckpt inode write lock or with a block's BC_IO held. No I/O under it but open(2)
+	 * and close(2) of a pack (use_locked, release, a scan's merge): on a network
+	 * filesystem that stalls, every store read of the daemon waits here too. Index
+	 * reads and object reads run with it dropped. */
 	pthread_mutex_t mu;
 	struct pack **v;	/* known packs */
 	size_t nv, cap;

@@ -20,8 +20,9 @@
  * PACK_FDS_MAX), so the kernel's readahead on a pack follows a restore's sequential
  * reads.
  *
- * Thread safety: a pack_set may be shared by threads (own mutex, a leaf). A writer
- * (struct pack_writer) belongs to one thread at a time (the store locks it).
+ * Thread safety: a pack_set may be shared by threads (own mutex, a leaf held across
+ * open(2) and close(2) of a pack, never across reads: fs/pack.c states its order). A
+ * writer (struct pack_writer) belongs to one thread at a time (the store's pmu).
  * Blocking: file I/O on the store.
  */
 #ifndef MLFS_PACK_H

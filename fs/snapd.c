@@ -64,11 +64,21 @@ struct snapd_job {
 struct snapd {
 	struct mlfs *m;
 	struct store *st;
-	/* Invariant 4. Taken with nothing held; held across store I/O and block loads
-	 * (the persister's whole job): store, bcache shard and sd->mu may be taken under
-	 * it. The tier's store loader (snapd_load_block) must never take it. */
+	/* The store handle between sessions (invariant 4). Lock order: first of all:
+	 * taken with nothing held, by the persister, gc, delete, retention and a
+	 * restore's load (snapd_call threads, never a FUSE worker). Under it: sd->mu, the
+	 * store's locks (s->mu and below: fs/store.c), and bcache's and the tier's
+	 * through block loads and puts. Held across store I/O and block loads (the
+	 * persister's whole job, as long as a hung store hangs), so nothing a FUSE
+	 * worker waits for may wait for it: the tier's store loader (snapd_load_block)
+	 * must never take it, and list reads without it. */
 	pthread_mutex_t store_mu;
-	/* The job queue. After store_mu if both; a leaf otherwise; never across I/O. */
+	/* The job queue, the durable state and snapd_call's counts. Lock order: after
+	 * store_mu if both; under it a freeze (ckpt_freeze: ns->mu, trying inode locks)
+	 * and ckpt_frozen_free's puts (bcache's shard mutexes and pool_mu, the tier's
+	 * t->mu and the spill lock through the unspill hook). Never across I/O, but a
+	 * take holds it across a freeze, which may sleep up to a second when writers hold
+	 * files (CKPT_FREEZE_RETRY_NS); no FUSE worker takes it. */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	struct snapd_job *jobs;	  /* oldest first: pending ones, then finished ones */

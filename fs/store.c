@@ -99,22 +99,30 @@ struct store {
 	char *path;
 	int dirfd, objfd, snapfd, leasefd, packfd;	/* objfd: -1 without objects/ (v1) */
 	struct pack_set *packs;		/* the index of STORE/packs */
-	/* Guards pw. Taken under mu (commit, abort) or alone (put); nothing under it but
-	 * the pack set's own lock. */
+	/* Guards pw: puts of several threads take turns at the session's pack. Lock
+	 * order: under mu (commit, abort) or alone (put), never under lmu; under it lmu
+	 * and the pack set's ps->mu. Held across the pack's writes and, when it fills or
+	 * at a commit, its fsync and publish (pack_writer_add, pack_writer_finish):
+	 * store I/O, on the persister's thread only. */
 	pthread_mutex_t pmu;
 	struct pack_writer *pw;		/* the session's open pack, NULL between packs */
 	struct lease_keeper *lease;	/* writable handles: invariant 3 */
-	/* Guards lease_src, lease_arg, lease_put. Taken under mu, or alone (the lease
-	 * thread); nothing is taken under it. */
+	/* Guards lease_src, lease_arg, lease_put, pw_id, pw_named. Lock order: after mu,
+	 * pmu and the lease keeper's k->mu (a refresh fills the lease: store_lease_fill),
+	 * or alone; under it only the pack set's ps->mu (lease_name). No I/O under it:
+	 * the lease source is called after it is dropped. */
 	pthread_mutex_t lmu;
 	store_lease_fn lease_src;	/* what the owner's live tree reads (may be NULL) */
 	void *lease_arg;
 	uint8_t pw_id[16];		/* the pack being written: named by the lease */
 	int pw_named;
 	struct hset lease_put;	/* every hash put in this session: named by the lease */
-	/* Guards everything below. Taken under snapd's store_mu or nothing; under it only
-	 * lmu, the lease keeper's lock and, through the lease source in a commit's lease
-	 * refresh (commit_lease), the block cache's shard locks. */
+	/* Guards everything below: the session. Lock order: under snapd's store_mu or
+	 * nothing; under it pmu, lmu, the pack set's ps->mu, the lease keeper's k->mu (a
+	 * refresh in a commit or gc) and, through that refresh's lease source, bcache's
+	 * shard mutexes. Held across store I/O: a whole commit (fsyncs, the lease write,
+	 * one stat per block) or gc, a session's start (a scan of packs/); never taken
+	 * by the lease thread, so a long commit never holds up the periodic refresh. */
 	pthread_mutex_t mu;
 	int session;		/* a session is open (its puts are named by the lease) */
 	_Atomic int broken;	/* invariant 6; atomic: sync_dir sets it with or without mu */
@@ -524,9 +532,10 @@ static int lease_name(struct store *s, struct hset *seen, struct lease_buf *b,
 
 /* The lease's content (invariant 3): the owner's live tree, then this session's puts
  * and the pack it is writing. Runs on the lease thread, or under s->mu in a commit's
- * refresh; takes only lmu (and the pack set's lock), so a long commit never holds up
- * the periodic refresh. Lists packs/ first: a pack a gc moved an object into is named,
- * not the one it left (a refresh comes long before that new pack is out of grace). */
+ * refresh, with the keeper's k->mu held; takes no s->mu (the order at lmu), so a long
+ * commit never holds up the periodic refresh. Lists packs/ first: a pack a gc moved an
+ * object into is named, not the one it left (a refresh comes long before that new pack
+ * is out of grace). */
 static int store_lease_fill(void *arg, struct lease_buf *b)
 {
 	struct store *s = arg;
