@@ -222,9 +222,10 @@ build/fuzz/fuzz_pack: tests/fuzz/fuzz_pack.c fs/pack.c fs/hset.c fs/fdio.c cache
 build/fuzz/fuzz_lease: tests/fuzz/fuzz_lease.c fs/lease.c fs/fdio.c cache/log.c fs/lease.h fs/fdio.h
 # MOUNT/ckpt with its block cache and an unstarted tier (no threads, no spill): its
 # write admission and read-ahead are the daemon's own code.
-build/fuzz/fuzz_ckpt: tests/fuzz/fuzz_ckpt.c fs/ckpt.c fs/acl.c fs/manifest.c cache/bcache.c \
-	cache/log.c tiering/tier.c tiering/spill.c tiering/uring.c tiering/gov.c fs/ckpt.h \
-	fs/acl.h fs/manifest.h fs/mlfs.h cache/bcache.h tiering/tier.h
+build/fuzz/fuzz_ckpt: tests/fuzz/fuzz_ckpt.c fs/ckpt.c fs/ckpt_xattr.c fs/ckpt_snap.c fs/acl.c \
+	fs/manifest.c cache/bcache.c cache/log.c tiering/tier.c tiering/spill.c tiering/uring.c \
+	tiering/gov.c fs/ckpt.h fs/ckpt_int.h fs/acl.h fs/manifest.h fs/mlfs.h cache/bcache.h \
+	tiering/tier.h
 build/fuzz/fuzz_ckpt: FUZZ_LIBS += $(shell pkg-config --libs fuse3 liburing 2>/dev/null)
 $(FUZZ_TARGETS:%=build/fuzz/fuzz_%):
 	@mkdir -p $(dir $@)

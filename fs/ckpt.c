@@ -1,5 +1,9 @@
 /*
- * ckpt.c - MOUNT/ckpt, the in-memory POSIX tree (contract in ckpt.h).
+ * ckpt.c - MOUNT/ckpt, the in-memory POSIX tree (contract in ckpt.h): inodes, names,
+ * the file block map, fallocate and SEEK_DATA/SEEK_HOLE, directory streams. Its xattrs
+ * and POSIX ACLs are in ckpt_xattr.c, its snapshots (freeze and restore) in ckpt_snap.c,
+ * what the three share in ckpt_int.h. The invariants below hold for all of them and are
+ * cited by number in each.
  *
  * Invariants
  * 1. Names: every directory entry is in ns->names (hashed by directory and name) and on
@@ -20,6 +24,7 @@
  *    goes below zero and no handle leaves a count behind.
  */
 #include "fs/ckpt.h"
+#include "fs/ckpt_int.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -32,16 +37,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include "cache/bcache.h"
-#include "cache/log.h"
-#include "cache/mono.h"
 #include "fs/acl.h"
-#include "fs/manifest.h"
 #include "tiering/tier.h"
 
 /* Attribute and entry timeout for MOUNT/ckpt. Every change of the tree goes through this
@@ -49,11 +50,6 @@
  * restore (which swaps the tree behind the kernel's back and then invalidates) could be
  * seen late if an invalidation were lost. */
 #define CKPT_TIMEOUT 1.0
-/* Largest file: 1 TiB. A file's block map and its manifest entry take a slot per
- * block, holes included (8 and 21 bytes at the default 1 MiB block: 8 MiB and 21 MiB
- * at the limit), so an unbounded sparse file could exhaust memory at a single write
- * or snapshot. EFBIG beyond, as ext4 past its own limit. */
-#define CKPT_FILE_MAX (1ull << 40)
 /* The block-map slots of all files together (ckpt_slots_set): a hole costs a slot in
  * memory and a manifest block in every snapshot (about 64 bytes while a take builds it,
  * 21 in the store) but no byte of the budget, so sparse files of anyone who may create
@@ -63,8 +59,6 @@
  * full disk. A slot of real data pays for itself in the tiers; it counts the same. */
 #define CKPT_SLOT_SHARE 256
 #define CKPT_SLOTS_FLOOR_FILES 2
-#define CKPT_XATTR_MAX (64u << 10) /* one value, as ext4 with ea_inode */
-#define CKPT_XATTR_TOTAL (1u << 20) /* all of one inode's xattrs */
 /* All inodes' xattrs together (ns->xattr_bytes): they stay in memory (no tier spills
  * them) and a take copies them twice (manifest, then its bytes), so a user setting
  * CKPT_XATTR_TOTAL on file after file had the daemon killed for memory in minutes. At
@@ -80,10 +74,6 @@
 #define CKPT_META_SHARE 8
 #define CKPT_META_FLOOR (256ull << 20)
 #define CKPT_INODE_COST (sizeof(struct ckpt_inode))
-/* A sixteenth of the xattr and name bounds is root's alone (ckpt_limit), as ext4 keeps
- * 5% of its blocks for root: a user who fills MOUNT/ckpt's metadata does not stop a
- * job running as root from creating its next checkpoint files. */
-#define CKPT_ROOT_RESERVE 16
 #define CKPT_NAME_COST(len) (sizeof(struct ckpt_dirent) + (len) + 1)
 /* Read-ahead of restored files (ckpt_readahead_locked): a file's blocks that are only in
  * the store load at their first read, one store read each; read-ahead asks the tier's
@@ -97,88 +87,6 @@
 #define CKPT_RA_MAX_BYTES (32u << 20)
 #define CKPT_RA_MAX_BLOCKS (TIER_PREFETCH_QUEUE / 2)
 
-struct ckpt_xattr {
-	struct ckpt_xattr *next;
-	char *name;
-	void *value;
-	size_t size;
-};
-
-struct ckpt_dirent {
-	struct ckpt_dirent *hnext;	   /* ns->names chain */
-	struct ckpt_dirent *prev, *next; /* dir's list, in creation order */
-	struct ckpt_inode *dir, *ino;
-	uint16_t namelen;
-	char name[];
-};
-
-struct ckpt_inode {
-	struct mlfs_node hdr;
-	/* Content: invariant 3. Lock order: first of the ckpt locks: taken with nothing
-	 * held, never two inodes' at once; the one exception is ckpt_freeze, which only
-	 * tries it (tryrdlock) under sd->mu and ns->mu and starts over when it is taken.
-	 * Under it: ns->mu, ra_mu, bcache's shard mutexes and pool_mu, and through a
-	 * reload or a last put the tier's t->mu, spill's and uring's locks and the pack
-	 * set's ps->mu (a store read); never a snapd lock nor the store's s->mu, pmu
-	 * or lmu.
-	 * Held across a block's reload (ckpt_block_for_write: a spill read or a store
-	 * read, which lasts as long as a hung store does) with the write lock: the one
-	 * lock a FUSE worker holds while it waits on I/O; it holds up this file's
-	 * readers and writers and makes a freeze give up (-EBUSY) after a second. */
-	pthread_rwlock_t lock;
-	mode_t mode;
-	uid_t uid;
-	gid_t gid;
-	uint32_t nlink;
-	dev_t rdev;
-	uint64_t size;
-	uint64_t data_bytes; /* sum of ckpt_alloc(its blocks' len): st_blocks; invariant 3 */
-	struct timespec atime, mtime, ctime;
-	uint64_t nlookup;
-	/* An O_TMPFILE file made without O_EXCL, not yet linked: link may give it its first
-	 * name although nlink is 0 (ckpt_link), as the kernel's I_LINKABLE. Under ns->mu. */
-	int linkable;
-	uint32_t nopen;
-	uint32_t nwrite; /* handles writing (invariant 6): the freeze flags the file */
-	/* Restored with -o workers=N > 1 (a file, directory or symlink) and, for a file,
-	 * its content unchanged since (a symlink's target never changes in place): the
-	 * freeze flags it MF_ENTRY_INHERITED when it is still at its restored path (every
-	 * directory above it inherited too, up to the root), so a group's union prefers a
-	 * worker's rewrite of it to the other workers' untouched copies, and drops it when
-	 * a worker of the same base removed it (mf_merge). Cleared by every content change
-	 * (write, truncate, fallocate, under the inode's write lock) and by every new name
-	 * (rename, link, under ns->mu): only a path as restored may claim to be one.
-	 * Metadata (chmod, chown, times, xattrs) leaves it, for files and symlinks alike:
-	 * the union keeps one part's metadata of a path anyway (mf_merge). Read by the
-	 * freeze. */
-	_Atomic int inherited;
-	/* Read-ahead state (ckpt_readahead_locked): the last block read, the end of what
-	 * was queued, the window in blocks (0: none yet). A heuristic shared by the
-	 * file's readers. Lock order: after the inode's rwlock (read-held); a leaf
-	 * (bc_block_get only: tier_prefetch runs after both are dropped); no I/O. */
-	pthread_mutex_t ra_mu;
-	uint64_t ra_last, ra_end;
-	unsigned ra_win;
-	struct ckpt_xattr *xattrs;
-	size_t xattr_bytes;
-	/* directories */
-	struct ckpt_inode *parent;
-	struct ckpt_dirent *head, *tail;
-	uint64_t nentries;
-	/* regular files */
-	struct bc_block **blocks;
-	uint64_t nblocks; /* slots allocated in blocks[] */
-	/* What ns->slots counts for this file: max(nblocks, size in blocks) (ckpt_slots_set).
-	 * Under the inode's write lock, or alone while it is unreachable (restore, destroy). */
-	uint64_t slots;
-	/* symlinks */
-	char *target;
-	/* ckpt_freeze's scratch (under ns->mu): this inode's entry id in the freeze
-	 * numbered freeze_epoch, so a second name of it becomes a hard link. */
-	uint64_t freeze_epoch, freeze_id;
-	struct ckpt_inode *aprev, *anext; /* ns->all, under ns->all_mu */
-};
-
 struct ckpt_dir { /* an open directory stream: a copy of the listing */
 	struct ckpt_dir *prev, *next; /* ns->dirs, under ns->all_mu */
 	size_t n, cap;
@@ -191,62 +99,6 @@ struct ckpt_dir { /* an open directory stream: a copy of the listing */
 	size_t bytes; /* what ns->dir_bytes counts for this copy (ckpt_dir_fill) */
 };
 
-struct ckpt_ns {
-	struct mlfs *m;
-	struct bc *bc;
-	uint32_t bs;
-	/* The tree (invariants 1, 2) and sizes. Lock order: after an inode's rwlock and
-	 * after snapd's sd->mu (a take freezes under it); under it all_mu, bcache's shard
-	 * mutexes and pool_mu, and through a block's last put (an inode or tree freed,
-	 * a truncate) the tier's t->mu and the spill lock (the unspill hook). Never held
-	 * across I/O or while waiting for an inode lock (ckpt_freeze only tries them). */
-	pthread_mutex_t mu;
-	struct ckpt_dirent **names;
-	size_t nbuckets, nnames;
-	struct ckpt_inode *root;
-	/* mf_id() of the manifest the tree was last restored from whole, with -o workers=N
-	 * > 1 (the part's base, manifest.h); 0: none. Under mu. */
-	uint64_t base;
-	_Atomic uint64_t ninodes; /* changed outside ns->mu too (restore builds inodes unlocked) */
-	/* Block-map slots of every file alive (CKPT_FILE_MAX's neighbour CKPT_SLOT_SHARE):
-	 * the sum of their ino->slots, at most slots_max but for a restore (never refused). */
-	_Atomic uint64_t slots;
-	uint64_t slots_max;
-	/* The sum of every inode's xattr_bytes (CKPT_XATTR_SHARE), at most xattr_max but for
-	 * a restore. Changed under ns->mu, or outside it by a restore building inodes. */
-	_Atomic uint64_t xattr_bytes;
-	uint64_t xattr_max;
-	/* Inodes, names and symlink targets (CKPT_META_SHARE), at most meta_max but for a
-	 * restore and a rename: ckpt_meta_room. Changed under ns->mu, or by a restore. */
-	_Atomic uint64_t meta_bytes;
-	uint64_t meta_max;
-	/* The listing copies of all open directory streams (ckpt_dir_fill): at most
-	 * meta_max, which one copy of the largest directory fits in. A copy is O(entries)
-	 * per open, and a user may open a million streams: 300 of one directory of 50000
-	 * long names took 4 GiB. Changed under ns->mu. */
-	uint64_t dir_bytes;
-	/* Every inode alive, named or not (an unlinked file still open, a directory a
-	 * process sits in after rmdir, a restored-over tree the kernel still looks up):
-	 * ckpt_ns_free frees these too, as the daemon may exit (SIGTERM, a lost
-	 * connection) before the kernel forgets them. Lock order: a leaf, taken under
-	 * ns->mu or alone (restore builds inodes unlocked); nothing is taken under it.
-	 * Pointer work only. */
-	pthread_mutex_t all_mu;
-	struct ckpt_inode *all;
-	struct ckpt_dir *dirs; /* open directory streams: the same reason, under all_mu */
-	struct ckpt_file *files; /* write handles not released: the same reason, all_mu */
-	uint64_t freeze_epoch;
-	_Atomic uint64_t gen; /* bumped by every change: ckpt_generation() */
-	/* Every inode's nwrite summed (invariant 6), changed with it under mu; read
-	 * without a lock by ckpt_writing(). */
-	_Atomic uint64_t nwriting;
-};
-
-static void ckpt_changed(struct ckpt_ns *ns)
-{
-	atomic_fetch_add_explicit(&ns->gen, 1, memory_order_relaxed);
-}
-
 static _Atomic uint64_t ckpt_next_ino = 1ull << 40; /* apart from MOUNT/data's numbers */
 
 double ckpt_timeout(void)
@@ -254,20 +106,12 @@ double ckpt_timeout(void)
 	return CKPT_TIMEOUT;
 }
 
-static struct timespec ckpt_now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return ts;
-}
-
 static uint64_t ckpt_name_hash(const struct ckpt_inode *dir, const char *name, size_t len)
 {
 	return XXH3_64bits_withSeed(name, len, (uintptr_t)dir);
 }
 
-static struct ckpt_inode *ckpt_inode_new(struct ckpt_ns *ns, mode_t mode, uid_t uid, gid_t gid)
+struct ckpt_inode *ckpt_inode_new(struct ckpt_ns *ns, mode_t mode, uid_t uid, gid_t gid)
 {
 	struct ckpt_inode *ino = calloc(1, sizeof(*ino));
 
@@ -291,7 +135,7 @@ static struct ckpt_inode *ckpt_inode_new(struct ckpt_ns *ns, mode_t mode, uid_t 
 	return ino;
 }
 
-static void ckpt_inode_destroy(struct ckpt_ns *ns, struct ckpt_inode *ino)
+void ckpt_inode_destroy(struct ckpt_ns *ns, struct ckpt_inode *ino)
 {
 	struct ckpt_xattr *x, *next;
 	uint64_t i;
@@ -402,14 +246,6 @@ struct ckpt_inode *ckpt_root(struct ckpt_ns *ns)
 	return ns->root;
 }
 
-/* What a block of len bytes counts in st_blocks: whole 4 KiB pages, as ext4 counts its
- * 4 KiB blocks (a 100-byte file is 8 units there, and a page of memory here), so du and
- * testers comparing st_blocks with a local file system agree. */
-static uint64_t ckpt_alloc(uint64_t len)
-{
-	return (len + 4095) & ~(uint64_t)4095;
-}
-
 static void ckpt_stat_locked(const struct ckpt_ns *ns, const struct ckpt_inode *ino,
 			     struct stat *st)
 {
@@ -483,8 +319,8 @@ static void ckpt_grow_names_locked(struct ckpt_ns *ns)
 }
 
 /* Adds name -> ino to dir (invariant 1); does not touch nlink. */
-static int ckpt_link_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
-			    struct ckpt_inode *ino)
+int ckpt_link_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
+		     struct ckpt_inode *ino)
 {
 	size_t len = strlen(name);
 	struct ckpt_dirent *d = malloc(sizeof(*d) + len + 1), **slot;
@@ -513,7 +349,7 @@ static int ckpt_link_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, const ch
 }
 
 /* Removes dirent d from its directory (invariant 1) and frees it. */
-static void ckpt_unlink_locked(struct ckpt_ns *ns, struct ckpt_dirent *d)
+void ckpt_unlink_locked(struct ckpt_ns *ns, struct ckpt_dirent *d)
 {
 	struct ckpt_dirent **pp =
 		&ns->names[ckpt_name_hash(d->dir, d->name, d->namelen) & (ns->nbuckets - 1)];
@@ -533,13 +369,6 @@ static void ckpt_unlink_locked(struct ckpt_ns *ns, struct ckpt_dirent *d)
 	ns->nnames--;
 	ns->meta_bytes -= CKPT_NAME_COST(d->namelen);
 	free(d);
-}
-
-/* What of a bound max the caller c may use: all of it for root, the rest but root's
- * reserve (CKPT_ROOT_RESERVE) for anyone else. */
-static uint64_t ckpt_limit(uint64_t max, const struct ckpt_ctx *c)
-{
-	return c->uid == 0 ? max : max - max / CKPT_ROOT_RESERVE;
 }
 
 /* -ENOSPC if more bytes of inodes, names and targets would pass what c may use of
@@ -599,8 +428,8 @@ int ckpt_getattr(struct ckpt_ns *ns, struct ckpt_inode *ino, struct stat *st)
  * would lose it). Racing growths of two files may both be refused near the limit. Under
  * the inode's write lock (or with the inode unreachable).
  */
-static int ckpt_slots_set(struct ckpt_ns *ns, struct ckpt_inode *ino, uint64_t nblocks,
-			  uint64_t size, int force)
+int ckpt_slots_set(struct ckpt_ns *ns, struct ckpt_inode *ino, uint64_t nblocks,
+		   uint64_t size, int force)
 {
 	uint64_t want = (size + ns->bs - 1) / ns->bs, d;
 
@@ -621,8 +450,8 @@ static int ckpt_slots_set(struct ckpt_ns *ns, struct ckpt_inode *ino, uint64_t n
 
 /* Makes blocks[] hold at least n slots, counted (ckpt_slots_set: -ENOSPC). Under the
  * inode's write lock. */
-static int ckpt_blocks_reserve(struct ckpt_ns *ns, struct ckpt_inode *ino, uint64_t n,
-			       int force)
+int ckpt_blocks_reserve(struct ckpt_ns *ns, struct ckpt_inode *ino, uint64_t n,
+			int force)
 {
 	uint64_t cap = ino->nblocks ? ino->nblocks : 4, had = ino->slots;
 	struct bc_block **nb;
@@ -756,14 +585,6 @@ static int ckpt_truncate_locked(struct ckpt_ns *ns, struct ckpt_inode *ino, uint
 	pthread_mutex_unlock(&ns->mu);
 	return 0;
 }
-
-/* POSIX ACL hooks of setattr and create; defined with the xattrs below. */
-static void ckpt_acl_chmod_locked(struct ckpt_inode *ino);
-static int ckpt_acl_inherit_locked(struct ckpt_inode *dir, mode_t *mode,
-				   const struct ckpt_ctx *c, void **acl, size_t *acl_size,
-				   void **dacl);
-static int ckpt_xattr_attach(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name,
-			     void *v, size_t size);
 
 /* The times a file can hold are ext4's (256-byte inodes: 1901-12-13 to 2446-05-10,
  * whole seconds at either end), and a time set outside is clamped there as ext4's
@@ -929,7 +750,7 @@ int ckpt_tmpfile(struct ckpt_ns *ns, struct ckpt_inode *dir, mode_t mode, int li
  * default): past EXT4_LINK_MAX (65000) it becomes 1, "not counted", and stays 1 until
  * the directory goes (ext4_inc_count, ext4_dec_count), where a count that went on
  * would tell find and testers a number ext4 never shows. Under ns->mu. */
-static void ckpt_dir_inc(struct ckpt_inode *dir)
+void ckpt_dir_inc(struct ckpt_inode *dir)
 {
 	dir->nlink++;
 	if (dir->nlink > 65000 || dir->nlink == 2)
@@ -1021,8 +842,8 @@ int ckpt_link(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_inode *dir
 }
 
 /* Drops one name of ino (nlink) and frees it if that was all (invariant 2). */
-static void ckpt_drop_name_locked(struct ckpt_ns *ns, struct ckpt_inode *ino,
-				  struct timespec now)
+void ckpt_drop_name_locked(struct ckpt_ns *ns, struct ckpt_inode *ino,
+			   struct timespec now)
 {
 	if (S_ISDIR(ino->mode)) {
 		ino->nlink = 0;
@@ -1708,442 +1529,7 @@ out:
 	return rc;
 }
 
-/* ---- xattrs and POSIX ACLs ---- */
-
-static struct ckpt_xattr **ckpt_xattr_find_locked(struct ckpt_inode *ino, const char *name)
-{
-	struct ckpt_xattr **pp;
-
-	for (pp = &ino->xattrs; *pp; pp = &(*pp)->next)
-		if (!strcmp((*pp)->name, name))
-			return pp;
-	return NULL;
-}
-
-/* The namespaces ext4 has (fs/xattr.c handlers); anything else is -EOPNOTSUPP there. */
-enum ckpt_xns { XNS_USER, XNS_TRUSTED, XNS_SECURITY, XNS_ACL_ACCESS, XNS_ACL_DEFAULT };
-
-static int ckpt_xattr_ns(const char *name)
-{
-	static const struct {
-		const char *prefix;
-		size_t len;
-	} pre[] = { [XNS_USER] = { "user.", 5 },
-		    [XNS_TRUSTED] = { "trusted.", 8 },
-		    [XNS_SECURITY] = { "security.", 9 } };
-	int i;
-
-	if (!strcmp(name, PACL_XATTR_ACCESS))
-		return XNS_ACL_ACCESS;
-	if (!strcmp(name, PACL_XATTR_DEFAULT))
-		return XNS_ACL_DEFAULT;
-	for (i = XNS_USER; i <= XNS_SECURITY; i++)
-		if (!strncmp(name, pre[i].prefix, pre[i].len))
-			return name[pre[i].len] ? i : -EINVAL; /* a bare prefix */
-	return -EOPNOTSUPP;
-}
-
-/* CAP_FSETID is taken to be root's; otherwise the caller must be in the group. */
-static int ckpt_in_group(const struct ckpt_ctx *c, gid_t gid)
-{
-	int i;
-
-	if (c->uid == 0 || c->gid == gid)
-		return 1;
-	for (i = 0; i < c->ngroups; i++)
-		if (c->groups[i] == gid)
-			return 1;
-	return 0;
-}
-
-static void ckpt_xattr_free(struct ckpt_xattr *x)
-{
-	free(x->name);
-	free(x->value);
-	free(x);
-}
-
-static void ckpt_xattr_del_locked(struct ckpt_ns *ns, struct ckpt_inode *ino,
-				  struct ckpt_xattr **pp)
-{
-	struct ckpt_xattr *x = *pp;
-
-	*pp = x->next;
-	ino->xattr_bytes -= x->size + strlen(x->name);
-	ns->xattr_bytes -= x->size + strlen(x->name);
-	ckpt_xattr_free(x);
-}
-
-/* Adds name = v (handed over on success) to ino; the caller checked that it is new and
- * that it fits (ns->xattr_max). */
-static int ckpt_xattr_attach(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name,
-			     void *v, size_t size)
-{
-	struct ckpt_xattr *x = calloc(1, sizeof(*x));
-
-	if (!x || !(x->name = strdup(name))) {
-		free(x);
-		return -ENOMEM;
-	}
-	x->value = v;
-	x->size = size;
-	x->next = ino->xattrs;
-	ino->xattrs = x;
-	ino->xattr_bytes += size + strlen(name);
-	ns->xattr_bytes += size + strlen(name);
-	return 0;
-}
-
-/*
- * Sets name to a copy of value, checking the flags and the limits: the values of one
- * inode (CKPT_XATTR_TOTAL) and its names' list, which must fit XATTR_LIST_MAX (64 KiB)
- * so that listxattr can always return it (ext4 runs out of xattr space long before:
- * -ENOSPC as there). *changed is set when the value was not already that one (ext4
- * leaves ctime alone for a value set again). Under ns->mu.
- */
-static int ckpt_xattr_set_locked(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name,
-				 const void *value, size_t size, int flags,
-				 const struct ckpt_ctx *c, bool *changed)
-{
-	struct ckpt_xattr **pp = ckpt_xattr_find_locked(ino, name), *x;
-	size_t names = 0;
-	void *v;
-	int rc;
-
-	if (pp && (flags & XATTR_CREATE))
-		return -EEXIST;
-	if (!pp && (flags & XATTR_REPLACE))
-		return -ENODATA;
-	if (pp && (*pp)->size == size && (!size || !memcmp((*pp)->value, value, size)))
-		return 0;
-	*changed = true;
-	if (ino->xattr_bytes + size + strlen(name) -
-		    (pp ? (*pp)->size + strlen(name) : 0) > CKPT_XATTR_TOTAL)
-		return -ENOSPC;
-	/* All inodes' together (CKPT_XATTR_SHARE, ckpt_limit): only a growth is refused. */
-	if ((!pp || size > (*pp)->size) &&
-	    ns->xattr_bytes + (pp ? size - (*pp)->size : size + strlen(name)) >
-		    ckpt_limit(ns->xattr_max, c))
-		return -ENOSPC;
-	if (!pp) {
-		for (x = ino->xattrs; x; x = x->next)
-			names += strlen(x->name) + 1;
-		if (names + strlen(name) + 1 > XATTR_LIST_MAX)
-			return -ENOSPC;
-	}
-	if (!(v = malloc(size ? size : 1)))
-		return -ENOMEM;
-	if (size) /* value may be NULL for an empty one */
-		memcpy(v, value, size);
-	if (pp) {
-		x = *pp;
-		ino->xattr_bytes += size - x->size;
-		ns->xattr_bytes += size - x->size;
-		free(x->value);
-		x->value = v;
-		x->size = size;
-		return 0;
-	}
-	if ((rc = ckpt_xattr_attach(ns, ino, name, v, size)))
-		free(v);
-	return rc;
-}
-
-/*
- * Setting an ACL, as ext4_set_acl: a bare header removes it; an access ACL sets the
- * mode's permission bits (and clears setgid for a caller outside the file's group, as
- * posix_acl_update_mode) and is stored only if the mode cannot say it all; a default
- * ACL belongs to directories only. *changed is set when the mode or the stored xattrs
- * changed: only then does ext4 stamp ctime. Under ns->mu.
- */
-static int ckpt_set_acl_locked(struct ckpt_ns *ns, struct ckpt_inode *ino, int access,
-			       const char *value, size_t size, int flags,
-			       const struct ckpt_ctx *c, bool *changed)
-{
-	const char *name = access ? PACL_XATTR_ACCESS : PACL_XATTR_DEFAULT;
-	struct ckpt_xattr **pp = ckpt_xattr_find_locked(ino, name);
-	mode_t mode = ino->mode;
-	size_t n;
-	int rc, keep;
-
-	if ((rc = pacl_check(value, size, &n)))
-		return rc;
-	if (!access && !S_ISDIR(ino->mode))
-		return n ? -EACCES : 0;
-	if (pp && (flags & XATTR_CREATE))
-		return -EEXIST;
-	if (!pp && (flags & XATTR_REPLACE))
-		return -ENODATA;
-	if (n == 0) {
-		if (pp) {
-			ckpt_xattr_del_locked(ns, ino, pp);
-			*changed = true;
-		}
-		return 0;
-	}
-	if (!access)
-		return ckpt_xattr_set_locked(ns, ino, name, value, size, 0, c, changed);
-	keep = pacl_equiv_mode(value, size, &mode);
-	if (!ckpt_in_group(c, ino->gid))
-		mode &= ~(mode_t)S_ISGID;
-	if (keep) {
-		rc = ckpt_xattr_set_locked(ns, ino, name, value, size, 0, c, changed);
-	} else if (pp) {
-		ckpt_xattr_del_locked(ns, ino, pp);
-		*changed = true;
-	}
-	if (!rc && mode != ino->mode) {
-		ino->mode = mode;
-		*changed = true;
-	}
-	return rc;
-}
-
-/* chmod: the stored access ACL follows the mode (posix_acl_chmod). Under ns->mu. */
-static void ckpt_acl_chmod_locked(struct ckpt_inode *ino)
-{
-	struct ckpt_xattr **pp = ckpt_xattr_find_locked(ino, PACL_XATTR_ACCESS);
-
-	if (pp)
-		pacl_chmod((*pp)->value, (*pp)->size, ino->mode);
-}
-
-/*
- * A new entry of dir, as posix_acl_create: with a default ACL there, the mode is masked
- * by it (no umask) and *acl gets the access ACL to store (NULL if the mode says it all)
- * and, for a directory, *dacl a copy of the default; without one, the umask applies.
- * Symlinks take neither. -EIO if the stored default ACL is damaged (a crafted store).
- * Under ns->mu; *acl and *dacl are handed over.
- */
-static int ckpt_acl_inherit_locked(struct ckpt_inode *dir, mode_t *mode,
-				   const struct ckpt_ctx *c, void **acl, size_t *acl_size,
-				   void **dacl)
-{
-	struct ckpt_xattr **pp;
-	mode_t m = *mode & 07777;
-	size_t n;
-
-	*acl = *dacl = NULL;
-	*acl_size = 0;
-	if (S_ISLNK(*mode))
-		return 0;
-	if (!(pp = ckpt_xattr_find_locked(dir, PACL_XATTR_DEFAULT))) {
-		*mode &= ~(c->umask & 0777);
-		return 0;
-	}
-	if (pacl_check((*pp)->value, (*pp)->size, &n) || n == 0) {
-		log_err("ckpt: damaged default ACL on directory %llu",
-			(unsigned long long)dir->hdr.st_ino);
-		return -EIO;
-	}
-	if (!(*acl = malloc((*pp)->size)))
-		return -ENOMEM;
-	memcpy(*acl, (*pp)->value, (*pp)->size);
-	*acl_size = (*pp)->size;
-	if (!pacl_create_masq(*acl, *acl_size, &m)) {
-		free(*acl);
-		*acl = NULL;
-	}
-	*mode = (*mode & S_IFMT) | m;
-	if (S_ISDIR(*mode)) {
-		if (!(*dacl = malloc((*pp)->size))) {
-			free(*acl);
-			*acl = NULL;
-			return -ENOMEM;
-		}
-		memcpy(*dacl, (*pp)->value, (*pp)->size);
-	}
-	return 0;
-}
-
-int ckpt_setxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name,
-		  const char *value, size_t size, int flags, const struct ckpt_ctx *c)
-{
-	int xns = ckpt_xattr_ns(name), rc;
-	bool changed = false;
-
-	if (strlen(name) > XATTR_NAME_MAX || !*name)
-		return strlen(name) ? -ERANGE : -EINVAL;
-	if (xns < 0)
-		return xns;
-	if (xns == XNS_TRUSTED && c->uid != 0)
-		return -EPERM; /* trusted_xattr_set wants CAP_SYS_ADMIN */
-	if (size > CKPT_XATTR_MAX)
-		return -E2BIG;
-	pthread_mutex_lock(&ns->mu);
-	if (xns == XNS_ACL_ACCESS || xns == XNS_ACL_DEFAULT)
-		rc = ckpt_set_acl_locked(ns, ino, xns == XNS_ACL_ACCESS, value, size, flags, c,
-					 &changed);
-	else
-		rc = ckpt_xattr_set_locked(ns, ino, name, value, size, flags, c, &changed);
-	if (!rc && changed) {
-		ino->ctime = ckpt_now();
-		ckpt_changed(ns);
-	}
-	pthread_mutex_unlock(&ns->mu);
-	return rc;
-}
-
-int ckpt_getxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name, void *buf,
-		  size_t size, const struct ckpt_ctx *c)
-{
-	struct ckpt_xattr **pp;
-	int xns = ckpt_xattr_ns(name), rc;
-
-	if (xns < 0)
-		return xns;
-	if (xns == XNS_TRUSTED && c->uid != 0)
-		return -ENODATA; /* as the VFS answers those without CAP_SYS_ADMIN */
-	pthread_mutex_lock(&ns->mu);
-	pp = ckpt_xattr_find_locked(ino, name);
-	if (!pp) {
-		rc = -ENODATA;
-	} else if (size == 0) {
-		rc = (int)(*pp)->size;
-	} else if (size < (*pp)->size) {
-		rc = -ERANGE;
-	} else {
-		memcpy(buf, (*pp)->value, (*pp)->size);
-		rc = (int)(*pp)->size;
-	}
-	pthread_mutex_unlock(&ns->mu);
-	return rc;
-}
-
-/* trusted.* names are listed to root only (trusted_xattr_list). */
-static int ckpt_xattr_listed(const struct ckpt_xattr *x, const struct ckpt_ctx *c)
-{
-	return c->uid == 0 || strncmp(x->name, "trusted.", 8);
-}
-
-int ckpt_listxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, char *buf, size_t size,
-		   const struct ckpt_ctx *c)
-{
-	struct ckpt_xattr *x;
-	size_t need = 0;
-
-	pthread_mutex_lock(&ns->mu);
-	for (x = ino->xattrs; x; x = x->next)
-		if (ckpt_xattr_listed(x, c))
-			need += strlen(x->name) + 1;
-	if (size && need > size) {
-		pthread_mutex_unlock(&ns->mu);
-		return -ERANGE;
-	}
-	if (size) {
-		char *p = buf;
-
-		for (x = ino->xattrs; x; x = x->next)
-			if (ckpt_xattr_listed(x, c))
-				p = stpcpy(p, x->name) + 1;
-	}
-	pthread_mutex_unlock(&ns->mu);
-	return (int)need;
-}
-
-int ckpt_removexattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name,
-		     const struct ckpt_ctx *c)
-{
-	struct ckpt_xattr **pp;
-	int xns = ckpt_xattr_ns(name), rc = 0;
-
-	if (xns < 0)
-		return xns;
-	if (xns == XNS_TRUSTED && c->uid != 0)
-		return -EPERM;
-	pthread_mutex_lock(&ns->mu);
-	pp = ckpt_xattr_find_locked(ino, name);
-	if (!pp) {
-		/* Removing an ACL that is not there (or is the mode alone) succeeds, as
-		 * ext4_set_acl(NULL) does; other names want XATTR_REPLACE's ENODATA. */
-		if (xns != XNS_ACL_ACCESS && xns != XNS_ACL_DEFAULT)
-			rc = -ENODATA;
-	} else {
-		ckpt_xattr_del_locked(ns, ino, pp);
-		ino->ctime = ckpt_now();
-		ckpt_changed(ns);
-	}
-	pthread_mutex_unlock(&ns->mu);
-	return rc;
-}
-
-int ckpt_kill_priv_needs_groups(struct ckpt_ns *ns, struct ckpt_inode *ino,
-				const struct ckpt_ctx *c)
-{
-	int needs;
-
-	pthread_mutex_lock(&ns->mu);
-	needs = S_ISREG(ino->mode) && c->uid != 0 && c->gid != ino->gid &&
-		(ino->mode & (S_ISGID | S_IXGRP)) == S_ISGID;
-	pthread_mutex_unlock(&ns->mu);
-	return needs;
-}
-
-int ckpt_kill_priv(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct ckpt_ctx *c)
-{
-	mode_t kill = 0;
-	struct ckpt_xattr **pp;
-	int changed = 0;
-
-	pthread_mutex_lock(&ns->mu);
-	if (S_ISREG(ino->mode) && c->uid != 0) {
-		if (ino->mode & S_ISUID)
-			kill |= S_ISUID;
-		/* setattr_should_drop_sgid (Linux 6.x): with group execute, or when the
-		 * writer is outside the file's group. */
-		if ((ino->mode & S_ISGID) &&
-		    ((ino->mode & S_IXGRP) || !ckpt_in_group(c, ino->gid)))
-			kill |= S_ISGID;
-	}
-	if (kill) {
-		ino->mode &= ~kill;
-		changed = 1;
-	}
-	if ((pp = ckpt_xattr_find_locked(ino, "security.capability"))) {
-		ckpt_xattr_del_locked(ns, ino, pp);
-		changed = 1;
-	}
-	if (changed) {
-		ino->ctime = ckpt_now();
-		ckpt_changed(ns);
-	}
-	pthread_mutex_unlock(&ns->mu);
-	return changed;
-}
-
-/* A file whose setgid a chown by c drops on ext4 (ckpt_chown_kill_sgid), c's groups
- * aside. Under ns->mu. */
-static int ckpt_chown_sgid_locked(const struct ckpt_inode *ino, const struct ckpt_ctx *c)
-{
-	return !S_ISDIR(ino->mode) && c->uid != 0 && c->uid == ino->uid &&
-	       (ino->mode & (S_ISGID | S_IXGRP)) == S_ISGID;
-}
-
-int ckpt_chown_needs_groups(struct ckpt_ns *ns, struct ckpt_inode *ino,
-			    const struct ckpt_ctx *c)
-{
-	int needs;
-
-	pthread_mutex_lock(&ns->mu);
-	needs = ckpt_chown_sgid_locked(ino, c) && c->gid != ino->gid;
-	pthread_mutex_unlock(&ns->mu);
-	return needs;
-}
-
-int ckpt_chown_kill_sgid(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct ckpt_ctx *c)
-{
-	int rc = 0;
-
-	pthread_mutex_lock(&ns->mu);
-	if (ckpt_chown_sgid_locked(ino, c) && !ckpt_in_group(c, ino->gid)) {
-		ino->mode &= ~(mode_t)S_ISGID;
-		ino->ctime = ckpt_now();
-		ckpt_changed(ns);
-		rc = 1;
-	}
-	pthread_mutex_unlock(&ns->mu);
-	return rc;
-}
+/* ---- directory streams ---- */
 
 static void ckpt_dir_clear(struct ckpt_ns *ns, struct ckpt_dir *d)
 {
@@ -2277,499 +1663,4 @@ void ckpt_releasedir(struct ckpt_ns *ns, struct ckpt_dir *d)
 	ckpt_dir_clear(ns, d);
 	free(d->ents);
 	free(d);
-}
-
-/* ---- snapshots: freeze and restore ---- */
-
-uint64_t ckpt_generation(struct ckpt_ns *ns)
-{
-	return atomic_load(&ns->gen);
-}
-
-uint64_t ckpt_writing(struct ckpt_ns *ns)
-{
-	return atomic_load(&ns->nwriting);
-}
-
-/* A time as the manifest stores it, nanoseconds since the epoch in an int64: 1677 to
- * 2262. A time outside (ckpt_ts_clamp allows up to 2446, as ext4) is saturated, so a
- * snapshot restores such a file at the end of that range rather than at a wrapped
- * time. */
-static int64_t ckpt_ns_of(struct timespec ts)
-{
-	int64_t ns;
-
-	if (__builtin_mul_overflow((int64_t)ts.tv_sec, (int64_t)1000000000, &ns) ||
-	    __builtin_add_overflow(ns, (int64_t)ts.tv_nsec, &ns))
-		return ts.tv_sec < 0 ? INT64_MIN : INT64_MAX;
-	return ns;
-}
-
-static struct timespec ckpt_ts_of(int64_t ns)
-{
-	struct timespec ts = { .tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000 };
-
-	if (ts.tv_nsec < 0) {
-		ts.tv_sec--;
-		ts.tv_nsec += 1000000000;
-	}
-	return ts;
-}
-
-struct ckpt_fz { /* a freeze being built */
-	struct ckpt_frozen *f;
-	size_t cap;
-};
-
-void ckpt_frozen_free(struct ckpt_ns *ns, struct ckpt_frozen *f)
-{
-	uint64_t i, j;
-
-	if (!f)
-		return;
-	for (i = 0; f->mf && i < f->mf->nentries; i++) {
-		if (!f->blocks[i])
-			continue;
-		for (j = 0; j < f->mf->entries[i].nblocks; j++)
-			if (f->blocks[i][j])
-				bc_block_put(ns->bc, f->blocks[i][j]);
-		free(f->blocks[i]);
-	}
-	free(f->blocks);
-	mf_free(f->mf);
-	free(f);
-}
-
-/* Appends the entry for ino (named name under parent_id); its id in *idp (0 when ino
- * is left out). -EAGAIN when a file's content lock is taken: the caller drops ns->mu
- * and starts over, so a writer that waits for ns->mu while holding its file's lock can
- * finish (the order at struct ckpt_inode's lock). Under ns->mu. */
-static int ckpt_freeze_entry_locked(struct ckpt_ns *ns, struct ckpt_fz *z,
-				    struct ckpt_inode *ino, const char *name, uint64_t parent_id,
-				    uint64_t *idp)
-{
-	struct mf_manifest *mf = z->f->mf;
-	struct mf_entry *e;
-	struct ckpt_xattr *x;
-	uint64_t id, i;
-	bool in_place;
-
-	*idp = 0;
-
-	if (mf->nentries == z->cap) {
-		size_t cap = z->cap ? 2 * z->cap : 64;
-		void *ne = realloc(mf->entries, cap * sizeof(*mf->entries));
-
-		if (ne)
-			mf->entries = ne;
-		void *nb = ne ? realloc(z->f->blocks, cap * sizeof(*z->f->blocks)) : NULL;
-
-		if (!nb)
-			return -ENOMEM;
-		z->f->blocks = nb;
-		z->cap = cap;
-	}
-	id = mf->nentries + 1;
-	e = &mf->entries[mf->nentries];
-	memset(e, 0, sizeof(*e));
-	z->f->blocks[mf->nentries] = NULL;
-	mf->nentries++;
-	e->id = id;
-	*idp = id;
-	e->parent = parent_id;
-	if (!(e->name = strdup(name)))
-		return -ENOMEM;
-	e->mode = ino->mode & 07777;
-	e->uid = ino->uid;
-	e->gid = ino->gid;
-	e->atime_ns = ckpt_ns_of(ino->atime);
-	e->mtime_ns = ckpt_ns_of(ino->mtime);
-	e->ctime_ns = ckpt_ns_of(ino->ctime);
-	/* At its restored path, in a tree restored whole: the root's child, or under an
-	 * entry frozen so (ids are indexes + 1, parents come first). */
-	in_place = ino->inherited && ns->base && parent_id &&
-		   (parent_id == 1 || (mf->entries[parent_id - 1].flags & MF_ENTRY_INHERITED));
-	if (S_ISDIR(ino->mode)) {
-		e->type = MF_DIR;
-		if (in_place)
-			e->flags |= MF_ENTRY_INHERITED; /* version 4 (manifest.h) */
-	} else if (S_ISLNK(ino->mode)) {
-		e->type = MF_SYMLINK;
-		e->size = ino->size;
-		if (!(e->target = strdup(ino->target)))
-			return -ENOMEM;
-		if (in_place)
-			e->flags |= MF_ENTRY_INHERITED; /* version 5 (manifest.h) */
-	} else if (S_ISREG(ino->mode)) {
-		e->type = MF_FILE;
-		if (ino->freeze_epoch == ns->freeze_epoch) {
-			e->link = ino->freeze_id; /* a second name of a file already frozen */
-			return 0;
-		}
-		ino->freeze_epoch = ns->freeze_epoch;
-		ino->freeze_id = id;
-		mf->files++;
-		if (ino->nwrite) { /* its content may be a write cut in the middle */
-			e->flags |= MF_ENTRY_OPEN_WRITE;
-			mf->open_writes++;
-		} else if (in_place) {
-			e->flags |= MF_ENTRY_INHERITED; /* as restored (manifest.h) */
-		}
-	} else {
-		/* FIFOs, sockets and device nodes have no place in a checkpoint store
-		 * format that names files, dirs and symlinks: they are left out. */
-		mf->nentries--;
-		free(e->name);
-		*idp = 0;
-		return 0;
-	}
-	for (x = ino->xattrs; x; x = x->next)
-		e->nxattrs++;
-	if (e->nxattrs && !(e->xattrs = calloc(e->nxattrs, sizeof(*e->xattrs))))
-		return -ENOMEM;
-	for (i = 0, x = ino->xattrs; x; x = x->next, i++) {
-		e->xattrs[i].name = strdup(x->name);
-		e->xattrs[i].value = malloc(x->size ? x->size : 1);
-		e->xattrs[i].value_len = (uint32_t)x->size;
-		if (!e->xattrs[i].name || !e->xattrs[i].value)
-			return -ENOMEM;
-		memcpy(e->xattrs[i].value, x->value, x->size);
-	}
-	if (e->type == MF_FILE) {
-		struct bc_block **bl;
-
-		if (pthread_rwlock_tryrdlock(&ino->lock))
-			return -EAGAIN;
-		e->size = ino->size;
-		e->block_size = ns->bs;
-		e->nblocks = (ino->size + ns->bs - 1) / ns->bs;
-		mf->logical_bytes += ino->size;
-		e->blocks = calloc(e->nblocks ? e->nblocks : 1, sizeof(*e->blocks));
-		bl = calloc(e->nblocks ? e->nblocks : 1, sizeof(*bl));
-		z->f->blocks[mf->nentries - 1] = bl;
-		if (!e->blocks || !bl) {
-			pthread_rwlock_unlock(&ino->lock);
-			return -ENOMEM;
-		}
-		for (i = 0; i < e->nblocks; i++) {
-			struct bc_block *b = i < ino->nblocks ? ino->blocks[i] : NULL;
-
-			e->blocks[i].len = i + 1 < e->nblocks ? ns->bs
-							     : (uint32_t)(e->size - i * ns->bs);
-			if (!b || bc_block_len(b) == 0) {
-				e->blocks[i].flags = MF_BLOCK_HOLE;
-				continue;
-			}
-			bc_block_get(b); /* from here on, writers copy it (invariant 5) */
-			bl[i] = b;
-			z->f->bytes += bc_block_len(b);
-		}
-		pthread_rwlock_unlock(&ino->lock);
-	}
-	return 0;
-}
-
-/* How long ckpt_freeze retries while a writer holds a file's content lock. */
-#define CKPT_FREEZE_RETRY_NS 1000000000ull
-
-/* The whole tree in pre-order (a parent before its children, as manifest.h wants).
- * Iterative: an explicit stack on the heap of (next name to visit, directory's entry
- * id), one frame per level of the current path: 16 bytes a level. Under ns->mu. */
-struct ckpt_fz_frame {
-	struct ckpt_dirent *next;
-	uint64_t id;
-};
-
-static int ckpt_fz_push(struct ckpt_fz_frame **stack, size_t *depth, size_t *cap,
-			struct ckpt_inode *dir, uint64_t id)
-{
-	if (*depth == *cap) {
-		size_t ncap = *cap ? 2 * *cap : 64;
-		void *p = realloc(*stack, ncap * sizeof(**stack));
-
-		if (!p)
-			return -ENOMEM;
-		*stack = p;
-		*cap = ncap;
-	}
-	(*stack)[(*depth)++] = (struct ckpt_fz_frame){ dir->head, id };
-	return 0;
-}
-
-static int ckpt_freeze_locked(struct ckpt_ns *ns, struct ckpt_fz *z)
-{
-	struct ckpt_fz_frame *stack = NULL;
-	size_t depth = 0, cap = 0;
-	uint64_t id;
-	int rc;
-
-	if ((rc = ckpt_freeze_entry_locked(ns, z, ns->root, "", 0, &id)) ||
-	    (rc = ckpt_fz_push(&stack, &depth, &cap, ns->root, id)))
-		goto out;
-	while (depth) {
-		struct ckpt_fz_frame *f = &stack[depth - 1];
-		struct ckpt_dirent *d = f->next;
-
-		if (!d) {
-			depth--;
-			continue;
-		}
-		f->next = d->next;
-		if ((rc = ckpt_freeze_entry_locked(ns, z, d->ino, d->name, f->id, &id)))
-			break;
-		if (S_ISDIR(d->ino->mode) && (rc = ckpt_fz_push(&stack, &depth, &cap, d->ino, id)))
-			break;
-	}
-out:
-	free(stack);
-	return rc;
-}
-
-int ckpt_freeze(struct ckpt_ns *ns, const char *name, struct ckpt_frozen **out)
-{
-	struct ckpt_fz z;
-	unsigned attempt;
-	uint64_t t0 = mono_now_ns();
-	int rc;
-
-	for (attempt = 0;; attempt++) {
-		memset(&z, 0, sizeof(z));
-		z.f = calloc(1, sizeof(*z.f));
-		if (!z.f || !(z.f->mf = calloc(1, sizeof(*z.f->mf)))) {
-			free(z.f);
-			return -ENOMEM;
-		}
-		snprintf(z.f->mf->name, sizeof(z.f->mf->name), "%s", name);
-		z.f->mf->time_ns = ckpt_ns_of(ckpt_now());
-		pthread_mutex_lock(&ns->mu);
-		ns->freeze_epoch++;
-		z.f->mf->base = ns->base;
-		z.f->gen = atomic_load(&ns->gen);
-		rc = ckpt_freeze_locked(ns, &z);
-		pthread_mutex_unlock(&ns->mu);
-		if (rc != -EAGAIN)
-			break;
-		ckpt_frozen_free(ns, z.f);
-		/* A write is mid-copy in some file: let it finish. Writers hold a file
-		 * lock for one request (at most 1 MiB of memcpy), so this ends fast, but
-		 * a spill reload under that lock may take long: bounded (issue 9), the
-		 * caller (a preemption's deadline) decides whether to try again. */
-		if (mono_now_ns() - t0 >= CKPT_FREEZE_RETRY_NS)
-			return -EBUSY;
-		usleep(attempt < 10 ? 50 : 1000);
-	}
-	if (rc) {
-		ckpt_frozen_free(ns, z.f);
-		return rc;
-	}
-	*out = z.f;
-	return 0;
-}
-
-/* Builds an inode for manifest entry e (its content: non-resident stored blocks). */
-static struct ckpt_inode *ckpt_inode_from(struct ckpt_ns *ns, const struct mf_entry *e)
-{
-	static const mode_t types[] = { [MF_FILE] = S_IFREG, [MF_DIR] = S_IFDIR,
-					[MF_SYMLINK] = S_IFLNK };
-	struct ckpt_inode *ino = ckpt_inode_new(ns, types[e->type] | (e->mode & 07777), e->uid,
-						e->gid);
-	uint32_t i;
-
-	if (!ino)
-		return NULL;
-	ino->atime = ckpt_ts_of(e->atime_ns);
-	ino->mtime = ckpt_ts_of(e->mtime_ns);
-	ino->ctime = ckpt_ts_of(e->ctime_ns);
-	ino->size = e->size;
-	/* A job of several workers: every worker now holds every part's files; one that
-	 * rewrites a file (or makes a symlink anew) must win over the others' untouched
-	 * copies at the next group, and one that removes a file, directory or symlink
-	 * must not see it come back. */
-	ino->inherited = ns->m->cfg.workers > 1;
-	for (uint64_t j = 0; e->type == MF_FILE && j < e->nblocks; j++)
-		if (!(e->blocks[j].flags & MF_BLOCK_HOLE))
-			ino->data_bytes += ckpt_alloc(e->blocks[j].len);
-	if (e->type == MF_SYMLINK && !(ino->target = strdup(e->target ? e->target : "")))
-		goto fail;
-	if (ino->target)
-		ns->meta_bytes += strlen(ino->target) + 1; /* never refused */
-	for (i = 0; i < e->nxattrs; i++) {
-		struct ckpt_xattr *x = calloc(1, sizeof(*x));
-
-		if (!x)
-			goto fail;
-		x->next = ino->xattrs;
-		ino->xattrs = x;
-		x->name = strdup(e->xattrs[i].name);
-		x->value = malloc(e->xattrs[i].value_len ? e->xattrs[i].value_len : 1);
-		if (!x->name || !x->value)
-			goto fail;
-		/* An empty value is NULL in a manifest: memcpy from NULL is undefined even
-		 * for 0 bytes (UBSan aborts a DEBUG=1 daemon on it). */
-		if (e->xattrs[i].value_len)
-			memcpy(x->value, e->xattrs[i].value, e->xattrs[i].value_len);
-		x->size = e->xattrs[i].value_len;
-		ino->xattr_bytes += x->size + strlen(x->name);
-		ns->xattr_bytes += x->size + strlen(x->name); /* never refused */
-	}
-	if (e->type == MF_FILE)
-		ckpt_slots_set(ns, ino, 0, ino->size, 1); /* never refused (ckpt_slots_set) */
-	if (e->type == MF_FILE && e->nblocks) {
-		if (ckpt_blocks_reserve(ns, ino, e->nblocks, 1))
-			goto fail;
-		for (uint64_t j = 0; j < e->nblocks; j++) {
-			if (e->blocks[j].flags & MF_BLOCK_HOLE)
-				continue;
-			ino->blocks[j] = bc_block_new_stored(ns->bc, e->blocks[j].len,
-							     e->blocks[j].hash);
-			if (!ino->blocks[j])
-				goto fail;
-		}
-	}
-	return ino;
-fail:
-	ckpt_inode_destroy(ns, ino);
-	return NULL;
-}
-
-/* Drops every name under top, depth first, as unlink and rmdir would (inodes still
- * open or looked up live on until released). Iterative (a 150,000-deep chain of
- * directories overflows an 8 MiB stack when recursing): it always works on the first
- * entry of the current directory, descends into a non-empty subdirectory and climbs
- * back by the parent pointer once one is empty, so it holds no state but the current
- * directory. The current directory's parent pointer is read before anything can free it (a directory
- * is dropped only from its parent's level). Under ns->mu. */
-static void ckpt_drop_tree_locked(struct ckpt_ns *ns, struct ckpt_inode *top, struct timespec now)
-{
-	struct ckpt_inode *dir = top;
-
-	for (;;) {
-		struct ckpt_dirent *d = dir->head;
-		struct ckpt_inode *ino;
-
-		if (!d) {
-			if (dir == top)
-				break;
-			dir = dir->parent;
-			continue;
-		}
-		ino = d->ino;
-		if (S_ISDIR(ino->mode) && ino->head) {
-			dir = ino;
-			continue;
-		}
-		ckpt_unlink_locked(ns, d);
-		ckpt_drop_name_locked(ns, ino, now);
-	}
-}
-
-int ckpt_restore(struct ckpt_ns *ns, const struct mf_manifest *mf, char ***old, size_t *nold,
-		 uint64_t *gen)
-{
-	struct ckpt_inode **inos = calloc(mf->nentries ? mf->nentries : 1, sizeof(*inos));
-	struct timespec now = ckpt_now();
-	struct ckpt_dirent *d;
-	char **names = NULL;
-	size_t n = 0, i;
-	int rc = 0;
-
-	if (!inos)
-		return -ENOMEM;
-	if (!mf->nentries || mf->entries[0].type != MF_DIR) {
-		free(inos);
-		return -EINVAL;
-	}
-	/* Blocks map one to one onto this mount's block map only at the same block
-	 * size: refuse another (the caller says which), before anything is built. */
-	for (i = 1; i < mf->nentries; i++) {
-		if (mf->entries[i].type == MF_FILE && mf->entries[i].nblocks &&
-		    mf->entries[i].block_size != ns->bs) {
-			free(inos);
-			return -EINVAL;
-		}
-		/* Larger than MOUNT/ckpt allows (mf_decode caps it far higher). */
-		if (mf->entries[i].type == MF_FILE && mf->entries[i].size > CKPT_FILE_MAX) {
-			free(inos);
-			return -EFBIG;
-		}
-	}
-	/* Build the new inodes outside the lock: allocation only. The root entry's
-	 * attributes go to MOUNT/ckpt itself below. */
-	for (i = 1; i < mf->nentries && !rc; i++) {
-		const struct mf_entry *e = &mf->entries[i];
-
-		if (e->link)
-			continue;
-		if (!(inos[i] = ckpt_inode_from(ns, e)))
-			rc = -ENOMEM;
-	}
-	pthread_mutex_lock(&ns->mu);
-	if (rc)
-		goto out_free_new;
-	for (i = 1; i < mf->nentries; i++) {
-		const struct mf_entry *e = &mf->entries[i];
-		long pi = mf_find(mf, e->parent), li;
-		struct ckpt_inode *parent = pi == 0 ? ns->root : pi > 0 ? inos[pi] : NULL;
-
-		if (e->link) {
-			li = mf_find(mf, e->link);
-			inos[i] = li > 0 ? inos[li] : NULL;
-		}
-		if (!parent || !inos[i]) {
-			rc = -EINVAL;
-			break;
-		}
-	}
-	if (rc)
-		goto out_free_new;
-	/* The swap: from here on nothing fails but allocation of names, and the old tree
-	 * goes first so that the new names never meet old ones. */
-	for (d = ns->root->head; d; d = d->next)
-		n++;
-	names = calloc(n ? n : 1, sizeof(*names));
-	for (i = 0, d = ns->root->head; names && d; d = d->next)
-		names[i++] = strdup(d->name);
-	ckpt_drop_tree_locked(ns, ns->root, now);
-	for (i = 1; i < mf->nentries; i++) {
-		const struct mf_entry *e = &mf->entries[i];
-		long pi = mf_find(mf, e->parent);
-		struct ckpt_inode *parent = pi == 0 ? ns->root : inos[pi], *ino = inos[i];
-
-		if (ckpt_link_locked(ns, parent, e->name, ino)) {
-			rc = -ENOMEM; /* the tree is partial: say so loudly, keep serving */
-			log_err("ckpt: restore of %s ran out of memory after the swap", mf->name);
-			continue;
-		}
-		if (e->type == MF_DIR) {
-			ino->nlink = 2;
-			ino->parent = parent;
-			ckpt_dir_inc(parent);
-		} else {
-			ino->nlink++;
-		}
-	}
-	ns->root->mode = S_IFDIR | (mf->entries[0].mode & 07777);
-	ns->root->uid = mf->entries[0].uid;
-	ns->root->gid = mf->entries[0].gid;
-	ns->root->mtime = ckpt_ts_of(mf->entries[0].mtime_ns);
-	ns->root->ctime = now;
-	/* The base of this worker's next parts: only a tree restored whole is the one
-	 * every worker of the group restored (mf_merge's deletions rule). */
-	ns->base = !rc && ns->m->cfg.workers > 1 ? mf_id(mf) : 0;
-	ckpt_changed(ns);
-	if (gen)
-		*gen = atomic_load(&ns->gen);
-	pthread_mutex_unlock(&ns->mu);
-	free(inos);
-	*old = names;
-	*nold = names ? n : 0;
-	return rc;
-
-out_free_new:
-	pthread_mutex_unlock(&ns->mu);
-	for (i = 1; i < mf->nentries; i++)
-		if (inos[i] && !mf->entries[i].link)
-			ckpt_inode_destroy(ns, inos[i]);
-	free(inos);
-	return rc;
 }

@@ -21,7 +21,7 @@
  * (pointer work only); each inode's rwlock covers its content and is held across the
  * copy of write data and, when a block to be written is spilled or only in the store,
  * across its reload (disk or store I/O, holding up only that file). The lock order is
- * at each lock in fs/ckpt.c.
+ * at each lock in fs/ckpt_int.h.
  */
 #ifndef MLFS_CKPT_H
 #define MLFS_CKPT_H

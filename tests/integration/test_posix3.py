@@ -610,7 +610,7 @@ def test_copy_file_range_errnos_and_eof(ckpt):
 
 @pytest.mark.daemon
 def test_write_across_file_size_limit(ckpt):
-    """mlfs's largest file is 1 TiB (EFBIG beyond, fs/ckpt.c CKPT_FILE_MAX). A buffered
+    """mlfs's largest file is 1 TiB (EFBIG beyond, fs/ckpt_int.h CKPT_FILE_MAX). A buffered
     write reaches the daemon page by page and the limit is page-aligned, so as on ext4 at
     its own limit a write that crosses it is cut short there and the next one fails with
     EFBIG. An O_DIRECT write that crosses it fails whole with EFBIG: the kernel's FUSE
