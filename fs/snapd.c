@@ -109,7 +109,10 @@ int snapd_load_block(void *arg, struct bc_block *b, void *buf)
 		log_err("snap: block of a restored file could not be read from the store "
 			"(%s): %s", name, strerror(-rc));
 		atomic_fetch_add(&sd->m->st.csum_errors, rc == -EIO);
-		return rc == -ENOENT ? -EIO : rc;
+		/* The reader's read(2) fails with this: EIO, what it says of a device that
+		 * fails, for an object gone or a store that did not come back (store.h),
+		 * never ENOENT, EBADFD or ENOTCONN on the reader's valid descriptor. */
+		return rc == -ENOENT || fdio_transient(rc) ? -EIO : rc;
 	}
 	return 0;
 }
