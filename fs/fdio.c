@@ -81,20 +81,31 @@ int fdio_readdir(DIR *dir, struct dirent **out)
 	return errno ? -errno : 0;
 }
 
+unsigned fdio_transient_wait_ms(uint64_t *since, unsigned *tries)
+{
+	uint64_t now = mono_now_ns();
+	unsigned ms = ++*tries < 20 ? 50 * *tries : 1000;
+
+	if (!*since)
+		*since = now;
+	return now - *since + ms * 1000000ull > FDIO_TRANSIENT_S * 1000000000ull ? 0 : ms;
+}
+
 int fdio_fsync_dir(int fd)
 {
-	uint64_t end = mono_now_ns() + FDIO_TRANSIENT_S * 1000000000ull;
-	unsigned ms = 0;
+	uint64_t since = 0;
+	unsigned tries = 0, ms = 0;
 	int rc = fsync(fd) ? -errno : 0, fresh;
 
-	while (fdio_transient(rc) && (!ms || mono_now_ns() < end)) {
+	if (!fdio_transient(rc))
+		return rc;
+	do {	/* the first fresh descriptor at once: the kept one alone may be bad */
 		if (ms)
 			usleep(ms * 1000);
-		ms = ms < 1000 ? ms + 50 : 1000;
 		fresh = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 		rc = fresh < 0 ? -errno : fsync(fresh) ? -errno : 0;
 		if (fresh >= 0)
 			close(fresh);
-	}
+	} while (fdio_transient(rc) && (ms = fdio_transient_wait_ms(&since, &tries)));
 	return rc;
 }

@@ -26,10 +26,16 @@
  * ENOTCONN (no server answers). A call that failed so flushed, wrote and dropped
  * nothing, and may be made again from its start.
  *
+ * fdio_transient_wait_ms: the wait before the next try of a call that failed transiently
+ * and is made again from its start: 50 ms more each try up to 1 s; or 0 once
+ * FDIO_TRANSIENT_S would have passed since its first such failure: give up. *since and
+ * *tries start at 0 for each series of tries and are the helper's. The one schedule of
+ * every such retry (snapd's persists and store calls, fdio_fsync_dir, store_get_block).
+ *
  * fdio_fsync_dir: fsync of directory fd. A transient failure is made again on a fresh
- * descriptor of the same directory (the kept one may stay bad), at once and then every
- * 50 ms more up to 1 s apart, for up to FDIO_TRANSIENT_S; 0 or -errno of the last try.
- * Blocks that long at most beyond the fsyncs themselves.
+ * descriptor of the same directory (the kept one may stay bad), at once and then as
+ * fdio_transient_wait_ms says; 0 or -errno of the last try. Blocks up to
+ * FDIO_TRANSIENT_S beyond the fsyncs themselves.
  */
 #ifndef MLFS_FDIO_H
 #define MLFS_FDIO_H
@@ -51,6 +57,7 @@ int fdio_read_all(int fd, void *buf, size_t len);
 int fdio_pread_all(int fd, void *buf, size_t len, uint64_t off);
 int fdio_opendir(int dirfd, const char *name, DIR **out);
 int fdio_readdir(DIR *dir, struct dirent **out);
+unsigned fdio_transient_wait_ms(uint64_t *since, unsigned *tries);
 int fdio_fsync_dir(int fd);
 
 #endif

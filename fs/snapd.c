@@ -119,7 +119,10 @@ int snapd_load_block(void *arg, struct bc_block *b, void *buf)
 		log_err("snap: block of a restored file could not be read from the store "
 			"(%s): %s", name, strerror(-rc));
 		atomic_fetch_add(&sd->m->st.csum_errors, rc == -EIO);
-		return rc == -ENOENT ? -EIO : rc;
+		/* The reader's read(2) fails with this: EIO, what it says of a device that
+		 * fails, for an object gone or a store that did not come back (store.h),
+		 * never ENOENT, EBADFD or ENOTCONN on the reader's valid descriptor. */
+		return rc == -ENOENT || fdio_transient(rc) ? -EIO : rc;
 	}
 	return 0;
 }
@@ -244,21 +247,6 @@ static int snapd_changed_locked(struct snapd *sd)
 
 static void snapd_retention(struct snapd *sd);
 
-/* The wait before the next try of a store call or persist that failed with a transient
- * error (fdio_transient: a GlusterFS brick restarting), made again from its start; or 0
- * when FDIO_TRANSIENT_S have passed since its first such failure (*since, set by the
- * first call of a series; 0 before it): give up. A directory fsync tries again on its
- * own (fdio_fsync_dir), so a call that published something never fails for it alone. */
-static unsigned snapd_transient_wait_ms(uint64_t *since, unsigned *tries)
-{
-	uint64_t now = mono_now_ns();
-	unsigned ms = ++*tries < 20 ? 50 * *tries : 1000;
-
-	if (!*since)
-		*since = now;
-	return now - *since + ms * 1000000ull > FDIO_TRANSIENT_S * 1000000000ull ? 0 : ms;
-}
-
 /* One persist of job, under store_mu. */
 static int snapd_persist_once(struct snapd *sd, struct snapd_job *job)
 {
@@ -297,7 +285,7 @@ static void snapd_run_job(struct snapd *sd, struct snapd_job *job)
 	/* Made again from its start (a new pack, a new manifest): the frozen tree is still
 	 * held, and what the failed one put is garbage no snapshot names. */
 	while (fdio_transient(rc = snapd_persist_once(sd, job)) &&
-	       (ms = snapd_transient_wait_ms(&since, &tries))) {
+	       (ms = fdio_transient_wait_ms(&since, &tries))) {
 		log_warn("snap: persist of %s failed: %s; trying again in %u ms", job->name,
 			 strerror(-rc), ms);
 		usleep(ms * 1000);
@@ -488,7 +476,7 @@ static void *snapd_call_run(void *arg)
 	/* Every fn may be made again from its start after a transient error (delete and
 	 * gc count what an earlier try did). */
 	while (fdio_transient(rc = c->fn(c)) && !snapd_call_cancelled(c) &&
-	       (ms = snapd_transient_wait_ms(&since, &tries))) {
+	       (ms = fdio_transient_wait_ms(&since, &tries))) {
 		log_warn("snap: %s failed: %s; trying again in %u ms", what ? what : "a store check",
 			 strerror(-rc), ms);
 		usleep(ms * 1000);

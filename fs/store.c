@@ -126,6 +126,9 @@ struct store {
 	pthread_mutex_t mu;
 	int session;		/* a session is open (its puts are named by the lease) */
 	_Atomic int broken;	/* invariant 6; atomic: sync_dir sets it with or without mu */
+	/* A read gave up after FDIO_TRANSIENT_S of transient errors, and none answered
+	 * since: store_get_block tries once, not for another FDIO_TRANSIENT_S. */
+	_Atomic int get_down;
 	struct hset put;	/* hashes put in this session: 1 written or being written,
 				 * 2 its write failed (may be put again) */
 	int full_sync;		/* after store_recover: the next commit syncs every dir */
@@ -938,7 +941,9 @@ static int obj_damaged(const char *path, const char *why)
 	return -EIO;
 }
 
-int store_get_block(struct store *s, const uint8_t hash[STORE_HASH_LEN], void *buf, uint32_t len)
+/* One try of store_get_block: its results, and the transient errors it makes again. */
+static int store_get_once(struct store *s, const uint8_t hash[STORE_HASH_LEN], void *buf,
+			  uint32_t len)
 {
 	unsigned char hdr[OBJ_HDR];
 	uint8_t sum[STORE_HASH_LEN];
@@ -974,10 +979,12 @@ int store_get_block(struct store *s, const uint8_t hash[STORE_HASH_LEN], void *b
 		rc = obj_damaged(path, "not a regular file");
 		goto out_close;
 	}
-	if (st.st_size < OBJ_HDR || fdio_read_all(fd, hdr, OBJ_HDR)) {
+	if (st.st_size < OBJ_HDR || (rc = fdio_read_all(fd, hdr, OBJ_HDR)) == -EIO) {
 		rc = obj_damaged(path, "short header");
 		goto out_close;
 	}
+	if (rc)
+		goto out_close;	/* a failed read (a transient one: tried again) is no damage */
 	if (le_get(hdr + 32, 8) != XXH3_64bits(hdr, 32) || memcmp(hdr, OBJ_MAGIC, 4) ||
 	    hdr[4] != OBJ_VERSION || hdr[5] > OBJ_LZ4) {
 		rc = obj_damaged(path, "bad header");
@@ -1018,6 +1025,46 @@ out_free:
 	free(z);
 out_close:
 	close(fd);
+	return rc;
+}
+
+int store_get_block(struct store *s, const uint8_t hash[STORE_HASH_LEN], void *buf, uint32_t len)
+{
+	uint64_t since = 0;
+	unsigned tries = 0, ms;
+	char hx[33];
+	int rc;
+
+	/* A GlusterFS client answers EBADFD or ENOTCONN for a few seconds while a brick
+	 * restarts: the object is there and comes back. A reader of a restored file would
+	 * get an errno read(2) never gives (and a restore or verify would call the object
+	 * damaged), where persists and store commands are retried; so try again as they
+	 * are, holding nothing but the caller's block (its loading flag). Once a read gave
+	 * up, each read tries once until one gets an answer: a store down for long costs
+	 * a reader (the kernel reads a page again after a failed read-ahead) and a FUSE
+	 * worker FDIO_TRANSIENT_S once, not per read. */
+	while (fdio_transient(rc = store_get_once(s, hash, buf, len)) &&
+	       !atomic_load(&s->get_down) && (ms = fdio_transient_wait_ms(&since, &tries))) {
+		if (tries == 1) {
+			hex16(hash, hx);
+			log_warn("store %s: read of object %s failed: %s; trying again for up to %d s",
+				 s->path, hx, strerror(-rc), FDIO_TRANSIENT_S);
+		}
+		usleep(ms * 1000);
+	}
+	if (!fdio_transient(rc)) {
+		if (atomic_load(&s->get_down))	/* a load, not a store, per read */
+			atomic_store(&s->get_down, 0);
+	} else if (!atomic_exchange(&s->get_down, 1)) {
+		hex16(hash, hx);
+		log_err("store %s: read of object %s still fails after %d s: %s; reads try "
+			"once until one is answered", s->path, hx, FDIO_TRANSIENT_S, strerror(-rc));
+	}
+	if (tries && !fdio_transient(rc)) {
+		hex16(hash, hx);
+		log_info("store %s: read of object %s: %s after %u tries", s->path, hx,
+			 rc >= 0 ? "succeeded" : strerror(-rc), tries + 1);
+	}
 	return rc;
 }
 

@@ -90,7 +90,9 @@ int store_put_block(struct store *s, const void *buf, uint32_t len, uint8_t hash
  * Read the object named hash into buf[len]; returns its logical length (<= len).
  * -ENOENT if absent, -EIO (logged with the object's path) if it fails any check,
  * including a logical length over len. Never leaves unverified bytes reported as good:
- * on error buf's contents are unspecified.
+ * on error buf's contents are unspecified. A read failing transiently (fdio_transient)
+ * is made again from its start for up to FDIO_TRANSIENT_S (blocks that long): -EBADFD
+ * or -ENOTCONN only when the store answered so all that time (logged).
  */
 int store_get_block(struct store *s, const uint8_t hash[STORE_HASH_LEN], void *buf, uint32_t len);
 

@@ -5,6 +5,7 @@ then, on a fresh daemon over the same store: every snapshot reported durable res
 byte-exact, no reported delete comes back, the store verifies, and a gc past the grace
 time frees every pack no snapshot names while keeping all that one names.
 """
+import errno
 import os
 import random
 import signal
@@ -586,6 +587,78 @@ def test_a_pack_descriptor_gone_bad_is_replaced(snapenv):
     read("f2")
     read("f3")
     a.unmount(da)
+
+
+def restored_from_a_peer(snapenv, prefix, files, foreground=False):
+    """A mount whose MOUNT/ckpt is a restore of files (name -> bytes) taken by a peer
+    over the same store: the mount holds none of their blocks in memory, so each read is
+    a read of the pack. Returns (env, mount, path of the pack)."""
+    a = snapenv(f"{prefix}-a-")
+    b = snapenv(f"{prefix}-b-")
+    db = b.mount(store=a.store)
+    for n, data in files.items():
+        S.write(os.path.join(db.ckpt, n), data)
+    S.snap_ok("take", b.mnt, "s", "--wait")
+    b.unmount(db)
+    packs = [p for p in os.listdir(os.path.join(a.store, "packs")) if p.endswith(".pack")]
+    assert len(packs) == 1, packs
+    da = a.mount(foreground=foreground)
+    S.snap_ok("restore", a.mnt, "s")
+    return a, da, os.path.join(a.store, "packs", packs[0])
+
+
+@pytest.mark.parametrize("err,when", [("EBADFD", "1..3"), ("ENOTCONN", "1")])
+def test_a_restored_file_reads_through_a_transient_store_error(snapenv, err, when):
+    """Reads of a lazily restored file whose pack reads fail with EBADFD (three times in
+    each thread: past pack_set_get's one try on a new descriptor) or ENOTCONN (once), as
+    a GlusterFS client answers while a brick restarts, injected by strace on the running
+    daemon: the store read is made again and the reader gets its bytes, as a persist
+    or a store command would succeed. Before, read(2) on the reader's valid descriptor
+    failed with EBADFD or ENOTCONN, errnos read(2) never gives for that."""
+    rng = rng_for(f"transient-read-{err}")
+    files = {f"f{i}": rng.randbytes(256 * 1024 + i) for i in range(3)}
+    env, d, pack = restored_from_a_peer(snapenv, f"crash-tread-{err}", files,
+                                        foreground=True)
+    with injecting(d.pid, env.path("tread.tr"), "preadv,pread64", err, when,
+                   path=pack) as hit:
+        for n in ("f0", "f1"):
+            with open(os.path.join(d.ckpt, n), "rb") as f:
+                U.assert_bytes(f.read(), files[n], f"{n} read through {err}")
+    assert hit, f"no read of the pack failed: the test tests nothing\n{d.output()}"
+    with open(os.path.join(d.ckpt, "f2"), "rb") as f:
+        U.assert_bytes(f.read(), files["f2"], "f2 after")
+    env.unmount(d)
+
+
+def test_a_restored_file_read_fails_eio_when_the_store_stays_bad(snapenv):
+    """Every pack read fails with ENOTCONN (injected by strace): a read of a lazily
+    restored file fails with EIO, the errno read(2) documents for a device that fails,
+    once the store has not come back for FDIO_TRANSIENT_S (30 s), and frees its FUSE
+    worker; the reads after it try once and fail at once (the kernel's own second read
+    of the page did not wait another 30 s) until the store answers again, and then the
+    file reads. Before, the read failed at once with ENOTCONN."""
+    rng = rng_for("transient-read-stays")
+    files = {"f0": rng.randbytes(256 * 1024)}
+    env, d, pack = restored_from_a_peer(snapenv, "crash-tread-stays", files)
+
+    def failing_read():
+        t0 = time.monotonic()
+        with pytest.raises(OSError) as e:
+            with open(os.path.join(d.ckpt, "f0"), "rb") as f:
+                f.read()
+        assert e.value.errno == errno.EIO, e.value
+        return time.monotonic() - t0
+
+    with injecting(d.pid, env.path("tstays.tr"), "preadv,pread64", "ENOTCONN", "1+",
+                   path=pack) as hit:
+        took = failing_read()
+        again = failing_read()
+    assert hit, "no read of the pack failed: the test tests nothing"
+    assert 25 < took < 45, f"EIO after {took:.1f} s"
+    assert again < 5, f"a read of a store still down failed after {again:.1f} s"
+    with open(os.path.join(d.ckpt, "f0"), "rb") as f:
+        U.assert_bytes(f.read(), files["f0"], "f0 once the store reads again")
+    env.unmount(d)
 
 
 @pytest.mark.parametrize("cmd,syscall,err,where", [
