@@ -1047,7 +1047,7 @@ int store_get_block(struct store *s, const uint8_t hash[STORE_HASH_LEN], void *b
 	       !atomic_load(&s->get_down) && (ms = fdio_transient_wait_ms(&since, &tries))) {
 		if (tries == 1) {
 			hex16(hash, hx);
-			log_warn("store %s: read of object %s failed: %s; trying again for up to %d s",
+			log_warn("store: %s: read of object %s failed: %s; trying again for up to %d s",
 				 s->path, hx, strerror(-rc), FDIO_TRANSIENT_S);
 		}
 		usleep(ms * 1000);
@@ -1057,12 +1057,12 @@ int store_get_block(struct store *s, const uint8_t hash[STORE_HASH_LEN], void *b
 			atomic_store(&s->get_down, 0);
 	} else if (!atomic_exchange(&s->get_down, 1)) {
 		hex16(hash, hx);
-		log_err("store %s: read of object %s still fails after %d s: %s; reads try "
+		log_err("store: %s: read of object %s still fails after %d s: %s; reads try "
 			"once until one is answered", s->path, hx, FDIO_TRANSIENT_S, strerror(-rc));
 	}
 	if (tries && !fdio_transient(rc)) {
 		hex16(hash, hx);
-		log_info("store %s: read of object %s: %s after %u tries", s->path, hx,
+		log_info("store: %s: read of object %s: %s after %u tries", s->path, hx,
 			 rc >= 0 ? "succeeded" : strerror(-rc), tries + 1);
 	}
 	return rc;
