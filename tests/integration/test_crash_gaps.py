@@ -743,3 +743,25 @@ def test_a_directory_fsync_gone_bad_is_made_again(snapenv, cmd, where, err):
     S.snap_ok("take", env.mnt, "s2", "--wait")
     assert "reusing the store" not in d.output(), d.output()
     env.unmount(d)
+
+
+def test_a_persist_gives_up_when_the_store_stays_bad(snapenv):
+    """Every fsync of the daemon fails with ENOTCONN (strace, as a GlusterFS client
+    answers while no brick does): a take --wait's persist is tried again, then fails
+    with that error within FDIO_TRANSIENT_S and its retries (it never hangs), and the
+    daemon goes on: once the store answers again the next take holds every change."""
+    env = snapenv("crash-staysbad-")
+    d = env.mount(foreground=True)
+    data = rng_for("staysbad").randbytes(300 * 1024)
+    S.write(os.path.join(d.ckpt, "x"), data)
+    with injecting(d.pid, env.path("staysbad.tr"), "fsync", "ENOTCONN", "1+") as hit:
+        r = S.snap("take", env.mnt, "s", "--wait", timeout=180)
+    assert r.rc != "timeout", r
+    assert not r.ok and "not connected" in r.err, r
+    assert hit and "trying again" in d.output(), d.output()
+    assert "s" not in S.list_json(env.mnt)
+    S.snap_ok("take", env.mnt, "s2", "--wait")
+    out = env.path("s2-out")
+    assert S.export(env.store, "s2", out).ok
+    S.assert_tree_equal(files_tree(out), S.model_tree({"x": data}), "s2")
+    env.unmount(d)
