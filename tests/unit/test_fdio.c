@@ -1,0 +1,111 @@
+/*
+ * test_fdio.c - fs/fdio.c: whole reads and writes (a short file is -EIO, never a short
+ * success), directory streams of their own, which errors count as transient, the one
+ * retry schedule, and fdio_fsync_dir on a local directory (one fsync, no retry).
+ */
+#include "fs/fdio.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cache/mono.h"
+#include "tests/unit/test.h"
+
+static void test_transient(void)
+{
+	EXPECT(fdio_transient(-EBADFD));
+	EXPECT(fdio_transient(-ENOTCONN));
+	EXPECT(!fdio_transient(-EIO));
+	EXPECT(!fdio_transient(-EBADF));	/* a descriptor that is not open: our bug */
+	EXPECT(!fdio_transient(-ENOSPC));
+	EXPECT(!fdio_transient(0));
+	EXPECT(!fdio_transient(EBADFD));	/* -errno only */
+}
+
+static void test_schedule(void)
+{
+	uint64_t since = 0;
+	unsigned tries = 0, ms, last = 0, grew = 1;
+
+	/* 50 ms more each try up to 1 s, then 1 s. */
+	for (int i = 1; i <= 25; i++) {
+		ms = fdio_transient_wait_ms(&since, &tries);
+		EXPECT_EQ(ms, i < 20 ? 50u * i : 1000u);
+		grew &= ms >= last;
+		last = ms;
+	}
+	EXPECT(grew);
+	EXPECT(since != 0);
+	/* Given up once the next wait would end past FDIO_TRANSIENT_S from the first
+	 * failure; a fresh series starts again. */
+	since = mono_now_ns() - (FDIO_TRANSIENT_S * 1000000000ull - 10000000ull);
+	EXPECT_EQ(fdio_transient_wait_ms(&since, &tries), 0);
+	since = 0;
+	tries = 0;
+	EXPECT_EQ(fdio_transient_wait_ms(&since, &tries), 50);
+}
+
+static void test_io(const char *dir)
+{
+	char path[256], buf[64];
+	int fd, n = 0, rc;
+	struct dirent *d;
+	DIR *dp;
+
+	snprintf(path, sizeof(path), "%s/f", dir);
+	fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+	EXPECT(fd >= 0);
+	EXPECT_EQ(fdio_write_all(fd, "0123456789", 10), 0);
+	EXPECT_EQ(fdio_pread_all(fd, buf, 4, 3), 0);
+	EXPECT(!memcmp(buf, "3456", 4));
+	EXPECT_EQ(fdio_pread_all(fd, buf, 8, 5), -EIO);	/* past the end: damage */
+	EXPECT_EQ(lseek(fd, 0, SEEK_SET), 0);
+	EXPECT_EQ(fdio_read_all(fd, buf, 10), 0);
+	EXPECT_EQ(fdio_read_all(fd, buf, 1), -EIO);
+	close(fd);
+	EXPECT_EQ(fdio_write_all(-1, "x", 1), -EBADF);
+
+	for (int i = 0; i < 3; i++) {
+		snprintf(path, sizeof(path), "%s/e%d", dir, i);
+		close(open(path, O_WRONLY | O_CREAT, 0600));
+	}
+	fd = open(dir, O_RDONLY | O_DIRECTORY);
+	EXPECT_EQ(fdio_opendir(fd, ".", &dp), 0);
+	while ((rc = fdio_readdir(dp, &d)) > 0)
+		n++;
+	EXPECT_EQ(rc, 0);
+	EXPECT_EQ(n, 6);	/* . .. f e0 e1 e2 */
+	closedir(dp);
+	EXPECT_EQ(fdio_opendir(fd, "f", &dp), -ENOTDIR);
+	snprintf(path, sizeof(path), "%s/link", dir);
+	EXPECT_EQ(symlink(".", path), 0);
+	EXPECT_EQ(fdio_opendir(fd, "link", &dp), -ENOTDIR);	/* never followed */
+
+	/* A local directory: 0; a descriptor that is not open: -EBADF, which is not
+	 * transient, so no fresh descriptor is tried. */
+	EXPECT_EQ(fdio_fsync_dir(fd), 0);
+	EXPECT_EQ(fdio_fsync_dir(-1), -EBADF);
+	close(fd);
+}
+
+int main(void)
+{
+	char dir[] = "/tmp/test_fdio.XXXXXX", cmd[64];
+
+	test_transient();
+	test_schedule();
+	if (!mkdtemp(dir)) {
+		perror("mkdtemp");
+		return 1;
+	}
+	test_io(dir);
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	if (system(cmd))
+		fprintf(stderr, "test_fdio: could not remove %s\n", dir);
+	return test_summary();
+}
