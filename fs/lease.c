@@ -193,6 +193,44 @@ out_free:
 	return rc;
 }
 
+#define LEASE_SCAN_TRIES 3	/* reads of one name replaced under each: then an error */
+
+/* One lease of lease_scan by name: 0 when read, or not one to read (removed, a
+ * temporary, stale: a stale or temporary one older than the grace time is removed);
+ * -ENOENT or -ESTALE when it was replaced while read; else -errno of the failed call,
+ * -EINVAL when it does not parse. A name that cannot be opened for any other reason
+ * than its removal is an error, never skipped: a live lease missed protects nothing. */
+static int lease_scan_one(int leasedir, const char *name, const struct lease_times *t,
+			  int64_t now_ns, int (*add)(void *arg, const uint8_t h[16]), void *arg)
+{
+	int tmp = !strncmp(name, ".tmp.", 5), lfd, rc;
+	struct stat st;
+
+	lfd = openat(leasedir, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	if (lfd < 0)	/* removed, or a symlink (no lease of ours): nothing to read */
+		return errno == ENOENT || errno == ELOOP ? 0 : -errno;
+	if (fstat(lfd, &st)) {
+		rc = -errno;
+		close(lfd);
+		return rc;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		close(lfd);
+		return 0;
+	}
+	if (tmp || !lease_fresh(t, now_ns, mtime_of(&st))) {
+		/* A temporary is never read (its rename is the lease); a stale lease protects
+		 * nothing. Both go once older than the grace time. */
+		if (now_ns - mtime_of(&st) >= t->grace_ns)
+			unlinkat(leasedir, name, 0);
+		close(lfd);
+		return 0;
+	}
+	rc = lease_read_one(lfd, &st, add, arg);
+	close(lfd);
+	return rc;
+}
+
 int lease_scan(int leasedir, const struct lease_times *t, int64_t now_ns,
 	       int (*add)(void *arg, const uint8_t h[16]), void *arg)
 {
@@ -204,30 +242,17 @@ int lease_scan(int leasedir, const struct lease_times *t, int64_t now_ns,
 		return rc;
 	/* A listing cut short is an error: a lease it missed protects no less. */
 	while (!rc && (rc = fdio_readdir(dir, &d)) > 0) {
-		struct stat st;
-		int lfd, tmp;
-
 		rc = 0;
-		tmp = !strncmp(d->d_name, ".tmp.", 5);
 		if (!strcmp(d->d_name, ".") || !strcmp(d->d_name, ".."))
 			continue;
-		lfd = openat(leasedir, d->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-		if (lfd < 0)
-			continue;	/* replaced or removed meanwhile: its successor is read */
-		if (fstat(lfd, &st) || !S_ISREG(st.st_mode)) {
-			close(lfd);
-			continue;
+		/* Replaced under the read (a refresh renames its successor over it, and a
+		 * network filesystem may then answer the old file's reads ENOENT or ESTALE):
+		 * the successor is read under the same name. */
+		for (int tries = 0; tries < LEASE_SCAN_TRIES; tries++) {
+			rc = lease_scan_one(leasedir, d->d_name, t, now_ns, add, arg);
+			if (rc != -ENOENT && rc != -ESTALE)
+				break;
 		}
-		if (tmp || !lease_fresh(t, now_ns, mtime_of(&st))) {
-			/* A temporary is never read (its rename is the lease); a stale lease
-			 * protects nothing. Both go once older than the grace time. */
-			if (now_ns - mtime_of(&st) >= t->grace_ns)
-				unlinkat(leasedir, d->d_name, 0);
-			close(lfd);
-			continue;
-		}
-		rc = lease_read_one(lfd, &st, add, arg);
-		close(lfd);
 		if (rc == -EINVAL) {
 			log_err("lease: leases/%s is fresh but does not parse; gc refused until it "
 				"is refreshed or goes stale", d->d_name);

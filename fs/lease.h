@@ -81,7 +81,9 @@ int lease_write(int leasedir, const char *token, const struct lease_buf *b, int6
  * Read every fresh lease in leasedir and call add(arg, hash) for each object it names
  * (add returns 0 or -errno, which stops the scan). Removes leases stale for longer than
  * the grace time and temporaries older than it. -EIO (logged) if a fresh lease does not
- * parse. Reads every lease: O(objects named).
+ * parse; -errno if a lease could not be opened or read for any reason but its removal
+ * (a lease replaced while read is read again, its successor), never a lease skipped.
+ * Reads every lease: O(objects named).
  */
 int lease_scan(int leasedir, const struct lease_times *t, int64_t now_ns,
 	       int (*add)(void *arg, const uint8_t h[16]), void *arg);

@@ -1386,8 +1386,14 @@ int pack_gc_settle(struct pack_set *ps, struct pack_gc *g, pack_live_fn live2, v
 		snprintf(file, sizeof(file), "%s.pack", t->id);
 		gc_trash_name(t->id, g->token, trash, sizeof(trash));
 		if (back) {
-			if (renameat(ps->dirfd, trash, ps->dirfd, file) && !rc)
-				rc = -errno;
+			if (renameat(ps->dirfd, trash, ps->dirfd, file)) {
+				int e = errno;
+
+				log_err("store: %s/packs/%s: putting it back from the trash failed: "
+					"%s", ps->path, file, strerror(e));
+				if (!rc)
+					rc = -e;
+			}
 		} else if (unlinkat(ps->dirfd, trash, 0) == 0) {
 			*objs += dead;
 			*bytes += t->size - (t->copied < t->size ? t->copied : t->size);

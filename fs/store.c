@@ -2504,20 +2504,21 @@ int store_gc_keep(struct store *s, const uint8_t (*keep)[STORE_HASH_LEN], size_t
 		rc = pack_gc_sweep(s->packs, gc_live, &live, g.now, g.t->grace_ns, s->token, &pg,
 				   &g.tmp_bytes);
 	/* Phase 2 (invariant 3), also after a phase 1 error: trash is settled either way. */
-	if (!rc)
-		step = "its second mark, or settling what it set aside";
 	{
 		int trashed = g.ntrash || (pg && pack_gc_trashed(pg));
 		/* Without a second mark nothing may be removed: all is put back. */
 		int mrc = trashed ? gc_mark(s, g.t, g.now, keep, nkeep, &live2) : 0, rc2;
 
-		rc = rc ? rc : mrc;
+		if (!rc && mrc)
+			rc = mrc, step = "its second mark";
 		rc2 = gc_settle(&g, mrc ? NULL : &live2, &objs, &bytes);
-		rc = rc ? rc : rc2;
+		if (!rc && rc2)
+			rc = rc2, step = "settling the objects it set aside";
 		if (pg) {
 			rc2 = pack_gc_settle(s->packs, pg, mrc ? NULL : gc_live, &live2, &objs,
 					     &bytes);
-			rc = rc ? rc : rc2;
+			if (!rc && rc2)
+				rc = rc2, step = "settling the packs it set aside";
 		}
 	}
 out:
