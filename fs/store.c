@@ -2467,8 +2467,9 @@ int store_gc(struct store *s, uint64_t *removed_objects, uint64_t *freed_bytes)
 	return store_gc_keep(s, NULL, 0, removed_objects, freed_bytes);
 }
 
-int store_gc_keep(struct store *s, const uint8_t (*keep)[STORE_HASH_LEN], size_t nkeep,
-		  uint64_t *removed_objects, uint64_t *freed_bytes)
+/* One run of gc, both phases; store_gc_keep's contract. */
+static int gc_once(struct store *s, const uint8_t (*keep)[STORE_HASH_LEN], size_t nkeep,
+		   uint64_t *removed_objects, uint64_t *freed_bytes)
 {
 	struct hset live = { 0 }, live2 = { 0 };
 	struct gc_run g = { .s = s, .live = &live };
@@ -2528,6 +2529,34 @@ out:
 	hset_free(&live);
 	hset_free(&live2);
 	free(g.trash);
+	if (removed_objects)
+		*removed_objects = objs;
+	if (freed_bytes)
+		*freed_bytes = bytes;
+	return rc;
+}
+
+/* gc meets names that peers make, replace and remove under it (packs, parts, leases),
+ * and a network filesystem may answer ENOENT for a moment about one it lists; gc runs
+ * again from its start then (phase 2 settled all it set aside), at most this often. */
+#define GC_RACE_TRIES 3
+
+int store_gc_keep(struct store *s, const uint8_t (*keep)[STORE_HASH_LEN], size_t nkeep,
+		  uint64_t *removed_objects, uint64_t *freed_bytes)
+{
+	uint64_t objs = 0, bytes = 0;
+	int rc;
+
+	for (int tries = 1;; tries++) {
+		uint64_t o = 0, b = 0;
+
+		rc = gc_once(s, keep, nkeep, &o, &b);
+		objs += o;
+		bytes += b;
+		if (rc != -ENOENT || tries == GC_RACE_TRIES)
+			break;
+		log_warn("store: %s: gc met a name gone under it; running it again", s->path);
+	}
 	if (removed_objects)
 		*removed_objects = objs;
 	if (freed_bytes)

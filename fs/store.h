@@ -229,8 +229,9 @@ void store_set_partial_grace(struct store *s, unsigned seconds);
  * removed, mostly-dead packs repacked (docs/store-format.md, gc). Runs beside other
  * daemons' sessions; -EBUSY only while this handle's own session is open (or a version
  * 1 daemon holds STORE/lock). Refuses with -EIO (logged) if a manifest is damaged (its
- * objects cannot be told apart) or a fresh lease does not parse. Reads all manifests
- * twice and all pack indexes: O(store).
+ * objects cannot be told apart) or a fresh lease does not parse. A run that meets a
+ * name gone under it (-ENOENT) runs again, at most 3 times in all. Reads all manifests
+ * twice and all pack indexes: O(store), per run.
  */
 int store_gc(struct store *s, uint64_t *removed_objects, uint64_t *freed_bytes);
 /* store_gc that also keeps the nkeep objects named in keep: a daemon's live tree may
