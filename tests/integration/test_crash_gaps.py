@@ -767,6 +767,15 @@ def test_a_persist_gives_up_when_the_store_stays_bad(snapenv):
     env.unmount(d)
 
 
+def _assert_x_and_s_kept(env, d, data):
+    """After a gc: MOUNT/ckpt/x reads data, and snapshot s exports it."""
+    with open(os.path.join(d.ckpt, "x"), "rb") as f:
+        U.assert_bytes(f.read(), data, "x after gc")
+    out = env.path("s-out")
+    assert S.export(env.store, "s", out).ok
+    S.assert_tree_equal(files_tree(out), S.model_tree({"x": data}), "s after gc")
+
+
 def _own_lease(env):
     names = [n for n in os.listdir(os.path.join(env.store, "leases")) if not n.startswith(".")]
     assert len(names) == 1, names
@@ -801,11 +810,7 @@ def test_gc_never_skips_a_lease_it_cannot_read(snapenv, syscall, err, gc_ok):
         S.assert_clean_failure(r, f"gc with the lease's {syscall} failing {err}")
     # Nothing the live tree or s needs was collected either way.
     assert S.snap("gc", env.mnt).ok
-    with open(os.path.join(d.ckpt, "x"), "rb") as f:
-        U.assert_bytes(f.read(), data, "x after gc")
-    out = env.path("s-out")
-    assert S.export(env.store, "s", out).ok
-    S.assert_tree_equal(files_tree(out), S.model_tree({"x": data}), "s after gc")
+    _assert_x_and_s_kept(env, d, data)
     env.unmount(d)
 
 
@@ -828,9 +833,5 @@ def test_gc_runs_again_after_a_name_gone_under_it(snapenv):
     assert len(hit) >= 3, f"fewer than three reads of the lease failed: {hit}"
     assert r.ok, f"gc with its first run failing ENOENT: {r!r}\n{d.output()}"
     assert "running it again" in d.output(), d.output()
-    with open(os.path.join(d.ckpt, "x"), "rb") as f:
-        U.assert_bytes(f.read(), data, "x after gc")
-    out = env.path("s-out")
-    assert S.export(env.store, "s", out).ok
-    S.assert_tree_equal(files_tree(out), S.model_tree({"x": data}), "s after gc")
+    _assert_x_and_s_kept(env, d, data)
     env.unmount(d)
