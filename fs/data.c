@@ -123,6 +123,7 @@
 #include "cache/bcache.h"
 #include "cache/log.h"
 #include "cache/mono.h"
+#include "fs/fdio.h"
 #include "fs/passthrough.h"
 #include "tiering/tier.h"
 
@@ -181,10 +182,10 @@ struct data_inflight {
 };
 
 struct data_dir {
-	DIR *dp;
+	struct fdio_dir *dp;
 	struct data_node *n; /* counted in n->nopen (invariant 8) */
 	off_t offset;
-	struct dirent *entry; /* read but not yet returned (buffer was full) */
+	struct dirent64 *entry; /* read but not yet returned (buffer was full) */
 	struct data_dir *prev, *next; /* ns->dirs, under ns->mu */
 };
 
@@ -966,7 +967,7 @@ static int data_node_own_locked(struct data_ns *ns, struct data_node *n,
 		;
 	for (d = ns->dirs; !f && !o && d && d->n != n; d = d->next)
 		;
-	if (!f && (!(o || d) || (*fd = fcntl(o ? o->fd : dirfd(d->dp), F_DUPFD_CLOEXEC, 0)) < 0))
+	if (!f && (!(o || d) || (*fd = fcntl(o ? o->fd : fdio_dirfd(d->dp), F_DUPFD_CLOEXEC, 0)) < 0))
 		return -ESTALE;
 	return 1;
 }
@@ -1768,10 +1769,7 @@ int data_opendir(struct data_ns *ns, struct data_node *n, const struct data_cred
 		pthread_mutex_unlock(&ns->mu);
 		fd = -ESTALE;
 	}
-	if (fd < 0 || !(d->dp = fdopendir(fd))) {
-		rc = fd < 0 ? fd : -errno;
-		if (fd >= 0)
-			close(fd);
+	if ((rc = fd < 0 ? fd : fdio_fdopendir(fd, &d->dp))) {
 		free(d);
 		data_handle_put(ns);
 		return rc;
@@ -1790,10 +1788,15 @@ int data_readdir(struct data_ns *ns, fuse_req_t req, struct data_node *parent,
 {
 	size_t used = 0;
 
-	/* Offsets are telldir() cookies of SOURCE's own directory stream, so a stream
-	 * resumed at any offset lists what SOURCE lists, as passthrough does. */
+	/* Offsets are SOURCE's own cookies (fdio_telldir), so a stream resumed at any
+	 * offset lists what SOURCE lists, as passthrough does. A listing that fails is an
+	 * error, never its end (fdio_readdir: a network SOURCE answers ENOENT for a
+	 * directory still there while a server restarts). */
 	if (off != d->offset) {
-		seekdir(d->dp, off);
+		int rc = fdio_seekdir(d->dp, off);
+
+		if (rc)
+			return rc;
 		d->entry = NULL;
 		d->offset = off;
 	}
@@ -1803,15 +1806,18 @@ int data_readdir(struct data_ns *ns, fuse_req_t req, struct data_node *parent,
 		size_t need;
 
 		if (!d->entry) {
-			errno = 0;
-			d->entry = readdir(d->dp);
-			if (!d->entry) {
-				if (errno && !used)
-					return -errno;
+			int rc = fdio_readdir(d->dp, &d->entry);
+
+			if (rc <= 0) {
+				d->entry = NULL;
+				/* not ENOENT: the reader's readdir(3) would take it for the
+				 * end of a directory that is there */
+				if (rc && !used)
+					return rc == -ENOENT ? -EIO : rc;
 				break;
 			}
 		}
-		off_t next = telldir(d->dp);
+		off_t next = fdio_telldir(d->dp);
 		const char *name = d->entry->d_name;
 
 		if (plus) {
@@ -1821,7 +1827,7 @@ int data_readdir(struct data_ns *ns, fuse_req_t req, struct data_node *parent,
 			if (dot) {
 				e.attr.st_ino = d->entry->d_ino;
 				e.attr.st_mode = DTTOIF(d->entry->d_type);
-			} else if (data_lookup_at(ns, dirfd(d->dp), parent, name, &e)) {
+			} else if (data_lookup_at(ns, fdio_dirfd(d->dp), parent, name, &e)) {
 				d->entry = NULL; /* vanished since readdir: leave it out */
 				d->offset = next;
 				continue;
@@ -1849,7 +1855,7 @@ void data_releasedir(struct data_ns *ns, struct data_dir *d)
 	DATA_UNLINK(&ns->dirs, d);
 	d->n->nopen--;
 	pthread_mutex_unlock(&ns->mu);
-	closedir(d->dp);
+	fdio_closedir(d->dp);
 	free(d);
 	data_handle_put(ns);
 }

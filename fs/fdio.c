@@ -3,6 +3,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -57,28 +59,85 @@ int fdio_pread_all(int fd, void *buf, size_t len, uint64_t off)
 	return off > INT64_MAX ? -EINVAL : read_whole(fd, buf, len, (int64_t)off);
 }
 
-int fdio_opendir(int dirfd, const char *name, DIR **out)
+struct fdio_dir {
+	int fd;
+	size_t pos, len;	/* the next entry's offset in buf, the bytes in it */
+	off_t tell;		/* d_off of the entry returned last */
+	_Alignas(struct dirent64) char buf[32768];
+};
+
+int fdio_opendir(int dirfd, const char *name, struct fdio_dir **out)
 {
 	/* O_NOFOLLOW: a symlink planted in a store (objects/xx) must not lead gc, which
 	 * unlinks what it lists, into a directory elsewhere. */
-	int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC), rc;
+	int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 
-	if (fd < 0)
-		return -errno;
-	if (!(*out = fdopendir(fd))) {
-		rc = -errno;
+	return fd < 0 ? -errno : fdio_fdopendir(fd, out);
+}
+
+int fdio_fdopendir(int fd, struct fdio_dir **out)
+{
+	if (!(*out = malloc(sizeof(**out)))) {
 		close(fd);
-		return rc;
+		return -ENOMEM;
 	}
+	(*out)->fd = fd;
+	(*out)->pos = (*out)->len = 0;
+	(*out)->tell = 0;
 	return 0;
 }
 
-int fdio_readdir(DIR *dir, struct dirent **out)
+int fdio_readdir(struct fdio_dir *dir, struct dirent64 **out)
 {
-	errno = 0;
-	if ((*out = readdir(dir)))
-		return 1;
-	return errno ? -errno : 0;
+	if (dir->pos >= dir->len) {
+		ssize_t n;
+		struct stat st;
+
+		do
+			n = getdents64(dir->fd, dir->buf, sizeof(dir->buf));
+		while (n < 0 && errno == EINTR);
+		if (n < 0) {
+			int err = errno;
+
+			/* removed while listed: the end, as POSIX has it */
+			return err == ENOENT && !fstat(dir->fd, &st) && !st.st_nlink ? 0 : -err;
+		}
+		if (!n)
+			return 0;
+		dir->pos = 0;
+		dir->len = (size_t)n;
+	}
+	*out = (struct dirent64 *)(dir->buf + dir->pos);
+	dir->pos += (*out)->d_reclen;
+	dir->tell = (*out)->d_off;
+	return 1;
+}
+
+off_t fdio_telldir(const struct fdio_dir *dir)
+{
+	return dir->tell;
+}
+
+int fdio_seekdir(struct fdio_dir *dir, off_t pos)
+{
+	if (lseek(dir->fd, pos, SEEK_SET) < 0)
+		return -errno;
+	dir->pos = dir->len = 0;
+	dir->tell = pos;
+	return 0;
+}
+
+int fdio_dirfd(const struct fdio_dir *dir)
+{
+	return dir->fd;
+}
+
+void fdio_closedir(struct fdio_dir *dir)
+{
+	if (dir) {
+		close(dir->fd);
+		free(dir);
+	}
 }
 
 unsigned fdio_transient_wait_ms(uint64_t *since, unsigned *tries)

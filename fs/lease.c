@@ -234,8 +234,8 @@ static int lease_scan_one(int leasedir, const char *name, const struct lease_tim
 int lease_scan(int leasedir, const struct lease_times *t, int64_t now_ns,
 	       int (*add)(void *arg, const uint8_t h[16]), void *arg)
 {
-	struct dirent *d;
-	DIR *dir;
+	struct dirent64 *d;
+	struct fdio_dir *dir;
 	int rc = fdio_opendir(leasedir, ".", &dir);
 
 	if (rc)
@@ -259,7 +259,7 @@ int lease_scan(int leasedir, const struct lease_times *t, int64_t now_ns,
 			rc = -EIO;
 		}
 	}
-	closedir(dir);
+	fdio_closedir(dir);
 	return rc;
 }
 

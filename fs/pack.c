@@ -438,9 +438,9 @@ int pack_set_scan(struct pack_set *ps)
 	int rc = 0, forgot = 0;
 	char (*names)[33] = NULL;
 	size_t nn = 0, cap = 0;
-	struct dirent *d;
+	struct dirent64 *d;
 	uint64_t g0;
-	DIR *dir;
+	struct fdio_dir *dir;
 
 	/* Scans run concurrently (readers' misses, a commit, gc): a scan forgets only packs
 	 * known before its listing began (gen <= g0) that the listing lacks, never one a
@@ -466,7 +466,7 @@ int pack_set_scan(struct pack_set *ps)
 		memcpy(names[nn], d->d_name, 32);
 		names[nn++][32] = 0;
 	}
-	closedir(dir);
+	fdio_closedir(dir);
 	if (rc)
 		goto out;
 	if (nn)
@@ -1087,9 +1087,9 @@ static int gc_trash_live(struct pack_set *ps, const char *name, pack_live_fn liv
 static int gc_leftovers(struct pack_set *ps, pack_live_fn live, void *arg, int64_t now,
 			int64_t grace, uint64_t *freed)
 {
-	struct dirent *d;
+	struct dirent64 *d;
 	struct stat st;
-	DIR *dir;
+	struct fdio_dir *dir;
 	int rc = fdio_opendir(ps->dirfd, ".", &dir), back = 0;
 
 	if (rc)
@@ -1124,7 +1124,7 @@ static int gc_leftovers(struct pack_set *ps, pack_live_fn live, void *arg, int64
 		if (unlinkat(ps->dirfd, d->d_name, 0) == 0)
 			*freed += (uint64_t)st.st_size;
 	}
-	closedir(dir);
+	fdio_closedir(dir);
 	/* A put-back that does not last is a named object lost (as in pack_gc_settle). */
 	if (back && fdio_fsync_dir(ps->dirfd))
 		return -EIO;

@@ -329,8 +329,8 @@ static int store_dir_is_fresh(int dirfd)
 {
 	static const char *const ours[] = { ".", "..", "objects", "packs", "snaps", "leases",
 					    "lock", "FORMAT" };
-	struct dirent *d;
-	DIR *dp;
+	struct dirent64 *d;
+	struct fdio_dir *dp;
 	int rc = fdio_opendir(dirfd, ".", &dp);
 
 	if (rc)
@@ -347,7 +347,7 @@ static int store_dir_is_fresh(int dirfd)
 		if (i == sizeof(ours) / sizeof(ours[0]))
 			rc = -EINVAL;
 	}
-	closedir(dp);
+	fdio_closedir(dp);
 	return rc;
 }
 
@@ -1360,9 +1360,9 @@ struct group_scan {
 
 static int group_scan(int gfd, struct group_scan *g)
 {
-	struct dirent *d;
+	struct dirent64 *d;
 	struct stat st;
-	DIR *dir;
+	struct fdio_dir *dir;
 	int rc;
 
 	memset(g, 0, sizeof(*g));
@@ -1399,7 +1399,7 @@ static int group_scan(int gfd, struct group_scan *g)
 			g->nparts++;
 		}
 	}
-	closedir(dir);
+	fdio_closedir(dir);
 	return rc;
 }
 
@@ -1918,7 +1918,7 @@ static int info_cmp(const void *a, const void *b)
 
 /* A stream over snaps/ from its start, on a description of its own (fdio_opendir: a gc
  * that missed manifests would delete their objects). *out is handed over. */
-static int store_snapdir(struct store *s, DIR **out)
+static int store_snapdir(struct store *s, struct fdio_dir **out)
 {
 	return fdio_opendir(s->snapfd, ".", out);
 }
@@ -1927,8 +1927,8 @@ int store_list(struct store *s, int flags, struct store_snap_info **out, size_t 
 {
 	struct store_snap_info *v = NULL;
 	size_t nv = 0, cap = 0;
-	struct dirent *d;
-	DIR *dir;
+	struct dirent64 *d;
+	struct fdio_dir *dir;
 	int rc = 0;
 
 	if ((rc = store_snapdir(s, &dir)))
@@ -2007,7 +2007,7 @@ int store_list(struct store *s, int flags, struct store_snap_info **out, size_t 
 	if (nv && fsync(s->snapfd) && errno != EROFS)
 		rc = -errno;
 out:
-	closedir(dir);
+	fdio_closedir(dir);
 	if (rc) {
 		free(v);
 		return rc;
@@ -2043,8 +2043,8 @@ int store_latest(struct store *s, char *name)
  * returns 0, the other -ENOENT; the rest tolerates the race. */
 static int group_delete(struct store *s, const char *name)
 {
-	struct dirent *d;
-	DIR *dir;
+	struct dirent64 *d;
+	struct fdio_dir *dir;
 	int gfd, rc;
 
 	if ((gfd = group_open(s, name)) < 0)
@@ -2063,10 +2063,10 @@ static int group_delete(struct store *s, const char *name)
 	if (rc)
 		goto out;
 	if (!fdio_opendir(gfd, ".", &dir)) {
-		while ((d = readdir(dir)))
+		while (fdio_readdir(dir, &d) > 0)	/* what is left is refused by rmdir */
 			if (strcmp(d->d_name, ".") && strcmp(d->d_name, ".."))
 				unlinkat(gfd, d->d_name, 0);
-		closedir(dir);
+		fdio_closedir(dir);
 	}
 	if (unlinkat(s->snapfd, name, AT_REMOVEDIR) && errno != ENOENT && errno != ENOTEMPTY)
 		rc = -errno;
@@ -2121,8 +2121,8 @@ static int gc_group(struct store *s, const char *name, int64_t now, int64_t tmp_
 		    int (*fn)(void *, const struct mf_manifest *), void *arg)
 {
 	struct group_scan g;
-	struct dirent *d;
-	DIR *dir;
+	struct dirent64 *d;
+	struct fdio_dir *dir;
 	int gfd, rc, removed = 0;
 
 	if ((gfd = group_open(s, name)) < 0)
@@ -2184,7 +2184,7 @@ static int gc_group(struct store *s, const char *name, int64_t now, int64_t tmp_
 			mf_free(m);
 		}
 	}
-	closedir(dir);
+	fdio_closedir(dir);
 	if (!rc && removed)
 		rc = sync_dir(s, gfd);
 out:
@@ -2199,8 +2199,8 @@ out:
 static int gc_mark_manifests(struct store *s, const struct lease_times *t, int64_t now,
 			     struct hset *live)
 {
-	struct dirent *d;
-	DIR *dir;
+	struct dirent64 *d;
+	struct fdio_dir *dir;
 	int rc;
 
 	if ((rc = store_snapdir(s, &dir)))
@@ -2235,7 +2235,7 @@ static int gc_mark_manifests(struct store *s, const struct lease_times *t, int64
 		rc = gc_mark_one(live, m);
 		mf_free(m);
 	}
-	closedir(dir);
+	fdio_closedir(dir);
 	return rc;
 }
 
@@ -2266,9 +2266,9 @@ static int gc_mark(struct store *s, const struct lease_times *t, int64_t now,
 /* Temporary manifests older than the grace time: crashed commits' (invariant 4). */
 static int gc_snap_tmps(struct store *s, const struct lease_times *t, int64_t now)
 {
-	struct dirent *d;
+	struct dirent64 *d;
 	struct stat st;
-	DIR *dir;
+	struct fdio_dir *dir;
 	int rc, rc2, removed = 0;
 
 	if ((rc = store_snapdir(s, &dir)))
@@ -2281,7 +2281,7 @@ static int gc_snap_tmps(struct store *s, const struct lease_times *t, int64_t no
 		if (unlinkat(s->snapfd, d->d_name, 0) == 0)
 			removed = 1;
 	}
-	closedir(dir);
+	fdio_closedir(dir);
 	if (removed && (rc2 = sync_dir(s, s->snapfd)))
 		return rc2;
 	return rc;
@@ -2319,16 +2319,16 @@ static int gc_sweep_dir(struct gc_run *g, int i)
 {
 	struct store *s = g->s;
 	char name[8], trash[160];
-	struct dirent *d;
+	struct dirent64 *d;
 	struct stat st;
-	DIR *dir;
+	struct fdio_dir *dir;
 	int fd, rc = 0;
 
 	snprintf(name, sizeof(name), "%02x", i);
 	rc = fdio_opendir(s->objfd, name, &dir);
 	if (rc)
 		return rc == -ENOENT ? 0 : rc;
-	fd = dirfd(dir);	/* the stream's own: closedir closes it */
+	fd = fdio_dirfd(dir);	/* the stream's own: closedir closes it */
 	while ((rc = fdio_readdir(dir, &d)) > 0) {
 		uint8_t h[STORE_HASH_LEN];
 		int tmp = strstr(d->d_name, ".tmp.") || strstr(d->d_name, ".gc.");
@@ -2391,7 +2391,7 @@ static int gc_sweep_dir(struct gc_run *g, int i)
 		g->trash[g->ntrash++].size = (uint64_t)st.st_size;
 		g->touched[i] = 1;
 	}
-	closedir(dir);
+	fdio_closedir(dir);
 	return rc;
 }
 

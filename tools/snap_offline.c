@@ -415,8 +415,8 @@ static int restore_paths(struct restore *r)
 static int target_ok(const char *to)
 {
 	struct stat st;
-	struct dirent *d;
-	DIR *dir;
+	struct dirent64 *d;
+	struct fdio_dir *dir;
 	int empty = 1, rc;
 
 	if (lstat(to, &st)) {
@@ -425,14 +425,14 @@ static int target_ok(const char *to)
 		say("%s: %s", to, strerror(errno));
 		return -errno;
 	}
-	if (!S_ISDIR(st.st_mode) || !(dir = opendir(to))) {
+	if (!S_ISDIR(st.st_mode) || fdio_opendir(AT_FDCWD, to, &dir)) {
 		say("%s: exists and is not an empty directory", to);
 		return -EEXIST;
 	}
 	while ((rc = fdio_readdir(dir, &d)) > 0)
 		if (strcmp(d->d_name, ".") && strcmp(d->d_name, ".."))
 			empty = 0;
-	closedir(dir);
+	fdio_closedir(dir);
 	if (rc < 0) {
 		say("%s: %s", to, strerror(-rc));
 		return rc;

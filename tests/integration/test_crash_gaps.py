@@ -237,7 +237,7 @@ def test_kill_snap_clients_then_gc_frees_garbage(snapenv, monkeypatch):
 
 GC_LEASES = "0.02,0.04,0.05"     # offline, no lease left: gc may collect at once
 FAULTS = [("write", "ENOSPC"), ("fsync", "EIO"), ("renameat", "EIO"), ("unlinkat", "EIO"),
-          ("openat", "EIO"), ("getdents64", "EIO"), ("pread64", "EIO")]
+          ("openat", "EIO"), ("getdents64", "EIO"), ("getdents64", "ENOENT"), ("pread64", "EIO")]
 SPARSE = ("openat", "pread64")
 
 
@@ -587,6 +587,31 @@ def test_a_pack_descriptor_gone_bad_is_replaced(snapenv):
     read("f2")
     read("f3")
     a.unmount(da)
+
+
+def test_a_source_listing_that_fails_is_an_error(snapenv):
+    """Every getdents64 of a SOURCE directory fails with ENOENT (strace on the running
+    daemon), as a network filesystem's client answers for a directory still there while
+    a server restarts: listing MOUNT/data/ds fails with EIO, and lists every name once
+    the fault is gone. Before, the daemon's readdir(3) took ENOENT for the end and
+    MOUNT/data/ds listed empty, and a reader's readdir(3) would do the same with an
+    ENOENT passed on."""
+    env = snapenv("crash-srclist-")
+    ds = os.path.join(env.src, "ds")
+    os.mkdir(ds)
+    names = {f"sample-{i:05d}.bin" for i in range(2000)}
+    for n in names:
+        open(os.path.join(ds, n), "wb").close()
+    d = env.mount(foreground=True)
+    with injecting(d.pid, env.path("srclist.tr"), "getdents64", "ENOENT", "1+",
+                   path=ds) as hit:
+        with pytest.raises(OSError) as e:
+            got = os.listdir(os.path.join(env.mnt, "data", "ds"))
+            pytest.fail(f"listed {len(got)} of {len(names)} names with SOURCE failing")
+        assert e.value.errno == errno.EIO, e.value
+    assert hit, "no getdents64 of SOURCE/ds failed"
+    assert set(os.listdir(os.path.join(env.mnt, "data", "ds"))) == names
+    env.unmount(d)
 
 
 def restored_from_a_peer(snapenv, prefix, files, foreground=False):
