@@ -237,6 +237,9 @@ struct data_ns {
 	size_t nwnodes;
 	_Atomic uint64_t wevents;
 	_Atomic int wfailed; /* a directory could not be watched (logged once) */
+	/* A SOURCE read gave up after FDIO_TRANSIENT_S of transient errors and none was
+	 * answered since: data_pread tries once, not for another FDIO_TRANSIENT_S. */
+	_Atomic int src_down;
 	/* Open handles (files and directory streams): each holds a descriptor of SOURCE for
 	 * as long as the kernel keeps it, so opens of MOUNT/data could use up the daemon's
 	 * descriptors, and then the persister, the spill tier, the store and everyone's
@@ -1498,33 +1501,84 @@ void data_release(struct data_ns *ns, struct data_file *f)
 	data_handle_put(ns);
 }
 
+/* f's descriptor opened again through /proc/self/fd (the same file, no path walk) and
+ * put in its place by dup3: every reader of f->fd then reads the fresh one, and a
+ * pread in flight on the old one keeps its file. 0 or -errno. */
+static int data_fd_renew(struct data_file *f)
+{
+	char p[32];
+	int fd, rc;
+
+	snprintf(p, sizeof(p), "/proc/self/fd/%d", f->fd);
+	if ((fd = open(p, O_RDONLY | O_CLOEXEC)) < 0)
+		return -errno;
+	rc = dup3(fd, f->fd, O_CLOEXEC) < 0 ? -errno : 0;
+	close(fd);
+	return rc;
+}
+
+/* A transient failure of a SOURCE read (fdio_transient): a GlusterFS client answers
+ * EBADFD on a descriptor not yet open on the brick that came back (it stays bad) and
+ * ENOTCONN while no server answers, for a few seconds. The reader would get an errno
+ * read(2) never gives, so the read is made again, at once on a renewed descriptor and
+ * then on fdio's schedule, as the store's reads are (store_get_block); once a read gave
+ * up (EIO), each read tries once until one is answered. 1 to read again, 0 to fail. */
+static int data_pread_again(struct data_ns *ns, struct data_file *f, int rc,
+			    uint64_t *since, unsigned *tries)
+{
+	unsigned ms;
+
+	if (!fdio_transient(rc) || atomic_load(&ns->src_down))
+		return 0;
+	if (!(ms = fdio_transient_wait_ms(since, tries))) {
+		if (!atomic_exchange(&ns->src_down, 1))
+			log_err("data: reads of %s still fail after %d s: %s; reads try once "
+				"until one is answered", ns->src_path, FDIO_TRANSIENT_S,
+				strerror(-rc));
+		return 0;
+	}
+	if (*tries == 1)
+		log_warn("data: read of %s failed: %s (source %s); trying again for up to %d s",
+			 f->n->name, strerror(-rc), ns->src_path, FDIO_TRANSIENT_S);
+	else
+		usleep(ms * 1000);
+	data_fd_renew(f);	/* its failure: the next read fails again */
+	return 1;
+}
+
 /* Reads [off, off + len) of f from SOURCE into a new, unhashed block (counted, handed
  * to the caller) with pread in the calling FUSE worker, holding no lock. */
 static int data_pread(struct data_ns *ns, struct data_file *f, uint64_t off, uint32_t len,
 		      struct bc_block **out)
 {
 	struct bc_block *b = bc_block_new(ns->m->bc, BC_DATA, len);
+	uint64_t since = 0;
+	unsigned tries = 0;
 	uint32_t got = 0;
 
 	if (!b)
 		return -ENOMEM;
 	while (got < len) {
 		ssize_t r = pread(f->fd, (char *)bc_block_buf(b) + got, len - got, off + got);
+		int rc = r < 0 ? -errno : -EIO;
 
-		if (r < 0 && errno == EINTR)
+		if (r > 0) {
+			got += r;
 			continue;
-		if (r <= 0) {
-			int rc = r < 0 ? -errno : -EIO;
-
-			atomic_fetch_add(&ns->m->st.source_errors, 1);
-			log_err("data: read of %s at %llu failed: %s (source %s)", f->n->name,
-				(unsigned long long)(off + got),
-				r < 0 ? strerror(-rc) : "file shrank underneath", ns->src_path);
-			bc_block_put(ns->m->bc, b);
-			return rc;
 		}
-		got += r;
+		if (rc == -EINTR || data_pread_again(ns, f, rc, &since, &tries))
+			continue;
+		atomic_fetch_add(&ns->m->st.source_errors, 1);
+		log_err("data: read of %s at %llu failed: %s (source %s)", f->n->name,
+			(unsigned long long)(off + got),
+			r < 0 ? strerror(-rc) : "file shrank underneath", ns->src_path);
+		bc_block_put(ns->m->bc, b);
+		return fdio_transient(rc) ? -EIO : rc;
 	}
+	if (atomic_load(&ns->src_down))	/* a load, not a store, per read */
+		atomic_store(&ns->src_down, 0);
+	if (tries)
+		log_info("data: read of %s succeeded after %u tries", f->n->name, tries + 1);
 	bc_block_set_len(b, got);
 	atomic_fetch_add(&ns->m->st.source_bytes_read, got);
 	atomic_fetch_add(&ns->m->st.source_reads, 1);

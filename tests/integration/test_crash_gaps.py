@@ -614,6 +614,56 @@ def test_a_source_listing_that_fails_is_an_error(snapenv):
     env.unmount(d)
 
 
+@pytest.mark.parametrize("err,when", [("EBADFD", "1..3"), ("ENOTCONN", "1")])
+def test_a_source_read_rides_out_a_transient_error(snapenv, err, when):
+    """The daemon's reads of a SOURCE file fail with EBADFD (the first three in each
+    thread) or ENOTCONN (the first), as a GlusterFS client answers while a brick
+    restarts (strace on the running daemon, passthrough off so that the daemon reads):
+    the read is made again on the file opened anew and the reader gets its bytes.
+    Before, read(2) on the reader's valid descriptor failed with that errno."""
+    env = snapenv(f"crash-srcread-{err}-")
+    data = rng_for(f"srcread-{err}").randbytes(3 * MiB + 17)
+    S.write(os.path.join(env.src, "f"), data)
+    d = env.mount(opts="passthrough=off", foreground=True)
+    with injecting(d.pid, env.path("srcread.tr"), "preadv,pread64", err, when,
+                   path=os.path.join(env.src, "f")) as hit:
+        with open(os.path.join(env.mnt, "data", "f"), "rb") as f:
+            U.assert_bytes(f.read(), data, f"read through {err}")
+    assert hit, f"no read of SOURCE failed: the test tests nothing\n{d.output()}"
+    assert "trying again" in d.output(), d.output()
+    env.unmount(d)
+
+
+def test_a_source_read_fails_eio_when_source_stays_bad(snapenv):
+    """Every read of a SOURCE file fails with ENOTCONN: the reader gets EIO once SOURCE
+    has not come back for FDIO_TRANSIENT_S (30 s), the reads after it try once (a
+    FUSE worker is not held another 30 s per read) until SOURCE answers again, and then
+    the file reads."""
+    env = snapenv("crash-srcstays-")
+    data = rng_for("srcstays").randbytes(2 * MiB)
+    S.write(os.path.join(env.src, "f"), data)
+    d = env.mount(opts="passthrough=off", foreground=True)
+
+    def failing_read():
+        with pytest.raises(OSError) as e:
+            with open(os.path.join(env.mnt, "data", "f"), "rb") as f:
+                f.read()
+        assert e.value.errno == errno.EIO, e.value
+
+    with injecting(d.pid, env.path("srcstays.tr"), "preadv,pread64", "ENOTCONN", "1+",
+                   path=os.path.join(env.src, "f")) as hit:
+        failing_read()
+        failing_read()
+    assert hit, "no read of SOURCE failed: the test tests nothing"
+    out = d.output()
+    # One read waited out the schedule; every later one (the kernel's own second read
+    # of the page, the second reader) tried once.
+    assert out.count("still fail after") == 1 and out.count("trying again") == 1, out
+    with open(os.path.join(env.mnt, "data", "f"), "rb") as f:
+        U.assert_bytes(f.read(), data, "f once SOURCE reads again")
+    env.unmount(d)
+
+
 def restored_from_a_peer(snapenv, prefix, files, foreground=False):
     """A mount whose MOUNT/ckpt is a restore of files (name -> bytes) taken by a peer
     over the same store: the mount holds none of their blocks in memory, so each read is
