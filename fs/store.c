@@ -1,6 +1,7 @@
 /*
  * store.c - the durable snapshot store (contract in store.h, bytes in
- * docs/store-format.md).
+ * docs/store-format.md): layout, objects, sessions, commits, groups, listing, verify.
+ * Its gc is store_gc.c; what both share is store_int.h.
  *
  * Invariants (cited in the code as "invariant N"):
  *  1. A file named packs/<id>.pack is complete and durable: it was written under a
@@ -85,6 +86,7 @@
 #include "fs/le.h"
 #include "fs/lease.h"
 #include "fs/pack.h"
+#include "fs/store_int.h"
 
 #define OBJ_MAGIC "MLOB"
 #define OBJ_VERSION 1
@@ -95,52 +97,9 @@
 #define LZ4_PROBE (64 * 1024)	/* bytes compressed to judge a block (store_put_block) */
 #define MANIFEST_MAX (1ull << 32)	/* refuse to slurp anything larger as a manifest */
 
-struct store {
-	char *path;
-	int dirfd, objfd, snapfd, leasefd, packfd;	/* objfd: -1 without objects/ (v1) */
-	struct pack_set *packs;		/* the index of STORE/packs */
-	/* Guards pw: puts of several threads take turns at the session's pack. Lock
-	 * order: under mu (commit, abort) or alone (put), never under lmu; under it lmu
-	 * and the pack set's ps->mu. Held across the pack's writes and, when it fills or
-	 * at a commit, its fsync and publish (pack_writer_add, pack_writer_finish):
-	 * store I/O, on the persister's thread only. */
-	pthread_mutex_t pmu;
-	struct pack_writer *pw;		/* the session's open pack, NULL between packs */
-	struct lease_keeper *lease;	/* writable handles: invariant 3 */
-	/* Guards lease_src, lease_arg, lease_put, pw_id, pw_named. Lock order: after mu,
-	 * pmu and the lease keeper's k->mu (a refresh fills the lease: store_lease_fill),
-	 * or alone; under it only the pack set's ps->mu (lease_name). No I/O under it:
-	 * the lease source is called after it is dropped. */
-	pthread_mutex_t lmu;
-	store_lease_fn lease_src;	/* what the owner's live tree reads (may be NULL) */
-	void *lease_arg;
-	uint8_t pw_id[16];		/* the pack being written: named by the lease */
-	int pw_named;
-	struct hset lease_put;	/* every hash put in this session: named by the lease */
-	/* Guards everything below: the session. Lock order: under snapd's store_mu or
-	 * nothing; under it pmu, lmu, the pack set's ps->mu, the lease keeper's k->mu (a
-	 * refresh in a commit or gc) and, through that refresh's lease source, bcache's
-	 * shard mutexes. Held across store I/O: a whole commit (fsyncs, the lease write,
-	 * one stat per block) or gc, a session's start (a scan of packs/); never taken
-	 * by the lease thread, so a long commit never holds up the periodic refresh. */
-	pthread_mutex_t mu;
-	int session;		/* a session is open (its puts are named by the lease) */
-	_Atomic int broken;	/* invariant 6; atomic: sync_dir sets it with or without mu */
-	/* A read gave up after FDIO_TRANSIENT_S of transient errors, and none answered
-	 * since: store_get_block tries once, not for another FDIO_TRANSIENT_S. */
-	_Atomic int get_down;
-	struct hset put;	/* hashes put in this session: 1 written or being written,
-				 * 2 its write failed (may be put again) */
-	int full_sync;		/* after store_recover: the next commit syncs every dir */
-	char token[64];		/* pid, handle, random: unique among processes and hosts */
-	int (*hook)(void *arg, int step);
-	void *hook_arg;
-	unsigned partial_grace_s;	/* gc keeps partial groups younger than this */
-};
-
 /* ---- small helpers ---- */
 
-static void hex16(const uint8_t h[STORE_HASH_LEN], char out[33])
+void store_hex16(const uint8_t h[STORE_HASH_LEN], char out[33])
 {
 	static const char d[] = "0123456789abcdef";
 
@@ -155,7 +114,7 @@ void store_object_name(const uint8_t hash[STORE_HASH_LEN], char buf[48])
 {
 	char hex[33];
 
-	hex16(hash, hex);
+	store_hex16(hash, hex);
 	snprintf(buf, 48, "objects/%.2s/%s", hex, hex);
 }
 
@@ -197,8 +156,7 @@ static void hash128(const void *buf, size_t len, uint8_t out[STORE_HASH_LEN])
 	memcpy(out, c.digest, STORE_HASH_LEN);
 }
 
-
-static int unhex(const char *s, uint8_t out[STORE_HASH_LEN])
+int store_unhex(const char *s, uint8_t out[STORE_HASH_LEN])
 {
 	for (int i = 0; i < 2 * STORE_HASH_LEN; i++) {
 		int c = s[i], v;
@@ -219,7 +177,7 @@ static int unhex(const char *s, uint8_t out[STORE_HASH_LEN])
 
 /* fsync a directory (transient failures made again: fdio_fsync_dir); a failure breaks
  * the handle (invariant 6). */
-static int sync_dir(struct store *s, int fd)
+int store_sync_dir(struct store *s, int fd)
 {
 	int rc = fdio_fsync_dir(fd);
 
@@ -1046,7 +1004,7 @@ int store_get_block(struct store *s, const uint8_t hash[STORE_HASH_LEN], void *b
 	while (fdio_transient(rc = store_get_once(s, hash, buf, len)) &&
 	       !atomic_load(&s->get_down) && (ms = fdio_transient_wait_ms(&since, &tries))) {
 		if (tries == 1) {
-			hex16(hash, hx);
+			store_hex16(hash, hx);
 			log_warn("store: %s: read of object %s failed: %s; trying again for up to %d s",
 				 s->path, hx, strerror(-rc), FDIO_TRANSIENT_S);
 		}
@@ -1056,12 +1014,12 @@ int store_get_block(struct store *s, const uint8_t hash[STORE_HASH_LEN], void *b
 		if (atomic_load(&s->get_down))	/* a load, not a store, per read */
 			atomic_store(&s->get_down, 0);
 	} else if (!atomic_exchange(&s->get_down, 1)) {
-		hex16(hash, hx);
+		store_hex16(hash, hx);
 		log_err("store: %s: read of object %s still fails after %d s: %s; reads try "
 			"once until one is answered", s->path, hx, FDIO_TRANSIENT_S, strerror(-rc));
 	}
 	if (tries && !fdio_transient(rc)) {
-		hex16(hash, hx);
+		store_hex16(hash, hx);
 		log_info("store: %s: read of object %s: %s after %u tries", s->path, hx,
 			 rc >= 0 ? "succeeded" : strerror(-rc), tries + 1);
 	}
@@ -1091,7 +1049,7 @@ static int sync_objects_locked(struct store *s)
 	 * the manifest may name objects (dedup) in a pack a peer renamed into packs/ and
 	 * has not fsynced packs/ for yet, a name a power cut could take back. One
 	 * directory fsync per such commit (a take of an unchanged tree, mostly). */
-	if (!own && s->packfd >= 0 && (rc = sync_dir(s, s->packfd)))
+	if (!own && s->packfd >= 0 && (rc = store_sync_dir(s, s->packfd)))
 		return rc;
 	if (s->full_sync) {
 		/* store_recover: what an earlier failed fsync may have dropped is flushed
@@ -1101,7 +1059,7 @@ static int sync_objects_locked(struct store *s)
 			log_err("store: %s: syncfs: %s", s->path, strerror(errno));
 			return rc;
 		}
-		if ((rc = sync_dir(s, s->packfd)) || (rc = sync_dir(s, s->snapfd)))
+		if ((rc = store_sync_dir(s, s->packfd)) || (rc = store_sync_dir(s, s->snapfd)))
 			return rc;
 		s->full_sync = 0;
 	}
@@ -1274,7 +1232,7 @@ static int commit_to_locked(struct store *s, const struct mf_manifest *m, int df
 	if ((rc = commit_publish(dfd, tmp, fname)))
 		goto fail;
 	staged = 0;
-	if ((rc = sync_dir(s, dfd)))
+	if ((rc = store_sync_dir(s, dfd)))
 		goto fail;
 	session_end(s);
 	free(buf);
@@ -1309,7 +1267,6 @@ out:
 
 /* ---- groups: snaps/NAME/part-K-of-N and snaps/NAME/group (invariant 9) ---- */
 
-#define GROUP_FILE "group"
 #define GROUP_MAGIC "mlfs-group\nversion 1\n"
 
 /* Worker K of N's part file name. */
@@ -1320,7 +1277,7 @@ static void part_name(unsigned k, unsigned n, char buf[48])
 
 /* 0 if d is "part-K-of-N" with K < N <= STORE_WORKERS_MAX written the one way
  * part_name writes it (so no two spellings name one part); else -EINVAL. */
-static int part_parse(const char *d, unsigned *k, unsigned *n)
+int store_part_parse(const char *d, unsigned *k, unsigned *n)
 {
 	char again[48];
 	unsigned a, b;
@@ -1337,7 +1294,7 @@ static int part_parse(const char *d, unsigned *k, unsigned *n)
 
 /* The group directory snaps/<name>, opened (-ENOENT, or -ENOTDIR for a plain
  * manifest). The fd is handed over. */
-static int group_open(struct store *s, const char *name)
+int store_group_open(struct store *s, const char *name)
 {
 	int fd = openat(s->snapfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 
@@ -1350,15 +1307,7 @@ static int group_open(struct store *s, const char *name)
  * parts of different counts, which never complete), a bitmap of the parts present
  * (have[] of STORE_WORKERS_MAX bits), their count, whether "group" exists, and the
  * newest mtime of anything in it. O(entries). */
-struct group_scan {
-	int workers;
-	unsigned nparts;
-	int complete;
-	int64_t newest_ns;
-	uint8_t have[STORE_WORKERS_MAX / 8];
-};
-
-static int group_scan(int gfd, struct group_scan *g)
+int store_group_scan(int gfd, struct group_scan *g)
 {
 	struct dirent64 *d;
 	struct stat st;
@@ -1388,7 +1337,7 @@ static int group_scan(int gfd, struct group_scan *g)
 			g->complete = 1;
 			continue;
 		}
-		if (part_parse(d->d_name, &k, &n))
+		if (store_part_parse(d->d_name, &k, &n))
 			continue;
 		if (g->workers && g->workers != (int)n)
 			g->workers = -1;
@@ -1405,8 +1354,8 @@ static int group_scan(int gfd, struct group_scan *g)
 
 /* Reads and checks one part: decodes (its checksum) and carries the group's name.
  * *m (may be NULL) handed over; the file's size and XXH3-128 in size/hash. */
-static int part_load(struct store *s, int gfd, const char *name, const char *pname,
-		     struct mf_manifest **m, uint64_t *size, uint8_t hash[STORE_HASH_LEN])
+int store_part_load(struct store *s, int gfd, const char *name, const char *pname,
+		    struct mf_manifest **m, uint64_t *size, uint8_t hash[STORE_HASH_LEN])
 {
 	struct mf_manifest *p = NULL;
 	void *buf;
@@ -1454,7 +1403,7 @@ static int group_encode(const char *name, unsigned n, const uint64_t *sizes,
 		return -ENOMEM;
 	at = (size_t)snprintf(b, cap, GROUP_MAGIC "workers %u\n", n);
 	for (unsigned k = 0; k < n; k++) {
-		hex16(hashes[k], hex);
+		store_hex16(hashes[k], hex);
 		at += (size_t)snprintf(b + at, cap - at, "part %u %llu %s\n", k,
 				       (unsigned long long)sizes[k], hex);
 	}
@@ -1504,7 +1453,7 @@ static int group_decode(const char *buf, size_t len, const char *name, unsigned 
 	for (k = 0; k < w; k++) {
 		line = strtok_r(NULL, "\n", &save);
 		if (!line || sscanf(line, "part %u %llu %39s", &kk, &sz, hex) != 3 || kk != k ||
-		    unhex(hex, (*hashes)[k]))
+		    store_unhex(hex, (*hashes)[k]))
 			goto out;
 		(*sizes)[k] = sz;
 	}
@@ -1538,15 +1487,15 @@ int store_group_publish(struct store *s, const char *name)
 		return s->broken;
 	if ((rc = store_name_valid(name)))
 		return rc;
-	if ((gfd = group_open(s, name)) < 0)
+	if ((gfd = store_group_open(s, name)) < 0)
 		return gfd;
-	if ((rc = group_scan(gfd, &g)))
+	if ((rc = store_group_scan(gfd, &g)))
 		goto out;
 	if (g.complete) {
 		/* Published, maybe by a peer that has renamed the group file in and not
 		 * yet fsynced the directory: fsync it before saying so (the group file's
 		 * and the parts' bytes were fsynced before that rename). */
-		rc = sync_dir(s, gfd) ?: 1;
+		rc = store_sync_dir(s, gfd) ?: 1;
 		goto out;
 	}
 	if (g.workers <= 0 || g.nparts < (unsigned)g.workers) {
@@ -1571,7 +1520,7 @@ int store_group_publish(struct store *s, const char *name)
 			goto out;
 		}
 		close(fd);
-		if ((rc = part_load(s, gfd, name, pname, NULL, &sizes[k], hashes[k])))
+		if ((rc = store_part_load(s, gfd, name, pname, NULL, &sizes[k], hashes[k])))
 			goto out;
 	}
 	if ((rc = group_encode(name, (unsigned)g.workers, sizes, hashes, &buf, &len)))
@@ -1586,7 +1535,7 @@ int store_group_publish(struct store *s, const char *name)
 		rc = 0;
 	if (rc)
 		goto out_unlink;
-	if ((rc = sync_dir(s, gfd)))
+	if ((rc = store_sync_dir(s, gfd)))
 		goto out_unlink;
 	rc = 1;
 out_unlink:
@@ -1625,15 +1574,15 @@ int store_commit_part(struct store *s, const struct mf_manifest *m, unsigned wor
 		rc = -errno;
 		goto out;
 	}
-	if ((gfd = group_open(s, m->name)) < 0) {
+	if ((gfd = store_group_open(s, m->name)) < 0) {
 		rc = gfd == -ENOTDIR ? -EEXIST : gfd;	/* a single snapshot of that name */
 		goto out;
 	}
 	/* mkdir durable before anything is put in it (NFS, ext4: a dir entry needs its
 	 * parent's fsync). */
-	if ((rc = sync_dir(s, s->snapfd)))
+	if ((rc = store_sync_dir(s, s->snapfd)))
 		goto out;
-	if ((rc = group_scan(gfd, &g)))
+	if ((rc = store_group_scan(gfd, &g)))
 		goto out;
 	part_name(worker, workers, pname);
 	if (g.complete || (g.workers && g.workers != (int)workers) ||
@@ -1671,10 +1620,10 @@ int store_name_taken(struct store *s, const char *name, unsigned worker, unsigne
 		return 0;
 	if (!S_ISDIR(st.st_mode) || workers < 2)
 		return 1;
-	if ((gfd = group_open(s, name)) < 0)
+	if ((gfd = store_group_open(s, name)) < 0)
 		return 1;
 	part_name(worker, workers, pname);
-	if (group_scan(gfd, &g) || g.complete || (g.workers && g.workers != (int)workers) ||
+	if (store_group_scan(gfd, &g) || g.complete || (g.workers && g.workers != (int)workers) ||
 	    fstatat(gfd, pname, &st, AT_SYMLINK_NOFOLLOW) == 0) {
 		close(gfd);
 		return 1;
@@ -1690,9 +1639,9 @@ int store_group_state(struct store *s, const char *name, unsigned *parts, unsign
 
 	if ((rc = store_name_valid(name)))
 		return rc;
-	if ((gfd = group_open(s, name)) < 0)
+	if ((gfd = store_group_open(s, name)) < 0)
 		return gfd;
-	rc = group_scan(gfd, &g);
+	rc = store_group_scan(gfd, &g);
 	close(gfd);
 	if (rc)
 		return rc;
@@ -1715,7 +1664,7 @@ static int group_load(struct store *s, const char *name, mf_conflict_fn fn, void
 	char pname[48];
 	int gfd, rc;
 
-	if ((gfd = group_open(s, name)) < 0)
+	if ((gfd = store_group_open(s, name)) < 0)
 		return gfd;
 	rc = slurp(gfd, GROUP_FILE, GROUP_FILE_MAX, 0, &buf, &len);
 	if (rc == -ENOENT) {
@@ -1739,7 +1688,7 @@ static int group_load(struct store *s, const char *name, mf_conflict_fn fn, void
 	}
 	for (k = 0; k < n; k++) {
 		part_name(k, n, pname);
-		rc = part_load(s, gfd, name, pname, &parts[k], &sz, h);
+		rc = store_part_load(s, gfd, name, pname, &parts[k], &sz, h);
 		if (rc == -ENOENT)
 			rc = -EIO;	/* the group vouches for it: a lost part is damage */
 		if (!rc && (sz != sizes[k] || memcmp(h, hashes[k], STORE_HASH_LEN))) {
@@ -1817,7 +1766,7 @@ int store_load_manifest(struct store *s, const char *name, struct mf_manifest **
 /* 1 if snaps/<name> is a regular file (or gone meanwhile: the caller's load says so);
  * else 0, with a log line: a FIFO, socket, device, directory or symlink there is
  * nothing commit wrote, and opening it could block or lead elsewhere. */
-static int snap_entry_regular(struct store *s, const char *name)
+int store_snap_entry_regular(struct store *s, const char *name)
 {
 	struct stat st;
 
@@ -1840,9 +1789,9 @@ static int snap_entry_group(struct store *s, const char *name, struct group_scan
 		return -ENOENT;
 	if (!S_ISDIR(st.st_mode))
 		return 0;
-	if ((gfd = group_open(s, name)) < 0)
+	if ((gfd = store_group_open(s, name)) < 0)
 		return -ENOENT;
-	rc = group_scan(gfd, g);
+	rc = store_group_scan(gfd, g);
 	/* Listed complete only once durable: its publisher may have renamed the group
 	 * file in and not yet fsynced the directory (the parts' and the group file's
 	 * bytes were fsynced before that rename). A read-only filesystem has no such
@@ -1878,7 +1827,7 @@ static int group_partial_info(struct store *s, const char *name, const struct gr
 		*out = m;
 		return 0;
 	}
-	if ((gfd = group_open(s, name)) < 0)
+	if ((gfd = store_group_open(s, name)) < 0)
 		return gfd;
 	if (!(parts = calloc((size_t)g->workers, sizeof(*parts)))) {
 		rc = -ENOMEM;
@@ -1888,7 +1837,7 @@ static int group_partial_info(struct store *s, const char *name, const struct gr
 		if (!(g->have[k / 8] & (1u << (k % 8))))
 			continue;
 		part_name(k, (unsigned)g->workers, pname);
-		rc = part_load(s, gfd, name, pname, &parts[np], NULL, NULL);
+		rc = store_part_load(s, gfd, name, pname, &parts[np], NULL, NULL);
 		if (rc == -ENOENT)
 			rc = 0;
 		else if (!rc)
@@ -1915,10 +1864,9 @@ static int info_cmp(const void *a, const void *b)
 	return strcmp(x->name, y->name);
 }
 
-
 /* A stream over snaps/ from its start, on a description of its own (fdio_opendir: a gc
  * that missed manifests would delete their objects). *out is handed over. */
-static int store_snapdir(struct store *s, struct fdio_dir **out)
+int store_snapdir(struct store *s, struct fdio_dir **out)
 {
 	return fdio_opendir(s->snapfd, ".", out);
 }
@@ -1951,7 +1899,7 @@ int store_list(struct store *s, int flags, struct store_snap_info **out, size_t 
 
 		if (group < 0)
 			continue;	/* gone meanwhile */
-		if (!group && !snap_entry_regular(s, d->d_name))
+		if (!group && !store_snap_entry_regular(s, d->d_name))
 			continue;
 		if (group && !g.complete)
 			rc = group_partial_info(s, d->d_name, &g, &m);
@@ -2041,25 +1989,25 @@ int store_latest(struct store *s, char *name)
  * file, fsynced: from then on it is no snapshot), then its parts and the directory.
  * Two workers' retention may delete one group at once: whoever removes the group file
  * returns 0, the other -ENOENT; the rest tolerates the race. */
-static int group_delete(struct store *s, const char *name)
+int store_group_delete(struct store *s, const char *name)
 {
 	struct dirent64 *d;
 	struct fdio_dir *dir;
 	int gfd, rc;
 
-	if ((gfd = group_open(s, name)) < 0)
+	if ((gfd = store_group_open(s, name)) < 0)
 		return gfd == -ENOTDIR ? -ENOENT : gfd;
 	rc = unlinkat(gfd, GROUP_FILE, 0) ? -errno : 0;
 	if (rc == -ENOENT) {
 		/* a partial group: deleting it is allowed (its parts go) */
 		struct group_scan g;
 
-		rc = group_scan(gfd, &g);
+		rc = store_group_scan(gfd, &g);
 		if (!rc && !g.nparts && !g.complete)
 			rc = -ENOENT;
 	}
 	if (!rc)
-		rc = sync_dir(s, gfd);
+		rc = store_sync_dir(s, gfd);
 	if (rc)
 		goto out;
 	if (!fdio_opendir(gfd, ".", &dir)) {
@@ -2071,7 +2019,7 @@ static int group_delete(struct store *s, const char *name)
 	if (unlinkat(s->snapfd, name, AT_REMOVEDIR) && errno != ENOENT && errno != ENOTEMPTY)
 		rc = -errno;
 	if (!rc)
-		rc = sync_dir(s, s->snapfd);
+		rc = store_sync_dir(s, s->snapfd);
 out:
 	close(gfd);
 	return rc;
@@ -2087,481 +2035,10 @@ int store_delete(struct store *s, const char *name)
 		return s->broken;
 	/* Invariant 5: the manifest goes first and alone; its objects wait for gc. */
 	if (unlinkat(s->snapfd, name, 0) == 0)
-		return sync_dir(s, s->snapfd);
+		return store_sync_dir(s, s->snapfd);
 	if (errno != EISDIR && errno != EPERM)
 		return -errno;
-	return group_delete(s, name);
-}
-
-/* ---- gc ---- */
-
-static int64_t ts_ns(const struct timespec *ts)
-{
-	return (int64_t)ts->tv_sec * 1000000000 + ts->tv_nsec;
-}
-
-/* Marks every non-hole block of m in live. */
-static int gc_mark_one(void *arg, const struct mf_manifest *m)
-{
-	struct hset *live = arg;
-
-	for (size_t i = 0; i < m->nentries; i++)
-		for (uint64_t k = 0; k < m->entries[i].nblocks; k++)
-			if (!(m->entries[i].blocks[k].flags & MF_BLOCK_HOLE) &&
-			    !hset_find(live, m->entries[i].blocks[k].hash, 1))
-				return -ENOMEM;
-	return 0;
-}
-
-/* A group directory for gc: stale temporaries go (invariant 4); a partial group whose
- * newest file is older than the grace time goes whole (its parts will never be joined
- * by the missing ones: a worker that crashed, or took one snapshot more); every other
- * part is a manifest for fn. Returns 1 if it removed the group. */
-static int gc_group(struct store *s, const char *name, int64_t now, int64_t tmp_grace_ns,
-		    int (*fn)(void *, const struct mf_manifest *), void *arg)
-{
-	struct group_scan g;
-	struct dirent64 *d;
-	struct fdio_dir *dir;
-	int gfd, rc, removed = 0;
-
-	if ((gfd = group_open(s, name)) < 0)
-		return gfd == -ENOENT ? 0 : gfd;
-	if ((rc = group_scan(gfd, &g)))
-		goto out;
-	/* Every part durable but no group file: its publisher died (or hit ENOSPC) after
-	 * the last part. It is a whole snapshot, never garbage: publish it now. */
-	if (!g.complete && g.workers > 0 && g.nparts == (unsigned)g.workers) {
-		rc = store_group_publish(s, name);
-		if (rc == 1) {
-			log_info("store: %s: gc published group %s (all %d parts were durable)",
-				 s->path, name, g.workers);
-			rc = 0;
-			g.complete = 1;
-		}
-		if (rc < 0)
-			goto out;
-	}
-	/* Ages by the store's clock (now: the mtime of the lease gc just wrote), as every
-	 * other age gc judges, so a worker's skewed clock cannot make a group look old. */
-	if (!g.complete && now - g.newest_ns > (int64_t)s->partial_grace_s * 1000000000) {
-		log_info("store: %s: gc removes partial group %s (%u of %d parts, untouched for "
-			 "over %u s)", s->path, name, g.nparts, g.workers, s->partial_grace_s);
-		rc = group_delete(s, name);
-		rc = rc == -ENOENT ? 0 : rc < 0 ? rc : 1;
-		goto out;
-	}
-	if ((rc = fdio_opendir(gfd, ".", &dir)))
-		goto out;
-	while (!rc && (rc = fdio_readdir(dir, &d)) > 0) {
-		struct mf_manifest *m;
-		unsigned k, n;
-
-		rc = 0;
-		if (!strncmp(d->d_name, ".tmp.", 5)) {
-			struct stat st;
-
-			/* Another worker's part may be being written right now (no exclusive
-			 * lock any more: leases): only a temporary older than the grace time
-			 * is a crashed commit's (invariant 4). */
-			if (!fstatat(gfd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) &&
-			    now - ts_ns(&st.st_mtim) >= tmp_grace_ns)
-				removed |= unlinkat(gfd, d->d_name, 0) == 0;
-			continue;
-		}
-		if (part_parse(d->d_name, &k, &n))
-			continue;
-		rc = part_load(s, gfd, name, d->d_name, &m, NULL, NULL);
-		if (rc == -ENOENT) {
-			rc = 0;
-			continue;
-		}
-		if (rc == -EIO)
-			log_err("store: %s: gc refused: damaged part snaps/%s/%s; verify, then "
-				"delete the group", s->path, name, d->d_name);
-		if (!rc) {
-			rc = fn(arg, m);
-			mf_free(m);
-		}
-	}
-	fdio_closedir(dir);
-	if (!rc && removed)
-		rc = sync_dir(s, gfd);
-out:
-	close(gfd);
-	return rc;
-}
-
-/* Marks every object any manifest in snaps/ names: published single snapshots and every
- * part of every group, complete or partial (invariant 9); removes group temporaries and
- * partial groups past their grace times. The one place that knows where manifests live.
- * Temporaries directly in snaps/ are gc_snap_tmps's. */
-static int gc_mark_manifests(struct store *s, const struct lease_times *t, int64_t now,
-			     struct hset *live)
-{
-	struct dirent64 *d;
-	struct fdio_dir *dir;
-	int rc;
-
-	if ((rc = store_snapdir(s, &dir)))
-		return rc;
-	/* A listing cut short is an error: a manifest it missed is no less live. */
-	while (!rc && (rc = fdio_readdir(dir, &d)) > 0) {
-		struct mf_manifest *m;
-		struct stat st;
-
-		rc = 0;
-		if (d->d_name[0] == '.')
-			continue;	/* ., .., temporaries (gc_snap_tmps) */
-		if (store_name_valid(d->d_name))
-			continue;	/* not a manifest: names no object, not ours to remove */
-		if (!fstatat(s->snapfd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) && S_ISDIR(st.st_mode)) {
-			rc = gc_group(s, d->d_name, now, t->grace_ns, gc_mark_one, live);
-			rc = rc > 0 ? 0 : rc;
-			continue;
-		}
-		if (!snap_entry_regular(s, d->d_name))
-			continue;
-		rc = store_load_manifest(s, d->d_name, &m);
-		if (rc == -ENOENT) {
-			rc = 0;	/* deleted meanwhile */
-			continue;
-		}
-		if (rc == -EIO)
-			log_err("store: %s: gc refused: damaged manifest snaps/%s; verify, then "
-				"delete it", s->path, d->d_name);
-		if (rc)
-			break;
-		rc = gc_mark_one(live, m);
-		mf_free(m);
-	}
-	fdio_closedir(dir);
-	return rc;
-}
-
-static int gc_live(void *arg, const uint8_t h[STORE_HASH_LEN])
-{
-	return hset_find(arg, h, 0) != NULL;
-}
-
-static int gc_lease_add(void *arg, const uint8_t h[STORE_HASH_LEN])
-{
-	return hset_find(arg, h, 1) ? 0 : -ENOMEM;
-}
-
-/* The live set (invariant 3): every object a manifest, keep or a fresh lease names. */
-static int gc_mark(struct store *s, const struct lease_times *t, int64_t now,
-		   const uint8_t (*keep)[STORE_HASH_LEN], size_t nkeep, struct hset *live)
-{
-	int rc;
-
-	if ((rc = gc_mark_manifests(s, t, now, live)))
-		return rc;
-	for (size_t k = 0; k < nkeep; k++)
-		if (!hset_find(live, keep[k], 1))
-			return -ENOMEM;
-	return lease_scan(s->leasefd, t, now, gc_lease_add, live);
-}
-
-/* Temporary manifests older than the grace time: crashed commits' (invariant 4). */
-static int gc_snap_tmps(struct store *s, const struct lease_times *t, int64_t now)
-{
-	struct dirent64 *d;
-	struct stat st;
-	struct fdio_dir *dir;
-	int rc, rc2, removed = 0;
-
-	if ((rc = store_snapdir(s, &dir)))
-		return rc;
-	while ((rc = fdio_readdir(dir, &d)) > 0) {
-		if (strncmp(d->d_name, ".tmp.", 5) ||
-		    fstatat(s->snapfd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) ||
-		    now - ts_ns(&st.st_mtim) < t->grace_ns)
-			continue;
-		if (unlinkat(s->snapfd, d->d_name, 0) == 0)
-			removed = 1;
-	}
-	fdio_closedir(dir);
-	if (removed && (rc2 = sync_dir(s, s->snapfd)))
-		return rc2;
-	return rc;
-}
-
-/* An object gc moved aside in phase 1: objects/xx/<hex>.gc.<token>. */
-struct gc_trash {
-	uint8_t hash[STORE_HASH_LEN];
-	uint64_t size;
-};
-
-struct gc_run {
-	struct store *s;
-	const struct lease_times *t;
-	int64_t now;
-	struct hset *live;
-	struct gc_trash *trash;
-	size_t ntrash, cap;
-	uint64_t tmp_bytes;
-	uint8_t touched[256];
-};
-
-static void gc_trash_name(const struct store *s, const uint8_t h[STORE_HASH_LEN], char *buf,
-			  size_t size)
-{
-	char hex[33];
-
-	hex16(h, hex);
-	snprintf(buf, size, "%s.gc.%s", hex, s->token);
-}
-
-/* Phase 1 in objects/xx: temporaries and other gcs' trash older than the grace time go;
- * an object nothing names and older than the grace time is renamed to our trash name. */
-static int gc_sweep_dir(struct gc_run *g, int i)
-{
-	struct store *s = g->s;
-	char name[8], trash[160];
-	struct dirent64 *d;
-	struct stat st;
-	struct fdio_dir *dir;
-	int fd, rc = 0;
-
-	snprintf(name, sizeof(name), "%02x", i);
-	rc = fdio_opendir(s->objfd, name, &dir);
-	if (rc)
-		return rc == -ENOENT ? 0 : rc;
-	fd = fdio_dirfd(dir);	/* the stream's own: closedir closes it */
-	while ((rc = fdio_readdir(dir, &d)) > 0) {
-		uint8_t h[STORE_HASH_LEN];
-		int tmp = strstr(d->d_name, ".tmp.") || strstr(d->d_name, ".gc.");
-
-		if (!tmp && (strlen(d->d_name) != 32 || unhex(d->d_name, h) || hset_find(g->live, h, 0)))
-			continue;	/* live, or not ours to touch */
-		if (tmp && strlen(d->d_name) > 32 && d->d_name[32] == '.') {
-			char hex[33];
-
-			memcpy(hex, d->d_name, 32);
-			hex[32] = 0;
-			if (!unhex(hex, h) && hset_find(g->live, h, 0)) {
-				/* A session's, named by its lease; or a killed gc's trash of
-				 * an object named since (pack.c gc_trash_live): back under its
-				 * name, once older than grace (its gc is gone by then). */
-				if (!strncmp(d->d_name + 32, ".gc.", 4) &&
-				    !fstatat(fd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) &&
-				    S_ISREG(st.st_mode) &&
-				    g->now - ts_ns(&st.st_ctim) >= g->t->grace_ns) {
-					if (renameat2(fd, d->d_name, fd, hex, RENAME_NOREPLACE) == 0)
-						g->touched[i] = 1;
-					else if (errno == EEXIST)
-						unlinkat(fd, d->d_name, 0);
-				}
-				continue;
-			}
-		}
-		if (fstatat(fd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode))
-			continue;
-		/* Young files may belong to a writer whose lease does not name them yet.
-		 * Trash keeps the object's mtime across the rename: its ctime is when. */
-		if (g->now - ts_ns(tmp ? &st.st_ctim : &st.st_mtim) < g->t->grace_ns)
-			continue;
-		if (tmp) {
-			if (unlinkat(fd, d->d_name, 0) == 0) {
-				g->tmp_bytes += (uint64_t)st.st_size;
-				g->touched[i] = 1;
-			}
-			continue;
-		}
-		if (g->ntrash == g->cap) {
-			size_t cap = g->cap ? 2 * g->cap : 256;
-			void *p = realloc(g->trash, cap * sizeof(*g->trash));
-
-			if (!p) {
-				rc = -ENOMEM;
-				break;
-			}
-			g->trash = p;
-			g->cap = cap;
-		}
-		gc_trash_name(s, h, trash, sizeof(trash));
-		if (renameat(fd, d->d_name, fd, trash)) {
-			if (errno == ENOENT)
-				continue;	/* another gc took it */
-			rc = -errno;
-			break;
-		}
-		memcpy(g->trash[g->ntrash].hash, h, STORE_HASH_LEN);
-		g->trash[g->ntrash++].size = (uint64_t)st.st_size;
-		g->touched[i] = 1;
-	}
-	fdio_closedir(dir);
-	return rc;
-}
-
-/* Phase 2: put back every trashed object that is named now (a commit or restore that
- * named it after phase 1's mark), remove the rest; fsync the directories changed.
- * live2 NULL (the second mark failed): put every one back. */
-static int gc_settle(struct gc_run *g, struct hset *live2, uint64_t *objs, uint64_t *bytes)
-{
-	struct store *s = g->s;
-	char name[48], trash[160];
-	int rc = 0;
-
-	for (size_t i = 0; i < g->ntrash; i++) {
-		const uint8_t *h = g->trash[i].hash;
-
-		store_object_name(h, name);
-		gc_trash_name(s, h, trash + 3, sizeof(trash) - 3);
-		memcpy(trash, name + 8, 3);	/* "xx/" */
-		if (!live2 || hset_find(live2, h, 0)) {
-			if (renameat2(s->objfd, trash, s->objfd, name + 8, RENAME_NOREPLACE) == 0)
-				continue;
-			if (errno == EEXIST)
-				unlinkat(s->objfd, trash, 0);	/* a writer put it again */
-			else if (renameat(s->objfd, trash, s->objfd, name + 8) && !rc)
-				rc = -errno;	/* no NOREPLACE here: same bytes anyway */
-			continue;
-		}
-		if (unlinkat(s->objfd, trash, 0)) {
-			if (!rc)
-				rc = -errno;
-			continue;
-		}
-		(*objs)++;
-		*bytes += g->trash[i].size;
-	}
-	*bytes += g->tmp_bytes;
-	/* Not invariant 6: an unlink that does not last only brings back an object nothing
-	 * names, which the next gc removes again; a put-back that does not last is a
-	 * named object lost, so a failure here is the handle's (sync_dir). */
-	for (int i = 0; i < 256 && !rc; i++) {
-		int fd;
-
-		if (!g->touched[i])
-			continue;
-		snprintf(name, sizeof(name), "%02x", i);
-		fd = openat(s->objfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-		if (fd < 0)
-			return -errno;
-		rc = sync_dir(s, fd);
-		close(fd);
-	}
-	return rc;
-}
-
-/* A version 1 daemon still mounted holds STORE/lock shared for life and would gc under
- * its exclusive flock without reading leases: refuse while one is there. */
-static int gc_no_old_daemon(struct store *s)
-{
-	int fd = openat(s->dirfd, "lock", O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK), rc = 0;
-
-	if (fd < 0)
-		return 0;	/* a version 2 store: no lock file */
-	if (flock(fd, LOCK_EX | LOCK_NB))
-		rc = errno == EWOULDBLOCK ? -EBUSY : 0;
-	else
-		flock(fd, LOCK_UN);
-	close(fd);
-	return rc;
-}
-
-int store_gc(struct store *s, uint64_t *removed_objects, uint64_t *freed_bytes)
-{
-	return store_gc_keep(s, NULL, 0, removed_objects, freed_bytes);
-}
-
-/* One run of gc, both phases; store_gc_keep's contract. */
-static int gc_once(struct store *s, const uint8_t (*keep)[STORE_HASH_LEN], size_t nkeep,
-		   uint64_t *removed_objects, uint64_t *freed_bytes)
-{
-	struct hset live = { 0 }, live2 = { 0 };
-	struct gc_run g = { .s = s, .live = &live };
-	struct pack_gc *pg = NULL;
-	uint64_t objs = 0, bytes = 0;
-	const char *step = NULL;	/* what failed, for the log */
-	int rc = 0;
-
-	pthread_mutex_lock(&s->mu);
-	if (s->broken || s->session || !s->lease) {
-		rc = s->broken ? s->broken : s->session ? -EBUSY : -EROFS;
-		goto out;
-	}
-	step = "its check for a version 1 daemon";
-	if ((rc = gc_no_old_daemon(s)))
-		goto out;
-	g.t = lease_keeper_times(s->lease);
-	/* "now" is our own lease's mtime, stamped by the store's filesystem like every
-	 * time we compare it with (lease.h: clocks). */
-	step = "the refresh of its lease";
-	if ((rc = lease_keeper_refresh(s->lease, NULL, &g.now)))
-		goto out;
-	step = "its mark";
-	if ((rc = gc_mark(s, g.t, g.now, keep, nkeep, &live)))
-		goto out;
-	step = "its sweep of snapshot temporaries";
-	if ((rc = gc_snap_tmps(s, g.t, g.now)))
-		goto out;
-	step = "its sweep";
-	for (int i = 0; i < 256 && !rc && s->objfd >= 0; i++)
-		rc = gc_sweep_dir(&g, i);	/* version 1 objects */
-	if (!rc)
-		rc = pack_gc_sweep(s->packs, gc_live, &live, g.now, g.t->grace_ns, s->token, &pg,
-				   &g.tmp_bytes);
-	/* Phase 2 (invariant 3), also after a phase 1 error: trash is settled either way. */
-	{
-		int trashed = g.ntrash || (pg && pack_gc_trashed(pg));
-		/* Without a second mark nothing may be removed: all is put back. */
-		int mrc = trashed ? gc_mark(s, g.t, g.now, keep, nkeep, &live2) : 0, rc2;
-
-		if (!rc && mrc)
-			rc = mrc, step = "its second mark";
-		rc2 = gc_settle(&g, mrc ? NULL : &live2, &objs, &bytes);
-		if (!rc && rc2)
-			rc = rc2, step = "settling the objects it set aside";
-		if (pg) {
-			rc2 = pack_gc_settle(s->packs, pg, mrc ? NULL : gc_live, &live2, &objs,
-					     &bytes);
-			if (!rc && rc2)
-				rc = rc2, step = "settling the packs it set aside";
-		}
-	}
-out:
-	if (rc && step)
-		log_err("store: %s: gc failed in %s: %s", s->path, step, strerror(-rc));
-	pthread_mutex_unlock(&s->mu);
-	hset_free(&live);
-	hset_free(&live2);
-	free(g.trash);
-	if (removed_objects)
-		*removed_objects = objs;
-	if (freed_bytes)
-		*freed_bytes = bytes;
-	return rc;
-}
-
-/* gc meets names that peers make, replace and remove under it (packs, parts, leases),
- * and a network filesystem may answer ENOENT for a moment about one it lists; gc runs
- * again from its start then (phase 2 settled all it set aside), at most this often. */
-#define GC_RACE_TRIES 3
-
-int store_gc_keep(struct store *s, const uint8_t (*keep)[STORE_HASH_LEN], size_t nkeep,
-		  uint64_t *removed_objects, uint64_t *freed_bytes)
-{
-	uint64_t objs = 0, bytes = 0;
-	int rc;
-
-	for (int tries = 1;; tries++) {
-		uint64_t o = 0, b = 0;
-
-		rc = gc_once(s, keep, nkeep, &o, &b);
-		objs += o;
-		bytes += b;
-		if (rc != -ENOENT || tries == GC_RACE_TRIES)
-			break;
-		log_warn("store: %s: gc met a name gone under it; running it again", s->path);
-	}
-	if (removed_objects)
-		*removed_objects = objs;
-	if (freed_bytes)
-		*freed_bytes = bytes;
-	return rc;
+	return store_group_delete(s, name);
 }
 
 /* ---- verify ---- */
