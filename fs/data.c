@@ -167,6 +167,9 @@ struct data_file {
 	int32_t backing_id; /* > 0: a passthrough open (the node's id) */
 	int counted;	     /* counted in n->ncached */
 	int paged;	     /* under passthrough_min: the mount's page cache is the cache */
+	/* A read of it gave up after FDIO_TRANSIENT_S of transient errors and none was
+	 * answered since: data_pread tries once, not for another FDIO_TRANSIENT_S. */
+	_Atomic int src_down;
 	struct data_file *prev, *next; /* ns->files, under ns->mu (data_open's only) */
 };
 
@@ -237,9 +240,6 @@ struct data_ns {
 	size_t nwnodes;
 	_Atomic uint64_t wevents;
 	_Atomic int wfailed; /* a directory could not be watched (logged once) */
-	/* A SOURCE read gave up after FDIO_TRANSIENT_S of transient errors and none was
-	 * answered since: data_pread tries once, not for another FDIO_TRANSIENT_S. */
-	_Atomic int src_down;
 	/* Open handles (files and directory streams): each holds a descriptor of SOURCE for
 	 * as long as the kernel keeps it, so opens of MOUNT/data could use up the daemon's
 	 * descriptors, and then the persister, the spill tier, the store and everyone's
@@ -1501,17 +1501,24 @@ void data_release(struct data_ns *ns, struct data_file *f)
 	data_handle_put(ns);
 }
 
-/* f's descriptor opened again through /proc/self/fd (the same file, no path walk) and
- * put in its place by dup3: every reader of f->fd then reads the fresh one, and a
- * pread in flight on the old one keeps its file. 0 or -errno. */
-static int data_fd_renew(struct data_file *f)
+/* f's descriptor opened again through /proc/self/fd (the same file, no path walk; with
+ * the daemon's credentials) and put in its place by dup3: every reader of f->fd then
+ * reads the fresh one, and a pread in flight on the old one keeps its file. 0 or
+ * -errno (logged). */
+static int data_fd_renew(struct data_ns *ns, struct data_file *f)
 {
 	char p[32];
 	int fd, rc;
 
 	snprintf(p, sizeof(p), "/proc/self/fd/%d", f->fd);
-	if ((fd = open(p, O_RDONLY | O_CLOEXEC)) < 0)
-		return -errno;
+	if ((fd = open(p, O_RDONLY | O_CLOEXEC)) < 0) {
+		rc = -errno;
+		log_warn("data: cannot open %s again (source %s): %s", f->n->name, ns->src_path,
+			 strerror(-rc));
+		return rc;
+	}
+	if (f->size > ns->m->cfg.block_size)	/* as data_open_source's */
+		posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
 	rc = dup3(fd, f->fd, O_CLOEXEC) < 0 ? -errno : 0;
 	close(fd);
 	return rc;
@@ -1521,20 +1528,29 @@ static int data_fd_renew(struct data_file *f)
  * EBADFD on a descriptor not yet open on the brick that came back (it stays bad) and
  * ENOTCONN while no server answers, for a few seconds. The reader would get an errno
  * read(2) never gives, so the read is made again, at once on a renewed descriptor and
- * then on fdio's schedule, as the store's reads are (store_get_block); once a read gave
- * up (EIO), each read tries once until one is answered. 1 to read again, 0 to fail. */
+ * then on fdio's schedule, as the store's reads are (store_get_block). Once a read of
+ * this open gave up (EIO), each read of it tries once more on a renewed descriptor,
+ * with no wait, until one is answered: an outage costs an open's reader 30 s once,
+ * not per read, and its descriptor mends when SOURCE does. 1 to read again, 0 to
+ * fail. */
 static int data_pread_again(struct data_ns *ns, struct data_file *f, int rc,
 			    uint64_t *since, unsigned *tries)
 {
 	unsigned ms;
 
-	if (!fdio_transient(rc) || atomic_load(&ns->src_down))
+	if (!fdio_transient(rc))
 		return 0;
+	if (atomic_load(&f->src_down)) {
+		if ((*tries)++)
+			return 0;
+		data_fd_renew(ns, f);
+		return 1;
+	}
 	if (!(ms = fdio_transient_wait_ms(since, tries))) {
-		if (!atomic_exchange(&ns->src_down, 1))
-			log_err("data: reads of %s still fail after %d s: %s; reads try once "
-				"until one is answered", ns->src_path, FDIO_TRANSIENT_S,
-				strerror(-rc));
+		atomic_store(&f->src_down, 1);
+		log_err("data: reads of %s still fail after %d s: %s (source %s); its reads "
+			"try once until one is answered", f->n->name, FDIO_TRANSIENT_S,
+			strerror(-rc), ns->src_path);
 		return 0;
 	}
 	if (*tries == 1)
@@ -1542,7 +1558,7 @@ static int data_pread_again(struct data_ns *ns, struct data_file *f, int rc,
 			 f->n->name, strerror(-rc), ns->src_path, FDIO_TRANSIENT_S);
 	else
 		usleep(ms * 1000);
-	data_fd_renew(f);	/* its failure: the next read fails again */
+	data_fd_renew(ns, f);	/* its failure: the next read fails again */
 	return 1;
 }
 
@@ -1575,8 +1591,8 @@ static int data_pread(struct data_ns *ns, struct data_file *f, uint64_t off, uin
 		bc_block_put(ns->m->bc, b);
 		return fdio_transient(rc) ? -EIO : rc;
 	}
-	if (atomic_load(&ns->src_down))	/* a load, not a store, per read */
-		atomic_store(&ns->src_down, 0);
+	if (atomic_load(&f->src_down))	/* a load, not a store, per read */
+		atomic_store(&f->src_down, 0);
 	if (tries)
 		log_info("data: read of %s succeeded after %u tries", f->n->name, tries + 1);
 	bc_block_set_len(b, got);
@@ -1630,13 +1646,9 @@ static int data_fill(struct data_ns *ns, struct data_file *f, uint64_t idx,
 			*out = bc_insert(ns->m->bc, b, &f->fid, idx);
 			return 0;
 		}
-		if (rc == -EIO || rc == -ENOMEM) {
-			atomic_fetch_add(&ns->m->st.source_errors, 1);
-			log_err("data: mapping %s at %llu failed: %s (source %s)", f->n->name,
-				(unsigned long long)off,
-				rc == -EIO ? "file shrank underneath" : strerror(-rc), ns->src_path);
-			return rc;
-		}
+		/* Any failure (a file that shrank, a SOURCE failing for a moment, no
+		 * memory for the mapping) is the read's to judge: it tells a short file
+		 * from a transient error, which it rides out (data_pread_again). */
 	}
 	if ((rc = data_pread(ns, f, off, len, &b)))
 		return rc;
@@ -1755,12 +1767,16 @@ int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
 		}
 		/* A mapped block whose pages the kernel reclaimed: read them back from
 		 * SOURCE now, in one go (they would fault back in the reply anyway, a page
-		 * at a time; never as zeros). SOURCE no longer has them: the read fails. */
-		if (b && (rc = bc_block_refault(ns->m->bc, b)) < 0) {
+		 * at a time; never as zeros). When SOURCE does not give them back (it
+		 * shrank, or failed for a moment), the file's blocks leave the cache, this
+		 * one failing for every reader as it is, and the block is read anew:
+		 * data_pread fails a short file and rides out a transient error. */
+		if (b && bc_block_refault(ns->m->bc, b) < 0) {
 			bc_block_put(ns->m->bc, b);
-			log_err("data: %s changed underneath: its mapped block %llu is gone",
-				f->n->name, (unsigned long long)idx);
-			goto fail;
+			log_warn("data: %s: its mapped block %llu could not be read back; "
+				 "reading it again", f->n->name, (unsigned long long)idx);
+			bc_drop_fid(ns->m->bc, &f->fid);
+			b = NULL;
 		}
 		if (!b && !bc_admits(ns->m->bc)) {
 			/* Nothing would be kept, in memory or on disk: read the rest of the
@@ -1864,10 +1880,11 @@ int data_readdir(struct data_ns *ns, fuse_req_t req, struct data_node *parent,
 
 			if (rc <= 0) {
 				d->entry = NULL;
-				/* not ENOENT: the reader's readdir(3) would take it for the
-				 * end of a directory that is there */
+				/* EIO, not ENOENT (the reader's readdir(3) would take it for
+				 * the end of a directory that is there) nor what getdents(2)
+				 * never gives on a valid descriptor (fdio_transient) */
 				if (rc && !used)
-					return rc == -ENOENT ? -EIO : rc;
+					return rc == -ENOENT || fdio_transient(rc) ? -EIO : rc;
 				break;
 			}
 		}

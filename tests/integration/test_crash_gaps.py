@@ -634,33 +634,50 @@ def test_a_source_read_rides_out_a_transient_error(snapenv, err, when):
     env.unmount(d)
 
 
+def test_a_mapped_source_block_that_fails_is_read_instead(snapenv, monkeypatch):
+    """Clean data held as mappings of SOURCE (tiering's rule M, forced by
+    MLFS_DATA_MAP=always) whose read-in fails (every madvise fails EFAULT, strace on the
+    running daemon, as a page of SOURCE that cannot be read does): the block is read
+    with pread instead and the reader gets its bytes. Before, the read failed EIO,
+    taken for a file that shrank."""
+    monkeypatch.setenv("MLFS_DATA_MAP", "always")
+    env = snapenv("crash-srcmap-")
+    data = rng_for("srcmap").randbytes(3 * MiB + 5)
+    S.write(os.path.join(env.src, "f"), data)
+    d = env.mount(opts="passthrough=off", foreground=True)
+    with injecting(d.pid, env.path("srcmap.tr"), "madvise", "EFAULT", "1+") as hit:
+        with open(os.path.join(env.mnt, "data", "f"), "rb") as f:
+            U.assert_bytes(f.read(), data, "f with its mapping failing")
+    assert any("MADV_POPULATE_READ" in ln for ln in hit), \
+        f"no read-in of a mapping failed: the test tests nothing\n{hit}"
+    env.unmount(d)
+
+
 def test_a_source_read_fails_eio_when_source_stays_bad(snapenv):
-    """Every read of a SOURCE file fails with ENOTCONN: the reader gets EIO once SOURCE
-    has not come back for FDIO_TRANSIENT_S (30 s), the reads after it try once (a
-    FUSE worker is not held another 30 s per read) until SOURCE answers again, and then
-    the file reads."""
+    """Every read of a SOURCE file fails with ENOTCONN: a read through MOUNT/data gets
+    EIO once SOURCE has not come back for FDIO_TRANSIENT_S (30 s); the next reads of
+    that open try once (a FUSE worker is not held another 30 s per read) and fail too;
+    once SOURCE answers, the same open reads its bytes."""
     env = snapenv("crash-srcstays-")
     data = rng_for("srcstays").randbytes(2 * MiB)
     S.write(os.path.join(env.src, "f"), data)
     d = env.mount(opts="passthrough=off", foreground=True)
-
-    def failing_read():
-        with pytest.raises(OSError) as e:
-            with open(os.path.join(env.mnt, "data", "f"), "rb") as f:
-                f.read()
-        assert e.value.errno == errno.EIO, e.value
-
-    with injecting(d.pid, env.path("srcstays.tr"), "preadv,pread64", "ENOTCONN", "1+",
-                   path=os.path.join(env.src, "f")) as hit:
-        failing_read()
-        failing_read()
-    assert hit, "no read of SOURCE failed: the test tests nothing"
-    out = d.output()
-    # One read waited out the schedule; every later one (the kernel's own second read
-    # of the page, the second reader) tried once.
-    assert out.count("still fail after") == 1 and out.count("trying again") == 1, out
-    with open(os.path.join(env.mnt, "data", "f"), "rb") as f:
-        U.assert_bytes(f.read(), data, "f once SOURCE reads again")
+    fd = os.open(os.path.join(env.mnt, "data", "f"), os.O_RDONLY)
+    try:
+        with injecting(d.pid, env.path("srcstays.tr"), "preadv,pread64", "ENOTCONN",
+                       "1+", path=os.path.join(env.src, "f")) as hit:
+            for _ in range(2):
+                with pytest.raises(OSError) as e:
+                    os.pread(fd, len(data), 0)
+                assert e.value.errno == errno.EIO, e.value
+        assert hit, "no read of SOURCE failed: the test tests nothing"
+        out = d.output()
+        # One read waited out the schedule; every later one (the kernel's own second
+        # read of the page, the second pread) tried once.
+        assert out.count("still fail after") == 1 and out.count("trying again") == 1, out
+        U.assert_bytes(os.pread(fd, len(data) + 1, 0), data, "f once SOURCE reads again")
+    finally:
+        os.close(fd)
     env.unmount(d)
 
 
