@@ -358,8 +358,10 @@ class Volume:
 
     def heal_pending(self):
         """Entries still to heal, summed over the bricks; None while a brick is not
-        connected (heal info cannot count it)."""
+        connected (heal info cannot count it). The answer's text is kept in
+        last_heal_info for the error of a wait that times out."""
         r = gluster("volume", "heal", self.name, "info", "--xml", check=False)
+        self.last_heal_info = r.stdout
         try:
             root = ET.fromstring(r.stdout)
         except ET.ParseError:
@@ -378,10 +380,26 @@ class Volume:
         return n
 
     def wait_healed(self, timeout=60):
-        t = time.monotonic()
+        """Until heal info counts no entry on any brick, asking for a heal every 10 s
+        (an entry that became pending after a crawl waits for the next one). A timeout
+        names what heal info listed last."""
+        t = last = time.monotonic()
         gluster("volume", "heal", self.name, check=False)
-        _wait(lambda: self.heal_pending() == 0, timeout,
-              f"volume {self.name} healed (heal info: 0 entries)")
+
+        def healed():
+            nonlocal last
+            if time.monotonic() - last > 10:
+                gluster("volume", "heal", self.name, check=False)
+                last = time.monotonic()
+            return self.heal_pending() == 0
+
+        try:
+            _wait(healed, timeout, f"volume {self.name} healed (heal info: 0 entries)")
+        except GlusterError as e:
+            names = re.findall(r"<name>([^<]*)</name>|<file[^>]*>([^<]*)</file>",
+                               getattr(self, "last_heal_info", ""))
+            raise GlusterError(f"{e}; heal info listed last: "
+                               f"{[a or b for a, b in names][:40]}") from None
         return time.monotonic() - t
 
     def restart_brick(self, i, down_s=0.5, heal_timeout=60):
