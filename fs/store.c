@@ -1176,9 +1176,7 @@ static int commit_write_tmp(int dfd, const char *tmp, const void *buf, size_t le
 	return rc;
 }
 
-/* Commit step 3: publish without replacing. renameat2 NOREPLACE where the filesystem has
- * it; else link(2), which also fails with EEXIST (NFS, older kernels). */
-static int commit_publish(int dfd, const char *tmp, const char *name)
+static int commit_publish_once(int dfd, const char *tmp, const char *name)
 {
 	if (renameat2(dfd, tmp, dfd, name, RENAME_NOREPLACE) == 0)
 		return 0;
@@ -1188,6 +1186,32 @@ static int commit_publish(int dfd, const char *tmp, const char *name)
 		return -errno;
 	unlinkat(dfd, tmp, 0);
 	return 0;
+}
+
+/* Commit step 3: publish tmp (holding buf) as name without replacing. renameat2
+ * NOREPLACE where the filesystem has it; else link(2), which also fails with EEXIST
+ * (NFS, older kernels). A network filesystem's client may lose the answer to a rename
+ * its server made: NFS retransmits it and reports the retry's ENOENT, GlusterFS may
+ * answer a transient error (fdio_transient). A failure other than EEXIST whose name
+ * now holds exactly buf was that: published. Without this the persist was reported
+ * failed while its snapshot was listed, and its retry from the start met the name
+ * taken (EEXIST). */
+static int commit_publish(struct store *s, int dfd, const char *tmp, const char *name,
+			  const void *buf, size_t len)
+{
+	int rc = commit_publish_once(dfd, tmp, name);
+	void *got;
+	size_t n;
+
+	if (!rc || rc == -EEXIST || slurp(dfd, name, len, 0, &got, &n))
+		return rc;
+	if (n == len && !memcmp(got, buf, len)) {
+		log_warn("store: %s: publishing %s failed (%s) but it is there, whole: the "
+			 "answer to a rename that was made was lost", s->path, name, strerror(-rc));
+		rc = 0;
+	}
+	free(got);
+	return rc;
 }
 
 /* Steps 1..3 of the commit protocol for m, published as fname in dfd (snaps/ itself,
@@ -1229,7 +1253,7 @@ static int commit_to_locked(struct store *s, const struct mf_manifest *m, int df
 		goto fail;
 	if ((rc = commit_hook(s, 3)))
 		goto fail;
-	if ((rc = commit_publish(dfd, tmp, fname)))
+	if ((rc = commit_publish(s, dfd, tmp, fname, buf, len)))
 		goto fail;
 	staged = 0;
 	if ((rc = store_sync_dir(s, dfd)))
@@ -1530,7 +1554,7 @@ int store_group_publish(struct store *s, const char *name)
 		goto out_unlink;
 	/* Create-once: two workers that both saw every part both get here; the second
 	 * finds the first's group file, with the same content (the parts never change). */
-	rc = commit_publish(gfd, tmp, GROUP_FILE);
+	rc = commit_publish(s, gfd, tmp, GROUP_FILE, buf, len);
 	if (rc == -EEXIST)
 		rc = 0;
 	if (rc)

@@ -583,6 +583,7 @@ struct hook_state {
 	const uint8_t *hash;
 	int steps, fail_at, seen_obj_at_2, manifest_before_3, tmp_at_3;
 	const char *race;	/* at step 3, another writer publishes this name */
+	int lost_answer;	/* at step 3, the snapshot's rename is made for it */
 };
 
 static int hook(void *arg, int step)
@@ -609,6 +610,24 @@ static int hook(void *arg, int step)
 		f = fopen(p, "w");
 		fputs("theirs", f);
 		fclose(f);
+	}
+	if (step == 3 && hs->lost_answer) {
+		/* As a server that made the rename whose answer the client lost: the
+		 * temporary is gone when the commit renames it (ENOENT). */
+		char from[1024], to[1024];
+		struct dirent *e;
+		DIR *d;
+
+		path_of(p, sizeof(p), hs->dir, "snaps");
+		d = opendir(p);
+		while (d && (e = readdir(d)))
+			if (!strncmp(e->d_name, ".tmp.", 5)) {
+				snprintf(from, sizeof(from), "%s/%s", p, e->d_name);
+				snprintf(to, sizeof(to), "%s/lost", p);
+				EXPECT_EQ(rename(from, to), 0);
+			}
+		if (d)
+			closedir(d);
 	}
 	return step == hs->fail_at ? -EIO : 0;
 }
@@ -673,6 +692,29 @@ static void test_commit(const char *dir)
 	unlink(p);
 	path_of(p, sizeof(p), dir, "snaps");
 	EXPECT_EQ(count_files(p, ".tmp."), 0);
+
+	/* A rename made whose answer was lost (its retry's ENOENT) is a publish: the name
+	 * holds exactly the manifest. Before, -ENOENT, the snapshot listed all the same. */
+	strcpy(m->name, "lost");
+	hs.race = NULL;
+	hs.lost_answer = 1;
+	store_set_commit_hook(s, hook, &hs);
+	EXPECT_EQ(store_commit(s, m), 0);
+	store_set_commit_hook(s, NULL, NULL);
+	hs.lost_answer = 0;
+	EXPECT_EQ(store_load_manifest(s, "lost", &back), 0);
+	mf_free(back);
+	EXPECT_EQ(count_files(p, ".tmp."), 0);
+	/* A name that holds something else stays the failure it was. */
+	strcpy(m->name, "raced2");
+	hs.race = "snaps/raced2";
+	store_set_commit_hook(s, hook, &hs);
+	EXPECT_EQ(store_commit(s, m), -EEXIST);
+	store_set_commit_hook(s, NULL, NULL);
+	hs.race = NULL;
+	path_of(nm, sizeof(nm), dir, "snaps/raced2");
+	EXPECT_EQ(unlink(nm), 0);
+	EXPECT_EQ(store_delete(s, "lost"), 0);
 	strcpy(m->name, "s2");
 	m->entries[1].blocks[0].hash[0] ^= 1;
 	EXPECT_EQ(store_commit(s, m), -ENOENT);
