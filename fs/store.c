@@ -1208,6 +1208,7 @@ static int commit_publish(struct store *s, int dfd, const char *tmp, const char 
 	if (n == len && !memcmp(got, buf, len)) {
 		log_warn("store: %s: publishing %s failed (%s) but it is there, whole: the "
 			 "answer to a rename that was made was lost", s->path, name, strerror(-rc));
+		unlinkat(dfd, tmp, 0);	/* gone, or left by a link(2) made */
 		rc = 0;
 	}
 	free(got);
