@@ -1235,11 +1235,15 @@ static void data_file_check_current(struct data_ns *ns, struct data_file *f)
  */
 #define DATA_ESTALE_RETRY_NS (2ull * 1000000000ull)
 
-/* Opens n's source file (invariant 3) and fstats it: fd or -errno. */
+/* Opens n's source file (invariant 3) and fstats it: fd or -errno. A transient failure
+ * (fdio_transient: a GlusterFS client answers EBADFD for a fresh descriptor not yet open
+ * on a brick that came back) is made again on fdio's schedule, as reads are
+ * (data_pread_again), and is EIO once it gives up: open(2) never answers EBADFD. */
 static int data_open_source(struct data_ns *ns, struct data_node *n, struct stat *st)
 {
 	char path[PATH_MAX];
-	uint64_t t0 = 0, nap_us = 10000;
+	uint64_t t0 = 0, nap_us = 10000, since = 0;
+	unsigned tries = 0, ms;
 	int fd, rc;
 
 	if ((rc = data_path(n, path, sizeof(path))))
@@ -1250,6 +1254,16 @@ static int data_open_source(struct data_ns *ns, struct data_node *n, struct stat
 			rc = -errno;
 			close(fd);
 			fd = rc;
+		}
+		if (fdio_transient(fd)) {
+			if (!(ms = fdio_transient_wait_ms(&since, &tries)))
+				return -EIO;
+			if (tries == 1)
+				log_warn("data: open of %s failed: %s (source %s); trying again for "
+					 "up to %d s", n->name, strerror(-fd), ns->src_path,
+					 FDIO_TRANSIENT_S);
+			usleep(ms * 1000);
+			continue;
 		}
 		if (fd != -ESTALE)
 			break;

@@ -29,6 +29,7 @@
 #include "fs/ckpt.h"
 #include "fs/ctl.h"
 #include "fs/data.h"
+#include "fs/fdio.h"
 #include "fs/mlfs.h"
 #include "fs/passthrough.h"
 
@@ -59,9 +60,14 @@ static int mlfs_no_open(struct mlfs *m)
 	return m->cfg.immutable || data_watching(m->data);
 }
 
+/* A transient error (fdio_transient: what a network filesystem's client answers while
+ * a server restarts) that reaches a reply from SOURCE or the store, where no retry
+ * covers the call (a lookup, a getattr, a directory's open), goes up as EIO: no call on
+ * a valid path or descriptor answers EBADFD or ENOTCONN, and a caller may take
+ * ENOTCONN for a mount that is gone. */
 static void reply_rc(fuse_req_t req, int rc)
 {
-	fuse_reply_err(req, rc < 0 ? -rc : 0);
+	fuse_reply_err(req, fdio_transient(rc) ? EIO : rc < 0 ? -rc : 0);
 }
 
 static void root_stat(struct mlfs *m, struct stat *st)

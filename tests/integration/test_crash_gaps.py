@@ -634,6 +634,27 @@ def test_a_source_read_rides_out_a_transient_error(snapenv, err, when):
     env.unmount(d)
 
 
+@pytest.mark.parametrize("err", ["EBADFD", "ENOTCONN"])
+def test_a_source_open_rides_out_a_transient_error(snapenv, err):
+    """The daemon's fstat of a SOURCE file it just opened fails with err (the first in
+    each thread, strace on the running daemon), as a GlusterFS client answers for a
+    fresh descriptor while a brick restarts: the open is made again and the reader
+    opens and reads the file. Before, open(2) of MOUNT/data/f failed with that errno,
+    which open(2) never gives. (The open itself cannot be made to fail by path here:
+    strace's -P does not resolve openat2's directory descriptor.)"""
+    env = snapenv(f"crash-srcopen-{err}-")
+    data = rng_for(f"srcopen-{err}").randbytes(200 * 1024)
+    S.write(os.path.join(env.src, "f"), data)
+    d = env.mount(foreground=True)
+    with injecting(d.pid, env.path("srcopen.tr"), "newfstatat,fstat", err,
+                   path=os.path.join(env.src, "f")) as hit:
+        with open(os.path.join(env.mnt, "data", "f"), "rb") as f:
+            U.assert_bytes(f.read(), data, f"f opened through {err}")
+    assert hit, f"no fstat of SOURCE/f failed: the test tests nothing\n{d.output()}"
+    assert "open of f failed" in d.output(), d.output()
+    env.unmount(d)
+
+
 def test_a_mapped_source_block_that_fails_is_read_instead(snapenv, monkeypatch):
     """Clean data held as mappings of SOURCE (tiering's rule M, forced by
     MLFS_DATA_MAP=always) whose read-in fails (every madvise fails EFAULT, strace on the
