@@ -614,6 +614,23 @@ def test_a_source_listing_that_fails_is_an_error(snapenv):
     env.unmount(d)
 
 
+def _source_f_read_through(snapenv, tag, size, opts, syscalls, err, when, logged):
+    """SOURCE/f of size bytes, read whole through MOUNT/data (mounted with opts) while
+    the daemon's calls of syscalls on it fail with err (strace, when: its n-th calls in
+    each thread): the reader gets every byte, and the daemon logged its retry."""
+    env = snapenv(f"crash-{tag}-{err}-")
+    data = rng_for(f"{tag}-{err}").randbytes(size)
+    S.write(os.path.join(env.src, "f"), data)
+    d = env.mount(opts=opts, foreground=True)
+    with injecting(d.pid, env.path(f"{tag}.tr"), syscalls, err, when,
+                   path=os.path.join(env.src, "f")) as hit:
+        with open(os.path.join(env.mnt, "data", "f"), "rb") as f:
+            U.assert_bytes(f.read(), data, f"f through {err} of {syscalls}")
+    assert hit, f"no {syscalls} of SOURCE/f failed: the test tests nothing\n{d.output()}"
+    assert logged in d.output(), d.output()
+    env.unmount(d)
+
+
 @pytest.mark.parametrize("err,when", [("EBADFD", "1..3"), ("ENOTCONN", "1")])
 def test_a_source_read_rides_out_a_transient_error(snapenv, err, when):
     """The daemon's reads of a SOURCE file fail with EBADFD (the first three in each
@@ -621,17 +638,8 @@ def test_a_source_read_rides_out_a_transient_error(snapenv, err, when):
     restarts (strace on the running daemon, passthrough off so that the daemon reads):
     the read is made again on the file opened anew and the reader gets its bytes.
     Before, read(2) on the reader's valid descriptor failed with that errno."""
-    env = snapenv(f"crash-srcread-{err}-")
-    data = rng_for(f"srcread-{err}").randbytes(3 * MiB + 17)
-    S.write(os.path.join(env.src, "f"), data)
-    d = env.mount(opts="passthrough=off", foreground=True)
-    with injecting(d.pid, env.path("srcread.tr"), "preadv,pread64", err, when,
-                   path=os.path.join(env.src, "f")) as hit:
-        with open(os.path.join(env.mnt, "data", "f"), "rb") as f:
-            U.assert_bytes(f.read(), data, f"read through {err}")
-    assert hit, f"no read of SOURCE failed: the test tests nothing\n{d.output()}"
-    assert "trying again" in d.output(), d.output()
-    env.unmount(d)
+    _source_f_read_through(snapenv, "srcread", 3 * MiB + 17, "passthrough=off",
+                           "preadv,pread64", err, when, "read of f failed")
 
 
 @pytest.mark.parametrize("err", ["EBADFD", "ENOTCONN"])
@@ -642,17 +650,8 @@ def test_a_source_open_rides_out_a_transient_error(snapenv, err):
     opens and reads the file. Before, open(2) of MOUNT/data/f failed with that errno,
     which open(2) never gives. (The open itself cannot be made to fail by path here:
     strace's -P does not resolve openat2's directory descriptor.)"""
-    env = snapenv(f"crash-srcopen-{err}-")
-    data = rng_for(f"srcopen-{err}").randbytes(200 * 1024)
-    S.write(os.path.join(env.src, "f"), data)
-    d = env.mount(foreground=True)
-    with injecting(d.pid, env.path("srcopen.tr"), "newfstatat,fstat", err,
-                   path=os.path.join(env.src, "f")) as hit:
-        with open(os.path.join(env.mnt, "data", "f"), "rb") as f:
-            U.assert_bytes(f.read(), data, f"f opened through {err}")
-    assert hit, f"no fstat of SOURCE/f failed: the test tests nothing\n{d.output()}"
-    assert "open of f failed" in d.output(), d.output()
-    env.unmount(d)
+    _source_f_read_through(snapenv, "srcopen", 200 * 1024, "", "newfstatat,fstat", err,
+                           "1", "open of f failed")
 
 
 def test_a_mapped_source_block_that_fails_is_read_instead(snapenv, monkeypatch):
