@@ -14,24 +14,17 @@
 #include "cache/bcache.h"
 #include "tiering/tier.h"
 #include "tests/unit/test.h"
+#include "tests/unit/test_mlfs.h"
 
 static struct mlfs m;
 static const struct ckpt_ctx user = { .uid = 1000, .gid = 1000, .umask = 022 };
 
 static struct ckpt_ns *ns_new(void)
 {
-	struct tier_config tc;
 	struct ckpt_ns *ns = NULL;
 
-	if (!m.bc) {
-		EXPECT_EQ(bc_new(BC_BLOCK_MIN, 1ull << 30, &m.bc), 0);
-		tier_config_defaults(&tc);
-		tc.use_gov = 0;
-		tc.prefetch_threads = 0;
-		EXPECT_EQ(tier_new(&tc, m.bc, &m.tier), 0);
-		m.cfg.mem_max = 1ull << 30;
-		m.cfg.workers = 1;
-	}
+	if (!m.bc)
+		EXPECT_EQ(test_mlfs_init(&m, BC_BLOCK_MIN, 1ull << 30), 0);
 	EXPECT_EQ(ckpt_ns_new(&m, &ns), 0);
 	return ns;
 }

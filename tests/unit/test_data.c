@@ -19,6 +19,7 @@
 #include "cache/bcache.h"
 #include "tiering/tier.h"
 #include "tests/unit/test.h"
+#include "tests/unit/test_mlfs.h"
 
 #define BS BC_BLOCK_MIN
 #define NAMES 3000
@@ -28,17 +29,10 @@ static char src[] = "/tmp/test_data.XXXXXX";
 
 static struct data_ns *ns_new(void)
 {
-	struct tier_config tc;
 	struct data_ns *ns = NULL;
 
 	if (!m.bc) {
-		EXPECT_EQ(bc_new(BS, 64ull << 20, &m.bc), 0);
-		tier_config_defaults(&tc);
-		tc.use_gov = 0;
-		tc.prefetch_threads = 0;
-		EXPECT_EQ(tier_new(&tc, m.bc, &m.tier), 0);
-		m.cfg.block_size = BS;
-		m.cfg.mem_max = 64ull << 20;
+		EXPECT_EQ(test_mlfs_init(&m, BS, 64ull << 20), 0);
 		m.cfg.data_timeout = 1.0;
 	}
 	EXPECT_EQ(data_ns_new(&m, src, &ns), 0);
