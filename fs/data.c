@@ -154,6 +154,10 @@ struct data_node {
 	ino_t src_ino;
 	uint32_t nopen;
 	mode_t type; /* S_IFMT of its file: a name that changes type gets a new node */
+	/* An open or a read of its file gave up after FDIO_TRANSIENT_S of transient
+	 * errors and none was answered since: its opens and reads try once
+	 * (data_open_source, data_pread_again), not for another FDIO_TRANSIENT_S. */
+	_Atomic uint8_t src_down;
 	uint8_t detached;
 	uint16_t namelen;
 	char name[];
@@ -167,9 +171,6 @@ struct data_file {
 	int32_t backing_id; /* > 0: a passthrough open (the node's id) */
 	int counted;	     /* counted in n->ncached */
 	int paged;	     /* under passthrough_min: the mount's page cache is the cache */
-	/* A read of it gave up after FDIO_TRANSIENT_S of transient errors and none was
-	 * answered since: data_pread tries once, not for another FDIO_TRANSIENT_S. */
-	_Atomic int src_down;
 	struct data_file *prev, *next; /* ns->files, under ns->mu (data_open's only) */
 };
 
@@ -1256,8 +1257,15 @@ static int data_open_source(struct data_ns *ns, struct data_node *n, struct stat
 			fd = rc;
 		}
 		if (fdio_transient(fd)) {
-			if (!(ms = fdio_transient_wait_ms(&since, &tries)))
+			if (atomic_load(&n->src_down))
+				return -EIO;	/* gave up before: one try */
+			if (!(ms = fdio_transient_wait_ms(&since, &tries))) {
+				atomic_store(&n->src_down, 1);
+				log_err("data: opens of %s still fail after %d s: %s (source %s); "
+					"its opens and reads try once until one is answered",
+					n->name, FDIO_TRANSIENT_S, strerror(-fd), ns->src_path);
 				return -EIO;
+			}
 			if (tries == 1)
 				log_warn("data: open of %s failed: %s (source %s); trying again for "
 					 "up to %d s", n->name, strerror(-fd), ns->src_path,
@@ -1277,6 +1285,9 @@ static int data_open_source(struct data_ns *ns, struct data_node *n, struct stat
 	}
 	if (fd < 0)
 		return fd;
+	/* n->src_down stays until a read is answered (data_pread): an open may succeed
+	 * where reads still fail (a GlusterFS brick that came back answers EBADFD to
+	 * descriptors not yet open on it). */
 	/* The source is read in whole blocks in our own order: the kernel's readahead on
 	 * it would only read what we already asked for. A file of one block is read by one
 	 * pread, past which there is nothing to read ahead: no syscall for it per open. */
@@ -1518,8 +1529,8 @@ void data_release(struct data_ns *ns, struct data_file *f)
 /* f's descriptor opened again through /proc/self/fd (the same file, no path walk; with
  * the daemon's credentials) and put in its place by dup3: every reader of f->fd then
  * reads the fresh one, and a pread in flight on the old one keeps its file. 0 or
- * -errno (logged). */
-static int data_fd_renew(struct data_ns *ns, struct data_file *f)
+ * -errno (logged when loud). */
+static int data_fd_renew(struct data_ns *ns, struct data_file *f, bool loud)
 {
 	char p[32];
 	int fd, rc;
@@ -1527,8 +1538,9 @@ static int data_fd_renew(struct data_ns *ns, struct data_file *f)
 	snprintf(p, sizeof(p), "/proc/self/fd/%d", f->fd);
 	if ((fd = open(p, O_RDONLY | O_CLOEXEC)) < 0) {
 		rc = -errno;
-		log_warn("data: cannot open %s again (source %s): %s", f->n->name, ns->src_path,
-			 strerror(-rc));
+		if (loud)
+			log_warn("data: cannot open %s again (source %s): %s", f->n->name,
+				 ns->src_path, strerror(-rc));
 		return rc;
 	}
 	if (f->size > ns->m->cfg.block_size)	/* as data_open_source's */
@@ -1542,11 +1554,12 @@ static int data_fd_renew(struct data_ns *ns, struct data_file *f)
  * EBADFD on a descriptor not yet open on the brick that came back (it stays bad) and
  * ENOTCONN while no server answers, for a few seconds. The reader would get an errno
  * read(2) never gives, so the read is made again, at once on a renewed descriptor and
- * then on fdio's schedule, as the store's reads are (store_get_block). Once a read of
- * this open gave up (EIO), each read of it tries once more on a renewed descriptor,
- * with no wait, until one is answered: an outage costs an open's reader 30 s once,
- * not per read, and its descriptor mends when SOURCE does. 1 to read again, 0 to
- * fail. */
+ * then on fdio's schedule, as the store's reads are (store_get_block). Once an open or
+ * a read of the file gave up (EIO: the node's src_down), each read of it tries once
+ * more on a renewed descriptor, with no wait, until one is answered: an outage costs
+ * the file's readers 30 s once, not per read or per open (-o immutable makes a
+ * data_file per read), and an open's descriptor mends when SOURCE does. 1 to read
+ * again, 0 to fail. */
 static int data_pread_again(struct data_ns *ns, struct data_file *f, int rc,
 			    uint64_t *since, unsigned *tries)
 {
@@ -1554,14 +1567,14 @@ static int data_pread_again(struct data_ns *ns, struct data_file *f, int rc,
 
 	if (!fdio_transient(rc))
 		return 0;
-	if (atomic_load(&f->src_down)) {
+	if (atomic_load(&f->n->src_down)) {
 		if ((*tries)++)
 			return 0;
-		data_fd_renew(ns, f);
+		data_fd_renew(ns, f, false);
 		return 1;
 	}
 	if (!(ms = fdio_transient_wait_ms(since, tries))) {
-		atomic_store(&f->src_down, 1);
+		atomic_store(&f->n->src_down, 1);
 		log_err("data: reads of %s still fail after %d s: %s (source %s); its reads "
 			"try once until one is answered", f->n->name, FDIO_TRANSIENT_S,
 			strerror(-rc), ns->src_path);
@@ -1572,7 +1585,7 @@ static int data_pread_again(struct data_ns *ns, struct data_file *f, int rc,
 			 f->n->name, strerror(-rc), ns->src_path, FDIO_TRANSIENT_S);
 	else
 		usleep(ms * 1000);
-	data_fd_renew(ns, f);	/* its failure: the next read fails again */
+	data_fd_renew(ns, f, *tries == 1);	/* its failure: the next read fails again */
 	return 1;
 }
 
@@ -1605,8 +1618,8 @@ static int data_pread(struct data_ns *ns, struct data_file *f, uint64_t off, uin
 		bc_block_put(ns->m->bc, b);
 		return fdio_transient(rc) ? -EIO : rc;
 	}
-	if (atomic_load(&f->src_down))	/* a load, not a store, per read */
-		atomic_store(&f->src_down, 0);
+	if (atomic_load(&f->n->src_down))	/* a load, not a store, per read */
+		atomic_store(&f->n->src_down, 0);
 	if (tries)
 		log_info("data: read of %s succeeded after %u tries", f->n->name, tries + 1);
 	bc_block_set_len(b, got);
@@ -1782,15 +1795,19 @@ int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
 		/* A mapped block whose pages the kernel reclaimed: read them back from
 		 * SOURCE now, in one go (they would fault back in the reply anyway, a page
 		 * at a time; never as zeros). When SOURCE does not give them back (it
-		 * shrank, or failed for a moment), the file's blocks leave the cache, this
-		 * one failing for every reader as it is, and the block is read anew:
-		 * data_pread fails a short file and rides out a transient error. */
+		 * shrank, or failed for a moment), this request's part of the block is
+		 * read straight from SOURCE instead (data_pread fails a short file and
+		 * rides out a transient error); the mapped block stays cached, and the
+		 * next read of it tries the read-back again. */
 		if (b && bc_block_refault(ns->m->bc, b) < 0) {
+			uint64_t stop = (idx + 1) * bs < end ? (idx + 1) * bs : end;
+
 			bc_block_put(ns->m->bc, b);
-			log_warn("data: %s: its mapped block %llu could not be read back; "
-				 "reading it again", f->n->name, (unsigned long long)idx);
-			bc_drop_fid(ns->m->bc, &f->fid);
-			b = NULL;
+			if ((rc = data_read_direct(ns, f, off, (uint32_t)(stop - off), &b)))
+				goto fail;
+			segs[n++] = (struct mlfs_seg){ .b = b, .off = 0, .len = bc_block_len(b) };
+			off = (off_t)stop;
+			continue;
 		}
 		if (!b && !bc_admits(ns->m->bc)) {
 			/* Nothing would be kept, in memory or on disk: read the rest of the

@@ -87,8 +87,7 @@ int fdio_fdopendir(int fd, struct fdio_dir **out)
 	return 0;
 }
 
-/* The next record of dir, whatever its d_ino: fdio_readdir's contract. */
-static int next_entry(struct fdio_dir *dir, struct dirent64 **out)
+int fdio_readdir(struct fdio_dir *dir, struct dirent64 **out)
 {
 	if (dir->pos >= dir->len) {
 		ssize_t n;
@@ -111,17 +110,6 @@ static int next_entry(struct fdio_dir *dir, struct dirent64 **out)
 	*out = (struct dirent64 *)(dir->buf + dir->pos);
 	dir->pos += (*out)->d_reclen;
 	dir->tell = (*out)->d_off;
-	return 1;
-}
-
-int fdio_readdir(struct fdio_dir *dir, struct dirent64 **out)
-{
-	do {
-		int rc = next_entry(dir, out);
-
-		if (rc <= 0)
-			return rc;
-	} while (!(*out)->d_ino);	/* a deleted slot, as readdir(3) skips it */
 	return 1;
 }
 

@@ -18,8 +18,9 @@
  * (for *at calls on its entries; fdio_closedir closes it).
  *
  * fdio_readdir: the next entry of dir in *out (borrowed until the next call): 1, or 0 at
- * the end, or -errno when the listing failed. Records of inode 0 are skipped, as
- * readdir(3) skips them. The stream reads getdents64 itself, not
+ * the end, or -errno when the listing failed. Every record is returned, inode 0 too
+ * (glibc 2.37's readdir(3) stopped skipping those: FUSE filesystems give them to real
+ * entries). The stream reads getdents64 itself, not
  * through readdir(3), which answers NULL both at the end and on an error, and reads an
  * ENOENT from getdents64 as the end (what Linux answers for a directory removed while
  * listed). A caller that took either for the end acted on part of the directory as if

@@ -1160,8 +1160,9 @@ static int commit_check_objects(struct store *s, const struct mf_manifest *m)
 }
 
 /* Commit step 2: the manifest under a temporary name in dfd (snaps/ or a group's
- * directory), fsynced. */
-static int commit_write_tmp(int dfd, const char *tmp, const void *buf, size_t len)
+ * directory), fsynced; its file's identity in *mine (commit_publish). */
+static int commit_write_tmp(int dfd, const char *tmp, const void *buf, size_t len,
+			    struct stat *mine)
 {
 	int fd, rc;
 
@@ -1170,6 +1171,8 @@ static int commit_write_tmp(int dfd, const char *tmp, const void *buf, size_t le
 		return -errno;
 	rc = fdio_write_all(fd, buf, len);
 	if (!rc && fsync(fd))
+		rc = -errno;
+	if (!rc && fstat(fd, mine))
 		rc = -errno;
 	if (close(fd) && !rc)
 		rc = -errno;
@@ -1188,31 +1191,34 @@ static int commit_publish_once(int dfd, const char *tmp, const char *name)
 	return 0;
 }
 
-/* Commit step 3: publish tmp (holding buf) as name without replacing. renameat2
+/* Commit step 3: publish tmp (the file *mine) as name without replacing. renameat2
  * NOREPLACE where the filesystem has it; else link(2), which also fails with EEXIST
  * (NFS, older kernels). A network filesystem's client may lose the answer to a rename
- * its server made: NFS retransmits it and reports the retry's ENOENT, GlusterFS may
- * answer a transient error (fdio_transient). A failure other than EEXIST whose name
- * now holds exactly buf was that: published. Without this the persist was reported
+ * or link its server made, and report its retransmission's ENOENT or EEXIST, or a
+ * transient error (fdio_transient). So a failure is checked: when name is our file
+ * (its device and inode are tmp's), the publish was made. The check's own transient
+ * failures are made again on fdio's schedule. Without it, the persist was reported
  * failed while its snapshot was listed, and its retry from the start met the name
  * taken (EEXIST). */
 static int commit_publish(struct store *s, int dfd, const char *tmp, const char *name,
-			  const void *buf, size_t len)
+			  const struct stat *mine)
 {
-	int rc = commit_publish_once(dfd, tmp, name);
-	void *got;
-	size_t n;
+	int rc = commit_publish_once(dfd, tmp, name), src;
+	uint64_t since = 0;
+	unsigned tries = 0, ms;
+	struct stat st;
 
-	if (!rc || rc == -EEXIST || slurp(dfd, name, len, 0, &got, &n))
+	if (!rc)
+		return 0;
+	while ((src = fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) ? -errno : 0) &&
+	       fdio_transient(src) && (ms = fdio_transient_wait_ms(&since, &tries)))
+		usleep(ms * 1000);
+	if (src || st.st_dev != mine->st_dev || st.st_ino != mine->st_ino)
 		return rc;
-	if (n == len && !memcmp(got, buf, len)) {
-		log_warn("store: %s: publishing %s failed (%s) but it is there, whole: the "
-			 "answer to a rename that was made was lost", s->path, name, strerror(-rc));
-		unlinkat(dfd, tmp, 0);	/* gone, or left by a link(2) made */
-		rc = 0;
-	}
-	free(got);
-	return rc;
+	log_warn("store: %s: publishing %s failed (%s) but it is ours: the answer to a "
+		 "rename or link that was made was lost", s->path, name, strerror(-rc));
+	unlinkat(dfd, tmp, 0);	/* gone, or a second name of a link(2) made */
+	return 0;
 }
 
 /* Steps 1..3 of the commit protocol for m, published as fname in dfd (snaps/ itself,
@@ -1223,6 +1229,7 @@ static int commit_to_locked(struct store *s, const struct mf_manifest *m, int df
 	char tmp[MF_NAME_MAX + 80];
 	void *buf = NULL;
 	size_t len;
+	struct stat mine;
 	int rc, staged = 0;
 
 	if ((rc = session_begin(s)))
@@ -1250,11 +1257,11 @@ static int commit_to_locked(struct store *s, const struct mf_manifest *m, int df
 	if ((rc = commit_hook(s, 2)))
 		goto fail;
 	staged = 1;
-	if ((rc = commit_write_tmp(dfd, tmp, buf, len)))
+	if ((rc = commit_write_tmp(dfd, tmp, buf, len, &mine)))
 		goto fail;
 	if ((rc = commit_hook(s, 3)))
 		goto fail;
-	if ((rc = commit_publish(s, dfd, tmp, fname, buf, len)))
+	if ((rc = commit_publish(s, dfd, tmp, fname, &mine)))
 		goto fail;
 	staged = 0;
 	if ((rc = store_sync_dir(s, dfd)))
@@ -1505,6 +1512,7 @@ int store_group_publish(struct store *s, const char *name)
 	struct group_scan g;
 	uint64_t *sizes = NULL;
 	char pname[48], tmp[128], *buf = NULL;
+	struct stat mine;
 	size_t len;
 	int gfd, rc;
 
@@ -1551,11 +1559,11 @@ int store_group_publish(struct store *s, const char *name)
 	if ((rc = group_encode(name, (unsigned)g.workers, sizes, hashes, &buf, &len)))
 		goto out;
 	snprintf(tmp, sizeof(tmp), ".tmp.group.%s", s->token);
-	if ((rc = commit_write_tmp(gfd, tmp, buf, len)))
+	if ((rc = commit_write_tmp(gfd, tmp, buf, len, &mine)))
 		goto out_unlink;
 	/* Create-once: two workers that both saw every part both get here; the second
 	 * finds the first's group file, with the same content (the parts never change). */
-	rc = commit_publish(s, gfd, tmp, GROUP_FILE, buf, len);
+	rc = commit_publish(s, gfd, tmp, GROUP_FILE, &mine);
 	if (rc == -EEXIST)
 		rc = 0;
 	if (rc)
