@@ -14,20 +14,20 @@
  * that missed entries would judge wrongly). A symlink named is not followed: -ENOTDIR.
  * *out is handed over: fdio_closedir() it. fdio_fdopendir: the same over fd, a
  * directory opened by the caller (at its position), which it hands over, even when it
- * fails (-ENOMEM). fdio_dirfd: the stream's own descriptor
- * (for *at calls on its entries; fdio_closedir closes it).
+ * fails (-ENOMEM). fdio_dirfd: the stream's own descriptor (for *at calls on its
+ * entries; fdio_closedir closes it).
  *
  * fdio_readdir: the next entry of dir in *out (borrowed until the next call): 1, or 0 at
- * the end, or -errno when the listing failed. Every record is returned, inode 0 too
- * (glibc 2.37's readdir(3) stopped skipping those: FUSE filesystems give them to real
- * entries). The stream reads getdents64 itself, not
- * through readdir(3), which answers NULL both at the end and on an error, and reads an
- * ENOENT from getdents64 as the end (what Linux answers for a directory removed while
+ * the end, or -errno when the listing failed. The stream reads getdents64 itself:
+ * readdir(3) answers NULL both at the end and on an error, and glibc's takes an ENOENT
+ * from getdents64 for the end (what Linux answers for a directory removed while
  * listed). A caller that took either for the end acted on part of the directory as if
  * it were all of it: gc missed manifests and leases, and removed a complete group it
  * read as empty. Here ENOENT is the end only when the directory is gone (its link count
  * is 0); a network filesystem's client answers it for a directory still there while a
- * server restarts, and that is -ENOENT.
+ * server restarts, and that is -ENOENT. Every record is returned, those of inode 0 too
+ * (glibc 2.37's readdir(3) stopped skipping them: FUSE filesystems give them to real
+ * entries).
  *
  * fdio_telldir: the position after the entry fdio_readdir returned last (0 before the
  * first): the filesystem's own cookie (d_off), as telldir(3) gives it. fdio_seekdir:
