@@ -703,6 +703,7 @@ static void test_commit(const char *dir)
 	for (int how = 1; how <= 2; how++) {
 		strcpy(m->name, "lost");
 		hs.race = NULL;
+		hs.steps = 0;
 		hs.lost_answer = how;
 		store_set_commit_hook(s, hook, &hs);
 		EXPECT_EQ(store_commit(s, m), 0);
@@ -716,6 +717,7 @@ static void test_commit(const char *dir)
 	/* A name that holds something else stays the failure it was. */
 	strcpy(m->name, "raced2");
 	hs.race = "snaps/raced2";
+	hs.steps = 0;
 	store_set_commit_hook(s, hook, &hs);
 	EXPECT_EQ(store_commit(s, m), -EEXIST);
 	store_set_commit_hook(s, NULL, NULL);
