@@ -859,6 +859,7 @@ static struct data_node *data_node_get(struct data_ns *ns, struct data_node *par
 		n->src_ino = st->st_ino;
 		n->nopen = 0;
 		n->type = st->st_mode & S_IFMT;
+		atomic_init(&n->src_down, 0);
 		n->detached = 0;
 		n->namelen = (uint16_t)len;
 		memcpy(n->name, name, len + 1);
