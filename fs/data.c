@@ -68,7 +68,11 @@
  *    own permission checks (modes and ACLs of every component) decide, not the kernel's
  *    attributes of MOUNT/data, which it caches for data_timeout: a file or a directory
  *    made private in SOURCE is refused at the next open, as it is to a direct reader.
- *    Extended attributes (data_xattr) and symlink targets are read as the caller too.
+ *    Extended attributes (data_xattr) and symlink targets are read as the caller too,
+ *    and so is SOURCE for each read of a mount without OPEN (data_read_unopened). What
+ *    SOURCE refuses to the caller as a read is let through for an exec (an OPEN with
+ *    DATA_FMODE_EXEC, and any read of a mount without OPEN) when the caller may execute
+ *    that file (data_open_exec): a program of mode 711 runs, as on ext4.
  *    The raw syscalls change only the calling thread (glibc's setgroups would change
  *    every thread). A switch that fails refuses the open (EACCES). Costs: three
  *    syscalls each way, and the caller's groups (ops.c reads them from /proc and keeps
@@ -249,6 +253,10 @@ struct data_ns {
 	 * (DATA_FD_RESERVE). */
 	_Atomic uint64_t nhandles;
 	uint64_t user_max, root_max;
+	/* A lookup, getattr, directory open, readlink, xattr or statfs of SOURCE gave up
+	 * after FDIO_TRANSIENT_S of transient errors and no such call was answered since:
+	 * each tries once (data_meta_again). */
+	_Atomic uint8_t meta_down;
 };
 
 /* The descriptors kept from MOUNT/data's opens: a quarter of RLIMIT_NOFILE at the
@@ -875,6 +883,50 @@ out:
 	return n;
 }
 
+/*
+ * A SOURCE call that failed with rc, made again from its start if rc is transient
+ * (fdio_transient: a GlusterFS client answers ENOTCONN while no brick answers and
+ * EBADFD for a descriptor not yet open on a brick that came back, for a few seconds),
+ * on fdio's schedule for up to FDIO_TRANSIENT_S. *down records a give-up: while it is
+ * set, each such call tries once, so an outage holds a FUSE worker 30 s once, not per
+ * call; its owner clears it. Returns whether to try again (after sleeping the wait);
+ * otherwise the caller answers rc, which reply_rc turns into EIO when transient: no
+ * call on a valid path answers those errnos. what and name are for the log.
+ */
+static bool data_again(struct data_ns *ns, _Atomic uint8_t *down, int rc, const char *what,
+		       const char *name, uint64_t *since, unsigned *tries)
+{
+	unsigned ms;
+
+	if (!fdio_transient(rc) || atomic_load(down))
+		return false;
+	if (!(ms = fdio_transient_wait_ms(since, tries))) {
+		atomic_store(down, 1);
+		log_err("data: %s of %s still fails after %d s: %s (source %s); until SOURCE "
+			"answers, each such call tries once", what, name, FDIO_TRANSIENT_S,
+			strerror(-rc), ns->src_path);
+		return false;
+	}
+	if (*tries == 1)
+		log_warn("data: %s of %s failed: %s (source %s); trying again for up to %d s",
+			 what, name, strerror(-rc), ns->src_path, FDIO_TRANSIENT_S);
+	usleep(ms * 1000);
+	return true;
+}
+
+/* data_again for the calls of SOURCE's names and attributes (ns->meta_down), which any
+ * answer but a transient one clears. */
+static bool data_meta_again(struct data_ns *ns, int rc, const char *what, const char *name,
+			    uint64_t *since, unsigned *tries)
+{
+	if (!fdio_transient(rc)) {
+		if (atomic_load(&ns->meta_down))	/* a load, not a store, per call */
+			atomic_store(&ns->meta_down, 0);
+		return false;
+	}
+	return data_again(ns, &ns->meta_down, rc, what, name, since, tries);
+}
+
 /* data_lookup with the parent directory already open (dfd, beneath SOURCE). */
 static int data_lookup_at(struct data_ns *ns, int dfd, struct data_node *parent,
 			  const char *name, struct fuse_entry_param *e)
@@ -897,14 +949,12 @@ static int data_lookup_at(struct data_ns *ns, int dfd, struct data_node *parent,
 	return 0;
 }
 
-int data_lookup(struct data_ns *ns, struct data_node *parent, const char *name,
-		struct fuse_entry_param *e)
+static int data_lookup_once(struct data_ns *ns, struct data_node *parent, const char *name,
+			    struct fuse_entry_param *e)
 {
 	char path[PATH_MAX];
 	int dfd, rc;
 
-	if (strchr(name, '/') || !strcmp(name, ".") || !strcmp(name, ".."))
-		return -EINVAL; /* the kernel never sends these; invariant 3 relies on it */
 	if (!parent->parent) {
 		dfd = ns->src_fd;
 	} else {
@@ -916,6 +966,21 @@ int data_lookup(struct data_ns *ns, struct data_node *parent, const char *name,
 	}
 	rc = data_lookup_at(ns, dfd, parent, name, e);
 	data_put_fd(ns, dfd);
+	return rc;
+}
+
+int data_lookup(struct data_ns *ns, struct data_node *parent, const char *name,
+		struct fuse_entry_param *e)
+{
+	uint64_t since = 0;
+	unsigned tries = 0;
+	int rc;
+
+	if (strchr(name, '/') || !strcmp(name, ".") || !strcmp(name, ".."))
+		return -EINVAL; /* the kernel never sends these; invariant 3 relies on it */
+	do
+		rc = data_lookup_once(ns, parent, name, e);
+	while (data_meta_again(ns, rc, "lookup", name, &since, &tries));
 	return rc;
 }
 
@@ -980,8 +1045,8 @@ static int data_node_own_locked(struct data_ns *ns, struct data_node *n,
 /* The attributes of n's file (invariant 8): its name's in SOURCE, or, while opens of
  * its own file are in flight and the name is gone or names another, that file's. f,
  * when not NULL, is an open of n the request came with. */
-static int data_getattr_of(struct data_ns *ns, struct data_node *n,
-			   const struct data_file *f, struct stat *st)
+static int data_getattr_once(struct data_ns *ns, struct data_node *n,
+			     const struct data_file *f, struct stat *st)
 {
 	int dfd, fd, rc = 0;
 
@@ -1010,6 +1075,19 @@ static int data_getattr_of(struct data_ns *ns, struct data_node *n,
 	return rc;
 }
 
+static int data_getattr_of(struct data_ns *ns, struct data_node *n,
+			   const struct data_file *f, struct stat *st)
+{
+	uint64_t since = 0;
+	unsigned tries = 0;
+	int rc;
+
+	do
+		rc = data_getattr_once(ns, n, f, st);
+	while (data_meta_again(ns, rc, "getattr", n->name, &since, &tries));
+	return rc;
+}
+
 int data_getattr(struct data_ns *ns, struct data_node *n, struct stat *st)
 {
 	return data_getattr_of(ns, n, NULL, st);
@@ -1027,20 +1105,24 @@ static int data_as_caller(const struct data_ns *ns, const struct data_cred *who,
 int data_readlink(struct data_ns *ns, struct data_node *n, const struct data_cred *who,
 		  char *buf, size_t size)
 {
+	uint64_t since = 0;
+	unsigned tries = 0;
 	ssize_t len;
 	int dfd, as;
 
 	if (!n->parent)
 		return -EINVAL;
-	if ((as = data_as_caller(ns, who, 1)) < 0)
-		return as;
-	dfd = data_parent_fd(ns, n);
-	len = dfd < 0 ? dfd : readlinkat(dfd, n->name, buf, size - 1);
-	if (dfd >= 0 && len < 0)
-		len = -errno;
-	if (as)
-		data_as_caller(ns, who, 0);
-	data_put_fd(ns, dfd);
+	do {
+		if ((as = data_as_caller(ns, who, 1)) < 0)
+			return as;
+		dfd = data_parent_fd(ns, n);
+		len = dfd < 0 ? dfd : readlinkat(dfd, n->name, buf, size - 1);
+		if (dfd >= 0 && len < 0)
+			len = -errno;
+		if (as)
+			data_as_caller(ns, who, 0);
+		data_put_fd(ns, dfd);
+	} while (data_meta_again(ns, (int)len, "readlink", n->name, &since, &tries));
 	if (len == -EINVAL) {
 		/* No longer a symlink (invariant 8): the kernel, which followed the link it
 		 * cached, looks the path up again and finds what the name is now. */
@@ -1057,7 +1139,14 @@ int data_readlink(struct data_ns *ns, struct data_node *n, const struct data_cre
 
 int data_statfs(struct data_ns *ns, struct statvfs *sv)
 {
-	return fstatvfs(ns->src_fd, sv) < 0 ? -errno : 0;
+	uint64_t since = 0;
+	unsigned tries = 0;
+	int rc;
+
+	do
+		rc = fstatvfs(ns->src_fd, sv) < 0 ? -errno : 0;
+	while (data_meta_again(ns, rc, "statfs", ".", &since, &tries));
+	return rc;
 }
 
 /* The xattr calls have no *at() form before Linux 6.13: they name n as
@@ -1114,14 +1203,19 @@ static ssize_t data_xattr(struct data_ns *ns, struct data_node *n,
 			  const struct data_cred *who, const char *name, void *buf,
 			  size_t size)
 {
-	int as = data_as_caller(ns, who, 1);
+	uint64_t since = 0;
+	unsigned tries = 0;
 	ssize_t len;
+	int as;
 
-	if (as < 0)
-		return as;
-	len = data_xattr_as(ns, n, name, buf, size);
-	if (as)
-		data_as_caller(ns, who, 0);
+	do {
+		if ((as = data_as_caller(ns, who, 1)) < 0)
+			return as;
+		len = data_xattr_as(ns, n, name, buf, size);
+		if (as)
+			data_as_caller(ns, who, 0);
+	} while (data_meta_again(ns, len < 0 ? (int)len : 0, "xattr read", n->name, &since,
+				 &tries));
 	return len;
 }
 
@@ -1245,7 +1339,7 @@ static int data_open_source(struct data_ns *ns, struct data_node *n, struct stat
 {
 	char path[PATH_MAX];
 	uint64_t t0 = 0, nap_us = 10000, since = 0;
-	unsigned tries = 0, ms;
+	unsigned tries = 0;
 	int fd, rc;
 
 	if ((rc = data_path(n, path, sizeof(path))))
@@ -1258,21 +1352,10 @@ static int data_open_source(struct data_ns *ns, struct data_node *n, struct stat
 			fd = rc;
 		}
 		if (fdio_transient(fd)) {
-			if (atomic_load(&n->src_down))
-				return -EIO;	/* gave up before: one try */
-			if (!(ms = fdio_transient_wait_ms(&since, &tries))) {
-				atomic_store(&n->src_down, 1);
-				log_err("data: opens of %s still fail after %d s: %s (source %s); "
-					"its opens and reads try once until one is answered",
-					n->name, FDIO_TRANSIENT_S, strerror(-fd), ns->src_path);
-				return -EIO;
-			}
-			if (tries == 1)
-				log_warn("data: open of %s failed: %s (source %s); trying again for "
-					 "up to %d s", n->name, strerror(-fd), ns->src_path,
-					 FDIO_TRANSIENT_S);
-			usleep(ms * 1000);
-			continue;
+			/* its opens and reads try once after a give-up (n->src_down) */
+			if (data_again(ns, &n->src_down, fd, "open", n->name, &since, &tries))
+				continue;
+			return -EIO;
 		}
 		if (fd != -ESTALE)
 			break;
@@ -1333,12 +1416,58 @@ static int data_as_caller(const struct data_ns *ns, const struct data_cred *who,
 	return on ? -EACCES : 0;
 }
 
+/* Linux's flag of an open for execve (__FMODE_EXEC, 040): the kernel passes it in an
+ * OPEN's flags; it has no name in userspace headers. */
+#define DATA_FMODE_EXEC 040
+
+/*
+ * n's file for a caller who may execute but not read it (mode 711), as ext4 runs it
+ * (invariant 7): SOURCE's own check is made as who on the file opened O_PATH beneath
+ * SOURCE (search of every directory above it, execute of the file: faccessat2 with
+ * AT_EACCESS, which judges by the fsuid), and that same file is then opened for reading
+ * by the daemon through /proc/self/fd. fd and *st, or -errno (EACCES when who may not
+ * execute it). Used for an OPEN with DATA_FMODE_EXEC, and for the reads of a mount
+ * without OPEN (-o immutable, -o watch), which cannot tell an exec's reads from others:
+ * there the kernel's check of the cached mode refuses a read-only open of such a file.
+ */
+static int data_open_exec(struct data_ns *ns, struct data_node *n,
+			  const struct data_cred *who, struct stat *st)
+{
+	char path[PATH_MAX], self[32];
+	int as, opath, fd, rc;
+
+	if ((rc = data_path(n, path, sizeof(path))))
+		return rc;
+	if ((as = data_as_caller(ns, who, 1)) < 0)
+		return as;
+	opath = data_open_beneath(ns, path, O_PATH);
+	rc = opath < 0 ? opath :
+	     faccessat(opath, "", X_OK, AT_EMPTY_PATH | AT_EACCESS) < 0 ? -errno : 0;
+	if (as)
+		data_as_caller(ns, who, 0);
+	if (rc) {
+		if (opath >= 0)
+			close(opath);
+		return rc;
+	}
+	snprintf(self, sizeof(self), "/proc/self/fd/%d", opath);
+	fd = open(self, O_RDONLY | O_CLOEXEC);
+	rc = fd < 0 ? -errno : fstat(fd, st) < 0 ? -errno : !S_ISREG(st->st_mode) ? -EACCES : 0;
+	close(opath);
+	if (rc) {
+		if (fd >= 0)
+			close(fd);
+		return rc;
+	}
+	return fd;
+}
+
 /* Opens n's source file into f and revalidates it (invariant 2): a changed file gets
  * a new id and its old blocks are dropped. *changed tells the caller whether the
  * kernel's cached pages may be stale (invariant 5). */
 static int data_file_init(struct data_ns *ns, struct data_node *n,
 			  const struct data_cred *who, struct data_file *f, int *changed,
-			  bool open)
+			  bool open, bool exec)
 {
 	struct stat st;
 	int as = data_as_caller(ns, who, 1), fd, rc;
@@ -1348,6 +1477,8 @@ static int data_file_init(struct data_ns *ns, struct data_node *n,
 	fd = data_open_source(ns, n, &st);
 	if (as)
 		data_as_caller(ns, who, 0);
+	if (fd == -EACCES && as && exec)
+		fd = data_open_exec(ns, n, who, &st);
 	if (fd == -ELOOP && n->parent && data_is_symlink(ns, n)) {
 		/* The file was replaced by a symlink (invariant 8): the kernel looks the path
 		 * up again, finds the link and follows it itself. */
@@ -1436,7 +1567,8 @@ int data_open(struct data_ns *ns, struct data_node *n, const struct data_cred *w
 		data_handle_put(ns);
 		return -ENOMEM;
 	}
-	if ((rc = data_file_init(ns, n, who, f, &changed, true))) {
+	if ((rc = data_file_init(ns, n, who, f, &changed, true,
+				   fi->flags & DATA_FMODE_EXEC))) {
 		free(f);
 		data_handle_put(ns);
 		return rc;
@@ -1488,13 +1620,13 @@ int data_backing_id(const struct data_file *f)
 	return f->backing_id;
 }
 
-int data_read_unopened(struct data_ns *ns, struct data_node *n, size_t size, off_t off,
-		       struct mlfs_seg *segs)
+int data_read_unopened(struct data_ns *ns, struct data_node *n, const struct data_cred *who,
+		       size_t size, off_t off, struct mlfs_seg *segs)
 {
 	struct data_file f = { 0 };
 	int changed, rc;
 
-	if ((rc = data_file_init(ns, n, NULL, &f, &changed, false)))
+	if ((rc = data_file_init(ns, n, who, &f, &changed, false, true)))
 		return rc;
 	rc = data_read(ns, &f, size, off, segs);
 	close(f.fd);
@@ -1844,6 +1976,8 @@ int data_opendir(struct data_ns *ns, struct data_node *n, const struct data_cred
 {
 	char path[PATH_MAX];
 	struct data_dir *d;
+	uint64_t since = 0;
+	unsigned tries = 0;
 	int fd, rc, as;
 
 	if ((rc = data_path(n, path, sizeof(path))))
@@ -1855,14 +1989,16 @@ int data_opendir(struct data_ns *ns, struct data_node *n, const struct data_cred
 		data_handle_put(ns);
 		return -ENOMEM;
 	}
-	if ((as = data_as_caller(ns, who, 1)) < 0) {
-		free(d);
-		data_handle_put(ns);
-		return as;
-	}
-	fd = data_open_beneath(ns, path, O_RDONLY | O_DIRECTORY);
-	if (as)
-		data_as_caller(ns, who, 0);
+	do {
+		if ((as = data_as_caller(ns, who, 1)) < 0) {
+			free(d);
+			data_handle_put(ns);
+			return as;
+		}
+		fd = data_open_beneath(ns, path, O_RDONLY | O_DIRECTORY);
+		if (as)
+			data_as_caller(ns, who, 0);
+	} while (data_meta_again(ns, fd < 0 ? fd : 0, "open", n->name, &since, &tries));
 	if (n->parent && (fd == -ENOTDIR || (fd == -ELOOP && data_is_symlink(ns, n)))) {
 		/* No longer a directory (invariant 8; a symlink now fails with ELOOP,
 		 * invariant 3): the kernel looks the path up again. */

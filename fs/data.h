@@ -104,10 +104,12 @@ void data_release(struct data_ns *ns, struct data_file *f);
 /* With passthrough active (passthrough.h): the backing id the OPEN reply of f must name,
  * or 0 when f is served by the block cache. */
 int data_backing_id(const struct data_file *f);
-/* data_read for a file the kernel did not open through us (-o immutable: no OPEN
- * requests): opens SOURCE for this one read, revalidating it like data_open. */
-int data_read_unopened(struct data_ns *ns, struct data_node *n, size_t size, off_t off,
-		       struct mlfs_seg *segs);
+/* data_read for a file the kernel did not open through us (-o immutable or -o watch: no
+ * OPEN requests): opens SOURCE for this one read as who (the reading process, data.c
+ * invariant 7: a file made private since the kernel cached its mode is refused, EACCES),
+ * revalidating it like data_open. */
+int data_read_unopened(struct data_ns *ns, struct data_node *n, const struct data_cred *who,
+		       size_t size, off_t off, struct mlfs_seg *segs);
 /* Fills segs with the blocks covering [off, off+size) clipped to the file's size; each
  * seg holds a counted block reference. Returns the number of segs; may block on SOURCE
  * (no lock held). */

@@ -862,9 +862,16 @@ static void mlfs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	if (size > MLFS_MAX_REQ)
 		return reply_rc(req, -EINVAL);
 	atomic_fetch_add_explicit(&m->st.read_ops, 1, memory_order_relaxed);
-	if (n->kind == MLFS_DATA && !fi->fh)
-		cnt = data_read_unopened(m->data, (struct data_node *)n, size, off, segs);
-	else if (n->kind == MLFS_DATA)
+	if (n->kind == MLFS_DATA && !fi->fh) {
+		/* No OPEN (-o immutable, -o watch): SOURCE is opened for this read, as the
+		 * reader (data.c invariant 7). */
+		struct data_cred who;
+		gid_t buf[MLFS_GROUPS_BUF], *g = data_cred_of(req, &who, buf);
+
+		cnt = data_read_unopened(m->data, (struct data_node *)n, &who, size, off, segs);
+		if (g != buf)
+			free(g);
+	} else if (n->kind == MLFS_DATA)
 		cnt = data_read(m->data, (struct data_file *)fi->fh, size, off, segs);
 	else
 		cnt = ckpt_read(m->ckpt, (struct ckpt_inode *)n, size, off, segs);

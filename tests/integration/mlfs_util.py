@@ -381,6 +381,23 @@ def link_fd(fd, path, how="proc"):
         raise OSError(e, os.strerror(e), str(path))
 
 
+def source_for_users(tmp_path, files):
+    """A SOURCE directory tmp_path/src (with a subdirectory sub) that other users may
+    reach, holding files: (relative path, mode, gid) each, owned by root, its content its
+    own relative path. Returns the path of src."""
+    src = str(tmp_path / "src")
+    os.makedirs(os.path.join(src, "sub"))
+    os.chmod(str(tmp_path), 0o755)
+    os.chmod(src, 0o755)
+    for rel, mode, gid in files:
+        path = os.path.join(src, rel)
+        with open(path, "w") as fh:
+            fh.write(rel)
+        os.chown(path, 0, gid)
+        os.chmod(path, mode)
+    return src
+
+
 def as_creds(fn, uid, gid, groups=()):
     """Run fn() in a forked child with uid, gid and exactly these supplementary groups.
     Returns ('ok', value) or ('err', errno), value as fn returned it (pickled: bytes

@@ -654,6 +654,73 @@ def test_a_source_open_rides_out_a_transient_error(snapenv, err):
                            "1", "open of f failed")
 
 
+@pytest.mark.parametrize("op,syscall,err", [("lookup", "newfstatat", "ENOTCONN"),
+                                             ("getattr", "newfstatat", "EBADFD"),
+                                             ("readlink", "readlinkat", "ENOTCONN"),
+                                             ("statfs", "fstatfs", "EBADFD")])
+def test_a_source_lookup_or_stat_rides_out_a_transient_error(snapenv, op, syscall, err):
+    """The daemon's first call of syscall in each thread on SOURCE/sub's descriptor (on
+    SOURCE's for statfs) fails with err (strace on the running daemon), as a GlusterFS
+    client answers while a brick restarts, under a lookup of a new name, a getattr of an
+    open file (data_timeout=0, so fstat asks), a readlink or a statfs: the call is made
+    again and the caller gets its answer. Before, it failed with EIO (reply_rc's mapping
+    of errnos that stat(2) never gives)."""
+    env = snapenv(f"crash-src{op}-{err}-")
+    sub = os.path.join(env.src, "sub")
+    os.mkdir(sub)
+    S.write(os.path.join(sub, "f"), rng_for(f"src{op}").randbytes(4096 + 7))
+    os.symlink("f", os.path.join(sub, "l"))
+    d = env.mount(opts="data_timeout=0", foreground=True)
+    top = os.path.join(env.mnt, "data")
+    fd = os.open(os.path.join(top, "sub", "f"), os.O_RDONLY)
+    try:
+        want = {"lookup": lambda: os.lstat(os.path.join(sub, "l")).st_mode,
+                "getattr": lambda: os.stat(os.path.join(sub, "f")).st_size,
+                "readlink": lambda: "f",
+                "statfs": lambda: os.statvfs(env.src).f_blocks}[op]()
+        with injecting(d.pid, env.path(f"src{op}.tr"), syscall, err, "1",
+                       path=env.src if op == "statfs" else sub) as hit:
+            got = {"lookup": lambda: os.lstat(os.path.join(top, "sub", "l")).st_mode,
+                   "getattr": lambda: os.fstat(fd).st_size,
+                   "readlink": lambda: os.readlink(os.path.join(top, "sub", "l")),
+                   "statfs": lambda: os.statvfs(top).f_blocks}[op]()
+        assert got == want
+    finally:
+        os.close(fd)
+    name = {"lookup": '"l"', "getattr": '"f"', "readlink": '"l"', "statfs": "fstatfs("}[op]
+    assert any(name in ln for ln in hit), \
+        f"no {syscall} for the {op} failed: the test tests nothing\n{hit}\n{d.output()}"
+    assert f"{op} of " in d.output() and "trying again" in d.output(), d.output()
+    env.unmount(d)
+
+
+def test_a_source_lookup_fails_eio_when_source_stays_bad(snapenv):
+    """Every fstatat in SOURCE/sub fails with ENOTCONN: a lookup of a new name through
+    MOUNT/data gets EIO once SOURCE has not come back for FDIO_TRANSIENT_S (30 s), and
+    the next lookups try once (a FUSE worker is not held another 30 s per call); once
+    SOURCE answers, the names are found."""
+    env = snapenv("crash-srclookstays-")
+    sub = os.path.join(env.src, "sub")
+    os.mkdir(sub)
+    for n in ("a", "b"):
+        S.write(os.path.join(sub, n), n.encode())
+    d = env.mount(foreground=True)
+    top = os.path.join(env.mnt, "data", "sub")
+    os.stat(top)
+    with injecting(d.pid, env.path("srclookstays.tr"), "newfstatat", "ENOTCONN", "1+",
+                   path=sub) as hit:
+        for n in ("a", "b"):
+            with pytest.raises(OSError) as e:
+                os.stat(os.path.join(top, n))
+            assert e.value.errno == errno.EIO, e.value
+    assert hit, "no fstatat in SOURCE failed: the test tests nothing"
+    out = d.output()
+    assert out.count("still fails after") == 1 and out.count("trying again") == 1, out
+    for n in ("a", "b"):
+        assert open(os.path.join(top, n), "rb").read() == n.encode()
+    env.unmount(d)
+
+
 def test_a_mapped_source_block_that_fails_is_read_instead(snapenv, monkeypatch):
     """Clean data held as mappings of SOURCE (tiering's rule M, forced by
     MLFS_DATA_MAP=always) whose read-in fails (every madvise fails EFAULT, strace on the

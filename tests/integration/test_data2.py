@@ -25,17 +25,10 @@ def test_data_xattr_of_revoked_file_refused(mounter, tmp_path):
     SOURCE, as SOURCE refuses it: mlfs read it as root and the kernel checked the mode it
     caches for data_timeout (an hour), so the value of a file made 600 stayed readable.
     Its owner (here by a supplementary group) and root still read it."""
-    src = str(tmp_path / "src")
-    os.makedirs(os.path.join(src, "sub"))
-    os.chmod(str(tmp_path), 0o755)
-    os.chmod(src, 0o755)
+    src = U.source_for_users(tmp_path, (("f", 0o644, 0), ("sub/g", 0o644, 0),
+                                        ("gf", 0o644, GROUP)))
     for rel in ("f", "sub/g", "gf"):
-        path = os.path.join(src, rel)
-        with open(path, "w") as fh:
-            fh.write(rel)
-        os.setxattr(path, "user.tag", rel.encode())
-        os.chmod(path, 0o644)
-    os.chown(os.path.join(src, "gf"), 0, GROUP)
+        os.setxattr(os.path.join(src, rel), "user.tag", rel.encode())
     m = mounter(src=src, opts="allow_other")
     data = m.data
 

@@ -5,8 +5,10 @@ it. Every expectation is ext4's: MLFS_TEST_NATIVE=1 checks them against the loca
 import ctypes
 import errno
 import os
+import shutil
 import stat
 import struct
+import subprocess
 import time
 
 import pytest
@@ -259,16 +261,8 @@ def test_data_revoked_access_refused_at_next_open(mounter, tmp_path):
     open after a chmod 600 of a file read it, and a directory made 700 stayed readable
     and listable for the hour. A member of the file's group by a supplementary group
     still reads it; root reads everything."""
-    src = str(tmp_path / "src")
-    os.makedirs(os.path.join(src, "sub"))
-    os.chmod(str(tmp_path), 0o755)
-    os.chmod(src, 0o755)
-    for rel, mode, gid in (("f", 0o644, 0), ("sub/g", 0o644, 0), ("gf", 0o640, GROUP)):
-        path = os.path.join(src, rel)
-        with open(path, "w") as fh:
-            fh.write(rel)
-        os.chown(path, 0, gid)
-        os.chmod(path, mode)
+    src = U.source_for_users(tmp_path, (("f", 0o644, 0), ("sub/g", 0o644, 0),
+                                        ("gf", 0o640, GROUP)))
     m = mounter(src=src, opts="allow_other")
     data = m.data
     assert _read_as(os.path.join(data, "f")) == ("ok", "f")
@@ -287,3 +281,55 @@ def test_data_revoked_access_refused_at_next_open(mounter, tmp_path):
         assert fh.read() == "sub/g"
     with open(os.path.join(data, "f")) as fh:
         assert fh.read() == "f"
+
+
+@pytest.mark.parametrize("mode", ["immutable", "watch"])
+def test_data_revoked_access_refused_without_open(mounter, tmp_path, mode):
+    """With -o immutable or -o watch the kernel sends no OPEN, so the open of a file is
+    checked against the mode the kernel caches (data_timeout); a SOURCE file made private
+    after another user looked it up, but before anyone read it, was read for that user
+    by the daemon as root when the kernel asked for its pages (found by an outside
+    tester: its bytes came fresh from SOURCE). The daemon now reads SOURCE as the
+    reading process: refused (EACCES) as SOURCE refuses it. Root still reads it, and a
+    file nobody changed reads as before."""
+    src = U.source_for_users(tmp_path, ((rel, 0o644, 0) for rel in ("f", "sub/g", "h")))
+    m = mounter(src=src, opts=f"allow_other,{mode}")
+    data = m.data
+    for rel in ("f", "sub/g", "h"):  # looked up (and its mode cached), not read
+        assert as_creds(lambda: os.stat(os.path.join(data, rel)).st_mode & 0o777,
+                        NOBODY, NOBODY, []) == ("ok", 0o644)
+    os.chmod(os.path.join(src, "f"), 0o600)
+    os.chmod(os.path.join(src, "sub"), 0o700)
+    assert _read_as(os.path.join(data, "f")) == ("err", errno.EACCES)
+    assert _read_as(os.path.join(data, "sub", "g")) == ("err", errno.EACCES)
+    assert _read_as(os.path.join(data, "h")) == ("ok", "h")
+    with open(os.path.join(data, "sub", "g")) as fh:
+        assert fh.read() == "sub/g"
+    with open(os.path.join(data, "f")) as fh:
+        assert fh.read() == "f"
+
+
+@pytest.mark.parametrize("mode", ["", "immutable", "watch"])
+def test_data_execute_only_file_runs(mounter, tmp_path, mode):
+    """A SOURCE program of mode 711 runs for another user through MOUNT/data, as on
+    ext4, and still cannot be read by them; one of mode 700 runs for no one but root.
+    Before, the daemon opened SOURCE as the caller for reading, and execve failed with
+    EACCES (found by an outside tester)."""
+    src = str(tmp_path / "src")
+    os.makedirs(src)
+    os.chmod(str(tmp_path), 0o755)
+    os.chmod(src, 0o755)
+    for name, mode_bits in (("xonly", 0o711), ("mine", 0o700)):
+        shutil.copy("/bin/true", os.path.join(src, name))
+        os.chmod(os.path.join(src, name), mode_bits)
+    m = mounter(src=src, opts="allow_other" + (f",{mode}" if mode else ""))
+
+    def run(name):
+        def go():
+            return subprocess.run([os.path.join(m.data, name)]).returncode
+        return as_creds(go, NOBODY, NOBODY, [])
+
+    assert run("xonly") == ("ok", 0)
+    assert _read_as(os.path.join(m.data, "xonly"))[0] == "err"
+    assert run("mine") == ("err", errno.EACCES)
+    assert subprocess.run([os.path.join(m.data, "mine")]).returncode == 0
