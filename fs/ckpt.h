@@ -42,7 +42,21 @@ struct ckpt_ctx { /* who is asking: from fuse_req_ctx() */
 	 * kept only for a member of the file's group or root); borrowed. */
 	const gid_t *groups;
 	int ngroups;
+	/* The capabilities the checks here stand for, as the kernel's capable() answers
+	 * them (CKPT_CAP_*): CAP_FSETID (setuid and setgid kept, ckpt_kill_priv and
+	 * friends), CAP_SYS_ADMIN (trusted.* names and values). */
+	int8_t fsetid, sys_admin;
 };
+
+/* A ckpt_ctx capability: CKPT_CAP_UID (0, what a zeroed ctx says) counts root as
+ * capable and anyone else as not, for callers that do not know better; YES and NO are
+ * what the caller's effective set says (ops.c, req_capable). */
+enum { CKPT_CAP_NO = -1, CKPT_CAP_UID = 0, CKPT_CAP_YES = 1 };
+
+static inline int ckpt_capable(const struct ckpt_ctx *c, int8_t cap)
+{
+	return cap == CKPT_CAP_UID ? c->uid == 0 : cap == CKPT_CAP_YES;
+}
 
 int ckpt_ns_new(struct mlfs *m, struct ckpt_ns **out);
 void ckpt_ns_free(struct ckpt_ns *ns);
@@ -128,11 +142,14 @@ int ckpt_write(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *buf, size
  */
 int ckpt_kill_priv_needs_groups(struct ckpt_ns *ns, struct ckpt_inode *ino,
 				const struct ckpt_ctx *c);
+/* Whether ino has setuid or setgid: the only case where c->fsetid decides anything
+ * (above, below, and an access ACL's setgid; takes ns->mu). */
+int ckpt_has_setid(struct ckpt_ns *ns, struct ckpt_inode *ino);
 int ckpt_kill_priv(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct ckpt_ctx *c);
 /*
  * What a chown by c, the owner, does first on ext4 and the FUSE module leaves out: for
  * a file other than a directory, setgid without group execute and c outside the file's
- * group (not root), the VFS drops the setgid (setattr_should_drop_sgid). Called for a
+ * group (without CAP_FSETID), the VFS drops the setgid (setattr_should_drop_sgid). Called for a
  * SETATTR naming only owner, group and ctime: chown, fchown, lchown and chown(f, -1,
  * -1), which names neither, but also the kernel's own privilege kill before a write
  * (the same request), where ext4 drops it too. A non-owner's chown(f, -1, -1), which

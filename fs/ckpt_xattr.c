@@ -55,12 +55,12 @@ static int ckpt_xattr_ns(const char *name)
 	return -EOPNOTSUPP;
 }
 
-/* CAP_FSETID is taken to be root's; otherwise the caller must be in the group. */
+/* in_group_or_capable: CAP_FSETID (c->fsetid), or the caller in the group. */
 static int ckpt_in_group(const struct ckpt_ctx *c, gid_t gid)
 {
 	int i;
 
-	if (c->uid == 0 || c->gid == gid)
+	if (ckpt_capable(c, c->fsetid) || c->gid == gid)
 		return 1;
 	for (i = 0; i < c->ngroups; i++)
 		if (c->groups[i] == gid)
@@ -278,7 +278,7 @@ int ckpt_setxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name,
 		return strlen(name) ? -ERANGE : -EINVAL;
 	if (xns < 0)
 		return xns;
-	if (xns == XNS_TRUSTED && c->uid != 0)
+	if (xns == XNS_TRUSTED && !ckpt_capable(c, c->sys_admin))
 		return -EPERM; /* trusted_xattr_set wants CAP_SYS_ADMIN */
 	if (size > CKPT_XATTR_MAX)
 		return -E2BIG;
@@ -304,7 +304,7 @@ int ckpt_getxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name, 
 
 	if (xns < 0)
 		return xns;
-	if (xns == XNS_TRUSTED && c->uid != 0)
+	if (xns == XNS_TRUSTED && !ckpt_capable(c, c->sys_admin))
 		return -ENODATA; /* as the VFS answers those without CAP_SYS_ADMIN */
 	pthread_mutex_lock(&ns->mu);
 	pp = ckpt_xattr_find_locked(ino, name);
@@ -322,10 +322,10 @@ int ckpt_getxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name, 
 	return rc;
 }
 
-/* trusted.* names are listed to root only (trusted_xattr_list). */
+/* trusted.* names are listed to CAP_SYS_ADMIN only (trusted_xattr_list). */
 static int ckpt_xattr_listed(const struct ckpt_xattr *x, const struct ckpt_ctx *c)
 {
-	return c->uid == 0 || strncmp(x->name, "trusted.", 8);
+	return ckpt_capable(c, c->sys_admin) || strncmp(x->name, "trusted.", 8);
 }
 
 int ckpt_listxattr(struct ckpt_ns *ns, struct ckpt_inode *ino, char *buf, size_t size,
@@ -361,7 +361,7 @@ int ckpt_removexattr(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *nam
 
 	if (xns < 0)
 		return xns;
-	if (xns == XNS_TRUSTED && c->uid != 0)
+	if (xns == XNS_TRUSTED && !ckpt_capable(c, c->sys_admin))
 		return -EPERM;
 	pthread_mutex_lock(&ns->mu);
 	pp = ckpt_xattr_find_locked(ino, name);
@@ -385,10 +385,20 @@ int ckpt_kill_priv_needs_groups(struct ckpt_ns *ns, struct ckpt_inode *ino,
 	int needs;
 
 	pthread_mutex_lock(&ns->mu);
-	needs = S_ISREG(ino->mode) && c->uid != 0 && c->gid != ino->gid &&
+	needs = S_ISREG(ino->mode) && !ckpt_capable(c, c->fsetid) && c->gid != ino->gid &&
 		(ino->mode & (S_ISGID | S_IXGRP)) == S_ISGID;
 	pthread_mutex_unlock(&ns->mu);
 	return needs;
+}
+
+int ckpt_has_setid(struct ckpt_ns *ns, struct ckpt_inode *ino)
+{
+	int has;
+
+	pthread_mutex_lock(&ns->mu);
+	has = !!(ino->mode & (S_ISUID | S_ISGID));
+	pthread_mutex_unlock(&ns->mu);
+	return has;
 }
 
 int ckpt_kill_priv(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct ckpt_ctx *c)
@@ -398,7 +408,7 @@ int ckpt_kill_priv(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct ckpt
 	int changed = 0;
 
 	pthread_mutex_lock(&ns->mu);
-	if (S_ISREG(ino->mode) && c->uid != 0) {
+	if (S_ISREG(ino->mode) && !ckpt_capable(c, c->fsetid)) {
 		if (ino->mode & S_ISUID)
 			kill |= S_ISUID;
 		/* setattr_should_drop_sgid (Linux 6.x): with group execute, or when the
@@ -427,7 +437,7 @@ int ckpt_kill_priv(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct ckpt
  * aside. Under ns->mu. */
 static int ckpt_chown_sgid_locked(const struct ckpt_inode *ino, const struct ckpt_ctx *c)
 {
-	return !S_ISDIR(ino->mode) && c->uid != 0 && c->uid == ino->uid &&
+	return !S_ISDIR(ino->mode) && !ckpt_capable(c, c->fsetid) && c->uid == ino->uid &&
 	       (ino->mode & (S_ISGID | S_IXGRP)) == S_ISGID;
 }
 

@@ -14,12 +14,15 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/xattr.h>
+#include <linux/capability.h>
 #include <linux/fuse.h>
 #include <unistd.h>
 
@@ -321,6 +324,45 @@ static gid_t *req_groups(fuse_req_t req, gid_t *buf, int *n)
 	return g;
 }
 
+/*
+ * Whether the caller holds capability cap in the daemon's user namespace, as the
+ * kernel's capable() asks, for the checks the daemon makes itself (ckpt_ctx's fsetid
+ * and sys_admin; the trusted.* names of MOUNT/data): the effective set in
+ * /proc/PID/status of the calling thread (FUSE names it, and it waits for our reply, so
+ * the number is its own) and its namespace from /proc/PID/ns/user (capabilities held
+ * in another namespace, a container's, count for nothing here, as for capable()).
+ * About 30 us, so asked only where the answer decides something: a file with setuid or
+ * setgid, a listing of extended attributes. Where /proc does not say, root counts as
+ * capable, as before.
+ */
+static bool req_capable(fuse_req_t req, int cap)
+{
+	const struct fuse_ctx *c = fuse_req_ctx(req);
+	unsigned long long eff;
+	struct stat own, its;
+	char path[64], line[256];
+	int found = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/ns/user", (int)c->pid);
+	if (c->pid <= 0 || stat("/proc/self/ns/user", &own) < 0 || stat(path, &its) < 0)
+		return c->uid == 0;
+	if (own.st_dev != its.st_dev || own.st_ino != its.st_ino)
+		return false;
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)c->pid);
+	if (!(f = fopen(path, "re")))
+		return c->uid == 0;
+	while (!found && fgets(line, sizeof(line), f))
+		found = sscanf(line, "CapEff: %llx", &eff) == 1;
+	fclose(f);
+	return found ? (eff >> cap) & 1 : c->uid == 0;
+}
+
+static int8_t req_cap(fuse_req_t req, int cap)
+{
+	return req_capable(req, cap) ? CKPT_CAP_YES : CKPT_CAP_NO;
+}
+
 static gid_t *ctx_groups(fuse_req_t req, struct ckpt_ctx *c, gid_t *buf)
 {
 	gid_t *g = req_groups(req, buf, &c->ngroups);
@@ -357,7 +399,9 @@ static void kill_priv(fuse_req_t req, struct mlfs *m, fuse_ino_t ino)
 	struct ckpt_ctx c = ctx_of(req);
 	gid_t buf[MLFS_GROUPS_BUF], *g = buf;
 
-	if (c.uid != 0 && ckpt_kill_priv_needs_groups(m->ckpt, n, &c))
+	if (ckpt_has_setid(m->ckpt, n))
+		c.fsetid = req_cap(req, CAP_FSETID);
+	if (ckpt_kill_priv_needs_groups(m->ckpt, n, &c))
 		g = ctx_groups(req, &c, buf);
 	if (ckpt_kill_priv(m->ckpt, n, &c) && m->se)
 		fuse_lowlevel_notify_inval_inode(m->se, ino, -1, 0);
@@ -382,7 +426,9 @@ static void mlfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, i
 		struct ckpt_ctx c = ctx_of(req);
 		gid_t buf[MLFS_GROUPS_BUF], *g = buf;
 
-		if (c.uid != 0 && ckpt_chown_needs_groups(m->ckpt, (struct ckpt_inode *)n, &c))
+		if (ckpt_has_setid(m->ckpt, (struct ckpt_inode *)n))
+			c.fsetid = req_cap(req, CAP_FSETID);
+		if (ckpt_chown_needs_groups(m->ckpt, (struct ckpt_inode *)n, &c))
 			g = ctx_groups(req, &c, buf);
 		ckpt_chown_kill_sgid(m->ckpt, (struct ckpt_inode *)n, &c);
 		if (g != buf)
@@ -1097,10 +1143,16 @@ static void mlfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 
 	if (n->kind != MLFS_CKPT)
 		return reply_rc(req, -EROFS);
-	/* Setting an access ACL keeps setgid only for a member of the file's group: that
-	 * needs the caller's supplementary groups. */
-	if (c.uid != 0 && !strcmp(name, "system.posix_acl_access"))
-		g = ctx_groups(req, &c, groups);
+	/* The VFS refused trusted.* to a caller without CAP_SYS_ADMIN (xattr_permission). */
+	c.sys_admin = CKPT_CAP_YES;
+	/* Setting an access ACL keeps setgid only for a member of the file's group or
+	 * CAP_FSETID: that needs the caller's supplementary groups. */
+	if (!strcmp(name, "system.posix_acl_access") &&
+	    ckpt_has_setid(mlfs_of(req)->ckpt, (struct ckpt_inode *)n)) {
+		c.fsetid = req_cap(req, CAP_FSETID);
+		if (!ckpt_capable(&c, c.fsetid))
+			g = ctx_groups(req, &c, groups);
+	}
 	reply_rc(req, ckpt_setxattr(mlfs_of(req)->ckpt, (struct ckpt_inode *)n, name, value,
 				    size, flags, &c));
 	if (g != groups)
@@ -1154,6 +1206,7 @@ static void mlfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, s
 	} else {
 		struct ckpt_ctx c = ctx_of(req);
 
+		c.sys_admin = CKPT_CAP_YES; /* as in mlfs_op_setxattr */
 		rc = ckpt_getxattr(m->ckpt, (struct ckpt_inode *)n, name, buf, size, &c);
 	}
 	reply_xattr(req, rc, size, buf);
@@ -1173,13 +1226,15 @@ static void mlfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 		struct data_cred who;
 		gid_t groups[MLFS_GROUPS_BUF], *g = data_cred_of(req, &who, groups);
 
+		/* trusted.* names to CAP_SYS_ADMIN only (trusted_xattr_list) */
 		rc = data_listxattr(m->data, (struct data_node *)n, &who, buf, size,
-				    fuse_req_ctx(req)->uid == 0);
+				    req_capable(req, CAP_SYS_ADMIN));
 		if (g != groups)
 			free(g);
 	} else if (n->kind == MLFS_CKPT) {
 		struct ckpt_ctx c = ctx_of(req);
 
+		c.sys_admin = req_cap(req, CAP_SYS_ADMIN);
 		rc = ckpt_listxattr(m->ckpt, (struct ckpt_inode *)n, buf, size, &c);
 	}
 	reply_xattr(req, rc, size, buf);
@@ -1194,6 +1249,7 @@ static void mlfs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name
 	if (n->kind != MLFS_CKPT)
 		return reply_rc(req, -EROFS);
 	c = ctx_of(req);
+	c.sys_admin = CKPT_CAP_YES; /* as in mlfs_op_setxattr */
 	reply_rc(req, ckpt_removexattr(mlfs_of(req)->ckpt, (struct ckpt_inode *)n, name, &c));
 }
 

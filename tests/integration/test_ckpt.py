@@ -641,6 +641,65 @@ def test_permission_denied_via_setpriv(ckpt, umask022):
     assert read_file(p(ckpt, "f")) == b"root's"
 
 
+OTHER_WITH = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def _caps(prefix, cap):
+    """setpriv argv: prefix as given, then with cap added to an unprivileged user's
+    effective set (ambient) when prefix is OTHER_WITH, or taken from root's (bounding
+    set) when prefix is empty."""
+    if prefix:
+        return prefix + [f"--inh-caps=+{cap}", f"--ambient-caps=+{cap}", "--"]
+    return ["setpriv", f"--bounding-set=-{cap}", "--"]
+
+
+def test_write_keeps_setid_by_cap_fsetid_not_uid(ckpt, umask022):
+    """A write or truncate keeps a file's setuid and setgid for a writer with CAP_FSETID
+    and drops them for one without, whatever its uid, as ext4 does (the kernel's
+    capable(CAP_FSETID)): root without it (a container's root) drops them, a user given
+    it keeps them. Before, the daemon judged by uid 0 alone (found by an outside
+    tester)."""
+    f = p(ckpt, "f")
+    cases = [(_caps([], "fsetid"), 'echo y >> "$1"', 0o777),
+             (_caps(OTHER_WITH, "fsetid"), 'echo z >> "$1"', 0o6777),
+             (_caps(OTHER_WITH, "fsetid"), 'truncate -s 3 "$1"', 0o6777),
+             (OTHER_WITH + ["--"], 'echo w >> "$1"', 0o777),
+             ([], 'echo v >> "$1"', 0o6777)]
+    for argv, script, want in cases:
+        write_file(f, b"x\n")
+        os.chmod(f, 0o6777)
+        r = subprocess.run(argv + ["sh", "-c", script, "sh", f], capture_output=True,
+                           text=True, timeout=30, cwd="/")
+        assert r.returncode == 0, (argv, script, r.stderr)
+        assert oct(stat.S_IMODE(os.stat(f).st_mode)) == oct(want), (argv, script)
+
+
+def test_trusted_xattrs_follow_cap_sys_admin_not_uid(ckpt, umask022):
+    """trusted.* extended attributes are listed to, and set by, a caller with
+    CAP_SYS_ADMIN, whatever its uid, as on ext4: root without it sees no trusted.* name,
+    a user given it sets and lists one. Before, the daemon judged by uid 0 alone."""
+    f = p(ckpt, "f")
+    write_file(f, b"x")
+    os.chmod(f, 0o666)
+    os.setxattr(f, "trusted.t", b"1")
+    os.setxattr(f, "user.u", b"2")
+    lister = ["/usr/bin/python3", "-c",
+              "import os, sys; print(sorted(os.listxattr(sys.argv[1])))", f]
+    r = subprocess.run(_caps([], "sys_admin") + lister, capture_output=True, text=True,
+                       timeout=30, cwd="/")
+    assert (r.returncode, r.stdout.strip()) == (0, "['user.u']"), r.stderr
+    r = subprocess.run(_caps(OTHER_WITH, "sys_admin") + [
+        "/usr/bin/python3", "-c", "import os, sys; os.setxattr(sys.argv[1], 'trusted.o', b'3')"
+        "; print(sorted(os.listxattr(sys.argv[1])))", f],
+        capture_output=True, text=True, timeout=30, cwd="/")
+    assert (r.returncode, r.stdout.strip()) == \
+        (0, "['trusted.o', 'trusted.t', 'user.u']"), r.stderr
+    r = subprocess.run(OTHER_WITH + ["--"] + lister, capture_output=True, text=True,
+                       timeout=30, cwd="/")
+    assert (r.returncode, r.stdout.strip()) == (0, "['user.u']"), r.stderr
+    assert sorted(os.listxattr(f)) == ["trusted.o", "trusted.t", "user.u"]
+
+
 def test_permission_denied_create_in_root_dir(ckpt, umask022):
     os.mkdir(p(ckpt, "d"), 0o755)
     write_file(p(ckpt, "d", "f"), b"")
