@@ -1,6 +1,7 @@
 /*
  * test_ckpt.c - MOUNT/ckpt's namespace driven directly (no FUSE): the defects that
- * tests/fuzz/fuzz_ckpt.c found, each as the smallest sequence that shows it.
+ * tests/fuzz/fuzz_ckpt.c found, each as the smallest sequence that shows it, and rules
+ * whose inputs a FUSE client cannot choose freely (the caller's capabilities).
  * The namespace runs on a block cache and an unstarted tier, as in the fuzzer.
  */
 #include "fs/ckpt.h"
@@ -129,12 +130,47 @@ static void test_removed_dir_outlives_parent(void)
 	ckpt_ns_free(ns);
 }
 
+/* The capabilities a ctx carries decide, not its uid: a writer with CAP_FSETID keeps a
+ * file's setuid and setgid whoever it is, root without it drops them, and a zeroed ctx
+ * (CKPT_CAP_UID) counts root alone as capable; trusted.* names are listed and set by
+ * CAP_SYS_ADMIN alike. */
+static void test_capabilities_not_uid(void)
+{
+	struct ckpt_ns *ns = ns_new();
+	struct ckpt_ctx with = user, root_without = { .uid = 0, .gid = 0, .umask = 022 };
+	const struct ckpt_ctx root = { .uid = 0, .gid = 0, .umask = 022 };
+	struct fuse_entry_param f;
+	struct stat st, want = { .st_mode = S_IFREG | 06777 };
+	char list[64];
+
+	with.fsetid = with.sys_admin = CKPT_CAP_YES;
+	root_without.fsetid = root_without.sys_admin = CKPT_CAP_NO;
+	EXPECT_EQ(ckpt_mknod(ns, ckpt_root(ns), "f", S_IFREG | 0644, 0, &root, &f), 0);
+	const struct { const struct ckpt_ctx *c; int kept; } cases[] = {
+		{ &with, 1 }, { &root_without, 0 }, { &root, 1 }, { &user, 0 },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		EXPECT_EQ(ckpt_setattr(ns, ino_of(&f), &want, FUSE_SET_ATTR_MODE, &st), 0);
+		EXPECT_EQ(ckpt_kill_priv(ns, ino_of(&f), cases[i].c), !cases[i].kept);
+		EXPECT_EQ(ckpt_getattr(ns, ino_of(&f), &st), 0);
+		EXPECT_EQ(st.st_mode & 07777, cases[i].kept ? 06777 : 0777);
+	}
+	EXPECT_EQ(ckpt_setxattr(ns, ino_of(&f), "trusted.t", "1", 1, 0, &with), 0);
+	EXPECT_EQ(ckpt_setxattr(ns, ino_of(&f), "trusted.u", "1", 1, 0, &root_without), -EPERM);
+	EXPECT_EQ(ckpt_listxattr(ns, ino_of(&f), list, sizeof(list), &with), 10);
+	EXPECT_EQ(ckpt_listxattr(ns, ino_of(&f), list, sizeof(list), &root_without), 0);
+	EXPECT_EQ(ckpt_listxattr(ns, ino_of(&f), list, sizeof(list), &root), 10);
+	ckpt_forget(ns, ino_of(&f), 1);
+	ckpt_ns_free(ns);
+}
+
 int main(void)
 {
 	test_removed_dir_outlives_parent();
 	test_rename_into_removed_dir();
 	test_create_in_unlinked_file();
 	test_fallocate_past_limit();
+	test_capabilities_not_uid();
 	tier_free(m.tier);
 	bc_free(m.bc);
 	return test_summary();
