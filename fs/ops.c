@@ -325,19 +325,21 @@ static gid_t *req_groups(fuse_req_t req, gid_t *buf, int *n)
 }
 
 /*
- * Whether the caller holds capability cap in the daemon's user namespace, as the
- * kernel's capable() asks, for the checks the daemon makes itself (ckpt_ctx's fsetid
- * and sys_admin; the trusted.* names of MOUNT/data): the effective set in
+ * The capabilities the caller holds in the daemon's user namespace (req_caps, a mask
+ * of 1 << CAP_*; req_capable, one of them), as the kernel's capable() asks, for the
+ * checks the daemon makes itself (ckpt_ctx's fsetid and sys_admin; the trusted.* names
+ * and the SOURCE refusals of MOUNT/data, data_cred_override): the effective set in
  * /proc/PID/status of the calling thread (FUSE names it, and it waits for our reply, so
  * the number is its own) and its namespace from /proc/PID/ns/user (capabilities held
  * in another namespace, a container's, count for nothing here, as for capable()).
  * About 30 us, so asked only where the answer decides something: a file with setuid or
- * setgid, a listing of extended attributes. Where /proc does not say, root counts as
- * capable, as before.
+ * setgid, a listing of extended attributes, a refusal. Where /proc does not say, root
+ * counts as capable, as before.
  */
-static bool req_capable(fuse_req_t req, int cap)
+static uint64_t req_caps(fuse_req_t req)
 {
 	const struct fuse_ctx *c = fuse_req_ctx(req);
+	uint64_t unknown = c->uid == 0 ? ~0ull : 0;
 	unsigned long long eff;
 	struct stat own, its;
 	char path[64], line[256];
@@ -346,16 +348,21 @@ static bool req_capable(fuse_req_t req, int cap)
 
 	snprintf(path, sizeof(path), "/proc/%d/ns/user", (int)c->pid);
 	if (c->pid <= 0 || stat("/proc/self/ns/user", &own) < 0 || stat(path, &its) < 0)
-		return c->uid == 0;
+		return unknown;
 	if (own.st_dev != its.st_dev || own.st_ino != its.st_ino)
-		return false;
+		return 0;
 	snprintf(path, sizeof(path), "/proc/%d/status", (int)c->pid);
 	if (!(f = fopen(path, "re")))
-		return c->uid == 0;
+		return unknown;
 	while (!found && fgets(line, sizeof(line), f))
 		found = sscanf(line, "CapEff: %llx", &eff) == 1;
 	fclose(f);
-	return found ? (eff >> cap) & 1 : c->uid == 0;
+	return found ? (uint64_t)eff : unknown;
+}
+
+static bool req_capable(fuse_req_t req, int cap)
+{
+	return (req_caps(req) >> cap) & 1;
 }
 
 static int8_t req_cap(fuse_req_t req, int cap)
@@ -385,6 +392,21 @@ static gid_t *data_cred_of(fuse_req_t req, struct data_cred *who, gid_t *buf)
 		who->groups = g;
 	}
 	return g;
+}
+
+/* After SOURCE refused who (rc EACCES; data.c invariant 7): whether the caller holds
+ * CAP_DAC_READ_SEARCH or CAP_DAC_OVERRIDE, with which ext4 lets it read any file and
+ * list and search any directory (a backup agent's); then who becomes the daemon's view
+ * (uid 0: no switch), for the call to be made again. /proc is read only after a
+ * refusal. */
+static bool data_cred_override(fuse_req_t req, int rc, struct data_cred *who)
+{
+	const uint64_t dac = 1ull << CAP_DAC_READ_SEARCH | 1ull << CAP_DAC_OVERRIDE;
+
+	if (rc != -EACCES || who->uid == 0 || !(req_caps(req) & dac))
+		return false;
+	who->uid = 0;
+	return true;
 }
 
 /*
@@ -459,6 +481,8 @@ static void mlfs_op_readlink(fuse_req_t req, fuse_ino_t ino)
 		gid_t groups[MLFS_GROUPS_BUF], *g = data_cred_of(req, &who, groups);
 
 		rc = data_readlink(m->data, (struct data_node *)n, &who, buf, sizeof(buf));
+		if (data_cred_override(req, rc, &who))
+			rc = data_readlink(m->data, (struct data_node *)n, &who, buf, sizeof(buf));
 		if (g != groups)
 			free(g);
 	} else if (n->kind == MLFS_CKPT)
@@ -641,6 +665,8 @@ static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 		gid_t buf[MLFS_GROUPS_BUF], *g = data_cred_of(req, &who, buf);
 
 		rc = data_open(m->data, (struct data_node *)n, &who, fi, &f);
+		if (data_cred_override(req, rc, &who))
+			rc = data_open(m->data, (struct data_node *)n, &who, fi, &f);
 		if (g != buf)
 			free(g);
 		if (rc)
@@ -915,6 +941,9 @@ static void mlfs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		gid_t buf[MLFS_GROUPS_BUF], *g = data_cred_of(req, &who, buf);
 
 		cnt = data_read_unopened(m->data, (struct data_node *)n, &who, size, off, segs);
+		if (data_cred_override(req, cnt, &who))
+			cnt = data_read_unopened(m->data, (struct data_node *)n, &who, size, off,
+						 segs);
 		if (g != buf)
 			free(g);
 	} else if (n->kind == MLFS_DATA)
@@ -1001,7 +1030,10 @@ static void mlfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_inf
 		struct data_cred who;
 		gid_t buf[MLFS_GROUPS_BUF], *g = data_cred_of(req, &who, buf);
 
-		if (!(rc = data_opendir(m->data, (struct data_node *)n, &who, &d)))
+		rc = data_opendir(m->data, (struct data_node *)n, &who, &d);
+		if (data_cred_override(req, rc, &who))
+			rc = data_opendir(m->data, (struct data_node *)n, &who, &d);
+		if (!rc)
 			fi->fh = (uint64_t)d;
 		if (g != buf)
 			free(g);
@@ -1196,6 +1228,8 @@ static void mlfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, s
 		gid_t groups[MLFS_GROUPS_BUF], *g = data_cred_of(req, &who, groups);
 
 		rc = data_getxattr(m->data, (struct data_node *)n, &who, name, buf, size);
+		if (data_cred_override(req, rc, &who))
+			rc = data_getxattr(m->data, (struct data_node *)n, &who, name, buf, size);
 		if (g != groups)
 			free(g);
 		/* The kernel asks for ACLs to check permissions (FUSE_CAP_POSIX_ACL) and
@@ -1229,6 +1263,9 @@ static void mlfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 		/* trusted.* names to CAP_SYS_ADMIN only (trusted_xattr_list) */
 		rc = data_listxattr(m->data, (struct data_node *)n, &who, buf, size,
 				    req_capable(req, CAP_SYS_ADMIN));
+		if (data_cred_override(req, rc, &who))
+			rc = data_listxattr(m->data, (struct data_node *)n, &who, buf, size,
+					    req_capable(req, CAP_SYS_ADMIN));
 		if (g != groups)
 			free(g);
 	} else if (n->kind == MLFS_CKPT) {

@@ -309,6 +309,31 @@ def test_data_revoked_access_refused_without_open(mounter, tmp_path, mode):
         assert fh.read() == "f"
 
 
+@pytest.mark.parametrize("mode", ["", "immutable"])
+def test_data_dac_capabilities_read_as_on_ext4(mounter, tmp_path, mode):
+    """A user holding CAP_DAC_READ_SEARCH (a backup agent's) reads a private file, lists
+    and searches a private directory and reads the user.* value of a private file
+    through MOUNT/data, as it does in SOURCE; the same user without it is refused.
+    Before, the daemon opened SOURCE with the user's plain credentials, and the agent
+    was refused what ext4 lets it read (found by an outside tester)."""
+    src = U.source_for_users(tmp_path, (("f", 0o600, 0), ("sub/g", 0o644, 0)))
+    os.setxattr(os.path.join(src, "f"), "user.tag", b"t")
+    os.chmod(os.path.join(src, "sub"), 0o700)
+    m = mounter(src=src, opts="allow_other" + (f",{mode}" if mode else ""))
+    script = ("import os, sys; t = sys.argv[1]; print(open(os.path.join(t, 'f')).read(), "
+              "os.listdir(os.path.join(t, 'sub')), open(os.path.join(t, 'sub', 'g')).read(), "
+              "os.getxattr(os.path.join(t, 'f'), 'user.tag'))")
+    base = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    agent = base + ["--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search", "--"]
+    for top in (src, m.data):
+        r = subprocess.run(agent + ["/usr/bin/python3", "-c", script, top],
+                           capture_output=True, text=True, timeout=60, cwd="/")
+        assert (r.returncode, r.stdout.strip()) == (0, "f ['g'] sub/g b't'"), (top, r.stderr)
+        r = subprocess.run(base + ["--", "/usr/bin/python3", "-c", script, top],
+                           capture_output=True, text=True, timeout=60, cwd="/")
+        assert r.returncode != 0 and "Permission denied" in r.stderr, (top, r.stderr)
+
+
 @pytest.mark.parametrize("mode", ["", "immutable", "watch"])
 def test_data_execute_only_file_runs(mounter, tmp_path, mode):
     """A SOURCE program of mode 711 runs for another user through MOUNT/data, as on
