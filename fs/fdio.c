@@ -10,21 +10,36 @@
 
 #include "cache/mono.h"
 
-int fdio_write_all(int fd, const void *buf, size_t len)
+/* pwrite when off >= 0, else write. */
+static int write_whole(int fd, const void *buf, size_t len, int64_t off)
 {
 	const char *p = buf;
 
 	while (len) {
-		ssize_t n = write(fd, p, len);
+		ssize_t n = off >= 0 ? pwrite(fd, p, len, off) : write(fd, p, len);
 
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0)
 			return -errno;
+		if (n == 0)
+			return -EIO;
 		p += n;
 		len -= (size_t)n;
+		if (off >= 0)
+			off += n;
 	}
 	return 0;
+}
+
+int fdio_write_all(int fd, const void *buf, size_t len)
+{
+	return write_whole(fd, buf, len, -1);
+}
+
+int fdio_pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
+{
+	return write_whole(fd, buf, len, (int64_t)off);
 }
 
 /* pread when off >= 0, else read. */

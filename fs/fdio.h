@@ -3,8 +3,8 @@
  * for the store's files (store.c, pack.c, lease.c) and SOURCE's directories (data.c).
  *
  * Contract: each read or write loops over short transfers and EINTR until len bytes
- * moved. Returns 0, or -errno of the failing call; a read that meets end of file first
- * is -EIO (the file is shorter than its header or index says: damage, never a short
+ * moved. Returns 0, or -errno of the failing call (a write that moves nothing: -EIO);
+ * a read that meets end of file first is -EIO (the file is shorter than its header or index says: damage, never a short
  * success). Thread safe as the underlying calls are; blocks as they do (the store may
  * be a network filesystem).
  *
@@ -67,6 +67,7 @@ static inline int fdio_transient(int rc)
 }
 
 int fdio_write_all(int fd, const void *buf, size_t len);
+int fdio_pwrite_all(int fd, const void *buf, size_t len, uint64_t off);
 int fdio_read_all(int fd, void *buf, size_t len);
 int fdio_pread_all(int fd, void *buf, size_t len, uint64_t off);
 struct fdio_dir;

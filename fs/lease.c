@@ -198,8 +198,10 @@ out_free:
 /* One lease of lease_scan by name: 0 when read, or not one to read (removed, a
  * temporary, stale: a stale or temporary one older than the grace time is removed);
  * -ENOENT or -ESTALE when it was replaced while read; else -errno of the failed call,
- * -EINVAL when it does not parse. A name that cannot be opened for any other reason
- * than its removal is an error, never skipped: a live lease missed protects nothing. */
+ * -EINVAL when it does not parse, as a fresh name that is no regular file (a symlink, a
+ * FIFO: nothing a lease writer makes, but what it stands for cannot be told, so gc
+ * waits for it to go stale). A name that cannot be opened for any other reason than its
+ * removal is an error, never skipped: a live lease missed protects nothing. */
 static int lease_scan_one(int leasedir, const char *name, const struct lease_times *t,
 			  int64_t now_ns, int (*add)(void *arg, const uint8_t h[16]), void *arg)
 {
@@ -207,8 +209,13 @@ static int lease_scan_one(int leasedir, const char *name, const struct lease_tim
 	struct stat st;
 
 	lfd = openat(leasedir, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-	if (lfd < 0)	/* removed, or a symlink (no lease of ours): nothing to read */
-		return errno == ENOENT || errno == ELOOP ? 0 : -errno;
+	if (lfd < 0 && errno == ELOOP) {	/* a symlink: not followed */
+		if (fstatat(leasedir, name, &st, AT_SYMLINK_NOFOLLOW))
+			return errno == ENOENT ? 0 : -errno;
+		return !tmp && lease_fresh(t, now_ns, mtime_of(&st)) ? -EINVAL : 0;
+	}
+	if (lfd < 0)	/* removed: nothing to read */
+		return errno == ENOENT ? 0 : -errno;
 	if (fstat(lfd, &st)) {
 		rc = -errno;
 		close(lfd);
@@ -216,7 +223,7 @@ static int lease_scan_one(int leasedir, const char *name, const struct lease_tim
 	}
 	if (!S_ISREG(st.st_mode)) {
 		close(lfd);
-		return 0;
+		return !tmp && lease_fresh(t, now_ns, mtime_of(&st)) ? -EINVAL : 0;
 	}
 	if (tmp || !lease_fresh(t, now_ns, mtime_of(&st))) {
 		/* A temporary is never read (its rename is the lease); a stale lease protects

@@ -1745,6 +1745,13 @@ out:
 
 /* ---- manifests ---- */
 
+static __thread const char *load_why = "damaged";
+
+const char *store_load_why(void)
+{
+	return load_why;
+}
+
 int store_load_snapshot(struct store *s, const char *name, mf_conflict_fn fn, void *arg,
 			struct mf_manifest **out, uint64_t *conflicts)
 {
@@ -1753,18 +1760,21 @@ int store_load_snapshot(struct store *s, const char *name, mf_conflict_fn fn, vo
 	size_t len;
 	int rc;
 
+	*out = NULL;
 	*conflicts = 0;
 	if ((rc = store_name_valid(name)))
 		return rc;
-	if (fstatat(s->snapfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
+	if (fstatat(s->snapfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) {
+		load_why = "its group file or one of its parts is damaged";
 		return group_load(s, name, fn, arg, out, conflicts);
+	}
 	rc = slurp(s->snapfd, name, MANIFEST_MAX, 1, &buf, &len);
 	if (rc == -EINVAL || rc == -EIO) {
 		/* not a regular file, absurdly large, no manifest's header, or (a large one)
 		 * its checksum: not what commit wrote */
-		log_err("store: %s/snaps/%s: %s; not used", s->path, name,
-			rc == -EIO ? "damaged manifest (checksum mismatch)"
-				   : "not a regular file of a sane size with a manifest's header");
+		load_why = rc == -EIO ? "manifest checksum mismatch"
+				      : "not a regular file of a sane size with a manifest's header";
+		log_err("store: %s/snaps/%s: %s; not used", s->path, name, load_why);
 		return -EIO;
 	}
 	if (rc) {
@@ -1776,13 +1786,17 @@ int store_load_snapshot(struct store *s, const char *name, mf_conflict_fn fn, vo
 	free(buf);
 	if (rc == -ENOMEM)
 		return rc;
+	load_why = rc == -EIO ? "manifest checksum mismatch" : "manifest does not parse";
 	if (rc == 0 && strcmp((*out)->name, name)) {
 		mf_free(*out);
-		rc = -EINVAL;	/* a manifest copied under another name */
+		*out = NULL;
+		rc = -EINVAL;
+		load_why = "the manifest is another snapshot's, copied under this name";
 	}
 	if (rc) {
+		*out = NULL;
 		log_err("store: damaged manifest %s/snaps/%s (%s); not used", s->path, name,
-			rc == -EIO ? "checksum mismatch" : "does not parse");
+			load_why);
 		return -EIO;
 	}
 	return 0;
@@ -1933,8 +1947,8 @@ int store_list(struct store *s, int flags, struct store_snap_info **out, size_t 
 		if (group < 0)
 			continue;	/* gone meanwhile */
 		if (!group && !store_snap_entry_regular(s, d->d_name))
-			continue;
-		if (group && !g.complete)
+			rc = -EIO;	/* nothing commit wrote: damaged, for verify and list */
+		else if (group && !g.complete)
 			rc = group_partial_info(s, d->d_name, &g, &m);
 		else
 			rc = store_load_snapshot(s, d->d_name, NULL, NULL, &m, &conflicts);

@@ -179,8 +179,9 @@ int store_list(struct store *s, int flags, struct store_snap_info **out, size_t 
 int store_latest(struct store *s, char *name);
 
 /*
- * Read and verify snaps/<name>; *out handed over (mf_free()). -ENOENT, -EINVAL for a bad
- * name, -EIO (logged) if the manifest is damaged: it is never returned.
+ * Read and verify snaps/<name>; *out handed over (mf_free()), NULL on any failure.
+ * -ENOENT, -EINVAL for a bad name, -EIO (logged; store_load_why says why) if the
+ * manifest is damaged: it is never returned.
  */
 int store_load_manifest(struct store *s, const char *name, struct mf_manifest **out);
 
@@ -189,6 +190,9 @@ int store_load_manifest(struct store *s, const char *name, struct mf_manifest **
  * different contents (fn called for each). -EAGAIN for a partial group. */
 int store_load_snapshot(struct store *s, const char *name, mf_conflict_fn fn, void *arg,
 			struct mf_manifest **out, uint64_t *conflicts);
+/* Why the calling thread's last store_load_snapshot or store_load_manifest answered
+ * -EIO: a static string for a message ("checksum mismatch", "does not parse", ...). */
+const char *store_load_why(void);
 
 /* Remove snaps/<name> (a group: its group file first, then its parts) and fsync snaps/;
  * its objects go at the next gc. -ENOENT. */

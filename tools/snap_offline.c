@@ -31,8 +31,10 @@ const char snap_offline_usage[] =
 
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* Keeps errno: callers say what failed, then return -errno. */
 static void say(const char *fmt, ...)
 {
+	int saved = errno;
 	char line[1024];
 	va_list ap;
 
@@ -45,6 +47,7 @@ static void say(const char *fmt, ...)
 		if ((unsigned char)*p < 0x20 || *p == 0x7f)
 			*p = '?';
 	fprintf(stderr, "mlfs-snap: %s\n", line);
+	errno = saved;
 }
 
 /* Readers (list, verify, restore) pass STORE_RDONLY: they write nothing in the store,
@@ -109,7 +112,7 @@ static int load(struct store *s, const char *dir, const char *name, struct mf_ma
 	} else if (rc == -ENOENT)
 		say("%s: no snapshot named '%s'", dir, name);
 	else if (rc == -EIO)
-		say("snapshot '%s' is damaged (manifest checksum mismatch); not used", name);
+		say("snapshot '%s' is damaged (%s); not used", name, store_load_why());
 	else if (rc)
 		say("snapshot '%s': %s", name, strerror(-rc));
 	return rc;
@@ -268,8 +271,8 @@ static int restore_file(struct restore *r, size_t i)
 			r->damaged++;
 			return 0;
 		}
-		if (pwrite(fd, r->buf, b->len, (off_t)(k * e->block_size)) != (ssize_t)b->len) {
-			rc = errno ? -errno : -EIO;
+		/* a short write is the target filling up: the next one says ENOSPC */
+		if ((rc = fdio_pwrite_all(fd, r->buf, b->len, k * e->block_size))) {
 			say("%s: %s", p, strerror(-rc));
 			goto out_close;
 		}

@@ -167,6 +167,29 @@ def _small_store(env, kind, size_mib):
     return store
 
 
+def test_restore_to_a_full_target_says_enospc(snapenv):
+    """An offline restore onto a filesystem that fills up mid-block (a 1 MiB block where
+    half a MiB is left: the write is short) says "No space left on device" and leaves
+    the partial tree aside. Before, the short write's stale errno was reported ("No such
+    file or directory", found by an outside tester)."""
+    env = snapenv()
+    d = env.mount()
+    write(os.path.join(d.ckpt, "big"), rng_for("fulltarget").randbytes(16 * MiB))
+    S.snap_ok("take", env.mnt, "s", "--wait")
+    env.unmount(d)
+    mp = env.path("small-target")
+    os.mkdir(mp)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=10752k", "tmpfs", mp],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.fail(f"cannot mount a small tmpfs: {r.stderr.strip()}")
+    env.extra_mounts.append(mp)
+    r = S.snap("restore", "--store", env.store, "s", "--to", os.path.join(mp, "out"),
+               timeout=120)
+    assert r.rc == 1 and "No space left on device" in r.err, repr(r)
+    assert not os.path.exists(os.path.join(mp, "out"))
+
+
 @pytest.mark.parametrize("kind", ["tmpfs", "ext4"])
 def test_store_disk_full(snapenv, kind):
     env = snapenv()

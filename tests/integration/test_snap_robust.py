@@ -88,6 +88,9 @@ CRAFTED = {
     "dotdot": lambda n: manifest(n, [ROOT, entry(2, 1, b"..", 2, 0o755)]),
     "xattrs": lambda n: manifest(n, [ROOT, entry(2, 1, b"f", 1, block_size=4096,
                                                  xattrs=[(b"user.a", b"1"), (b"user.a", b"2")])]),
+    # A whole manifest of another snapshot copied under this name: an offline restore
+    # freed it twice and died of SIGABRT (found by an outside tester).
+    "othername": lambda n: manifest("someone-else", [ROOT]),
 }
 
 
@@ -157,6 +160,60 @@ def test_crafted_manifest_is_damaged_never_a_crash(snapenv, case):
     assert "bad" in out and "damaged" in out, out
     assert_no_crash_text(out, "mount with restore=bad")
     assert not U.is_mounted(env.mnt)
+
+
+def test_non_regular_entries_in_snaps_are_listed_damaged(snapenv):
+    """A FIFO and a symlink (to a file outside the store) in snaps/ are nothing a commit
+    wrote: list shows them damaged, verify reports them (exit 1), restore refuses them
+    in one line, delete removes them and gc runs beside them; nothing outside the store
+    is read. Before, verify said every manifest verified while restore called them
+    damaged (found by an outside tester)."""
+    env = snapenv()
+    d = env.mount()
+    write(os.path.join(d.ckpt, "a"), b"good" * 1000)
+    S.snap_ok("take", env.mnt, "good", "--wait")
+    env.unmount(d)
+    outside = env.path("outside")
+    write(outside, b"not a manifest")
+    os.mkfifo(os.path.join(env.store, "snaps", "fifo1"))
+    os.symlink(outside, os.path.join(env.store, "snaps", "link1"))
+
+    st = {e["name"]: e["state"] for e in json.loads(
+        S.snap_ok("list", "--store", env.store, "--json").out)}
+    assert st == {"good": st["good"], "fifo1": "damaged", "link1": "damaged"}, st
+    r = S.snap("verify", "--store", env.store, timeout=60)
+    assert r.rc == 1 and "fifo1" in r.out + r.err and "link1" in r.out + r.err, repr(r)
+    for name in ("fifo1", "link1"):
+        S.assert_clean_failure(S.snap("restore", "--store", env.store, name, "--to",
+                                      env.path(f"x-{name}"), timeout=60), f"restore {name}")
+    S.snap_ok("gc", "--store", env.store, timeout=60)
+    for name in ("fifo1", "link1"):
+        S.snap_ok("delete", "--store", env.store, name, timeout=60)
+    assert sorted(os.listdir(os.path.join(env.store, "snaps"))) == ["good"]
+    S.snap_ok("verify", "--store", env.store, timeout=60)
+    assert read(outside) == b"not a manifest"
+
+
+def test_fresh_non_regular_lease_refuses_gc_until_stale(snapenv):
+    """A fresh name in leases/ that is no regular file (a FIFO, a symlink) refuses gc as
+    a fresh lease that does not parse does: what it stands for cannot be told. Once
+    stale it is ignored. Before, gc ran past it (found by an outside tester)."""
+    env = snapenv()
+    d = env.mount()
+    write(os.path.join(d.ckpt, "a"), b"x" * 5000)
+    S.snap_ok("take", env.mnt, "s", "--wait")
+    env.unmount(d)
+    for make in (os.mkfifo, lambda p: os.symlink("/nonexistent", p)):
+        p = os.path.join(env.store, "leases", "junk")
+        make(p)
+        r = S.snap("gc", "--store", env.store, timeout=60)
+        S.assert_clean_failure(r, "gc beside a fresh junk lease")
+        old = time.time() - 24 * 3600
+        os.utime(p, (old, old), follow_symlinks=False)
+        S.snap_ok("gc", "--store", env.store, timeout=60)
+        if os.path.lexists(p):
+            os.unlink(p)
+    S.snap_ok("verify", "--store", env.store, timeout=60)
 
 
 def vm_hwm_kib(pid):

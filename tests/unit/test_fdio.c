@@ -67,8 +67,20 @@ static void test_io(const char *dir)
 	EXPECT_EQ(lseek(fd, 0, SEEK_SET), 0);
 	EXPECT_EQ(fdio_read_all(fd, buf, 10), 0);
 	EXPECT_EQ(fdio_read_all(fd, buf, 1), -EIO);
+	/* pwrite_all: at its offset, the file position untouched */
+	EXPECT_EQ(fdio_pwrite_all(fd, "abc", 3, 12), 0);
+	EXPECT_EQ(lseek(fd, 0, SEEK_CUR), 10);
+	EXPECT_EQ(fdio_pread_all(fd, buf, 15, 0), 0);
+	EXPECT(!memcmp(buf, "0123456789\0\0abc", 15));
 	close(fd);
 	EXPECT_EQ(fdio_write_all(-1, "x", 1), -EBADF);
+	EXPECT_EQ(fdio_pwrite_all(-1, "x", 1, 0), -EBADF);
+	/* a write that meets a full filesystem says so, after what fitted (a short write) */
+	fd = open("/dev/full", O_WRONLY);
+	if (fd >= 0) {
+		EXPECT_EQ(fdio_write_all(fd, "x", 1), -ENOSPC);
+		close(fd);
+	}
 
 	for (int i = 0; i < 3; i++) {
 		snprintf(path, sizeof(path), "%s/e%d", dir, i);

@@ -1138,7 +1138,9 @@ static void on_alarm(int sig)
 
 /* Issue 9, defect 8: a FIFO or a symlink in snaps/ (or in place of an object) is
  * skipped or refused, never opened in a way that blocks (before: list hung for ever on
- * the FIFO and failed with ELOOP on the symlink). alarm() turns a hang into a failure. */
+ * the FIFO and failed with ELOOP on the symlink). alarm() turns a hang into a failure.
+ * A list with its damaged entries shows them damaged and verify counts them: a restore
+ * of either refuses it as damaged, and verify had said the store was whole. */
 static void test_stray(const char *dir)
 {
 	static char buf[BS], back[BS];
@@ -1158,13 +1160,20 @@ static void test_stray(const char *dir)
 	EXPECT_EQ(symlink("good", p), 0);
 	signal(SIGALRM, on_alarm);
 	alarm(20);
-	EXPECT_EQ(store_list(s, STORE_LIST_DAMAGED, &v, &n), 0);
+	EXPECT_EQ(store_list(s, 0, &v, &n), 0);
 	EXPECT_EQ(n, 1);
 	EXPECT(n == 1 && !strcmp(v[0].name, "good"));
 	free(v);
+	v = NULL;
+	EXPECT_EQ(store_list(s, STORE_LIST_DAMAGED, &v, &n), 0);
+	EXPECT_EQ(n, 3);
+	for (size_t i = 0; i < n; i++)
+		EXPECT_EQ(v[i].state, strcmp(v[i].name, "good") ? STORE_SNAP_DAMAGED
+								: STORE_SNAP_COMPLETE);
+	free(v);
 	EXPECT_EQ(store_load_manifest(s, "fifo", &m), -EIO);
 	EXPECT_EQ(store_load_manifest(s, "link", &m), -EIO);
-	EXPECT(store_verify(s, NULL, NULL, NULL) == 0);
+	EXPECT(store_verify(s, NULL, NULL, NULL) == 2);
 	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);	/* not manifests: skipped, kept */
 	EXPECT(exists(dir, "snaps/fifo"));
 	/* A FIFO in place of an object: a read of it is -EIO, a put writes the object. */
