@@ -421,10 +421,12 @@ static void kill_priv(fuse_req_t req, struct mlfs *m, fuse_ino_t ino)
 	struct ckpt_ctx c = ctx_of(req);
 	gid_t buf[MLFS_GROUPS_BUF], *g = buf;
 
-	if (ckpt_has_setid(m->ckpt, n))
+	/* A write's one extra look (ns->mu): only a setid file makes caps or groups count */
+	if (ckpt_has_setid(m->ckpt, n)) {
 		c.fsetid = req_cap(req, CAP_FSETID);
-	if (ckpt_kill_priv_needs_groups(m->ckpt, n, &c))
-		g = ctx_groups(req, &c, buf);
+		if (ckpt_kill_priv_needs_groups(m->ckpt, n, &c))
+			g = ctx_groups(req, &c, buf);
+	}
 	if (ckpt_kill_priv(m->ckpt, n, &c) && m->se)
 		fuse_lowlevel_notify_inval_inode(m->se, ino, -1, 0);
 	if (g != buf)
@@ -448,10 +450,11 @@ static void mlfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, i
 		struct ckpt_ctx c = ctx_of(req);
 		gid_t buf[MLFS_GROUPS_BUF], *g = buf;
 
-		if (ckpt_has_setid(m->ckpt, (struct ckpt_inode *)n))
+		if (ckpt_has_setid(m->ckpt, (struct ckpt_inode *)n)) {
 			c.fsetid = req_cap(req, CAP_FSETID);
-		if (ckpt_chown_needs_groups(m->ckpt, (struct ckpt_inode *)n, &c))
-			g = ctx_groups(req, &c, buf);
+			if (ckpt_chown_needs_groups(m->ckpt, (struct ckpt_inode *)n, &c))
+				g = ctx_groups(req, &c, buf);
+		}
 		ckpt_chown_kill_sgid(m->ckpt, (struct ckpt_inode *)n, &c);
 		if (g != buf)
 			free(g);
