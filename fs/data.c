@@ -162,6 +162,9 @@ struct data_node {
 	 * errors and none was answered since: its opens and reads try once
 	 * (data_open_source, data_pread_again), not for another FDIO_TRANSIENT_S. */
 	_Atomic uint8_t src_down;
+	/* The same for the calls on its name and attributes (data_meta_again): a lookup in
+	 * it (a directory), its getattr, readlink, xattr reads, a directory's open. */
+	_Atomic uint8_t meta_down;
 	uint8_t detached;
 	uint16_t namelen;
 	char name[];
@@ -253,10 +256,6 @@ struct data_ns {
 	 * (DATA_FD_RESERVE). */
 	_Atomic uint64_t nhandles;
 	uint64_t user_max, root_max;
-	/* A lookup, getattr, directory open, readlink, xattr or statfs of SOURCE gave up
-	 * after FDIO_TRANSIENT_S of transient errors and no such call was answered since:
-	 * each tries once (data_meta_again). */
-	_Atomic uint8_t meta_down;
 };
 
 /* The descriptors kept from MOUNT/data's opens: a quarter of RLIMIT_NOFILE at the
@@ -868,6 +867,7 @@ static struct data_node *data_node_get(struct data_ns *ns, struct data_node *par
 		n->nopen = 0;
 		n->type = st->st_mode & S_IFMT;
 		atomic_init(&n->src_down, 0);
+		atomic_init(&n->meta_down, 0);
 		n->detached = 0;
 		n->namelen = (uint16_t)len;
 		memcpy(n->name, name, len + 1);
@@ -914,17 +914,19 @@ static bool data_again(struct data_ns *ns, _Atomic uint8_t *down, int rc, const 
 	return true;
 }
 
-/* data_again for the calls of SOURCE's names and attributes (ns->meta_down), which any
- * answer but a transient one clears. */
-static bool data_meta_again(struct data_ns *ns, int rc, const char *what, const char *name,
-			    uint64_t *since, unsigned *tries)
+/* data_again for the calls of SOURCE's names and attributes on n (n->meta_down: a
+ * lookup's is its directory's), which any answer but a transient one clears: per node,
+ * so a part of SOURCE that stays down (one GlusterFS subvolume) costs 30 s once per
+ * node, whatever the rest answers. */
+static bool data_meta_again(struct data_ns *ns, struct data_node *n, int rc, const char *what,
+			    const char *name, uint64_t *since, unsigned *tries)
 {
 	if (!fdio_transient(rc)) {
-		if (atomic_load(&ns->meta_down))	/* a load, not a store, per call */
-			atomic_store(&ns->meta_down, 0);
+		if (atomic_load(&n->meta_down))	/* a load, not a store, per call */
+			atomic_store(&n->meta_down, 0);
 		return false;
 	}
-	return data_again(ns, &ns->meta_down, rc, what, name, since, tries);
+	return data_again(ns, &n->meta_down, rc, what, name, since, tries);
 }
 
 /* data_lookup with the parent directory already open (dfd, beneath SOURCE). */
@@ -980,7 +982,7 @@ int data_lookup(struct data_ns *ns, struct data_node *parent, const char *name,
 		return -EINVAL; /* the kernel never sends these; invariant 3 relies on it */
 	do
 		rc = data_lookup_once(ns, parent, name, e);
-	while (data_meta_again(ns, rc, "lookup", name, &since, &tries));
+	while (data_meta_again(ns, parent, rc, "lookup", name, &since, &tries));
 	return rc;
 }
 
@@ -1084,7 +1086,7 @@ static int data_getattr_of(struct data_ns *ns, struct data_node *n,
 
 	do
 		rc = data_getattr_once(ns, n, f, st);
-	while (data_meta_again(ns, rc, "getattr", n->name, &since, &tries));
+	while (data_meta_again(ns, n, rc, "getattr", n->name, &since, &tries));
 	return rc;
 }
 
@@ -1122,7 +1124,7 @@ int data_readlink(struct data_ns *ns, struct data_node *n, const struct data_cre
 		if (as)
 			data_as_caller(ns, who, 0);
 		data_put_fd(ns, dfd);
-	} while (data_meta_again(ns, (int)len, "readlink", n->name, &since, &tries));
+	} while (data_meta_again(ns, n, (int)len, "readlink", n->name, &since, &tries));
 	if (len == -EINVAL) {
 		/* No longer a symlink (invariant 8): the kernel, which followed the link it
 		 * cached, looks the path up again and finds what the name is now. */
@@ -1145,7 +1147,7 @@ int data_statfs(struct data_ns *ns, struct statvfs *sv)
 
 	do
 		rc = fstatvfs(ns->src_fd, sv) < 0 ? -errno : 0;
-	while (data_meta_again(ns, rc, "statfs", ".", &since, &tries));
+	while (data_meta_again(ns, ns->root, rc, "statfs", ".", &since, &tries));
 	return rc;
 }
 
@@ -1214,7 +1216,7 @@ static ssize_t data_xattr(struct data_ns *ns, struct data_node *n,
 		len = data_xattr_as(ns, n, name, buf, size);
 		if (as)
 			data_as_caller(ns, who, 0);
-	} while (data_meta_again(ns, len < 0 ? (int)len : 0, "xattr read", n->name, &since,
+	} while (data_meta_again(ns, n, len < 0 ? (int)len : 0, "xattr read", n->name, &since,
 				 &tries));
 	return len;
 }
@@ -1345,8 +1347,12 @@ static int data_open_source(struct data_ns *ns, struct data_node *n, struct stat
 	if ((rc = data_path(n, path, sizeof(path))))
 		return rc;
 	for (;;) {
-		fd = data_open_beneath(ns, path, O_RDONLY);
-		if (fd >= 0 && fstat(fd, st) < 0) {
+		/* O_NONBLOCK: a FIFO put in the file's place would hold the worker until a
+		 * writer came (its type change answers ESTALE in data_file_init); a regular
+		 * file then reads as any other. */
+		fd = data_open_beneath(ns, path, O_RDONLY | O_NONBLOCK | O_NOCTTY);
+		if (fd >= 0 && (fstat(fd, st) < 0 ||
+				(S_ISREG(st->st_mode) && fcntl(fd, F_SETFL, 0) < 0))) {
 			rc = -errno;
 			close(fd);
 			fd = rc;
@@ -1440,8 +1446,10 @@ static int data_open_exec(struct data_ns *ns, struct data_node *n,
 		return rc;
 	if ((as = data_as_caller(ns, who, 1)) < 0)
 		return as;
+	/* A regular file only: the daemon's open of a FIFO or a device as root would block
+	 * or act on it. opath names one inode, so its type cannot change under us. */
 	opath = data_open_beneath(ns, path, O_PATH);
-	rc = opath < 0 ? opath :
+	rc = opath < 0 ? opath : fstat(opath, st) < 0 ? -errno : !S_ISREG(st->st_mode) ? -EACCES :
 	     faccessat(opath, "", X_OK, AT_EMPTY_PATH | AT_EACCESS) < 0 ? -errno : 0;
 	if (as)
 		data_as_caller(ns, who, 0);
@@ -1452,7 +1460,7 @@ static int data_open_exec(struct data_ns *ns, struct data_node *n,
 	}
 	snprintf(self, sizeof(self), "/proc/self/fd/%d", opath);
 	fd = open(self, O_RDONLY | O_CLOEXEC);
-	rc = fd < 0 ? -errno : fstat(fd, st) < 0 ? -errno : !S_ISREG(st->st_mode) ? -EACCES : 0;
+	rc = fd < 0 ? -errno : fstat(fd, st) < 0 ? -errno : 0;
 	close(opath);
 	if (rc) {
 		if (fd >= 0)
@@ -1998,7 +2006,7 @@ int data_opendir(struct data_ns *ns, struct data_node *n, const struct data_cred
 		fd = data_open_beneath(ns, path, O_RDONLY | O_DIRECTORY);
 		if (as)
 			data_as_caller(ns, who, 0);
-	} while (data_meta_again(ns, fd < 0 ? fd : 0, "open", n->name, &since, &tries));
+	} while (data_meta_again(ns, n, fd < 0 ? fd : 0, "open", n->name, &since, &tries));
 	if (n->parent && (fd == -ENOTDIR || (fd == -ELOOP && data_is_symlink(ns, n)))) {
 		/* No longer a directory (invariant 8; a symlink now fails with ELOOP,
 		 * invariant 3): the kernel looks the path up again. */

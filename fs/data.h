@@ -106,8 +106,9 @@ void data_release(struct data_ns *ns, struct data_file *f);
 int data_backing_id(const struct data_file *f);
 /* data_read for a file the kernel did not open through us (-o immutable or -o watch: no
  * OPEN requests): opens SOURCE for this one read as who (the reading process, data.c
- * invariant 7: a file made private since the kernel cached its mode is refused, EACCES),
- * revalidating it like data_open. */
+ * invariant 7: a file made private since the kernel cached its mode is refused, EACCES,
+ * unless who may execute it: an exec's reads cannot be told from others), revalidating
+ * it like data_open. */
 int data_read_unopened(struct data_ns *ns, struct data_node *n, const struct data_cred *who,
 		       size_t size, off_t off, struct mlfs_seg *segs);
 /* Fills segs with the blocks covering [off, off+size) clipped to the file's size; each

@@ -4,9 +4,9 @@
  *
  * Contract: each read or write loops over short transfers and EINTR until len bytes
  * moved. Returns 0, or -errno of the failing call (a write that moves nothing: -EIO);
- * a read that meets end of file first is -EIO (the file is shorter than its header or index says: damage, never a short
- * success). Thread safe as the underlying calls are; blocks as they do (the store may
- * be a network filesystem).
+ * a read that meets end of file first is -EIO (the file is shorter than its header or
+ * index says: damage, never a short success). Thread safe as the underlying calls are;
+ * blocks as they do (the store may be a network filesystem).
  *
  * fdio_opendir: a stream over directory name under dirfd ("." for dirfd itself) from its
  * start, on an open file description of its own: a dup of dirfd would share one

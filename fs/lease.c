@@ -261,8 +261,8 @@ int lease_scan(int leasedir, const struct lease_times *t, int64_t now_ns,
 				break;
 		}
 		if (rc == -EINVAL) {
-			log_err("lease: leases/%s is fresh but does not parse; gc refused until it "
-				"is refreshed or goes stale", d->d_name);
+			log_err("lease: leases/%s is fresh but does not parse (or is no regular "
+				"file); gc refused until it is refreshed or goes stale", d->d_name);
 			rc = -EIO;
 		}
 	}

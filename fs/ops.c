@@ -329,9 +329,12 @@ static gid_t *req_groups(fuse_req_t req, gid_t *buf, int *n)
  * of 1 << CAP_*; req_capable, one of them), as the kernel's capable() asks, for the
  * checks the daemon makes itself (ckpt_ctx's fsetid and sys_admin; the trusted.* names
  * and the SOURCE refusals of MOUNT/data, data_cred_override): the effective set in
- * /proc/PID/status of the calling thread (FUSE names it, and it waits for our reply, so
- * the number is its own) and its namespace from /proc/PID/ns/user (capabilities held
- * in another namespace, a container's, count for nothing here, as for capable()).
+ * /proc/PID/status of the calling thread (FUSE names it) and its namespace from
+ * /proc/PID/ns/user (capabilities held in another namespace, a container's, count for
+ * nothing here; the kernel would grant some of them where an inode's ids map into
+ * that namespace, capable_wrt_inode_uidgid). A caller that does not wait for the reply
+ * (a readahead READ) may be gone and its number reused: the status read counts only if
+ * its fsuid is the request's uid, else the caller holds nothing.
  * About 30 us, so asked only where the answer decides something: a file with setuid or
  * setgid, a listing of extended attributes, a refusal. Where /proc does not say, root
  * counts as capable, as before.
@@ -354,10 +357,20 @@ static uint64_t req_caps(fuse_req_t req)
 	snprintf(path, sizeof(path), "/proc/%d/status", (int)c->pid);
 	if (!(f = fopen(path, "re")))
 		return unknown;
-	while (!found && fgets(line, sizeof(line), f))
-		found = sscanf(line, "CapEff: %llx", &eff) == 1;
+	/* "Uid:" (real, effective, saved, fs) comes before "CapEff:" */
+	while (found < 2 && fgets(line, sizeof(line), f)) {
+		unsigned r, e, sv, fs;
+
+		if (sscanf(line, "Uid: %u %u %u %u", &r, &e, &sv, &fs) == 4) {
+			if (fs != c->uid)
+				break;	/* another process under the number */
+			found = 1;
+		} else if (found && sscanf(line, "CapEff: %llx", &eff) == 1) {
+			found = 2;
+		}
+	}
 	fclose(f);
-	return found ? (uint64_t)eff : unknown;
+	return found == 2 ? (uint64_t)eff : 0;
 }
 
 static bool req_capable(fuse_req_t req, int cap)

@@ -1819,7 +1819,8 @@ int store_snap_entry_regular(struct store *s, const char *name)
 
 	if (fstatat(s->snapfd, name, &st, AT_SYMLINK_NOFOLLOW) || S_ISREG(st.st_mode))
 		return 1;
-	log_warn("store: ignoring %s/snaps/%s: not a regular file (%s)", s->path, name,
+	log_warn("store: %s/snaps/%s: not a regular file (%s); never opened (list and verify "
+		 "call it damaged)", s->path, name,
 		 S_ISLNK(st.st_mode) ? "a symlink" : S_ISFIFO(st.st_mode) ? "a FIFO"
 		 : S_ISDIR(st.st_mode) ? "a directory" : "a special file");
 	return 0;

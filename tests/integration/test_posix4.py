@@ -309,6 +309,53 @@ def test_data_revoked_access_refused_without_open(mounter, tmp_path, mode):
         assert fh.read() == "f"
 
 
+def test_data_fifo_in_a_files_place_holds_no_worker(mounter, tmp_path):
+    """A user who may write a SOURCE directory replaces a file the kernel has looked up
+    with a FIFO, then opens it (O_NONBLOCK, as a reader of a FIFO may) or executes it
+    (mode 0100) through MOUNT/data: both return at once, as on ext4, and the mount
+    answers. Before, the daemon opened SOURCE's FIFO without O_NONBLOCK (as the caller
+    for the open, as root for the exec's check, found by a reviewer): the FUSE worker
+    waited for a writer that never came, and a few such calls held every worker."""
+    src = U.source_for_users(tmp_path, (("sub/f", 0o755, 0), ("sub/x", 0o755, 0)))
+    sub = os.path.join(src, "sub")
+    os.chmod(sub, 0o777)
+    m = mounter(src=src, opts="allow_other")
+    msub = os.path.join(m.data, "sub")
+    for name in ("f", "x"):
+        os.stat(os.path.join(msub, name))   # looked up: the kernel holds a file node
+    for name, mode in (("f", 0o644), ("x", 0o100)):
+        os.unlink(os.path.join(sub, name))
+        os.mkfifo(os.path.join(sub, name))
+        os.chmod(os.path.join(sub, name), mode)
+    nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
+    opener = "import os, sys; os.open(sys.argv[1], os.O_RDONLY | os.O_NONBLOCK); print('ok')"
+
+    def run(argv):
+        """argv as nobody: (exit code, stdout, stderr), or a failure once 30 s pass. A
+        caller waiting on a worker stuck in SOURCE's FIFO cannot be killed: the FIFO
+        gets a writer first, which frees the worker and then the caller."""
+        p = subprocess.Popen(nobody + argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, cwd="/")
+        try:
+            out, err = p.communicate(timeout=30)
+            return p.returncode, out.strip(), err
+        except subprocess.TimeoutExpired:
+            for name in ("f", "x"):
+                try:
+                    os.close(os.open(os.path.join(sub, name), os.O_WRONLY | os.O_NONBLOCK))
+                except OSError:
+                    pass
+            p.kill()
+            p.communicate()
+            pytest.fail(f"{argv} held for 30 s: a FUSE worker waits in SOURCE's FIFO")
+
+    rc, out, err = run(["/usr/bin/python3", "-c", opener, os.path.join(msub, "f")])
+    assert (rc, out) == (0, "ok"), err
+    rc, out, err = run([os.path.join(msub, "x")])
+    assert rc != 0 and "Permission denied" in err, (rc, err)
+    assert sorted(os.listdir(msub)) == ["f", "x"]
+
+
 @pytest.mark.parametrize("mode", ["", "immutable"])
 def test_data_dac_capabilities_read_as_on_ext4(mounter, tmp_path, mode):
     """A user holding CAP_DAC_READ_SEARCH (a backup agent's) reads a private file, lists
