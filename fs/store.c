@@ -1866,12 +1866,16 @@ static int group_partial_info(struct store *s, const char *name, const struct gr
 
 	if (g->workers <= 0) {
 		/* no part yet (a worker between mkdir and rename), or parts of two worker
-		 * counts: an empty tree carries the listing */
+		 * counts: an empty tree carries the listing, dated by the directory */
 		struct mf_manifest *m = calloc(1, sizeof(*m));
+		struct stat st;
 
 		if (!m)
 			return -ENOMEM;
 		snprintf(m->name, sizeof(m->name), "%s", name);
+		if (!fstatat(s->snapfd, name, &st, AT_SYMLINK_NOFOLLOW))
+			m->time_ns = (int64_t)st.st_mtim.tv_sec * 1000000000ll +
+				     st.st_mtim.tv_nsec;
 		*out = m;
 		return 0;
 	}

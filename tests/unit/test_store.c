@@ -1385,8 +1385,13 @@ static void test_group_states(const char *dir)
 	EXPECT(parts == 2 && workers == 3);
 	EXPECT_EQ(store_load_manifest(s, "half", &m), -ENOENT);
 	EXPECT_EQ(store_load_snapshot(s, "half", NULL, NULL, &m, &conflicts), -EAGAIN);
+	/* a group directory with no part yet (a worker between its mkdir and its part's
+	 * rename) lists as partial, dated by the directory, not as made in 1970 */
+	path_of(p, sizeof(p), dir, "snaps/bare");
+	EXPECT_EQ(mkdir(p, 0755), 0);
 	EXPECT_EQ(store_list(s, 0, &v, &n), 0);
-	int seen = 0;
+	int seen = 0, bare = 0;
+	int64_t now_ns = (int64_t)time(NULL) * 1000000000ll;
 
 	for (size_t i = 0; i < n; i++) {
 		if (!strcmp(v[i].name, "half")) {
@@ -1396,9 +1401,17 @@ static void test_group_states(const char *dir)
 		}
 		if (!strcmp(v[i].name, "full"))
 			EXPECT(v[i].state == STORE_SNAP_COMPLETE && v[i].workers == 2);
+		if (!strcmp(v[i].name, "bare")) {
+			bare++;
+			EXPECT(v[i].state == STORE_SNAP_PARTIAL && v[i].parts == 0);
+			EXPECT(v[i].time_ns + 60000000000ll > now_ns &&
+			       v[i].time_ns < now_ns + 60000000000ll);
+		}
 	}
 	EXPECT_EQ(seen, 1);
+	EXPECT_EQ(bare, 1);
 	free(v);
+	EXPECT_EQ(rmdir(p), 0);
 	/* latest: "plain" (newest complete); never "half" or "single" */
 	EXPECT_EQ(store_latest(s, nm), 0);
 	EXPECT(!strcmp(nm, "plain") || !strcmp(nm, "full"));
