@@ -757,7 +757,10 @@ static void test_thread(void)
 	}
 
 	/* Explicit paths that do not work are errors. */
-	c.cgroup_path = "/nonexistent/cgroup";
+	char missing[600];
+
+	snprintf(missing, sizeof(missing), "%s/no/such/cgroup", tmp_dir);
+	c.cgroup_path = missing;
 	g = (struct gov *)&c;
 	EXPECT_EQ(gov_new(&c, NULL, NULL, NULL, &g), -ENOENT);
 	EXPECT(g == NULL);
