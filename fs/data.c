@@ -692,9 +692,15 @@ static int data_open_beneath(struct data_ns *ns, const char *path, int flags)
 	long fd;
 
 	if (atomic_load(&data_have_openat2)) {
+		/* openat2's own EAGAIN (a rename or mount raced a ".." of the walk) cannot
+		 * come: paths here have no "..". An EAGAIN is the file's: with O_NONBLOCK,
+		 * the lease another process holds on it is being broken (data_open_source),
+		 * which takes seconds; retried at once it would spin a worker for them. */
+		int tries = 0;
+
 		do
 			fd = syscall(SYS_openat2, ns->src_fd, path, &how, sizeof(how));
-		while (fd < 0 && errno == EAGAIN); /* a rename raced the walk: retry */
+		while (fd < 0 && errno == EAGAIN && !(flags & O_NONBLOCK) && ++tries < 3);
 		if (fd >= 0)
 			return (int)fd;
 		if (errno != ENOSYS)
@@ -1336,7 +1342,10 @@ static void data_file_check_current(struct data_ns *ns, struct data_file *f)
 /* Opens n's source file (invariant 3) and fstats it: fd or -errno. A transient failure
  * (fdio_transient: a GlusterFS client answers EBADFD for a fresh descriptor not yet open
  * on a brick that came back) is made again on fdio's schedule, as reads are
- * (data_pread_again), and is EIO once it gives up: open(2) never answers EBADFD. */
+ * (data_pread_again), and is EIO once it gives up: open(2) never answers EBADFD.
+ * -EAGAIN: another process holds a lease on the file, which the kernel is breaking (up
+ * to /proc/sys/fs/lease-break-time, 45 s by default); the caller tries again later
+ * without holding a FUSE worker meanwhile (fs/later.h). */
 static int data_open_source(struct data_ns *ns, struct data_node *n, struct stat *st)
 {
 	char path[PATH_MAX];
@@ -1384,6 +1393,26 @@ static int data_open_source(struct data_ns *ns, struct data_node *n, struct stat
 	if (st->st_size > (off_t)ns->m->cfg.block_size)
 		posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
 	return fd;
+}
+
+/* Opens the regular file fd names again for reading (/proc/self/fd): a descriptor of
+ * its own, or -errno. O_NONBLOCK as in data_open_source, cleared after: a lease on the
+ * file answers -EAGAIN instead of holding the worker while the kernel breaks it. */
+static int data_reopen(int fd)
+{
+	char self[32];
+	int nfd;
+
+	snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
+	if ((nfd = open(self, O_RDONLY | O_NONBLOCK | O_CLOEXEC)) < 0)
+		return -errno;
+	if (fcntl(nfd, F_SETFL, 0) < 0) {
+		int rc = -errno;
+
+		close(nfd);
+		return rc;
+	}
+	return nfd;
 }
 
 /* Whether n's name in SOURCE is a symlink now (n's parent is not the root's). */
@@ -1439,7 +1468,7 @@ static int data_as_caller(const struct data_ns *ns, const struct data_cred *who,
 static int data_open_exec(struct data_ns *ns, struct data_node *n,
 			  const struct data_cred *who, struct stat *st)
 {
-	char path[PATH_MAX], self[32];
+	char path[PATH_MAX];
 	int as, opath, fd, rc;
 
 	if ((rc = data_path(n, path, sizeof(path))))
@@ -1458,9 +1487,8 @@ static int data_open_exec(struct data_ns *ns, struct data_node *n,
 			close(opath);
 		return rc;
 	}
-	snprintf(self, sizeof(self), "/proc/self/fd/%d", opath);
-	fd = open(self, O_RDONLY | O_CLOEXEC);
-	rc = fd < 0 ? -errno : fstat(fd, st) < 0 ? -errno : 0;
+	fd = data_reopen(opath);
+	rc = fd < 0 ? fd : fstat(fd, st) < 0 ? -errno : 0;
 	close(opath);
 	if (rc) {
 		if (fd >= 0)
@@ -1673,12 +1701,10 @@ void data_release(struct data_ns *ns, struct data_file *f)
  * -errno (logged when loud). */
 static int data_fd_renew(struct data_ns *ns, struct data_file *f, bool loud)
 {
-	char p[32];
 	int fd, rc;
 
-	snprintf(p, sizeof(p), "/proc/self/fd/%d", f->fd);
-	if ((fd = open(p, O_RDONLY | O_CLOEXEC)) < 0) {
-		rc = -errno;
+	if ((fd = data_reopen(f->fd)) < 0) {
+		rc = fd;
 		if (loud)
 			log_warn("data: cannot open %s again (source %s): %s", f->n->name,
 				 ns->src_path, strerror(-rc));

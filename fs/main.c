@@ -34,6 +34,7 @@
 #include "fs/ckpt.h"
 #include "fs/ctl.h"
 #include "fs/data.h"
+#include "fs/later.h"
 #include "fs/loop.h"
 #include "fs/mlfs.h"
 #include "fs/passthrough.h"
@@ -1142,6 +1143,10 @@ int main(int argc, char **argv)
 		fprintf(stderr, "mlfs: watch thread: %s\n", strerror(-r));
 		goto out_unmount;
 	}
+	if ((r = later_new(&m.later))) {
+		fprintf(stderr, "mlfs: lease-wait thread: %s\n", strerror(-r));
+		goto out_unmount;
+	}
 	if ((r = ctl_start(m.ctl))) {
 		fprintf(stderr, "mlfs: control thread: %s\n", strerror(-r));
 		goto out_unmount;
@@ -1213,6 +1218,8 @@ out_unmount:
 	ctl_free(m.ctl);
 	m.ctl = NULL;
 	data_watch_stop(m.data); /* it notifies the kernel through the session */
+	later_free(m.later);	 /* it answers requests through the session */
+	m.later = NULL;
 out_destroy:
 	fuse_session_destroy(se);
 	pt_detach();

@@ -84,6 +84,7 @@ struct ckpt_ns;
 struct ctl;
 struct snapd;
 struct tier;
+struct later;
 
 struct mlfs {
 	struct mlfs_config cfg;
@@ -94,6 +95,7 @@ struct mlfs {
 	struct ctl *ctl;
 	struct snapd *snapd;	/* NULL without -o store */
 	struct tier *tier;	/* governor, spill and reload (tiering/tier.h) */
+	struct later *later;	/* requests waiting for a SOURCE lease's break (fs/later.h) */
 	struct mlfs_stats st;
 	uid_t owner;		/* the user who mounted: may control snapshots */
 	uint64_t started_ns;	/* CLOCK_MONOTONIC, for uptime */

@@ -33,6 +33,7 @@
 #include "fs/ctl.h"
 #include "fs/data.h"
 #include "fs/fdio.h"
+#include "fs/later.h"
 #include "fs/mlfs.h"
 #include "fs/passthrough.h"
 
@@ -660,12 +661,164 @@ static bool ckpt_direct(struct mlfs *m, int flags)
 	return !mlfs_no_open(m) && (flags & O_ACCMODE) == O_WRONLY;
 }
 
+/* Opens data node ino for who and answers req: 0 once answered, else -errno unanswered. */
+static int open_data(fuse_req_t req, struct mlfs *m, fuse_ino_t ino, struct fuse_file_info *fi,
+		     struct data_cred who)
+{
+	struct data_node *n = (struct data_node *)node_of(ino);
+	struct data_file *f;
+	int backing_id, rc = data_open(m->data, n, &who, fi, &f);
+
+	if (data_cred_override(req, rc, &who))
+		rc = data_open(m->data, n, &who, fi, &f);
+	if (rc)
+		return rc;
+	fi->fh = (uint64_t)f;
+	/* Changed underneath: no keep_cache drops the kernel's pages, but its attributes
+	 * (data_timeout) still hold the old size, which would cut a read or an mmap of a
+	 * grown file short (or SIGBUS one that shrank). Invalidate them first: attributes
+	 * only (offset -1), which locks no page, so it is safe from a worker even with
+	 * threads=1. */
+	if (!fi->keep_cache && m->se)
+		fuse_lowlevel_notify_inval_inode(m->se, ino, -1, 0);
+	fi->noflush = 1; /* no FLUSH on close(): mlfs_op_flush */
+	/* Passthrough: reads and mmap go to SOURCE's file in the kernel. */
+	if ((backing_id = data_backing_id(f))) {
+		fi->keep_cache = 0;
+		pt_mark_open(backing_id);
+	}
+	rc = fuse_reply_open(req, fi);
+	if (backing_id)
+		pt_unmark();
+	if (rc == -ENOENT)	/* the opener was interrupted: nobody will release this */
+		data_release(m->data, f);
+	return 0;
+}
+
+static void reply_segs(fuse_req_t req, struct mlfs *m, struct mlfs_seg *segs, int n);
+
+/* Reads size bytes at off of data node ino for who, with no OPEN (-o immutable, -o
+ * watch: SOURCE is opened for this read, as the reader, data.c invariant 7), and answers
+ * req: 0 once answered, else -errno unanswered. */
+static int read_data_unopened(fuse_req_t req, struct mlfs *m, fuse_ino_t ino, size_t size,
+			      off_t off, struct data_cred who)
+{
+	struct data_node *n = (struct data_node *)node_of(ino);
+	struct mlfs_seg segs[MLFS_SEG_MAX];
+	int cnt = data_read_unopened(m->data, n, &who, size, off, segs);
+
+	if (data_cred_override(req, cnt, &who))
+		cnt = data_read_unopened(m->data, n, &who, size, off, segs);
+	if (cnt < 0)
+		return cnt;
+	reply_segs(req, m, segs, cnt);
+	return 0;
+}
+
+/*
+ * An open or a read of MOUNT/data whose SOURCE file another process holds a lease on
+ * (data_open_source: -EAGAIN while the kernel breaks it) waits for the break without a
+ * FUSE worker (fs/later.h): natively the opener sleeps until the holder lets go or
+ * lease-break-time passes. An opener's O_NONBLOCK gets EWOULDBLOCK at once instead, as
+ * open(2) gives it. A read (no OPEN) never answers EAGAIN: read(2) of a regular file
+ * never does. One job per request, with the caller's credentials copied.
+ */
+struct data_later {
+	struct later_job j;
+	fuse_req_t req;
+	struct mlfs *m;
+	fuse_ino_t ino;
+	bool open;
+	struct fuse_file_info fi;	/* open */
+	size_t size;			/* read */
+	off_t off;
+	struct data_cred who;		/* its groups: below */
+	gid_t groups[];
+};
+
+/* How long a job waits at most: the kernel's lease-break-time, and a margin. */
+static uint64_t data_later_timeout_ns(void)
+{
+	FILE *f = fopen("/proc/sys/fs/lease-break-time", "re");
+	unsigned s = 45;
+
+	if (f) {
+		if (fscanf(f, "%u", &s) != 1)
+			s = 45;
+		fclose(f);
+	}
+	return ((uint64_t)s + 15) * 1000000000ull;
+}
+
+static int data_later_try(fuse_req_t req, struct mlfs *m, fuse_ino_t ino, bool open,
+			  struct fuse_file_info *fi, size_t size, off_t off,
+			  const struct data_cred *who)
+{
+	return open ? open_data(req, m, ino, fi, *who)
+		    : read_data_unopened(req, m, ino, size, off, *who);
+}
+
+static int data_later_again(struct later_job *j, enum later_why why)
+{
+	struct data_later *d = (struct data_later *)j;
+	int rc = -EIO;
+
+	if (why != LATER_STOP && fuse_req_interrupted(d->req))
+		rc = -EINTR;
+	else if (why != LATER_STOP)
+		rc = data_later_try(d->req, d->m, d->ino, d->open, &d->fi, d->size, d->off,
+				    &d->who);
+	if (rc == -EAGAIN && why == LATER_TRY)
+		return rc;
+	if (rc == -EAGAIN)
+		log_warn("data: %s of inode %llu still waits for a lease on its SOURCE file "
+			 "to be broken; giving up (EIO)", d->open ? "open" : "read",
+			 (unsigned long long)d->ino);
+	if (rc)
+		reply_rc(d->req, rc == -EAGAIN ? -EIO : rc);
+	return 0;
+}
+
+static void data_later_free(struct later_job *j)
+{
+	free(j);
+}
+
+/* Opens (fi) or reads (fi NULL: size at off, no OPEN) data node ino for who and answers
+ * req, now or later (above): 0 once answered or handed over, else -errno unanswered. */
+static int data_later_first(fuse_req_t req, struct mlfs *m, fuse_ino_t ino,
+			    struct fuse_file_info *fi, size_t size, off_t off,
+			    const struct data_cred *who)
+{
+	int ng = who->groups ? who->ngroups : 0;
+	struct data_later *d;
+	int rc = data_later_try(req, m, ino, fi != NULL, fi, size, off, who);
+
+	if (rc != -EAGAIN || !m->later)
+		return rc;
+	if (fi && (fi->flags & O_NONBLOCK))
+		return -EWOULDBLOCK;
+	if (!(d = calloc(1, sizeof(*d) + (size_t)ng * sizeof(gid_t))))
+		return -ENOMEM;
+	*d = (struct data_later){ .j = { .again = data_later_again, .free = data_later_free },
+				  .req = req, .m = m, .ino = ino, .open = fi != NULL, .size = size,
+				  .off = off, .who = *who };
+	if (fi)
+		d->fi = *fi;
+	if (ng)
+		memcpy(d->groups, who->groups, (size_t)ng * sizeof(gid_t));
+	d->who.groups = ng ? d->groups : NULL;
+	log_debug("data: %s of inode %llu waits for a lease on its SOURCE file to be broken",
+		  fi ? "open" : "read", (unsigned long long)ino);
+	later_add(m->later, &d->j, data_later_timeout_ns());
+	return 0;
+}
+
 static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct mlfs *m = mlfs_of(req);
 	struct mlfs_node *n = node_of(ino);
-	struct data_file *f;
-	int backing_id = 0, rc;
+	int rc;
 
 	/* -o immutable or -o watch: the first open answers ENOSYS and the kernel sends no
 	 * OPEN or RELEASE again on this mount (FUSE no_open), with keep_cache for every
@@ -680,27 +833,12 @@ static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 		struct data_cred who;
 		gid_t buf[MLFS_GROUPS_BUF], *g = data_cred_of(req, &who, buf);
 
-		rc = data_open(m->data, (struct data_node *)n, &who, fi, &f);
-		if (data_cred_override(req, rc, &who))
-			rc = data_open(m->data, (struct data_node *)n, &who, fi, &f);
+		rc = data_later_first(req, m, ino, fi, 0, 0, &who);
 		if (g != buf)
 			free(g);
 		if (rc)
-			return reply_rc(req, rc);
-		fi->fh = (uint64_t)f;
-		/* Changed underneath: no keep_cache drops the kernel's pages, but its
-		 * attributes (data_timeout) still hold the old size, which would cut a read
-		 * or an mmap of a grown file short (or SIGBUS one that shrank). Invalidate
-		 * them first: attributes only (offset -1), which locks no page, so it is
-		 * safe from a worker even with threads=1. */
-		if (!fi->keep_cache && m->se)
-			fuse_lowlevel_notify_inval_inode(m->se, ino, -1, 0);
-		fi->noflush = 1; /* no FLUSH on close(): mlfs_op_flush */
-		/* Passthrough: reads and mmap go to SOURCE's file in the kernel. */
-		if ((backing_id = data_backing_id(f))) {
-			fi->keep_cache = 0;
-			pt_mark_open(backing_id);
-		}
+			reply_rc(req, rc);
+		return;
 	} else if (n->kind == MLFS_CKPT) {
 		struct ckpt_file *cf;
 
@@ -721,16 +859,9 @@ static void mlfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 	} else {
 		return reply_rc(req, -EISDIR);
 	}
-	rc = fuse_reply_open(req, fi);
-	if (backing_id)
-		pt_unmark();
-	if (rc == -ENOENT) {
-		/* The opener was interrupted: undo, as nobody will release this. */
-		if (n->kind == MLFS_DATA)
-			data_release(m->data, f);
-		else
-			ckpt_release(m->ckpt, (struct ckpt_inode *)n, ckpt_file_of(fi));
-	}
+	/* The opener was interrupted: undo, as nobody will release this. */
+	if (fuse_reply_open(req, fi) == -ENOENT)
+		ckpt_release(m->ckpt, (struct ckpt_inode *)n, ckpt_file_of(fi));
 }
 
 /*
@@ -956,12 +1087,12 @@ static void mlfs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		struct data_cred who;
 		gid_t buf[MLFS_GROUPS_BUF], *g = data_cred_of(req, &who, buf);
 
-		cnt = data_read_unopened(m->data, (struct data_node *)n, &who, size, off, segs);
-		if (data_cred_override(req, cnt, &who))
-			cnt = data_read_unopened(m->data, (struct data_node *)n, &who, size, off,
-						 segs);
+		cnt = data_later_first(req, m, ino, NULL, size, off, &who);
 		if (g != buf)
 			free(g);
+		if (cnt)
+			reply_rc(req, cnt);
+		return;
 	} else if (n->kind == MLFS_DATA)
 		cnt = data_read(m->data, (struct data_file *)fi->fh, size, off, segs);
 	else
