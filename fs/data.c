@@ -71,8 +71,9 @@
  *    Extended attributes (data_xattr) and symlink targets are read as the caller too,
  *    and so is SOURCE for each read of a mount without OPEN (data_read_unopened). What
  *    SOURCE refuses to the caller as a read is let through for an exec (an OPEN with
- *    DATA_FMODE_EXEC, and any read of a mount without OPEN) when the caller may execute
- *    that file (data_open_exec): a program of mode 711 runs, as on ext4.
+ *    DATA_FMODE_EXEC, and a read of a mount without OPEN where the mode the kernel
+ *    caches let the caller execute but not read: data_exec_only) when the caller may
+ *    execute that file (data_open_exec): a program of mode 711 runs, as on ext4.
  *    The raw syscalls change only the calling thread (glibc's setgroups would change
  *    every thread). A switch that fails refuses the open (EACCES). Costs: three
  *    syscalls each way, and the caller's groups (ops.c reads them from /proc and keeps
@@ -165,6 +166,9 @@ struct data_node {
 	/* The same for the calls on its name and attributes (data_meta_again): a lookup in
 	 * it (a directory), its getattr, readlink, xattr reads, a directory's open. */
 	_Atomic uint8_t meta_down;
+	/* The mode and owners of its file that the kernel was last told (data_fill_attr):
+	 * what it checks an open against while it caches them (data_exec_only). */
+	_Atomic uint32_t shown_mode, shown_uid, shown_gid;
 	uint8_t detached;
 	uint16_t namelen;
 	char name[];
@@ -734,8 +738,11 @@ static void data_put_fd(struct data_ns *ns, int fd)
 
 /* Modes are SOURCE's own, as on a read-only mount: a write that the permission bits
  * would allow is refused with EROFS by the handler, the errno ext4 mounted ro gives. */
-static void data_fill_attr(const struct data_node *n, struct stat *st)
+static void data_fill_attr(struct data_node *n, struct stat *st)
 {
+	atomic_store(&n->shown_mode, st->st_mode);
+	atomic_store(&n->shown_uid, st->st_uid);
+	atomic_store(&n->shown_gid, st->st_gid);
 	/* A node's own number, so a file replaced under its name shows a new one; but a
 	 * file SOURCE holds under several names (st_nlink > 1, not a directory) shows one
 	 * number derived from its st_dev and st_ino at every name, as SOURCE does, so that
@@ -874,6 +881,9 @@ static struct data_node *data_node_get(struct data_ns *ns, struct data_node *par
 		n->type = st->st_mode & S_IFMT;
 		atomic_init(&n->src_down, 0);
 		atomic_init(&n->meta_down, 0);
+		atomic_init(&n->shown_mode, 0);
+		atomic_init(&n->shown_uid, 0);
+		atomic_init(&n->shown_gid, 0);
 		n->detached = 0;
 		n->namelen = (uint16_t)len;
 		memcpy(n->name, name, len + 1);
@@ -1462,8 +1472,9 @@ static int data_as_caller(const struct data_ns *ns, const struct data_cred *who,
  * AT_EACCESS, which judges by the fsuid), and that same file is then opened for reading
  * by the daemon through /proc/self/fd. fd and *st, or -errno (EACCES when who may not
  * execute it). Used for an OPEN with DATA_FMODE_EXEC, and for the reads of a mount
- * without OPEN (-o immutable, -o watch), which cannot tell an exec's reads from others:
- * there the kernel's check of the cached mode refuses a read-only open of such a file.
+ * without OPEN (-o immutable, -o watch), which cannot tell an exec's reads from others,
+ * where the mode the kernel caches refuses the caller a read-only open
+ * (data_exec_only).
  */
 static int data_open_exec(struct data_ns *ns, struct data_node *n,
 			  const struct data_cred *who, struct stat *st)
@@ -1656,13 +1667,34 @@ int data_backing_id(const struct data_file *f)
 	return f->backing_id;
 }
 
+/* Whether the mode the kernel was last told for n (n->shown_*) lets who execute the file
+ * but not read it. Without OPEN (-o immutable, -o watch) a read cannot be told from an
+ * exec's, and the kernel checks a read-only open against that mode only: where it let
+ * who read, a read SOURCE refuses (the file made execute-only since, mode 711) is one
+ * to refuse, never one to serve as an exec's (an outside tester read such a file's
+ * content through the exec rule). Mode bits only; an ACL grant the kernel saw is one
+ * SOURCE makes too, so the read is not refused to begin with. */
+static bool data_exec_only(struct data_node *n, const struct data_cred *who)
+{
+	uint32_t mode = atomic_load(&n->shown_mode), gid = atomic_load(&n->shown_gid);
+	bool member = who->gid == gid;
+
+	for (int i = 0; !member && who->groups && i < who->ngroups; i++)
+		member = who->groups[i] == gid;
+	if (who->uid == atomic_load(&n->shown_uid))
+		return !(mode & S_IRUSR) && (mode & S_IXUSR);
+	if (member)
+		return !(mode & S_IRGRP) && (mode & S_IXGRP);
+	return !(mode & S_IROTH) && (mode & S_IXOTH);
+}
+
 int data_read_unopened(struct data_ns *ns, struct data_node *n, const struct data_cred *who,
 		       size_t size, off_t off, struct mlfs_seg *segs)
 {
 	struct data_file f = { 0 };
 	int changed, rc;
 
-	if ((rc = data_file_init(ns, n, who, &f, &changed, false, true)))
+	if ((rc = data_file_init(ns, n, who, &f, &changed, false, data_exec_only(n, who))))
 		return rc;
 	rc = data_read(ns, &f, size, off, segs);
 	close(f.fd);

@@ -291,16 +291,21 @@ def test_data_revoked_access_refused_without_open(mounter, tmp_path, mode):
     by the daemon as root when the kernel asked for its pages (found by an outside
     tester: its bytes came fresh from SOURCE). The daemon now reads SOURCE as the
     reading process: refused (EACCES) as SOURCE refuses it. Root still reads it, and a
-    file nobody changed reads as before."""
-    src = U.source_for_users(tmp_path, ((rel, 0o644, 0) for rel in ("f", "sub/g", "h")))
+    file nobody changed reads as before. A file made execute-only (711) is refused too:
+    the rule that lets a 711 program run without OPEN (the reads of an exec cannot be
+    told from others there) applies only where the mode the kernel caches refused the
+    read already; before, such a file was read whole (found by an outside tester)."""
+    src = U.source_for_users(tmp_path, ((rel, 0o644, 0) for rel in ("f", "sub/g", "h", "x")))
     m = mounter(src=src, opts=f"allow_other,{mode}")
     data = m.data
-    for rel in ("f", "sub/g", "h"):  # looked up (and its mode cached), not read
+    for rel in ("f", "sub/g", "h", "x"):  # looked up (and its mode cached), not read
         assert as_creds(lambda: os.stat(os.path.join(data, rel)).st_mode & 0o777,
                         NOBODY, NOBODY, []) == ("ok", 0o644)
     os.chmod(os.path.join(src, "f"), 0o600)
     os.chmod(os.path.join(src, "sub"), 0o700)
+    os.chmod(os.path.join(src, "x"), 0o711)
     assert _read_as(os.path.join(data, "f")) == ("err", errno.EACCES)
+    assert _read_as(os.path.join(data, "x")) == ("err", errno.EACCES)
     assert _read_as(os.path.join(data, "sub", "g")) == ("err", errno.EACCES)
     assert _read_as(os.path.join(data, "h")) == ("ok", "h")
     with open(os.path.join(data, "sub", "g")) as fh:
