@@ -58,16 +58,33 @@ static uint64_t gov_sat_add(uint64_t a, uint64_t b)
 	return a > UINT64_MAX - b ? UINT64_MAX : a + b;
 }
 
-/* Reads all of a small file into buf, NUL-terminated; returns its length or -errno. */
+const char *gov_strerror(int rc)
+{
+	return rc == -EINVAL ? "cannot parse" : rc == GOV_NOT_REGULAR ? "not a regular file"
+	       : strerror(-rc);
+}
+
+/* Reads all of a small regular file into buf, NUL-terminated; returns its length or
+ * -errno. Opened O_NONBLOCK: a FIFO named by -o pressure_file= would hold the start (with
+ * the signals blocked) until a writer came; it is refused instead (GOV_NOT_REGULAR). */
 static int gov_read_text(const char *path, char *buf, size_t size)
 {
+	struct stat st;
 	size_t len = 0;
 	ssize_t n;
 	int fd, rc;
 
-	fd = open(path, O_RDONLY | O_CLOEXEC);
+	fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
 	if (fd < 0)
 		return -errno;
+	if (fstat(fd, &st) < 0) {
+		rc = -errno;
+		goto out_close;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		rc = GOV_NOT_REGULAR;
+		goto out_close;
+	}
 	while (len < size - 1) {
 		n = read(fd, buf + len, size - 1 - len);
 		if (n < 0) {
@@ -778,15 +795,15 @@ static int gov_first_read(char **path, const char *def, const char *what,
 	rc = fn(*path, s);
 	if (rc == 0)
 		return 0;
+	const char *why = gov_strerror(rc);
+
 	if (def && strcmp(*path, def) == 0) {
-		log_warn("governor: %s %s: %s; going on without it", what, *path,
-			 rc == -EINVAL ? "cannot parse" : strerror(-rc));
+		log_warn("governor: %s %s: %s; going on without it", what, *path, why);
 		free(*path);
 		*path = NULL;
 		return 0;
 	}
-	log_err("governor: %s %s: %s", what, *path,
-		rc == -EINVAL ? "cannot parse" : strerror(-rc));
+	log_err("governor: %s %s: %s", what, *path, why);
 	return rc;
 }
 

@@ -30,6 +30,7 @@
 #ifndef MLFS_GOV_H
 #define MLFS_GOV_H
 
+#include <errno.h>
 #include <stdint.h>
 
 /* "Unknown" or "unlimited" for any byte count in a sample (cgroup "max" reads as this). */
@@ -118,11 +119,15 @@ struct gov_sample {
 };
 
 /* Parsers, each filling its part of *s and leaving the rest alone. 0 or -errno:
- * -ENOENT/-EACCES from open, -EINVAL for a file that does not parse. gov_read_cgroup
- * detects v2 by memory.max and v1 by memory.limit_in_bytes; -ENOENT if neither exists. */
+ * -ENOENT/-EACCES from open, -EINVAL for a file that does not parse, GOV_NOT_REGULAR for
+ * a path that is no regular file (a FIFO there would block the read: refused without
+ * waiting). gov_read_cgroup detects v2 by memory.max and v1 by memory.limit_in_bytes;
+ * -ENOENT if neither exists. gov_strerror words their answers for a log line. */
+#define GOV_NOT_REGULAR (-ESPIPE)
 int gov_read_psi(const char *path, struct gov_sample *s);
 int gov_read_meminfo(const char *path, struct gov_sample *s);
 int gov_read_cgroup(const char *dir, struct gov_sample *s);
+const char *gov_strerror(int rc);
 /* Sets every field of *s to "unknown"; call before the parsers. */
 void gov_sample_clear(struct gov_sample *s);
 

@@ -1137,13 +1137,13 @@ static int tier_check(const struct tier_config *c)
 	if (!c->use_gov)
 		return 0;
 	if (c->gov.cgroup_path && (rc = gov_read_cgroup(c->gov.cgroup_path, &s)))
-		log_err("tier: cgroup %s: %s", c->gov.cgroup_path, strerror(-rc));
+		log_err("tier: cgroup %s: %s", c->gov.cgroup_path, gov_strerror(rc));
 	else if (c->gov.psi_path && strcmp(c->gov.psi_path, GOV_PSI_PATH) &&
 		 (rc = gov_read_psi(c->gov.psi_path, &s)))
-		log_err("tier: pressure file %s: %s", c->gov.psi_path, strerror(-rc));
+		log_err("tier: pressure file %s: %s", c->gov.psi_path, gov_strerror(rc));
 	else if (c->gov.meminfo_path && strcmp(c->gov.meminfo_path, GOV_MEMINFO_PATH) &&
 		 (rc = gov_read_meminfo(c->gov.meminfo_path, &s)))
-		log_err("tier: meminfo file %s: %s", c->gov.meminfo_path, strerror(-rc));
+		log_err("tier: meminfo file %s: %s", c->gov.meminfo_path, gov_strerror(rc));
 	return rc;
 }
 

@@ -55,6 +55,18 @@ def test_spill_max_too_small_names_the_cause(mounter):
     assert_refused(r, m, "spill_max 1 is too small", "at least 1048576 bytes")
 
 
+@pytest.mark.parametrize("opt", ["pressure_file", "meminfo_file"])
+def test_governor_file_that_is_a_fifo_refused(mounter, opt):
+    """A FIFO named as the PSI or meminfo file is refused at once, in one line. Before,
+    the start-up opened it for reading and waited for a writer for good, with SIGTERM
+    and SIGINT blocked (found by an outside tester)."""
+    m = mounter.prepare()
+    fifo = os.path.join(m.base, "fifo")
+    os.mkfifo(fifo)
+    r = run_mlfs(["-o", f"{mounter.options(m, '')},{opt}={fifo}", m.src, m.mnt], timeout=30)
+    assert_refused(r, m, fifo, "not a regular file")
+
+
 NESTING = ["mnt-is-source", "mnt-in-source", "source-under-mnt", "spill-in-source",
            "spill-under-mnt", "store-in-source", "store-under-mnt", "store-in-source-symlink"]
 

@@ -769,6 +769,15 @@ static void test_thread(void)
 	c.cgroup_path = cg;
 	c.psi_path = mi; /* not a PSI file */
 	EXPECT_EQ(gov_new(&c, NULL, NULL, NULL, &g), -EINVAL);
+	/* A FIFO is refused at once: its open once waited for a writer, for good. */
+	snprintf(missing, sizeof(missing), "%s/fifo", tmp_dir);
+	EXPECT_EQ(mkfifo(missing, 0600), 0);
+	c.psi_path = missing;
+	EXPECT_EQ(gov_new(&c, NULL, NULL, NULL, &g), -ESPIPE);
+	c.psi_path = psi;
+	c.meminfo_path = missing;
+	EXPECT_EQ(gov_new(&c, NULL, NULL, NULL, &g), -ESPIPE);
+	c.meminfo_path = mi;
 	c.psi_path = psi;
 	c.mem_min = 2 * GIB;
 	EXPECT_EQ(gov_new(&c, NULL, NULL, NULL, &g), -EINVAL);
