@@ -601,6 +601,11 @@ uint64_t bc_mem_bytes(const struct bc *bc)
 	return atomic_load(&bc->mem_bytes);
 }
 
+uint64_t bc_dirty_bytes(const struct bc *bc)
+{
+	return atomic_load(&bc->dirty_bytes);
+}
+
 void bc_get_stats(struct bc *bc, struct bc_stats *st)
 {
 	st->mem_bytes = atomic_load(&bc->mem_bytes);

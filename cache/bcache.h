@@ -150,6 +150,8 @@ uint32_t bc_block_size(const struct bc *bc);
 void bc_set_budget(struct bc *bc, uint64_t budget);
 uint64_t bc_budget(const struct bc *bc);
 uint64_t bc_mem_bytes(const struct bc *bc);
+/* Checkpoint bytes resident and not in the store (bc_stats.dirty_bytes): one load. */
+uint64_t bc_dirty_bytes(const struct bc *bc);
 /* Freed block-sized buffers kept mapped for the next allocation (not in mem_bytes):
  * at most min(budget/4, budget - mem_bytes); a budget cut frees them at once, before
  * anything is evicted. So mem_bytes + pool_bytes is what the block memory really

@@ -656,6 +656,9 @@ static void mlfs_tier_config(const struct mlfs_config *c, struct tier_config *tc
 	tier_config_defaults(tc);
 	tc->spill_dir = c->spill;
 	tc->spill_max = c->spill_max;
+	/* No disk tier: what is written and not yet in a snapshot has no home but memory,
+	 * bounded as a tmpfs of mem_max would be (tier_admit_write). */
+	tc->dirty_max = c->spill ? 0 : c->mem_max;
 	tc->gov.mem_min = c->mem_min;
 	tc->gov.mem_max = c->mem_max;
 	if (c->pressure_file)

@@ -27,7 +27,9 @@
  *      clean data first gives up its spill copies (bc_drop_data_copies: SOURCE has those
  *      bytes, the dirty blocks have no other home); when that frees nothing, or the tier
  *      is absent or failing, they stay in memory (invariant 2) and tier_admit_write makes
- *      new checkpoint writes wait, then fail with ENOSPC.
+ *      new checkpoint writes wait, then fail with ENOSPC: with a spill tier once memory
+ *      is over the budget, without one once they pass dirty_max (mem_max), as a tmpfs
+ *      of that size (tier_admit_unspilled).
  *   Classes are taken in this order each round: data (A and D, oldest first), then
  *   checkpoint blocks with a copy, then dirty ones; a round stops as soon as the bytes
  *   freed or in flight cover the excess.
@@ -1331,6 +1333,33 @@ static bool tier_blocked_locked(struct tier *t, size_t size)
 	return cannot && bc_mem_bytes(t->bc) + size > bc_budget(t->bc);
 }
 
+/*
+ * Without a spill tier, dirty checkpoint bytes (not in the store) have no home but
+ * memory. They were admitted whatever their sum, and a user writing a few hundred MiB
+ * past the budget grew the daemon until the OOM killer ended it, every unsnapshotted
+ * byte of every user with it (an outside tester's finding). Past cfg.dirty_max a write
+ * now waits up to TIER_ADMIT_WAIT_MS for a persist or a delete to bring them under,
+ * then fails with ENOSPC, as a full tmpfs does. Under the budget it is never reached
+ * (dirty bytes are part of mem_bytes, the budget at most mem_max).
+ */
+static int tier_admit_unspilled(struct tier *t, size_t size)
+{
+	uint64_t end = mono_now_ms() + TIER_ADMIT_WAIT_MS;
+	bool waited = false;
+
+	while (t->cfg.dirty_max && bc_dirty_bytes(t->bc) + size > t->cfg.dirty_max) {
+		if (mono_now_ms() >= end) {
+			atomic_fetch_add(&t->admit_enospc, 1);
+			return -ENOSPC;
+		}
+		if (!waited)
+			atomic_fetch_add(&t->admit_waits, 1);
+		waited = true;
+		usleep(50 * 1000);
+	}
+	return 0;
+}
+
 int tier_admit_write(struct tier *t, size_t size)
 {
 	uint64_t budget, slack, start = mono_now_ms();
@@ -1339,6 +1368,13 @@ int tier_admit_write(struct tier *t, size_t size)
 
 	if (!t || bc_mem_bytes(t->bc) + size <= bc_budget(t->bc))
 		return 0; /* the common case: two atomic loads */
+	if (!t->sp) {
+		pthread_mutex_lock(&t->mu);
+		if (!t->kick)
+			tier_wake_locked(t); /* clean blocks can still go: trim now */
+		pthread_mutex_unlock(&t->mu);
+		return tier_admit_unspilled(t, size);
+	}
 	pthread_mutex_lock(&t->mu);
 	if (!t->kick)
 		tier_wake_locked(t); /* a writer outruns the 250 ms tick: trim now */

@@ -59,6 +59,9 @@ enum tier_map { TIER_MAP_AUTO = 0, TIER_MAP_NEVER = 1, TIER_MAP_ALWAYS = 2 };
 
 struct tier_config {
 	const char *spill_dir;	/* NULL: no disk tier */
+	/* Without spill_dir: the most bytes of checkpoint blocks not in the store that
+	 * memory may hold (tier_admit_write: ENOSPC past it); 0 = no bound. */
+	uint64_t dirty_max;
 	uint64_t spill_max;	/* bytes, 0 = until the filesystem is full */
 	int spill_buffered;	/* 1: no O_DIRECT (spill.h) */
 	int use_gov;		/* 0: no governor; the budget moves only by tier_set_budget */

@@ -172,7 +172,11 @@ class Mounter:
         return m
 
     def options(self, m, opts):
-        o = f"spill={m.spill},store={m.store}"
+        # "nospill" in opts: no disk tier (the default of a user's mount), for tests of
+        # what mlfs does without one; the rest of opts as given.
+        spill = "nospill" not in opts.split(",")
+        opts = ",".join(kv for kv in opts.split(",") if kv and kv != "nospill")
+        o = (f"spill={m.spill}," if spill else "") + f"store={m.store}"
         # MLFS_TEST_OPTS: options for every mount of the run (passthrough=off runs the
         # suite on the block-cache read path); a test's own opts come after and win.
         # An option named twice would leak the first string in fuse_opt_parse (a

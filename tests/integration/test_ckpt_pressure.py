@@ -12,6 +12,7 @@ stderr is the test's log).
 Each test makes its own source bytes in its own temp dir (urandom: incompressible, so
 the spill cannot shrink them away) and compares with cmp, not in Python memory.
 """
+import errno
 import os
 import random
 import subprocess
@@ -171,3 +172,29 @@ def test_write_with_budget_cut_to_floor(mounter, tmp_path):
     cmp_files(src, dst)
     drop(dst)
     check_alive(m)
+
+
+def test_checkpoint_writes_without_spill_stop_at_mem_max(mounter):
+    """Without spill= (a user's default), what MOUNT/ckpt holds and no snapshot does has
+    no home but memory: writes past mem_max fail with ENOSPC, as a full tmpfs, and the
+    daemon lives; a file removed gives the room back. Before, they were admitted
+    whatever their sum, and a user writing a few hundred MiB past the budget grew the
+    daemon until the OOM killer ended it, every user's unsnapshotted bytes with it
+    (found by an outside tester)."""
+    m = mounter(opts="nospill,mem_max=64M,mem_min=16M")
+    with open(f"/proc/{m.pid}/cmdline") as f:
+        assert "spill=" not in f.read()
+    chunk = b"\xa5" * (1 << 20)
+    written = 0
+    with pytest.raises(OSError) as e:
+        with open(os.path.join(m.ckpt, "big"), "wb") as f:
+            for _ in range(256):
+                f.write(chunk)
+                written += len(chunk)
+    assert e.value.errno == errno.ENOSPC, e.value
+    assert 32 << 20 <= written <= 64 << 20, written
+    assert U.pid_alive(m.pid)
+    os.unlink(os.path.join(m.ckpt, "big"))
+    U.write_file(os.path.join(m.ckpt, "next"), chunk * 16)
+    with open(os.path.join(m.ckpt, "next"), "rb") as f:
+        assert f.read() == chunk * 16

@@ -627,31 +627,39 @@ static void test_races(void)
 	pthread_mutex_destroy(&r.ck_mu);
 }
 
-/* No spill dir: clean data dropped, dirty checkpoints stay, writes never refused. */
+/* No spill dir: clean data dropped, dirty checkpoints stay; writes are refused only
+ * past dirty_max (0: never), whatever the budget, after a wait (ENOSPC, counted). */
 static void test_no_spill(void)
 {
-	struct tier_config c;
-	struct bc *bc;
-	struct bc_block *ck[4];
-	struct tier *t = NULL;
-	unsigned i;
+	for (int bounded = 0; bounded < 2; bounded++) {
+		struct tier_config c;
+		struct bc *bc;
+		struct bc_block *ck[4];
+		struct tier *t = NULL;
+		unsigned i;
 
-	EXPECT_EQ(bc_new(BS, BIG, &bc), 0);
-	tier_config_defaults(&c);
-	c.use_gov = 0;
-	EXPECT_EQ(tier_new(&c, bc, &t), 0);
-	EXPECT_EQ(tier_start(t), 0);
-	add_data(bc, 16);
-	add_ckpt(bc, ck, 4);
-	tier_set_budget(t, 0);
-	EXPECT_EQ(tier_settle(t, 5000), 0);
-	EXPECT_EQ(cstats(bc).data_blocks, 0);
-	EXPECT_EQ(cstats(bc).ckpt_resident, 4);
-	EXPECT_EQ(tier_admit_write(t, BS), 0);
-	for (i = 0; i < 4; i++)
-		bc_block_put(bc, ck[i]);
-	tier_free(t);
-	bc_free(bc);
+		EXPECT_EQ(bc_new(BS, BIG, &bc), 0);
+		tier_config_defaults(&c);
+		c.use_gov = 0;
+		c.dirty_max = bounded ? 5 * BS + BS / 2 : 0; /* the 4 blocks and a few bytes */
+		EXPECT_EQ(tier_new(&c, bc, &t), 0);
+		EXPECT_EQ(tier_start(t), 0);
+		add_data(bc, 16);
+		add_ckpt(bc, ck, 4);
+		tier_set_budget(t, 0);
+		EXPECT_EQ(tier_settle(t, 5000), 0);
+		EXPECT_EQ(cstats(bc).data_blocks, 0);
+		EXPECT_EQ(cstats(bc).ckpt_resident, 4);
+		EXPECT_EQ(tier_admit_write(t, BS), 0);	/* 5 of 5.5 */
+		EXPECT_EQ(tier_admit_write(t, 2 * BS), bounded ? -ENOSPC : 0);
+		EXPECT_EQ(tstats(t).admit_enospc, bounded);
+		bc_block_put(bc, ck[0]);		/* a file deleted: room again */
+		EXPECT_EQ(tier_admit_write(t, 2 * BS), 0);
+		for (i = 1; i < 4; i++)
+			bc_block_put(bc, ck[i]);
+		tier_free(t);
+		bc_free(bc);
+	}
 }
 
 /* What the governor is told mlfs holds (tier_resident_cb): mem_bytes less the pages of
