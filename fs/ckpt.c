@@ -55,8 +55,9 @@
  * 21 in the store) but no byte of the budget, so sparse files of anyone who may create
  * files in MOUNT/ckpt could drive a take, and with it the daemon, out of memory. At most
  * mem_max/CKPT_SLOT_SHARE slots (a take's manifest then peaks near a quarter of
- * mem_max), but never fewer than two files at the size limit; -ENOSPC past it, as a
- * full disk. A slot of real data pays for itself in the tiers; it counts the same. */
+ * mem_max), but never fewer than two files at the size limit besides root's reserve
+ * (CKPT_ROOT_RESERVE, for files root owns); -ENOSPC past it, as a full disk. A slot of
+ * real data pays for itself in the tiers; it counts the same. */
 #define CKPT_SLOT_SHARE 256
 #define CKPT_SLOTS_FLOOR_FILES 2
 /* All inodes' xattrs together (ns->xattr_bytes): they stay in memory (no tier spills
@@ -187,8 +188,12 @@ int ckpt_ns_new(struct mlfs *m, struct ckpt_ns **out)
 	ns->bc = m->bc;
 	ns->bs = bc_block_size(m->bc);
 	ns->slots_max = m->cfg.mem_max / CKPT_SLOT_SHARE;
-	if (ns->slots_max < CKPT_SLOTS_FLOOR_FILES * (CKPT_FILE_MAX / ns->bs))
-		ns->slots_max = CKPT_SLOTS_FLOOR_FILES * (CKPT_FILE_MAX / ns->bs);
+	/* the floor is what anyone may use: root's reserve comes on top */
+	uint64_t floor = CKPT_SLOTS_FLOOR_FILES * (CKPT_FILE_MAX / ns->bs) * CKPT_ROOT_RESERVE /
+			 (CKPT_ROOT_RESERVE - 1) + 1;
+
+	if (ns->slots_max < floor)
+		ns->slots_max = floor;
 	ns->xattr_max = m->cfg.mem_max / CKPT_XATTR_SHARE;
 	if (ns->xattr_max < CKPT_XATTR_FLOOR)
 		ns->xattr_max = CKPT_XATTR_FLOOR;
@@ -423,7 +428,9 @@ int ckpt_getattr(struct ckpt_ns *ns, struct ckpt_inode *ino, struct stat *st)
 
 /*
  * Counts max(map slots, size in blocks) for ino in ns->slots (CKPT_SLOT_SHARE). A
- * growth that would pass ns->slots_max is -ENOSPC and changes nothing, unless force (a
+ * growth that would pass ns->slots_max (less root's reserve for a file not root's: a
+ * user's sparse files stopped root's next checkpoint write) is -ENOSPC and changes
+ * nothing, unless force (a
  * restore: the snapshot was taken under this or another mount's limit, and refusing it
  * would lose it). Racing growths of two files may both be refused near the limit. Under
  * the inode's write lock (or with the inode unreachable).
@@ -438,8 +445,19 @@ int ckpt_slots_set(struct ckpt_ns *ns, struct ckpt_inode *ino, uint64_t nblocks,
 	if (want <= ino->slots) {
 		atomic_fetch_sub(&ns->slots, ino->slots - want);
 	} else {
+		/* Root's reserve (CKPT_ROOT_RESERVE), by the file's owner: no call here
+		 * carries its caller, and only root makes a file root's. (A forced growth
+		 * may come with ns->mu held: it reads no owner.) */
+		uint64_t max = ns->slots_max;
+
+		if (!force) {
+			pthread_mutex_lock(&ns->mu);
+			if (ino->uid)
+				max -= ns->slots_max / CKPT_ROOT_RESERVE;
+			pthread_mutex_unlock(&ns->mu);
+		}
 		d = want - ino->slots;
-		if (atomic_fetch_add(&ns->slots, d) + d > ns->slots_max && !force) {
+		if (atomic_fetch_add(&ns->slots, d) + d > max && !force) {
 			atomic_fetch_sub(&ns->slots, d);
 			return -ENOSPC;
 		}
