@@ -1563,10 +1563,13 @@ static void ckpt_dir_clear(struct ckpt_ns *ns, struct ckpt_dir *d)
 	d->bytes = 0;
 }
 
-/* Copies dir's listing into d: cost O(entries) per open or rewind, which makes every
- * later readdir call O(its batch) however large the directory. -ENOMEM when all
- * streams' copies would pass ns->meta_max (ns->dir_bytes). */
-static int ckpt_dir_fill(struct ckpt_ns *ns, struct ckpt_inode *dir, struct ckpt_dir *d)
+/* Copies dir's listing into d for a reader of uid: cost O(entries) per open or rewind,
+ * which makes every later readdir call O(its batch) however large the directory.
+ * -ENOMEM when all streams' copies would pass ns->meta_max (ns->dir_bytes), less root's
+ * reserve for others (CKPT_ROOT_RESERVE): a user holding streams open made root's
+ * listings fail. */
+static int ckpt_dir_fill(struct ckpt_ns *ns, struct ckpt_inode *dir, struct ckpt_dir *d,
+			 uid_t uid)
 {
 	struct ckpt_dirent *e;
 	size_t bytes;
@@ -1580,7 +1583,7 @@ static int ckpt_dir_fill(struct ckpt_ns *ns, struct ckpt_inode *dir, struct ckpt
 		sizeof(".") + sizeof("..");
 	for (e = dir->head; e; e = e->next)
 		bytes += e->namelen + 1;
-	if (ns->dir_bytes + bytes > ns->meta_max) {
+	if (ns->dir_bytes + bytes > ckpt_limit(ns->meta_max, &(struct ckpt_ctx){ .uid = uid })) {
 		rc = -ENOMEM;
 		goto out;
 	}
@@ -1638,7 +1641,7 @@ int ckpt_readdir(struct ckpt_ns *ns, fuse_req_t req, struct ckpt_inode *dir,
 	/* Offset 0 after the stream was read is a rewinddir(): list the directory as it
 	 * is now, as POSIX asks. Offsets are index + 1 into the copy. */
 	if (!d->filled || off == 0) {
-		if ((rc = ckpt_dir_fill(ns, dir, d)))
+		if ((rc = ckpt_dir_fill(ns, dir, d, req ? fuse_req_ctx(req)->uid : 0)))
 			return rc;
 	}
 	for (i = off; i < d->n; i++) {

@@ -5,6 +5,7 @@ the finalizer) and checks that the daemon neither leaks nor dies for everyone.
 import errno
 import glob
 import os
+import subprocess
 
 import pytest
 
@@ -315,6 +316,52 @@ def test_directory_streams_cannot_exhaust_daemon_memory(shared, other_user):
     assert listed == n
     assert U.pid_alive(m.pid)
     assert len(os.listdir(d)) == n
+
+
+HOLD_STREAMS = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+buf = ctypes.create_string_buffer(4096)
+fds, err = [], None
+while len(fds) < 150 and err is None:
+    fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+    fds.append(fd)
+    if libc.syscall(217, fd, buf, 4096) < 0:   # getdents64
+        err = ctypes.get_errno()
+print(len(fds), err, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_directory_streams_of_a_user_leave_roots_listings(shared, other_user):
+    """A user holding directory streams of MOUNT/ckpt open up to the bound of their
+    copies (ENOMEM) does not stop root's listings: a sixteenth of the bound is root's,
+    as of the name and xattr bounds. Before, root's readdir of any directory failed
+    with ENOMEM while the user held them (found by an outside tester)."""
+    m = shared
+    d = os.path.join(m.ckpt, "big")
+    os.mkdir(d)
+    os.chmod(d, 0o755)
+    for i in range(20000):
+        os.mknod(os.path.join(d, f"{i:0240d}"), 0o10600)
+    mine = os.path.join(m.ckpt, "job")
+    os.mkdir(mine)
+    for i in range(3):
+        U.write_file(os.path.join(mine, f"shard{i}"), b"x")
+    uid, gid = other_user
+    holder = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
+                               "/usr/bin/python3", "-c", HOLD_STREAMS, d],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              cwd="/")
+    try:
+        opened, err = holder.stdout.readline().split()
+        assert err == str(errno.ENOMEM) and int(opened) < 150, (opened, err)
+        assert sorted(os.listdir(mine)) == ["shard0", "shard1", "shard2"]
+        assert len(os.listdir(d)) == 20000
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert U.pid_alive(m.pid)
 
 
 HOLD_FDS = r"""
