@@ -699,11 +699,13 @@ static int ckpt_create_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, const 
 		if (S_ISDIR(mode))
 			mode |= S_ISGID;
 	}
-	/* The inherited ACLs count in ns->xattr_bytes as any xattr (CKPT_XATTR_SHARE). */
-	rc = ns->xattr_bytes + (acl ? acl_size + sizeof(PACL_XATTR_ACCESS) : 0) +
-			     (dacl ? acl_size + sizeof(PACL_XATTR_DEFAULT) : 0) >
-		     ckpt_limit(ns->xattr_max, c)
-		     ? -ENOSPC : 0;
+	/* The inherited ACLs count in ns->xattr_bytes as any xattr (CKPT_XATTR_SHARE); a
+	 * file that inherits none grows nothing, so it is not refused (root's share in use
+	 * past the others' once refused every plain create of theirs). */
+	size_t grow = (acl ? acl_size + sizeof(PACL_XATTR_ACCESS) : 0) +
+		      (dacl ? acl_size + sizeof(PACL_XATTR_DEFAULT) : 0);
+
+	rc = grow && ns->xattr_bytes + grow > ckpt_limit(ns->xattr_max, c) ? -ENOSPC : 0;
 	ino = rc ? NULL : ckpt_inode_new(ns, mode, c->uid, gid);
 	if (!rc && !ino)
 		rc = -ENOMEM;

@@ -179,6 +179,17 @@ def test_xattrs_cannot_exhaust_daemon_memory(shared, other_user):
     open(mine, "wb").close()
     for k in range(4):
         os.setxattr(mine, f"user.r{k}", v)
+
+    def plain():
+        # With root's share in use, a create that inherits no ACL grows no xattr and
+        # is not refused (every create of the user's was, found by an outside tester).
+        open(os.path.join(d, "plain"), "wb").close()
+        os.mkdir(os.path.join(d, "plaindir"))
+        os.rmdir(os.path.join(d, "plaindir"))
+        os.unlink(os.path.join(d, "plain"))
+        return setx(os.path.join(d, "f0"), "user.new", b"1")
+
+    assert as_other(other_user, plain) == ["ok", errno.ENOSPC]
     os.unlink(mine)
 
     def after():
