@@ -95,6 +95,7 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 	int n = 0;
 
 	bc_get_stats(m->bc, &bs);
+	tier_get_stats(m->tier, &ts);
 #define F(nm, hp, v)                                                   \
 	do {                                                           \
 		if (n < max)                                           \
@@ -137,7 +138,8 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 	F("read_ops", "read requests", atomic_load(&m->st.read_ops));
 	F("write_ops", "write requests", atomic_load(&m->st.write_ops));
 	F("bytes_written", "bytes written to MOUNT/ckpt", atomic_load(&m->st.bytes_written));
-	F("csum_errors", "blocks whose checksum did not verify", atomic_load(&m->st.csum_errors));
+	F("csum_errors", "blocks whose checksum did not verify (spill tier and store)",
+	  atomic_load(&m->st.csum_errors) + ts.spill_csum_errors);
 	F("data_nodes", "MOUNT/data names the kernel holds", data_nodes(m->data));
 	if (m->snapd) {
 		int64_t age = 0;
@@ -162,7 +164,6 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 	F("backing_ids", "SOURCE files registered with the kernel now (one per open inode)",
 	  ps.backing_ids);
 	F("backing_opens", "SOURCE files registered with the kernel in all", ps.backing_opens);
-	tier_get_stats(m->tier, &ts);
 	F("spilled_bytes", "logical bytes of blocks in the spill tier", ts.spilled_bytes);
 	F("spilled_disk_bytes", "bytes the spill tier uses on disk", ts.spilled_disk_bytes);
 	F("spill_capacity", "spill_max in bytes, 0 = until the filesystem is full",

@@ -1435,6 +1435,7 @@ void tier_get_stats(struct tier *t, struct tier_stats *st)
 	st->reload_ops = atomic_load(&t->reload_ops);
 	st->bg_reload_ops = atomic_load(&t->bg_reload_ops);
 	st->spill_errors = atomic_load(&t->spill_errors);
+	st->spill_csum_errors = ss.csum_errors;
 	st->drops = atomic_load(&t->drops);
 	st->frees = atomic_load(&t->frees);
 	st->kept = atomic_load(&t->kept);

@@ -176,6 +176,7 @@ struct tier_stats {
 	uint64_t reload_ops;	/* blocks read back (on demand and background) */
 	uint64_t bg_reload_ops;	/* of which by the background refill */
 	uint64_t spill_errors;	/* write, read and checksum failures of the spill tier */
+	uint64_t spill_csum_errors; /* of those, blocks whose checksum did not verify */
 	uint64_t drops;		/* clean blocks evicted without a copy written */
 	uint64_t frees;		/* resident blocks evicted whose copy already existed */
 	uint64_t kept;		/* evictions refused: dirty block, no spill room */
