@@ -94,6 +94,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <inttypes.h>
 #include <malloc.h>
@@ -1138,8 +1139,13 @@ static int tier_check(const struct tier_config *c)
 	}
 	if (!c->use_gov)
 		return 0;
+	struct stat st;
+
 	if (c->gov.cgroup_path && (rc = gov_read_cgroup(c->gov.cgroup_path, &s)))
-		log_err("tier: cgroup %s: %s", c->gov.cgroup_path, gov_strerror(rc));
+		log_err("tier: cgroup %s: %s", c->gov.cgroup_path,
+			rc == -ENOENT && !stat(c->gov.cgroup_path, &st) && S_ISDIR(st.st_mode)
+			? "not a memory cgroup (no memory.max or memory.limit_in_bytes in it)"
+			: gov_strerror(rc));
 	else if (c->gov.psi_path && strcmp(c->gov.psi_path, GOV_PSI_PATH) &&
 		 (rc = gov_read_psi(c->gov.psi_path, &s)))
 		log_err("tier: pressure file %s: %s", c->gov.psi_path, gov_strerror(rc));

@@ -67,6 +67,17 @@ def test_governor_file_that_is_a_fifo_refused(mounter, opt):
     assert_refused(r, m, fifo, "not a regular file")
 
 
+def test_cgroup_that_is_no_memory_cgroup_says_so(mounter):
+    """cgroup= naming a directory that is no memory cgroup is refused in one line that
+    says so; it said "No such file or directory", as if the path were missing (found by
+    an outside tester)."""
+    m = mounter.prepare()
+    d = os.path.join(m.base, "notcg")
+    os.mkdir(d)
+    r = run_mlfs(["-o", f"{mounter.options(m, '')},cgroup={d}", m.src, m.mnt], timeout=30)
+    assert_refused(r, m, d, "not a memory cgroup")
+
+
 NESTING = ["mnt-is-source", "mnt-in-source", "source-under-mnt", "spill-in-source",
            "spill-under-mnt", "store-in-source", "store-under-mnt", "store-in-source-symlink"]
 
