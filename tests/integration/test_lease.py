@@ -7,6 +7,7 @@ extra), stalling every request of the mount for everyone (an outside tester's
 finding). Now such a request waits on fs/later.c's thread and holds no worker.
 """
 import errno
+import hashlib
 import json
 import os
 import signal
@@ -34,15 +35,15 @@ print("ready", flush=True)
 sys.stdin.read()                            # until the test lets go
 """
 
-# Opens (and reads) every path given, each in a thread of its own; prints one JSON list
-# of [path, bytes read or -errno] once all are done.
+# Opens (and reads) every path given, each in a thread of its own; prints one JSON object
+# {path: sha256 of what it read, or -errno} once all are done.
 OPENERS = r"""
-import json, os, sys, threading
+import hashlib, json, os, sys, threading
 out = {}
 def one(p):
     try:
         with open(p, "rb") as f:
-            out[p] = len(f.read())
+            out[p] = hashlib.sha256(f.read()).hexdigest()
     except OSError as e:
         out[p] = -e.errno
 ts = [threading.Thread(target=one, args=(p,)) for p in sys.argv[1:]]
@@ -90,10 +91,13 @@ def test_opens_of_leased_source_files_hold_no_worker(mounter, opts):
     m = mounter(opts=opts)
     d, mine = os.path.join(m.src, "l"), os.path.join(m.data, "l")
     os.mkdir(d)
-    sizes = {}
+    sums = {}
     for i in range(N):
-        sizes[f"f{i}"] = 100 + i
-        U.write_file(os.path.join(d, f"f{i}"), os.urandom(100 + i))
+        # the last one past passthrough_min (1 MiB): bound to its SOURCE file in the
+        # kernel by the OPEN reply, made from the waiting thread
+        data = os.urandom(100 + i if i < N - 1 else (2 << 20) + 3)
+        sums[f"f{i}"] = hashlib.sha256(data).hexdigest()
+        U.write_file(os.path.join(d, f"f{i}"), data)
     U.write_file(os.path.join(m.src, "other"), b"x")
     holder = subprocess.Popen(["/usr/bin/python3", "-c", HOLDER,
                                *[os.path.join(d, f"f{i}") for i in range(N)]],
@@ -128,7 +132,7 @@ def test_opens_of_leased_source_files_hold_no_worker(mounter, opts):
         holder.wait(timeout=60)
     out, _ = openers.communicate(timeout=120)
     got = json.loads(out)
-    want = {os.path.join(mine, f"f{i}"): sizes[f"f{i}"] for i in range(1, N)}
+    want = {os.path.join(mine, f"f{i}"): sums[f"f{i}"] for i in range(1, N)}
     assert got == want
     assert _mount_answers(m, "after")
     assert U.pid_alive(m.pid)
