@@ -46,7 +46,6 @@ int pacl_check(const void *v, size_t size, size_t *n)
 {
 	const unsigned char *p = v;
 	unsigned state = 0, users = 0, seen_mask = 0, nobj = 0;
-	uint32_t prev_id = 0;
 	size_t count, i;
 
 	if (size < PACL_HDR || (size - PACL_HDR) % PACL_ENT)
@@ -54,12 +53,12 @@ int pacl_check(const void *v, size_t size, size_t *n)
 	if (le_get(p, 4) != PACL_VERSION)
 		return -EOPNOTSUPP;
 	count = (size - PACL_HDR) / PACL_ENT;
-	/* Tags must come in the order of the enum: each object once, named ids ascending
-	 * and unique within their tag. */
+	/* Tags must come in the order of the enum, each object once. Named ids may come in
+	 * any order, even twice, as posix_acl_valid() lets them (ext4 and tmpfs keep such
+	 * an ACL as given, and the kernel enforces it). */
 	for (i = 0; i < count; i++) {
 		const unsigned char *e = p + PACL_HDR + i * PACL_ENT;
 		unsigned tag = le_get(e, 2), perm = le_get(e + 2, 2);
-		uint32_t id = le_get(e + 4, 4);
 
 		if (perm & ~7u || tag < state)
 			return -EINVAL;
@@ -76,14 +75,11 @@ int pacl_check(const void *v, size_t size, size_t *n)
 			break;
 		case PACL_USER:
 		case PACL_GROUP:
-			if (tag == state && id <= prev_id)
-				return -EINVAL;
 			users++;
 			break;
 		default:
 			return -EINVAL;
 		}
-		prev_id = id;
 		state = tag;
 	}
 	if (count && (nobj != 3 || (users && !seen_mask)))

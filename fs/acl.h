@@ -4,8 +4,8 @@
  *
  * Contract
  * - A value is the kernel's posix_acl_xattr: a 4-byte little-endian header (version 2)
- *   and 8-byte entries {le16 tag, le16 perm, le32 id}, sorted by tag and, for named
- *   users and groups, by id (the order posix_acl_valid() demands).
+ *   and 8-byte entries {le16 tag, le16 perm, le32 id}, sorted by tag (the order
+ *   posix_acl_valid() demands; it leaves named users' and groups' ids in any order).
  * - The kernel (FUSE_CAP_POSIX_ACL) parses, caches and enforces ACLs; the file system
  *   keeps the mode and the ACL in sync and applies a directory's default ACL to new
  *   entries. These functions do the arithmetic of fs/posix_acl.c on the xattr bytes:

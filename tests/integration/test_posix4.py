@@ -45,6 +45,29 @@ def acl_value(entries):
 
 # --- xattrs and ACLs -------------------------------------------------------------------
 
+def test_acl_named_ids_in_any_order(ckpt):
+    """posix_acl_valid() takes named users and groups in any order and even twice; ext4
+    keeps such a value as given and enforces it. MOUNT/ckpt refused it (EINVAL)."""
+    f, d = p(ckpt, "f"), p(ckpt, "d")
+    touch(f)
+    os.mkdir(d)
+    ents = [(ACL_USER_OBJ, 6, -1), (ACL_USER, 6, 1001), (ACL_USER, 4, 1000),
+            (ACL_USER, 4, 1000), (ACL_GROUP_OBJ, 4, -1), (ACL_GROUP, 6, 4343),
+            (ACL_GROUP, 4, 4242), (ACL_MASK, 6, -1), (ACL_OTHER, 0, -1)]
+    value = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", t, m, i & 0xffffffff)
+                                            for t, m, i in ents)
+    os.setxattr(f, "system.posix_acl_access", value)
+    os.setxattr(d, "system.posix_acl_default", value)
+    assert os.getxattr(f, "system.posix_acl_access") == value
+    assert os.getxattr(d, "system.posix_acl_default") == value
+    assert stat.S_IMODE(os.stat(f).st_mode) == 0o660  # the mask shows as group bits
+    # Enforced: user 1001 (rw-) may write, user 1000 (r--) may not.
+    assert as_creds(lambda: os.close(os.open(f, os.O_WRONLY)), 1001, 1001, []) == \
+        ("ok", None)
+    assert as_creds(lambda: os.open(f, os.O_WRONLY), 1000, 1000, []) == \
+        ("err", errno.EACCES)
+
+
 def test_removing_an_absent_acl_succeeds(ckpt, umask022):
     """removexattr of system.posix_acl_access/_default where there is none (never set, or
     set equivalent to the mode, which stores nothing) succeeds on ext4 (ext4_set_acl with
