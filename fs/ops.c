@@ -457,10 +457,14 @@ static void mlfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, i
 
 	if (n->kind != MLFS_CKPT)
 		return reply_rc(req, -EROFS);
-	/* A chown (only owner, group, ctime: chown(f, -1, -1) names neither) by an owner
-	 * outside a setgid file's group: ext4 drops the setgid first, the FUSE module
-	 * keeps it (ckpt_chown_kill_sgid). */
-	if (!(to_set & ~(FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID | FUSE_SET_ATTR_CTIME))) {
+	/* A chown (only owner, group, ctime: chown(f, -1, -1) names neither; and a mode when
+	 * the FUSE module drops a setuid bit there, which no chown syscall sets otherwise) by
+	 * an owner outside a setgid file's group: ext4 drops the setgid first, the FUSE
+	 * module keeps it (ckpt_chown_kill_sgid). */
+	if (!(to_set & ~(FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID | FUSE_SET_ATTR_CTIME)) ||
+	    ((to_set & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) &&
+	     !(to_set & ~(FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID | FUSE_SET_ATTR_CTIME |
+			  FUSE_SET_ATTR_MODE)))) {
 		struct ckpt_ctx c = ctx_of(req);
 		gid_t buf[MLFS_GROUPS_BUF], *g = buf;
 
@@ -469,7 +473,8 @@ static void mlfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, i
 			if (ckpt_chown_needs_groups(m->ckpt, (struct ckpt_inode *)n, &c))
 				g = ctx_groups(req, &c, buf);
 		}
-		ckpt_chown_kill_sgid(m->ckpt, (struct ckpt_inode *)n, &c);
+		if (ckpt_chown_kill_sgid(m->ckpt, (struct ckpt_inode *)n, &c))
+			attr->st_mode &= ~(mode_t)S_ISGID; /* the mode sent kept it */
 		if (g != buf)
 			free(g);
 	}

@@ -231,6 +231,27 @@ def test_setgid_without_group_exec_cleared_for_non_members(ckpt, change, who, ke
     assert oct(stat.S_IMODE(statx_mode(f))) == oct(want)  # what the file system holds
 
 
+@pytest.mark.parametrize("mode,want", [
+    (0o2745, 0o745),   # setgid alone, no group execute
+    (0o6745, 0o745),   # setuid too: the FUSE module sends a mode (setuid off) with the chown
+    (0o6755, 0o755),   # group execute: both go, as for anyone
+    (0o2755, 0o755),
+])
+def test_owner_chown_outside_group_clears_setgid(ckpt, umask022, mode, want):
+    """chown(f, -1, gid) by a file's owner who is not in its group clears setgid, with
+    or without group execute, and setuid (ext4: chown_common, setattr_should_drop_sgid).
+    With setuid set too, the FUSE module's request carries a mode (setuid cleared, setgid
+    kept) beside the group, and MOUNT/ckpt kept the setgid."""
+    f = p(ckpt, "f")
+    touch(f)
+    os.chown(f, NOBODY, GROUP)
+    os.chmod(f, mode)
+    assert as_creds(lambda: os.chown(f, -1, NOBODY), NOBODY, NOBODY, []) == ("ok", None)
+    st = os.stat(f)
+    assert (oct(stat.S_IMODE(st.st_mode)), st.st_gid) == (oct(want), NOBODY)
+    assert oct(stat.S_IMODE(statx_mode(f))) == oct(want)  # what the file system holds
+
+
 def statx_mode(path):
     buf = ctypes.create_string_buffer(256)
     if libc.statx(AT_FDCWD, path.encode(), AT_STATX_FORCE_SYNC, STATX_BASIC_STATS, buf):
