@@ -1182,6 +1182,7 @@ int ckpt_open(struct ckpt_ns *ns, struct ckpt_inode *ino, int flags, pid_t pid,
 	ino->nopen++;
 	if (f) {
 		ino->nwrite++;
+		ino->nwopen++;
 		atomic_fetch_add(&ns->nwriting, 1);
 	}
 	pthread_mutex_unlock(&ns->mu);
@@ -1229,13 +1230,26 @@ void ckpt_file_write(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_fil
 	pthread_mutex_unlock(&ns->mu);
 }
 
+bool ckpt_write_handles(struct ckpt_ns *ns, struct ckpt_inode *ino)
+{
+	bool any;
+
+	pthread_mutex_lock(&ns->mu);
+	any = ino->nwopen > 0;
+	pthread_mutex_unlock(&ns->mu);
+	return any;
+}
+
 void ckpt_release(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_file *f)
 {
 	pthread_mutex_lock(&ns->mu);
 	assert(ino->nopen > 0);
 	ino->nopen--;
-	if (f)
+	if (f) {
+		assert(ino->nwopen > 0);
+		ino->nwopen--;
 		ckpt_file_set_writing_locked(ns, ino, f, false);
+	}
 	ckpt_maybe_free(ns, ino);
 	pthread_mutex_unlock(&ns->mu);
 	ckpt_file_unlink_free(ns, f);

@@ -120,6 +120,10 @@ void ckpt_file_flush(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_fil
 		     pid_t pid);
 void ckpt_file_write(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_file *f);
 void ckpt_release(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_file *f);
+/* Whether a handle with write access is open on ino (from its open to its RELEASE, which
+ * comes after the last shared mapping of it goes): while one is, the kernel may hold
+ * pages stored through a mapping and not written back yet. Takes ns->mu. */
+bool ckpt_write_handles(struct ckpt_ns *ns, struct ckpt_inode *ino);
 /* Like data_read: segs with counted references, NULL b for zeros; the count. */
 int ckpt_read(struct ckpt_ns *ns, struct ckpt_inode *ino, size_t size, off_t off,
 	      struct mlfs_seg *segs);
@@ -173,7 +177,8 @@ int ckpt_chown_kill_sgid(struct ckpt_ns *ns, struct ckpt_inode *ino, const struc
 int ckpt_fallocate(struct ckpt_ns *ns, struct ckpt_inode *ino, int mode, off_t off,
 		   off_t len);
 /* SEEK_DATA/SEEK_HOLE at block granularity (a NULL slot is a hole; end of file is a
- * hole); -ENXIO at or past the end of file. */
+ * hole); -ENXIO at or past the end of file. Of the bytes written to the file system:
+ * see ckpt_write_handles for those stored through a mapping. */
 int ckpt_lseek(struct ckpt_ns *ns, struct ckpt_inode *ino, off_t off, int whence,
 	       off_t *out);
 

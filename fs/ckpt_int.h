@@ -70,6 +70,10 @@ struct ckpt_inode {
 	int linkable;
 	uint32_t nopen;
 	uint32_t nwrite; /* handles writing (invariant 6): the freeze flags the file */
+	/* Handles with write access, from their open to their RELEASE (a shared writable
+	 * mapping outlives the close: the kernel may hold pages not yet written back).
+	 * Under ns->mu. */
+	uint32_t nwopen;
 	/* Restored with -o workers=N > 1 (a file, directory or symlink) and, for a file,
 	 * its content unchanged since (a symlink's target never changes in place): the
 	 * freeze flags it MF_ENTRY_INHERITED when it is still at its restored path (every

@@ -1473,6 +1473,13 @@ static void mlfs_op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
 	int rc;
 
 	if (n->kind == MLFS_CKPT) {
+		/* Pages stored through a shared mapping reach us only at writeback, which the
+		 * FUSE module does not start before an LSEEK: ask for it (the invalidation
+		 * writes dirty pages back, each WRITE served by another worker, and waits for
+		 * them), so that a hole we report holds no byte of the file. */
+		if ((whence == SEEK_DATA || whence == SEEK_HOLE) && m->se &&
+		    ckpt_write_handles(m->ckpt, (struct ckpt_inode *)n))
+			fuse_lowlevel_notify_inval_inode(m->se, ino, 0, 0);
 		rc = ckpt_lseek(m->ckpt, (struct ckpt_inode *)n, off, whence, &out);
 	} else if (n->kind != MLFS_DATA || (whence != SEEK_DATA && whence != SEEK_HOLE)) {
 		rc = -EINVAL;

@@ -545,6 +545,39 @@ def test_seek_data_hole(ckpt):
         os.close(fd)
 
 
+def test_seek_data_sees_mapped_writes(ckpt):
+    """Bytes stored through a shared mapping and not yet written back are data to
+    SEEK_DATA/SEEK_HOLE at once, as on ext4; MOUNT/ckpt called them a hole (the FUSE
+    module writes nothing back before an LSEEK), so a sparse-aware copy lost them. The
+    mapping, read(2) and the file after its close all keep the bytes."""
+    f = p(ckpt, "sparse")
+    size = 8 * BLOCK
+    fd = os.open(f, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.ftruncate(fd, size)
+        m = mmap.mmap(fd, size, mmap.MAP_SHARED)
+        try:
+            m[5 * BLOCK + 3:5 * BLOCK + 7] = b"DATA"
+            assert os.lseek(fd, 0, os.SEEK_DATA) == 5 * BLOCK  # BLOCK: a multiple of pages
+            assert 5 * BLOCK + 7 <= os.lseek(fd, 5 * BLOCK, os.SEEK_HOLE) <= 6 * BLOCK
+            with open(f, "rb") as other:  # another descriptor, read-only
+                assert os.lseek(other.fileno(), 0, os.SEEK_DATA) == 5 * BLOCK
+            m[BLOCK:BLOCK + 2] = b"xy"  # the mapping still writes after the write-back
+            assert os.lseek(fd, 0, os.SEEK_DATA) == BLOCK
+            assert m[5 * BLOCK + 3:5 * BLOCK + 7] == b"DATA"
+            assert os.pread(fd, 4, 5 * BLOCK + 3) == b"DATA"
+        finally:
+            m.close()
+    finally:
+        os.close(fd)
+    with open(f, "rb") as fh:
+        data = fh.read()
+    want = bytearray(size)
+    want[BLOCK:BLOCK + 2] = b"xy"
+    want[5 * BLOCK + 3:5 * BLOCK + 7] = b"DATA"
+    assert data == bytes(want)
+
+
 def test_seek_data_hole_in_data(mounter, tmp_path):
     """MOUNT/data: a SOURCE file is all data (what a read of it gives); ENXIO at EOF."""
     src = tmp_path / "src"
