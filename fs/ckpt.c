@@ -100,7 +100,10 @@ struct ckpt_dir { /* an open directory stream: a copy of the listing */
 	size_t bytes; /* what ns->dir_bytes counts for this copy (ckpt_dir_fill) */
 };
 
-static _Atomic uint64_t ckpt_next_ino = 1ull << 40; /* apart from MOUNT/data's numbers */
+/* Odd numbers from 17, MOUNT/data's even ones from 16 (data.c): apart, and within 32
+ * bits for the first two billion of each, as ext4's, so that a program built without
+ * large-file support (a 32-bit stat) can stat them. */
+static _Atomic uint64_t ckpt_next_ino = 17;
 
 double ckpt_timeout(void)
 {
@@ -119,7 +122,7 @@ struct ckpt_inode *ckpt_inode_new(struct ckpt_ns *ns, mode_t mode, uid_t uid, gi
 	if (!ino)
 		return NULL;
 	ino->hdr.kind = MLFS_CKPT;
-	ino->hdr.st_ino = atomic_fetch_add(&ckpt_next_ino, 1);
+	ino->hdr.st_ino = atomic_fetch_add(&ckpt_next_ino, 2);
 	pthread_rwlock_init(&ino->lock, NULL);
 	pthread_mutex_init(&ino->ra_mu, NULL);
 	ino->mode = mode;

@@ -320,7 +320,7 @@ static void data_handle_put(struct data_ns *ns)
 			(h)->next->prev = (h)->prev;  \
 	} while (0)
 
-static _Atomic uint64_t data_next_ino = 16;
+static _Atomic uint64_t data_next_ino = 16; /* even numbers; MOUNT/ckpt's are odd (ckpt.c) */
 /* 0 when openat2 is missing (a kernel before 5.6) or refused (a seccomp filter that
  * answers EPERM for syscalls it does not know, as older container runtimes do): set
  * once by data_ns_new's probe, or on the first ENOSYS. */
@@ -748,11 +748,11 @@ static void data_fill_attr(struct data_node *n, struct stat *st)
 	 * number derived from its st_dev and st_ino at every name, as SOURCE does, so that
 	 * cp -a, tar, rsync -H and du keep or count its hard links (with a number per node
 	 * each name was a file of its own with nlink 2: cp -a out of MOUNT/data made
-	 * copies). Bit 63 keeps these apart from the counters (MOUNT/data's from 16,
-	 * MOUNT/ckpt's from 2^40); two such files share one only if XXH3 of their (dev,
-	 * ino) collide in 63 bits. Computed from st, the attributes of the file n stands
-	 * for, so nothing is stored: a file whose last other name goes shows its node's
-	 * number again. */
+	 * copies). Bit 63 keeps these apart from the counters (MOUNT/data's even numbers
+	 * from 16, MOUNT/ckpt's odd ones from 17); two such files share one only if XXH3 of
+	 * their (dev, ino) collide in 63 bits. Computed from st, the attributes of the file
+	 * n stands for, so nothing is stored: a file whose last other name goes shows its
+	 * node's number again. */
 	if (!S_ISDIR(st->st_mode) && st->st_nlink > 1) {
 		uint64_t key[2] = { st->st_dev, st->st_ino };
 
@@ -865,7 +865,7 @@ static struct data_node *data_node_get(struct data_ns *ns, struct data_node *par
 			goto out;
 		n->hdr.kind = MLFS_DATA;
 		n->hdr.pad = 0;
-		n->hdr.st_ino = atomic_fetch_add(&data_next_ino, 1);
+		n->hdr.st_ino = atomic_fetch_add(&data_next_ino, 2);
 		n->parent = parent;
 		n->fid = data_fid_of(st);
 		n->changed_ns = 0;

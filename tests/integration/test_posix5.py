@@ -193,6 +193,32 @@ def test_copy_file_range_from_data_into_ckpt(mounter):
 
 
 @pytest.mark.daemon
+def test_inode_numbers_fit_32_bits_and_differ(mounter):
+    """Inode numbers of files, directories and symlinks in both trees fit in 32 bits, as
+    ext4's do, so a program built without large-file support (a 32-bit stat, which fails
+    with EOVERFLOW otherwise) can stat them; and no two entries of the mount share one.
+    MOUNT/ckpt numbered from 2^40."""
+    m = mounter()
+    os.mkdir(os.path.join(m.src, "d"))
+    for i in range(20):
+        U.write_file(os.path.join(m.src, "d", f"s{i}"), b"x")
+    os.symlink("d", os.path.join(m.src, "l"))
+    os.mkdir(os.path.join(m.ckpt, "d"))
+    for i in range(20):
+        touch(os.path.join(m.ckpt, "d", f"c{i}"))
+    os.symlink("d", os.path.join(m.ckpt, "l"))
+    seen = {}
+    for top in (m.data, m.ckpt):
+        for dirpath, dirs, files in os.walk(top):
+            for name in dirs + files + [""]:
+                path = os.path.join(dirpath, name) if name else dirpath
+                ino = os.lstat(path).st_ino
+                assert ino < 1 << 32, (path, hex(ino))
+                assert seen.setdefault(ino, path) == path, (path, seen[ino])
+    assert len(seen) == 2 + 2 * (1 + 20 + 1)  # the two roots, each a dir, files, a link
+
+
+@pytest.mark.daemon
 def test_mount_root_and_its_two_trees_cannot_go(mounter):
     """rmdir of the mount point is EBUSY (the VFS, as for ext4's); MOUNT/data and
     MOUNT/ckpt cannot be removed, renamed or replaced (the root is read-only: EROFS),
