@@ -1960,15 +1960,53 @@ static int data_read_direct(struct data_ns *ns, struct data_file *f, uint64_t of
 	return rc;
 }
 
+/* The part of a read from off (at or past f's size at its open) that SOURCE's file has
+ * now, if it grew since (appended to while the descriptor is open): what a read of a
+ * descriptor of SOURCE itself gives there, so a reader that follows a growing file (or
+ * a mapping of it) is not told its end is at the old size. Read as is, not cached: the
+ * cache keys blocks by the version opened. 1 with *seg filled, 0 if nothing is there. */
+/* off rounded up to a whole page, as the kernel's page reads of a file of that size
+ * are. */
+static uint64_t data_page_end(uint64_t off)
+{
+	static _Atomic uint64_t page;
+	uint64_t p = atomic_load_explicit(&page, memory_order_relaxed);
+
+	if (!p) {
+		long sz = sysconf(_SC_PAGESIZE);
+
+		p = sz > 0 ? (uint64_t)sz : 4096;
+		atomic_store_explicit(&page, p, memory_order_relaxed);
+	}
+	return (off + p - 1) / p * p;
+}
+
+static int data_read_grown(struct data_ns *ns, struct data_file *f, uint64_t off,
+			   uint64_t size, struct mlfs_seg *seg)
+{
+	struct stat st;
+	int rc;
+
+	if (fstat(f->fd, &st) || !S_ISREG(st.st_mode) || (uint64_t)st.st_size <= off)
+		return 0;
+	if ((uint64_t)st.st_size - off < size)
+		size = (uint64_t)st.st_size - off;
+	if ((rc = data_read_direct(ns, f, off, (uint32_t)size, &seg->b)))
+		return rc;
+	seg->off = 0;
+	seg->len = bc_block_len(seg->b);
+	return 1;
+}
+
 int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
 	      struct mlfs_seg *segs)
 {
 	uint32_t bs = bc_block_size(ns->m->bc);
-	uint64_t end;
+	uint64_t end, want = (uint64_t)off + size;
 	int n = 0, rc;
 
 	if ((uint64_t)off >= f->size)
-		return 0;
+		return data_read_grown(ns, f, (uint64_t)off, size, &segs[0]);
 	end = f->size - off < size ? f->size : off + size;
 	if (f->paged) {
 		/* The kernel keeps what we return (keep_cache): hold no second copy. */
@@ -1977,8 +2015,8 @@ int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
 		data_drop_source_cache(f, (uint64_t)off, end);
 		segs[0].off = 0;
 		segs[0].len = bc_block_len(segs[0].b);
-		data_file_check_current(ns, f);
-		return 1;
+		n = 1;
+		off = (off_t)end;
 	}
 	while ((uint64_t)off < end) {
 		uint64_t idx = off / bs;
@@ -2027,6 +2065,15 @@ int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
 		}
 		segs[n++] = (struct mlfs_seg){ .b = b, .off = boff, .len = len };
 		off += len;
+	}
+	/* A read past the page that holds the end at the open: the kernel was told of a
+	 * larger size since (a GETATTR of the file grown), or reads directly; the rest,
+	 * if the file grew (a short reply would make the kernel take the old size as the
+	 * end of the file). Its page reads of an unchanged file stop at that page. */
+	if (want > data_page_end(end)) {
+		if ((rc = data_read_grown(ns, f, end, want - end, &segs[n])) < 0)
+			goto fail;
+		n += rc;
 	}
 	data_file_check_current(ns, f);
 	return n;

@@ -526,3 +526,39 @@ def test_watch_unwatched_directory_replaced_file_reads(mounter):
     _alive(m)
 
 
+
+
+# Not -o watch: there the create event may come after the open and detach its node,
+# whose attributes are then left to the kernel (data.c invariant 6).
+@pytest.mark.parametrize("opts", [o for o in MODES if o != "watch"])
+@pytest.mark.parametrize("size,first", [(65536, 0), (65536, 4096), (3 << 20, 4096),
+                                        (3 << 20, (1 << 20) + 5)])
+def test_file_grown_while_open_reads_to_the_size_fstat_gives(mounter, opts, size, first):
+    """A file replaced by one still being written (first bytes of it), opened meanwhile
+    through MOUNT/data: once the writer is done, fstat gives the new size and pread,
+    read and a mapping read the whole file, as a descriptor of SOURCE does. The daemon
+    gave fstat the new size but answered reads past the size at the open with end of
+    file (and a mapping got SIGBUS there)."""
+    m = mounter(opts=opts)
+    src, data = os.path.join(m.src, "f"), os.path.join(m.data, "f")
+    U.write_file(src, b"Z" * size)
+    with open(data, "rb") as r:
+        assert r.read() == b"Z" * size  # the kernel holds the old file's size and pages
+    os.unlink(src)
+    want = bytes(range(256)) * (size // 256)
+    with open(src, "wb") as w:
+        w.write(want[:first])
+        w.flush()
+        fd = os.open(data, os.O_RDONLY)
+        try:
+            w.write(want[first:])
+            w.flush()
+            assert os.fstat(fd).st_size == size
+            assert _read_all(fd) == want
+            with os.fdopen(os.dup(fd), "rb") as r:
+                assert r.read() == want
+            with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mm:
+                assert mm[size - 4096:] == want[size - 4096:]
+        finally:
+            os.close(fd)
+    _alive(m)
