@@ -526,8 +526,18 @@ static int mlfs_sig_block(void)
 	struct sigaction sa = { .sa_handler = SIG_IGN };
 	pthread_condattr_t ca;
 
+	/* Signals whose default action ends a process and that mean nothing to a daemon
+	 * (a stray kill -USR1, an alarm, a profiler's timer, a file size limit, whose write
+	 * then fails EFBIG): ignored, so that none ends it without its final snapshot and
+	 * leaves a dead mount. SIGTERM, SIGINT and SIGHUP are the ways to end it. */
+	static const int ignored[] = { SIGPIPE, SIGUSR1, SIGALRM, SIGVTALRM, SIGPROF, SIGIO,
+				       SIGPWR,	SIGXFSZ, SIGXCPU, SIGSTKFLT };
+
 	sigemptyset(&sa.sa_mask);
-	sigaction(SIGPIPE, &sa, NULL); /* what fuse_set_signal_handlers did besides */
+	for (size_t i = 0; i < sizeof(ignored) / sizeof(ignored[0]); i++)
+		sigaction(ignored[i], &sa, NULL);
+	for (int s = SIGRTMIN; s <= SIGRTMAX; s++)
+		sigaction(s, &sa, NULL);
 	sa.sa_handler = mlfs_on_usr2;
 	sigaction(SIGUSR2, &sa, NULL); /* no SA_RESTART: sem_wait returns EINTR */
 	pthread_condattr_init(&ca);

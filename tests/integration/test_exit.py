@@ -52,3 +52,24 @@ def test_sigterm_with_files_open_frees_them(mounter):
             child.kill()
             child.wait()
     assert not U.is_mounted(m.mnt)
+
+
+def test_stray_signals_do_not_end_the_daemon(mounter):
+    """Signals whose default action ends a process (a stray kill -USR1, an alarm, a
+    profiler's timer, a real-time signal) leave the daemon serving; SIGTERM still ends
+    it cleanly. SIGUSR1 and SIGALRM killed it, with no final snapshot and a dead mount
+    left behind (found by an outside tester)."""
+    m = mounter.foreground()
+    U.write_file(os.path.join(m.ckpt, "model.pt"), b"weights")
+    for sig in (signal.SIGUSR1, signal.SIGALRM, signal.SIGVTALRM, signal.SIGPROF,
+                signal.SIGIO, signal.SIGPWR, signal.SIGXCPU, signal.SIGXFSZ,
+                signal.SIGRTMIN, signal.SIGRTMAX):
+        os.kill(m.proc.pid, sig)
+    U.write_file(os.path.join(m.ckpt, "after"), b"x")
+    assert m.proc.poll() is None, f"daemon ended: {m.proc.returncode}\n{m.stderr()}"
+    with open(os.path.join(m.ckpt, "model.pt"), "rb") as f:
+        assert f.read() == b"weights"
+    os.kill(m.proc.pid, signal.SIGTERM)
+    rc = m.proc.wait(U.EXIT_TIMEOUT)
+    assert rc == 0, f"daemon exit {rc}; output:\n{m.stderr()}"
+    assert not U.is_mounted(m.mnt)
