@@ -1106,6 +1106,11 @@ int main(int argc, char **argv)
 			continue;
 		fuse_opt_add_arg(&fargs, args.argv[i]);
 	}
+	/* Last, so that it wins over a suid or dev given (mount.fuse3 adds both for an
+	 * fstab line without nosuid,nodev, as mount(8)'s defaults are): a file restored
+	 * from a crafted store, root's and setuid, or a device node, must not take effect
+	 * for other users. */
+	fuse_opt_add_arg(&fargs, "-onosuid,nodev");
 	if (m.cfg.debug) {
 		fuse_opt_add_arg(&fargs, "-odebug");
 		log_set_debug(1);
