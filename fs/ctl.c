@@ -18,7 +18,6 @@
 #include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include "cache/log.h"
 #include "fs/mlfs.h"
@@ -162,14 +161,16 @@ static void ctl_remove_stale(const char *dir)
 			 n == 1 ? "" : "s", dir);
 }
 
-/* The socket's name in its directory: a hash of the mount point, so root's tools can
- * find the daemon of a mount they cannot enter (no allow_other: FUSE refuses even root
- * the xattr that names the socket; ctl_find_as_root). Only one daemon serves a mount
- * point at a time (mlfs refuses a busy one). */
-static void ctl_sock_name(const char *mountpoint, char *buf, size_t len)
+/* The socket's name in its directory: the device number of the FUSE mount it serves
+ * (mountinfo's major:minor), which no other live mount has and which a rename of the
+ * mount point keeps. So root's tools can find the daemon of a mount they cannot enter
+ * (no allow_other: FUSE refuses even root the xattr that names the socket;
+ * ctl_find_as_root), and a tool never reaches another mount's daemon: a name made from
+ * the mount point's path was taken over by a second daemon mounted where a renamed
+ * mount had been. */
+static void ctl_sock_name(unsigned maj, unsigned min, char *buf, size_t len)
 {
-	snprintf(buf, len, "m-%016llx.sock",
-		 (unsigned long long)XXH3_64bits(mountpoint, strlen(mountpoint)));
+	snprintf(buf, len, "m-%u-%u.sock", maj, min);
 }
 
 int ctl_new(struct mlfs *m, struct ctl **out)
@@ -190,7 +191,8 @@ int ctl_new(struct mlfs *m, struct ctl **out)
 	{
 		char name[32];
 
-		ctl_sock_name(m->cfg.mountpoint, name, sizeof(name));
+		/* Until ctl_name_mount knows the mount's device. */
+		snprintf(name, sizeof(name), "m-new-%ld.sock", (long)getpid());
 		if ((size_t)snprintf(c->path, sizeof(c->path), "%s/%s", c->dir, name) >=
 		    sizeof(c->path)) {
 			rc = -ENAMETOOLONG;
@@ -204,8 +206,8 @@ int ctl_new(struct mlfs *m, struct ctl **out)
 		goto out_free;
 	}
 	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", c->path);
-	unlink(c->path); /* a leftover of a crashed daemon of this mount point */
-	mode_t old = umask(0077);
+	unlink(c->path); /* a leftover of a crashed daemon that had our pid */
+	mode_t old = umask(0177); /* mode 0600: connect(2) needs write permission only */
 
 	rc = bind(c->fd, (struct sockaddr *)&sa, sizeof(sa));
 	umask(old);
@@ -232,6 +234,24 @@ out_close:
 out_free:
 	free(c);
 	return rc;
+}
+
+int ctl_name_mount(struct ctl *c, const char *mountpoint)
+{
+	char path[sizeof(c->path)], name[32];
+	unsigned maj, min;
+	int rc = ctl_mount_info(mountpoint, &maj, &min, NULL);
+
+	if (rc)
+		return rc;
+	ctl_sock_name(maj, min, name, sizeof(name));
+	if ((size_t)snprintf(path, sizeof(path), "%s/%s", c->dir, name) >= sizeof(path))
+		return -ENAMETOOLONG;
+	/* Replaces a leftover of a killed daemon whose mount had this device. */
+	if (rename(c->path, path) < 0)
+		return -errno;
+	memcpy(c->path, path, sizeof(path));
+	return 0;
 }
 
 int ctl_register(struct ctl *c, const char *cmd, ctl_fn fn)
@@ -523,23 +543,21 @@ static void ctl_unescape(char *s)
 	*d = '\0';
 }
 
-/* The uid that made the FUSE mount at abs (user_id= in /proc/self/mountinfo: set by
- * the kernel from the mounter, which no FUSE server can change); the last mount on top
- * wins. 0, -ENOTCONN if no FUSE mount is there, or -errno. */
-static int ctl_mount_owner(const char *abs, uid_t *out)
+int ctl_mount_info(const char *abs, unsigned *maj, unsigned *min, uid_t *owner)
 {
 	char line[8192];
+	unsigned ma = 0, mi = 0;
 	uid_t uid = (uid_t)-1;
 	FILE *f;
 
 	if (!(f = fopen("/proc/self/mountinfo", "re")))
 		return -errno;
 	while (fgets(line, sizeof(line), f)) {
-		char *save, *mp, *sep, *tok, *uidopt;
+		char *save, *mp, *sep, *tok, *uidopt, *dev;
 
 		strtok_r(line, " ", &save);	/* id */
 		strtok_r(NULL, " ", &save);	/* parent */
-		strtok_r(NULL, " ", &save);	/* maj:min */
+		dev = strtok_r(NULL, " ", &save); /* maj:min */
 		strtok_r(NULL, " ", &save);	/* root */
 		mp = strtok_r(NULL, " ", &save);
 		sep = mp ? strstr(save, " - ") : NULL;
@@ -552,13 +570,18 @@ static int ctl_mount_owner(const char *abs, uid_t *out)
 		strtok_r(NULL, " ", &save);	/* source */
 		tok = strtok_r(NULL, " \n", &save);
 		uidopt = tok ? strstr(tok, "user_id=") : NULL;
-		if (uidopt)
+		if (uidopt && dev && sscanf(dev, "%u:%u", &ma, &mi) == 2)
 			uid = (uid_t)strtoul(uidopt + 8, NULL, 10); /* the last mount on top wins */
 	}
 	fclose(f);
 	if (uid == (uid_t)-1)
 		return -ENOTCONN;
-	*out = uid;
+	if (maj)
+		*maj = ma;
+	if (min)
+		*min = mi;
+	if (owner)
+		*owner = uid;
 	return 0;
 }
 
@@ -573,6 +596,7 @@ static int ctl_find_as_root(const char *mountpoint, char *buf, size_t len)
 {
 	char abs[4096], dir[96], name[32], given[4096];
 	const char *slash;
+	unsigned maj, min;
 	uid_t uid = (uid_t)-1;
 	struct stat st;
 	size_t n;
@@ -602,9 +626,9 @@ static int ctl_find_as_root(const char *mountpoint, char *buf, size_t len)
 		if (n >= sizeof(abs))
 			return -ENAMETOOLONG;
 	}
-	if ((rc = ctl_mount_owner(abs, &uid)))
+	if ((rc = ctl_mount_info(abs, &maj, &min, &uid)))
 		return rc == -ENOTCONN ? rc : -EACCES;
-	ctl_sock_name(abs, name, sizeof(name));
+	ctl_sock_name(maj, min, name, sizeof(name));
 	for (int i = 0; i < 2; i++) {
 		char xdg[64];
 
@@ -627,21 +651,27 @@ static int ctl_find_as_root(const char *mountpoint, char *buf, size_t len)
  * socket, and root's tools, allowed everywhere, would then take, restore or delete
  * snapshots of a mount nobody named. So the socket must belong to the user who made the
  * mount (mountinfo's user_id, which the kernel sets), as every mlfs daemon's does (it
- * runs as that user). -ENOTCONN otherwise (not an mlfs mount as far as we can tell).
+ * runs as that user), and be named after that mount's device, as only its own daemon's
+ * is (ctl_sock_name). -ENOTCONN otherwise (not an mlfs mount as far as we can tell).
  */
 static int ctl_check_owner(const char *mountpoint, const char *sock)
 {
-	char *abs = realpath(mountpoint, NULL);
+	char *abs = realpath(mountpoint, NULL), name[32];
+	const char *base = strrchr(sock, '/');
+	unsigned maj, min;
 	struct stat st;
 	uid_t uid;
 	int rc;
 
 	if (!abs)
 		return -errno;
-	rc = ctl_mount_owner(abs, &uid);
+	rc = ctl_mount_info(abs, &maj, &min, &uid);
 	free(abs);
 	if (rc)
 		return rc;
+	ctl_sock_name(maj, min, name, sizeof(name));
+	if (strcmp(base ? base + 1 : sock, name))
+		return -ENOTCONN;
 	if (lstat(sock, &st) < 0)
 		return errno == ENOENT ? -ENOTCONN : -errno;
 	return S_ISSOCK(st.st_mode) && st.st_uid == uid ? 0 : -ENOTCONN;

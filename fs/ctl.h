@@ -2,10 +2,12 @@
  * ctl.h - the control channel between the daemon and mlfs-snap / mlfs-stat.
  *
  * Contract
- * - The daemon listens on a Unix stream socket m-HASH.sock (XXH3-64 of the mount
- *   point), mode 0600, owned by the user who mounted, in /run/mlfs (root) or
- *   $XDG_RUNTIME_DIR/mlfs or /tmp/mlfs-UID (others): a directory that must be the
- *   user's own, mode 0700, not a symlink (else the mount is refused in one line).
+ * - The daemon listens on a Unix stream socket m-MAJOR-MINOR.sock (the device number
+ *   of its FUSE mount, as /proc/self/mountinfo gives it; m-new-PID.sock from its bind
+ *   until the mount is made), mode 0600, owned by the user who mounted, in /run/mlfs
+ *   (root) or $XDG_RUNTIME_DIR/mlfs or /tmp/mlfs-UID (others): a directory that must
+ *   be the user's own, mode 0700, not a symlink (else the mount is refused in one
+ *   line).
  *   Nobody else can connect; the server also checks SO_PEERCRED and answers EPERM to
  *   anyone but root (uid 0, always allowed) and that user.
  * - The tools find the socket from the mount point: getxattr(MOUNT, MLFS_CTL_XATTR)
@@ -51,6 +53,14 @@ int ctl_parse_request(char *buf, size_t len, char **argv, int *argc);
 
 /* Binds the socket (before the daemon forks: the fd survives); no thread yet. */
 int ctl_new(struct mlfs *m, struct ctl **out);
+/* Once the mount at mountpoint (absolute, as in mountinfo) is made: gives the socket
+ * its name from the mount's device. 0 or -errno (-ENOTCONN: no FUSE mount there). */
+int ctl_name_mount(struct ctl *c, const char *mountpoint);
+/* The device number and owner (user_id=) of the FUSE mount at abs (absolute, resolved),
+ * the last one on top, from /proc/self/mountinfo: set by the kernel, which no FUSE server
+ * can change. Any out pointer may be NULL. 0, -ENOTCONN if no FUSE mount is there, or
+ * -errno. */
+int ctl_mount_info(const char *abs, unsigned *maj, unsigned *min, uid_t *owner);
 int ctl_register(struct ctl *c, const char *cmd, ctl_fn fn);
 /* Starts the accept thread (after the fork). */
 int ctl_start(struct ctl *c);

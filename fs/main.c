@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
@@ -272,6 +273,20 @@ static int check_nesting(const struct mlfs_config *c)
 	return 1;
 }
 
+/* The mount point's directory, locked (flock) from before the check that it is no
+ * mount point until our mount is made on it (mlfs_mnt_unlock): of two mlfs started on
+ * one directory at once, the second waits, then finds the first's mount and refuses;
+ * both checked before either mounted, and both mounts stacked. -1 when not held (a
+ * directory we may not open: the check alone, as before). */
+static int mlfs_mnt_lock = -1;
+
+static void mlfs_mnt_unlock(void)
+{
+	if (mlfs_mnt_lock >= 0)
+		close(mlfs_mnt_lock);
+	mlfs_mnt_lock = -1;
+}
+
 /* A mount point that is already one (its device differs from its parent's, or it is
  * the same inode as its parent: /) would stack a second mount: refuse. */
 static int check_mountpoint(const char *mnt)
@@ -279,6 +294,9 @@ static int check_mountpoint(const char *mnt)
 	char parent[PATH_MAX + 4];
 	struct stat st, pst;
 
+	mlfs_mnt_lock = open(mnt, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	while (mlfs_mnt_lock >= 0 && flock(mlfs_mnt_lock, LOCK_EX) < 0 && errno == EINTR)
+		;
 	if (stat(mnt, &st) < 0)
 		return die("mount point %s: %s", mnt, strerror(errno));
 	if (!S_ISDIR(st.st_mode))
@@ -699,8 +717,8 @@ static void mlfs_tier_config(const struct mlfs_config *c, struct tier_config *tc
  * MOUNT/data file came in 128 KiB requests: eight request round trips per 1 MiB block,
  * and on 2 cores the request overhead was the largest cost of a lazy restore's read
  * (docs/performance.md). Raising the bdi's read_ahead_kb lets them come as 1 MiB.
- * Found through /proc/self/mountinfo (the last fuse.mlfs mount on mnt): a stat of mnt
- * would be a request to ourselves before the session runs. Needs root (sysfs); a
+ * Found through /proc/self/mountinfo (ctl_mount_info, the last FUSE mount on mnt): a
+ * stat of mnt would be a request to ourselves before the session runs. Needs root; a
  * failure is logged and leaves the default, which is only slower. Costs: one read of
  * mountinfo at mount; a mapped file's random faults read around up to 1 MiB (as its
  * sequential reads), from blocks the daemon loads whole anyway.
@@ -709,49 +727,29 @@ static void mlfs_fuse_readahead(const char *mnt)
 {
 	const char *env = getenv("MLFS_FUSE_RA_KB");
 	unsigned long kb = env && *env ? strtoul(env, NULL, 10) : MLFS_MAX_REQ >> 10;
-	char esc[PATH_MAX * 4 + 1], dev[32] = "", line[PATH_MAX * 4 + 512], path[64];
-	size_t n = 0;
-	FILE *f;
-	int fd;
+	char line[32], path[80];
+	unsigned maj, min;
+	size_t n;
+	int fd, rc;
 
 	if (!kb)
 		return;
-	/* mountinfo escapes space, tab, newline and backslash as \ooo. */
-	for (const char *p = mnt; *p && n + 5 < sizeof(esc); p++) {
-		if (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\\')
-			n += (size_t)snprintf(esc + n, 5, "\\%03o", (unsigned char)*p);
-		else
-			esc[n++] = *p;
+	if ((rc = ctl_mount_info(mnt, &maj, &min, NULL)))
+		goto fail;
+	snprintf(path, sizeof(path), "/sys/class/bdi/%u:%u/read_ahead_kb", maj, min);
+	if ((fd = open(path, O_WRONLY | O_CLOEXEC)) < 0) {
+		rc = -errno;
+		goto fail;
 	}
-	esc[n] = '\0';
-	if (!(f = fopen("/proc/self/mountinfo", "re")))
-		goto fail;
-	while (fgets(line, sizeof(line), f)) {
-		char mm[32], mp[sizeof(esc)], *sep = strstr(line, " - ");
-
-		if (sep && sscanf(line, "%*s %*s %31s %*s %4096s", mm, mp) == 2 &&
-		    !strcmp(mp, esc) && !strncmp(sep, " - fuse.mlfs ", 13))
-			snprintf(dev, sizeof(dev), "%s", mm);
-	}
-	fclose(f);
-	if (!*dev)
-		goto fail;
-	snprintf(path, sizeof(path), "/sys/class/bdi/%s/read_ahead_kb", dev);
-	if ((fd = open(path, O_WRONLY | O_CLOEXEC)) < 0)
-		goto fail;
 	n = (size_t)snprintf(line, sizeof(line), "%lu\n", kb);
-	if (write(fd, line, n) != (ssize_t)n) {
-		int e = errno;
-
-		close(fd);
-		errno = e;
-		goto fail;
-	}
+	if (write(fd, line, n) != (ssize_t)n)
+		rc = -errno;
 	close(fd);
-	return;
+	if (!rc)
+		return;
 fail:
 	log_info("kernel read-ahead for %s left at its default (%s): reads come in "
-		 "smaller requests", mnt, *dev ? strerror(errno) : "not in mountinfo");
+		 "smaller requests", mnt, rc == -ENOTCONN ? "not in mountinfo" : strerror(-rc));
 }
 
 /* Builds the daemon's parts. Each failure is said in exactly one line: by the part
@@ -1132,6 +1130,11 @@ int main(int argc, char **argv)
 		fprintf(stderr, "mlfs: cannot mount on %s\n", m.cfg.mountpoint);
 		goto out_destroy;
 	}
+	/* Named after the mount's device while no other mlfs can mount there yet. */
+	if ((r = ctl_name_mount(m.ctl, m.cfg.mountpoint)))
+		log_err("control: cannot name the socket %s after the mount: %s; mlfs-snap and "
+			"mlfs-stat will not find this daemon", ctl_path(m.ctl), strerror(-r));
+	mlfs_mnt_unlock();
 	if ((r = mlfs_ops_set_io(se))) {
 		fprintf(stderr, "mlfs: cannot read requests: %s\n", strerror(-r));
 		goto out_unmount;
