@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "cache/log.h"
+#include "cache/mono.h"
 #include "fs/mlfs.h"
 
 #define CTL_LINE_MAX 4096
@@ -339,15 +340,29 @@ int ctl_parse_request(char *buf, size_t len, char **argv, int *argc)
 	return -E2BIG;	/* more than CTL_MAX_ARGS arguments */
 }
 
-/* Reads one request line (at most CTL_LINE_MAX bytes) and splits it at tabs. */
+/* Reads one request line (at most CTL_LINE_MAX bytes) and splits it at tabs. The whole
+ * line must come within CTL_IO_TIMEOUT_S: a client sending a byte now and then held its
+ * connection slot for as long as it liked (a receive timeout bounds one wait only). */
 static int ctl_read_request(int fd, char *buf, size_t len, char **argv, int *argc)
 {
+	uint64_t deadline = mono_now_ns() + CTL_IO_TIMEOUT_S * 1000000000ull;
 	size_t got = 0;
 
 	while (got < len - 1) {
-		ssize_t n = recv(fd, buf + got, len - 1 - got, 0);
+		uint64_t now = mono_now_ns();
+		struct pollfd pfd = { .fd = fd, .events = POLLIN };
+		ssize_t n;
+		int p;
 
-		if (n < 0 && errno == EINTR)
+		if (now >= deadline)
+			return -EPROTO;
+		p = poll(&pfd, 1, (int)((deadline - now + 999999) / 1000000));
+		if (p < 0 && errno == EINTR)
+			continue;
+		if (p <= 0)
+			return -EPROTO;
+		n = recv(fd, buf + got, len - 1 - got, MSG_DONTWAIT);
+		if (n < 0 && (errno == EINTR || errno == EAGAIN))
 			continue;
 		if (n <= 0)
 			return -EPROTO;

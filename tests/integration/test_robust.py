@@ -246,6 +246,36 @@ def test_control_connections_are_capped(snapenv):
     assert U.pid_alive(d.pid)
 
 
+def test_trickling_control_clients_let_go_of_their_slots(snapenv):
+    """Clients that send their request a byte every few seconds, never ending the line,
+    are cut off 5 s after they connected, like idle ones: 32 of them held every
+    connection slot for hours (the timeout bounded each wait for a byte, not the
+    request; found by an outside tester)."""
+    env = snapenv()
+    d = env.mount()
+    path = ctl_socket_path(env.mnt)
+    slow = []
+    try:
+        for _ in range(32):
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.connect(path)
+            slow.append(c)
+        start = time.monotonic()
+        while time.monotonic() - start < 12:
+            for c in slow:
+                try:
+                    c.send(b"s")
+                except OSError:
+                    pass
+            time.sleep(2)
+        r = S.snap("list", env.mnt, timeout=60)
+        assert r.ok, f"control channel still full after 12 s of trickling clients: {r!r}"
+    finally:
+        for c in slow:
+            c.close()
+    assert U.pid_alive(d.pid)
+
+
 class DirCreations:
     """The names made in a directory while this is open (inotify IN_CREATE)."""
     IN_CREATE = 0x100
