@@ -178,6 +178,7 @@ struct data_file {
 	int fd;
 	struct bc_fid fid;
 	uint64_t size;
+	struct stat st;	     /* SOURCE's file at the open: data_file_same */
 	struct data_node *n;
 	int32_t backing_id; /* > 0: a passthrough open (the node's id) */
 	int counted;	     /* counted in n->ncached */
@@ -1539,6 +1540,7 @@ static int data_file_init(struct data_ns *ns, struct data_node *n,
 	f->fd = fd;
 	f->fid = data_fid_of(&st);
 	f->size = st.st_size;
+	f->st = st;
 	f->n = n;
 	if ((rc = data_node_revalidate(ns, n, &st, &f->fid, open)) < 0) {
 		close(fd);
@@ -1852,6 +1854,31 @@ static void data_drop_source_cache(const struct data_file *f, uint64_t off, uint
 
 /* Reads block idx of f from SOURCE and offers it to the cache: counted reference (the
  * cached block, or this one if not admitted) or -errno. */
+/* Whether SOURCE's file of f still holds the bytes f opened, checked after bytes were
+ * read from it for f: a file rewritten in place since would give the new bytes of a
+ * block beside the old ones of blocks cached before, one read mixing two versions.
+ * Changed: a smaller size or another mtime. Not ctime, which a chmod, chown, xattr,
+ * link or rename over the file moves as well, leaving its bytes and its readers alone
+ * (a rewrite that set its mtime back is caught at the next open only: data_fid_of). A
+ * file that grew is taken as appended to (a file still being written when it was
+ * opened, data_read_grown). 0, or -EIO (logged) when it changed. An fstat per SOURCE
+ * read. */
+static int data_file_same(struct data_ns *ns, struct data_file *f)
+{
+	struct stat st;
+
+	if (fstat(f->fd, &st) < 0 || st.st_size > f->st.st_size)
+		return 0; /* the read itself succeeded: nothing says it changed; or appended */
+	if (st.st_size == f->st.st_size && st.st_mtim.tv_sec == f->st.st_mtim.tv_sec &&
+	    st.st_mtim.tv_nsec == f->st.st_mtim.tv_nsec)
+		return 0;
+	log_warn("data: %s changed in place while open (source %s): reads of the descriptor "
+		 "opened before fail (EIO) rather than mix two versions", f->n->name,
+		 ns->src_path);
+	data_file_check_current(ns, f);
+	return -EIO;
+}
+
 static int data_fill(struct data_ns *ns, struct data_file *f, uint64_t idx,
 		     struct bc_block **out)
 {
@@ -1866,6 +1893,10 @@ static int data_fill(struct data_ns *ns, struct data_file *f, uint64_t idx,
 	 * bc_block_new_mapped); a SOURCE that cannot be mapped is read as before. */
 	if (tier_maps_data(ns->m->tier)) {
 		rc = bc_block_new_mapped(ns->m->bc, f->fd, off, len, &b);
+		if (!rc && (rc = data_file_same(ns, f))) {
+			bc_block_put(ns->m->bc, b);
+			return rc;
+		}
 		if (!rc) {
 			atomic_fetch_add(&ns->m->st.source_bytes_read, len);
 			atomic_fetch_add(&ns->m->st.source_reads, 1);
@@ -1878,6 +1909,10 @@ static int data_fill(struct data_ns *ns, struct data_file *f, uint64_t idx,
 	}
 	if ((rc = data_pread(ns, f, off, len, &b)))
 		return rc;
+	if ((rc = data_file_same(ns, f))) {
+		bc_block_put(ns->m->bc, b);
+		return rc;
+	}
 	bc_block_seal(ns->m->bc, b); /* the checksum a spill copy is verified against */
 	/* The block holds these bytes now: SOURCE's page cache of them would be a second
 	 * copy charged to the daemon, which the governor would take for memory the
@@ -1955,6 +1990,10 @@ static int data_read_direct(struct data_ns *ns, struct data_file *f, uint64_t of
 {
 	int rc = data_pread(ns, f, off, len, out);
 
+	if (!rc && (rc = data_file_same(ns, f))) {
+		bc_block_put(ns->m->bc, *out);
+		return rc;
+	}
 	if (!rc)
 		atomic_fetch_add(&ns->m->st.direct_reads, 1);
 	return rc;
@@ -1991,8 +2030,9 @@ static int data_read_grown(struct data_ns *ns, struct data_file *f, uint64_t off
 		return 0;
 	if ((uint64_t)st.st_size - off < size)
 		size = (uint64_t)st.st_size - off;
-	if ((rc = data_read_direct(ns, f, off, (uint32_t)size, &seg->b)))
+	if ((rc = data_pread(ns, f, off, (uint32_t)size, &seg->b)))
 		return rc;
+	atomic_fetch_add(&ns->m->st.direct_reads, 1);
 	seg->off = 0;
 	seg->len = bc_block_len(seg->b);
 	return 1;
