@@ -448,6 +448,13 @@ static int build_config(struct mlfs_opts *o, const char *src, const char *mnt,
 			"give a fixed interval (autosnap=TIME)\n", c->workers);
 		return 1;
 	}
+	/* Options that only qualify another: alone they would do nothing, silently. */
+	if (o->keep && !o->autosnap)
+		return die("-o %s needs -o %s", "keep", "autosnap=TIME (it prunes automatic ones)");
+	if (o->worker && !o->workers)
+		return die("-o %s needs -o %s", "worker", "workers=N");
+	if (o->spill_max && !o->spill)
+		return die("-o %s needs -o %s", "spill_max", "spill=DIR");
 	if (!c->store && (o->restore || o->autosnap || o->keep || c->workers > 1)) {
 		fprintf(stderr, "mlfs: -o %s needs -o store=DIR\n",
 			o->restore ? "restore" : o->autosnap ? "autosnap" : o->keep ? "keep"

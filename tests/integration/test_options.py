@@ -245,3 +245,15 @@ def test_two_mounts_started_at_once_on_one_point(mounter):
             _unmount_all([mnt])
     finally:
         _unmount_all([mnt])
+
+
+@pytest.mark.parametrize("opt,needs", [("keep=2", "autosnap"), ("worker=0", "workers"),
+                                       ("spill_max=1G", "spill")])
+def test_option_that_qualifies_a_missing_one_refused(mounter, opt, needs):
+    """keep= without autosnap=, worker= without workers= and spill_max= without spill=
+    would do nothing: refused in one line naming what they need, where they were taken
+    silently (found by an outside tester)."""
+    m = mounter.prepare()
+    base = mounter.options(m, "nospill" if opt.startswith("spill_max") else "")
+    r = run_mlfs(["-o", f"{base},{opt}", m.src, m.mnt])
+    assert_refused(r, m, opt.split("=")[0], needs)

@@ -56,7 +56,7 @@ def test_take_wait_no_use_after_free(snapenv):
     persister finishes with it. Under ASan the old code reported a heap use after free
     on the first one (the persister read job->automatic after the waiter freed it)."""
     env = snapenv()
-    d = env.mount(opts="keep=2")
+    d = env.mount(opts="autosnap=1h,keep=2")  # keep= alone is refused; no auto in 1h
     rng = rng_for("uaf")
     for i in range(8):
         write(os.path.join(d.ckpt, "f"), rng.randbytes(64 * 1024 + i))
