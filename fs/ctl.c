@@ -687,8 +687,8 @@ static int ctl_check_owner(const char *mountpoint, const char *sock)
 	ctl_sock_name(maj, min, name, sizeof(name));
 	if (strcmp(base ? base + 1 : sock, name))
 		return -ENOTCONN;
-	if (lstat(sock, &st) < 0)
-		return errno == ENOENT ? -ENOTCONN : -errno;
+	if (lstat(sock, &st) < 0) /* EACCES: another user's socket directory (0700) */
+		return errno == ENOENT ? -ENOTCONN : errno == EACCES ? -EPERM : -errno;
 	return S_ISSOCK(st.st_mode) && st.st_uid == uid ? 0 : -ENOTCONN;
 }
 
@@ -705,6 +705,8 @@ int ctl_connect(const char *mountpoint)
 
 		if (rc)
 			return rc == -ENOTCONN ? rc : -EPERM;
+	} else if (n < 0 && errno == ENOTCONN) {
+		return -ECONNABORTED; /* a FUSE mount whose daemon is gone */
 	} else if (n < 0) {
 		return errno == ENODATA || errno == ENOTSUP ? -ENOTCONN : -errno;
 	} else {
@@ -730,6 +732,9 @@ void ctl_connect_error(const char *prog, const char *mountpoint, int rc)
 {
 	if (rc == -ENOTCONN)
 		fprintf(stderr, "%s: %s is not an mlfs mount point\n", prog, mountpoint);
+	else if (rc == -ECONNABORTED)
+		fprintf(stderr, "%s: %s: the daemon of this mount is gone (Transport endpoint is "
+				"not connected); unmount it with fusermount3 -u\n", prog, mountpoint);
 	else if (rc == -EPERM)
 		fprintf(stderr, "%s: %s: permission denied: only root and the user who "
 				"mounted may use its control channel\n", prog, mountpoint);

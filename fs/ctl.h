@@ -78,7 +78,8 @@ uid_t ctl_peer_uid(const struct ctl_req *r);
 int ctl_client_gone(const struct ctl_req *r);
 
 /* Client side. ctl_connect finds and connects to the daemon of mountpoint: fd or
- * -errno (-ENOTCONN "not an mlfs mount", -EACCES/-EPERM not allowed). ctl_call sends
+ * -errno (-ENOTCONN "not an mlfs mount", -ECONNABORTED a FUSE mount whose daemon is gone,
+ * -EACCES/-EPERM not allowed). ctl_call sends
  * argv and calls out() for each "out" line; returns 0, or the daemon's -errno with its
  * message in msg. */
 int ctl_connect(const char *mountpoint);

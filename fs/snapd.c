@@ -615,7 +615,7 @@ static int snapd_take(struct snapd *sd, const char *name, int automatic,
 	struct snapd_job *job;
 	int rc;
 
-	if ((rc = store_name_valid(name)))
+	if ((rc = store_name_new(name)))
 		return rc;
 	job = calloc(1, sizeof(*job));
 	if (!job)

@@ -15,6 +15,7 @@
 
 #include "cache/bcache.h"
 #include "cache/mono.h"
+#include "cache/utf8.h"
 #include "fs/data.h"
 #include "fs/mlfs.h"
 #include "fs/snapd.h"
@@ -219,25 +220,110 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 	return n;
 }
 
+/*
+ * The JSON reaches mlfs-stat as control-channel "out" lines, which fs/ctl.c cuts at 4090
+ * bytes (CTL_LINE_MAX less "out " and the newline). So it is written in lines of at most
+ * STATS_LINE_MAX bytes: a newline after each string field and after every STATS_PER_LINE
+ * numbers, whitespace to JSON, so an older mlfs-stat that prints the lines as they come
+ * still prints JSON; a string whose escaped form is longer than a line (a path near
+ * PATH_MAX) is broken inside, between two escaped characters, and mlfs-stat joins the
+ * lines back without a separator. The whole object must fit the caller's buffer: a
+ * shorter one is cut (mlfs-stat then says the reply is cut and exits 1).
+ */
+#define STATS_LINE_MAX 4000
+#define STATS_PER_LINE 8
+
+struct jbuf {
+	char *buf;
+	size_t len, pos;	/* pos may pass len: then the text is cut */
+	size_t col;		/* bytes since the last newline */
+};
+
+static void jb_raw(struct jbuf *b, const char *s, size_t n)
+{
+	for (size_t i = 0; i < n; i++, b->pos++)
+		if (b->pos + 1 < b->len)
+			b->buf[b->pos] = s[i];
+	b->col += n;
+}
+
+static void jb_newline(struct jbuf *b)
+{
+	jb_raw(b, "\n", 1);
+	b->col = 0;
+}
+
+/* n bytes that must not be split over two lines: a token or one escaped character. */
+static void jb_put(struct jbuf *b, const char *s, size_t n)
+{
+	if (b->col && b->col + n > STATS_LINE_MAX)
+		jb_newline(b);
+	jb_raw(b, s, n);
+}
+
+/*
+ * A path as a JSON string that is valid UTF-8 and safe to print on a terminal: '"' and
+ * '\' escaped, \b \f \n \r \t in their short forms, other C0 controls, DEL and the C1
+ * controls (U+0080..U+009F) as \u00XX, and each byte that is not part of valid UTF-8 as
+ * \ufffd (so such a path is reported, not reproduced; mlfs-stat(1)).
+ */
+static void jb_str(struct jbuf *b, const char *str)
+{
+	const unsigned char *p = (const unsigned char *)str;
+
+	jb_put(b, "\"", 1);
+	while (*p) {
+		int n = utf8_len(p);
+		unsigned cp = n == 1 ? p[0] : n == 2 ? (p[0] & 0x1fu) << 6 | (p[1] & 0x3fu) : 0x100;
+		const char *sh = cp && cp < 0x80 ? strchr("\"\\\b\f\n\r\t", (int)cp) : NULL;
+		char e[8];
+
+		if (!n) {
+			jb_put(b, "\\ufffd", 6);
+			n = 1;
+		} else if (sh) {
+			e[0] = '\\';
+			e[1] = "\"\\bfnrt"[sh - "\"\\\b\f\n\r\t"];
+			jb_put(b, e, 2);
+		} else if (cp < 0x20 || (cp >= 0x7f && cp <= 0x9f)) {
+			snprintf(e, sizeof(e), "\\u%04x", cp);
+			jb_put(b, e, 6);
+		} else {
+			jb_put(b, (const char *)p, (size_t)n);
+		}
+		p += n;
+	}
+	jb_put(b, "\"", 1);
+}
+
 int mlfs_stats_json(struct mlfs *m, char *buf, size_t len)
 {
 	struct stats_field f[STATS_MAX];
+	struct jbuf b = { .buf = buf, .len = len };
 	int n = stats_collect(m, f, STATS_MAX), i;
-	size_t pos = 0;
+	char t[160];
 
-#define PUT(...)                                                              \
-	do {                                                                  \
-		int w_ = snprintf(buf + (pos < len ? pos : len), pos < len ? len - pos : 0, \
-				  __VA_ARGS__);                               \
-		pos += w_ > 0 ? w_ : 0;                                       \
-	} while (0)
-	PUT("{\"version\":\"%s\",\"source\":\"%s\",\"mountpoint\":\"%s\"", MLFS_VERSION,
-	    m->cfg.source, m->cfg.mountpoint);
-	for (i = 0; i < n; i++)
-		PUT(",\"%s\":%" PRIu64, f[i].name, f[i].value);
-	PUT("}");
-#undef PUT
-	return (int)pos;
+	jb_put(&b, "{\"version\":", 11);
+	jb_str(&b, MLFS_VERSION);
+	jb_put(&b, ",", 1);
+	jb_newline(&b);
+	jb_put(&b, "\"source\":", 9);
+	jb_str(&b, m->cfg.source);
+	jb_put(&b, ",", 1);
+	jb_newline(&b);
+	jb_put(&b, "\"mountpoint\":", 13);
+	jb_str(&b, m->cfg.mountpoint);
+	for (i = 0; i < n; i++) {
+		int w = snprintf(t, sizeof(t), ",\"%s\":%" PRIu64, f[i].name, f[i].value);
+
+		if (i % STATS_PER_LINE == 0)
+			jb_newline(&b);
+		jb_put(&b, t, w > 0 ? (size_t)w : 0);
+	}
+	jb_put(&b, "}", 1);
+	if (len)
+		buf[b.pos < len ? b.pos : len - 1] = '\0';
+	return (int)b.pos;
 }
 
 int mlfs_stats_prom(struct mlfs *m, char *buf, size_t len)

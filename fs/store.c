@@ -81,6 +81,7 @@
 #include <xxhash.h>
 
 #include "cache/log.h"
+#include "cache/utf8.h"
 #include "fs/fdio.h"
 #include "fs/hset.h"
 #include "fs/le.h"
@@ -707,6 +708,19 @@ int store_name_valid(const char *name)
 		if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f)
 			return -EINVAL;
 	return 0;
+}
+
+int store_name_new(const char *name)
+{
+	const unsigned char *p = (const unsigned char *)name;
+	int rc = store_name_valid(name);
+
+	for (int n; !rc && *p; p += n) {
+		n = utf8_len(p);
+		if (!n || (n == 2 && p[0] == 0xc2 && p[1] < 0xa0)) /* C1: U+0080..U+009F */
+			rc = -EINVAL;
+	}
+	return rc;
 }
 
 /* ---- sessions (invariant 3) ---- */

@@ -79,18 +79,39 @@ static void collect_row(void *arg, const char *line)
 		r->n++;
 }
 
+/* Daemon lines are escaped (snap_escape): they may hold names an older mlfs took with
+ * control characters or bytes that are not UTF-8. */
 static void print_line(void *arg, const char *line)
 {
 	/* Progress lines ("progress ...") only make sense on a terminal. */
 	if (!strncmp(line, "progress ", 9)) {
-		if (isatty(STDERR_FILENO))
-			fprintf(stderr, "\r%s\033[K", line + 9);
+		if (isatty(STDERR_FILENO)) {
+			fputc('\r', stderr);
+			snap_put_escaped(stderr, line + 9, SNAP_ESC_TTY);
+			fputs("\033[K", stderr);
+		}
 		return;
 	}
-	puts(line);
+	snap_put_escaped(stdout, line, SNAP_ESC_TTY);
+	putchar('\n');
 	/* Streamed as the daemon sends them: a script logging `take --wait` to a file sees
 	 * "taken NAME" once the freeze is done, not when the persist ends. */
 	fflush(stdout);
+}
+
+/* 1 if mnt's daemon knows no snapshot command at all: mounted without -o store=. Asks
+ * for a listing with a short --timeout (a daemon with a store answers whatever its
+ * store does; only one without snapd says the command is unknown). */
+static int has_no_store(const char *mnt)
+{
+	const char *argv[3] = { "snap-list", "--timeout", "1" };
+	int fd = ctl_connect(mnt), rc;
+
+	if (fd < 0)
+		return 0;
+	rc = ctl_call(fd, 3, argv, NULL, NULL, NULL, 0);
+	close(fd);
+	return rc == -EOPNOTSUPP;
 }
 
 /* Sends argv (the subcommand and its arguments, mount point removed) to mnt's daemon;
@@ -109,10 +130,73 @@ static int online(const char *mnt, int argc, const char **argv,
 	close(fd);
 	if (isatty(STDERR_FILENO))
 		fprintf(stderr, "\r\033[K");
-	if (rc) {
-		fprintf(stderr, "mlfs-snap: %s\n", msg[0] ? msg : strerror(-rc));
+	if (rc == -EOPNOTSUPP && !strncmp(msg, "unknown command", 15)) {
+		if (!strcmp(argv[0], "snap-list") || has_no_store(mnt))
+			fprintf(stderr, "mlfs-snap: %s has no snapshot store: it was mounted "
+				"without -o store=DIR\n", mnt);
+		else
+			fprintf(stderr, "mlfs-snap: the daemon of %s does not know '%s' (an older "
+				"mlfs?)\n", mnt, argv[0] + 5);
 		return 1;
 	}
+	if (rc) {
+		fputs("mlfs-snap: ", stderr);
+		snap_put_escaped(stderr, msg[0] ? msg : strerror(-rc), SNAP_ESC_TTY);
+		fputc('\n', stderr);
+		return 1;
+	}
+	return 0;
+}
+
+/* One line on stderr (fmt has one %s, for arg); returns the exit status of bad usage. */
+static int bad_usage(const char *fmt, const char *arg)
+{
+	fputs("mlfs-snap: ", stderr);
+	fprintf(stderr, fmt, arg);
+	fputc('\n', stderr);
+	return 2;
+}
+
+/* Checks, before anything is sent, what the daemon would refuse anyway: the subcommand,
+ * --store where it has no meaning, extra arguments to advise, and snapshot names
+ * (snap_name_ok: a new name must be UTF-8 without controls), and arguments the control
+ * protocol cannot carry (a tab or newline). 0, or the exit status 2 after saying why. */
+static int check_online(int argc, char **argv)
+{
+	static const char *const cmds[] = { "take", "list", "restore", "delete", "advise",
+					    "gc" };
+	const char *cmd = argv[1];
+	size_t k;
+	int i;
+
+	for (k = 0; k < sizeof(cmds) / sizeof(cmds[0]); k++)
+		if (!strcmp(cmd, cmds[k]))
+			break;
+	if (!strcmp(cmd, "verify") || !strcmp(cmd, "init"))
+		return bad_usage("%s works on a store, not a mount: give it --store DIR", cmd);
+	if (k == sizeof(cmds) / sizeof(cmds[0]))
+		return bad_usage("unknown subcommand '%s'", cmd);
+	for (i = 2; i < argc; i++)
+		if (!strcmp(argv[i], "--store") || !strncmp(argv[i], "--store=", 8))
+			return bad_usage("%s has no --store form: it needs the daemon of a MOUNT",
+					 cmd);
+	if (argc < 3 || argc - 1 > CTL_MAX_ARGS) {
+		usage(stderr);
+		return 2;
+	}
+	if (!strcmp(cmd, "advise") && argc > 3)
+		return bad_usage("advise takes nothing after MOUNT, not '%s'", argv[3]);
+	if (argc > 3 && argv[3][0] != '-' && !(!strcmp(cmd, "restore") &&
+						 !strcmp(argv[3], "latest")) &&
+	    (!strcmp(cmd, "take") || !strcmp(cmd, "restore") || !strcmp(cmd, "delete")) &&
+	    snap_name_ok(argv[3], !strcmp(cmd, "take"))) {
+		snap_say_bad_name(argv[3]);
+		return 2;
+	}
+	for (i = 3; i < argc; i++)
+		if (strpbrk(argv[i], "\t\n"))
+			return bad_usage("%s", "an argument holds a tab or a newline, which no "
+					 "subcommand takes");
 	return 0;
 }
 
@@ -131,10 +215,8 @@ int main(int argc, char **argv)
 	}
 	if (snap_offline_wants(argc - 1, argv + 1))
 		return snap_offline_main(argc - 1, argv + 1);
-	if (argc < 3 || argc - 1 > CTL_MAX_ARGS) {
-		usage(stderr);
-		return 2;
-	}
+	if ((i = check_online(argc, argv)))
+		return i;
 	/* "snap-<cmd>" then the arguments after the mount point. */
 	static char cmd[64];
 	int json = 0, rc;

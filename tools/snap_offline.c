@@ -19,6 +19,7 @@
 #include "fs/fdio.h"
 #include "fs/manifest.h"
 #include "cache/log.h"
+#include "cache/utf8.h"
 #include "fs/store.h"
 
 const char snap_offline_usage[] =
@@ -35,19 +36,97 @@ static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void say(const char *fmt, ...)
 {
 	int saved = errno;
-	char line[1024];
+	char line[1024], esc[4 * sizeof(line)];
 	va_list ap;
 
 	va_start(ap, fmt);
 	vsnprintf(line, sizeof(line), fmt, ap);
 	va_end(ap);
 	/* One line, whatever a name holds: a newline or an escape sequence in a name the
-	 * user typed must not split the message or reach the terminal. */
-	for (char *p = line; *p; p++)
-		if ((unsigned char)*p < 0x20 || *p == 0x7f)
-			*p = '?';
-	fprintf(stderr, "mlfs-snap: %s\n", line);
+	 * user typed must not split the message or reach the terminal (snap_escape). */
+	snap_escape(esc, sizeof(esc), line, SNAP_ESC_TTY);
+	fprintf(stderr, "mlfs-snap: %s\n", esc);
 	errno = saved;
+}
+
+/* The longest escaped character, and its NUL: a C1 control for a terminal, \xC2\x9B. */
+#define ESC_CHAR_MAX 9
+
+/* The escaped form of the character at p into e (ESC_CHAR_MAX bytes), how as
+ * snap_escape; returns the bytes of p it stands for (at least 1). */
+static int esc_char(const unsigned char *p, char *e, enum snap_esc how)
+{
+	int n = utf8_len(p);
+	unsigned cp = n == 1 ? p[0] : n == 2 ? (p[0] & 0x1fu) << 6 | (p[1] & 0x3fu) : 0x100;
+	const char *sh = cp && cp < 0x80 ? strchr("\"\\\b\f\n\r\t", (int)cp) : NULL;
+
+	if (!n) {
+		if (how == SNAP_ESC_JSON)
+			strcpy(e, "\\ufffd");
+		else
+			sprintf(e, "\\x%02x", p[0]);
+		return 1;
+	}
+	if (sh && (how != SNAP_ESC_TTY || (cp != '"' && cp != '\b' && cp != '\f'))) {
+		e[0] = '\\';
+		e[1] = "\"\\bfnrt"[sh - "\"\\\b\f\n\r\t"];
+		e[2] = '\0';
+	} else if (cp < 0x20 || (cp >= 0x7f && cp <= 0x9f)) {
+		if (how == SNAP_ESC_JSON)
+			sprintf(e, "\\u%04x", cp);
+		else if (n == 2)
+			sprintf(e, "\\x%02x\\x%02x", p[0], p[1]);
+		else
+			sprintf(e, "\\x%02x", cp);
+	} else {
+		memcpy(e, p, (size_t)n);
+		e[n] = '\0';
+	}
+	return n;
+}
+
+size_t snap_escape(char *out, size_t size, const char *str, enum snap_esc how)
+{
+	const unsigned char *p = (const unsigned char *)str;
+	size_t len = 0;
+
+	while (*p) {
+		char e[ESC_CHAR_MAX];
+		size_t k;
+
+		p += esc_char(p, e, how);
+		k = strlen(e);
+		if (len + k >= size)
+			break; /* cut between two characters, never inside one */
+		memcpy(out + len, e, k);
+		len += k;
+	}
+	if (size)
+		out[len] = '\0';
+	return len;
+}
+
+void snap_put_escaped(FILE *f, const char *str, enum snap_esc how)
+{
+	const unsigned char *p = (const unsigned char *)str;
+
+	while (*p) {
+		char e[ESC_CHAR_MAX];
+
+		p += esc_char(p, e, how);
+		fputs(e, f);
+	}
+}
+
+int snap_name_ok(const char *name, int taking)
+{
+	return taking ? store_name_new(name) : store_name_valid(name);
+}
+
+void snap_say_bad_name(const char *name)
+{
+	say("invalid snapshot name '%s': a name is 1 to 255 bytes of UTF-8 without '/' or "
+	    "control characters, not starting with '.', and not 'latest'", name);
 }
 
 /* Readers (list, verify, restore) pass STORE_RDONLY: they write nothing in the store,
@@ -94,8 +173,8 @@ static int load(struct store *s, const char *dir, const char *name, struct mf_ma
 		if (rc)
 			return rc;
 		name = latest;
-	} else if (store_name_valid(name)) {
-		say("invalid snapshot name '%s'", name);
+	} else if (snap_name_ok(name, 0)) {
+		snap_say_bad_name(name);
 		return -EINVAL;
 	}
 	rc = store_load_snapshot(s, name, say_conflict, (void *)name, m, &conflicts);
@@ -148,11 +227,7 @@ static void fmt_bytes(uint64_t b, char *buf, size_t size)
 static void json_str(const char *s)
 {
 	putchar('"');
-	for (; *s; s++) {
-		if (*s == '"' || *s == '\\')
-			putchar('\\');
-		putchar(*s);	/* control characters never reach here: store_name_valid */
-	}
+	snap_put_escaped(stdout, s, SNAP_ESC_JSON);
 	putchar('"');
 }
 
@@ -170,9 +245,10 @@ void snap_print_list(const struct store_snap_info *v, const char *const *states,
 				    : x->state == STORE_SNAP_DAMAGED ? "damaged"
 				    : x->state == STORE_SNAP_PARTIAL ? "partial" : "durable";
 		int damaged = !strcmp(state, "damaged");
-		char t[32], lb[32], nb[32];
+		char t[32], lb[32], nb[32], name[4 * MF_NAME_MAX + 1];
 
 		fmt_time(x->time_ns, t, sizeof(t));
+		snap_escape(name, sizeof(name), x->name, SNAP_ESC_TTY);
 		if (json) {
 			printf("%s\n {\"name\": ", i ? "," : "");
 			json_str(x->name);
@@ -187,9 +263,9 @@ void snap_print_list(const struct store_snap_info *v, const char *const *states,
 		fmt_bytes(x->logical_bytes, lb, sizeof(lb));
 		fmt_bytes(x->new_bytes, nb, sizeof(nb));
 		if (damaged)
-			printf("%-24s %-20s %8s %12s %12s %s\n", x->name, "-", "-", "-", "-", state);
+			printf("%-24s %-20s %8s %12s %12s %s\n", name, "-", "-", "-", "-", state);
 		else
-			printf("%-24s %-20s %8" PRIu64 " %12s %12s %s", x->name, t, x->files, lb, nb,
+			printf("%-24s %-20s %8" PRIu64 " %12s %12s %s", name, t, x->files, lb, nb,
 			       state);
 		/* Groups: a partial one is no snapshot yet; one with conflicts is never
 		 * latest (store_latest), nor one with files open for writing (a torn write). */
@@ -528,6 +604,10 @@ int snap_restore(const char *store_dir, const char *name, const char *to_arg)
 	char *stage = NULL, *slash, *parent = NULL, *to = NULL;
 	int rc, status = 1, fd;
 
+	if (strcmp(name, "latest") && snap_name_ok(name, 0)) {
+		snap_say_bad_name(name);
+		return 2; /* bad usage, as for verify and delete */
+	}
 	if (open_store(store_dir, STORE_RDONLY, &r.s))
 		return 1;
 	if (load(r.s, store_dir, name, &m) || target_safe(to_arg, &to) || target_ok(to))
@@ -582,8 +662,11 @@ int snap_restore(const char *store_dir, const char *name, const char *to_arg)
 		    parent, strerror(-rc));
 		goto out;
 	}
-	printf("restored '%s' to %s: %" PRIu64 " files, %" PRIu64 " bytes\n", m->name, to, m->files,
-	       m->logical_bytes);
+	fputs("restored '", stdout);
+	snap_put_escaped(stdout, m->name, SNAP_ESC_TTY);
+	fputs("' to ", stdout);
+	snap_put_escaped(stdout, to, SNAP_ESC_TTY);
+	printf(": %" PRIu64 " files, %" PRIu64 " bytes\n", m->files, m->logical_bytes);
 	status = 0;
 	goto out;
 out_partial:
@@ -605,75 +688,28 @@ out:
 
 /* ---- verify, gc, delete ---- */
 
-/* Writes s to f with every byte a terminal could act on escaped: backslash, \n, \t,
- * \r as C does, other C0 bytes, DEL, the C1 controls (U+0080..U+009F, bytes C2 80..9F)
- * and any byte not part of valid UTF-8 as \xNN. Valid UTF-8 otherwise goes through, so
- * "ünïcödé" stays readable while a crafted name can neither split a line nor reach
- * the terminal as an escape sequence. */
-static void put_escaped(FILE *f, const char *str)
-{
-	const unsigned char *p = (const unsigned char *)str;
-
-	while (*p) {
-		unsigned c = *p;
-		int n = c >= 0xc2 && c <= 0xdf ? 1 : c >= 0xe0 && c <= 0xef ? 2 :
-			c >= 0xf0 && c <= 0xf4 ? 3 : 0;
-		unsigned lo = 0x80, hi = 0xbf; /* bounds of the second byte */
-		int i;
-
-		if (c >= 0x20 && c < 0x7f && c != '\\') {
-			fputc(c, f);
-			p++;
-			continue;
-		}
-		if (c == 0xc2)
-			lo = 0xa0; /* C2 80..9F: a C1 control */
-		else if (c == 0xe0)
-			lo = 0xa0; /* overlong */
-		else if (c == 0xed)
-			hi = 0x9f; /* surrogates */
-		else if (c == 0xf0)
-			lo = 0x90; /* overlong */
-		else if (c == 0xf4)
-			hi = 0x8f; /* above U+10FFFF */
-		for (i = 1; n && i <= n; i++)
-			if (p[i] < (i == 1 ? lo : 0x80) || p[i] > (i == 1 ? hi : 0xbf))
-				n = 0;
-		if (n) {
-			fwrite(p, 1, (size_t)n + 1, f);
-			p += n + 1;
-		} else if (c == '\\' || c == '\n' || c == '\t' || c == '\r') {
-			fprintf(f, "\\%c", c == '\\' ? '\\' : c == '\n' ? 'n' : c == '\t' ? 't' : 'r');
-			p++;
-		} else {
-			fprintf(f, "\\x%02x", c);
-			p++;
-		}
-	}
-}
-
-/* One line per fault, names escaped (put_escaped): *(int *)arg counts the lines, so
+/* One line per fault, names escaped (snap_escape): *(int *)arg counts the lines, so
  * the summary's count is the number of lines printed. */
 static void print_fault(void *arg, const struct store_fault *f)
 {
-	put_escaped(stdout, f->snap);
+	snap_put_escaped(stdout, f->snap, SNAP_ESC_TTY);
 	if (f->error == -EEXIST) {
 		/* a group's conflict: reported, not damage (not counted) */
 		fputs(": conflict: ", stdout);
-		put_escaped(stdout, f->file);
+		snap_put_escaped(stdout, f->file, SNAP_ESC_TTY);
 		printf(" (parts %u and %u hold it with different contents; part %u's is "
 		       "restored)\n", f->parts[0], f->parts[1], f->parts[0]);
 		return;
 	}
 	if (f->file) {
 		fputs(": damaged: ", stdout);
-		put_escaped(stdout, f->file);
+		snap_put_escaped(stdout, f->file, SNAP_ESC_TTY);
 		printf(" (block %" PRIu64 ", ", f->block);
-		put_escaped(stdout, f->object);
+		snap_put_escaped(stdout, f->object, SNAP_ESC_TTY);
 		printf(": %s)\n", f->error == -ENOENT ? "missing" : "checksum mismatch");
 	} else {
 		fputs(": damaged manifest: ", stdout);
-		put_escaped(stdout, f->object);
+		snap_put_escaped(stdout, f->object, SNAP_ESC_TTY);
 		fputc('\n', stdout);
 	}
 	++*(int *)arg;
@@ -685,6 +721,10 @@ int snap_verify(const char *store_dir, const char *name)
 	char latest[MF_NAME_MAX + 1];
 	int rc, lines = 0;
 
+	if (name && strcmp(name, "latest") && snap_name_ok(name, 0)) {
+		snap_say_bad_name(name);
+		return 2; /* bad usage: before the store is opened */
+	}
 	if (open_store(store_dir, STORE_RDONLY, &s))
 		return 1;
 	if (name && !strcmp(name, "latest")) {
@@ -694,11 +734,6 @@ int snap_verify(const char *store_dir, const char *name)
 			return 1;
 		}
 		name = latest;
-	}
-	if (name && store_name_valid(name)) {
-		say("invalid snapshot name '%s'", name);
-		store_close(s);
-		return 2;
 	}
 	rc = store_verify(s, name, print_fault, &lines);
 	store_close(s);
@@ -716,7 +751,8 @@ int snap_verify(const char *store_dir, const char *name)
 		say("verify: %d fault(s) in %s", lines > rc ? lines : rc, store_dir);
 		return 1;
 	}
-	printf("%s: every object and manifest verified\n", name ? name : store_dir);
+	snap_put_escaped(stdout, name ? name : store_dir, SNAP_ESC_TTY);
+	fputs(": every object and manifest verified\n", stdout);
 	return 0;
 }
 
@@ -759,8 +795,8 @@ int snap_delete(const char *store_dir, const char *name)
 	struct store *s;
 	int rc;
 
-	if (store_name_valid(name)) {
-		say("invalid snapshot name '%s'", name);
+	if (snap_name_ok(name, 0)) {
+		snap_say_bad_name(name);
 		return 2;
 	}
 	if (open_store(store_dir, 0, &s))
@@ -775,7 +811,9 @@ int snap_delete(const char *store_dir, const char *name)
 		say("delete '%s': %s", name, strerror(-rc));
 		return 1;
 	}
-	printf("deleted '%s' (its blocks are freed by gc)\n", name);
+	fputs("deleted '", stdout);
+	snap_put_escaped(stdout, name, SNAP_ESC_TTY);
+	fputs("' (its blocks are freed by gc)\n", stdout);
 	return 0;
 }
 
