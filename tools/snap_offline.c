@@ -533,19 +533,54 @@ static uint32_t max_block(const struct mf_manifest *m)
 	return b;
 }
 
+/* Walks the directories of path ('/' and every prefix; path absolute, its own copy,
+ * cut and put back) and says which one another user can change: not owned by root or
+ * the caller, or writable by others outside a sticky directory (/tmp, where others
+ * cannot rename what is not theirs). A symlink on the way must be root's or the
+ * caller's, and ends the walk: what it leads to is the resolved path's to check. 0, or
+ * -errno after one line. */
+static int chain_safe(char *path, const char *to)
+{
+	int rc = 0;
+
+	for (char *p = path;; p++) {
+		const char *at = p == path ? "/" : path;
+		struct stat st;
+		char c = *p;
+
+		if (c != '/' && c != 0)
+			continue;
+		*p = 0;
+		if (lstat(at, &st)) {
+			rc = -errno;
+			say("%s: %s", at, strerror(errno));
+		} else if ((st.st_uid != 0 && st.st_uid != geteuid()) ||
+			   (!S_ISLNK(st.st_mode) && (st.st_mode & 0022) && !(st.st_mode & S_ISVTX))) {
+			rc = -EPERM;
+			say("%s: refusing to restore below %s: another user can change it (owner "
+			    "uid %u, mode %o)", to, at, (unsigned)st.st_uid,
+			    (unsigned)(st.st_mode & 07777));
+		}
+		*p = c;
+		if (rc || !c || S_ISLNK(st.st_mode))
+			return rc;
+	}
+}
+
 /*
  * The tree is built by path under a stage beside to, so every directory above it must
  * be one that nobody but root and the caller can change: otherwise another user could
  * rename the stage (or a directory above) away and put a symlink in its place between
  * two steps, and the files (whose bytes any user of MOUNT/ckpt may have written) would
- * be made wherever it points, as root. Each directory of to's parent, symlinks resolved
- * (realpath), must be owned by root or the caller and writable by no one else but in a
- * sticky directory (/tmp), where others cannot rename what is not theirs. Sets *out to
- * to's absolute form under that resolved parent (handed over); -errno after one line.
+ * be made wherever it points, as root. So both the path as given (up to a symlink in it,
+ * which must be root's or the caller's: another user's directory could hold one that
+ * leads anywhere) and to's parent with symlinks resolved (realpath) are walked by
+ * chain_safe. Sets *out to to's absolute form under that resolved parent (handed over);
+ * -errno after one line.
  */
 static int target_safe(const char *to, char **out)
 {
-	char *dup = strdup(to), *base, *real = NULL, *p;
+	char *dup = strdup(to), *base, *real = NULL, *given = NULL;
 	size_t len;
 	int rc = 0;
 
@@ -563,35 +598,35 @@ static int target_safe(const char *to, char **out)
 		rc = -EINVAL;
 		goto out;
 	}
+	{
+		char cwd[PATH_MAX];
+		const char *parent = base == dup ? "." : *dup ? dup : "/";
+
+		if (parent[0] != '/' && !getcwd(cwd, sizeof(cwd))) {
+			rc = -errno;
+			say("%s: %s", to, strerror(errno));
+			goto out;
+		}
+		if (asprintf(&given, "%s%s%s", parent[0] == '/' ? "" : cwd,
+			     parent[0] == '/' ? "" : "/", parent) < 0) {
+			given = NULL;
+			rc = -ENOMEM;
+			goto out;
+		}
+		if ((rc = chain_safe(given, to)))
+			goto out;
+	}
 	if (!(real = realpath(base == dup ? "." : *dup ? dup : "/", NULL))) {
 		rc = -errno;
 		say("%s: %s", to, strerror(errno));
 		goto out;
 	}
-	for (p = real;; p++) {
-		struct stat st;
-		char c = *p;
-
-		if (c != '/' && c != 0)
-			continue;
-		*p = 0;
-		if (lstat(p == real ? "/" : real, &st)) {
-			rc = -errno;
-			say("%s: %s", p == real ? "/" : real, strerror(errno));
-		} else if ((st.st_uid != 0 && st.st_uid != geteuid()) ||
-			   ((st.st_mode & 0022) && !(st.st_mode & S_ISVTX))) {
-			rc = -EPERM;
-			say("%s: refusing to restore below %s: another user can change it (owner "
-			    "uid %u, mode %o)", to, p == real ? "/" : real, (unsigned)st.st_uid,
-			    (unsigned)(st.st_mode & 07777));
-		}
-		*p = c;
-		if (rc || !c)
-			break;
-	}
-	if (!rc && asprintf(out, "%s/%s", strcmp(real, "/") ? real : "", base) < 0)
+	if ((rc = chain_safe(real, to)))
+		goto out;
+	if (asprintf(out, "%s/%s", strcmp(real, "/") ? real : "", base) < 0)
 		rc = -ENOMEM;
 out:
+	free(given);
 	free(real);
 	free(dup);
 	return rc;

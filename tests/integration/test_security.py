@@ -447,3 +447,29 @@ def test_socket_dir_made_by_someone_else_is_refused(user_mount, test_root, squat
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and d in lines[0], err
     assert not U.is_mounted(user_mount.mnt)
+
+
+def test_root_restore_to_does_not_follow_another_users_symlink(snapenv, other_user):
+    """restore --to below another user's directory is refused (they could swap a
+    directory for a symlink while root writes); a symlink they put in that directory,
+    leading to a directory only root may write, was followed first and only the
+    resolved path checked, so root's export landed where the user pointed (found by an
+    outside tester)."""
+    env = snapenv()
+    _snapshot_of_private_file(env)
+    uid, gid = other_user
+    rootonly, userdir = env.path("rootonly"), env.path("userdir")
+    os.mkdir(rootonly, 0o755)
+    os.mkdir(userdir, 0o755)
+    os.chown(userdir, uid, gid)
+    assert U.as_user(lambda: os.symlink(rootonly, os.path.join(userdir, "link")),
+                     uid=uid, gid=gid) == ["ok", None]
+    for to in (os.path.join(userdir, "out"), os.path.join(userdir, "link", "out")):
+        r = S.snap("restore", "--store", env.store, "s1", "--to", to)
+        S.assert_clean_failure(r, f"restore --to {to}")
+        assert "another user can change it" in r.err, r.err
+    assert os.listdir(rootonly) == []
+    # A symlink of root's own, in a directory only root may change, is followed.
+    os.symlink(rootonly, env.path("mylink"))
+    S.snap_ok("restore", "--store", env.store, "s1", "--to", env.path("mylink", "out"))
+    assert _read(os.path.join(rootonly, "out", "model.pt")) == SECRET * 1000
