@@ -434,11 +434,12 @@ int ckpt_kill_priv(struct ckpt_ns *ns, struct ckpt_inode *ino, const struct ckpt
 }
 
 /* A file whose setgid a chown by c drops on ext4 (ckpt_chown_kill_sgid), c's groups
- * aside. Under ns->mu. */
+ * aside: c is its owner, or root without CAP_FSETID (a container's root that dropped
+ * it), who may chown any file. Under ns->mu. */
 static int ckpt_chown_sgid_locked(const struct ckpt_inode *ino, const struct ckpt_ctx *c)
 {
-	return !S_ISDIR(ino->mode) && !ckpt_capable(c, c->fsetid) && c->uid == ino->uid &&
-	       (ino->mode & (S_ISGID | S_IXGRP)) == S_ISGID;
+	return !S_ISDIR(ino->mode) && !ckpt_capable(c, c->fsetid) &&
+	       (c->uid == ino->uid || c->uid == 0) && (ino->mode & (S_ISGID | S_IXGRP)) == S_ISGID;
 }
 
 int ckpt_chown_needs_groups(struct ckpt_ns *ns, struct ckpt_inode *ino,

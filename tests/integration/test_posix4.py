@@ -252,6 +252,23 @@ def test_owner_chown_outside_group_clears_setgid(ckpt, umask022, mode, want):
     assert oct(stat.S_IMODE(statx_mode(f))) == oct(want)  # what the file system holds
 
 
+@pytest.mark.parametrize("mode,gid", [(0o2745, -1), (0o2745, NOBODY), (0o6745, 0)])
+def test_root_without_fsetid_chown_clears_setgid(ckpt, umask022, mode, gid):
+    """Root without CAP_FSETID (a container's root that dropped it) chowning a file of
+    another user's, setgid without group execute, outside its group: ext4 drops the
+    setgid (setattr_should_drop_sgid), and setuid; MOUNT/ckpt kept the setgid, taking
+    only the owner's chown for one (found by an outside tester)."""
+    f = p(ckpt, "f")
+    touch(f)
+    os.chown(f, NOBODY, GROUP)
+    os.chmod(f, mode)
+    code = f"import os; os.chown({f!r}, -1, {gid})"
+    subprocess.run(["setpriv", "--inh-caps=-fsetid", "--bounding-set=-fsetid",
+                    "/usr/bin/python3", "-c", code], check=True, timeout=30)
+    assert oct(stat.S_IMODE(os.stat(f).st_mode)) == oct(0o745)
+    assert oct(stat.S_IMODE(statx_mode(f))) == oct(0o745)
+
+
 def statx_mode(path):
     buf = ctypes.create_string_buffer(256)
     if libc.statx(AT_FDCWD, path.encode(), AT_STATX_FORCE_SYNC, STATX_BASIC_STATS, buf):
