@@ -292,8 +292,8 @@ struct lease_keeper {
 	_Atomic int failed;	/* the last refresh failed */
 	_Atomic int lapsed;	/* no refresh succeeded for stale_ns: for good */
 	_Atomic int64_t last_ok; /* CLOCK_MONOTONIC of the last successful write */
-	uint64_t digest;	/* of the sorted names last written */
-	int have_digest;
+	struct lease_buf written; /* the names last written, sorted */
+	int have_written;
 };
 
 /* A lease that would name nothing, on a store with no room for it: no file names nothing
@@ -327,21 +327,32 @@ static int cmp16(const void *a, const void *b)
 	return memcmp(a, b, 16);
 }
 
+/* Whether every name of a is one of b's (both sorted). */
+static int names_within(const struct lease_buf *a, const struct lease_buf *b)
+{
+	size_t j = 0;
+
+	for (size_t i = 0; i < a->n; i++) {
+		while (j < b->n && memcmp(b->h[j], a->h[i], 16) < 0)
+			j++;
+		if (j == b->n || memcmp(b->h[j], a->h[i], 16))
+			return 0;
+	}
+	return 1;
+}
+
 /* Caller holds k->mu. */
 static int keeper_write_locked(struct lease_keeper *k, const struct lease_buf *extra,
 				int64_t *mtime_ns)
 {
 	struct lease_buf b = { 0 };
-	int rc = k->fill ? k->fill(k->arg, &b) : 0;
-
-	uint64_t digest = 0;
+	int rc = k->fill ? k->fill(k->arg, &b) : 0, kept = 0;
 
 	for (size_t i = 0; !rc && extra && i < extra->n; i++)
 		rc = lease_buf_add(&b, extra->h[i]);
 	if (!rc) {
 		if (b.n)
 			qsort(b.h, b.n, 16, cmp16);
-		digest = XXH3_64bits(b.h ? (const void *)b.h : "", b.n * 16);
 		rc = lease_write(k->dirfd, k->token, &b, mtime_ns);
 	}
 	if ((rc == -ENOSPC || rc == -EDQUOT) && !b.n) {
@@ -349,22 +360,28 @@ static int keeper_write_locked(struct lease_keeper *k, const struct lease_buf *e
 		 * repacks): delete and gc are how a full store gets room back, and they
 		 * failed here, at the open, before they could. */
 		rc = lease_stamp_empty(k->dirfd, k->token, mtime_ns);
-	} else if ((rc == -ENOSPC || rc == -EDQUOT) && k->have_digest && digest == k->digest) {
-		/* A full store, and the lease would name what it names already: touching
-		 * the file refreshes it as well (an inode update needs no new block), so a
-		 * full disk alone never lets a live lease go stale. */
+	} else if ((rc == -ENOSPC || rc == -EDQUOT) && k->have_written &&
+		   names_within(&b, &k->written)) {
+		/* A full store, and the lease would name nothing it does not name already
+		 * (the same names, or fewer: a snapshot deleted before a gc that would give
+		 * the room back): touching the file refreshes it as well (an inode update
+		 * needs no new block), so a full disk alone never lets a live lease go
+		 * stale; what it names beyond the need is only kept from a gc a while. */
 		struct stat st;
 
+		kept = 1;
 		rc = utimensat(k->dirfd, k->token, NULL, AT_SYMLINK_NOFOLLOW) ? -errno : 0;
 		if (!rc && mtime_ns)
 			rc = fstatat(k->dirfd, k->token, &st, AT_SYMLINK_NOFOLLOW) ? -errno
 				: (*mtime_ns = mtime_of(&st), 0);
 	}
-	lease_buf_free(&b);
-	if (!rc) {
-		k->digest = digest;
-		k->have_digest = 1;
+	if (!rc && !kept) {
+		lease_buf_free(&k->written);
+		k->written = b;
+		b = (struct lease_buf){ 0 };
+		k->have_written = 1;
 	}
+	lease_buf_free(&b);
 	if (!rc && k->running && !k->lapsed &&
 	    (int64_t)mono_now_ns() - k->last_ok >= k->t.stale_ns &&
 	    !atomic_exchange(&k->lapsed, 1)) {
@@ -441,6 +458,7 @@ int lease_keeper_start(int leasedir, const char *store_path, const char *token,
 fail:
 	pthread_cond_destroy(&k->cv);
 	pthread_mutex_destroy(&k->mu);
+	lease_buf_free(&k->written);
 	free(k->token);
 	free(k->path);
 	free(k);
@@ -511,6 +529,7 @@ void lease_keeper_stop(struct lease_keeper *k)
 	unlinkat(k->dirfd, k->token, 0);
 	pthread_cond_destroy(&k->cv);
 	pthread_mutex_destroy(&k->mu);
+	lease_buf_free(&k->written);
 	free(k->token);
 	free(k->path);
 	free(k);

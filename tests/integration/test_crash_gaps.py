@@ -492,6 +492,37 @@ def test_full_store_mounts_and_delete_and_gc_give_room_back(snapenv, monkeypatch
     assert set(S.list_json(store, store=True)) == {"s3"}
 
 
+def test_full_store_gc_through_the_mount_that_named_the_deleted_blocks(snapenv,
+                                                                       monkeypatch):
+    """The mount whose live tree held a snapshot's blocks (its lease named them) deletes
+    that snapshot on a store full to the last block and collects it: its lease, now
+    naming fewer objects, could not be rewritten (ENOSPC), and gc through the mount
+    failed where gc --store worked (found by an outside tester)."""
+    monkeypatch.setenv("MLFS_LEASE_TIMES", S.FAST_LEASES)
+    env = snapenv("crash-fullgc-")
+    mp = env.loop_ext4("storefs", 24, mkfs_args=("-m", "0"))
+    store = os.path.join(mp, "store")
+    os.mkdir(store)
+    rng = rng_for("fullgc")
+    d = env.mount(store=store)
+    S.write(os.path.join(d.ckpt, "a"), rng.randbytes(4 * MiB))
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    os.unlink(os.path.join(d.ckpt, "a"))
+    S.write(os.path.join(d.ckpt, "b"), b"b")
+    S.snap_ok("take", env.mnt, "s2", "--wait")
+    S.snap_ok("delete", env.mnt, "s1")
+    fill_up(mp)
+    S.past_grace()
+    S.snap_ok("gc", env.mnt)
+    assert os.statvfs(mp).f_bavail > 0, "gc through the mount freed nothing"
+    t = files_tree(d.ckpt)
+    S.snap_ok("take", env.mnt, "s3", "--wait")
+    env.unmount(d)
+    out = env.path("s3-out")
+    assert S.export(store, "s3", out).ok
+    S.assert_tree_equal(files_tree(out), t, "s3 taken once gc gave room back")
+
+
 class injecting:
     """strace attached to the running daemon pid, the n-th call of each of syscalls
     (comma-separated) in each thread failing with err, for the with block; only calls
