@@ -1852,8 +1852,6 @@ static void data_drop_source_cache(const struct data_file *f, uint64_t off, uint
 		      POSIX_FADV_DONTNEED);
 }
 
-/* Reads block idx of f from SOURCE and offers it to the cache: counted reference (the
- * cached block, or this one if not admitted) or -errno. */
 /* Whether SOURCE's file of f still holds the bytes f opened, checked after bytes were
  * read from it for f: a file rewritten in place since would give the new bytes of a
  * block beside the old ones of blocks cached before, one read mixing two versions.
@@ -1879,6 +1877,8 @@ static int data_file_same(struct data_ns *ns, struct data_file *f)
 	return -EIO;
 }
 
+/* Reads block idx of f from SOURCE and offers it to the cache: counted reference (the
+ * cached block, or this one if not admitted) or -errno. */
 static int data_fill(struct data_ns *ns, struct data_file *f, uint64_t idx,
 		     struct bc_block **out)
 {
@@ -1999,11 +1999,6 @@ static int data_read_direct(struct data_ns *ns, struct data_file *f, uint64_t of
 	return rc;
 }
 
-/* The part of a read from off (at or past f's size at its open) that SOURCE's file has
- * now, if it grew since (appended to while the descriptor is open): what a read of a
- * descriptor of SOURCE itself gives there, so a reader that follows a growing file (or
- * a mapping of it) is not told its end is at the old size. Read as is, not cached: the
- * cache keys blocks by the version opened. 1 with *seg filled, 0 if nothing is there. */
 /* off rounded up to a whole page, as the kernel's page reads of a file of that size
  * are. */
 static uint64_t data_page_end(uint64_t off)
@@ -2020,6 +2015,12 @@ static uint64_t data_page_end(uint64_t off)
 	return (off + p - 1) / p * p;
 }
 
+/* The part of a read from off (at or past f's size at its open) that SOURCE's file has
+ * now, if it grew since (appended to while the descriptor is open): what a read of a
+ * descriptor of SOURCE itself gives there, so a reader that follows a growing file (or
+ * a mapping of it) is not told its end is at the old size. Read as is, not cached: the
+ * cache keys blocks by the version opened. 1 with *seg filled, 0 if nothing is there,
+ * or -errno. */
 static int data_read_grown(struct data_ns *ns, struct data_file *f, uint64_t off,
 			   uint64_t size, struct mlfs_seg *seg)
 {

@@ -749,8 +749,9 @@ static void mlfs_fuse_readahead(const char *mnt)
 		goto fail;
 	}
 	n = (size_t)snprintf(line, sizeof(line), "%lu\n", kb);
+	errno = 0;
 	if (write(fd, line, n) != (ssize_t)n)
-		rc = -errno;
+		rc = errno ? -errno : -EIO; /* a short write sets none */
 	close(fd);
 	if (!rc)
 		return;
