@@ -177,8 +177,8 @@ struct data_node {
 struct data_file {
 	int fd;
 	struct bc_fid fid;
-	uint64_t size;
-	struct stat st;	     /* SOURCE's file at the open: data_file_same */
+	uint64_t size;	       /* SOURCE's file at the open: its size and mtime ... */
+	struct timespec mtime; /* ... by which data_file_same sees a rewrite in place */
 	struct data_node *n;
 	int32_t backing_id; /* > 0: a passthrough open (the node's id) */
 	int counted;	     /* counted in n->ncached */
@@ -1540,7 +1540,7 @@ static int data_file_init(struct data_ns *ns, struct data_node *n,
 	f->fd = fd;
 	f->fid = data_fid_of(&st);
 	f->size = st.st_size;
-	f->st = st;
+	f->mtime = st.st_mtim;
 	f->n = n;
 	if ((rc = data_node_revalidate(ns, n, &st, &f->fid, open)) < 0) {
 		close(fd);
@@ -1865,10 +1865,10 @@ static int data_file_same(struct data_ns *ns, struct data_file *f)
 {
 	struct stat st;
 
-	if (fstat(f->fd, &st) < 0 || st.st_size > f->st.st_size)
+	if (fstat(f->fd, &st) < 0 || (uint64_t)st.st_size > f->size)
 		return 0; /* the read itself succeeded: nothing says it changed; or appended */
-	if (st.st_size == f->st.st_size && st.st_mtim.tv_sec == f->st.st_mtim.tv_sec &&
-	    st.st_mtim.tv_nsec == f->st.st_mtim.tv_nsec)
+	if ((uint64_t)st.st_size == f->size && st.st_mtim.tv_sec == f->mtime.tv_sec &&
+	    st.st_mtim.tv_nsec == f->mtime.tv_nsec)
 		return 0;
 	log_warn("data: %s changed in place while open (source %s): reads of the descriptor "
 		 "opened before fail (EIO) rather than mix two versions", f->n->name,
