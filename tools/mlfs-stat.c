@@ -294,12 +294,12 @@ static int watch(const char *mnt, double interval, int json)
 {
 	static struct buf b;
 	static struct figs f;
-	uint64_t ph = 0, pm = 0, ps = 0, pr = 0;
+	uint64_t ph = 0, pm = 0, ps = 0, pr = 0, ppid = 0;
 	int first = 1;
 
 	for (;;) {
 		char mem[32], bud[32], spl[32];
-		uint64_t h, m, s, r;
+		uint64_t h, m, s, r, pid;
 
 		if (fetch(mnt, 0, &b, &f))
 			return 1;
@@ -312,6 +312,14 @@ static int watch(const char *mnt, double interval, int json)
 		m = field(&f, "misses");
 		s = field(&f, "spill_ops");
 		r = field(&f, "reload_ops");
+		pid = field(&f, "pid");
+		if (!first && (pid != ppid || h < ph || m < pm || s < ps || r < pr)) {
+			/* Another daemon (the mount was made again): its counters started
+			 * from zero, so this interval has no rates. */
+			printf("%8ld a new daemon (pid %" PRIu64 "): counters start again\n",
+			       (long)time(NULL) % 100000, pid);
+			first = 1;
+		}
 		human(mem, sizeof(mem), field(&f, "mem_bytes"));
 		human(bud, sizeof(bud), field(&f, "mem_budget"));
 		human(spl, sizeof(spl), field(&f, "spilled_bytes"));
@@ -323,7 +331,7 @@ static int watch(const char *mnt, double interval, int json)
 			       mem, bud, spl, (s - ps) / interval, (r - pr) / interval,
 			       h + m - ph - pm ? 100.0 * (h - ph) / (double)(h + m - ph - pm) : 0.0);
 		fflush(stdout);
-		ph = h, pm = m, ps = s, pr = r;
+		ph = h, pm = m, ps = s, pr = r, ppid = pid;
 		first = 0;
 sleep:
 		nanosleep(&(struct timespec){ .tv_sec = (time_t)interval,

@@ -138,6 +138,36 @@ def test_stat_watch_json_one_object_per_line(mlfs):
         assert d["pid"] == mlfs.pid, d
 
 
+def test_stat_watch_across_a_remount_starts_counting_again(mounter):
+    """The mount is made again between two samples of -w: the new daemon's counters
+    start from zero, and the rates of that interval were differences of unsigned
+    counters gone backwards (a hit rate of anything). It now says so and starts again."""
+    mounter.require_binary()
+    base = mounter.tempdir("watch-")
+    src, mnt = os.path.join(base, "src"), os.path.join(base, "mnt")
+    os.makedirs(src)
+    os.mkdir(mnt)
+    with open(os.path.join(src, "f"), "wb") as f:
+        f.write(os.urandom(3 << 20))
+    p = None
+    try:
+        with mounted(src, mnt):
+            p = subprocess.Popen([U.MLFS_STAT, "-w", "3", mnt], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+            with open(os.path.join(mnt, "data", "f"), "rb") as f:
+                assert len(f.read()) == 3 << 20  # misses counted by the first daemon
+            lines = [p.stdout.readline(), p.stdout.readline()]  # the header, one row
+        with mounted(src, mnt):  # well within the 3 s to the next sample
+            lines += [p.stdout.readline(), p.stdout.readline(), p.stdout.readline()]
+    finally:
+        if p:
+            p.kill()
+            p.wait(10)
+    assert "a new daemon" in lines[2], lines
+    assert lines[3].split()[-1] == "hit%", lines
+    assert 0.0 <= float(lines[4].split()[-1]) <= 100.0, lines
+
+
 @pytest.mark.parametrize("args", [["--prom", "--json"], ["-w", "1", "--prom"]])
 def test_stat_prom_conflicts_refused(mlfs, args):
     rc, out, err = run([U.MLFS_STAT, *args, mlfs.mnt])
