@@ -666,8 +666,9 @@ static void *mlfs_signals(void *arg)
 				mlfs_sig.preempt_deadline_s, rc ? "without a durable final snapshot"
 				: "with the emergency snapshot durable");
 		else
-			log_err("SIGTERM: the %d s deadline passed while stopping; leaving now",
-				mlfs_sig.preempt_deadline_s);
+			log_err("SIGTERM: the %d s deadline passed while stopping; leaving now %s",
+				mlfs_sig.preempt_deadline_s, rc ? "without a durable final snapshot"
+				: "with the final snapshot durable");
 		/* Under mu to the end: main cannot be inside its own unmount meanwhile. */
 		mlfs_sig_unmount_locked(m->se);
 		_exit(rc ? 1 : 0);
