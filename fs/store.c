@@ -788,6 +788,24 @@ static const char *obj_header_bad(const unsigned char *hdr, uint64_t size,
 	return NULL;
 }
 
+/* Opens a version 1 object by its name ("objects/xx/<hex>", store_object_name) for
+ * reading: neither xx nor the file may be a symlink (O_NOFOLLOW guards only the last
+ * component of a path, and a planted objects/xx -> elsewhere led reads and verify to
+ * objects outside the store). -1 with errno, ELOOP or ENOTDIR for a symlink. */
+static int obj_open(struct store *s, const char *name)
+{
+	char xx[3] = { name[8], name[9], '\0' };
+	int dfd = openat(s->objfd, xx, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC), fd, e;
+
+	if (dfd < 0)
+		return -1;
+	fd = openat(dfd, name + 11, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	e = errno;
+	close(dfd);
+	errno = e;
+	return fd;
+}
+
 /* An object counts as stored only if its final name is a regular file whose header is
  * its own and whose size is the one that header gives: the name alone is not enough (a
  * file truncated by a crash of a filesystem without data ordering, or a stray file, would
@@ -805,7 +823,7 @@ static int object_exists(struct store *s, const uint8_t hash[STORE_HASH_LEN])
 	if (s->objfd < 0)
 		return 0;
 	store_object_name(hash, name);
-	fd = openat(s->objfd, name + 8, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	fd = obj_open(s, name);
 	if (fd < 0)
 		return 0;
 	ok = !fstat(fd, &st) && S_ISREG(st.st_mode) && st.st_size >= OBJ_HDR &&
@@ -935,8 +953,8 @@ static int store_get_once(struct store *s, const uint8_t hash[STORE_HASH_LEN], v
 		log_err("store: missing object %s: in no pack", path);
 		return -ENOENT;
 	}
-	fd = openat(s->objfd, name + 8, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-	if (fd < 0 && errno == ELOOP)
+	fd = obj_open(s, name);
+	if (fd < 0 && (errno == ELOOP || errno == ENOTDIR))
 		return obj_damaged(path, "a symlink, not an object");
 	if (fd < 0) {
 		rc = -errno;

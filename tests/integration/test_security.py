@@ -281,6 +281,45 @@ def test_store_directory_swapped_for_symlink_is_refused(snapenv, secret_dir, sub
         assert sorted(os.listdir(secret_dir)) == sorted(victims)
 
 
+def test_object_directory_symlink_is_not_followed_by_reads(snapenv, secret_dir):
+    """objects/xx a symlink to a directory outside the store, which holds a well-formed
+    version 1 object of another store (root-only): verify called it good, restore --to
+    exported its bytes and a mount served them (O_NOFOLLOW guarded only the file, not
+    xx). It is now a damaged object: verify fails, restore leaves the file out."""
+    env = snapenv()
+    loot = os.urandom(64 << 10) + SECRET
+    d = env.mount()
+    with open(os.path.join(d.ckpt, "loot"), "wb") as f:
+        f.write(loot)
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    env.unmount(d)
+    pack, off, stored, _, _ = S.object_loc(env.store, loot)
+    with open(pack, "rb") as f:
+        f.seek(off)
+        obj = f.read(40 + stored)          # a pack's record is a version 1 object
+    os.unlink(pack)
+    h = os.path.basename(S.object_path(env.store, loot))
+    outside = os.path.join(secret_dir, h[:2])
+    os.mkdir(outside)
+    with open(os.path.join(outside, h), "wb") as f:
+        f.write(obj)
+    os.chmod(os.path.join(outside, h), 0o400)
+    os.mkdir(os.path.join(env.store, "objects"))
+    os.symlink(outside, os.path.join(env.store, "objects", h[:2]))
+    r = S.snap("verify", "--store", env.store, "s1")
+    assert r.rc == 1 and "loot" in r.out, r
+    to = env.path("out")
+    r = S.snap("restore", "--store", env.store, "s1", "--to", to)
+    assert r.rc != 0, r
+    assert not os.path.exists(os.path.join(to, "loot")), "exported an object outside the store"
+    d = env.mount()
+    S.snap_ok("restore", env.mnt, "s1")
+    with pytest.raises(OSError) as e:
+        _read(os.path.join(d.ckpt, "loot"))
+    assert e.value.errno == errno.EIO, e.value
+    env.unmount(d)
+
+
 # ---------------------------------------------------------------- verify escapes names
 
 def test_verify_escapes_control_characters(snapenv):
