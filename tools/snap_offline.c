@@ -315,7 +315,19 @@ struct restore {
 	unsigned char *bad;	/* per entry: left out because of damage */
 	void *buf;
 	int damaged, xattr_warned;
+	int unprivileged;	/* files restored without their setuid/setgid bits or caps */
 };
+
+/* What restore --to leaves out (restore_meta): a store may sit on a filesystem others
+ * write, and its checksums say nothing of who wrote a snapshot, so a root restore would
+ * otherwise make whatever setuid-root program or file capability a crafted manifest
+ * names. A checkpoint tree holds no programs; the mount restores them as they were, on
+ * a nosuid mount. */
+#define RESTORE_DROP_MODE (S_ISUID | S_ISGID)
+static int restore_drops_xattr(const char *name)
+{
+	return !strcmp(name, "security.capability");
+}
 
 static int restore_file(struct restore *r, size_t i)
 {
@@ -367,6 +379,10 @@ static void restore_xattrs(struct restore *r, size_t i)
 	const struct mf_entry *e = &r->m->entries[i];
 
 	for (uint32_t k = 0; k < e->nxattrs; k++) {
+		if (restore_drops_xattr(e->xattrs[k].name)) {
+			r->unprivileged++;
+			continue;
+		}
 		if (!lsetxattr(r->paths[i], e->xattrs[k].name, e->xattrs[k].value ? e->xattrs[k].value : "",
 			       e->xattrs[k].value_len, 0) || r->xattr_warned)
 			continue;
@@ -455,8 +471,14 @@ static int restore_meta(struct restore *r)
 			say("%s: chown: %s", r->paths[i], strerror(errno));
 			return -errno;
 		}
+		mode_t mode = e->mode & 07777;
+
 		restore_xattrs(r, i);
-		if (e->type != MF_SYMLINK && chmod(r->paths[i], e->mode & 07777)) {
+		if (e->type == MF_FILE && (mode & RESTORE_DROP_MODE)) {
+			mode &= ~RESTORE_DROP_MODE;
+			r->unprivileged++;
+		}
+		if (e->type != MF_SYMLINK && chmod(r->paths[i], mode)) {
 			say("%s: chmod: %s", r->paths[i], strerror(errno));
 			return -errno;
 		}
@@ -664,6 +686,9 @@ int snap_restore(const char *store_dir, const char *name, const char *to_arg)
 	}
 	if ((rc = restore_create(&r)) || (rc = restore_meta(&r)))
 		goto out_partial;
+	if (r.unprivileged)
+		say("note: %d setuid/setgid bit(s) or file capabilities not restored (restore "
+		    "--to makes no privileged program; the mount keeps them)", r.unprivileged);
 	if (r.damaged) {
 		say("restore of '%s' incomplete: %d damaged file(s) left out; partial tree in %s",
 		    m->name, r.damaged, stage);

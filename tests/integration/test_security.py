@@ -320,6 +320,38 @@ def test_object_directory_symlink_is_not_followed_by_reads(snapenv, secret_dir):
     env.unmount(d)
 
 
+def test_restore_to_makes_no_setuid_program_or_file_capability(snapenv):
+    """A snapshot (here a real one; a crafted manifest passes the same checks) holding a
+    setuid-root and a setgid file and a file capability: root's restore --to made them
+    work as such, outside the nosuid mount. It restores their bytes and owners without
+    those bits and that xattr, says so, and keeps a setgid directory as it was."""
+    env = snapenv()
+    d = env.mount()
+    shutil.copy("/usr/bin/id", os.path.join(d.ckpt, "suid"))
+    shutil.copy("/usr/bin/id", os.path.join(d.ckpt, "sgid"))
+    shutil.copy("/usr/bin/id", os.path.join(d.ckpt, "capbin"))
+    os.chmod(os.path.join(d.ckpt, "suid"), 0o4755)
+    os.chmod(os.path.join(d.ckpt, "sgid"), 0o2755)
+    # cap_setuid=ep (VFS_CAP_REVISION_2: magic, permitted and inheritable words)
+    cap = (0x02000001).to_bytes(4, "little") + (1 << 7).to_bytes(4, "little") + bytes(12)
+    os.setxattr(os.path.join(d.ckpt, "capbin"), "security.capability", cap)
+    os.mkdir(os.path.join(d.ckpt, "shared"))
+    os.chmod(os.path.join(d.ckpt, "shared"), 0o2775)
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    env.unmount(d)
+    to = env.path("out")
+    r = S.snap("restore", "--store", env.store, "s1", "--to", to)
+    assert r.rc == 0, r
+    assert "3 setuid/setgid bit(s) or file capabilities not restored" in r.err, r
+    for n in ("suid", "sgid", "capbin"):
+        p = os.path.join(to, n)
+        st = os.lstat(p)
+        assert stat.S_IMODE(st.st_mode) == 0o755 and st.st_uid == 0, (n, oct(st.st_mode))
+        assert "security.capability" not in os.listxattr(p), n
+        assert _read(p) == _read("/usr/bin/id"), n
+    assert stat.S_IMODE(os.lstat(os.path.join(to, "shared")).st_mode) == 0o2775
+
+
 # ---------------------------------------------------------------- verify escapes names
 
 def test_verify_escapes_control_characters(snapenv):
