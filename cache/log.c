@@ -1,5 +1,6 @@
 #include "cache/log.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -8,6 +9,31 @@
 static int log_debug_on;
 static int log_syslog_on;
 static int log_quiet;
+static pthread_mutex_t log_first_mu = PTHREAD_MUTEX_INITIALIZER;
+static char log_first[1024]; /* quiet mode's first error line, under log_first_mu */
+
+void log_first_error_reset(void)
+{
+	pthread_mutex_lock(&log_first_mu);
+	log_first[0] = '\0';
+	pthread_mutex_unlock(&log_first_mu);
+}
+
+const char *log_first_error(void)
+{
+	return log_first;
+}
+
+/* Quiet mode: an error line is kept if it is the first since the reset. */
+static void log_keep_first(int level, const char *fmt, va_list ap)
+{
+	if ((level & 7) > LOG_ERR)
+		return;
+	pthread_mutex_lock(&log_first_mu);
+	if (!log_first[0])
+		vsnprintf(log_first, sizeof(log_first), fmt, ap);
+	pthread_mutex_unlock(&log_first_mu);
+}
 
 void log_set_quiet(int on)
 {
@@ -33,9 +59,14 @@ void log_msg(int level, const char *fmt, ...)
 	va_list ap;
 	int n;
 
-	if ((level == LOG_DEBUG && !log_debug_on) || log_quiet)
+	if (level == LOG_DEBUG && !log_debug_on)
 		return;
 	va_start(ap, fmt);
+	if (log_quiet) {
+		log_keep_first(level, fmt, ap);
+		va_end(ap);
+		return;
+	}
 	if (log_syslog_on) {
 		vsyslog(level, fmt, ap);
 		va_end(ap);

@@ -12,8 +12,13 @@
 #include <syslog.h>
 
 void log_set_debug(int on);
-/* Quiet: no line at all (for tools that report every failure themselves). */
+/* Quiet: no line at all (for tools that report every failure themselves). The first
+ * error line since log_first_error_reset() is kept instead, for a tool to quote: the
+ * store's own line names what failed (a lease, a manifest) where its errno cannot.
+ * "" when there was none. */
 void log_set_quiet(int on);
+void log_first_error_reset(void);
+const char *log_first_error(void);
 void log_to_syslog(void);
 void log_msg(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

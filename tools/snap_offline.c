@@ -825,12 +825,19 @@ int snap_gc(const char *store_dir)
 
 	if (open_store(store_dir, 0, &s))
 		return 1;
+	log_first_error_reset();
 	rc = store_gc(s, &objs, &bytes);
 	store_close(s);
 	if (rc == -EBUSY) { /* store_gc: only a format 1 daemon's STORE/lock does it here */
 		say("%s: a daemon of an mlfs before store format 2 has the store mounted (it holds "
 		    "%s/lock and would not see gc's leases); gc not run: unmount or upgrade it",
 		    store_dir, store_dir);
+		return 1;
+	}
+	if (rc == -EIO && log_first_error()[0]) {
+		/* The store's line names the damaged manifest or the fresh lease that does
+		 * not parse (verify names no lease), or the read that failed. */
+		say("%s: gc refused: %s", store_dir, log_first_error());
 		return 1;
 	}
 	if (rc == -EIO) {

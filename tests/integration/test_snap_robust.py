@@ -197,7 +197,8 @@ def test_non_regular_entries_in_snaps_are_listed_damaged(snapenv):
 def test_fresh_non_regular_lease_refuses_gc_until_stale(snapenv):
     """A fresh name in leases/ that is no regular file (a FIFO, a symlink) refuses gc as
     a fresh lease that does not parse does: what it stands for cannot be told. Once
-    stale it is ignored. Before, gc ran past it (found by an outside tester)."""
+    stale it is ignored. Before, gc ran past it (found by an outside tester). The
+    refusal names the lease (it sent the user to verify, which names no lease)."""
     env = snapenv()
     d = env.mount()
     write(os.path.join(d.ckpt, "a"), b"x" * 5000)
@@ -208,6 +209,7 @@ def test_fresh_non_regular_lease_refuses_gc_until_stale(snapenv):
         make(p)
         r = S.snap("gc", "--store", env.store, timeout=60)
         S.assert_clean_failure(r, "gc beside a fresh junk lease")
+        assert "leases/junk is fresh but does not parse" in r.err, r
         old = time.time() - 24 * 3600
         os.utime(p, (old, old), follow_symlinks=False)
         S.snap_ok("gc", "--store", env.store, timeout=60)
