@@ -23,6 +23,9 @@
  *     daemon, and nothing is ever read back across mounts.
  *  8. s->inflight counts this spill's operations whose last callback has not finished
  *     (including trailing fadvise calls); spill_free waits for it to reach 0.
+ *  9. The file holds no byte at or past s->file_end (>= s->hwm): spill_trim cuts it to
+ *     s->hwm, under s->lock, so no allocation moves the end meanwhile, and nothing in
+ *     flight is there (every WRITING and SPILLED extent is below s->hwm).
  *
  * State of an extent:
  *
@@ -59,6 +62,9 @@
 
 #define SPILL_UNIT 4096u
 
+/* spill_trim cuts a free tail of at least this much (or any, when nothing is left). */
+#define SPILL_TRIM_MIN (8ull << 20)
+
 struct spill_lz4_hdr {
 	uint32_t magic; /* SPILL_LZ4_MAGIC: catches a loc that points at the wrong place */
 	uint32_t clen;  /* compressed length; LZ4_decompress_safe needs it exactly */
@@ -87,6 +93,7 @@ struct spill {
 	pthread_cond_t drained;
 	unsigned inflight; /* invariant 8 */
 	uint64_t hwm;      /* invariant 1 */
+	uint64_t file_end; /* invariant 9 */
 	struct spill_ext *free_map; /* invariant 3 */
 	size_t nfree, free_cap;
 	struct spill_stats st;
@@ -132,6 +139,8 @@ static int space_alloc(struct spill *s, uint64_t len, uint64_t *off)
 		return -ENOSPC;
 	*off = s->hwm;
 	s->hwm += len;
+	if (s->file_end < s->hwm)
+		s->file_end = s->hwm;
 	return 0;
 }
 
@@ -519,6 +528,21 @@ void spill_release(struct spill *s, const struct spill_loc *loc)
 	if (space_free(s, loc->off, loc->disk_len) == 0) { /* SPILLED -> FREE */
 		s->st.logical_bytes -= loc->len;
 		s->st.disk_bytes -= loc->disk_len;
+	}
+	pthread_mutex_unlock(&s->lock);
+}
+
+void spill_trim(struct spill *s)
+{
+	pthread_mutex_lock(&s->lock);
+	if (s->file_end >= s->hwm + SPILL_TRIM_MIN || (s->file_end > s->hwm && !s->hwm)) {
+		/* The one call under s->lock: ftruncate of an unused tail is metadata
+		 * work, and the lock keeps an allocation from growing into the cut. */
+		if (ftruncate(s->fd, (off_t)s->hwm) == 0)
+			s->file_end = s->hwm;
+		else
+			log_debug("spill: ftruncate to %llu: %s", (unsigned long long)s->hwm,
+				  strerror(errno));
 	}
 	pthread_mutex_unlock(&s->lock);
 }

@@ -121,6 +121,13 @@ struct spill_stats {
 
 void spill_get_stats(struct spill *s, struct spill_stats *st);
 
+/* Gives the disk space of the file's free tail back to its filesystem (the file is cut
+ * to the end of its last extent in use, when at least 8 MiB or everything is free). Free
+ * extents between used ones keep theirs until reused or the tail reaches them. One
+ * ftruncate when there is something to cut, else nothing; for a periodic caller that
+ * holds no lock (it holds the spill's lock across the call). */
+void spill_trim(struct spill *s);
+
 /* Test only: the spill file's descriptor, so a test can corrupt spilled bytes. */
 int spill_debug_fd(struct spill *s);
 

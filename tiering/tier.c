@@ -939,6 +939,8 @@ static void *tier_thread(void *arg)
 		pthread_mutex_unlock(&t->mu);
 		busy = tier_trim(t);
 		tier_maybe_trim_heap(t, TIER_TRIM_AFTER);
+		if (t->sp)
+			spill_trim(t->sp);	/* the disk space of spills let go of */
 		if (!tier_excess(t) && bc_mem_bytes(t->bc) <= bc_budget(t->bc)) {
 			busy |= tier_refill(t);
 			/* Not busy: the readahead it asked for completes on its own, and

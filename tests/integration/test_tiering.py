@@ -572,6 +572,69 @@ def test_two_daemons_settle_to_fair_shares(mounter):
             t.join(timeout=10)
 
 
+def fake_meminfo(path, avail_kib):
+    """A meminfo_file= of 24 GiB with avail_kib available."""
+    with open(path, "w") as f:
+        f.write(f"MemTotal: 24684084 kB\nMemFree: {avail_kib} kB\n"
+                f"MemAvailable: {avail_kib} kB\n")
+
+
+def spill_file_of(pid):
+    """/proc/PID/fd/N of the daemon's spill file (anonymous, in the spill dir)."""
+    fds = [os.path.join(f"/proc/{pid}/fd", fd) for fd in os.listdir(f"/proc/{pid}/fd")]
+    links = {p: os.readlink(p) for p in fds}
+    spill = [p for p, t in links.items() if stat.S_ISREG(os.stat(p).st_mode)
+             and "spill" in t and t.endswith("(deleted)")]
+    assert len(spill) == 1, links
+    return spill[0]
+
+
+def test_spill_file_gives_its_space_back(mounter, tmp_path):
+    """Dirty checkpoint blocks spilled under pressure, then their files removed: the
+    spill file held all the disk it ever reached until unmount (spilled_disk_bytes 0,
+    the filesystem full for everyone else). Its free tail is now cut (free extents
+    below the last one in use are reused; tests/unit/test_spill.c has those)."""
+    src = str(tmp_path / "src")
+    os.mkdir(src)
+    meminfo = str(tmp_path / "meminfo")
+
+    def mem(avail_kib):
+        fake_meminfo(meminfo, avail_kib)
+
+    mem(12000000)
+    m = start_daemon(mounter, src, f"spill={mounter.prepare().spill},mem_max=256M,"
+                     f"mem_min=8M,meminfo_file={meminfo}")
+    rng = random.Random(11)
+    for i in range(4):
+        with open(os.path.join(m.ckpt, f"k{i}"), "wb") as f:
+            f.write(rng.randbytes(16 << 20))
+    mem(50000)   # pressure: the dirty blocks go to the spill file
+    deadline = time.monotonic() + 60
+    while m.stat()["spilled_disk_bytes"] < 48 << 20:
+        assert time.monotonic() < deadline, m.stat()
+        time.sleep(0.1)
+    spill = spill_file_of(m.pid)
+    assert os.stat(spill).st_blocks * 512 >= 48 << 20
+    for i in range(4):
+        os.unlink(os.path.join(m.ckpt, f"k{i}"))
+    deadline = time.monotonic() + 30
+    while True:
+        st, held = m.stat(), os.stat(spill).st_blocks * 512
+        if st["spilled_disk_bytes"] == 0 and held == 0:
+            break
+        assert time.monotonic() < deadline, (held, st["spilled_disk_bytes"])
+        time.sleep(0.2)
+    again = rng.randbytes(16 << 20)   # the file grows past the cut again, and reads back
+    with open(os.path.join(m.ckpt, "k4"), "wb") as f:
+        f.write(again)
+    deadline = time.monotonic() + 60
+    while m.stat()["spilled_disk_bytes"] < 8 << 20:
+        assert time.monotonic() < deadline, m.stat()
+        time.sleep(0.1)
+    with open(os.path.join(m.ckpt, "k4"), "rb") as f:
+        assert f.read() == again
+
+
 def test_spilled_block_that_fails_its_checksum_is_counted_and_read_again(mounter, tmp_path):
     """Bits flipped in the spill file (through the daemon's descriptor) while blocks of a
     SOURCE file are spilled: the file still reads byte-exact (each bad block is read
@@ -586,9 +649,7 @@ def test_spilled_block_that_fails_its_checksum_is_counted_and_read_again(mounter
     meminfo = str(tmp_path / "meminfo")
 
     def mem(avail_kib):
-        with open(meminfo, "w") as f:
-            f.write(f"MemTotal: 24684084 kB\nMemFree: {avail_kib} kB\n"
-                    f"MemAvailable: {avail_kib} kB\n")
+        fake_meminfo(meminfo, avail_kib)
 
     mem(12000000)
     m = start_daemon(mounter, src, f"spill={mounter.prepare().spill},mem_max=256M,"
@@ -601,12 +662,7 @@ def test_spilled_block_that_fails_its_checksum_is_counted_and_read_again(mounter
     while m.stat()["spilled_bytes"] < 16 << 20:
         assert time.monotonic() < deadline, m.stat()
         time.sleep(0.1)
-    fds = [os.path.join(f"/proc/{m.pid}/fd", fd) for fd in os.listdir(f"/proc/{m.pid}/fd")]
-    links = {p: os.readlink(p) for p in fds}
-    spill = [p for p, t in links.items() if stat.S_ISREG(os.stat(p).st_mode)
-             and "spill" in t and t.endswith("(deleted)")]
-    assert len(spill) == 1, links
-    spill = spill[0]
+    spill = spill_file_of(m.pid)
     fd = os.open(spill, os.O_RDWR)
     try:
         for off in range(0, os.fstat(fd).st_size, (1 << 20) + 17):

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -498,6 +499,59 @@ static void test_page_cache(int buffered)
 	free(out);
 }
 
+static uint64_t file_bytes(struct spill *s, uint64_t *allocated)
+{
+	struct stat st;
+
+	EXPECT_EQ(fstat(spill_debug_fd(s), &st), 0);
+	*allocated = (uint64_t)st.st_blocks * 512;
+	return (uint64_t)st.st_size;
+}
+
+/* spill_trim gives back the disk space of a free tail (8 MiB or more, or everything),
+ * and what stays in use reads back right afterwards. */
+static void test_trim(const char *dir, int buffered)
+{
+	struct spill *s = open_spill(dir, 0, buffered);
+	char *buf = malloc(4 * MIB), *out = malloc(4 * MIB);
+	struct spill_loc loc[4];
+	uint64_t alloc;
+
+	fill_random(buf, 4 * MIB);
+	for (int i = 0; i < 4; i++)
+		EXPECT_EQ(spill_write_sync(s, buf, 4 * MIB, SPILL_HINT_INCOMPRESSIBLE, &loc[i]),
+			  0);
+	EXPECT_EQ(file_bytes(s, &alloc), 16 * MIB);
+	EXPECT(alloc >= 16 * MIB);
+	spill_trim(s); /* nothing free: nothing cut */
+	EXPECT_EQ(file_bytes(s, &alloc), 16 * MIB);
+	/* A free extent between two in use keeps its space; a 4 MiB free tail too. */
+	spill_release(s, &loc[1]);
+	spill_release(s, &loc[3]);
+	spill_trim(s);
+	EXPECT_EQ(file_bytes(s, &alloc), 16 * MIB);
+	/* Now the tail from loc[1] on is free (12 MiB): cut to loc[0]'s end. */
+	spill_release(s, &loc[2]);
+	spill_trim(s);
+	EXPECT_EQ(file_bytes(s, &alloc), 4 * MIB);
+	EXPECT(alloc <= 4 * MIB + 64 * KIB);
+	EXPECT_EQ(spill_read_sync(s, &loc[0], out, 4 * MIB, XXH3_64bits(buf, 4 * MIB)), 0);
+	EXPECT(memcmp(out, buf, 4 * MIB) == 0);
+	/* The file grows again past the cut, and reads back. */
+	EXPECT_EQ(spill_write_sync(s, buf + 1, 2 * MIB, SPILL_HINT_INCOMPRESSIBLE, &loc[1]), 0);
+	EXPECT_EQ(loc[1].off, 4 * MIB);
+	EXPECT_EQ(spill_read_sync(s, &loc[1], out, 2 * MIB, XXH3_64bits(buf + 1, 2 * MIB)), 0);
+	/* Everything free: any tail is cut, to nothing. */
+	spill_release(s, &loc[0]);
+	spill_release(s, &loc[1]);
+	spill_trim(s);
+	EXPECT_EQ(file_bytes(s, &alloc), 0);
+	EXPECT_EQ(alloc, 0);
+	spill_free(s);
+	free(buf);
+	free(out);
+}
+
 int main(void)
 {
 	struct timespec t0, t1;
@@ -516,6 +570,8 @@ int main(void)
 	test_write_error();
 	test_page_cache(0);
 	test_page_cache(1);
+	test_trim("/tmp", 0);
+	test_trim("/dev/shm", 1);
 	uring_free(ring);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	printf("test_spill: %.2f s\n", (double)(t1.tv_sec - t0.tv_sec) +
