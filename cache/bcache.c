@@ -1359,8 +1359,8 @@ unsigned bc_pick_reload(struct bc *bc, struct bc_block **out, unsigned max, int 
 		pthread_mutex_lock(&s->mu);
 		for (b = s->lists[cls][1].tail; b && n < max; b = b->lprev) {
 			/* Invariant 6, and 10: ref 0 is a block its last put is freeing. */
-			if ((b->flags & (BC_IO | BC_ORPHAN)) || !(b->flags & BC_SPILLED) ||
-			    !atomic_load(&b->ref))
+			if ((b->flags & (BC_IO | BC_ORPHAN | BC_BAD_COPY)) ||
+			    !(b->flags & BC_SPILLED) || !atomic_load(&b->ref))
 				continue;
 			if (dirty_only && (b->flags & BC_STORED))
 				continue;
@@ -1549,6 +1549,7 @@ static void bc_load_end_as(struct bc *bc, struct bc_block *b, void *buf, int rc,
 			b->flags |= BC_AHEAD;
 		else
 			b->flags &= ~BC_AHEAD;
+		b->flags &= ~BC_BAD_COPY;
 		bc_list_del(bc_list_of(s, b), b);
 		bc_set_buf(b, buf);
 		b->cap = bc_footprint(buf);
@@ -1573,6 +1574,11 @@ static void bc_load_end_as(struct bc *bc, struct bc_block *b, void *buf, int rc,
 		 * fallback to SOURCE caches a fresh one; the last put releases the copy. */
 		bc_unhash_locked(s, b);
 		unhashed = true;
+	} else if (rc == -EIO && b->cls == BC_CKPT) {
+		/* A damaged copy stays damaged: the background reload retried it every
+		 * tick, a checksum error and a log line each time, for as long as the
+		 * block lived (found by an outside tester). */
+		b->flags |= BC_BAD_COPY;
 	}
 	pthread_cond_broadcast(&s->cv);
 	pthread_mutex_unlock(&s->mu);

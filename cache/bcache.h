@@ -72,6 +72,9 @@ enum {
 				    * reclaims by itself; its copy is SOURCE, never spilled */
 	BC_AHEAD = 1u << 11,	   /* ckpt: made resident by read-ahead (bc_block_prefetch) and
 				    * not read since (bc_block_note_read) */
+	BC_BAD_COPY = 1u << 12,	   /* ckpt: a load of its copy failed with EIO (a spill copy
+				    * that fails its checksum): bc_pick_reload passes it over;
+				    * a reader's load still tries, and clears it on success */
 };
 /* BC_IO is a per-block lock held across I/O, which is its point: one load or eviction
  * at a time. Lock order: its holder may hold a ckpt inode write lock

@@ -635,6 +635,51 @@ def test_spill_file_gives_its_space_back(mounter, tmp_path):
         assert f.read() == again
 
 
+def test_damaged_spilled_checkpoint_block_is_not_reloaded_again_and_again(mounter,
+                                                                          tmp_path):
+    """Dirty checkpoint blocks spilled, their only copies then damaged, then memory back:
+    the background reload retried every damaged block at every tick, thousands of
+    checksum errors and log lines in 10 s and most of a CPU, for as long as the files
+    lived (found by an outside tester). Each is tried once; a read still gets EIO."""
+    src = str(tmp_path / "src")
+    os.mkdir(src)
+    meminfo = str(tmp_path / "meminfo")
+    fake_meminfo(meminfo, 12000000)
+    m = start_daemon(mounter, src, f"spill={mounter.prepare().spill},mem_max=256M,"
+                     f"mem_min=8M,meminfo_file={meminfo}")
+    rng = random.Random(5)
+    for i in range(2):
+        with open(os.path.join(m.ckpt, f"k{i}"), "wb") as f:
+            f.write(rng.randbytes(16 << 20))
+    fake_meminfo(meminfo, 50000)
+    deadline = time.monotonic() + 60
+    while m.stat()["spilled_disk_bytes"] < 24 << 20:
+        assert time.monotonic() < deadline, m.stat()
+        time.sleep(0.1)
+    fd = os.open(spill_file_of(m.pid), os.O_RDWR)
+    try:
+        for off in range(100, os.fstat(fd).st_size, 4096):
+            b = os.pread(fd, 1, off)
+            os.pwrite(fd, bytes([b[0] ^ 0xff]), off)
+    finally:
+        os.close(fd)
+    fake_meminfo(meminfo, 12000000)   # the reload starts after the 3 s hold
+    deadline = time.monotonic() + 60
+    while m.stat()["csum_errors"] == 0:
+        assert time.monotonic() < deadline, m.stat()
+        time.sleep(0.2)
+    time.sleep(1)
+    first = m.stat()["csum_errors"]
+    time.sleep(4)   # 16 ticks of the tier thread
+    assert m.stat()["csum_errors"] == first, (first, m.stat()["csum_errors"])
+    assert first <= 32, first   # at most once per spilled block
+    with pytest.raises(OSError) as e:
+        with open(os.path.join(m.ckpt, "k0"), "rb") as f:
+            while f.read(1 << 20):
+                pass
+    assert e.value.errno == errno.EIO
+
+
 def test_spilled_block_that_fails_its_checksum_is_counted_and_read_again(mounter, tmp_path):
     """Bits flipped in the spill file (through the daemon's descriptor) while blocks of a
     SOURCE file are spilled: the file still reads byte-exact (each bad block is read
