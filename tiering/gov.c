@@ -162,26 +162,43 @@ void gov_sample_clear(struct gov_sample *s)
 	s->cg_usage = GOV_NONE;
 }
 
+/* One PSI line: "KIND avg10=A avg60=B avg300=C total=T". A is a percentage, T a count
+ * of microseconds: a NaN, an infinity, a negative or a share over 100 is no PSI line
+ * (sscanf's %lf takes all of those, and its %u takes "-1" as 2^64 - 1, read as a stall
+ * of ages that cut the budget). */
+static int gov_psi_line(const char *line, const char *kind, double *avg10, uint64_t *total)
+{
+	char fmt[80], t[32];
+
+	snprintf(fmt, sizeof(fmt), "%s avg10=%%lf avg60=%%*f avg300=%%*f total=%%31s", kind);
+	if (sscanf(line, fmt, avg10, t) != 2 || !isfinite(*avg10) || *avg10 < 0 ||
+	    *avg10 > 100 || gov_parse_u64(t, total) || *total == GOV_NONE)
+		return -EINVAL;
+	return 0;
+}
+
 int gov_read_psi(const char *path, struct gov_sample *s)
 {
 	char buf[512];
 	const char *full;
+	double some_avg, full_avg = 0;
+	uint64_t some_total, full_total = 0;
 	int rc;
 
 	rc = gov_read_text(path, buf, sizeof(buf));
 	if (rc < 0)
 		return rc;
-	if (sscanf(buf, "some avg10=%lf avg60=%*f avg300=%*f total=%" SCNu64, &s->psi_some_avg10,
-		   &s->psi_some_total_us) != 2)
+	if (gov_psi_line(buf, "some", &some_avg, &some_total))
 		return -EINVAL;
 	/* "full" is missing from the cpu file and from kernels before 5.13 for some files;
 	 * the controller only needs "some", of which "full" is a part. */
-	s->psi_full_avg10 = 0;
-	s->psi_full_total_us = 0;
 	full = strstr(buf, "\nfull ");
-	if (full && sscanf(full + 1, "full avg10=%lf avg60=%*f avg300=%*f total=%" SCNu64,
-			   &s->psi_full_avg10, &s->psi_full_total_us) != 2)
+	if (full && gov_psi_line(full + 1, "full", &full_avg, &full_total))
 		return -EINVAL;
+	s->psi_some_avg10 = some_avg;	/* only a whole reading reaches the sample */
+	s->psi_some_total_us = some_total;
+	s->psi_full_avg10 = full_avg;
+	s->psi_full_total_us = full_total;
 	s->psi_valid = 1;
 	return 0;
 }
@@ -195,12 +212,14 @@ int gov_read_meminfo(const char *path, struct gov_sample *s)
 	rc = gov_read_text(path, buf, sizeof(buf));
 	if (rc < 0)
 		return rc;
-	if (gov_find_field(buf, "MemTotal:", &total) != 0 || total == GOV_NONE)
+	/* kB: a count whose bytes do not fit 64 bits is no meminfo (it read as 0 bytes
+	 * available, and cut the budget to mem_min). */
+	if (gov_find_field(buf, "MemTotal:", &total) != 0 || total > UINT64_MAX / 1024)
 		return -EINVAL;
 	s->mem_total = total * 1024;
 	/* MemAvailable exists since Linux 3.14; without it the input stays unknown. */
 	rc = gov_find_field(buf, "MemAvailable:", &avail);
-	if (rc == -EINVAL || (rc == 0 && avail == GOV_NONE))
+	if (rc == -EINVAL || (rc == 0 && avail > UINT64_MAX / 1024))
 		return -EINVAL;
 	s->mem_available = rc == 0 ? avail * 1024 : GOV_NONE;
 	return 0;

@@ -100,6 +100,27 @@ static void test_parse_psi(void)
 	gov_sample_clear(&s);
 	EXPECT_EQ(gov_read_psi(path, &s), -EINVAL);
 	EXPECT_EQ(s.psi_valid, 0);
+	/* Numbers no kernel writes: a negative total (read as 2^64 - 1 us of stall, which
+	 * cut the budget), a share that is NaN, infinite, negative or over 100. Refused
+	 * whole: nothing of them reaches the sample (mlfs-stat showed NaN as 2^63). */
+	static const char *const bad[] = {
+		"some avg10=0.00 avg60=0.00 avg300=0.00 total=-1\n",
+		"some avg10=nan avg60=0.00 avg300=0.00 total=5\n",
+		"some avg10=inf avg60=0.00 avg300=0.00 total=5\n",
+		"some avg10=-5.5 avg60=0.00 avg300=0.00 total=5\n",
+		"some avg10=100.5 avg60=0.00 avg300=0.00 total=5\n",
+		"some avg10=1.00 avg60=0.00 avg300=0.00 total=5\n"
+		"full avg10=-inf avg60=0.00 avg300=0.00 total=5\n",
+		"some avg10=1.00 avg60=0.00 avg300=0.00 total=18446744073709551616\n",
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		put_file(d, "memory.pressure", bad[i]);
+		gov_sample_clear(&s);
+		EXPECT_EQ(gov_read_psi(path, &s), -EINVAL);
+		EXPECT_EQ(s.psi_valid, 0);
+		EXPECT(s.psi_some_avg10 == 0 && s.psi_some_total_us == 0);
+		EXPECT(s.psi_full_avg10 == 0 && s.psi_full_total_us == 0);
+	}
 	snprintf(path, sizeof(path), "%s/nonexistent", d);
 	EXPECT_EQ(gov_read_psi(path, &s), -ENOENT);
 }
@@ -128,6 +149,13 @@ static void test_parse_meminfo(void)
 	put_file(d, "meminfo", "MemFree: 5 kB\n");
 	EXPECT_EQ(gov_read_meminfo(path, &s), -EINVAL);
 	put_file(d, "meminfo", "MemTotal: 100 kB\nMemAvailable: lots kB\n");
+	EXPECT_EQ(gov_read_meminfo(path, &s), -EINVAL);
+	/* kB whose bytes overflow 64 bits read as 0 available, and cut the budget. */
+	put_file(d, "meminfo", "MemTotal: 100 kB\nMemAvailable: 18014398509481984 kB\n");
+	EXPECT_EQ(gov_read_meminfo(path, &s), -EINVAL);
+	put_file(d, "meminfo", "MemTotal: 18014398509481984 kB\nMemAvailable: 1 kB\n");
+	EXPECT_EQ(gov_read_meminfo(path, &s), -EINVAL);
+	put_file(d, "meminfo", "MemTotal: 100 kB\nMemAvailable: max kB\n");
 	EXPECT_EQ(gov_read_meminfo(path, &s), -EINVAL);
 }
 
