@@ -109,14 +109,44 @@ static void mlfs_opts_free(struct mlfs_opts *o)
 	}
 }
 
-/* The strings build_config realpath()s; the others are borrowed from mlfs_opts. */
+/* The strings build_config realpath()s or makes absolute; the others are borrowed from
+ * mlfs_opts. */
 static void mlfs_config_free(struct mlfs_config *c)
 {
 	free((char *)c->source);
 	free((char *)c->mountpoint);
 	free((char *)c->spill);
 	free((char *)c->store);
+	free((char *)c->pressure_file);
+	free((char *)c->meminfo_file);
+	free((char *)c->cgroup);
 	c->source = c->mountpoint = c->spill = c->store = NULL;
+	c->pressure_file = c->meminfo_file = c->cgroup = NULL;
+}
+
+/* path made absolute against the working directory, not resolved (a governor input may
+ * come and go while mounted): the daemon leaves it for / when it detaches, and a relative
+ * meminfo_file= failed there for a file that exists. NULL for NULL; out of memory: exits. */
+static char *abs_path(const char *path)
+{
+	char *cwd, *out;
+
+	if (!path)
+		return NULL;
+	if (path[0] == '/')
+		out = strdup(path);
+	else if ((cwd = getcwd(NULL, 0))) {
+		if (asprintf(&out, "%s/%s", cwd, path) < 0)
+			out = NULL;
+		free(cwd);
+	} else {
+		out = strdup(path); /* no working directory to name: as given */
+	}
+	if (!out) {
+		fprintf(stderr, "mlfs: out of memory\n");
+		exit(1);
+	}
+	return out;
 }
 
 static void usage(FILE *f)
@@ -351,9 +381,9 @@ static int build_config(struct mlfs_opts *o, const char *src, const char *mnt,
 	c->spill = o->spill ? realpath(o->spill, NULL) : NULL;
 	c->store = o->store ? realpath(o->store, NULL) : NULL;
 	c->restore = o->restore;
-	c->pressure_file = o->pressure_file;
-	c->meminfo_file = o->meminfo_file;
-	c->cgroup = o->cgroup;
+	c->pressure_file = abs_path(o->pressure_file);
+	c->meminfo_file = abs_path(o->meminfo_file);
+	c->cgroup = abs_path(o->cgroup);
 	if (check_nesting(c))
 		return 1;
 	sysinfo(&si);

@@ -168,6 +168,32 @@ def test_stat_watch_across_a_remount_starts_counting_again(mounter):
     assert 0.0 <= float(lines[4].split()[-1]) <= 100.0, lines
 
 
+def test_relative_governor_paths_work_in_the_background(mounter):
+    """meminfo_file= and pressure_file= given relative: a daemon that detaches (and
+    leaves for /) said "No such file or directory" for files that exist, where relative
+    SOURCE, mount point, store= and spill= work. They are taken from where mlfs ran."""
+    mounter.require_binary()
+    base = mounter.tempdir("rel-")
+    for d in ("src", "mnt"):
+        os.mkdir(os.path.join(base, d))
+    with open(os.path.join(base, "mi"), "w") as f:
+        f.write("MemTotal: 24684084 kB\nMemAvailable: 20000000 kB\n")
+    with open(os.path.join(base, "psi"), "w") as f:
+        f.write("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    r = subprocess.run([U.MLFS, "-o", "meminfo_file=mi,pressure_file=psi", "src", "mnt"],
+                       cwd=base, stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+    mnt = os.path.join(base, "mnt")
+    try:
+        assert r.returncode == 0, r
+        rc, out, err = run([U.MLFS_STAT, "--json", mnt])
+        assert rc == 0, err
+        d = json.loads(out)
+        assert d["mem_available"] == 20000000 * 1024, d
+    finally:
+        if U.is_mounted(mnt):
+            U.fusermount_u(mnt)
+
+
 @pytest.mark.parametrize("args", [["--prom", "--json"], ["-w", "1", "--prom"]])
 def test_stat_prom_conflicts_refused(mlfs, args):
     rc, out, err = run([U.MLFS_STAT, *args, mlfs.mnt])
