@@ -513,6 +513,11 @@ int lease_keeper_status(struct lease_keeper *k, int64_t *age_ns)
 	return k->failed || k->lapsed ? -ENOLCK : 0;
 }
 
+int lease_keeper_lapsed(struct lease_keeper *k)
+{
+	return atomic_load(&k->lapsed);
+}
+
 void lease_keeper_stop(struct lease_keeper *k)
 {
 	int running;

@@ -117,6 +117,8 @@ const struct lease_times *lease_keeper_times(const struct lease_keeper *k);
 /* 0 while the last refresh succeeded; -ENOLCK after a failed one, and for good once the
  * lease lapsed. *age_ns (may be NULL): time since the last successful refresh. */
 int lease_keeper_status(struct lease_keeper *k, int64_t *age_ns);
+/* 1 once the lease lapsed (for good: only a new keeper, a remount, has a lease again). */
+int lease_keeper_lapsed(struct lease_keeper *k);
 /* Stop the thread and remove the lease file. NULL is fine. */
 void lease_keeper_stop(struct lease_keeper *k);
 

@@ -822,7 +822,11 @@ static int snapd_lease_check(struct snapd *sd, struct ctl_req *r)
 	 * refuse; a lapsed lease stays refused (store_lease_refresh: -ENOLCK). */
 	if (rc && !snapd_bounded(sd, snapd_lease_retry, ""))
 		rc = 0;
-	if (rc)
+	if (rc && store_lease_lapsed(sd->st))
+		ctl_fail(r, "take: the store lease lapsed while the store was unreachable (a gc "
+			    "elsewhere may have taken what this mount reads): snapshots are refused "
+			    "until a remount; nothing taken");
+	else if (rc)
 		ctl_fail(r, "take: the store lease was not refreshed for %.0f s (see the log: "
 			    "the store is unreachable or read-only); nothing taken", age / 1e9);
 	return rc;
@@ -1717,7 +1721,10 @@ int snapd_finish_by(struct snapd *sd, const char *why, uint64_t deadline)
 			log_warn("snap: %s: a writer holds a file; retrying the freeze", why);
 	}
 	if (rc) {
-		log_err("snap: %s: final snapshot %s not taken: %s", why, name, strerror(-rc));
+		log_err("snap: %s: final snapshot %s not taken: %s", why, name,
+			rc == -ENOLCK && store_lease_lapsed(sd->st)
+			? "the store lease lapsed while the store was unreachable"
+			: strerror(-rc));
 		goto out;
 	}
 	pthread_mutex_lock(&sd->mu);

@@ -548,6 +548,11 @@ int store_lease_refresh(struct store *s)
 	return s->lease ? lease_keeper_refresh(s->lease, NULL, NULL) : -EROFS;
 }
 
+int store_lease_lapsed(struct store *s)
+{
+	return s->lease && lease_keeper_lapsed(s->lease);
+}
+
 int store_lease_status(struct store *s, int64_t *age_ns)
 {
 	if (!s->lease) {
