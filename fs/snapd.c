@@ -897,9 +897,12 @@ static int ctl_take(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 	rc = snapd_wait(sd, job, 0, ctl_progress, r, r);
 	if (rc)
 		return ctl_fail(r, "take: persist of '%s' failed: %s", name, strerror(-rc)), rc;
-	ctl_out(r, "durable %s", name);
+	/* A part alone is no restorable snapshot: "durable NAME" would tell a script the
+	 * group is (found by an outside tester). */
 	if (m->cfg.workers > 1)
 		ctl_out(r, "part %u of %u of %s durable", m->cfg.worker, m->cfg.workers, name);
+	else
+		ctl_out(r, "durable %s", name);
 	if (group_wait && m->cfg.workers > 1)
 		return snapd_group_wait(sd, r, name, timeout);
 	return 0;
@@ -1191,8 +1194,9 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 	}
 	if (rc) {
 		snprintf(msg, msglen, rc == -ENOENT && !strcmp(want, "latest")
-				      ? "no snapshot usable as '%s' in %s (none, or only damaged ones "
-					"or ones taken with files open for writing: restore one by name)"
+				      ? "no snapshot usable as '%s' in %s (none, or only damaged ones, "
+					"ones taken with files open for writing, or groups partial or "
+					"with conflicts: restore one by name)"
 				      : rc == -ENOENT ? "no snapshot '%s' in %s"
 				      : rc == -EIO ? "snapshot '%s' in %s is damaged (see verify)"
 				      : rc == -EINVAL ? "bad snapshot name '%s' (store %s)"
@@ -1626,8 +1630,9 @@ int snapd_new(struct mlfs *m, struct snapd **out)
 		rc = snapd_restore(sd, m->cfg.restore, msg, sizeof(msg), NULL, 0);
 		if (rc == -ENOENT && !strcmp(m->cfg.restore, "latest")) {
 			log_info("restore=latest: the store %s has no snapshot usable as latest "
-				 "(none yet, or only damaged ones or ones taken with files open for "
-				 "writing); starting empty", m->cfg.store);
+				 "(none yet, or only damaged ones, ones taken with files open for "
+				 "writing, or groups partial or with conflicts); starting empty",
+				 m->cfg.store);
 		} else if (rc) {
 			fprintf(stderr, "mlfs: restore=%s: %s\n", m->cfg.restore, msg);
 			goto out_close;

@@ -166,8 +166,9 @@ static int load(struct store *s, const char *dir, const char *name, struct mf_ma
 	if (!strcmp(name, "latest")) {
 		rc = store_latest(s, latest);
 		if (rc == -ENOENT)
-			say("%s: no snapshot usable as latest (none, or only damaged ones or ones "
-			    "taken with files open for writing: restore one by name)", dir);
+			say("%s: no snapshot usable as latest (none, or only damaged ones, ones "
+			    "taken with files open for writing, or groups partial or with "
+			    "conflicts: restore one by name)", dir);
 		else if (rc)
 			say("%s: %s", dir, strerror(-rc));
 		if (rc)

@@ -216,6 +216,8 @@ def test_one_worker_ahead_keeps_its_part(workerset):
     U.write_file(os.path.join(job[0].ckpt, "extra"), b"x" * 1000)
     r = job[0].snap("take", "step-2", "--wait")
     assert r.rc == 0, r
+    # One part of two is no restorable snapshot: it said "durable step-2" too.
+    assert "part 0 of 2 of step-2 durable" in r.out and "durable step-2" not in r.out, r
     write_shards(job, 2)
     assert ws.sigterm_all(job, timeout=90) == [0, 0]
     snaps = S.list_json(ws.store, store=True)
