@@ -1626,6 +1626,17 @@ static int bc_block_load_as(struct bc *bc, struct bc_block *b, bool wait)
 	return rc;
 }
 
+int bc_block_read_copy(struct bc *bc, struct bc_block *b, void *buf)
+{
+	int rc = bc_load_begin(bc, b, true);
+
+	if (rc)
+		return rc;
+	rc = bc->backing.load ? bc->backing.load(bc->backing.arg, b, buf) : -EIO;
+	bc_load_end(bc, b, NULL, rc ? rc : -ECANCELED); /* -ECANCELED: b stays as it was */
+	return rc;
+}
+
 int bc_block_load(struct bc *bc, struct bc_block *b)
 {
 	return bc_block_load_as(bc, b, true);

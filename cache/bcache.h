@@ -353,6 +353,12 @@ bool bc_admits(struct bc *bc);
 uint64_t bc_unplaced_bytes(const struct bc *bc);
 void bc_set_backing(struct bc *bc, const struct bc_backing *bk);
 int bc_block_load(struct bc *bc, struct bc_block *b);
+/* Reads b's copy (spill or store) into buf (b's length) without making b resident, for
+ * a caller that needs the bytes once (a persist: loading every spilled block of a large
+ * checkpoint held them all in memory until it was durable, far over the budget). 1 if b
+ * is resident (read bc_block_buf under a reference instead), 0 with buf filled, or
+ * -errno (a damaged copy marks b as bc_block_load does). */
+int bc_block_read_copy(struct bc *bc, struct bc_block *b, void *buf);
 /* The two halves of bc_block_load, for loaders that do not wait (background reload).
  * bc_load_begin: 1 if b is resident (nothing to do), 0 if the caller now loads it (BC_IO
  * set: it must end with bc_load_end), -EAGAIN when another load or an eviction is in
