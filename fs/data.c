@@ -1696,8 +1696,10 @@ int data_read_unopened(struct data_ns *ns, struct data_node *n, const struct dat
 	struct data_file f = { 0 };
 	int changed, rc;
 
+	/* The name gone (removed from SOURCE while the kernel has the file open): the
+	 * file is stale, as when the name was replaced (ENOENT is no errno of read(2)). */
 	if ((rc = data_file_init(ns, n, who, &f, &changed, false, data_exec_only(n, who))))
-		return rc;
+		return rc == -ENOENT ? -ESTALE : rc;
 	rc = data_read(ns, &f, size, off, segs);
 	close(f.fd);
 	return rc;

@@ -169,3 +169,22 @@ def test_watch_directory_replaced_under_its_name(mount_mlfs):
     with open(os.path.join(d, "a"), "r+b") as f:
         f.write(b"THIRD!")
     _until(lambda: _read(view), b"THIRD!", "rewritten in the new directory")
+
+
+@pytest.mark.parametrize("opts", ["watch", "immutable"])
+def test_open_file_removed_from_source_reads_estale(mount_mlfs, opts):
+    """A file open through the mount, removed from SOURCE: a read of what the kernel
+    does not cache fails with ESTALE, as mlfs(8) says and as when the name is replaced.
+    It failed with ENOENT, which read(2) never returns on a local filesystem (found by
+    an outside tester)."""
+    m = mount_mlfs(opts=opts)
+    src = os.path.join(m.src, "gone")
+    with open(src, "wb") as f:
+        f.write(os.urandom(5 << 20))
+    with open(os.path.join(m.data, "gone"), "rb", buffering=0) as f:
+        assert len(f.read(100000)) == 100000
+        os.unlink(src)
+        time.sleep(0.5)   # -o watch: the event applied
+        with pytest.raises(OSError) as e:
+            os.pread(f.fileno(), 1 << 20, 3 << 20)
+        assert e.value.errno == errno.ESTALE, e.value
