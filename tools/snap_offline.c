@@ -786,6 +786,7 @@ int snap_verify(const char *store_dir, const char *name)
 		snap_say_bad_name(name);
 		return 2; /* bad usage: before the store is opened */
 	}
+	log_first_error_reset();
 	if (open_store(store_dir, STORE_RDONLY, &s))
 		return 1;
 	if (name && !strcmp(name, "latest")) {
@@ -810,6 +811,9 @@ int snap_verify(const char *store_dir, const char *name)
 		/* store_verify counts distinct damaged objects; the user counts lines (one
 		 * per file block using a damaged object): say the count they can check. */
 		say("verify: %d fault(s) in %s", lines > rc ? lines : rc, store_dir);
+		/* Objects of a damaged pack show as missing: the store's line names it. */
+		if (strstr(log_first_error(), "/packs/"))
+			say("verify: %s", log_first_error());
 		return 1;
 	}
 	snap_put_escaped(stdout, name ? name : store_dir, SNAP_ESC_TTY);

@@ -100,6 +100,8 @@ def test_damaged_object_is_eio_never_wrong_bytes(snapenv, case):
         assert victim in r.out + r.err, f"verify does not name {victim}: {r!r}"
         for o in {"raw.bin", "text.log", "other.bin"} - {victim}:
             assert o not in r.out, f"verify names {o}, which is intact: {r!r}"
+        if case != "missing":   # and the pack that holds the damage (the store's line)
+            assert os.path.basename(pack)[:-5] in r.err, f"verify names no pack: {r!r}"
     # offline export: fails, names the file, the target never appears
     to = env.path("export")
     r = S.export(env.store, "s1", to)
