@@ -109,8 +109,8 @@ static void test_parse_psi(void)
 		"some avg10=inf avg60=0.00 avg300=0.00 total=5\n",
 		"some avg10=-5.5 avg60=0.00 avg300=0.00 total=5\n",
 		"some avg10=100.5 avg60=0.00 avg300=0.00 total=5\n",
-		"some avg10=1.00 avg60=0.00 avg300=0.00 total=5\n"
-		"full avg10=-inf avg60=0.00 avg300=0.00 total=5\n",
+		("some avg10=1.00 avg60=0.00 avg300=0.00 total=5\n"
+		 "full avg10=-inf avg60=0.00 avg300=0.00 total=5\n"),
 		"some avg10=1.00 avg60=0.00 avg300=0.00 total=18446744073709551616\n",
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
