@@ -2046,6 +2046,7 @@ int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
 {
 	uint32_t bs = bc_block_size(ns->m->bc);
 	uint64_t end, want = (uint64_t)off + size;
+	bool mapped = false;
 	int n = 0, rc;
 
 	if ((uint64_t)off >= f->size)
@@ -2106,9 +2107,17 @@ int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
 			rc = -EIO;
 			goto fail;
 		}
+		mapped |= (bc_block_flags(b) & BC_MAPPED) != 0;
 		segs[n++] = (struct mlfs_seg){ .b = b, .off = boff, .len = len };
 		off += len;
 	}
+	/* A mapped block is SOURCE's page cache as it is now, not a copy of the version
+	 * opened: after a rewrite in place it holds the new bytes, which the kernel would
+	 * put beside the old version's pages it kept of other ranges of the file. So a
+	 * read that serves one checks the file as a read of SOURCE does (data_fill); a
+	 * rewrite racing the reply itself is a read concurrent with a write. */
+	if (mapped && (rc = data_file_same(ns, f)))
+		goto fail;
 	/* A read past the page that holds the end at the open: the kernel was told of a
 	 * larger size since (a GETATTR of the file grown), or reads directly; the rest,
 	 * if the file grew (a short reply would make the kernel take the old size as the

@@ -568,6 +568,15 @@ def test_file_grown_while_open_reads_to_the_size_fstat_gives(mounter, opts, size
     _alive(m)
 
 
+def _pread_or_eio(fd, size):
+    """The bytes a read of size from offset 0 gives, or b"" when it fails with EIO."""
+    try:
+        return os.pread(fd, size, 0)
+    except OSError as e:
+        assert e.errno == errno.EIO, e
+        return b""
+
+
 @pytest.mark.daemon
 @pytest.mark.parametrize("opts", ["passthrough=off", "passthrough=off,nospill"])
 @pytest.mark.parametrize("data_map", ["never", "always"])
@@ -593,11 +602,7 @@ def test_rewritten_in_place_while_open_never_mixes_versions(mounter, monkeypatch
         os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))  # a later mtime, surely
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         _drop_caches()
-        try:
-            got = os.pread(fd, size, 0)
-        except OSError as e:
-            assert e.errno == errno.EIO, e
-            got = b""
+        got = _pread_or_eio(fd, size)
         # The cached block as it was, or (mapped from SOURCE's page cache) as it is now:
         # one version, either way.
         assert len(set(got)) <= 1, f"one read mixed versions: {sorted(set(got))}"
@@ -605,6 +610,39 @@ def test_rewritten_in_place_while_open_never_mixes_versions(mounter, monkeypatch
         with pytest.raises(OSError) as e:
             os.pread(fd, 1 << 20, 2 << 20)
         assert e.value.errno == errno.EIO
+    finally:
+        os.close(fd)
+    with open(data, "rb") as f:  # a new open reads the new file
+        assert f.read() == b"2" * size
+    _alive(m)
+
+
+@pytest.mark.daemon
+def test_a_mapped_block_after_a_rewrite_in_place_is_not_served_beside_old_pages(mounter,
+                                                                               monkeypatch):
+    """A data block mapped from SOURCE (MLFS_DATA_MAP=always; a local SOURCE gets them
+    under memory pressure) is SOURCE's page cache as it is now. The descriptor opened
+    the first version and the kernel keeps its pages of the second block; the first
+    block's pages dropped, a read of both must not put the rewritten first block
+    beside the old second one: the daemon checks the file before it serves a mapped
+    block, as it does after a read of SOURCE, and fails the read (EIO). Seen once in
+    CI as a race of readahead in the test above; here made to happen every time."""
+    monkeypatch.setenv("MLFS_DATA_MAP", "always")
+    m = mounter(opts="passthrough=off")
+    src, data = os.path.join(m.src, "f"), os.path.join(m.data, "f")
+    size = 2 << 20
+    U.write_file(src, b"1" * size)
+    fd = os.open(data, os.O_RDONLY)
+    try:
+        assert os.pread(fd, size, 0) == b"1" * size  # both blocks mapped, both paged
+        st = os.stat(src)
+        w = os.open(src, os.O_WRONLY)
+        os.pwrite(w, b"2" * size, 0)
+        os.close(w)
+        os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
+        os.posix_fadvise(fd, 0, 1 << 20, os.POSIX_FADV_DONTNEED)  # the first block's
+        got = _pread_or_eio(fd, size)
+        assert len(set(got)) <= 1, f"one read mixed versions: {sorted(set(got))}"
     finally:
         os.close(fd)
     with open(data, "rb") as f:  # a new open reads the new file
