@@ -179,6 +179,7 @@ struct bc {
 	_Atomic uint64_t hits, misses, not_admitted, dirty_bytes;
 	_Atomic uint64_t src_ns_per_mib; /* EWMA, bc_source_ns_per_mib */
 	_Atomic uint64_t unplaced;	 /* cap of BC_UNPLACED blocks: bc_unplaced_bytes */
+	_Atomic uint64_t unplaced_n;	 /* and their number */
 	_Atomic uint64_t mapped_bytes, map_refaults, map_prefetches; /* BC_MAPPED buffers */
 	_Atomic uint64_t ahead_used, ahead_unused; /* BC_AHEAD blocks read, evicted unread */
 	/* The buffer pool ("Buffer pool" below). Lock order: a leaf, never under a
@@ -611,7 +612,8 @@ void bc_get_stats(struct bc *bc, struct bc_stats *st)
 	st->mem_bytes = atomic_load(&bc->mem_bytes);
 	st->budget = atomic_load(&bc->budget);
 	st->block_size = bc->block_size;
-	st->data_blocks = atomic_load(&bc->blocks[BC_DATA]);
+	st->data_unplaced = atomic_load(&bc->unplaced_n); /* before: a block counted here */
+	st->data_blocks = atomic_load(&bc->blocks[BC_DATA]); /* is counted here too */
 	st->ckpt_blocks = atomic_load(&bc->blocks[BC_CKPT]);
 	st->data_resident = atomic_load(&bc->resident[BC_DATA]);
 	st->ckpt_resident = atomic_load(&bc->resident[BC_CKPT]);
@@ -727,6 +729,7 @@ struct bc_block *bc_block_new(struct bc *bc, enum bc_class cls, uint32_t cap)
 		b->born_ns = mono_now_ns(); /* the caller reads SOURCE into it now */
 		b->flags = BC_UNPLACED | BC_CSUM_STALE; /* NEW */
 		atomic_fetch_add(&bc->unplaced, b->cap);
+		atomic_fetch_add(&bc->unplaced_n, 1);
 	}
 	atomic_fetch_add(&bc->blocks[cls], 1);
 	if (cls == BC_CKPT) {
@@ -792,6 +795,7 @@ int bc_block_new_mapped(struct bc *bc, int fd, uint64_t off, uint32_t len,
 	atomic_fetch_add(&bc->mapped_bytes, cap);
 	atomic_fetch_add(&bc->resident[BC_DATA], 1);
 	atomic_fetch_add(&bc->unplaced, cap);
+	atomic_fetch_add(&bc->unplaced_n, 1);
 	atomic_fetch_add(&bc->blocks[BC_DATA], 1);
 	*out = b;
 	return 0;
@@ -901,6 +905,7 @@ static void bc_placed(struct bc *bc, struct bc_block *b)
 	if (b->flags & BC_UNPLACED) {
 		b->flags &= ~BC_UNPLACED;
 		atomic_fetch_sub(&bc->unplaced, b->cap);
+		atomic_fetch_sub(&bc->unplaced_n, 1);
 	}
 }
 

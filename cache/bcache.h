@@ -134,6 +134,8 @@ struct bc_stats {
 	uint64_t mem_bytes, budget, block_size;
 	uint64_t data_blocks, ckpt_blocks;   /* blocks existing, resident or not */
 	uint64_t data_resident, ckpt_resident;
+	uint64_t data_unplaced;		     /* of data_blocks (and resident), read for one
+					      * request and not (yet) in the cache */
 	uint64_t hits, misses, not_admitted;
 	uint64_t dirty_bytes;		     /* ckpt bytes resident and not in the store */
 	uint64_t mapped_bytes;		     /* of mem_bytes, data blocks mapped from SOURCE */

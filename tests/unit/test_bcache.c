@@ -263,11 +263,14 @@ static void test_data_life(void)
 {
 	struct bc *bc = new_cache(BIG);
 	struct bc_block *b, *r, *v[4];
+	struct bc_stats st;
 	uint64_t cap;
 
 	b = bc_block_new(bc, BC_DATA, BS);
 	EXPECT(bc_block_flags(b) & BC_UNPLACED); /* NEW */
 	EXPECT_EQ(bc_unplaced_bytes(bc), bc_block_cap(b));
+	bc_get_stats(bc, &st); /* counted, and counted as not in the cache (mlfs-stat) */
+	EXPECT(st.data_blocks == 1 && st.data_unplaced == 1);
 	memset(bc_block_buf(b), 7, BS);
 	bc_block_set_len(b, BS - 10);
 	bc_block_seal(bc, b);
@@ -275,6 +278,8 @@ static void test_data_life(void)
 	r = bc_insert(bc, b, &fid1, 4);
 	EXPECT(r == b);
 	EXPECT_EQ(bc_unplaced_bytes(bc), 0);
+	bc_get_stats(bc, &st);
+	EXPECT(st.data_blocks == 1 && st.data_unplaced == 0);
 	EXPECT(bc_block_flags(b) & BC_HASHED); /* RESIDENT */
 	cap = bc_block_cap(b);
 	EXPECT_EQ(bc_mem_bytes(bc), cap);
