@@ -2056,6 +2056,10 @@ int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
 		/* The kernel keeps what we return (keep_cache): hold no second copy. */
 		if ((rc = data_pread(ns, f, off, (uint32_t)(end - off), &segs[0].b)))
 			return rc;
+		if ((rc = data_file_same(ns, f))) { /* beside the kernel's pages of the old */
+			bc_block_put(ns->m->bc, segs[0].b);
+			return rc;
+		}
 		data_drop_source_cache(f, (uint64_t)off, end);
 		segs[0].off = 0;
 		segs[0].len = bc_block_len(segs[0].b);

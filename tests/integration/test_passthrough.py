@@ -298,6 +298,31 @@ def test_small_file_changed_between_opens(small_mount):
     assert m.stat()["passthrough_opens"] >= 1
 
 
+def test_small_file_rewritten_in_place_while_open_never_mixes(small_mount):
+    """A small file's descriptor has read its first page (the kernel keeps it); the file
+    is rewritten in place. A read that needs pages past it from SOURCE must not put the
+    new bytes beside the old page: those pages are read straight from SOURCE for each
+    request, so the read checks the file first, as a read through the block cache does
+    (EIO for what the kernel does not hold; found by an outside tester)."""
+    m = small_mount
+    path, spath = os.path.join(m.data, "small"), os.path.join(m.src, "small")
+    size = os.stat(spath).st_size
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no readahead: page 0 only
+        old = os.pread(fd, 4096, 0)
+        U.assert_bytes(old, want(m, "small")[:4096], "first page")
+        st = os.stat(spath)
+        with open(spath, "r+b") as w:
+            w.write(b"\xee" * size)
+        os.utime(spath, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))  # surely later
+        got = os.pread(fd, 4 * 4096, 0)
+        assert got == old, "a descriptor of the old file read new bytes beside its page"
+    finally:
+        os.close(fd)
+    U.assert_bytes(read_file(path), b"\xee" * size, "a new open reads the new file")
+
+
 def test_small_open_beside_a_bound_one(small_mount):
     """The kernel serves an inode either from the mount's pages or from one backing file:
     an open of a file grown past passthrough_min while a small-mode open is in flight
