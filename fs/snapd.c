@@ -864,7 +864,9 @@ static int ctl_take(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 	for (i = 1; i < argc; i++) {
 		char *end;
 
-		if (!strcmp(argv[i], "--wait"))
+		if (!strcmp(argv[i], "--") && !name && i + 1 < argc)
+			name = argv[++i];
+		else if (!strcmp(argv[i], "--wait"))
 			wait = 1;
 		else if (!strcmp(argv[i], "--group-wait"))
 			wait = group_wait = 1;
@@ -875,6 +877,8 @@ static int ctl_take(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 			if (!*argv[i] || *end || !(timeout >= 0 && timeout <= 86400 * 7))
 				return ctl_fail(r, "take: bad --timeout '%s' (seconds, 0..604800)",
 						argv[i]), -EINVAL;
+		} else if (argv[i][0] == '-') {
+			return ctl_fail(r, "take: unknown option '%s'", argv[i]), -EINVAL;
 		} else if (!name)
 			name = argv[i];
 		else
@@ -886,8 +890,8 @@ static int ctl_take(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 		return rc;
 	if ((rc = snapd_take(sd, name, 0, &job))) {
 		if (rc == -EINVAL)
-			ctl_fail(r, "take: bad snapshot name (no '/', no leading '.', no control "
-				    "characters, at most 255 bytes, not 'latest')");
+			ctl_fail(r, "take: bad snapshot name (no '/', no leading '.' or '-', no "
+				    "control characters, at most 255 bytes, not 'latest')");
 		else if (rc == -EEXIST && m->cfg.workers > 1)
 			ctl_fail(r, "take: '%s' exists already (this worker's part, a complete group, "
 				    "or a group of another worker count)", name);
@@ -936,13 +940,17 @@ static int snapd_cmd_args(struct ctl_req *r, const char *cmd, int argc, char **a
 	for (i = 1; i < argc; i++) {
 		char *end;
 
-		if (!strcmp(argv[i], "--timeout")) {
+		if (!strcmp(argv[i], "--") && n < npos && i + 1 < argc) {
+			pos[n++] = argv[++i]; /* a name an older mlfs let begin with '-' */
+		} else if (!strcmp(argv[i], "--timeout")) {
 			if (i + 1 == argc)
 				return ctl_fail(r, "%s: --timeout needs SECONDS", cmd), -EINVAL;
 			t = strtod(argv[++i], &end);
 			if (!*argv[i] || *end || !(t >= 0 && t <= 86400 * 7))
 				return ctl_fail(r, "%s: bad --timeout '%s' (seconds, 0..604800)", cmd,
 						argv[i]), -EINVAL;
+		} else if (argv[i][0] == '-') {
+			return ctl_fail(r, "%s: unknown option '%s'", cmd, argv[i]), -EINVAL;
 		} else if (n < npos) {
 			pos[n++] = argv[i];
 		} else {

@@ -720,6 +720,9 @@ int store_name_new(const char *name)
 	const unsigned char *p = (const unsigned char *)name;
 	int rc = store_name_valid(name);
 
+	if (!rc && name[0] == '-') /* every tool takes options beside names: --wiat */
+		rc = -EINVAL;
+
 	for (int n; !rc && *p; p += n) {
 		n = utf8_len(p);
 		if (!n || (n == 2 && p[0] == 0xc2 && p[1] < 0xa0)) /* C1: U+0080..U+009F */

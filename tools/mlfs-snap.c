@@ -186,11 +186,15 @@ static int check_online(int argc, char **argv)
 	}
 	if (!strcmp(cmd, "advise") && argc > 3)
 		return bad_usage("advise takes nothing after MOUNT, not '%s'", argv[3]);
-	if (argc > 3 && argv[3][0] != '-' && !(!strcmp(cmd, "restore") &&
-						 !strcmp(argv[3], "latest")) &&
+	/* The name: the argument after MOUNT, or after a "--" there (which ends the
+	 * options: a name an older mlfs let begin with '-'). */
+	const char *name = argc > 4 && !strcmp(argv[3], "--") ? argv[4] :
+			   argc > 3 && argv[3][0] != '-' ? argv[3] : NULL;
+
+	if (name && !(!strcmp(cmd, "restore") && !strcmp(name, "latest")) &&
 	    (!strcmp(cmd, "take") || !strcmp(cmd, "restore") || !strcmp(cmd, "delete")) &&
-	    snap_name_ok(argv[3], !strcmp(cmd, "take"))) {
-		snap_say_bad_name(argv[3]);
+	    snap_name_ok(name, !strcmp(cmd, "take"))) {
+		snap_say_bad_name(name);
 		return 2;
 	}
 	for (i = 3; i < argc; i++)

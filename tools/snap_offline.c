@@ -126,7 +126,7 @@ int snap_name_ok(const char *name, int taking)
 void snap_say_bad_name(const char *name)
 {
 	say("invalid snapshot name '%s': a name is 1 to 255 bytes of UTF-8 without '/' or "
-	    "control characters, not starting with '.', and not 'latest'", name);
+	    "control characters, not starting with '.' or '-', and not 'latest'", name);
 }
 
 /* Readers (list, verify, restore) pass STORE_RDONLY: they write nothing in the store,
@@ -937,10 +937,16 @@ int snap_offline_main(int argc, char **argv)
 	 * own log lines would repeat it. */
 	log_set_quiet(1);
 
-	for (int i = 1; i < argc; i++) {
+	for (int i = 1, opts = 1; i < argc; i++) {
 		const char *a = argv[i];
 
-		if (!strcmp(a, "--store") || !strcmp(a, "--to")) {
+		if (opts && !strcmp(a, "--")) {
+			opts = 0; /* the rest are names: one an older mlfs let begin with '-' */
+		} else if (!opts || a[0] != '-' || !a[1]) {
+			if (npos == 2)
+				return usage("too many arguments");
+			pos[npos++] = a;
+		} else if (!strcmp(a, "--store") || !strcmp(a, "--to")) {
 			if (i + 1 >= argc)
 				return usage("option needs a directory");
 			*(a[2] == 's' ? &store : &to) = argv[++i];
@@ -950,15 +956,11 @@ int snap_offline_main(int argc, char **argv)
 			to = a + 5;
 		} else if (!strcmp(a, "--json")) {
 			json = 1;
-		} else if (a[0] == '-' && a[1]) {
+		} else {
 			char why[300];
 
 			snprintf(why, sizeof(why), "unknown option '%s'", a);
 			return usage(why);
-		} else if (npos < 2) {
-			pos[npos++] = a;
-		} else {
-			return usage("too many arguments");
 		}
 	}
 	if (!store || !*store)

@@ -237,7 +237,7 @@ def raw_take(mnt, name):
     return out
 
 
-BAD_NAMES = [b"old\xff", b"x\xc2\x9b31mRED", b"e\x1b[2J"]
+BAD_NAMES = [b"old\xff", b"x\xc2\x9b31mRED", b"e\x1b[2J", b"-x"]
 
 
 def test_daemon_refuses_names_not_utf8_or_with_controls(mounter):
@@ -254,6 +254,35 @@ def test_daemon_refuses_names_not_utf8_or_with_controls(mounter):
     rc, out, err = run([S.SNAP, "list", m.mnt, "--json"])
     assert rc == 0, err
     assert [e["name"] for e in json.loads(no_raw_controls(out))] == ["caf\u00e9-\u6a21\u578b"]
+
+
+def test_snap_no_new_name_begins_with_a_dash(mounter):
+    """A mistyped option became a snapshot's name (take MNT --wiat), and a name taken
+    as "-x" could then be named by no --store form ("unknown option"). Now a new name
+    may not begin with '-', an unknown option is refused as one, and "--" ends the
+    options of every subcommand, online and offline, for a name an older mlfs took
+    (found by an outside tester)."""
+    m = mounter()
+    U.write_file(os.path.join(m.ckpt, "f"), b"x" * 5000)
+    for opt in ("--wiat", "-x"):
+        rc, out, err = run([S.SNAP, "take", m.mnt, opt, "--wait"])
+        assert rc != 0 and f"unknown option '{opt}'".encode() in err, (rc, out, err)
+    rc, out, err = run([S.SNAP, "take", m.mnt, "--", "-x", "--wait"])
+    assert rc == 2 and b"invalid snapshot name '-x'" in err, (rc, out, err)
+    assert S.list_json(m.mnt) == {}
+    rc, out, err = run([S.SNAP, "take", m.mnt, "--", "s1", "--wait"])
+    assert rc == 0 and b"durable s1" in out, (rc, out, err)
+    exp = os.path.join(m.base, "exp")
+    for argv in (["verify", "--store", m.store, "--", "s1"],
+                 ["restore", "--store", m.store, "--to", exp, "--", "s1"]):
+        rc, out, err = run([S.SNAP, *argv])
+        assert rc == 0, (argv, rc, out, err)
+    assert open(os.path.join(exp, "f"), "rb").read() == b"x" * 5000
+    rc, out, err = run([S.SNAP, "verify", "--store", m.store, "--", "-x"])
+    assert rc == 1 and b"no snapshot named '-x'" in err, (rc, out, err)
+    rc, out, err = run([S.SNAP, "delete", m.mnt, "--", "s1"])
+    assert rc == 0, (rc, out, err)
+    assert S.list_json(m.mnt) == {}
 
 
 # ---------------------------------------------------------------- mlfs-snap usage
