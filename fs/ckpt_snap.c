@@ -410,14 +410,16 @@ int ckpt_restore(struct ckpt_ns *ns, const struct mf_manifest *mf, char ***old, 
 {
 	struct ckpt_inode **inos = calloc(mf->nentries ? mf->nentries : 1, sizeof(*inos));
 	struct timespec now = ckpt_now();
+	struct ckpt_xattr *xs;
 	struct ckpt_dirent *d;
+	size_t xb;
 	char **names = NULL;
 	size_t n = 0, i;
 	int rc = 0;
 
 	if (!inos)
 		return -ENOMEM;
-	if (!mf->nentries || mf->entries[0].type != MF_DIR) {
+	if (!mf->nentries || mf->entries[0].type != MF_DIR || mf->entries[0].link) {
 		free(inos);
 		return -EINVAL;
 	}
@@ -435,9 +437,10 @@ int ckpt_restore(struct ckpt_ns *ns, const struct mf_manifest *mf, char ***old, 
 			return -EFBIG;
 		}
 	}
-	/* Build the new inodes outside the lock: allocation only. The root entry's
-	 * attributes go to MOUNT/ckpt itself below. */
-	for (i = 1; i < mf->nentries && !rc; i++) {
+	/* Build the new inodes outside the lock: allocation only. The root entry's is
+	 * built too, for its xattrs (ACLs among them), which go to MOUNT/ckpt itself below
+	 * with its attributes. */
+	for (i = 0; i < mf->nentries && !rc; i++) {
 		const struct mf_entry *e = &mf->entries[i];
 
 		if (e->link)
@@ -493,8 +496,18 @@ int ckpt_restore(struct ckpt_ns *ns, const struct mf_manifest *mf, char ***old, 
 	ns->root->mode = S_IFDIR | (mf->entries[0].mode & 07777);
 	ns->root->uid = mf->entries[0].uid;
 	ns->root->gid = mf->entries[0].gid;
-	ns->root->mtime = ckpt_ts_of(mf->entries[0].mtime_ns);
+	ns->root->atime = inos[0]->atime;
+	ns->root->mtime = inos[0]->mtime;
 	ns->root->ctime = now;
+	/* Its xattrs are the snapshot's, not the ones set since (an ACL that contradicts
+	 * the restored mode, a default ACL lost): the old go with the built root. */
+	xs = ns->root->xattrs;
+	ns->root->xattrs = inos[0]->xattrs;
+	inos[0]->xattrs = xs;
+	xb = ns->root->xattr_bytes;
+	ns->root->xattr_bytes = inos[0]->xattr_bytes;
+	inos[0]->xattr_bytes = xb;
+	ckpt_inode_destroy(ns, inos[0]);
 	/* The base of this worker's next parts: only a tree restored whole is the one
 	 * every worker of the group restored (mf_merge's deletions rule). */
 	ns->base = !rc && ns->m->cfg.workers > 1 ? mf_id(mf) : 0;
@@ -509,7 +522,7 @@ int ckpt_restore(struct ckpt_ns *ns, const struct mf_manifest *mf, char ***old, 
 
 out_free_new:
 	pthread_mutex_unlock(&ns->mu);
-	for (i = 1; i < mf->nentries; i++)
+	for (i = 0; i < mf->nentries; i++)
 		if (inos[i] && !mf->entries[i].link)
 			ckpt_inode_destroy(ns, inos[i]);
 	free(inos);

@@ -382,6 +382,33 @@ def test_capability_and_acl_survive_restore(snapenv):
     assert os.getxattr(g, "system.posix_acl_access") == acl
 
 
+@pytest.mark.daemon
+def test_restore_brings_back_the_xattrs_and_acls_of_ckpt_itself(snapenv):
+    """MOUNT/ckpt's own xattrs and ACLs are the snapshot's after a restore, as its mode
+    and owner are: it kept the ones it had just before, so a removed ACL left the
+    restored mode (775, a mask) granting the owning group writes the snapshot's ACL
+    refused, and an xattr set after the take survived (found by an outside tester)."""
+    env = snapenv()
+    d = env.mount()
+    root = d.ckpt
+    os.chmod(root, 0o775)
+    setfacl("-m", "g::r-x,m::rwx,u:65534:rwx", root)
+    setfacl("-d", "-m", "u:65534:rwx", root)
+    os.setxattr(root, "user.tag", b"keep")
+    acl, dacl = (os.getxattr(root, n) for n in ("system.posix_acl_access",
+                                                 "system.posix_acl_default"))
+    S.snap_ok("take", env.mnt, "s", "--wait")
+    setfacl("-b", root)
+    os.removexattr(root, "user.tag")
+    os.setxattr(root, "user.later", b"x")
+    S.snap_ok("restore", env.mnt, "s")
+    assert os.getxattr(root, "system.posix_acl_access") == acl
+    assert os.getxattr(root, "system.posix_acl_default") == dacl
+    assert os.getxattr(root, "user.tag") == b"keep"
+    assert "user.later" not in os.listxattr(root), os.listxattr(root)
+    assert stat.S_IMODE(os.stat(root).st_mode) == 0o775
+
+
 # --- fallocate ---------------------------------------------------------------------------
 
 def test_fallocate_mode0_extends(ckpt):
