@@ -19,14 +19,16 @@
  * 5. A block referenced by anyone but this file (a snapshot, a reader replying) is never
  *    written in place: bc_write_begin refuses and the writer copies it (bcache inv. 3).
  * 6. ino->nwrite is the number of its open handles (struct ckpt_file) whose `writing`
- *    is set; both change together, under ns->mu. Set at the open, cleared at a FLUSH,
- *    set again by a WRITE through the handle, cleared at its RELEASE: so nwrite never
+ *    is set; both change together, under ns->mu. Set at the open, cleared at the
+ *    opener's last FLUSH (ckpt_file_flush), set again by a WRITE through the handle,
+ *    cleared at its RELEASE: so nwrite never
  *    goes below zero and no handle leaves a count behind.
  */
 #include "fs/ckpt.h"
 #include "fs/ckpt_int.h"
 
 #include <assert.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -1211,12 +1213,50 @@ static void ckpt_file_set_writing_locked(struct ckpt_ns *ns, struct ckpt_inode *
 	}
 }
 
+/* Whether thread tid still has a descriptor of the file numbered st_ino. A FLUSH comes
+ * from close(2) after the descriptor left the table, so one found there is another (a
+ * dup, which the opener's close of a dup left open: bash closes one at every `cmd >&7`,
+ * or another open of the file). Read from /proc/TID/fd and fdinfo, which ask this daemon
+ * nothing; false when /proc cannot say (then the close counts as the opener's last). A
+ * readlink per descriptor, and fdinfo only for those naming a path. */
+static bool ckpt_tid_holds(pid_t tid, uint64_t st_ino)
+{
+	char path[300], buf[512];
+	struct dirent *de;
+	bool held = false;
+	DIR *d;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)tid);
+	if (tid <= 0 || !(d = opendir(path)))
+		return false;
+	while (!held && (de = readdir(d))) {
+		unsigned long long n = 0;
+		const char *p;
+		ssize_t len;
+		int fd;
+
+		if (de->d_name[0] == '.' ||
+		    readlinkat(dirfd(d), de->d_name, buf, sizeof(buf)) <= 0 || buf[0] != '/')
+			continue; /* a pipe, socket or anon inode */
+		snprintf(path, sizeof(path), "/proc/%d/fdinfo/%s", (int)tid, de->d_name);
+		if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+			continue;
+		len = read(fd, buf, sizeof(buf) - 1);
+		close(fd);
+		buf[len > 0 ? len : 0] = '\0';
+		if ((p = strstr(buf, "\nino:")) && sscanf(p + 5, "%llu", &n) == 1)
+			held = n == st_ino;
+	}
+	closedir(d);
+	return held;
+}
+
 void ckpt_file_flush(struct ckpt_ns *ns, struct ckpt_inode *ino, struct ckpt_file *f,
 		     pid_t pid)
 {
 	/* A close by anyone else (a forked child's exit, or its exec closing the inherited
 	 * O_CLOEXEC descriptor) says nothing about the opener, who may still be writing. */
-	if (pid != f->opener)
+	if (pid != f->opener || ckpt_tid_holds(pid, ino->hdr.st_ino))
 		return;
 	pthread_mutex_lock(&ns->mu);
 	ckpt_file_set_writing_locked(ns, ino, f, false);

@@ -8,11 +8,14 @@ used to see the file open for writing, and `latest` skipped a good snapshot.
 - a file still open for writing at the take is flagged (test_snap_robust as well), also
   after a child's exec or exit closed its inherited copy (only the opener's FLUSH counts).
 - a dup'ed descriptor still writing after the other was closed is flagged again (its
-  WRITE counts the handle again until RELEASE); several FLUSHes of one handle leave the
-  count right: a later open for writing is flagged, a later close is not.
+  WRITE counts the handle again until RELEASE), and the opener's close of a dup while
+  another descriptor of the file stays open in it ends nothing; several FLUSHes of one
+  handle leave the count right: a later open for writing is flagged, a later close is
+  not.
 - a shared writable mapping kept after close(): not flagged until its pages are written
   back (msync), flagged from then until munmap's RELEASE.
 """
+import ctypes
 import mmap
 import os
 import socket
@@ -141,6 +144,8 @@ def test_open_file_and_dup_still_writing_are_flagged(snapenv):
     assert t.open_writes() == 1
     os.write(fd2, b"C" * 5000)
     assert t.open_writes() == 1
+    os.close(os.dup(fd2))  # the opener's close of a dup (bash: every `cmd >&N`)
+    assert t.open_writes() == 1  # fd2 still open in the opener, no WRITE since
     fd3 = os.dup(fd2)
     os.close(fd2)  # FLUSH
     os.close(fd3)  # FLUSH again, of a handle no longer writing, then RELEASE
@@ -184,22 +189,31 @@ def test_open_file_and_dup_still_writing_are_flagged(snapenv):
 def test_shared_mapping_after_close(snapenv):
     """A MAP_SHARED writable mapping outlives close(): its pages reach the daemon when
     written back (msync), through the handle, which then counts as writing until
-    munmap's RELEASE (asynchronous, so polled)."""
+    munmap's RELEASE (asynchronous, so polled). Mapped with libc's mmap: Python's keeps
+    a dup of the descriptor, which counts as the opener's open descriptor."""
     env = snapenv()
     d = env.mount()
     t = Taker(env)
     p = os.path.join(d.ckpt, "mapped")
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long)
+    libc.msync.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    size = 1 << 16
     fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
-    os.ftruncate(fd, 1 << 16)
-    mm = mmap.mmap(fd, 1 << 16, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    os.ftruncate(fd, size)
+    addr = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
     try:
         os.close(fd)
         assert t.open_writes() == 0  # counted from its first write-back (ckpt.h)
-        mm[0:5] = b"hello"
-        mm.flush()  # msync: a WRITE through the handle
+        ctypes.memmove(addr, b"hello", 5)
+        assert libc.msync(addr, size, 4) == 0  # MS_SYNC: a WRITE through the handle
         assert t.open_writes() == 1
     finally:
-        mm.close()  # munmap: RELEASE
+        libc.munmap(addr, size)  # RELEASE
     t.until_none_open("the mapping's RELEASE left the file counted")
     with open(p, "rb") as f:
         assert f.read(5) == b"hello"
