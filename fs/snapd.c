@@ -886,6 +886,9 @@ static int ctl_take(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 	}
 	if (!name)
 		return ctl_fail(r, "take: a snapshot NAME is needed"), -EINVAL;
+	if (!strncmp(name, STORE_AUTO_PREFIX, strlen(STORE_AUTO_PREFIX)))
+		return ctl_fail(r, "take: names beginning with '" STORE_AUTO_PREFIX "' are "
+				   "autosnap's, which keep= deletes; choose another"), -EINVAL;
 	if ((rc = snapd_lease_check(sd, r)))
 		return rc;
 	if ((rc = snapd_take(sd, name, 0, &job))) {
@@ -1503,7 +1506,8 @@ static void snapd_retention(struct snapd *sd)
 	 * neither counted nor deleted here (gc collects it after its grace time), so a
 	 * group still being written by slower workers is never cut. */
 	for (i = 0; i < n; i++)
-		nauto += !strncmp(v[i].name, "auto-", 5) && v[i].state == STORE_SNAP_COMPLETE;
+		nauto += !strncmp(v[i].name, STORE_AUTO_PREFIX, strlen(STORE_AUTO_PREFIX)) &&
+			 v[i].state == STORE_SNAP_COMPLETE;
 	/* The newest snapshot without files open for writing is what 'latest' restores
 	 * (store_latest): never delete it, even beyond keep, or a run of snapshots taken
 	 * mid-save would leave no usable latest. */
@@ -1515,7 +1519,8 @@ static void snapd_retention(struct snapd *sd)
 			break;
 		}
 	for (i = 0; i < n && nauto > keep; i++) { /* store_list is oldest first */
-		if (strncmp(v[i].name, "auto-", 5) || v[i].state != STORE_SNAP_COMPLETE)
+		if (strncmp(v[i].name, STORE_AUTO_PREFIX, strlen(STORE_AUTO_PREFIX)) ||
+		    v[i].state != STORE_SNAP_COMPLETE)
 			continue;
 		if (i == latest) {
 			nauto--; /* kept over and above keep */

@@ -75,10 +75,14 @@ void store_close(struct store *s);
  * '.', control characters (bytes < 0x20 and 0x7f), and the reserved word "latest".
  */
 int store_name_valid(const char *name);
-/* store_name_valid, and for a new snapshot also valid UTF-8 without C1 controls, so
- * that every name taken from now on prints as it is (names an older store holds stay
- * valid to list, restore and delete). 0 or -EINVAL. */
+/* store_name_valid, and for a new snapshot also valid UTF-8 without C1 controls and
+ * not beginning with '-' (taken for an option), so that every name taken from now on
+ * prints as it is (names an older store holds stay valid to list, restore and delete).
+ * 0 or -EINVAL. */
 int store_name_new(const char *name);
+/* The prefix of autosnap's names (snapd), the only snapshots keep= deletes: refused
+ * to a take by hand. */
+#define STORE_AUTO_PREFIX "auto-"
 
 /*
  * Store len bytes (1..MF_BLOCK_SIZE_MAX) as an object unless it is already stored;

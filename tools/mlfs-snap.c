@@ -197,6 +197,10 @@ static int check_online(int argc, char **argv)
 		snap_say_bad_name(name);
 		return 2;
 	}
+	if (name && !strcmp(cmd, "take") &&
+	    !strncmp(name, STORE_AUTO_PREFIX, strlen(STORE_AUTO_PREFIX)))
+		return bad_usage("names beginning with '%s' are autosnap's, which keep= deletes; "
+				 "choose another", STORE_AUTO_PREFIX);
 	for (i = 3; i < argc; i++)
 		if (strpbrk(argv[i], "\t\n"))
 			return bad_usage("%s", "an argument holds a tab or a newline, which no "

@@ -285,6 +285,20 @@ def test_snap_no_new_name_begins_with_a_dash(mounter):
     assert S.list_json(m.mnt) == {}
 
 
+def test_snap_take_by_hand_refuses_autosnaps_prefix(mounter):
+    """keep=N deletes the oldest snapshots named auto-*, and a hand take could use that
+    prefix: with autosnap=1s,keep=1 a durable auto-by-hand was gone seconds later,
+    though snapshots taken by hand are never deleted (found by an outside tester).
+    Now a take by hand refuses the prefix, whichever client sends it."""
+    m = mounter(opts="autosnap=1s,keep=1")
+    U.write_file(os.path.join(m.ckpt, "f"), b"x" * 5000)
+    rc, out, err = run([S.SNAP, "take", m.mnt, "auto-by-hand", "--wait"])
+    assert rc == 2 and b"autosnap's" in err, (rc, out, err)
+    out = raw_take(m.mnt, b"auto-raw")
+    assert b"\nerr " in b"\n" + out and b"autosnap's" in out, out
+    assert not [n for n in S.list_json(m.mnt) if n in ("auto-by-hand", "auto-raw")]
+
+
 # ---------------------------------------------------------------- mlfs-snap usage
 
 def test_snap_store_form_exit_codes(mounter):
