@@ -102,6 +102,16 @@
  *    fd as when the name alone is gone, and so does an open directory whose name is
  *    gone or no directory now (its opens count in nopen too). Detached nodes wait in ns->gone until the
  *    kernel forgets them (or the mount ends) and count in data_nodes.
+ * 9. Racy files (git's "racy timestamps"): a write(2) sets mtime and ctime before its
+ *    bytes land, so a read of a file being rewritten in place can see the final id
+ *    beside old bytes, and nothing after it changes the id. A file whose ctime is
+ *    under DATA_RACY_NS old (or in the future) when it is looked at is racy: no copy
+ *    read from it while so is admitted to the cache (data_fill; mapped blocks are
+ *    SOURCE's pages as they are, so they are), and every open of it, and the first
+ *    one after it stopped being racy, counts as a change (data_node_revalidate), so
+ *    the kernel drops what it read meanwhile. A rewrite whose one write(2) outlasts
+ *    DATA_RACY_NS, or stores through a shared mapping into pages already dirty (which
+ *    move no timestamp), can still be missed (mlfs(8) BUGS).
  */
 #include "fs/data.h"
 
@@ -138,6 +148,7 @@ struct data_node {
 	struct data_node *hnext;
 	struct bc_fid fid;	  /* invariant 2 */
 	uint64_t changed_ns;	  /* when an open last found fid changed (invariant 5) */
+	bool racy;		  /* last seen written to just before (invariant 9) */
 	uint64_t nlookup;
 	int wd;			  /* a directory's inotify watch, 0 for none (invariant 6) */
 	uint32_t nchild;
@@ -1286,6 +1297,23 @@ int data_listxattr(struct data_ns *ns, struct data_node *n, const struct data_cr
  * page drop, and free on an unchanged dataset. */
 #define DATA_SETTLE_NS (10ull * 1000000000ull)
 
+/* How recent a ctime makes a file racy (invariant 9): longer than a write(2) of a
+ * dataset file takes, and than the clock granularity of timestamps (a jiffy). */
+#define DATA_RACY_NS (2ull * 1000000000ull)
+
+/* Whether st's file may be in the middle of a write (invariant 9), by the wall clock
+ * its timestamps come from. */
+static bool data_racy(const struct stat *st)
+{
+	struct timespec now;
+	int64_t age;
+
+	clock_gettime(CLOCK_REALTIME, &now);
+	age = (int64_t)(now.tv_sec - st->st_ctim.tv_sec) * 1000000000 +
+	      (now.tv_nsec - st->st_ctim.tv_nsec);
+	return age < (int64_t)DATA_RACY_NS;
+}
+
 /* Records st's file, of id fid, as n's current one (invariant 2): when the id differs
  * from the one n held, the old id's blocks are dropped. Returns whether the kernel's
  * cached pages of n may be stale: it differed, or did within DATA_SETTLE_NS (invariant
@@ -1297,6 +1325,7 @@ static int data_node_revalidate(struct data_ns *ns, struct data_node *n,
 	uint64_t now = mono_now_ns();
 	struct bc_fid old;
 	int settling;
+	bool racy;
 
 	pthread_mutex_lock(&ns->mu);
 	if ((settling = data_node_follow_locked(ns, n, st, open))) {
@@ -1305,8 +1334,10 @@ static int data_node_revalidate(struct data_ns *ns, struct data_node *n,
 	}
 	old = n->fid;
 	n->fid = *fid;
-	if (!data_fid_eq(&old, fid))
+	racy = data_racy(st);
+	if (!data_fid_eq(&old, fid) || racy || n->racy) /* invariant 9 */
 		n->changed_ns = now;
+	n->racy = racy;
 	settling = n->changed_ns && now - n->changed_ns < DATA_SETTLE_NS;
 	pthread_mutex_unlock(&ns->mu);
 	if (data_fid_eq(&old, fid))
@@ -1862,12 +1893,16 @@ static void data_drop_source_cache(const struct data_file *f, uint64_t off, uint
  * (a rewrite that set its mtime back is caught at the next open only: data_fid_of). A
  * file that grew is taken as appended to (a file still being written when it was
  * opened, data_read_grown). 0, or -EIO (logged) when it changed. An fstat per SOURCE
- * read. */
-static int data_file_same(struct data_ns *ns, struct data_file *f)
+ * read. *racy (if not NULL): whether the file is racy (invariant 9), or cannot be
+ * told. */
+static int data_file_same(struct data_ns *ns, struct data_file *f, bool *racy)
 {
 	struct stat st;
+	int rc = fstat(f->fd, &st);
 
-	if (fstat(f->fd, &st) < 0 || (uint64_t)st.st_size > f->size)
+	if (racy)
+		*racy = rc < 0 || data_racy(&st);
+	if (rc < 0 || (uint64_t)st.st_size > f->size)
 		return 0; /* the read itself succeeded: nothing says it changed; or appended */
 	if ((uint64_t)st.st_size == f->size && st.st_mtim.tv_sec == f->mtime.tv_sec &&
 	    st.st_mtim.tv_nsec == f->mtime.tv_nsec)
@@ -1888,6 +1923,7 @@ static int data_fill(struct data_ns *ns, struct data_file *f, uint64_t idx,
 	uint64_t off = idx * bs;
 	uint32_t len = f->size - off < bs ? (uint32_t)(f->size - off) : bs;
 	struct bc_block *b;
+	bool racy;
 	int rc;
 
 	/* Rule M of tier.c: a block SOURCE gives back cheaply is SOURCE's own page cache,
@@ -1895,7 +1931,7 @@ static int data_fill(struct data_ns *ns, struct data_file *f, uint64_t idx,
 	 * bc_block_new_mapped); a SOURCE that cannot be mapped is read as before. */
 	if (tier_maps_data(ns->m->tier)) {
 		rc = bc_block_new_mapped(ns->m->bc, f->fd, off, len, &b);
-		if (!rc && (rc = data_file_same(ns, f))) {
+		if (!rc && (rc = data_file_same(ns, f, NULL))) {
 			bc_block_put(ns->m->bc, b);
 			return rc;
 		}
@@ -1911,7 +1947,7 @@ static int data_fill(struct data_ns *ns, struct data_file *f, uint64_t idx,
 	}
 	if ((rc = data_pread(ns, f, off, len, &b)))
 		return rc;
-	if ((rc = data_file_same(ns, f))) {
+	if ((rc = data_file_same(ns, f, &racy))) {
 		bc_block_put(ns->m->bc, b);
 		return rc;
 	}
@@ -1920,7 +1956,9 @@ static int data_fill(struct data_ns *ns, struct data_file *f, uint64_t idx,
 	 * copy charged to the daemon, which the governor would take for memory the
 	 * kernel can give back and the kernel for memory of the daemon's (issue 12). */
 	data_drop_source_cache(f, off, off + len);
-	*out = bc_insert(ns->m->bc, b, &f->fid, idx);
+	/* A racy file's bytes may be torn by a write in flight (invariant 9): this
+	 * request's, not the cache's. */
+	*out = racy ? b : bc_insert(ns->m->bc, b, &f->fid, idx);
 	return 0;
 }
 
@@ -1992,7 +2030,7 @@ static int data_read_direct(struct data_ns *ns, struct data_file *f, uint64_t of
 {
 	int rc = data_pread(ns, f, off, len, out);
 
-	if (!rc && (rc = data_file_same(ns, f))) {
+	if (!rc && (rc = data_file_same(ns, f, NULL))) {
 		bc_block_put(ns->m->bc, *out);
 		return rc;
 	}
@@ -2056,7 +2094,7 @@ int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
 		/* The kernel keeps what we return (keep_cache): hold no second copy. */
 		if ((rc = data_pread(ns, f, off, (uint32_t)(end - off), &segs[0].b)))
 			return rc;
-		if ((rc = data_file_same(ns, f))) { /* beside the kernel's pages of the old */
+		if ((rc = data_file_same(ns, f, NULL))) { /* beside the kernel's pages of the old */
 			bc_block_put(ns->m->bc, segs[0].b);
 			return rc;
 		}
@@ -2120,7 +2158,7 @@ int data_read(struct data_ns *ns, struct data_file *f, size_t size, off_t off,
 	 * put beside the old version's pages it kept of other ranges of the file. So a
 	 * read that serves one checks the file as a read of SOURCE does (data_fill); a
 	 * rewrite racing the reply itself is a read concurrent with a write. */
-	if (mapped && (rc = data_file_same(ns, f)))
+	if (mapped && (rc = data_file_same(ns, f, NULL)))
 		goto fail;
 	/* A read past the page that holds the end at the open: the kernel was told of a
 	 * larger size since (a GETATTR of the file grown), or reads directly; the rest,

@@ -316,6 +316,19 @@ def first_diff(a, b):
     return n if len(a) != len(b) else -1
 
 
+RACY_S = 2.0  # fs/data.c DATA_RACY_NS
+
+
+def wait_not_racy(paths):
+    """Until every file of paths has a ctime over RACY_S old: a SOURCE file changed
+    just before is read but not cached (fs/data.c invariant 9), and a dataset is
+    written long before its job reads it. Costs at most RACY_S and a bit."""
+    newest = max((os.stat(p).st_ctime for p in paths), default=0.0)
+    delay = newest + RACY_S + 0.1 - time.time()
+    if delay > 0:
+        time.sleep(delay)
+
+
 def assert_bytes(got, want, what):
     """Byte-exact comparison with a short message (pytest's own diff of megabytes is
     unreadable): the first differing offset and the lengths."""

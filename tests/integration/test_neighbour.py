@@ -65,6 +65,7 @@ def make_files(src, n, size, seed):
         files[name] = rng.randbytes(size)
         with open(os.path.join(src, name), "wb") as f:
             f.write(files[name])
+    U.wait_not_racy([os.path.join(src, n) for n in files])
     return files
 
 

@@ -241,6 +241,7 @@ def small_mount(mounter):
     for name, size in (("small", 110 * 1024 + 7), ("edge", MiB - 1), ("at", MiB)):
         U.write_file(os.path.join(src, name), rng.randbytes(size))
     os.sync()  # a dataset is written long before: no dirty page left to keep cached
+    U.wait_not_racy([os.path.join(src, n) for n in os.listdir(src)])  # nor racy
     m = mounter(src=src, opts="passthrough=auto")
     if m.stat()["passthrough"] != 1:
         pytest.skip("passthrough not negotiated (see pt_mount)")

@@ -85,6 +85,7 @@ def make_files(src, n, size, seed):
         with open(os.path.join(src, name), "wb") as f:
             f.write(rng.randbytes(size))
         names.append(name)
+    U.wait_not_racy([os.path.join(src, n) for n in names])
     return names
 
 
@@ -691,6 +692,7 @@ def test_spilled_block_that_fails_its_checksum_is_counted_and_read_again(mounter
     data = random.Random(7).randbytes(32 << 20)
     with open(os.path.join(src, "f"), "wb") as f:
         f.write(data)
+    U.wait_not_racy([os.path.join(src, "f")])
     meminfo = str(tmp_path / "meminfo")
 
     def mem(avail_kib):
