@@ -1233,6 +1233,24 @@ static int gc_repack(struct pack_set *ps, struct pack *p, pack_live_fn live, voi
 	return 0;
 }
 
+/* gc_repack, and when it fails (ENOSPC in a full store, a read error) the copies made
+ * so far are dropped with their writer, none published and no original set aside: a
+ * half copy published beside its whole original only took more room (an outside
+ * tester's full store went from 85% to 100% by a gc that said it removed nothing). */
+static int gc_repack_or_drop(struct pack_set *ps, struct pack *p, pack_live_fn live,
+			     void *arg, struct hset *copied, struct pack_writer **w,
+			     struct pack **repack, uint64_t *copied_bytes, size_t *nre,
+			     uint64_t live_bytes)
+{
+	int rc = gc_repack(ps, p, live, arg, copied, w, repack, copied_bytes, nre, live_bytes);
+
+	if (rc) {
+		pack_writer_abort(ps, w);
+		*nre = 0;
+	}
+	return rc;
+}
+
 int pack_gc_sweep(struct pack_set *ps, pack_live_fn live, void *arg, int64_t now_ns,
 		  int64_t grace_ns, const char *token, struct pack_gc **out, uint64_t *freed)
 {
@@ -1242,7 +1260,7 @@ int pack_gc_sweep(struct pack_set *ps, pack_live_fn live, void *arg, int64_t now
 	struct pack_writer *w = NULL;
 	struct hset copied = { 0 };
 	size_t nv = 0, nre = 0, nsmall = 0;
-	int rc;
+	int rc, copy_rc = 0;
 
 	if (!g)
 		return -ENOMEM;
@@ -1299,8 +1317,9 @@ int pack_gc_sweep(struct pack_set *ps, pack_live_fn live, void *arg, int64_t now
 			continue;
 		}
 		if (nlive) {
-			gc_repack(ps, p, live, arg, &copied, &w, repack, copied_bytes, &nre,
-				  live_bytes);
+			if (!copy_rc)
+				copy_rc = gc_repack_or_drop(ps, p, live, arg, &copied, &w, repack,
+							    copied_bytes, &nre, live_bytes);
 			continue;
 		}
 		snprintf(file, sizeof(file), "%s.pack", p->id);
@@ -1319,11 +1338,11 @@ int pack_gc_sweep(struct pack_set *ps, pack_live_fn live, void *arg, int64_t now
 	 * them costs every listing, scan and restore. Two or more are copied into gc's new
 	 * pack like a repack's survivors, up to PACK_TARGET bytes a run; one alone stays
 	 * (copying it would only rename it). */
-	for (size_t i = 0; i < nsmall && nsmall >= 2 && !rc; i++) {
+	for (size_t i = 0; i < nsmall && nsmall >= 2 && !rc && !copy_rc; i++) {
 		if (merge_bytes + small_live[i] > PACK_TARGET)
 			break;
-		if (!gc_repack(ps, small[i], live, arg, &copied, &w, repack, copied_bytes, &nre,
-			       small_live[i]))
+		if (!(copy_rc = gc_repack_or_drop(ps, small[i], live, arg, &copied, &w, repack,
+						  copied_bytes, &nre, small_live[i])))
 			merge_bytes += small_live[i];
 	}
 	/* The copies durable (their pack published) before any original goes. */
@@ -1344,6 +1363,11 @@ int pack_gc_sweep(struct pack_set *ps, pack_live_fn live, void *arg, int64_t now
 				rc = -errno;
 		}
 	}
+	/* The packs wholly dead are set aside all the same: they are what frees room in
+	 * a full store. The copy's failure is still the sweep's (ENOSPC: the caller says
+	 * why nothing partly live was freed). */
+	if (!rc)
+		rc = copy_rc;
 out:
 	for (size_t i = 0; i < nv; i++)
 		release(ps, v[i], -1, 0);

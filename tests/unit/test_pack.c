@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <sys/stat.h>
@@ -428,6 +429,67 @@ static void test_gc(const char *dir)
 	store_close(s);
 }
 
+/* gc in a full store: the copy of a mostly dead pack's live object fails (ENOSPC), and
+ * the copies made are dropped, none published beside the original (a half copy only
+ * took more room: an outside tester's store went from 85% to 100% full by a gc that
+ * said it removed nothing); the wholly dead pack goes all the same, the error is gc's,
+ * and once there is room the next gc repacks. A tmpfs of its own: needs root. */
+static void test_gc_full_store(const char *mnt)
+{
+	unsigned mixed[10], keep[] = { 300, 501, 502 }, dead[] = { 400, 401 };
+	char dir[512], filler[512];
+	static char buf[BS];
+	uint64_t objs = 0, bytes = 0;
+	struct store *s;
+	struct stat st;
+	int fd;
+
+	if (mkdir(mnt, 0755) || mount("tmpfs", mnt, "tmpfs", 0, "size=2m")) {
+		printf("test_pack: skipping the full-store gc test (needs root to mount tmpfs)\n");
+		rmdir(mnt);
+		return;
+	}
+	path_of(dir, sizeof(dir), mnt, "store");
+	path_of(filler, sizeof(filler), mnt, "filler");
+	mixed[0] = 300;
+	for (int i = 1; i < 10; i++)
+		mixed[i] = 500 + (unsigned)i;
+	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
+	EXPECT_EQ(commit_seeds(s, "mixed", mixed, 10), 0);	/* pack 1: 10, 3 to stay */
+	EXPECT_EQ(commit_seeds(s, "keep", keep, 3), 0);
+	EXPECT_EQ(commit_seeds(s, "dead", dead, 2), 0);		/* pack 2: 2, none to stay */
+	EXPECT_EQ(store_delete(s, "mixed"), 0);
+	EXPECT_EQ(store_delete(s, "dead"), 0);
+	fd = open(filler, O_CREAT | O_WRONLY, 0644);
+	fill(buf, BS, 1);
+	while (write(fd, buf, BS) > 0)
+		;
+	while (write(fd, buf, 512) > 0)
+		;
+	/* Room for one copy and a half: the second fails. */
+	EXPECT(!fstat(fd, &st) && !ftruncate(fd, st.st_size - (BS + BS / 2)));
+	close(fd);
+	usleep(1100 * 1000);					/* past the grace time */
+	EXPECT_EQ(store_gc(s, &objs, &bytes), -ENOSPC);
+	EXPECT_EQ(objs, 2);			/* the dead pack went */
+	EXPECT_EQ(count_packs(dir, ".pack"), 1);	/* the mixed one stays, nothing new */
+	EXPECT_EQ(count_packs(dir, ".tmp"), 0);
+	EXPECT_EQ(count_packs(dir, ".gc."), 0);
+	EXPECT_EQ(read_seed(s, 300), BS);
+	EXPECT_EQ(store_verify(s, NULL, NULL, NULL), 0);
+	unlink(filler);
+	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
+	EXPECT_EQ(objs, 7);			/* repacked now */
+	EXPECT_EQ(count_packs(dir, ".pack"), 1);
+	for (unsigned i = 0; i < 3; i++)
+		EXPECT_EQ(read_seed(s, keep[i]), BS);
+	EXPECT_EQ(read_seed(s, 503), -ENOENT);
+	EXPECT_EQ(store_verify(s, NULL, NULL, NULL), 0);
+	store_close(s);
+	EXPECT_EQ(umount(mnt), 0);
+	rmdir(mnt);
+}
+
 /* Small packs, all live (an autosnap's few changed blocks each): gc merges them into
  * one, frees only their headers, indexes and tails, and every object still reads, here
  * and through a handle that knew the old packs; one small pack alone stays as it is. */
@@ -634,6 +696,8 @@ int main(void)
 	test_dedup(p);
 	path_of(p, sizeof(p), root, "gc");
 	test_gc(p);
+	path_of(p, sizeof(p), root, "fullgc");
+	test_gc_full_store(p);
 	path_of(p, sizeof(p), root, "merge");
 	test_gc_merges_small_packs(p);
 	path_of(p, sizeof(p), root, "leftover");
