@@ -161,6 +161,7 @@ def cmd_gen(args):
         with open(f"{src}/{rel}", "wb") as f:
             f.write(b"x" * (n % 200))
     os.sync()
+    time.sleep(2.1)  # written long before the job: no file racy (fs/data.c inv. 9)
     with open(marker, "w") as f:
         f.write(want)
     print(f"dataset {src}: built in {time.time() - t0:.0f} s", flush=True)

@@ -108,6 +108,7 @@ def gen(src, files):
         with open(p, "wb") as f:
             f.write(pool[off:off + size])
     os.sync()
+    time.sleep(2.1)  # written long before the job: no file racy (fs/data.c inv. 9)
     with open(marker, "w") as f:
         f.write(want)
 

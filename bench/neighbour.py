@@ -170,6 +170,10 @@ def make_source(src, total, nfiles):
                 f.write(rng.randbytes(size))
         names.append("f%03d.bin" % i)
     subprocess.run(["sync"])
+    # A dataset is written long before its job reads it; a file changed under 2 s
+    # before is read but not cached (fs/data.c invariant 9).
+    newest = max(os.stat(os.path.join(src, n)).st_ctime for n in names)
+    time.sleep(max(0.0, newest + 2.1 - time.time()))
     return names
 
 

@@ -303,6 +303,7 @@ def test_stat_counters_move_after_reads(mount_mlfs):
     data = random.Random(U.SEED + 11).randbytes(5 * MiB)
     with open(os.path.join(m0.src, "f"), "wb") as f:
         f.write(data)
+    U.wait_not_racy([os.path.join(m0.src, "f")])  # else read but not cached
     s0 = m0.stat()
     with open(os.path.join(m0.data, "f"), "rb") as f:
         U.assert_bytes(f.read(), data, "first read")
