@@ -177,6 +177,10 @@ struct bc {
 	_Atomic uint64_t mem_bytes;
 	_Atomic uint64_t blocks[2], resident[2];
 	_Atomic uint64_t hits, misses, not_admitted, dirty_bytes;
+	/* bc_ckpt_held: the cap of resident checkpoint blocks not in the store that have
+	 * a spill copy (bc_copied_cap), and the spill space of every checkpoint block with
+	 * one (b->spill_disk while BC_SPILLED). */
+	_Atomic uint64_t ckpt_copied, ckpt_spilled;
 	_Atomic uint64_t src_ns_per_mib; /* EWMA, bc_source_ns_per_mib */
 	_Atomic uint64_t unplaced;	 /* cap of BC_UNPLACED blocks: bc_unplaced_bytes */
 	_Atomic uint64_t unplaced_n;	 /* and their number */
@@ -464,6 +468,23 @@ static void bc_set_buf(struct bc_block *b, void *buf)
 	__atomic_store_n(&b->buf, buf, __ATOMIC_RELAXED);
 }
 
+/* What b counts in bc->ckpt_copied: its cap while it is a resident checkpoint block
+ * with a spill copy and none in the store (its memory is dirty_bytes, and freeing it
+ * costs nothing: tier.c rule A). Read under the shard lock, or by b's only user. */
+static uint64_t bc_copied_cap(const struct bc_block *b)
+{
+	return b->cls == BC_CKPT && b->buf &&
+	       (b->flags & (BC_SPILLED | BC_STORED)) == BC_SPILLED ? b->cap : 0;
+}
+
+/* Before BC_SPILLED is cleared: b's copy no longer counts (bc_ckpt_held). */
+static void bc_uncount_copy(struct bc *bc, struct bc_block *b)
+{
+	atomic_fetch_sub(&bc->ckpt_copied, bc_copied_cap(b));
+	if (b->cls == BC_CKPT && (b->flags & BC_SPILLED))
+		atomic_fetch_sub(&bc->ckpt_spilled, b->spill_disk);
+}
+
 /* Frees b's buffer; with `pool`, into the pool when it fits there. Only buffers the job
  * let go of are pooled (a checkpoint block freed by its last put: a file truncated,
  * unlinked or replaced, a snapshot persisted); an eviction frees memory to meet the
@@ -474,6 +495,7 @@ static void bc_buf_free(struct bc *bc, struct bc_block *b, bool pool)
 
 	if (!buf)
 		return;
+	atomic_fetch_sub(&bc->ckpt_copied, bc_copied_cap(b));
 	bc_set_buf(b, NULL);
 	atomic_fetch_sub(&bc->mem_bytes, b->cap);
 	atomic_fetch_sub(&bc->resident[b->cls], 1);
@@ -581,6 +603,11 @@ uint32_t bc_block_size(const struct bc *bc)
 	return bc->block_size;
 }
 
+uint32_t bc_block_footprint(const struct bc *bc)
+{
+	return bc->pool_cap;
+}
+
 void bc_set_budget(struct bc *bc, uint64_t budget)
 {
 	atomic_store(&bc->budget, budget);
@@ -605,6 +632,15 @@ uint64_t bc_mem_bytes(const struct bc *bc)
 uint64_t bc_dirty_bytes(const struct bc *bc)
 {
 	return atomic_load(&bc->dirty_bytes);
+}
+
+void bc_ckpt_held(const struct bc *bc, uint64_t *mem, uint64_t *spill)
+{
+	uint64_t dirty = atomic_load(&bc->dirty_bytes), copied = atomic_load(&bc->ckpt_copied);
+
+	/* Two loads apart: a block changing between them may be counted in one only. */
+	*mem = dirty > copied ? dirty - copied : 0;
+	*spill = atomic_load(&bc->ckpt_spilled);
 }
 
 void bc_get_stats(struct bc *bc, struct bc_stats *st)
@@ -918,6 +954,7 @@ static void bc_block_destroy(struct bc *bc, struct bc_block *b)
 {
 	bc_placed(bc, b);
 	if ((b->flags & BC_SPILLED) && bc->backing.unspill) {
+		bc_uncount_copy(bc, b);
 		b->flags &= ~BC_SPILLED;
 		bc->backing.unspill(bc->backing.arg, b);
 	}
@@ -1158,6 +1195,7 @@ void bc_write_end(struct bc *bc, struct bc_block *b)
 	assert(b->flags & BC_WRITING);
 	was_stored = b->flags & BC_STORED;
 	was_spilled = b->flags & BC_SPILLED;
+	bc_uncount_copy(bc, b);
 	/* The spill copy and the store object no longer match the buffer, and the new
 	 * bytes may compress where the old did not. */
 	b->flags &= ~(BC_WRITING | BC_STORED | BC_SPILLED | BC_INCOMPRESSIBLE);
@@ -1194,8 +1232,10 @@ int bc_block_reserve(struct bc *bc, struct bc_block *b, uint32_t cap)
 	atomic_fetch_add(&bc->mem_bytes, cap - b->cap);
 	if (!(b->flags & BC_STORED))
 		atomic_fetch_add(&bc->dirty_bytes, cap - b->cap);
+	atomic_fetch_sub(&bc->ckpt_copied, bc_copied_cap(b)); /* a copy until bc_write_end */
 	bc_set_buf(b, nb);
 	b->cap = cap;
+	atomic_fetch_add(&bc->ckpt_copied, bc_copied_cap(b));
 	bc_pool_trim(bc);
 	return 0;
 }
@@ -1300,11 +1340,16 @@ void bc_set_spilled(struct bc *bc, struct bc_block *b, uint64_t off, uint32_t di
 
 	pthread_mutex_lock(&s->mu);
 	assert(b->flags & BC_IO);
+	if (b->flags & BC_SPILLED) /* a block with a copy is not spilled (tier.c rule A) */
+		bc_uncount_copy(bc, b); /* but if it were: counted once, as the new copy */
 	b->spill_off = off;
 	b->spill_disk = disk_len;
 	b->spill_len = b->len;
 	b->spill_flags = flags;
 	b->flags |= BC_SPILLED;
+	atomic_fetch_add(&bc->ckpt_copied, bc_copied_cap(b));
+	if (b->cls == BC_CKPT)
+		atomic_fetch_add(&bc->ckpt_spilled, disk_len);
 	if (incompressible)
 		b->flags |= BC_INCOMPRESSIBLE;
 	pthread_mutex_unlock(&s->mu);
@@ -1459,6 +1504,7 @@ void bc_block_set_stored(struct bc *bc, struct bc_block *b, const uint8_t obj[16
 	pthread_mutex_lock(&s->mu);
 	if (!(b->flags & (BC_STORED | BC_WRITING))) {
 		memcpy(b->obj, obj, sizeof(b->obj));
+		atomic_fetch_sub(&bc->ckpt_copied, bc_copied_cap(b));
 		b->flags |= BC_STORED;
 		if (b->buf)
 			atomic_fetch_sub(&bc->dirty_bytes, b->cap);
@@ -1562,6 +1608,7 @@ static void bc_load_end_as(struct bc *bc, struct bc_block *b, void *buf, int rc,
 		atomic_fetch_add(&bc->resident[b->cls], 1);
 		if (b->cls == BC_CKPT && !(b->flags & BC_STORED))
 			atomic_fetch_add(&bc->dirty_bytes, b->cap);
+		atomic_fetch_add(&bc->ckpt_copied, bc_copied_cap(b));
 		/* Over budget, this block came back for one reader, not to stay: put it
 		 * where the next trim looks first, and its copy makes that free. What the
 		 * cache already holds stays (the epoch policy in bcache.h). */

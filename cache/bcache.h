@@ -152,11 +152,19 @@ struct bc;
 int bc_new(uint32_t block_size, uint64_t budget, struct bc **out);
 void bc_free(struct bc *bc);
 uint32_t bc_block_size(const struct bc *bc);
+/* What a block-sized buffer counts in mem_bytes: block_size and malloc's rounding (a page
+ * at most; bcache.c bc_footprint). */
+uint32_t bc_block_footprint(const struct bc *bc);
 void bc_set_budget(struct bc *bc, uint64_t budget);
 uint64_t bc_budget(const struct bc *bc);
 uint64_t bc_mem_bytes(const struct bc *bc);
 /* Checkpoint bytes resident and not in the store (bc_stats.dirty_bytes): one load. */
 uint64_t bc_dirty_bytes(const struct bc *bc);
+/* What checkpoint blocks hold of the tiers, for the capacity of MOUNT/ckpt
+ * (tier_ckpt_space): *mem the dirty bytes less those of blocks that also have a spill
+ * copy (resident again after a reload: freeing them costs nothing), *spill the spill
+ * space of every checkpoint block with a copy there, in the store or not. Lock-free. */
+void bc_ckpt_held(const struct bc *bc, uint64_t *mem, uint64_t *spill);
 /* Freed block-sized buffers kept mapped for the next allocation (not in mem_bytes):
  * at most min(budget/4, budget - mem_bytes); a budget cut frees them at once, before
  * anything is evicted. So mem_bytes + pool_bytes is what the block memory really

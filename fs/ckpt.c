@@ -1101,14 +1101,23 @@ static uint64_t ckpt_files_left(struct ckpt_ns *ns, uint64_t limit)
 
 int ckpt_statfs(struct ckpt_ns *ns, const struct ckpt_ctx *c, struct statvfs *sv)
 {
-	uint64_t total = ns->m->cfg.mem_max + ns->m->cfg.spill_max;
-	uint64_t used = bc_mem_bytes(ns->bc);
+	uint64_t total, avail;
 
-	/* Capacity is what the tiers may hold: memory up to mem_max plus spill_max. */
+	/* Capacity is what writes may reach before tier_admit_write says ENOSPC, and use
+	 * what unsnapshotted checkpoint blocks take of it (tier_ckpt_space): the cache's
+	 * clean data and stored blocks are not counted, they make way. Without a tier
+	 * (unit tests) nothing is refused: the tiers' nominal size. */
+	tier_ckpt_space(ns->m->tier, &total, &avail);
+	if (!total) {
+		uint64_t dirty = bc_dirty_bytes(ns->bc);
+
+		total = ns->m->cfg.mem_max + ns->m->cfg.spill_max;
+		avail = dirty < total ? total - dirty : 0;
+	}
 	memset(sv, 0, sizeof(*sv));
 	sv->f_bsize = sv->f_frsize = 4096;
 	sv->f_blocks = total / 4096;
-	sv->f_bfree = sv->f_bavail = used < total ? (total - used) / 4096 : 0;
+	sv->f_bfree = sv->f_bavail = avail / 4096;
 	/* Files: what c may still use of ns->meta_max (ckpt_limit: root's reserve counts
 	 * for root only) at one inode and a short name each. FUSE carries no f_favail
 	 * (the kernel copies f_ffree), so the answer is per caller, as its creates are. */
@@ -1527,6 +1536,28 @@ static int ckpt_zero_range_locked(struct ckpt_ns *ns, struct ckpt_inode *ino, ui
 	return 0;
 }
 
+/* The bytes of [start, end) that no block of ino holds yet (holes, past a block's len,
+ * past the end): what a write of the range would add. Takes the inode's read lock;
+ * scans at most the file's block map. */
+static uint64_t ckpt_unwritten(struct ckpt_ns *ns, struct ckpt_inode *ino, uint64_t start,
+			       uint64_t end)
+{
+	uint64_t held = 0, i, bstart, lo, hi;
+
+	pthread_rwlock_rdlock(&ino->lock);
+	for (i = start / ns->bs; i < ino->nblocks && i * ns->bs < end; i++) {
+		if (!ino->blocks[i])
+			continue;
+		bstart = i * ns->bs;
+		lo = start > bstart ? start : bstart;
+		hi = bstart + bc_block_len(ino->blocks[i]);
+		hi = hi < end ? hi : end;
+		held += hi > lo ? hi - lo : 0;
+	}
+	pthread_rwlock_unlock(&ino->lock);
+	return end - start - held;
+}
+
 int ckpt_fallocate(struct ckpt_ns *ns, struct ckpt_inode *ino, int mode, off_t off,
 		   off_t len)
 {
@@ -1547,11 +1578,13 @@ int ckpt_fallocate(struct ckpt_ns *ns, struct ckpt_inode *ino, int mode, off_t o
 		return S_ISDIR(ino->mode) ? -EISDIR : -ENODEV;
 	if (end > CKPT_FILE_MAX)
 		return -EFBIG; /* every mode, as vfs_fallocate at ext4's s_maxbytes */
-	/* Nothing is reserved (memory is taken at the write), so refuse only what could
-	 * never fit: more than statfs calls free, when spill_max bounds the capacity
-	 * (without it the spill file system's free space is the limit, unknown here). */
-	if (!(mode & zero) && ns->m->cfg.spill_max && !ckpt_statfs(ns, NULL, &sv) &&
-	    (uint64_t)len > sv.f_bavail * sv.f_frsize)
+	/* Nothing is reserved (memory is taken at the write), so refuse only what would
+	 * not fit now: more than statfs calls free (tier_ckpt_space, the admission's own
+	 * figures). The range's blocks already written need no room; counting them too
+	 * only refuses a re-allocation of a full file, as ext4 does not, hence the holes'
+	 * and tail's bytes alone. */
+	if (!(mode & zero) && !ckpt_statfs(ns, NULL, &sv) &&
+	    ckpt_unwritten(ns, ino, start, end) > (uint64_t)sv.f_bavail * sv.f_frsize)
 		return -ENOSPC;
 	pthread_rwlock_wrlock(&ino->lock);
 	size = ino->size;

@@ -95,7 +95,9 @@ int ckpt_rename(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
 		struct ckpt_inode *newdir, const char *newname, unsigned flags,
 		const struct ckpt_ctx *c);
 int ckpt_readlink(struct ckpt_ns *ns, struct ckpt_inode *ino, char *buf, size_t size);
-/* The tiers' capacity and use; files left for c (NULL: root's view, ckpt_limit). */
+/* Blocks: what writes may fill before ENOSPC and what is free of it (tier_ckpt_space:
+ * the admission's figures; cached data does not count); files left for c (NULL: root's
+ * view, ckpt_limit). */
 int ckpt_statfs(struct ckpt_ns *ns, const struct ckpt_ctx *c, struct statvfs *sv);
 
 /*
@@ -168,8 +170,8 @@ int ckpt_chown_kill_sgid(struct ckpt_ns *ns, struct ckpt_inode *ino, const struc
 
 /*
  * fallocate(2): mode 0 and FALLOC_FL_KEEP_SIZE extend the size (unless KEEP_SIZE) but
- * reserve nothing, as memory is taken when written: -ENOSPC only if the range exceeds
- * what statfs calls free with spill_max set, and a later write may still get -ENOSPC.
+ * reserve nothing, as memory is taken when written: -ENOSPC only if the range's bytes
+ * not written yet exceed what statfs calls free, and a later write may still get -ENOSPC.
  * FALLOC_FL_PUNCH_HOLE|KEEP_SIZE and FALLOC_FL_ZERO_RANGE (with or without KEEP_SIZE)
  * zero the range, dropping whole blocks (holes again). Other modes: -EOPNOTSUPP. A range
  * ending past the 1 TiB file limit is -EFBIG in every mode, as vfs_fallocate.

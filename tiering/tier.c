@@ -1420,6 +1420,51 @@ int tier_admit_write(struct tier *t, size_t size)
 	return blocked ? -ENOSPC : 0;
 }
 
+/* The bytes writes may add in `room` bytes of mem_bytes (or dirty_bytes): block
+ * buffers cost their footprint, a little more than the block (bc_block_footprint), and
+ * the admission compares the count of footprints with the bound. */
+static uint64_t tier_mem_to_data(struct tier *t, uint64_t room)
+{
+	uint64_t fp = bc_block_footprint(t->bc), rest = room % fp;
+
+	return room / fp * t->bs + (rest < t->bs ? rest : t->bs);
+}
+
+void tier_ckpt_space(struct tier *t, uint64_t *total, uint64_t *avail)
+{
+	uint64_t mem, spilled, limit, cap, room;
+	struct spill_stats ss;
+	struct statvfs sv;
+
+	*total = *avail = 0;
+	if (!t)
+		return;
+	if (!t->sp) {
+		/* tier_admit_unspilled: dirty_bytes + size at most dirty_max. */
+		limit = t->cfg.dirty_max ? t->cfg.dirty_max : bc_budget(t->bc);
+		mem = bc_dirty_bytes(t->bc);
+		*total = tier_mem_to_data(t, limit);
+		*avail = mem < limit ? tier_mem_to_data(t, limit - mem) : 0;
+		return;
+	}
+	/* tier_admit_write refuses once the spill tier is full (invariant 6) and the
+	 * dirty blocks left in memory fill the budget: clean data, stored blocks and
+	 * reloaded copies are evicted for the writer first (tier_excess, rules A, D, S),
+	 * and clean data gives up its spill copies (rule K). Dirty bytes over the budget
+	 * are on their way to the spill tier and take their room there. */
+	bc_ckpt_held(t->bc, &mem, &spilled);
+	spill_get_stats(t->sp, &ss);
+	cap = ss.capacity;
+	if (!cap && statvfs(t->cfg.spill_dir, &sv) == 0)
+		cap = ss.disk_bytes + (uint64_t)sv.f_bavail * sv.f_frsize;
+	limit = bc_budget(t->bc);
+	room = cap > spilled ? cap - spilled : 0;
+	if (mem > limit)
+		room = room > mem - limit ? room - (mem - limit) : 0;
+	*total = tier_mem_to_data(t, limit) + cap;
+	*avail = (mem < limit ? tier_mem_to_data(t, limit - mem) : 0) + room;
+}
+
 void tier_set_store_loader(struct tier *t, tier_store_load_fn fn, void *arg)
 {
 	t->store_load = fn;

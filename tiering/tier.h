@@ -147,6 +147,23 @@ int tier_settle(struct tier *t, unsigned timeout_ms);
  * the writer's error instead of lost data. Without a spill tier: never waits. t NULL: 0. */
 int tier_admit_write(struct tier *t, size_t size);
 
+/*
+ * The capacity of MOUNT/ckpt as tier_admit_write applies it, for its statfs: *total the
+ * bytes of checkpoint blocks not in the store that writes may bring the tree to before
+ * -ENOSPC, *avail what writes may still add (so the tree's unsnapshotted blocks take
+ * total - avail: bc_ckpt_held). Clean data, checkpoint blocks already in the store and
+ * reloaded copies of spilled ones are not counted: they make way (rules A, D, S).
+ * With a spill tier: the budget plus the spill tier's capacity (spill_max, or what the
+ * spill file holds plus the free space of its file system). Without one: dirty_max
+ * (the budget when 0). Memory counts in data bytes: a block's buffer takes a little
+ * more (bc_block_footprint). An estimate of the next moment, not a reservation: a
+ * budget cut, small files (buffers of a few KiB), compression by the spill tier,
+ * others filling the spill file system, or spill space freed in pieces move it. One
+ * statvfs of the spill dir when spill_max is 0, else lock-free; any thread.
+ * t NULL: 0 and 0.
+ */
+void tier_ckpt_space(struct tier *t, uint64_t *total, uint64_t *avail);
+
 /* The snapshot store's loader for blocks that are BC_STORED and not BC_SPILLED (or whose
  * spill copy failed): fills buf with b->len verified bytes or returns -errno. Runs with
  * no lock held, on the thread of bc_block_load. Set once, before blocks are stored. */

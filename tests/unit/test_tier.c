@@ -636,6 +636,7 @@ static void test_no_spill(void)
 		struct bc *bc;
 		struct bc_block *ck[4];
 		struct tier *t = NULL;
+		uint64_t total, avail;
 		unsigned i;
 
 		EXPECT_EQ(bc_new(BS, BIG, &bc), 0);
@@ -650,6 +651,9 @@ static void test_no_spill(void)
 		EXPECT_EQ(tier_settle(t, 5000), 0);
 		EXPECT_EQ(cstats(bc).data_blocks, 0);
 		EXPECT_EQ(cstats(bc).ckpt_resident, 4);
+		tier_ckpt_space(t, &total, &avail); /* what statfs says: about 1.5 blocks */
+		EXPECT(bounded ? total <= c.dirty_max && total > 5 * BS : total == 0);
+		EXPECT(bounded ? avail >= BS && avail < 2 * BS : avail == 0);
 		EXPECT_EQ(tier_admit_write(t, BS), 0);	/* 5 of 5.5 */
 		EXPECT_EQ(tier_admit_write(t, 2 * BS), bounded ? -ENOSPC : 0);
 		EXPECT_EQ(tstats(t).admit_enospc, bounded);
@@ -660,6 +664,59 @@ static void test_no_spill(void)
 		tier_free(t);
 		bc_free(bc);
 	}
+}
+
+/* tier_ckpt_space, MOUNT/ckpt's statfs: the budget plus spill_max in data bytes, and
+ * free what dirty checkpoint blocks do not take of either. A block reloaded from the
+ * spill tier counts once (its spill space; its buffer is free to drop), a rewritten one
+ * in memory only. */
+static void test_ckpt_space(void)
+{
+	struct bc *bc;
+	struct bc_block *ck[8];
+	struct tier *t;
+	uint64_t fp, total, avail;
+	unsigned i, r;
+
+	EXPECT_EQ(bc_new(BS, BIG, &bc), 0);
+	fp = bc_block_footprint(bc);
+	EXPECT(fp >= BS && fp <= BS + 4096);
+	t = make_tier(bc, 8ull * BS, TIER_DROP_ALWAYS);
+	tier_set_budget(t, 4 * fp);
+	tier_ckpt_space(t, &total, &avail);
+	EXPECT_EQ(total, 12ull * BS);
+	EXPECT_EQ(avail, 12ull * BS);
+	add_data(bc, 4);	/* clean data: not counted */
+	add_ckpt(bc, ck, 8);	/* random bytes: spilled whole */
+	EXPECT_EQ(tier_settle(t, 5000), 0);
+	r = (unsigned)cstats(bc).ckpt_resident;
+	EXPECT(r <= 4);
+	tier_ckpt_space(t, &total, &avail);
+	EXPECT_EQ(total, 12ull * BS);
+	EXPECT_EQ(avail, 4ull * BS); /* (4 - r) blocks of memory, r of spill */
+
+	tier_set_budget(t, 8 * fp);
+	for (i = 0; i < 8; i++)
+		EXPECT_EQ(check_ckpt(bc, ck[i], i), 0); /* reloads: resident, spill copy kept */
+	EXPECT_EQ(cstats(bc).ckpt_resident, 8);
+	tier_ckpt_space(t, &total, &avail);
+	EXPECT_EQ(total, 16ull * BS);
+	EXPECT_EQ(avail, 8ull * BS);
+
+	for (i = 0; i < 8; i++) { /* rewritten: the copies go, the buffers count */
+		EXPECT_EQ(bc_write_begin(bc, ck[i]), 0);
+		bc_write_end(bc, ck[i]);
+	}
+	EXPECT_EQ(tstats(t).spilled_bytes, 0);
+	tier_ckpt_space(t, &total, &avail);
+	EXPECT_EQ(avail, 8ull * BS);
+
+	for (i = 0; i < 8; i++)
+		bc_block_put(bc, ck[i]);
+	tier_ckpt_space(t, &total, &avail);
+	EXPECT_EQ(avail, 16ull * BS);
+	tier_free(t);
+	bc_free(bc);
 }
 
 /* What the governor is told mlfs holds (tier_resident_cb): mem_bytes less the pages of
@@ -1066,6 +1123,7 @@ int main(void)
 	test_enospc_makes_room();
 	test_races();
 	test_no_spill();
+	test_ckpt_space();
 	test_gov_counts_resident_mapped();
 	test_disk_admission();
 	test_pool_stock();
