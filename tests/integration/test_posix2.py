@@ -409,6 +409,17 @@ def test_restore_brings_back_the_xattrs_and_acls_of_ckpt_itself(snapenv):
     assert stat.S_IMODE(os.stat(root).st_mode) == 0o775
 
 
+def test_symlink_st_blocks_as_ext4(ckpt):
+    """ext4 keeps a symlink's target under 60 bytes in the inode (no block) and a longer
+    one in a block of its own: st_blocks 0 and 8. A 4000-byte target showed 0 (found by
+    an outside tester)."""
+    for n, want in ((59, 0), (60, 8), (4000, 8)):
+        link = p(ckpt, f"l{n}")
+        os.symlink("t" * n, link)
+        st = os.lstat(link)
+        assert (st.st_size, st.st_blocks) == (n, want), (n, st)
+
+
 # --- fallocate ---------------------------------------------------------------------------
 
 def test_fallocate_mode0_extends(ckpt):
