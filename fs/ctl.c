@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -18,6 +19,8 @@
 #include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <linux/sockios.h>
 
 #include "cache/log.h"
 #include "cache/mono.h"
@@ -692,16 +695,17 @@ static int ctl_check_owner(const char *mountpoint, const char *sock)
 	return S_ISSOCK(st.st_mode) && st.st_uid == uid ? 0 : -ENOTCONN;
 }
 
-int ctl_connect(const char *mountpoint)
+/* The path of the socket of mountpoint's daemon into path: 0, or -errno as ctl_connect
+ * returns it. Makes FUSE requests to the mount (getxattr, realpath's stat of the mount
+ * point), which wait for as long as its daemon does not answer: ctl_find_timed runs it. */
+static int ctl_find(const char *mountpoint, char *path, size_t len)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	ssize_t n;
-	int fd;
 
-	n = getxattr(mountpoint, MLFS_CTL_XATTR, sa.sun_path, sizeof(sa.sun_path) - 1);
+	n = getxattr(mountpoint, MLFS_CTL_XATTR, path, len - 1);
 	if (n < 0 && (errno == EACCES || errno == EPERM) && geteuid() == 0) {
 		/* From the mount table: the owner is checked there. */
-		int rc = ctl_find_as_root(mountpoint, sa.sun_path, sizeof(sa.sun_path));
+		int rc = ctl_find_as_root(mountpoint, path, len);
 
 		if (rc)
 			return rc == -ENOTCONN ? rc : -EPERM;
@@ -712,18 +716,110 @@ int ctl_connect(const char *mountpoint)
 	} else {
 		int rc;
 
-		sa.sun_path[n] = '\0';
-		if ((rc = ctl_check_owner(mountpoint, sa.sun_path)))
+		path[n] = '\0';
+		if ((rc = ctl_check_owner(mountpoint, path)))
 			return rc;
 	}
+	return 0;
+}
+
+/*
+ * A ctl_find on a thread of its own, which ctl_find_timed waits for CTL_ANSWER_TIMEOUT_S
+ * at most: a daemon that never answers (stopped, wedged) left the tools blocked in its
+ * getxattr for ever. The thread is then left blocked; the process can still exit, as a
+ * FUSE request waiting for its daemon dies with it. The job is shared: the thread writes
+ * only into it, ctl_find_timed copies the path out before it lets go and touches nothing
+ * of it after, and whichever of the two lets go last frees it (refs, under mu).
+ */
+struct ctl_find_job {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;	/* done was set; waits on CLOCK_MONOTONIC (mono_deadline) */
+	int refs, done, rc;
+	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	char mountpoint[];	/* a copy: the caller's may be gone while the thread waits */
+};
+
+/* Drops one reference to j, whose mu the caller holds (and which this unlocks). */
+static void ctl_find_job_put(struct ctl_find_job *j)
+{
+	int last = !--j->refs;
+
+	pthread_mutex_unlock(&j->mu);
+	if (!last)
+		return;
+	pthread_cond_destroy(&j->cv);
+	pthread_mutex_destroy(&j->mu);
+	free(j);
+}
+
+static void *ctl_find_thread(void *arg)
+{
+	struct ctl_find_job *j = arg;
+	int rc = ctl_find(j->mountpoint, j->path, sizeof(j->path));
+
+	pthread_mutex_lock(&j->mu);
+	j->rc = rc;
+	j->done = 1;
+	pthread_cond_signal(&j->cv);
+	ctl_find_job_put(j);
+	return NULL;
+}
+
+/* ctl_find within CTL_ANSWER_TIMEOUT_S, else -ETIMEDOUT. len: at most sun_path's. */
+static int ctl_find_timed(const char *mountpoint, char *path, size_t len)
+{
+	size_t l = strlen(mountpoint) + 1;
+	struct ctl_find_job *j = calloc(1, sizeof(*j) + l);
+	struct timespec ts;
+	pthread_condattr_t ca;
+	pthread_t t;
+	int rc;
+
+	if (!j)
+		return -ENOMEM;
+	memcpy(j->mountpoint, mountpoint, l);
+	j->refs = 2;
+	pthread_mutex_init(&j->mu, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&j->cv, &ca);
+	pthread_condattr_destroy(&ca);
+	if ((rc = pthread_create(&t, NULL, ctl_find_thread, j))) {
+		pthread_cond_destroy(&j->cv);
+		pthread_mutex_destroy(&j->mu);
+		free(j);
+		return -rc;
+	}
+	pthread_detach(t);
+	ts = mono_deadline(CTL_ANSWER_TIMEOUT_S * 1000000000ull);
+	pthread_mutex_lock(&j->mu);
+	while (!j->done && pthread_cond_timedwait(&j->cv, &j->mu, &ts) != ETIMEDOUT)
+		;
+	rc = j->done ? j->rc : -ETIMEDOUT;
+	if (!rc)
+		snprintf(path, len, "%s", j->path);
+	ctl_find_job_put(j);
+	return rc;
+}
+
+int ctl_connect(const char *mountpoint)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	/* connect(2) to a daemon that does not accept waits, once its listen backlog (16)
+	 * is full, for at most the send timeout (unix(7)), then fails with EAGAIN. */
+	struct timeval tmo = { .tv_sec = CTL_ANSWER_TIMEOUT_S };
+	int fd, rc;
+
+	if ((rc = ctl_find_timed(mountpoint, sa.sun_path, sizeof(sa.sun_path))))
+		return rc;
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -errno;
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tmo, sizeof(tmo));
 	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		int rc = -errno;
-
+		rc = -errno;
 		close(fd);
-		return rc == -EACCES ? -EPERM : rc;
+		return rc == -EACCES ? -EPERM : rc == -EAGAIN ? -ETIMEDOUT : rc;
 	}
 	return fd;
 }
@@ -738,6 +834,9 @@ void ctl_connect_error(const char *prog, const char *mountpoint, int rc)
 	else if (rc == -EPERM)
 		fprintf(stderr, "%s: %s: permission denied: only root and the user who "
 				"mounted may use its control channel\n", prog, mountpoint);
+	else if (rc == -ETIMEDOUT)
+		fprintf(stderr, "%s: the daemon of %s did not answer in %d s\n", prog,
+			mountpoint, CTL_ANSWER_TIMEOUT_S);
 	else
 		fprintf(stderr, "%s: %s: %s\n", prog, mountpoint, strerror(-rc));
 }
@@ -759,6 +858,19 @@ int ctl_call(int fd, int argc, const char *const *argv,
 		buf[len++] = i + 1 < argc ? '\t' : '\n';
 	}
 	ctl_write_all(fd, buf, len);
+	/* The daemon takes the request by reading it; until then it is counted in SIOCOUTQ.
+	 * A daemon that does not run (stopped, wedged) never takes it, and nothing else
+	 * would end the wait for its answer. Once taken, the command bounds its own waits
+	 * (take --wait sends progress every 200 ms). Looks every millisecond. */
+	for (uint64_t end = mono_now_ns() + CTL_ANSWER_TIMEOUT_S * 1000000000ull;;) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		int q;
+
+		if (ioctl(fd, SIOCOUTQ, &q) < 0 || !q || poll(&p, 1, 1) > 0)
+			break; /* not a socket (no bound then), taken, or answered */
+		if (mono_now_ns() >= end)
+			return -ETIMEDOUT;
+	}
 	for (;;) {
 		char *nl;
 		ssize_t n;

@@ -31,6 +31,11 @@
 
 #define MLFS_CTL_XATTR "user.mlfs.control"
 #define CTL_MAX_ARGS 16
+/* How long a tool waits for a daemon that does not answer at all (stopped, wedged)
+ * before it says so (ctl_connect, ctl_call): each FUSE request on the way to the socket,
+ * the connect, and the daemon's taking of the request. Not a bound on a command once
+ * taken: those bound their own waits (fs/snapd.c). */
+#define CTL_ANSWER_TIMEOUT_S 10
 
 struct mlfs;
 struct ctl;
@@ -79,12 +84,17 @@ int ctl_client_gone(const struct ctl_req *r);
 
 /* Client side. ctl_connect finds and connects to the daemon of mountpoint: fd or
  * -errno (-ENOTCONN "not an mlfs mount", -ECONNABORTED a FUSE mount whose daemon is gone,
- * -EACCES/-EPERM not allowed). ctl_call sends
- * argv and calls out() for each "out" line; returns 0, or the daemon's -errno with its
- * message in msg. */
+ * -EACCES/-EPERM not allowed, -ETIMEDOUT the daemon did not answer within
+ * CTL_ANSWER_TIMEOUT_S). Its FUSE requests to the mount (getxattr, stat of the mount
+ * point) run on a thread of their own, left blocked if the daemon never answers: the
+ * process can still exit (a FUSE request waiting for its daemon dies with it). ctl_call
+ * sends argv and calls out() for each "out" line; returns 0, the daemon's -errno with its
+ * message in msg, or -ETIMEDOUT with msg untouched if the daemon did not take the
+ * request within CTL_ANSWER_TIMEOUT_S. */
 int ctl_connect(const char *mountpoint);
-/* The one line a tool prints when ctl_connect(mountpoint) failed with rc:
- * "PROG: MOUNT is not an mlfs mount point", a permission refusal, or strerror. */
+/* The one line a tool prints when ctl_connect(mountpoint) failed with rc, or ctl_call
+ * with its own -ETIMEDOUT: "PROG: MOUNT is not an mlfs mount point", a permission
+ * refusal, "PROG: the daemon of MOUNT did not answer in N s", or strerror. */
 void ctl_connect_error(const char *prog, const char *mountpoint, int rc);
 int ctl_call(int fd, int argc, const char *const *argv,
 	     void (*out)(void *arg, const char *line), void *arg, char *msg, size_t msglen);

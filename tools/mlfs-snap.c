@@ -130,6 +130,16 @@ static int online(const char *mnt, int argc, const char **argv,
 	close(fd);
 	if (isatty(STDERR_FILENO))
 		fprintf(stderr, "\r\033[K");
+	if (rc == -ETIMEDOUT && !msg[0]) {
+		ctl_connect_error("mlfs-snap", mnt, rc); /* the request was never taken */
+		return 1;
+	}
+	if (rc == -ECONNRESET && !msg[0]) { /* no answer, ever: the daemon died */
+		fprintf(stderr, "mlfs-snap: the daemon of %s went away before it answered%s\n",
+			mnt, !strcmp(argv[0], "snap-take") ? ": the snapshot is durable only if "
+			"list --store shows it so" : "");
+		return 1;
+	}
 	if (rc == -EOPNOTSUPP && !strncmp(msg, "unknown command", 15)) {
 		if (!strcmp(argv[0], "snap-list") || has_no_store(mnt))
 			fprintf(stderr, "mlfs-snap: %s has no snapshot store: it was mounted "

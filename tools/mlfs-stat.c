@@ -198,6 +198,10 @@ static int fetch(const char *mnt, int prom, struct buf *b, struct figs *f)
 	b->json = !prom;
 	rc = ctl_call(fd, 2, argv, collect, b, msg, sizeof(msg));
 	close(fd);
+	if (rc == -ETIMEDOUT && !msg[0]) {
+		ctl_connect_error("mlfs-stat", mnt, rc); /* the request was never taken */
+		return 1;
+	}
 	if (rc) {
 		fprintf(stderr, "mlfs-stat: %s: %s\n", mnt, msg[0] ? msg : strerror(-rc));
 		return 1;
