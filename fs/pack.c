@@ -517,7 +517,8 @@ int pack_set_scan(struct pack_set *ps)
 				close(pfd);
 			continue;
 		}
-		if (lrc) {
+		if (lrc) { /* EACCES (a pack the caller may not read), EMFILE: the scan's */
+			log_err("store: pack %s/packs/%s: %s", ps->path, file, strerror(-lrc));
 			if (pfd >= 0)
 				close(pfd);
 			rc = lrc;

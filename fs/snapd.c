@@ -858,6 +858,7 @@ static int ctl_take(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 	struct snapd *sd = snapd_of(m);
 	struct snapd_job *job;
 	int wait = 0, group_wait = 0, i, rc;
+	bool timeout_given = false;
 	double timeout = 600;
 	const char *name = NULL;
 
@@ -871,6 +872,7 @@ static int ctl_take(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 		else if (!strcmp(argv[i], "--group-wait"))
 			wait = group_wait = 1;
 		else if (!strcmp(argv[i], "--timeout")) {
+			timeout_given = true;
 			if (i + 1 == argc)
 				return ctl_fail(r, "take: --timeout needs SECONDS"), -EINVAL;
 			timeout = strtod(argv[++i], &end);
@@ -886,6 +888,9 @@ static int ctl_take(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 	}
 	if (!name)
 		return ctl_fail(r, "take: a snapshot NAME is needed"), -EINVAL;
+	if (timeout_given && !group_wait)
+		return ctl_fail(r, "take: --timeout goes with --group-wait (a --wait waits for "
+				   "the persist, however long)"), -EINVAL;
 	if (!strncmp(name, STORE_AUTO_PREFIX, strlen(STORE_AUTO_PREFIX)))
 		return ctl_fail(r, "take: names beginning with '" STORE_AUTO_PREFIX "' are "
 				   "autosnap's, which keep= deletes; choose another"), -EINVAL;

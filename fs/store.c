@@ -119,6 +119,20 @@ void store_object_name(const uint8_t hash[STORE_HASH_LEN], char buf[48])
 	snprintf(buf, 48, "objects/%.2s/%s", hex, hex);
 }
 
+void store_object_label(struct store *s, const uint8_t hash[STORE_HASH_LEN], char buf[112])
+{
+	char hex[33], where[64];
+	uint64_t off;
+
+	store_hex16(hash, hex);
+	if (!store_object_where(s, hash, where, &off))
+		snprintf(buf, 112, "%s, object %s", where, hex);
+	else if (s->objfd >= 0)
+		store_object_name(hash, buf);
+	else
+		snprintf(buf, 112, "object %s", hex);
+}
+
 int store_object_where(struct store *s, const uint8_t hash[STORE_HASH_LEN], char path[64],
 		       uint64_t *off)
 {
@@ -2145,6 +2159,8 @@ struct verify_ctx {
 	int faults;
 };
 
+#define VERIFY_ERRNO 1000 /* verify_block's status for a read failing with an errno */
+
 static int verify_block(struct verify_ctx *c, const struct mf_block *b)
 {
 	uint8_t key[STORE_HASH_LEN];
@@ -2171,7 +2187,9 @@ static int verify_block(struct verify_ctx *c, const struct mf_block *b)
 	st = hset_find(&c->status, key, 1);
 	if (!st)
 		return -ENOMEM;
-	*st = rc == (int)b->len ? 1 : rc == -ENOENT ? 3 : 2;
+	/* 1 good, 3 missing, 2 damaged (EIO, or short), VERIFY_ERRNO + e another error */
+	*st = rc == (int)b->len ? 1 : rc == -ENOENT ? 3 : rc == -EIO || rc >= 0 ? 2 :
+	      VERIFY_ERRNO - rc;
 	if (*st != 1)
 		c->faults++;
 	return *st;
@@ -2198,7 +2216,7 @@ static int verify_one(struct verify_ctx *c, const char *name)
 {
 	struct store_fault f = { .snap = name };
 	struct mf_manifest *m;
-	char obj[MF_NAME_MAX + 8], path[4096], oname[48];
+	char obj[MF_NAME_MAX + 8], path[4096], oname[112];
 	uint64_t conflicts;
 	int rc;
 
@@ -2237,11 +2255,11 @@ static int verify_one(struct verify_ctx *c, const char *name)
 				continue;
 			if (mf_path(m, i, path, sizeof(path)) < 0)
 				snprintf(path, sizeof(path), "(entry %llu)", (unsigned long long)e->id);
-			store_object_name(b->hash, oname);
+			store_object_label(c->s, b->hash, oname);
 			f.object = oname;
 			f.file = path;
 			f.block = k;
-			f.error = rc == 3 ? -ENOENT : -EIO;
+			f.error = rc == 3 ? -ENOENT : rc >= VERIFY_ERRNO ? VERIFY_ERRNO - rc : -EIO;
 			c->fn(c->arg, &f);
 		}
 	}

@@ -258,7 +258,8 @@ struct store_fault {
 	const char *object;	/* store-relative path of the damaged object or manifest */
 	const char *file;	/* path in the snapshot using it; NULL for a manifest fault */
 	uint64_t block;		/* block index within that file */
-	int error;		/* -EIO damaged, -ENOENT missing; -EEXIST a group's conflict:
+	int error;		/* -EIO damaged, -ENOENT missing, another -errno the read's
+				 * (-EACCES: a pack the caller may not read); -EEXIST a group's conflict:
 				 * file is held with different contents by parts[0] and
 				 * parts[1] (parts[0]'s is restored); not counted as a fault */
 	unsigned parts[2];
@@ -278,6 +279,10 @@ int store_verify(struct store *s, const char *name, store_fault_fn fn, void *arg
 
 /* Store-relative object path "objects/xx/<32 hex>" for hash into buf[48]. */
 void store_object_name(const uint8_t hash[STORE_HASH_LEN], char buf[48]);
+/* What to call the object hash in a message: the pack that holds it
+ * ("packs/<id>.pack, object <hex>"), its version 1 path in a store that has objects/,
+ * or "object <hex>", into buf[112]. Rescans packs/: for faults, not hot paths. */
+void store_object_label(struct store *s, const uint8_t hash[STORE_HASH_LEN], char buf[112]);
 
 /* Where the packed object hash is: "packs/<id>.pack" into path[64] and the offset of
  * its record; -ENOENT if no pack holds it. Rescans packs/. For tests and tools. */

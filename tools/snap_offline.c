@@ -25,7 +25,7 @@
 const char snap_offline_usage[] =
 	"       mlfs-snap list --store DIR [--json]\n"
 	"       mlfs-snap restore --store DIR NAME|latest --to DIR\n"
-	"       mlfs-snap verify --store DIR [NAME]\n"
+	"       mlfs-snap verify --store DIR [NAME|latest]\n"
 	"       mlfs-snap gc --store DIR\n"
 	"       mlfs-snap delete --store DIR NAME\n"
 	"       mlfs-snap init --store DIR\n";
@@ -330,6 +330,13 @@ static int restore_drops_xattr(const char *name)
 	return !strcmp(name, "security.capability");
 }
 
+/* Why a block of a snapshot could not be read, for its fault line. */
+static const char *snap_fault_why(int error)
+{
+	return error == -ENOENT ? "missing" : error == -EIO ? "checksum mismatch" :
+	       strerror(-error);
+}
+
 static int restore_file(struct restore *r, size_t i)
 {
 	const struct mf_entry *e = &r->m->entries[i];
@@ -343,7 +350,7 @@ static int restore_file(struct restore *r, size_t i)
 	}
 	for (uint64_t k = 0; k < e->nblocks; k++) {
 		const struct mf_block *b = &e->blocks[k];
-		char obj[48];
+		char obj[112];
 		int n;
 
 		if (b->flags & MF_BLOCK_HOLE)
@@ -351,9 +358,9 @@ static int restore_file(struct restore *r, size_t i)
 		n = store_get_block(r->s, b->hash, r->buf, b->len);
 		if (n != (int)b->len) {
 			/* Never leave a file with wrong or missing bytes looking complete. */
-			store_object_name(b->hash, obj);
+			store_object_label(r->s, b->hash, obj);
 			say("damaged: %s (block %" PRIu64 ", %s: %s); left out", p + strlen(r->stage) + 1,
-			    k, obj, n == -ENOENT ? "missing" : "checksum mismatch");
+			    k, obj, snap_fault_why(n < 0 ? n : -EIO));
 			close(fd);
 			unlink(p);
 			r->bad[i] = 1;
@@ -655,6 +662,21 @@ out:
 	return rc;
 }
 
+/* Whether to (absolute, its parent resolved: target_safe) lies outside the store: a tree
+ * restored inside it showed in list as a partial group, and gc would have removed its
+ * files after its grace. -EINVAL after one line when it does not. */
+static int target_outside(const char *to, const char *store_dir)
+{
+	char *real = realpath(store_dir, NULL);
+	size_t n = real ? strlen(real) : 0;
+	int inside = real && !strncmp(to, real, n) && (to[n] == '/' || !to[n] || n == 1);
+
+	if (inside)
+		say("%s: inside the store %s; restore to a directory outside it", to, real);
+	free(real);
+	return inside ? -EINVAL : 0;
+}
+
 int snap_restore(const char *store_dir, const char *name, const char *to_arg)
 {
 	struct restore r = { 0 };
@@ -668,7 +690,8 @@ int snap_restore(const char *store_dir, const char *name, const char *to_arg)
 	}
 	if (open_store(store_dir, STORE_RDONLY, &r.s))
 		return 1;
-	if (load(r.s, store_dir, name, &m) || target_safe(to_arg, &to) || target_ok(to))
+	if (load(r.s, store_dir, name, &m) || target_safe(to_arg, &to) ||
+	    target_outside(to, store_dir) || target_ok(to))
 		goto out;
 	/* A sibling, so the final rename stays within one filesystem. */
 	if (asprintf(&stage, "%s.mlfs-restore.%ld", to, (long)getpid()) < 0)
@@ -767,7 +790,7 @@ static void print_fault(void *arg, const struct store_fault *f)
 		snap_put_escaped(stdout, f->file, SNAP_ESC_TTY);
 		printf(" (block %" PRIu64 ", ", f->block);
 		snap_put_escaped(stdout, f->object, SNAP_ESC_TTY);
-		printf(": %s)\n", f->error == -ENOENT ? "missing" : "checksum mismatch");
+		printf(": %s)\n", snap_fault_why(f->error));
 	} else {
 		fputs(": damaged manifest: ", stdout);
 		snap_put_escaped(stdout, f->object, SNAP_ESC_TTY);
