@@ -881,6 +881,7 @@ static struct data_node *data_node_get(struct data_ns *ns, struct data_node *par
 		n->parent = parent;
 		n->fid = data_fid_of(st);
 		n->changed_ns = 0;
+		n->racy = false; /* no open yet: the kernel holds no page of it */
 		n->wd = 0;
 		n->nlookup = 0;
 		n->nchild = 0;
