@@ -102,14 +102,15 @@
  *    fd as when the name alone is gone, and so does an open directory whose name is
  *    gone or no directory now (its opens count in nopen too). Detached nodes wait in ns->gone until the
  *    kernel forgets them (or the mount ends) and count in data_nodes.
- * 9. Racy files (git's "racy timestamps"): a write(2) sets mtime and ctime before its
- *    bytes land, so a read of a file being rewritten in place can see the final id
- *    beside old bytes, and nothing after it changes the id. A file whose ctime is
- *    under DATA_RACY_NS old (or in the future) when it is looked at is racy: no copy
- *    read from it while so is admitted to the cache (data_fill; mapped blocks are
- *    SOURCE's pages as they are, so they are), and every open of it, and the first
- *    one after it stopped being racy, counts as a change (data_node_revalidate), so
- *    the kernel drops what it read meanwhile. A rewrite whose one write(2) outlasts
+ * 9. Racy files (git's "racy timestamps"; a local SOURCE only, data_racy): a write(2)
+ *    sets mtime and ctime before its bytes land, so a read of a file being rewritten
+ *    in place can see the final id beside old bytes, and nothing after it changes the
+ *    id. A file whose ctime is under DATA_RACY_NS old (or in the future) when it is
+ *    looked at is racy: no copy read from it while so is admitted to the cache
+ *    (data_fill; mapped blocks are SOURCE's pages as they are, so they are), and every
+ *    open of it, the first one after it stopped being racy and those within
+ *    DATA_SETTLE_NS of them drop the kernel's pages (data_node_revalidate's 2; not its
+ *    attributes, which hold the id as it is). A rewrite whose one write(2) outlasts
  *    DATA_RACY_NS, or stores through a shared mapping into pages already dirty (which
  *    move no timestamp), can still be missed (mlfs(8) BUGS).
  */
@@ -148,7 +149,8 @@ struct data_node {
 	struct data_node *hnext;
 	struct bc_fid fid;	  /* invariant 2 */
 	uint64_t changed_ns;	  /* when an open last found fid changed (invariant 5) */
-	bool racy;		  /* last seen written to just before (invariant 9) */
+	bool racy;		  /* seen racy since its last open (invariant 9) */
+	uint64_t racy_ns;	  /* when it last was, or an open after it was */
 	uint64_t nlookup;
 	int wd;			  /* a directory's inotify watch, 0 for none (invariant 6) */
 	uint32_t nchild;
@@ -194,6 +196,7 @@ struct data_file {
 	int32_t backing_id; /* > 0: a passthrough open (the node's id) */
 	int counted;	     /* counted in n->ncached */
 	int paged;	     /* under passthrough_min: the mount's page cache is the cache */
+	bool attrs_stale;    /* the kernel's attributes of n may be stale (data_open) */
 	struct data_file *prev, *next; /* ns->files, under ns->mu (data_open's only) */
 };
 
@@ -221,6 +224,7 @@ struct data_dir {
 struct data_ns {
 	struct mlfs *m;
 	int src_fd;
+	bool racy_rule; /* SOURCE is local: invariant 9 applies (data_racy) */
 	char *src_path;
 	/* The daemon's own credentials (invariant 7), read at start; never changed. */
 	uid_t own_uid;
@@ -527,6 +531,7 @@ int data_ns_new(struct mlfs *m, const char *source, struct data_ns **out)
 		rc = -errno;
 		goto out_close;
 	}
+	ns->racy_rule = data_fs_local(ns->src_fd);
 	{
 		struct open_how how = { .flags = O_PATH | O_CLOEXEC, .resolve = RESOLVE_BENEATH };
 		long fd = syscall(SYS_openat2, ns->src_fd, ".", &how, sizeof(how));
@@ -882,6 +887,7 @@ static struct data_node *data_node_get(struct data_ns *ns, struct data_node *par
 		n->fid = data_fid_of(st);
 		n->changed_ns = 0;
 		n->racy = false; /* no open yet: the kernel holds no page of it */
+		n->racy_ns = 0;
 		n->wd = 0;
 		n->nlookup = 0;
 		n->nchild = 0;
@@ -1303,12 +1309,18 @@ int data_listxattr(struct data_ns *ns, struct data_node *n, const struct data_cr
 #define DATA_RACY_NS (2ull * 1000000000ull)
 
 /* Whether st's file may be in the middle of a write (invariant 9), by the wall clock
- * its timestamps come from. */
-static bool data_racy(const struct stat *st)
+ * its timestamps come from: this host's, for a local SOURCE only. A network
+ * filesystem's come from a server's clock, and its clients have windows of their own
+ * (mlfs(8)); there not caching a file replaced within 2 s made each read of it go to
+ * SOURCE, and a GlusterFS client answers ENOENT and ESTALE for a moment to those of a
+ * file replaced through another client (test_gluster_source.py). */
+static bool data_racy(const struct data_ns *ns, const struct stat *st)
 {
 	struct timespec now;
 	int64_t age;
 
+	if (!ns->racy_rule)
+		return false;
 	clock_gettime(CLOCK_REALTIME, &now);
 	age = (int64_t)(now.tv_sec - st->st_ctim.tv_sec) * 1000000000 +
 	      (now.tv_nsec - st->st_ctim.tv_nsec);
@@ -1317,9 +1329,11 @@ static bool data_racy(const struct stat *st)
 
 /* Records st's file, of id fid, as n's current one (invariant 2): when the id differs
  * from the one n held, the old id's blocks are dropped. Returns whether the kernel's
- * cached pages of n may be stale: it differed, or did within DATA_SETTLE_NS (invariant
- * 5); or -ESTALE when n no longer stands for st's file (invariant 8). With open, counts
- * one more open of n. */
+ * cached pages of n may be stale: 1 when it differed, or did within DATA_SETTLE_NS
+ * (invariant 5: its attributes may be stale too), 2 when only its pages may be (a racy
+ * file, invariant 9: the id is the one the kernel was told), 0 when neither; or
+ * -ESTALE when n no longer stands for st's file (invariant 8). With open, counts one
+ * more open of n. */
 static int data_node_revalidate(struct data_ns *ns, struct data_node *n,
 				const struct stat *st, const struct bc_fid *fid, bool open)
 {
@@ -1335,14 +1349,21 @@ static int data_node_revalidate(struct data_ns *ns, struct data_node *n,
 	}
 	old = n->fid;
 	n->fid = *fid;
-	racy = data_racy(st);
-	if (!data_fid_eq(&old, fid) || racy || n->racy) /* invariant 9 */
+	if (!data_fid_eq(&old, fid))
 		n->changed_ns = now;
-	n->racy = racy;
+	/* Invariant 9: pages the kernel read of a racy file are dropped by every open
+	 * while it is, by the first open after, and by any within DATA_SETTLE_NS of those
+	 * (invariant 5). A lookup clears nothing: only an open drops pages. */
+	racy = data_racy(ns, st);
+	if (racy || (open && n->racy))
+		n->racy_ns = now;
+	if (racy || open)
+		n->racy = racy;
 	settling = n->changed_ns && now - n->changed_ns < DATA_SETTLE_NS;
+	racy = n->racy_ns && now - n->racy_ns < DATA_SETTLE_NS;
 	pthread_mutex_unlock(&ns->mu);
 	if (data_fid_eq(&old, fid))
-		return settling;
+		return settling ? 1 : racy ? 2 : 0;
 	log_debug("data: %s changed underneath, dropping its cached blocks", n->name);
 	bc_drop_fid(ns->m->bc, &old);
 	return 1;
@@ -1544,7 +1565,8 @@ static int data_open_exec(struct data_ns *ns, struct data_node *n,
 
 /* Opens n's source file into f and revalidates it (invariant 2): a changed file gets
  * a new id and its old blocks are dropped. *changed tells the caller whether the
- * kernel's cached pages may be stale (invariant 5). */
+ * kernel's cached pages may be stale, data_node_revalidate's 1 or 2 (invariants 5
+ * and 9). */
 static int data_file_init(struct data_ns *ns, struct data_node *n,
 			  const struct data_cred *who, struct data_file *f, int *changed,
 			  bool open, bool exec)
@@ -1662,6 +1684,7 @@ int data_open(struct data_ns *ns, struct data_node *n, const struct data_cred *w
 	 * opening without keep_cache, and the old blocks are dropped (invariant 2).
 	 */
 	fi->keep_cache = !changed;
+	f->attrs_stale = changed == 1; /* a racy file's (2) are the ones the kernel has */
 	pthread_mutex_lock(&ns->mu);
 	/*
 	 * The kernel keeps one page cache per node: opens in flight that read through it
@@ -1694,6 +1717,11 @@ int data_open(struct data_ns *ns, struct data_node *n, const struct data_cred *w
 		pt_refused(refused);
 	*out = f;
 	return 0;
+}
+
+bool data_attrs_stale(const struct data_file *f)
+{
+	return f->attrs_stale;
 }
 
 int data_backing_id(const struct data_file *f)
@@ -1902,7 +1930,7 @@ static int data_file_same(struct data_ns *ns, struct data_file *f, bool *racy)
 	int rc = fstat(f->fd, &st);
 
 	if (racy)
-		*racy = rc < 0 || data_racy(&st);
+		*racy = rc < 0 || data_racy(ns, &st);
 	if (rc < 0 || (uint64_t)st.st_size > f->size)
 		return 0; /* the read itself succeeded: nothing says it changed; or appended */
 	if ((uint64_t)st.st_size == f->size && st.st_mtim.tv_sec == f->mtime.tv_sec &&
