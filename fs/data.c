@@ -109,8 +109,8 @@
  *    looked at is racy: no copy read from it while so is admitted to the cache
  *    (data_fill; mapped blocks are SOURCE's pages as they are, so they are), and every
  *    open of it, the first one after it stopped being racy and those within
- *    DATA_SETTLE_NS of them drop the kernel's pages (data_node_revalidate's 2; not its
- *    attributes, which hold the id as it is). A rewrite whose one write(2) outlasts
+ *    DATA_SETTLE_NS of them drop the kernel's pages and attributes
+ *    (data_node_revalidate's 2). A rewrite whose one write(2) outlasts
  *    DATA_RACY_NS, or stores through a shared mapping into pages already dirty (which
  *    move no timestamp), can still be missed (mlfs(8) BUGS).
  */
@@ -1684,7 +1684,9 @@ int data_open(struct data_ns *ns, struct data_node *n, const struct data_cred *w
 	 * opening without keep_cache, and the old blocks are dropped (invariant 2).
 	 */
 	fi->keep_cache = !changed;
-	f->attrs_stale = changed == 1; /* a racy file's (2) are the ones the kernel has */
+	/* Attributes too for a racy file (2): a file still being written grows under an
+	 * open made meanwhile, whose fstat must then see its size (test_data3.py). */
+	f->attrs_stale = changed != 0;
 	pthread_mutex_lock(&ns->mu);
 	/*
 	 * The kernel keeps one page cache per node: opens in flight that read through it
