@@ -109,8 +109,9 @@
  *    looked at is racy: no copy read from it while so is admitted to the cache
  *    (data_fill; mapped blocks are SOURCE's pages as they are, so they are), and every
  *    open of it, the first one after it stopped being racy and those within
- *    DATA_SETTLE_NS of them drop the kernel's pages and attributes
- *    (data_node_revalidate's 2). A rewrite whose one write(2) outlasts
+ *    DATA_SETTLE_NS of them drop the kernel's pages and attributes, as for a change
+ *    (data_node_revalidate's 2: a file still being written grows under an open made
+ *    meanwhile, whose fstat must see it). A rewrite whose one write(2) outlasts
  *    DATA_RACY_NS, or stores through a shared mapping into pages already dirty (which
  *    move no timestamp), can still be missed (mlfs(8) BUGS).
  */
@@ -196,7 +197,6 @@ struct data_file {
 	int32_t backing_id; /* > 0: a passthrough open (the node's id) */
 	int counted;	     /* counted in n->ncached */
 	int paged;	     /* under passthrough_min: the mount's page cache is the cache */
-	bool attrs_stale;    /* the kernel's attributes of n may be stale (data_open) */
 	struct data_file *prev, *next; /* ns->files, under ns->mu (data_open's only) */
 };
 
@@ -1684,9 +1684,6 @@ int data_open(struct data_ns *ns, struct data_node *n, const struct data_cred *w
 	 * opening without keep_cache, and the old blocks are dropped (invariant 2).
 	 */
 	fi->keep_cache = !changed;
-	/* Attributes too for a racy file (2): a file still being written grows under an
-	 * open made meanwhile, whose fstat must then see its size (test_data3.py). */
-	f->attrs_stale = changed != 0;
 	pthread_mutex_lock(&ns->mu);
 	/*
 	 * The kernel keeps one page cache per node: opens in flight that read through it
@@ -1719,11 +1716,6 @@ int data_open(struct data_ns *ns, struct data_node *n, const struct data_cred *w
 		pt_refused(refused);
 	*out = f;
 	return 0;
-}
-
-bool data_attrs_stale(const struct data_file *f)
-{
-	return f->attrs_stale;
 }
 
 int data_backing_id(const struct data_file *f)

@@ -104,10 +104,6 @@ void data_release(struct data_ns *ns, struct data_file *f);
 /* With passthrough active (passthrough.h): the backing id the OPEN reply of f must name,
  * or 0 when f is served by the block cache. */
 int data_backing_id(const struct data_file *f);
-/* Whether data_open found the kernel's attributes of the file possibly stale (it
- * changed, invariant 5 of data.c, or is racy, invariant 9): the caller invalidates them
- * before its reply. */
-bool data_attrs_stale(const struct data_file *f);
 /* data_read for a file the kernel did not open through us (-o immutable or -o watch: no
  * OPEN requests): opens SOURCE for this one read as who (the reading process, data.c
  * invariant 7: a file made private since the kernel cached its mode is refused, EACCES,

@@ -684,7 +684,7 @@ static int open_data(fuse_req_t req, struct mlfs *m, fuse_ino_t ino, struct fuse
 	 * grown file short (or SIGBUS one that shrank). Invalidate them first: attributes
 	 * only (offset -1), which locks no page, so it is safe from a worker even with
 	 * threads=1. */
-	if (!fi->keep_cache && m->se && data_attrs_stale(f))
+	if (!fi->keep_cache && m->se)
 		fuse_lowlevel_notify_inval_inode(m->se, ino, -1, 0);
 	fi->noflush = 1; /* no FLUSH on close(): mlfs_op_flush */
 	/* Passthrough: reads and mmap go to SOURCE's file in the kernel. */
