@@ -110,7 +110,7 @@
  *    (data_fill; mapped blocks are SOURCE's pages as they are, so they are), and every
  *    open of it, the first one after it stopped being racy and those within
  *    DATA_SETTLE_NS of them drop the kernel's pages and attributes, as for a change
- *    (data_node_revalidate's 2: a file still being written grows under an open made
+ *    (data_node_revalidate: a file still being written grows under an open made
  *    meanwhile, whose fstat must see it). A rewrite whose one write(2) outlasts
  *    DATA_RACY_NS, or stores through a shared mapping into pages already dirty (which
  *    move no timestamp), can still be missed (mlfs(8) BUGS).
@@ -151,7 +151,6 @@ struct data_node {
 	struct bc_fid fid;	  /* invariant 2 */
 	uint64_t changed_ns;	  /* when an open last found fid changed (invariant 5) */
 	bool racy;		  /* seen racy since its last open (invariant 9) */
-	uint64_t racy_ns;	  /* when it last was, or an open after it was */
 	uint64_t nlookup;
 	int wd;			  /* a directory's inotify watch, 0 for none (invariant 6) */
 	uint32_t nchild;
@@ -887,7 +886,6 @@ static struct data_node *data_node_get(struct data_ns *ns, struct data_node *par
 		n->fid = data_fid_of(st);
 		n->changed_ns = 0;
 		n->racy = false; /* no open yet: the kernel holds no page of it */
-		n->racy_ns = 0;
 		n->wd = 0;
 		n->nlookup = 0;
 		n->nchild = 0;
@@ -1329,11 +1327,9 @@ static bool data_racy(const struct data_ns *ns, const struct stat *st)
 
 /* Records st's file, of id fid, as n's current one (invariant 2): when the id differs
  * from the one n held, the old id's blocks are dropped. Returns whether the kernel's
- * cached pages of n may be stale: 1 when it differed, or did within DATA_SETTLE_NS
- * (invariant 5: its attributes may be stale too), 2 when only its pages may be (a racy
- * file, invariant 9: the id is the one the kernel was told), 0 when neither; or
- * -ESTALE when n no longer stands for st's file (invariant 8). With open, counts one
- * more open of n. */
+ * cached pages and attributes of n may be stale: it differed, or did within
+ * DATA_SETTLE_NS (invariant 5), or it is or was racy (invariant 9); or -ESTALE when n no
+ * longer stands for st's file (invariant 8). With open, counts one more open of n. */
 static int data_node_revalidate(struct data_ns *ns, struct data_node *n,
 				const struct stat *st, const struct bc_fid *fid, bool open)
 {
@@ -1349,21 +1345,17 @@ static int data_node_revalidate(struct data_ns *ns, struct data_node *n,
 	}
 	old = n->fid;
 	n->fid = *fid;
-	if (!data_fid_eq(&old, fid))
-		n->changed_ns = now;
-	/* Invariant 9: pages the kernel read of a racy file are dropped by every open
-	 * while it is, by the first open after, and by any within DATA_SETTLE_NS of those
-	 * (invariant 5). A lookup clears nothing: only an open drops pages. */
+	/* Invariant 9: a racy file counts as changed at every look while it is racy, and
+	 * at the first open after (a lookup clears nothing: only an open drops pages). */
 	racy = data_racy(ns, st);
-	if (racy || (open && n->racy))
-		n->racy_ns = now;
+	if (!data_fid_eq(&old, fid) || racy || (open && n->racy))
+		n->changed_ns = now;
 	if (racy || open)
 		n->racy = racy;
 	settling = n->changed_ns && now - n->changed_ns < DATA_SETTLE_NS;
-	racy = n->racy_ns && now - n->racy_ns < DATA_SETTLE_NS;
 	pthread_mutex_unlock(&ns->mu);
 	if (data_fid_eq(&old, fid))
-		return settling ? 1 : racy ? 2 : 0;
+		return settling;
 	log_debug("data: %s changed underneath, dropping its cached blocks", n->name);
 	bc_drop_fid(ns->m->bc, &old);
 	return 1;
@@ -1565,8 +1557,7 @@ static int data_open_exec(struct data_ns *ns, struct data_node *n,
 
 /* Opens n's source file into f and revalidates it (invariant 2): a changed file gets
  * a new id and its old blocks are dropped. *changed tells the caller whether the
- * kernel's cached pages may be stale, data_node_revalidate's 1 or 2 (invariants 5
- * and 9). */
+ * kernel's cached pages may be stale (invariants 5 and 9). */
 static int data_file_init(struct data_ns *ns, struct data_node *n,
 			  const struct data_cred *who, struct data_file *f, int *changed,
 			  bool open, bool exec)
