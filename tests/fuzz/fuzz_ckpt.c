@@ -1439,6 +1439,24 @@ static void op_freeze(struct in *in)
 	fz[k] = (struct frozen_sum){ f, sums, nsum };
 }
 
+/* Inode x's xattrs become entry me's (restore). */
+static void model_take_xattrs(struct minode *x, const struct mf_entry *me)
+{
+	for (int xn = 0; xn < MAXX; xn++)
+		x->x[xn].set = 0;
+	for (uint32_t a = 0; a < me->nxattrs; a++) {
+		int xn;
+
+		for (xn = 0; xn < MAXX && strcmp(xnames[xn], me->xattrs[a].name); xn++)
+			;
+		CHECK(xn < MAXX && me->xattrs[a].value_len <= sizeof(x->x[xn].v));
+		x->x[xn].set = 1;
+		x->x[xn].len = me->xattrs[a].value_len;
+		if (me->xattrs[a].value_len)
+			memcpy(x->x[xn].v, me->xattrs[a].value, me->xattrs[a].value_len);
+	}
+}
+
 /*
  * Restores frozen tree k: its blocks become store objects (their bytes as frozen,
  * which frozen_release checks were never written in place), the model's named inodes
@@ -1504,6 +1522,7 @@ static void op_restore(struct in *in)
 	mi[0].uid = mf->entries[0].uid;
 	mi[0].gid = mf->entries[0].gid;
 	mi[0].nlink = 2;
+	model_take_xattrs(&mi[0], &mf->entries[0]); /* the root's come back too */
 	ids[0] = 0;
 	for (uint64_t e = 1; e < mf->nentries; e++) {
 		const struct mf_entry *me = &mf->entries[e];
@@ -1528,17 +1547,7 @@ static void op_restore(struct in *in)
 			mi[i].size = me->size;
 			if (me->target)
 				mi[i].target = strdup(me->target);
-			for (uint32_t a = 0; a < me->nxattrs; a++) {
-				int xn;
-
-				for (xn = 0; xn < MAXX && strcmp(xnames[xn], me->xattrs[a].name); xn++)
-					;
-				CHECK(xn < MAXX && me->xattrs[a].value_len <= sizeof(mi[i].x[xn].v));
-				mi[i].x[xn].set = 1;
-				mi[i].x[xn].len = me->xattrs[a].value_len;
-				if (me->xattrs[a].value_len)
-					memcpy(mi[i].x[xn].v, me->xattrs[a].value, me->xattrs[a].value_len);
-			}
+			model_take_xattrs(&mi[i], me);
 			for (uint64_t j = 0; f->blocks[e] && j < me->nblocks; j++)
 				if (f->blocks[e][j] && !bc_block_load(bc, f->blocks[e][j]))
 					model_write(&mi[i], j * BS, bc_block_buf(f->blocks[e][j]),

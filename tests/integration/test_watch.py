@@ -6,8 +6,10 @@ that the change arrives at all, through reads, mmap and new names. The per-open 
 tests (read once, right after the change) are in test_data.py.
 """
 import errno
-import mmap
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -25,12 +27,36 @@ def _read(path):
         return f.read()
 
 
+_MMAP_CHILD = """
+import errno, mmap, os, sys
+try:
+    with open(sys.argv[1], "rb") as f:
+        if os.fstat(f.fileno()).st_size:
+            with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mm:
+                sys.stdout.buffer.write(mm[:])
+except OSError as e:
+    sys.stderr.write(str(e.errno))
+    sys.exit(3)
+"""
+
+
+class _Sigbus(Exception):
+    """The mapping's reader was killed by SIGBUS."""
+
+
 def _read_mmap(path):
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            return b""
-        with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mm:
-            return mm[:]
+    """Reads path through a shared mapping, in a child process. The file may shrink
+    between the child's fstat and its read (a truncate that the watch thread has not
+    pushed yet, or pushes meanwhile): a page past the new end then faults with SIGBUS,
+    as it does on ext4. That kills the child, not pytest, and raises _Sigbus."""
+    r = subprocess.run([sys.executable, "-c", _MMAP_CHILD, path], capture_output=True,
+                       timeout=120)
+    if r.returncode == -signal.SIGBUS:
+        raise _Sigbus(path)
+    if r.returncode == 3:
+        raise OSError(int(r.stderr), os.strerror(int(r.stderr)), path)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    return r.stdout
 
 
 def _until(fn, want, what):
@@ -38,11 +64,16 @@ def _until(fn, want, what):
     that would need the replaced file from SOURCE fails with ESTALE (data.c invariant
     8: such a node serves only the file it stood for), where it used to answer with the
     new file's attributes and bytes under the old one's pages: that is waited out too,
-    as the old bytes are; any other error fails the test."""
+    as the old bytes are, and a mapping's SIGBUS past a shrunk end; any other error
+    fails the test."""
     deadline = time.monotonic() + WAIT
     while True:
         try:
             got = fn()
+        except _Sigbus:
+            if time.monotonic() > deadline:
+                raise
+            got = None
         except OSError as e:
             if e.errno != errno.ESTALE or time.monotonic() > deadline:
                 raise
