@@ -603,6 +603,32 @@ int ctl_mount_info(const char *abs, unsigned *maj, unsigned *min, uid_t *owner)
 	return 0;
 }
 
+/* The absolute path of mount point mountpoint into abs, without entering it (realpath
+ * of its parent): 0 or -errno (-EACCES when the parent cannot be resolved). */
+static int ctl_mount_abs(const char *mountpoint, char *abs, size_t len)
+{
+	char given[4096], parent[4096], *rp;
+	const char *slash, *base;
+	size_t n;
+
+	n = (size_t)snprintf(given, sizeof(given), "%s", mountpoint);
+	while (n > 1 && n < sizeof(given) && given[n - 1] == '/') /* "MNT/" is MNT */
+		given[--n] = '\0';
+	slash = strrchr(given, '/');
+	base = slash ? slash + 1 : given;
+	if (!slash)
+		snprintf(parent, sizeof(parent), ".");
+	else if (slash == given)
+		snprintf(parent, sizeof(parent), "/");
+	else
+		snprintf(parent, sizeof(parent), "%.*s", (int)(slash - given), given);
+	if (!*base || !(rp = realpath(parent, NULL)))
+		return -EACCES;
+	n = (size_t)snprintf(abs, len, "%s%s%s", rp, strcmp(rp, "/") ? "/" : "", base);
+	free(rp);
+	return n >= len ? -ENAMETOOLONG : 0;
+}
+
 /*
  * Root's way to the daemon of a mount made without allow_other, which FUSE keeps even
  * root out of: the mount's owner (user_id= in /proc/self/mountinfo) and the mount
@@ -612,38 +638,14 @@ int ctl_mount_info(const char *abs, unsigned *maj, unsigned *min, uid_t *owner)
  */
 static int ctl_find_as_root(const char *mountpoint, char *buf, size_t len)
 {
-	char abs[4096], dir[96], name[32], given[4096];
-	const char *slash;
+	char abs[4096], dir[96], name[32];
 	unsigned maj, min;
 	uid_t uid = (uid_t)-1;
 	struct stat st;
-	size_t n;
 	int rc;
 
-	/* The mount point's own path without entering it: realpath of its parent. */
-	n = (size_t)snprintf(given, sizeof(given), "%s", mountpoint);
-	while (n > 1 && n < sizeof(given) && given[n - 1] == '/') /* "MNT/" is MNT */
-		given[--n] = '\0';
-	mountpoint = given;
-	slash = strrchr(mountpoint, '/');
-	{
-		char parent[4096], *rp;
-		const char *base = slash ? slash + 1 : mountpoint;
-
-		if (!slash)
-			snprintf(parent, sizeof(parent), ".");
-		else if (slash == mountpoint)
-			snprintf(parent, sizeof(parent), "/");
-		else
-			snprintf(parent, sizeof(parent), "%.*s", (int)(slash - mountpoint), mountpoint);
-		if (!*base || !(rp = realpath(parent, NULL)))
-			return -EACCES;
-		n = (size_t)snprintf(abs, sizeof(abs), "%s%s%s", rp, strcmp(rp, "/") ? "/" : "",
-				     base);
-		free(rp);
-		if (n >= sizeof(abs))
-			return -ENAMETOOLONG;
-	}
+	if ((rc = ctl_mount_abs(mountpoint, abs, sizeof(abs))))
+		return rc;
 	if ((rc = ctl_mount_info(abs, &maj, &min, &uid)))
 		return rc == -ENOTCONN ? rc : -EACCES;
 	ctl_sock_name(maj, min, name, sizeof(name));
@@ -711,6 +713,16 @@ static int ctl_find(const char *mountpoint, char *path, size_t len)
 			return rc == -ENOTCONN ? rc : -EPERM;
 	} else if (n < 0 && errno == ENOTCONN) {
 		return -ECONNABORTED; /* a FUSE mount whose daemon is gone */
+	} else if (n < 0 && errno == EACCES) {
+		/* Another user's FUSE mount made without -o allow_other, or a path this
+		 * user cannot reach at all. */
+		char abs[4096];
+		unsigned maj, min;
+
+		if (!ctl_mount_abs(mountpoint, abs, sizeof(abs)) &&
+		    !ctl_mount_info(abs, &maj, &min, NULL))
+			return -EPERM;
+		return -EACCES;
 	} else if (n < 0) {
 		return errno == ENODATA || errno == ENOTSUP ? -ENOTCONN : -errno;
 	} else {

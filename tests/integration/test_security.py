@@ -544,3 +544,21 @@ def test_root_restore_to_does_not_follow_another_users_symlink(snapenv, other_us
     os.symlink(rootonly, env.path("mylink"))
     S.snap_ok("restore", "--store", env.store, "s1", "--to", env.path("mylink", "out"))
     assert _read(os.path.join(rootonly, "out", "model.pt")) == SECRET * 1000
+
+
+def test_users_tools_on_roots_mount_without_allow_other_say_why(mounter, other_user):
+    """FUSE keeps every other user out of a mount made without allow_other: the tools
+    said only 'Permission denied' there, as for a path the user cannot reach; they now
+    say who may use the mount. A path the user cannot reach keeps the bare errno."""
+    m = mounter()
+    private = mounter.tempdir("private-")
+    os.chmod(private, 0o700)
+    for argv in ([U.MLFS_STAT, m.mnt], [U.MLFS_STAT, m.mnt + "/"],
+                 [S.SNAP, "list", m.mnt], [S.SNAP, "take", m.mnt, "s1"]):
+        r = run_as(other_user, argv, text=True, timeout=60)
+        assert r.returncode == 1, (argv, r)
+        assert "only root and the user who mounted" in r.stderr, (argv, r.stderr)
+    r = run_as(other_user, [U.MLFS_STAT, os.path.join(private, "x")], text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.strip().endswith(": Permission denied"), r
+    r = S.snap("list", m.mnt)
+    assert r.rc == 0 and "s1" not in r.out, r
