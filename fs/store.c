@@ -603,6 +603,7 @@ int store_open(const char *dir, int flags, struct store **out)
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_mutex_init(&s->pmu, NULL);
 	pthread_mutex_init(&s->lmu, NULL);
+	pthread_mutex_init(&s->dmu, NULL);
 	/* pid + handle number + 64 random bits (time if getrandom fails): unique among
 	 * handles, processes and hosts sharing the store, even a pid reused after a reboot
 	 * whose clock went back. Each write adds its own number (tmp_object_name). */
@@ -698,6 +699,7 @@ void store_close(struct store *s)
 		close(s->dirfd);
 	pthread_mutex_destroy(&s->mu);
 	pthread_mutex_destroy(&s->lmu);
+	pthread_mutex_destroy(&s->dmu);
 	pthread_mutex_destroy(&s->pmu);
 	hset_free(&s->put);
 	hset_free(&s->lease_put);
@@ -1806,6 +1808,36 @@ const char *store_load_why(void)
 	return load_why;
 }
 
+/* 1 if snaps/<name>, as it is now, was reported damaged before; else records it and
+ * returns 0 (the caller logs it). */
+static int damaged_reported(struct store *s, const char *name)
+{
+	struct stat st;
+	int seen = 0;
+
+	if (fstatat(s->snapfd, name, &st, AT_SYMLINK_NOFOLLOW))
+		return 0;
+	pthread_mutex_lock(&s->dmu);
+	for (unsigned i = 0; i < STORE_DAMAGED_N && !seen; i++) {
+		const struct store_damaged *d = &s->damaged[i];
+
+		seen = !strcmp(d->name, name) && d->dev == st.st_dev && d->ino == st.st_ino &&
+		       d->size == st.st_size && d->mtime.tv_sec == st.st_mtim.tv_sec &&
+		       d->mtime.tv_nsec == st.st_mtim.tv_nsec;
+	}
+	if (!seen) {
+		struct store_damaged *d = &s->damaged[s->damaged_next++ % STORE_DAMAGED_N];
+
+		snprintf(d->name, sizeof(d->name), "%s", name);
+		d->dev = st.st_dev;
+		d->ino = st.st_ino;
+		d->size = st.st_size;
+		d->mtime = st.st_mtim;
+	}
+	pthread_mutex_unlock(&s->dmu);
+	return seen;
+}
+
 int store_load_snapshot(struct store *s, const char *name, mf_conflict_fn fn, void *arg,
 			struct mf_manifest **out, uint64_t *conflicts)
 {
@@ -1828,7 +1860,8 @@ int store_load_snapshot(struct store *s, const char *name, mf_conflict_fn fn, vo
 		 * its checksum: not what commit wrote */
 		load_why = rc == -EIO ? "manifest checksum mismatch"
 				      : "not a regular file of a sane size with a manifest's header";
-		log_err("store: %s/snaps/%s: %s; not used", s->path, name, load_why);
+		if (!damaged_reported(s, name))
+			log_err("store: %s/snaps/%s: %s; not used", s->path, name, load_why);
 		return -EIO;
 	}
 	if (rc) {
@@ -1849,8 +1882,9 @@ int store_load_snapshot(struct store *s, const char *name, mf_conflict_fn fn, vo
 	}
 	if (rc) {
 		*out = NULL;
-		log_err("store: damaged manifest %s/snaps/%s (%s); not used", s->path, name,
-			load_why);
+		if (!damaged_reported(s, name))
+			log_err("store: damaged manifest %s/snaps/%s (%s); not used", s->path,
+				name, load_why);
 		return -EIO;
 	}
 	return 0;

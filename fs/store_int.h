@@ -11,12 +11,16 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/types.h>
+#include <time.h>
 
 #include "fs/hset.h"
 #include "fs/store.h"
 
 struct fdio_dir;
 struct mf_manifest;
+
+#define STORE_DAMAGED_N 8
 
 struct store {
 	char *path;
@@ -59,6 +63,19 @@ struct store {
 	int (*hook)(void *arg, int step);
 	void *hook_arg;
 	unsigned partial_grace_s;	/* gc keeps partial groups younger than this */
+	/* Guards damaged and damaged_next (a leaf lock): the last manifests reported
+	 * damaged, by name and file, so that a list (every auto-take, every mlfs-snap
+	 * list, a restore after the start's list) does not log one again until it
+	 * changes. */
+	pthread_mutex_t dmu;
+	struct store_damaged {
+		char name[MF_NAME_MAX + 1];
+		dev_t dev;
+		ino_t ino;
+		off_t size;
+		struct timespec mtime;
+	} damaged[STORE_DAMAGED_N];
+	unsigned damaged_next;
 };
 
 struct group_scan {
