@@ -1156,14 +1156,16 @@ int main(int argc, char **argv)
 	m.started_ns = mono_now_ns();
 	m.mounted_at = time(NULL);
 	mlfs_g = &m;
-	if ((rc = mlfs_start(&m))) {
-		rc = 1;
-		goto out_stop;
-	}
-	rc = 1;
+	/* Before the start, so that an option libfuse does not know fails before the
+	 * store is opened or a restore= read (the session touches nothing until mounted). */
 	se = fuse_session_new(&fargs, &mlfs_ops, sizeof(mlfs_ops), &m);
 	if (!se)
 		goto out_stop; /* libfuse printed why (an unknown option, say) */
+	if ((rc = mlfs_start(&m))) {
+		rc = 1;
+		goto out_destroy;
+	}
+	rc = 1;
 	m.se = se;
 	if (fuse_session_mount(se, m.cfg.mountpoint)) {
 		fprintf(stderr, "mlfs: cannot mount on %s\n", m.cfg.mountpoint);

@@ -391,6 +391,26 @@ def test_snap_mount_without_store_says_so(mounter):
             assert b"has no snapshot store" in err and b"snap-" not in err, err
 
 
+def test_mount_refuses_unknown_option_before_the_store(mounter):
+    """An option neither mlfs nor libfuse knows was found only once the daemon had
+    started: the store opened (and a restore= read: its damaged manifest logged), a
+    store in use by another daemon waited for. Now it fails first, in one line."""
+    mounter.require_binary()
+    d = mounter.tempdir("unknown-")
+    st = os.path.join(d, "store")
+    for sub in ("src", "mnt"):
+        os.mkdir(os.path.join(d, sub))
+    assert run([S.SNAP, "init", "--store", st])[0] == 0
+    with open(os.path.join(st, "snaps", "s1"), "wb") as f:
+        f.write(b"not a manifest")
+    for bad in (["-o", f"bogus,store={st},restore=s1"],
+                ["--bogus", "-o", f"store={st},restore=s1"]):
+        rc, out, err = run([U.MLFS, *bad, d + "/src", d + "/mnt"])
+        assert rc == 1 and not U.is_mounted(d + "/mnt"), (bad, rc, err)
+        assert len(err.splitlines()) == 1 and b"unknown option" in err, (bad, err)
+    assert os.listdir(os.path.join(st, "leases")) == []
+
+
 # ---------------------------------------------------------------- man pages
 
 def test_man_pages_render_without_stray_fonts():
