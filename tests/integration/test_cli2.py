@@ -414,7 +414,7 @@ def test_mount_refuses_unknown_option_before_the_store(mounter):
 def test_mount_option_given_twice_takes_the_last(mounter):
     """mlfs(8): an option given twice takes its last value."""
     m = mounter(opts="mem_max=64M,mem_max=96M")
-    assert m.stat()["mem_budget"] == 96 << 20
+    assert m.stat()["mem_max"] == 96 << 20
 
 
 # ---------------------------------------------------------------- man pages
