@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -98,23 +99,34 @@ static int ctl_dir_name(uid_t uid, const char *xdg, char *dir, size_t len)
  * a symlink is refused, never followed), owned by us, with no access for anyone else
  * (root's /run/mlfs: no write for others). /tmp is shared: another user can make
  * /tmp/mlfs-UID first, and a socket bound in their directory could be replaced by
- * theirs (mlfs-snap would then talk to them). Refusing says so in one line; the fix is
- * the user's (remove it, or set XDG_RUNTIME_DIR).
+ * theirs (mlfs-snap would then talk to them). Its path into dir; 0, -errno, or -EPERM
+ * with its stat in *st when it is not one of ours, which ctl_pick_dir says in one line
+ * (the fix is the user's: remove it, or set XDG_RUNTIME_DIR).
  */
-static int ctl_pick_dir(char *dir, size_t len)
+static int ctl_own_dir(char *dir, size_t len, struct stat *st)
 {
 	uid_t uid = geteuid();
-	struct stat st;
 	int rc;
 
 	if ((rc = ctl_dir_name(uid, getenv("XDG_RUNTIME_DIR"), dir, len)))
 		return rc;
 	if (mkdir(dir, 0700) < 0 && errno != EEXIST)
 		return -errno;
-	if (lstat(dir, &st) < 0)
+	if (lstat(dir, st) < 0)
 		return -errno;
-	if (S_ISLNK(st.st_mode) || !S_ISDIR(st.st_mode) || st.st_uid != uid ||
-	    (st.st_mode & (uid == 0 ? 022 : 077))) {
+	if (S_ISLNK(st->st_mode) || !S_ISDIR(st->st_mode) || st->st_uid != uid ||
+	    (st->st_mode & (uid == 0 ? 022 : 077)))
+		return -EPERM;
+	return 0;
+}
+
+static int ctl_pick_dir(char *dir, size_t len)
+{
+	uid_t uid = geteuid();
+	struct stat st;
+	int rc;
+
+	if ((rc = ctl_own_dir(dir, len, &st)) == -EPERM) {
 		fprintf(stderr, "mlfs: control socket directory %s is %s (owner uid %u, mode "
 			"%04o); it must be a directory of uid %u with mode 0700: remove it or "
 			"set XDG_RUNTIME_DIR\n", dir,
@@ -123,7 +135,29 @@ static int ctl_pick_dir(char *dir, size_t len)
 			(unsigned)st.st_uid, (unsigned)(st.st_mode & 07777), (unsigned)uid);
 		return -EPERM;
 	}
-	return 0;
+	return rc;
+}
+
+int ctl_mount_lock(dev_t dev, ino_t ino)
+{
+	char dir[PATH_MAX], path[PATH_MAX + 64];
+	struct stat st;
+	int fd;
+
+	if (ctl_own_dir(dir, sizeof(dir), &st))
+		return -1;
+	snprintf(path, sizeof(path), "%s/mnt-%llu-%llu.lock", dir, (unsigned long long)dev,
+		 (unsigned long long)ino);
+	fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -1;
+	while (flock(fd, LOCK_EX) < 0) {
+		if (errno != EINTR) {
+			close(fd);
+			return -1;
+		}
+	}
+	return fd;
 }
 
 /* Removes the sockets of daemons that died without ctl_free (kill -9, a crash) from dir:

@@ -20,7 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
-#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
@@ -303,11 +302,11 @@ static int check_nesting(const struct mlfs_config *c)
 	return 1;
 }
 
-/* The mount point's directory, locked (flock) from before the check that it is no
- * mount point until our mount is made on it (mlfs_mnt_unlock): of two mlfs started on
- * one directory at once, the second waits, then finds the first's mount and refuses;
- * both checked before either mounted, and both mounts stacked. -1 when not held (a
- * directory we may not open: the check alone, as before). */
+/* The mount point's lock (ctl_mount_lock), held from before the check that it is no
+ * mount point until our mount is made on it (mlfs_mnt_unlock): of two mlfs of one user
+ * started on one directory at once, the second waits, then finds the first's mount and
+ * refuses; both checked before either mounted, and both mounts stacked. -1 when not
+ * held (a socket directory not ours: the check alone). */
 static int mlfs_mnt_lock = -1;
 
 static void mlfs_mnt_unlock(void)
@@ -324,9 +323,10 @@ static int check_mountpoint(const char *mnt)
 	char parent[PATH_MAX + 4];
 	struct stat st, pst;
 
-	mlfs_mnt_lock = open(mnt, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	while (mlfs_mnt_lock >= 0 && flock(mlfs_mnt_lock, LOCK_EX) < 0 && errno == EINTR)
-		;
+	/* Keyed by the directory as found before the wait: a mount made meanwhile is seen
+	 * by the stat after it. */
+	if (stat(mnt, &st) == 0)
+		mlfs_mnt_lock = ctl_mount_lock(st.st_dev, st.st_ino);
 	if (stat(mnt, &st) < 0)
 		return die("mount point %s: %s", mnt, strerror(errno));
 	if (!S_ISDIR(st.st_mode))

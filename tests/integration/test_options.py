@@ -6,6 +6,7 @@ mlfs command the same way (it waits for the daemon), never exit 0 with no mount.
 """
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -244,6 +245,35 @@ def test_two_mounts_started_at_once_on_one_point(mounter):
             assert "is busy" in err, err
             _unmount_all([mnt])
     finally:
+        _unmount_all([mnt])
+
+
+def test_a_users_flock_on_the_mount_point_does_not_hold_the_mount(mounter, other_user):
+    """The start-up lock was a flock of the mount point's directory, which anyone who may
+    open it can hold: root's mlfs then waited forever, without a word (found by an
+    outside tester). The lock is now a file of the daemon's own socket directory."""
+    base = mounter.tempdir("flock-")
+    src, mnt = os.path.join(base, "src"), os.path.join(base, "mnt")
+    for d in (src, mnt):
+        os.mkdir(d)
+    os.chmod(base, 0o755)
+    os.chmod(mnt, 0o755)
+    uid, gid = other_user
+    holder = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={gid}",
+                               "--clear-groups", "flock", "-x", mnt, "sleep", "120"],
+                              stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while subprocess.run(["flock", "-n", mnt, "true"]).returncode == 0:
+            assert time.monotonic() < deadline and holder.poll() is None, "no lock held"
+            time.sleep(0.05)
+        r = subprocess.run([U.MLFS, src, mnt], stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert any(x[1] == mnt for x in U.mounts())
+    finally:
+        holder.kill()
+        holder.wait()
         _unmount_all([mnt])
 
 
