@@ -392,6 +392,33 @@ static int store_sync_parent(const char *dir)
 	return rc;
 }
 
+/*
+ * A directory of the store (name NULL: STORE itself) that another user owns or may
+ * write (without the sticky bit) lets that user delete or replace its snapshots, and a
+ * restore would then give root's checkpoint files their bytes: refused, as restore --to
+ * refuses such a target. Root's files are trusted by every user, as the user's own.
+ */
+static int store_dir_trusted(const char *dir, int fd, const char *name)
+{
+	uid_t me = geteuid();
+	struct stat st;
+	const char *why;
+
+	if (fstat(fd, &st))
+		return -errno;
+	if (st.st_uid != me && st.st_uid != 0)
+		why = "is owned by another user";
+	else if ((st.st_mode & 0022) && !(st.st_mode & S_ISVTX))
+		why = "is writable by other users";
+	else
+		return 0;
+	log_err("store: %s%s%s %s (uid %u, mode %04o): they could delete or replace its "
+		"snapshots; not used (chown it to uid %u%s, chmod go-w)", dir,
+		name ? "/" : "", name ? name : "", why, (unsigned)st.st_uid,
+		(unsigned)(st.st_mode & 07777), (unsigned)me, me ? " or root" : "");
+	return -EPERM;
+}
+
 static int store_create(const char *dir)
 {
 	int dfd, rc = 0;
@@ -404,6 +431,8 @@ static int store_create(const char *dir)
 	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dfd < 0)
 		return -errno;
+	if ((rc = store_dir_trusted(dir, dfd, NULL)))
+		goto out_close; /* nothing written into another user's directory */
 	/* An existing store is opened as it is (check_format judges its FORMAT, so a
 	 * store of another version is refused, never relabelled). A directory holding
 	 * anything but the pieces a create interrupted by a crash (or a peer creating
@@ -623,6 +652,8 @@ int store_open(const char *dir, int flags, struct store **out)
 		rc = errno == ENOTDIR ? -EINVAL : -errno;
 		goto fail;
 	}
+	if ((rc = store_dir_trusted(s->path, s->dirfd, NULL)))
+		goto fail;
 	if ((version = rc = check_format(s)) < 0)
 		goto fail;
 	rc = 0;
@@ -632,12 +663,16 @@ int store_open(const char *dir, int flags, struct store **out)
 		log_err("store: %s: damaged store layout: objects: %s", dir, strerror(errno));
 		goto fail;
 	}
+	if (s->objfd >= 0 && (rc = store_dir_trusted(s->path, s->objfd, "objects")))
+		goto fail;
 	s->snapfd = store_subdir(s, "snaps");
 	if (s->snapfd < 0) {
 		rc = -errno;
 		log_err("store: %s: damaged store layout: snaps: %s", dir, strerror(errno));
 		goto fail;
 	}
+	if ((rc = store_dir_trusted(s->path, s->snapfd, "snaps")))
+		goto fail;
 	if (flags & STORE_RDONLY) {
 		/* A reader never writes: not even the lock file, which it does not take
 		 * (list, verify and restore read published, immutable files; invariant 2).
@@ -655,7 +690,8 @@ int store_open(const char *dir, int flags, struct store **out)
 		log_err("store: %s: damaged store layout: packs: %s", dir, strerror(errno));
 		goto fail;
 	}
-	if (s->packfd >= 0 && (rc = pack_set_new(s->packfd, dir, &s->packs)))
+	if (s->packfd >= 0 && ((rc = store_dir_trusted(s->path, s->packfd, "packs")) ||
+			       (rc = pack_set_new(s->packfd, dir, &s->packs))))
 		goto fail;
 	if (!(flags & STORE_RDONLY)) {
 		/* Invariant 3: a writer's lease exists from its open to its close. */
@@ -665,6 +701,8 @@ int store_open(const char *dir, int flags, struct store **out)
 			log_err("store: %s: damaged store layout: leases: %s", dir, strerror(errno));
 			goto fail;
 		}
+		if ((rc = store_dir_trusted(s->path, s->leasefd, "leases")))
+			goto fail;
 		if ((rc = lease_keeper_start(s->leasefd, dir, s->token, store_lease_fill, s,
 					     &s->lease))) {
 			log_err("store: %s: cannot write a lease: %s", dir, strerror(-rc));

@@ -133,12 +133,16 @@ void snap_say_bad_name(const char *name)
  * so a store on a read-only filesystem or one the caller may only read still opens. */
 static int open_store(const char *dir, int flags, struct store **s)
 {
-	int rc = store_open(dir, flags, s);
+	int rc;
 
+	log_first_error_reset();
+	rc = store_open(dir, flags, s);
 	if (rc == -EINVAL)
 		say("%s: not an mlfs store", dir);
 	else if (rc == -EPROTONOSUPPORT)
 		say("%s: store format version not supported by this mlfs-snap", dir);
+	else if (rc == -EPERM && log_first_error()[0])
+		say("%s", log_first_error()); /* store_dir_trusted: whose, and the fix */
 	else if (rc)
 		say("%s: %s", dir, strerror(-rc));
 	return rc;

@@ -379,6 +379,37 @@ def test_verify_escapes_control_characters(snapenv):
     assert "verify: 2 fault(s)" in r.err, r
 
 
+@pytest.mark.parametrize("layout", ["user-top", "user-subdirs", "world-writable"])
+def test_store_another_user_can_change_is_refused(mounter, other_user, layout):
+    """A store directory made in advance by another user (or left writable by them) was
+    taken: root's packs and manifests went into it, and that user could then delete a
+    durable snapshot or plant one that a restore gives root's files (found by an
+    outside tester). Refused by the mount and the tools, with nothing written there."""
+    uid, gid = other_user
+    base = mounter.tempdir("untrusted-")
+    os.chmod(base, 0o1777)
+    st = os.path.join(base, "store")
+    if layout == "user-subdirs":
+        assert S.snap("init", "--store", st).rc == 0
+        for sub in ("packs", "snaps", "leases"):
+            os.chown(os.path.join(st, sub), uid, gid)
+    else:
+        os.mkdir(st, 0o777)
+        os.chmod(st, 0o777)
+        if layout == "user-top":
+            os.chown(st, uid, gid)
+    before = sorted(os.listdir(st))
+    m = mounter.prepare()
+    r = subprocess.run([U.MLFS, "-o", f"store={st}", m.src, m.mnt], capture_output=True,
+                       text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode == 1 and not U.is_mounted(m.mnt), r
+    assert "could delete or replace its snapshots" in r.stderr, r.stderr
+    for argv in (["list", "--store", st], ["gc", "--store", st]):
+        r = S.snap(*argv)
+        assert r.rc == 1 and "could delete or replace its snapshots" in r.err, (argv, r)
+    assert sorted(os.listdir(st)) == before
+
+
 # ---------------------------------------------------------------- 4. the control socket
 
 class UserMount:
