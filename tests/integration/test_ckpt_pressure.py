@@ -240,3 +240,48 @@ def test_checkpoint_writes_without_spill_stop_at_mem_max(mounter):
     U.write_file(os.path.join(m.ckpt, "next"), chunk * 16)
     with open(os.path.join(m.ckpt, "next"), "rb") as f:
         assert f.read() == chunk * 16
+
+
+@pytest.mark.parametrize("spill", [False, True], ids=["nospill", "spill"])
+def test_overwrite_in_place_on_a_full_tree(mounter, spill):
+    """A write over bytes just written needs no room: ext4 and tmpfs never refuse one.
+    On a full MOUNT/ckpt it failed with ENOSPC after 2 s, whatever its size (admission
+    counted every byte as new), and a sqlite database whose hot-journal rollback is
+    such a write could not be opened again (found by an outside tester)."""
+    opts = "mem_max=64M,mem_min=16M" + (",spill_max=16M" if spill else "")
+    m = mounter(opts=opts if spill else "nospill," + opts)
+    path = os.path.join(m.ckpt, "full")
+    rng = random.Random(20261129)
+    fill = rng.randbytes(MiB)  # incompressible: the spill cannot shrink it away
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        written = 0
+        while True:
+            try:
+                n = os.pwrite(fd, fill, written)
+            except OSError as e:
+                assert e.errno == errno.ENOSPC, e
+                break
+            written += n
+            assert written <= 512 * MiB, "never full"
+            if n < MiB:
+                break  # a short write: full
+        # The last MiB written is resident and not in the store: overwritten whole,
+        # then a page of it, then a page that straddles it and what came before.
+        fill = (fill * (written // MiB + 1))[:written]
+        last = written - MiB
+        want = {}
+        for off, n in ((last, MiB), (last + 8192, 4096), (last - 2048, 4096)):
+            data = rng.randbytes(n)
+            assert os.pwrite(fd, data, off) == n
+            want[off] = data
+    finally:
+        os.close(fd)
+    with open(path, "rb") as f:
+        got = f.read()
+    assert len(got) == written
+    expect = bytearray(fill)
+    for off, data in want.items():
+        expect[off:off + len(data)] = data
+    U.assert_bytes(got, bytes(expect), "the file after the overwrites")
+    assert U.pid_alive(m.pid)
