@@ -26,6 +26,15 @@
  *  9. The file holds no byte at or past s->file_end (>= s->hwm): spill_trim cuts it to
  *     s->hwm, under s->lock, so no allocation moves the end meanwhile, and nothing in
  *     flight is there (every WRITING and SPILLED extent is below s->hwm).
+ * 10. The file grows past s->file_end only up to s->room_end: the bytes its filesystem
+ *     had allocated to it plus that filesystem's f_bavail less a margin (spill_fs_avail),
+ *     as last read (spill_room_read). f_bavail is what an unprivileged user may still
+ *     take, so the daemon, which usually runs as root, never spills a user's bytes into
+ *     the blocks a filesystem keeps for root (ext4's reserve, mkfs -m) nor leaves others
+ *     less than the margin. Past it space_alloc says -ENOSPC at once, as at max_bytes,
+ *     and the tier treats the spill as full (tier.c invariant 6). room_end is a file
+ *     offset, so the spill's own growth and trims leave it true; only other users of the
+ *     filesystem move it, hence the re-reads.
  *
  * State of an extent:
  *
@@ -50,20 +59,35 @@
 #include <linux/magic.h>
 #include <lz4.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include "cache/log.h"
+#include "cache/mono.h"
 #include "tiering/uring.h"
 
 #define SPILL_UNIT 4096u
 
 /* spill_trim cuts a free tail of at least this much (or any, when nothing is left). */
 #define SPILL_TRIM_MIN (8ull << 20)
+
+/* Invariant 10: the file leaves its filesystem at least 1% of its size available to
+ * unprivileged users (f_bavail), within these bounds. */
+#define SPILL_ROOM_MARGIN_MIN (1ull << 20)
+#define SPILL_ROOM_MARGIN_MAX (64ull << 20)
+/* room_end is read again at a growth of the file SPILL_ROOM_MS after the last read, or
+ * at every growth that comes within SPILL_ROOM_NEAR of it: others may have taken (or
+ * freed) space meanwhile, and near the end an old figure could let the spill take the
+ * margin. One fstat and one fstatvfs, no device I/O on a local filesystem. */
+#define SPILL_ROOM_MS 100
+#define SPILL_ROOM_NEAR (256ull << 20)
 
 struct spill_lz4_hdr {
 	uint32_t magic; /* SPILL_LZ4_MAGIC: catches a loc that points at the wrong place */
@@ -87,13 +111,17 @@ struct spill {
 	 * nothing (uring calls and op->done run after it is dropped). Never under a
 	 * bcache shard mutex or t->mu (they call spill with their locks dropped), but
 	 * under a ckpt inode lock, ns->mu, sd->mu or store_mu (a reload, or a last put's
-	 * spill_release through the tier's unspill hook). Never held across I/O:
-	 * spill_free waits for the drain on drained, which drops it. */
+	 * spill_release through the tier's unspill hook). Never held across I/O (but
+	 * the metadata calls of spill_trim and spill_room_read): spill_free waits for
+	 * the drain on drained, which drops it. */
 	pthread_mutex_t lock;
 	pthread_cond_t drained;
 	unsigned inflight; /* invariant 8 */
 	uint64_t hwm;      /* invariant 1 */
 	uint64_t file_end; /* invariant 9 */
+	uint64_t room_end; /* invariant 10; UINT64_MAX when the fs cannot be read */
+	uint64_t room_ms;  /* when room_end was read (mono_now_ms) */
+	int room_err;      /* the errno of a failed read, logged once */
 	struct spill_ext *free_map; /* invariant 3 */
 	size_t nfree, free_cap;
 	struct spill_stats st;
@@ -115,9 +143,67 @@ static uint64_t spill_round_up(uint64_t n)
 	return (n + SPILL_UNIT - 1) & ~(uint64_t)(SPILL_UNIT - 1);
 }
 
+/* --- room on the filesystem (invariant 10) ---------------------------------------- */
+
+/* What the spill file may still take of the filesystem sv describes: f_bavail less the
+ * margin, 0 when that leaves nothing. */
+static uint64_t spill_fs_avail(const struct statvfs *sv)
+{
+	uint64_t avail = (uint64_t)sv->f_bavail * sv->f_frsize;
+	uint64_t margin = (uint64_t)sv->f_blocks * sv->f_frsize / 100;
+
+	if (margin < SPILL_ROOM_MARGIN_MIN)
+		margin = SPILL_ROOM_MARGIN_MIN;
+	if (margin > SPILL_ROOM_MARGIN_MAX)
+		margin = SPILL_ROOM_MARGIN_MAX;
+	return avail > margin ? avail - margin : 0;
+}
+
+/*
+ * Sets s->room_end from the open file (never the dir by path: it may have been removed
+ * or replaced). Caller holds s->lock, so no trim frees space between the two calls;
+ * writes in flight may allocate between them, which makes room_end smaller, never
+ * larger, than the truth (fstat first). A filesystem that cannot say (fstatvfs fails)
+ * gets no limit but its own ENOSPC, as before, with one log line.
+ */
+static void spill_room_read(struct spill *s, uint64_t now)
+{
+	struct statvfs sv;
+	struct stat st;
+	uint64_t held;
+
+	s->room_ms = now;
+	if (fstat(s->fd, &st) < 0 || fstatvfs(s->fd, &sv) < 0) {
+		if (!s->room_err) {
+			s->room_err = errno;
+			log_warn("spill: cannot read the spill filesystem's free space (%s): "
+				 "spilling until it is full", strerror(errno));
+		}
+		s->room_end = UINT64_MAX;
+		return;
+	}
+	/* st_blocks may count an extent tree's blocks too: never more than the file. */
+	held = (uint64_t)st.st_blocks * 512;
+	if (held > s->file_end)
+		held = s->file_end;
+	s->room_end = held + spill_fs_avail(&sv);
+}
+
+/* Whether the file may grow to end (past s->file_end): invariant 10. Caller holds s->lock.
+ * At most one fstat and one fstatvfs. */
+static bool spill_room_ok(struct spill *s, uint64_t end)
+{
+	uint64_t now = mono_now_ms();
+
+	if (now >= s->room_ms + SPILL_ROOM_MS || end + SPILL_ROOM_NEAR > s->room_end)
+		spill_room_read(s, now);
+	return end <= s->room_end;
+}
+
 /* --- free-space map (caller holds s->lock) --------------------------------------- */
 
-/* First fit over the free map, else the end of the used part. O(nfree). */
+/* First fit over the free map, else the end of the used part, which may grow the file
+ * (invariant 10: then one fstat and one fstatvfs at most). O(nfree). */
 static int space_alloc(struct spill *s, uint64_t len, uint64_t *off)
 {
 	assert(len > 0 && len % SPILL_UNIT == 0); /* invariant 2 */
@@ -137,6 +223,8 @@ static int space_alloc(struct spill *s, uint64_t len, uint64_t *off)
 	}
 	if (s->capacity - s->hwm < len) /* invariant 2 */
 		return -ENOSPC;
+	if (s->hwm + len > s->file_end && !spill_room_ok(s, s->hwm + len))
+		return -ENOSPC; /* invariant 10 */
 	*off = s->hwm;
 	s->hwm += len;
 	if (s->file_end < s->hwm)
@@ -536,8 +624,9 @@ void spill_trim(struct spill *s)
 {
 	pthread_mutex_lock(&s->lock);
 	if (s->file_end >= s->hwm + SPILL_TRIM_MIN || (s->file_end > s->hwm && !s->hwm)) {
-		/* The one call under s->lock: ftruncate of an unused tail is metadata
-		 * work, and the lock keeps an allocation from growing into the cut. */
+		/* Under s->lock (as spill_room_read's fstat and fstatvfs): ftruncate of
+		 * an unused tail is metadata work, and the lock keeps an allocation from
+		 * growing into the cut. */
 		if (ftruncate(s->fd, (off_t)s->hwm) == 0)
 			s->file_end = s->hwm;
 		else
@@ -552,6 +641,18 @@ void spill_get_stats(struct spill *s, struct spill_stats *st)
 	pthread_mutex_lock(&s->lock);
 	*st = s->st;
 	pthread_mutex_unlock(&s->lock);
+}
+
+int spill_fs_space(struct spill *s, uint64_t *avail, uint64_t *total)
+{
+	struct statvfs sv;
+
+	*avail = *total = 0;
+	if (fstatvfs(s->fd, &sv) < 0)
+		return -errno;
+	*avail = spill_fs_avail(&sv);
+	*total = (uint64_t)sv.f_blocks * sv.f_frsize;
+	return 0;
 }
 
 int spill_debug_fd(struct spill *s)
@@ -628,7 +729,7 @@ int spill_new(const struct spill_config *cfg, struct uring *u, struct spill **ou
 			 s->direct ? "O_DIRECT" : "buffered I/O with fadvise(DONTNEED)",
 			 (unsigned long long)s->max_bytes);
 	else
-		log_info("spill: %s, %s, until the filesystem is full", cfg->dir,
+		log_info("spill: %s, %s, as long as the filesystem has room", cfg->dir,
 			 s->direct ? "O_DIRECT" : "buffered I/O with fadvise(DONTNEED)");
 	*out = s;
 	return 0;

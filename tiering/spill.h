@@ -41,7 +41,7 @@ struct spill;
 
 struct spill_config {
 	const char *dir;    /* spill directory; the file in it is anonymous */
-	uint64_t max_bytes; /* spill_max, rounded down to 4 KiB; 0 = until the fs is full */
+	uint64_t max_bytes; /* spill_max, rounded down to 4 KiB; 0 = what the fs allows */
 	int buffered;       /* 1: never try O_DIRECT (tests; filesystems that do it badly) */
 };
 
@@ -84,8 +84,13 @@ void spill_free(struct spill *s);
  * of free extents, else the end of the used part of the file. Cost: O(free extents) for
  * the scan plus a memmove; neighbours coalesce, so with a few block sizes the list stays
  * short. Returns 0, or -ENOSPC when max_bytes is reached (space freed by spill_release
- * is reused), -EINVAL, -ENOMEM. A filesystem error (ENOSPC, EIO) arrives in the callback,
- * is logged, counted in write_errors, and its space is already released.
+ * is reused) or when growing the file would leave its filesystem less available to
+ * unprivileged users (f_bavail) than a margin (1% of it, 1 to 64 MiB), -EINVAL, -ENOMEM.
+ * So a daemon run as root never takes the blocks a filesystem keeps for root. That
+ * figure is read from the open file (fstat and fstatvfs) at a growth 100 ms after the
+ * last read, or at each growth within 256 MiB of what it allowed. A filesystem error
+ * (ENOSPC, EIO) arrives in the callback, is logged, counted in write_errors, and its
+ * space is already released.
  */
 int spill_write(struct spill *s, const void *buf, uint32_t len, unsigned hints,
 		spill_done_fn done, void *arg);
@@ -127,6 +132,12 @@ void spill_get_stats(struct spill *s, struct spill_stats *st);
  * ftruncate when there is something to cut, else nothing; for a periodic caller that
  * holds no lock (it holds the spill's lock across the call). */
 void spill_trim(struct spill *s);
+
+/* The spill file's filesystem, read from the open file (fstatvfs), so it holds when the
+ * spill dir was renamed or removed: *avail the bytes the file may still grow by (f_bavail
+ * less the margin spill_write keeps), *total the filesystem's size. 0, or -errno with
+ * both 0. Takes no lock; one fstatvfs, no device I/O on a local filesystem. */
+int spill_fs_space(struct spill *s, uint64_t *avail, uint64_t *total);
 
 /* Test only: the spill file's descriptor, so a test can corrupt spilled bytes. */
 int spill_debug_fd(struct spill *s);

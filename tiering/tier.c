@@ -95,7 +95,6 @@
 #include <assert.h>
 #include <errno.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <inttypes.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -136,8 +135,8 @@ struct tier {
 	 * under no bcache, spill or governor lock (bcache's hooks and the governor's
 	 * budget_fn run with theirs dropped), but under any lock a hook's caller holds:
 	 * a ckpt inode lock or ns->mu (a last put's unspill, over_budget), sd->mu or
-	 * store_mu, data.c's fl_mu (over_budget). No I/O under it but one statvfs of the
-	 * spill dir a second (tier_admit_data, on a reader's thread); waits for the
+	 * store_mu, data.c's fl_mu (over_budget). No I/O under it but one fstatvfs of the
+	 * spill file a second (tier_admit_data, on a reader's thread); waits for the
 	 * spill (tier_slot, tier_admit_write, tier_free) sleep on a cv, which drops it. */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;	/* the thread: wake-ups, completions */
@@ -294,7 +293,8 @@ bool tier_maps_data(struct tier *t)
  * full is kept (spilled at once) rather than thrown away when a later reload from the
  * spill dir would beat reading SOURCE again (the rule D comparison) and the spill has
  * room for data. Room: data may use the spill up to 90% of spill_max, or, without one,
- * as long as the spill filesystem keeps 10% free (checked at most once a second), so
+ * as long as the spill filesystem keeps 10% free beyond the margin spill_write keeps
+ * (spill_fs_space, of the open file; checked at most once a second), so
  * that dirty checkpoint blocks always find space and a shared disk is never filled by
  * a cache. This is what makes an epoch over a dataset larger than memory read a slow
  * SOURCE once: later epochs reload from local disk.
@@ -319,16 +319,14 @@ static bool tier_admit_data(void *arg)
 	now = mono_now_ms();
 	pthread_mutex_lock(&t->mu);
 	if (now >= t->room_checked_ms + 1000) {
-		struct statvfs sv;
-		uint64_t avail, keep;
+		uint64_t avail, size, keep;
 
 		/* A byte limit for the spill's own usage, exact between two looks at the
 		 * filesystem: what it holds now plus what is free beyond the 10% kept. */
 		t->room_checked_ms = now;
 		t->room_limit = 0;
-		if (statvfs(t->cfg.spill_dir, &sv) == 0) {
-			avail = (uint64_t)sv.f_bavail * sv.f_frsize;
-			keep = (uint64_t)sv.f_blocks * sv.f_frsize / 10;
+		if (spill_fs_space(t->sp, &avail, &size) == 0) {
+			keep = size / 10;
 			t->room_limit = ss.disk_bytes + (avail > keep ? avail - keep : 0);
 		}
 	}
@@ -1432,9 +1430,8 @@ static uint64_t tier_mem_to_data(struct tier *t, uint64_t room)
 
 void tier_ckpt_space(struct tier *t, uint64_t *total, uint64_t *avail)
 {
-	uint64_t mem, spilled, limit, cap, room;
+	uint64_t mem, spilled, limit, cap, room, avail_fs, size_fs;
 	struct spill_stats ss;
-	struct statvfs sv;
 
 	*total = *avail = 0;
 	if (!t)
@@ -1455,8 +1452,10 @@ void tier_ckpt_space(struct tier *t, uint64_t *total, uint64_t *avail)
 	bc_ckpt_held(t->bc, &mem, &spilled);
 	spill_get_stats(t->sp, &ss);
 	cap = ss.capacity;
-	if (!cap && statvfs(t->cfg.spill_dir, &sv) == 0)
-		cap = ss.disk_bytes + (uint64_t)sv.f_bavail * sv.f_frsize;
+	/* Of the open file, not the dir by path: removing the dir leaves the spill
+	 * working, and statfs must not lose its room (an outside tester's finding). */
+	if (!cap && spill_fs_space(t->sp, &avail_fs, &size_fs) == 0)
+		cap = ss.disk_bytes + avail_fs;
 	limit = bc_budget(t->bc);
 	room = cap > spilled ? cap - spilled : 0;
 	if (mem > limit)

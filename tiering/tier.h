@@ -154,12 +154,13 @@ int tier_admit_write(struct tier *t, size_t size);
  * total - avail: bc_ckpt_held). Clean data, checkpoint blocks already in the store and
  * reloaded copies of spilled ones are not counted: they make way (rules A, D, S).
  * With a spill tier: the budget plus the spill tier's capacity (spill_max, or what the
- * spill file holds plus the free space of its file system). Without one: dirty_max
+ * spill file holds plus what it may still take of its file system: spill_fs_space, of
+ * the open file, whatever became of the dir's path). Without one: dirty_max
  * (the budget when 0). Memory counts in data bytes: a block's buffer takes a little
  * more (bc_block_footprint). An estimate of the next moment, not a reservation: a
  * budget cut, small files (buffers of a few KiB), compression by the spill tier,
  * others filling the spill file system, or spill space freed in pieces move it. One
- * statvfs of the spill dir when spill_max is 0, else lock-free; any thread.
+ * fstatvfs of the spill file when spill_max is 0, else lock-free; any thread.
  * t NULL: 0 and 0.
  */
 void tier_ckpt_space(struct tier *t, uint64_t *total, uint64_t *avail);

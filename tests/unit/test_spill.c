@@ -1,9 +1,12 @@
 /*
  * test_spill.c - unit tests for tiering/spill.c: lz4 and raw round trips, the hint, the
  * free-space map (full, release, reuse, coalescing), 256 writes and reads in flight,
- * corrupted and short spill blocks, a filesystem write error, buffered mode on tmpfs.
+ * corrupted and short spill blocks, a filesystem write error, buffered mode on tmpfs,
+ * the room kept on the spill filesystem (root's reserve of a loop ext4, when run as root)
+ * and its free space read from the open file after the spill dir is gone.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -11,8 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -552,6 +557,149 @@ static void test_trim(const char *dir, int buffered)
 	free(out);
 }
 
+/* Writes 1 MiB blocks of incompressible bytes until spill_write refuses one; their
+ * locations go to loc[0..most), the count is returned, the refusal in *rc. */
+static int fill_spill(struct spill *s, const char *buf, struct spill_loc *loc, int most,
+		      int *rc)
+{
+	int n = 0;
+
+	*rc = 0;
+	while (n < most &&
+	       !(*rc = spill_write_sync(s, buf + n, MIB, SPILL_HINT_INCOMPRESSIBLE, &loc[n])))
+		n++;
+	return n;
+}
+
+/* f_bavail and the blocks kept for root (f_bfree - f_bavail) of path, in bytes. */
+static uint64_t fs_avail(const char *path, uint64_t *reserve)
+{
+	struct statvfs sv;
+
+	EXPECT_EQ(statvfs(path, &sv), 0);
+	*reserve = (uint64_t)(sv.f_bfree - sv.f_bavail) * sv.f_frsize;
+	return (uint64_t)sv.f_bavail * sv.f_frsize;
+}
+
+static int run(const char *cmd)
+{
+	int rc = system(cmd);
+
+	return rc == 0 ? 0 : -1;
+}
+
+/*
+ * Invariant 10 on a 64 MiB ext4 that keeps 5% for root (mkfs -m 5), as root, which the
+ * daemon usually is: the spill fills the filesystem only down to what an unprivileged
+ * user may take less the margin (1 MiB here), then says ENOSPC itself, before any write
+ * fails, and root's reserve stays whole. Space another process takes or frees meanwhile
+ * counts at the next growth. Before, the file grew until ext4 refused root too: f_bavail
+ * 0 and the reserve spent (an outside tester's finding). Needs root, mkfs.ext4 and a
+ * loop device; skipped otherwise.
+ */
+static void test_root_reserve(void)
+{
+	char dir[] = "/tmp/test_spill_resv.XXXXXX", img[64], mnt[64], filler[80], cmd[256];
+	struct spill_loc loc[64], more[16];
+	uint64_t resv0, resv, avail;
+	struct spill_stats st;
+	char *buf = malloc(2 * MIB);
+	struct spill *s;
+	int n, k, rc, fd;
+
+	if (geteuid() != 0 || !mkdtemp(dir)) {
+		printf("test_spill: skipping the root reserve test (needs root)\n");
+		free(buf);
+		return;
+	}
+	snprintf(img, sizeof(img), "%s/img", dir);
+	snprintf(mnt, sizeof(mnt), "%s/mnt", dir);
+	snprintf(filler, sizeof(filler), "%s/filler", mnt);
+	fd = open(img, O_CREAT | O_RDWR, 0600);
+	if (fd < 0 || ftruncate(fd, 64 * MIB) < 0 || close(fd) < 0 || mkdir(mnt, 0755) < 0)
+		goto out_skip;
+	snprintf(cmd, sizeof(cmd), "mkfs.ext4 -q -m 5 %s >/dev/null 2>&1", img);
+	if (run(cmd))
+		goto out_skip;
+	snprintf(cmd, sizeof(cmd), "mount -o loop %s %s >/dev/null 2>&1", img, mnt);
+	if (run(cmd))
+		goto out_skip;
+
+	fill_random(buf, 2 * MIB);
+	avail = fs_avail(mnt, &resv0);
+	EXPECT(resv0 >= 2 * MIB); /* 5% of 64 MiB */
+	s = open_spill(mnt, 0, 0);
+	n = fill_spill(s, buf, loc, 64, &rc);
+	EXPECT_EQ(rc, -ENOSPC);
+	EXPECT(n >= (int)(avail / MIB) - 2); /* it took what it may */
+	spill_get_stats(s, &st);
+	EXPECT_EQ(st.write_errors, 0); /* refused, not failed by ext4 */
+	avail = fs_avail(mnt, &resv);
+	EXPECT_EQ(resv, resv0);
+	EXPECT(avail >= MIB && avail < 2 * MIB + 256 * KIB);
+
+	/* Another user takes 4 MiB of the 10 the spill gives back: the spill grows by
+	 * about 6 MiB, not 10, and still leaves the margin. */
+	for (k = n - 10; k < n; k++)
+		spill_release(s, &loc[k]);
+	spill_trim(s);
+	n -= 10;
+	fd = open(filler, O_CREAT | O_WRONLY, 0644);
+	EXPECT(fd >= 0);
+	for (k = 0; k < 4; k++)
+		EXPECT_EQ(write(fd, buf, MIB), MIB);
+	EXPECT_EQ(fsync(fd), 0);
+	close(fd);
+	k = fill_spill(s, buf, more, 16, &rc);
+	EXPECT_EQ(rc, -ENOSPC);
+	EXPECT(k >= 5 && k <= 7);
+	avail = fs_avail(mnt, &resv);
+	EXPECT_EQ(resv, resv0);
+	EXPECT(avail >= MIB && avail < 2 * MIB + 256 * KIB);
+	/* And when that user frees it, the spill may have it. */
+	EXPECT_EQ(unlink(filler), 0);
+	EXPECT_EQ(spill_write_sync(s, buf, MIB, SPILL_HINT_INCOMPRESSIBLE, &more[k]), 0);
+	spill_get_stats(s, &st);
+	EXPECT_EQ(st.write_errors, 0);
+	spill_free(s);
+	EXPECT_EQ(umount(mnt), 0);
+	goto out_clean;
+
+out_skip:
+	printf("test_spill: skipping the root reserve test (no mkfs.ext4 or loop mount)\n");
+out_clean:
+	unlink(img);
+	rmdir(mnt);
+	rmdir(dir);
+	free(buf);
+}
+
+/* spill_fs_space reads the open file's filesystem: removing the spill dir (its path no
+ * longer resolves) changes nothing, and spilling goes on. */
+static void test_fs_space(void)
+{
+	char dir[] = "/tmp/test_spill_fs.XXXXXX";
+	uint64_t avail, total, avail2, total2;
+	struct spill *s;
+	struct spill_loc loc;
+	char *buf = malloc(MIB), *out = malloc(MIB);
+
+	fill_random(buf, MIB);
+	EXPECT(mkdtemp(dir) != NULL);
+	s = open_spill(dir, 0, 0);
+	EXPECT_EQ(spill_fs_space(s, &avail, &total), 0);
+	EXPECT(total > 0 && avail < total);
+	EXPECT_EQ(rmdir(dir), 0);
+	EXPECT_EQ(spill_fs_space(s, &avail2, &total2), 0);
+	EXPECT_EQ(total2, total);
+	EXPECT(avail2 + 64 * MIB > avail); /* others may write to /tmp meanwhile */
+	EXPECT_EQ(spill_write_sync(s, buf, MIB, 0, &loc), 0);
+	EXPECT_EQ(spill_read_sync(s, &loc, out, MIB, XXH3_64bits(buf, MIB)), 0);
+	spill_free(s);
+	free(buf);
+	free(out);
+}
+
 int main(void)
 {
 	struct timespec t0, t1;
@@ -572,6 +720,8 @@ int main(void)
 	test_page_cache(1);
 	test_trim("/tmp", 0);
 	test_trim("/dev/shm", 1);
+	test_fs_space();
+	test_root_reserve();
 	uring_free(ring);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	printf("test_spill: %.2f s\n", (double)(t1.tv_sec - t0.tv_sec) +
