@@ -164,7 +164,8 @@ static void usage(FILE *f)
 "  -o store=DIR           snapshot store (durable disk or shared filesystem)\n"
 "  -o spill=DIR           spill directory on local disk for the disk tier\n"
 "  -o spill_max=SIZE      most bytes the spill tier may use (default: until full)\n"
-"  -o mem_max=SIZE        upper bound of the memory budget (default: half of RAM)\n"
+"  -o mem_max=SIZE        upper bound of the memory budget (default: half of RAM, or\n"
+"                         of the memory cgroup's limit where lower)\n"
 "  -o mem_min=SIZE        lower bound of the memory budget (default: 64M)\n"
 "  -o block_size=SIZE     cache block size, power of two, 64K..8M (default: 1M)\n"
 "  -o cgroup=DIR          memory cgroup (v1 or v2) whose limit and usage to follow\n"
@@ -388,7 +389,17 @@ static int build_config(struct mlfs_opts *o, const char *src, const char *mnt,
 		return 1;
 	sysinfo(&si);
 	c->mem_max = (uint64_t)si.totalram * si.mem_unit / 2;
-	c->mem_min = 64ull << 20;
+	if (!o->mem_max) {
+		/* Half of the memory cgroup's limit where it is lower: without a spill dir
+		 * checkpoint writes may fill mem_max (tier_admit_unspilled), and half of
+		 * the machine in a smaller cgroup got the daemon OOM-killed, every
+		 * unsnapshotted byte with it (found by an outside tester). */
+		uint64_t lim = gov_cgroup_limit(c->cgroup, "/proc/self/cgroup", "/sys/fs/cgroup");
+
+		if (lim != GOV_NONE && lim / 2 < c->mem_max)
+			c->mem_max = lim / 2 > (1 << 20) ? lim / 2 : 1 << 20;
+	}
+	c->mem_min = o->mem_max || c->mem_max >= 64ull << 20 ? 64ull << 20 : c->mem_max;
 	if ((o->mem_max && opt_number("mem_max", o->mem_max, OPT_SIZE, 1 << 20, 1e18, NULL,
 				      &c->mem_max)) ||
 	    (o->mem_min && opt_number("mem_min", o->mem_min, OPT_SIZE, 0, 1e18, NULL,

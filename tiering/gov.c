@@ -24,6 +24,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -305,6 +306,63 @@ int gov_read_cgroup(const char *dir, struct gov_sample *s)
 	/* total_ counts the whole subtree, as usage_in_bytes does. */
 	gov_cg_less_inactive(dir, 1, usage, s);
 	return 0;
+}
+
+static uint64_t gov_limit_of(const char *dir)
+{
+	struct gov_sample s;
+
+	gov_sample_clear(&s);
+	return gov_read_cgroup(dir, &s) ? GOV_NONE : s.cg_limit;
+}
+
+/* Whether the comma-separated list has word. */
+static bool gov_has_word(const char *list, const char *word)
+{
+	size_t n = strlen(word);
+
+	for (const char *p = list; p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+		if (!strncmp(p, word, n) && (p[n] == ',' || p[n] == '\0'))
+			return true;
+	return false;
+}
+
+uint64_t gov_cgroup_limit(const char *cgroup_dir, const char *proc_cgroup, const char *sysfs)
+{
+	uint64_t lim = cgroup_dir ? gov_limit_of(cgroup_dir) : GOV_NONE;
+	char line[4096], dir[8192];
+	FILE *f = proc_cgroup ? fopen(proc_cgroup, "re") : NULL;
+
+	/* Lines "ID:CONTROLLERS:PATH": v1's memory hierarchy, or v2's (ID 0, none). */
+	while (f && fgets(line, sizeof(line), f)) {
+		char *ctl = strchr(line, ':'), *path = ctl ? strchr(ctl + 1, ':') : NULL, *nl;
+		int base;
+
+		if (!path)
+			continue;
+		*ctl++ = '\0';
+		*path++ = '\0';
+		if ((nl = strchr(path, '\n')))
+			*nl = '\0';
+		if (gov_has_word(ctl, "memory"))
+			base = snprintf(dir, sizeof(dir), "%s/memory", sysfs);
+		else if (!strcmp(line, "0") && !*ctl)
+			base = snprintf(dir, sizeof(dir), "%s", sysfs);
+		else
+			continue;
+		if (base < 0 || (size_t)base + strlen(path) >= sizeof(dir))
+			continue;
+		strcpy(dir + base, path);
+		/* The cgroup, then each ancestor: the lowest limit is the one that holds. */
+		for (char *slash;; *slash = '\0') {
+			lim = gov_min(lim, gov_limit_of(dir));
+			if (!(slash = strrchr(dir + base, '/')))
+				break;
+		}
+	}
+	if (f)
+		fclose(f);
+	return lim;
 }
 
 /* ---- the controller ---- */

@@ -127,6 +127,12 @@ struct gov_sample {
 int gov_read_psi(const char *path, struct gov_sample *s);
 int gov_read_meminfo(const char *path, struct gov_sample *s);
 int gov_read_cgroup(const char *dir, struct gov_sample *s);
+/* The lowest memory limit (GOV_NONE: none) of cgroup_dir (may be NULL) and of the
+ * process's own memory cgroups and their ancestors, as proc_cgroup (/proc/self/cgroup;
+ * NULL: not read) names them below sysfs (/sys/fs/cgroup): v1's memory hierarchy at
+ * sysfs/memory, v2's at sysfs. What mem_max defaults to half of, when lower than the
+ * machine: a daemon in a container or a job's cgroup is bounded by it, not by RAM. */
+uint64_t gov_cgroup_limit(const char *cgroup_dir, const char *proc_cgroup, const char *sysfs);
 const char *gov_strerror(int rc);
 /* Sets every field of *s to "unknown"; call before the parsers. */
 void gov_sample_clear(struct gov_sample *s);

@@ -726,3 +726,31 @@ def test_spilled_block_that_fails_its_checksum_is_counted_and_read_again(mounter
     st = m.stat()
     assert bad > 0, f"no spilled block was read back damaged: the test tests nothing\n{st}"
     assert st["csum_errors"] == bad, (st["csum_errors"], bad)
+
+
+def test_default_mem_max_follows_the_cgroup(memcg, mounter, tmp_path):
+    """mem_max not given: half of the memory cgroup's limit where it is below the
+    machine's, from the daemon's own cgroup (a container, a job's slice) or cgroup=.
+    It was half of RAM whatever the cgroup, and without a spill dir checkpoint writes
+    may fill mem_max: in a 400 MiB cgroup the daemon was OOM-killed at 393 MiB written,
+    every unsnapshotted byte with it (found by an outside tester). Now the writes fail
+    with ENOSPC and the daemon lives."""
+    cg_write(memcg, "memory.limit_in_bytes", 400 * MiB)
+    m = start_daemon(mounter, None, "mem_min=16M", cgroup_dir=memcg)  # no spill dir
+    st = m.stat()
+    assert st["mem_max"] == 200 * MiB and st["mem_min"] <= st["mem_max"], st
+    chunk = os.urandom(MiB)
+    with pytest.raises(OSError) as e:
+        with open(os.path.join(m.ckpt, "big"), "wb") as f:
+            for _ in range(600):
+                f.write(chunk)
+    assert e.value.errno == errno.ENOSPC, e.value
+    assert U.pid_alive(m.pid) and cg_oom_kills(memcg) == 0
+    # cgroup= counts the same (a fake v2 group: memory.high under memory.max).
+    fake = tmp_path / "cg"
+    fake.mkdir()
+    for name, text in (("memory.max", "max"), ("memory.high", str(300 * MiB)),
+                       ("memory.current", "1000"), ("memory.stat", "inactive_file 0")):
+        (fake / name).write_text(text + "\n")
+    m2 = start_daemon(mounter, None, f"mem_min=16M,cgroup={fake}")
+    assert m2.stat()["mem_max"] == 150 * MiB

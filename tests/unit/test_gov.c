@@ -202,6 +202,51 @@ static void test_parse_cgroup_v2(void)
 	EXPECT_EQ(gov_read_cgroup(d, &s), -EINVAL);
 }
 
+static void v1_group(const char *dir, const char *limit)
+{
+	put_file(dir, "memory.limit_in_bytes", limit);
+	put_file(dir, "memory.usage_in_bytes", "1000\n");
+}
+
+/* The default mem_max's bound: the lowest limit of the process's own memory cgroups
+ * (v1 and v2, as /proc/self/cgroup names them) and their ancestors, and of cgroup=. */
+static void test_cgroup_limit(void)
+{
+	char sys[512], proc[512], cfg[512], dir[600], pc[600];
+
+	/* Copied: sub_dir's buffers are reused. */
+	snprintf(sys, sizeof(sys), "%s", sub_dir("sys"));
+	snprintf(proc, sizeof(proc), "%s", sub_dir("proc"));
+	snprintf(cfg, sizeof(cfg), "%s", sub_dir("cfg"));
+	snprintf(pc, sizeof(pc), "%s/cgroup", proc);
+	(void)sub_dir("sys/memory");
+	(void)sub_dir("sys/memory/pod");
+	(void)sub_dir("sys/memory/pod/ctr");
+	(void)sub_dir("sys/v2");
+	snprintf(dir, sizeof(dir), "%s/memory", sys);
+	v1_group(dir, "9223372036854771712\n");
+	snprintf(dir, sizeof(dir), "%s/memory/pod", sys);
+	v1_group(dir, "524288000\n");	/* the pod: 500 MiB */
+	snprintf(dir, sizeof(dir), "%s/memory/pod/ctr", sys);
+	v1_group(dir, "838860800\n");	/* its container asks for more: the pod's holds */
+	put_file(proc, "cgroup", "9:cpu,cpuacct:/pod/ctr\n4:memory:/pod/ctr\n0::/\n");
+	EXPECT_EQ(gov_cgroup_limit(NULL, pc, sys), 500 * MIB);
+	EXPECT_EQ(gov_cgroup_limit(NULL, NULL, sys), GOV_NONE);
+	/* v2: the unified hierarchy, memory.high below memory.max. */
+	snprintf(dir, sizeof(dir), "%s/v2", sys);
+	put_file(dir, "memory.max", "max\n");
+	put_file(dir, "memory.high", "314572800\n");
+	put_file(dir, "memory.current", "1000\n");
+	put_file(proc, "cgroup", "0::/v2\n");
+	EXPECT_EQ(gov_cgroup_limit(NULL, pc, sys), 300 * MIB);
+	/* cgroup= counts too; a line of another controller, or malformed, does not. */
+	v1_group(cfg, "104857600\n");
+	put_file(proc, "cgroup", "4:memory:/pod/ctr\n3:cpu:/nothing\ngarbage\n");
+	EXPECT_EQ(gov_cgroup_limit(cfg, pc, sys), 100 * MIB);
+	put_file(proc, "cgroup", "3:cpu:/pod/ctr\n");
+	EXPECT_EQ(gov_cgroup_limit(NULL, pc, sys), GOV_NONE);
+}
+
 static void test_parse_cgroup_v1(void)
 {
 	char *d = sub_dir("cg1"), *e = sub_dir("cg_empty");
@@ -920,6 +965,7 @@ int main(void)
 	test_parse_meminfo();
 	test_parse_cgroup_v2();
 	test_parse_cgroup_v1();
+	test_cgroup_limit();
 	test_ctl_pressure_step();
 	test_ctl_crossing();
 	test_ctl_ramp();
