@@ -1157,6 +1157,17 @@ static void snapd_load_release(struct snapd_call *c)
 /* r: the control request asking (NULL for -o restore at mount, which waits for the
  * store as long as it takes: the mount is not up yet); wait_ns bounds r's wait for the
  * manifest. */
+/* The block size of a file of mf that has blocks of another size than bs (the one
+ * ckpt_restore refuses), or 0. */
+static uint32_t snapd_other_block_size(const struct mf_manifest *mf, uint32_t bs)
+{
+	for (uint64_t i = 1; i < mf->nentries; i++)
+		if (mf->entries[i].type == MF_FILE && mf->entries[i].nblocks &&
+		    mf->entries[i].block_size != bs)
+			return mf->entries[i].block_size;
+	return 0;
+}
+
 static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t msglen,
 			 struct ctl_req *r, uint64_t wait_ns)
 {
@@ -1165,6 +1176,7 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 	struct mf_manifest *mf = NULL;
 	uint64_t gen = 0, conflicts = 0;
 	unsigned parts = 0, workers = 0;
+	uint32_t other;
 	size_t nold = 0, i;
 	int rc, done;
 
@@ -1247,9 +1259,13 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 		return -ECANCELED;
 	}
 	rc = ckpt_restore(sd->m->ckpt, mf, &old, &nold, &gen);
-	if (rc == -EINVAL)
-		snprintf(msg, msglen, "snapshot '%s' does not fit this mount (block size %u)",
-			 name, sd->m->cfg.block_size);
+	if (rc == -EINVAL && (other = snapd_other_block_size(mf, sd->m->cfg.block_size)))
+		snprintf(msg, msglen, "snapshot '%s' was taken with block_size=%uK and this "
+			 "mount has block_size=%uK: mount with -o block_size=%uK to restore it",
+			 name, other >> 10, sd->m->cfg.block_size >> 10, other >> 10);
+	else if (rc == -EINVAL)
+		snprintf(msg, msglen, "snapshot '%s' does not fit this mount (a file over "
+			 "MOUNT/ckpt's 1 TiB)", name);
 	else if (rc)
 		snprintf(msg, msglen, "restore of '%s': %s", name, strerror(-rc));
 	else if (conflicts)

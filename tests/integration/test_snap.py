@@ -135,6 +135,28 @@ def test_round_trip_byte_exact(snapenv):
     assert r.ok, repr(r)
 
 
+def test_restore_at_another_block_size_names_the_one_it_needs(snapenv):
+    """A snapshot taken at block_size=256K restored on a mount of the default size was
+    refused with "does not fit this mount (block size 1048576)", which named only the
+    mount's size, and list does not show a snapshot's: the user had to guess among
+    64K to 8M (found by an outside tester). The refusal names the size to mount with,
+    and a mount at that size restores it."""
+    env = snapenv()
+    d = env.mount(opts="block_size=256K")
+    data = os.urandom(700_000)
+    write(os.path.join(d.ckpt, "f"), data)
+    S.snap_ok("take", env.mnt, "small", "--wait")
+    env.unmount(d)
+    d = env.mount()
+    r = S.snap("restore", env.mnt, "small")
+    assert r.rc == 1 and "mount with -o block_size=256K" in r.err, r
+    env.unmount(d)
+    d = env.mount(opts="block_size=256K,restore=small")
+    with open(os.path.join(d.ckpt, "f"), "rb") as f:
+        U.assert_bytes(f.read(), data, "restored at its block size")
+    env.unmount(d)
+
+
 def test_take_returns_before_persist_and_list_states(snapenv):
     """take without --wait returns once frozen (pending, then durable); --wait once
     durable; both list online and offline. The store is on a loop-mounted ext4 that is
