@@ -186,6 +186,8 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 	F("kept", "evictions refused: dirty block and no spill room", ts.kept);
 	F("write_waits", "checkpoint writes that waited for spill room", ts.admit_waits);
 	F("write_enospc", "checkpoint writes refused with ENOSPC", ts.admit_enospc);
+	F("write_nowait", "checkpoint writes that did not wait for room: enough waited already",
+	  ts.admit_nowait);
 	F("malloc_trims", "malloc_trim calls after large frees", ts.malloc_trims);
 	F("source_ns_per_mib", "average SOURCE read time per MiB, ns", ts.src_ns_per_mib);
 	F("reload_ns_per_mib", "average spill reload time per MiB, ns", ts.reload_ns_per_mib);

@@ -29,7 +29,8 @@
  *      is absent or failing, they stay in memory (invariant 2) and tier_admit_write makes
  *      new checkpoint writes wait, then fail with ENOSPC: with a spill tier once memory
  *      is over the budget, without one once they pass dirty_max (mem_max), as a tmpfs
- *      of that size (tier_admit_unspilled).
+ *      of that size (tier_admit_unspilled). Only cfg.admit_waiters writes wait at once
+ *      (invariant 9); the others fail at once, as on a full ext4.
  *   Classes are taken in this order each round: data (A and D, oldest first), then
  *   checkpoint blocks with a copy, then dirty ones; a round stops as soon as the bytes
  *   freed or in flight cover the excess.
@@ -77,6 +78,12 @@
  *     the budget and not within REFILL_HOLD of a cut, so read-ahead never causes an
  *     eviction. The threads are joined by tier_prefetch_stop before the store loader's
  *     argument goes (main.c) and before the cache (tier_free).
+ *  9. At most cfg.admit_waiters calls of tier_admit_write wait at once: t->admit_waiting
+ *     counts them, a slot is taken before the first wait and given back on return
+ *     (tier_admit_wait_get/_put). A write that finds none free does not wait: ENOSPC
+ *     when the tree is full, admitted when the spill is only behind. Each wait holds a
+ *     FUSE worker, and a pool full of sleeping writers queues every request of the
+ *     mount behind them (an outside tester's flood of 1500 writers to a full tree).
  *
  * States of a block: the one diagram is at the top of cache/bcache.c ("States"); the
  * tier drives these of its transitions, by the rules above:
@@ -149,6 +156,8 @@ struct tier {
 	uint64_t room_limit;	/* rule D': spill disk bytes data may reach */
 	uint64_t room_checked_ms;
 	uint64_t want_room;	/* bytes blocked checkpoint writes wait for (rule K) */
+	_Atomic unsigned admit_waiting; /* invariant 9; lock-free: the unspilled wait
+					 * polls without t->mu */
 	uint64_t full_ms, fail_until_ms, full_said_ms;
 	uint64_t cut_ns;	/* last cut not yet answered (0: none) */
 	uint64_t last_cut_ms;	/* refill hold */
@@ -176,7 +185,7 @@ struct tier {
 
 	/* Counters, read by tier_get_stats without the lock. */
 	_Atomic uint64_t spill_ops, reload_ops, bg_reload_ops, spill_errors, drops, frees;
-	_Atomic uint64_t kept, enospc, admit_waits, admit_enospc, malloc_trims;
+	_Atomic uint64_t kept, enospc, admit_waits, admit_enospc, admit_nowait, malloc_trims;
 	_Atomic uint64_t reload_ns_per_mib, response_us, settle_us;
 };
 
@@ -1114,6 +1123,7 @@ void tier_config_defaults(struct tier_config *c)
 	c->inflight = TIER_DEF_INFLIGHT;
 	c->refill_hold_ms = TIER_REFILL_HOLD_MS;
 	c->prefetch_threads = TIER_DEF_PREFETCH_THREADS;
+	c->admit_waiters = TIER_DEF_ADMIT_WAITERS;
 }
 
 static int tier_dup(const char **dst, const char *src)
@@ -1174,6 +1184,8 @@ int tier_new(const struct tier_config *c, struct bc *bc, struct tier **out)
 		t->cfg.batch = 256; /* the pick array in tier_trim_round */
 	if (!t->cfg.inflight)
 		t->cfg.inflight = TIER_DEF_INFLIGHT;
+	if (!t->cfg.admit_waiters)
+		t->cfg.admit_waiters = TIER_DEF_ADMIT_WAITERS;
 	if (t->cfg.prefetch_threads > TIER_PREFETCH_THREADS_MAX)
 		t->cfg.prefetch_threads = TIER_PREFETCH_THREADS_MAX;
 	/* Our own copies: tier_start may run long after the caller's strings are gone. */
@@ -1339,38 +1351,71 @@ static bool tier_blocked_locked(struct tier *t, size_t size)
 	return cannot && bc_mem_bytes(t->bc) + size > bc_budget(t->bc);
 }
 
+/* Takes one of the cfg.admit_waiters waiting slots (invariant 9): false when all are
+ * taken, and the caller must not wait. Lock-free, any thread. */
+static bool tier_admit_wait_get(struct tier *t)
+{
+	unsigned n = atomic_load(&t->admit_waiting);
+
+	do {
+		if (n >= t->cfg.admit_waiters)
+			return false;
+	} while (!atomic_compare_exchange_weak(&t->admit_waiting, &n, n + 1));
+	return true;
+}
+
+static void tier_admit_wait_put(struct tier *t)
+{
+	unsigned was = atomic_fetch_sub(&t->admit_waiting, 1);
+
+	assert(was > 0);
+	(void)was;
+}
+
 /*
  * Without a spill tier, dirty checkpoint bytes (not in the store) have no home but
  * memory. They were admitted whatever their sum, and a user writing a few hundred MiB
  * past the budget grew the daemon until the OOM killer ended it, every unsnapshotted
  * byte of every user with it (an outside tester's finding). Past cfg.dirty_max a write
  * now waits up to TIER_ADMIT_WAIT_MS for a persist or a delete to bring them under,
- * then fails with ENOSPC, as a full tmpfs does. Under the budget it is never reached
- * (dirty bytes are part of mem_bytes, the budget at most mem_max).
+ * then fails with ENOSPC, as a full tmpfs does; or fails at once when admit_waiters
+ * writes wait already (invariant 9). Under the budget it is never reached (dirty bytes
+ * are part of mem_bytes, the budget at most mem_max).
  */
 static int tier_admit_unspilled(struct tier *t, size_t size)
 {
 	uint64_t end = mono_now_ms() + TIER_ADMIT_WAIT_MS;
-	bool waited = false;
+	bool slot = false;
+	int rc = 0;
 
 	while (t->cfg.dirty_max && bc_dirty_bytes(t->bc) + size > t->cfg.dirty_max) {
-		if (mono_now_ms() >= end) {
-			atomic_fetch_add(&t->admit_enospc, 1);
-			return -ENOSPC;
-		}
-		if (!waited)
+		if (!slot) {
+			/* Before the first wait: a slot (invariant 9), or ENOSPC now. */
+			if (!(slot = tier_admit_wait_get(t))) {
+				atomic_fetch_add(&t->admit_nowait, 1);
+				rc = -ENOSPC;
+				break;
+			}
 			atomic_fetch_add(&t->admit_waits, 1);
-		waited = true;
+		}
+		if (mono_now_ms() >= end) {
+			rc = -ENOSPC;
+			break;
+		}
 		usleep(50 * 1000);
 	}
-	return 0;
+	if (slot)
+		tier_admit_wait_put(t);
+	if (rc)
+		atomic_fetch_add(&t->admit_enospc, 1);
+	return rc;
 }
 
 int tier_admit_write(struct tier *t, size_t size)
 {
 	uint64_t budget, slack, start = mono_now_ms();
 	struct timespec ts;
-	bool blocked = false, behind, waited = false, asked = false;
+	bool blocked = false, behind, waited = false, asked = false, nowait = false;
 
 	if (!t || bc_mem_bytes(t->bc) + size <= bc_budget(t->bc))
 		return 0; /* the common case: two atomic loads */
@@ -1396,6 +1441,11 @@ int tier_admit_write(struct tier *t, size_t size)
 			 mono_now_ms() < start + TIER_BEHIND_WAIT_MS;
 		if (!blocked && !behind)
 			break;
+		if (!waited && !tier_admit_wait_get(t)) {
+			/* Invariant 9: full fails now (blocked), behind goes on. */
+			nowait = true;
+			break;
+		}
 		if (blocked && !asked) {
 			/* Ask the trim for room under the budget (tier_excess). */
 			t->want_room += size;
@@ -1411,8 +1461,12 @@ int tier_admit_write(struct tier *t, size_t size)
 	if (asked)
 		t->want_room -= size;
 	pthread_mutex_unlock(&t->mu);
-	if (waited)
+	if (waited) {
+		tier_admit_wait_put(t);
 		atomic_fetch_add(&t->admit_waits, 1);
+	}
+	if (nowait)
+		atomic_fetch_add(&t->admit_nowait, 1);
 	if (blocked)
 		atomic_fetch_add(&t->admit_enospc, 1);
 	return blocked ? -ENOSPC : 0;
@@ -1494,6 +1548,7 @@ void tier_get_stats(struct tier *t, struct tier_stats *st)
 	st->enospc = atomic_load(&t->enospc);
 	st->admit_waits = atomic_load(&t->admit_waits);
 	st->admit_enospc = atomic_load(&t->admit_enospc);
+	st->admit_nowait = atomic_load(&t->admit_nowait);
 	st->malloc_trims = atomic_load(&t->malloc_trims);
 	st->src_ns_per_mib = bc_source_ns_per_mib(t->bc);
 	st->reload_ns_per_mib = atomic_load(&t->reload_ns_per_mib);

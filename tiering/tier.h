@@ -25,7 +25,8 @@
  *   checkpoint blocks not in the store stay in memory whatever the budget.
  * - Thread safety: every function may be called from any thread between tier_new() and
  *   tier_free(); tier_free() must not race with any of them.
- * - What blocks: tier_admit_write() may wait up to TIER_ADMIT_WAIT_MS; tier_settle()
+ * - What blocks: tier_admit_write() may wait up to TIER_ADMIT_WAIT_MS, at most
+ *   cfg.admit_waiters of them at once (the rest do not wait); tier_settle()
  *   waits for the thread. The backing's load waits for one spill read (io_uring) and
  *   must be called without locks other FUSE requests need (bcache.h says so too).
  *   Nothing else waits on I/O.
@@ -73,6 +74,9 @@ struct tier_config {
 	unsigned refill_hold_ms; /* no background reload this soon after a cut */
 	unsigned prefetch_threads; /* read-ahead threads, TIER_DEF_PREFETCH_THREADS; the
 				    * daemon reads MLFS_PREFETCH_THREADS (0: no read-ahead) */
+	/* The most checkpoint writes that may wait for room at once (tier_admit_write),
+	 * TIER_DEF_ADMIT_WAITERS when 0; the daemon: max(1, threads / 2), fs/main.c. */
+	unsigned admit_waiters;
 };
 
 /*
@@ -83,6 +87,12 @@ struct tier_config {
  *   enough that the bounce buffers (spill.c copies each block) stay at 16 MiB.
  * ADMIT_WAIT 2000 ms: a checkpoint write waits this long for spill space or budget when
  *   the spill dir is full and memory is over budget, then fails with ENOSPC.
+ * ADMIT_WAITERS 2: the most writes waiting for room at once (either wait below). Each
+ *   waits in a FUSE worker; a flood of writers to a full tree would otherwise fill the
+ *   worker pool with sleepers and queue every other request of the mount behind them
+ *   (root's included: an outside tester saw an ls take 96 s). Half the daemon's default
+ *   4 threads, as the daemon sets it (max(1, threads / 2)): one waiting writer is all a
+ *   single checkpoint writer needs, and the other half of the pool stays free.
  * BEHIND_WAIT 500 ms: the most a checkpoint write is held back while the spill catches
  *   up (about 500 MB written at NVMe speed); the write then goes on regardless.
  * FULL_RETRY 1000 ms: after ENOSPC from the spill dir, try spilling again this often (or
@@ -99,6 +109,7 @@ struct tier_config {
 #define TIER_DEF_BATCH 32u
 #define TIER_DEF_INFLIGHT 16u
 #define TIER_ADMIT_WAIT_MS 2000u
+#define TIER_DEF_ADMIT_WAITERS 2u
 #define TIER_BEHIND_WAIT_MS 500u
 #define TIER_FULL_RETRY_MS 1000u
 #define TIER_FAIL_BACKOFF_MS 1000u
@@ -143,8 +154,12 @@ int tier_settle(struct tier *t, unsigned timeout_ms);
  * TIER_BEHIND_WAIT_MS while dirty bytes are more than max(budget/8, 8 blocks) over the
  * budget (a writer faster than the spill disk), then goes on; and when the spill tier is
  * full (or failing) waits up to TIER_ADMIT_WAIT_MS for room and returns -ENOSPC if none
- * came. Dirty checkpoint bytes are never dropped, so this is where a full disk becomes
- * the writer's error instead of lost data. Without a spill tier: never waits. t NULL: 0. */
+ * came. Without a spill tier: waits the same when dirty bytes would pass
+ * cfg.dirty_max (a bound of 0: never). Dirty checkpoint bytes are never dropped, so this
+ * is where a full disk becomes the writer's error instead of lost data. At most
+ * cfg.admit_waiters calls wait at once: past that a write that would wait does not, and
+ * returns -ENOSPC at once when full, 0 when only behind (slowness never fails a write).
+ * t NULL: 0. */
 int tier_admit_write(struct tier *t, size_t size);
 
 /*
@@ -200,6 +215,8 @@ struct tier_stats {
 	uint64_t kept;		/* evictions refused: dirty block, no spill room */
 	uint64_t enospc;	/* times the spill tier said ENOSPC */
 	uint64_t admit_waits, admit_enospc; /* tier_admit_write waits and failures */
+	uint64_t admit_nowait;	/* of its calls that would have waited, those that did not:
+				 * admit_waiters were waiting already (ENOSPC if full) */
 	uint64_t malloc_trims;	/* malloc_trim(0) calls after large frees */
 	uint64_t src_ns_per_mib, reload_ns_per_mib; /* rule D inputs, ns per MiB */
 	uint64_t response_us;	/* last budget cut -> first eviction batch submitted */

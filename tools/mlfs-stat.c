@@ -247,6 +247,7 @@ static const struct row {
 	{ "spill_full", 0 }, { "spill_ops", 0 }, { "reload_ops", 0 }, { "bg_reload_ops", 0 },
 	{ "drops", 0 }, { "frees", 0 }, { "kept", 0 }, { "spill_errors", 0 },
 	{ "spill_enospc", 0 }, { "write_waits", 0 }, { "write_enospc", 0 },
+	{ "write_nowait", 0 },
 	{ "source_ns_per_mib", 0 }, { "reload_ns_per_mib", 0 }, { "response_us", 0 },
 	{ "settle_us", 0 }, { NULL, 0 },
 	{ "ahead_queued", 0 }, { "ahead_loaded", 0 }, { "ahead_bytes", 1 },

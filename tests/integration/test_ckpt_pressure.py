@@ -285,3 +285,77 @@ def test_overwrite_in_place_on_a_full_tree(mounter, spill):
         expect[off:off + len(data)] = data
     U.assert_bytes(got, bytes(expect), "the file after the overwrites")
     assert U.pid_alive(m.pid)
+
+
+FLOOD = r"""
+import os, sys, threading
+d, n = sys.argv[1], int(sys.argv[2])
+threading.stack_size(256 << 10)
+buf = b"z" * (1 << 20)
+def w(fd):
+    while True:
+        try:
+            os.pwrite(fd, buf, 0)
+        except OSError:
+            pass
+# The files first: creates under the flood would each take MOUNT/ckpt's lock for one
+# turn of the kernel's queue of writes, one after the other (not what is tested here).
+fds = [os.open(os.path.join(d, "w%d" % i), os.O_CREAT | os.O_WRONLY, 0o644)
+       for i in range(n)]
+for fd in fds:
+    threading.Thread(target=w, args=(fd,), daemon=True).start()
+print("started", flush=True)
+threading.Event().wait()
+"""
+
+PROBE = r"""
+import os, sys
+ckpt, data = sys.argv[1], sys.argv[2]
+os.stat(ckpt)
+os.listdir(ckpt)
+with open(data, "rb") as f:
+    assert f.read() == b"probe\n"
+"""
+
+
+def test_write_flood_on_full_ckpt_leaves_the_mount_answering(mounter):
+    """A thousand writers on a full MOUNT/ckpt (no spill, mem_max reached) while another
+    process stats and lists MOUNT/ckpt and reads a MOUNT/data file it never opened
+    before: those complete. Before, each write waited up to 2 s for room in a FUSE
+    worker, the pool (threads=4, plus at most 64 more) filled with sleeping writers, and
+    every other request of the mount queued behind them: an outside tester's root `ls`
+    took 96 s. Now at most threads/2 writes wait at once and the rest fail with ENOSPC
+    at once. The 30 s is a hang guard (the probe takes well under a second), not a
+    measurement."""
+    src = mounter.tempdir("src-")
+    with open(os.path.join(src, "probe"), "w") as f:
+        f.write("probe\n")
+    m = mounter(src=src, opts="nospill,mem_max=64M,mem_min=16M,threads=4")
+    chunk = b"\xa5" * MiB
+    with pytest.raises(OSError) as e:
+        with open(os.path.join(m.ckpt, "fill"), "wb") as f:
+            for _ in range(256):
+                f.write(chunk)
+    assert e.value.errno == errno.ENOSPC, e.value
+    flood = subprocess.Popen([sys.executable, "-c", FLOOD, m.ckpt, "1000"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert flood.stdout.readline().strip() == "started"
+        time.sleep(2)  # every writer is in a write (or its open) by now
+        try:
+            r = subprocess.run([sys.executable, "-c", PROBE, m.ckpt,
+                                os.path.join(m.data, "probe")],
+                               capture_output=True, text=True, timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("stat, readdir of MOUNT/ckpt and a read of MOUNT/data did not "
+                        "complete in 30 s under the write flood")
+        assert r.returncode == 0, r.stderr
+        s = m.stat()
+        assert s["write_nowait"] > 0 and s["write_enospc"] > 0, s
+    finally:
+        flood.kill()  # a FUSE request's wait is killable
+        flood.wait()
+        flood.stdout.close()
+    check_alive(m)
+    for name in os.listdir(m.ckpt):  # fill and the writers' files
+        drop(os.path.join(m.ckpt, name))

@@ -5,7 +5,8 @@
  * never dropped), spilled blocks reload byte-exact through bc_block_load, the background
  * refill brings dirty checkpoint blocks back first, a corrupted spill copy is -EIO (data
  * unhashed for the caller's SOURCE fallback, a stored checkpoint block fetched from the
- * store), and a full spill dir keeps dirty blocks resident and makes writes fail ENOSPC.
+ * store), and a full spill dir keeps dirty blocks resident and makes writes fail ENOSPC,
+ * with only admit_waiters of a flood of writers waiting for room at once.
  * The pool's stock (bcache.c "Stock") is filled in the background once a block
  * allocation asks, up to 64 MiB, never within REFILL_HOLD of a cut, and a cut frees it.
  * One test starts the governor on a fake meminfo, to see what it is told mlfs holds.
@@ -432,6 +433,124 @@ static void test_enospc(void)
 		if (ck[i])
 			bc_block_put(bc, ck[i]);
 	tier_free(t);
+	bc_free(bc);
+}
+
+/* A flood of writers to a full tree (tier.c invariant 9). */
+#define FLOOD 16u
+
+struct flood {
+	struct tier *t;
+	pthread_barrier_t go;
+	atomic_uint done, admitted;
+};
+
+static void *flood_writer(void *arg)
+{
+	struct flood *f = arg;
+
+	pthread_barrier_wait(&f->go);
+	if (tier_admit_write(f->t, BS) == 0)
+		atomic_fetch_add(&f->admitted, 1);
+	atomic_fetch_add(&f->done, 1);
+	return NULL;
+}
+
+/*
+ * FLOOD writers call tier_admit_write at once on a full tree, with the spill dir full
+ * and without one (dirty_max reached): only cfg.admit_waiters of them wait for room, the
+ * others are refused with ENOSPC at once instead of holding a FUSE worker each for 2 s
+ * (an outside tester's flood of 1500 writers stalled every request of the mount). The
+ * refusals are seen while the waiters still wait; room then admits the waiters. (The
+ * waiters give up after TIER_ADMIT_WAIT_MS: that is the margin, not an assertion.)
+ */
+static void test_admit_flood(void)
+{
+	for (int spill = 0; spill < 2; spill++) {
+		struct flood f = { 0 };
+		struct bc_block *ck[16];
+		pthread_t th[FLOOD];
+		struct tier_config c;
+		struct bc *bc;
+		unsigned i, n = spill ? 16 : 4, waiters = spill ? TIER_DEF_ADMIT_WAITERS : 3;
+		uint64_t end;
+
+		EXPECT_EQ(bc_new(BS, BIG, &bc), 0);
+		if (spill) {
+			/* test_enospc's full spill dir: room for 4 blocks of 16. */
+			f.t = make_tier(bc, 4ull * BS, TIER_DROP_ALWAYS);
+		} else {
+			tier_config_defaults(&c);
+			c.use_gov = 0;
+			c.dirty_max = 4 * BS + BS / 2; /* the 4 blocks and a few bytes */
+			c.admit_waiters = waiters;
+			EXPECT_EQ(tier_new(&c, bc, &f.t), 0);
+			EXPECT_EQ(tier_start(f.t), 0);
+		}
+		add_ckpt(bc, ck, n);
+		tier_set_budget(f.t, 0);
+		EXPECT_EQ(tier_settle(f.t, 5000), 0);
+		EXPECT(!spill || tstats(f.t).spill_full);
+		pthread_barrier_init(&f.go, NULL, FLOOD);
+		for (i = 0; i < FLOOD; i++)
+			pthread_create(&th[i], NULL, flood_writer, &f);
+		end = now_ms() + 30000; /* a hang guard */
+		while (atomic_load(&f.done) < FLOOD - waiters && now_ms() < end)
+			usleep(1000);
+		EXPECT_EQ(atomic_load(&f.done), FLOOD - waiters);
+		EXPECT_EQ(atomic_load(&f.admitted), 0);
+		EXPECT_EQ(tstats(f.t).admit_nowait, FLOOD - waiters);
+		/* Files deleted: room comes, and the waiters are admitted. */
+		for (i = 0; i < n; i++)
+			bc_block_put(bc, ck[i]);
+		for (i = 0; i < FLOOD; i++)
+			pthread_join(th[i], NULL);
+		EXPECT_EQ(atomic_load(&f.admitted), waiters);
+		EXPECT_EQ(tstats(f.t).admit_waits, waiters);
+		EXPECT_EQ(tstats(f.t).admit_enospc, FLOOD - waiters);
+		pthread_barrier_destroy(&f.go);
+		tier_free(f.t);
+		bc_free(bc);
+	}
+}
+
+/*
+ * The same flood while the spill is only behind (memory more than the slack over the
+ * budget, the spill dir not full): waiting writers are held up to TIER_BEHIND_WAIT_MS,
+ * then go on; the others go on at once. Slowness never fails a write. The blocks stay
+ * WRITING, which the trim never picks (bcache invariant 6), so the tier stays behind.
+ */
+static void test_admit_flood_behind(void)
+{
+	struct flood f = { 0 };
+	struct bc_block *ck[16];
+	pthread_t th[FLOOD];
+	struct bc *bc;
+	unsigned i;
+
+	EXPECT_EQ(bc_new(BS, BIG, &bc), 0);
+	f.t = make_tier(bc, 0, TIER_DROP_NEVER);
+	for (i = 0; i < 16; i++) {
+		ck[i] = bc_block_new(bc, BC_CKPT, BS); /* born WRITING */
+		bc_block_set_len(ck[i], BS);
+	}
+	tier_set_budget(f.t, BS); /* slack 8 blocks: 16 + 1 > 1 + 8 */
+	pthread_barrier_init(&f.go, NULL, FLOOD);
+	for (i = 0; i < FLOOD; i++)
+		pthread_create(&th[i], NULL, flood_writer, &f);
+	for (i = 0; i < FLOOD; i++)
+		pthread_join(th[i], NULL);
+	EXPECT_EQ(atomic_load(&f.admitted), FLOOD);
+	EXPECT_EQ(tstats(f.t).admit_waits, TIER_DEF_ADMIT_WAITERS);
+	EXPECT_EQ(tstats(f.t).admit_nowait, FLOOD - TIER_DEF_ADMIT_WAITERS);
+	EXPECT_EQ(tstats(f.t).admit_enospc, 0);
+	EXPECT(!tstats(f.t).spill_full);
+	pthread_barrier_destroy(&f.go);
+	for (i = 0; i < 16; i++) {
+		bc_write_end(bc, ck[i]);
+		bc_block_put(bc, ck[i]);
+	}
+	tier_free(f.t);
 	bc_free(bc);
 }
 
@@ -1121,6 +1240,8 @@ int main(void)
 	test_corrupt();
 	test_enospc();
 	test_enospc_makes_room();
+	test_admit_flood();
+	test_admit_flood_behind();
 	test_races();
 	test_no_spill();
 	test_ckpt_space();
