@@ -63,6 +63,8 @@
  *                                                                    ckpt.c readers (no lock)
  *   bc_block_set_stored RESIDENT|NONRESIDENT (+STORED)                snapd.c (no lock)
  *   bc_drop_data_copies RESIDENT+COPY -> RESIDENT, NONRESIDENT -> FREED (data)  tier.c
+ *   bc_drop_stored_copies  ckpt +STORED: -SPILLED (still RESIDENT+COPY or NONRESIDENT,
+ *                       the store's copy left)                      tier.c (no lock)
  *   bc_block_disown     -> ORPHAN                                     ckpt.c (inode wrlock)
  *   bc_block_put        -> FREED on the last reference                anyone, no lock
  *
@@ -79,7 +81,7 @@
  *    bc_block_put unlinks it under the shard lock before freeing.
  * 5. A listed block is on lists[cls][b->buf == NULL] (bc_list_of): every change of
  *    b->buf between NULL and non-NULL moves it, under the shard lock.
- * 6. A pick (bc_pick_victims, bc_pick_reload, bc_drop_data_copies) never takes a block
+ * 6. A pick (bc_pick_victims, bc_pick_reload, bc_drop_*_copies) never takes a block
  *    in WRITING or ORPHAN, with I/O in flight, or held by anyone but its owner. A ckpt
  *    block is born WRITING, so no pick can come between its birth and its writer: a
  *    writer never finds the block it was just given taken by a trim.
@@ -178,8 +180,9 @@ struct bc {
 	_Atomic uint64_t blocks[2], resident[2];
 	_Atomic uint64_t hits, misses, not_admitted, dirty_bytes;
 	/* bc_ckpt_held: the cap of resident checkpoint blocks not in the store that have
-	 * a spill copy (bc_copied_cap), and the spill space of every checkpoint block with
-	 * one (b->spill_disk while BC_SPILLED). */
+	 * a spill copy (bc_copied_cap), and the spill space of checkpoint blocks not in the
+	 * store with one (bc_held_spill): a stored block's copy is not counted, the
+	 * store has its bytes and rule K of tier.c gives the copy up for dirty blocks. */
 	_Atomic uint64_t ckpt_copied, ckpt_spilled;
 	_Atomic uint64_t src_ns_per_mib; /* EWMA, bc_source_ns_per_mib */
 	_Atomic uint64_t unplaced;	 /* cap of BC_UNPLACED blocks: bc_unplaced_bytes */
@@ -477,12 +480,20 @@ static uint64_t bc_copied_cap(const struct bc_block *b)
 	       (b->flags & (BC_SPILLED | BC_STORED)) == BC_SPILLED ? b->cap : 0;
 }
 
+/* What b counts in bc->ckpt_spilled: its spill space while it is a checkpoint block
+ * with a spill copy and none in the store (no other home has its bytes, so the copy
+ * cannot be given up). Read under the shard lock, or by b's only user. */
+static uint64_t bc_held_spill(const struct bc_block *b)
+{
+	return b->cls == BC_CKPT && (b->flags & (BC_SPILLED | BC_STORED)) == BC_SPILLED ?
+		       b->spill_disk : 0;
+}
+
 /* Before BC_SPILLED is cleared: b's copy no longer counts (bc_ckpt_held). */
 static void bc_uncount_copy(struct bc *bc, struct bc_block *b)
 {
 	atomic_fetch_sub(&bc->ckpt_copied, bc_copied_cap(b));
-	if (b->cls == BC_CKPT && (b->flags & BC_SPILLED))
-		atomic_fetch_sub(&bc->ckpt_spilled, b->spill_disk);
+	atomic_fetch_sub(&bc->ckpt_spilled, bc_held_spill(b));
 }
 
 /* Frees b's buffer; with `pool`, into the pool when it fits there. Only buffers the job
@@ -1348,8 +1359,7 @@ void bc_set_spilled(struct bc *bc, struct bc_block *b, uint64_t off, uint32_t di
 	b->spill_flags = flags;
 	b->flags |= BC_SPILLED;
 	atomic_fetch_add(&bc->ckpt_copied, bc_copied_cap(b));
-	if (b->cls == BC_CKPT)
-		atomic_fetch_add(&bc->ckpt_spilled, disk_len);
+	atomic_fetch_add(&bc->ckpt_spilled, bc_held_spill(b));
 	if (incompressible)
 		b->flags |= BC_INCOMPRESSIBLE;
 	pthread_mutex_unlock(&s->mu);
@@ -1471,6 +1481,52 @@ unsigned bc_drop_data_copies(struct bc *bc, unsigned max)
 	return n;
 }
 
+unsigned bc_drop_stored_copies(struct bc *bc, unsigned max)
+{
+	unsigned n = 0, i, nr, k;
+
+	for (i = 0; i < BC_SHARDS && n < max; i++) {
+		struct bc_shard *s = &bc->shards[i];
+		struct bc_block *b, *bare[64];
+		unsigned nbare = 0;
+
+		pthread_mutex_lock(&s->mu);
+		/* Resident first: their copy saves nothing until they are evicted again,
+		 * a non-resident one's saves its next read a trip to the store. */
+		for (nr = 0; nr < 2; nr++) {
+			for (b = s->lists[BC_CKPT][nr].head; b && n < max && nbare < 64;
+			     b = b->lnext) {
+				/* Invariant 6 (ref 0 is a block being freed: invariant 10), and
+				 * only a block the store holds: BC_STORED is set after the commit
+				 * that made its object durable (snapd.c invariant 3), and stays
+				 * until a writer changes the buffer, which WRITING excludes here
+				 * and our reference below excludes after (invariant 3). A load
+				 * in flight (BC_IO) is reading the copy: it keeps it. */
+				if ((b->flags & (BC_IO | BC_WRITING | BC_ORPHAN | BC_STORED |
+						 BC_SPILLED)) != (BC_STORED | BC_SPILLED) ||
+				    atomic_load(&b->ref) != 1)
+					continue;
+				/* Our reference keeps it, and with BC_SPILLED clear no pick
+				 * writes its spill fields, so the unspill below reads them as
+				 * they are (invariant 3 of tier.c). A later load finds only
+				 * BC_STORED and reads the store (tier.c tier_load). */
+				bc_uncount_copy(bc, b);
+				b->flags &= ~BC_SPILLED;
+				bc_block_get(b);
+				bare[nbare++] = b;
+				n++;
+			}
+		}
+		pthread_mutex_unlock(&s->mu);
+		for (k = 0; k < nbare; k++) {
+			if (bc->backing.unspill)
+				bc->backing.unspill(bc->backing.arg, bare[k]);
+			bc_block_put(bc, bare[k]);
+		}
+	}
+	return n;
+}
+
 uint64_t bc_source_ns_per_mib(const struct bc *bc)
 {
 	return atomic_load_explicit(&bc->src_ns_per_mib, memory_order_relaxed);
@@ -1504,7 +1560,7 @@ void bc_block_set_stored(struct bc *bc, struct bc_block *b, const uint8_t obj[16
 	pthread_mutex_lock(&s->mu);
 	if (!(b->flags & (BC_STORED | BC_WRITING))) {
 		memcpy(b->obj, obj, sizeof(b->obj));
-		atomic_fetch_sub(&bc->ckpt_copied, bc_copied_cap(b));
+		bc_uncount_copy(bc, b); /* a spill copy it keeps is one rule K may drop */
 		b->flags |= BC_STORED;
 		if (b->buf)
 			atomic_fetch_sub(&bc->dirty_bytes, b->cap);

@@ -163,7 +163,9 @@ uint64_t bc_dirty_bytes(const struct bc *bc);
 /* What checkpoint blocks hold of the tiers, for the capacity of MOUNT/ckpt
  * (tier_ckpt_space): *mem the dirty bytes less those of blocks that also have a spill
  * copy (resident again after a reload: freeing them costs nothing), *spill the spill
- * space of every checkpoint block with a copy there, in the store or not. Lock-free. */
+ * space of checkpoint blocks not in the store with a copy there. Copies of stored blocks
+ * are not counted: bc_drop_stored_copies gives them up when dirty blocks need the room
+ * (one a reader or a persist holds at that moment stays until it lets go). Lock-free. */
 void bc_ckpt_held(const struct bc *bc, uint64_t *mem, uint64_t *spill);
 /* Freed block-sized buffers kept mapped for the next allocation (not in mem_bytes):
  * at most min(budget/4, budget - mem_bytes); a budget cut frees them at once, before
@@ -308,6 +310,14 @@ unsigned bc_pick_reload(struct bc *bc, struct bc_block **out, unsigned max, int 
  * called). Blocks someone else holds or with I/O in flight are skipped. Returns how many
  * copies were given up. Walks the data lists of every shard until max are found. */
 unsigned bc_drop_data_copies(struct bc *bc, unsigned max);
+/* The same for checkpoint blocks already in the store (BC_STORED: the commit that named
+ * their object is durable), for when the data copies were not enough: up to max of them,
+ * resident ones first, lose their spill copy (BC_SPILLED cleared, the backing's unspill
+ * called) and stay, resident or not; a later load reads the store. Blocks someone besides
+ * their file holds (a reader, a snapshot being persisted), orphans, and blocks being
+ * written or with I/O in flight are skipped. Returns how many copies were given up.
+ * Walks the checkpoint lists of every shard until max are found. */
+unsigned bc_drop_stored_copies(struct bc *bc, unsigned max);
 /* SOURCE read cost: an average (EWMA, 1/8 weight per sample) of nanoseconds per MiB
  * from a data block's bc_block_new to its bc_insert, the time data.c spends in pread.
  * 0 before the first sample. */

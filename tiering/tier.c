@@ -25,8 +25,13 @@
  *   S. Checkpoint blocks already in the store: rule A (dropped, the store has them).
  *   K. Dirty checkpoint blocks are spilled, never dropped. When the spill tier is full,
  *      clean data first gives up its spill copies (bc_drop_data_copies: SOURCE has those
- *      bytes, the dirty blocks have no other home); when that frees nothing, or the tier
- *      is absent or failing, they stay in memory (invariant 2) and tier_admit_write makes
+ *      bytes, the dirty blocks have no other home), then checkpoint blocks already in the
+ *      store give up theirs (bc_drop_stored_copies: the store holds those bytes durably
+ *      and a later read fetches them from it, as rule S relies on; keeping them left a
+ *      spill tier that a snapshot had emptied of dirty bytes full, and new checkpoints
+ *      got only the budget). So only the spill copies of dirty blocks count as used
+ *      (tier_ckpt_space). When neither frees anything, or the tier is absent or
+ *      failing, the dirty blocks stay in memory (invariant 2) and tier_admit_write makes
  *      new checkpoint writes wait, then fail with ENOSPC: with a spill tier once memory
  *      is over the budget, without one once they pass dirty_max (mem_max), as a tmpfs
  *      of that size (tier_admit_unspilled). Only cfg.admit_waiters writes wait at once
@@ -95,6 +100,10 @@
  *   EVICTING -> RESIDENT        rule K, errors: bc_evict_done(keep)
  *   NONRESIDENT -> LOADING -> RESIDENT   refill (bc_pick_reload, bc_load_end) and
  *                               tier_load for bc_block_load (invariant 4)
+ *   COPY (spill) given up       rule K: bc_drop_data_copies (data: NONRESIDENT ->
+ *                               FREED), bc_drop_stored_copies (stored ckpt: the store's
+ *                               copy stays); never a block held, being written or in
+ *                               I/O (bcache invariant 6); space released by tier_unspill
  * (A spill done while a reader holds the block leaves it RESIDENT+COPY.)
  */
 #include "tiering/tier.h"
@@ -572,12 +581,14 @@ static bool tier_trim(struct tier *t)
 		kept = atomic_load(&t->kept);
 		if (!tier_trim_round(t)) {
 			/* Rule K met a full spill dir: clean data gives its spill space to the
-			 * dirty blocks (SOURCE still has it), then the round is tried again. */
+			 * dirty blocks (SOURCE still has it), else stored checkpoint blocks do
+			 * (the store has it), then the round is tried again. */
 			pthread_mutex_lock(&t->mu);
 			full = t->full;
 			pthread_mutex_unlock(&t->mu);
 			if (!full || atomic_load(&t->kept) == kept ||
-			    !bc_drop_data_copies(t->bc, t->cfg.batch))
+			    (!bc_drop_data_copies(t->bc, t->cfg.batch) &&
+			     !bc_drop_stored_copies(t->bc, t->cfg.batch)))
 				break;
 			pthread_mutex_lock(&t->mu);
 			t->full_ms = 0; /* retry now: room was made (invariant 6) */
@@ -1501,8 +1512,9 @@ void tier_ckpt_space(struct tier *t, uint64_t *total, uint64_t *avail)
 	/* tier_admit_write refuses once the spill tier is full (invariant 6) and the
 	 * dirty blocks left in memory fill the budget: clean data, stored blocks and
 	 * reloaded copies are evicted for the writer first (tier_excess, rules A, D, S),
-	 * and clean data gives up its spill copies (rule K). Dirty bytes over the budget
-	 * are on their way to the spill tier and take their room there. */
+	 * and clean data and stored checkpoint blocks give up their spill copies (rule
+	 * K), so only the copies of dirty blocks count (bc_ckpt_held). Dirty bytes over
+	 * the budget are on their way to the spill tier and take their room there. */
 	bc_ckpt_held(t->bc, &mem, &spilled);
 	spill_get_stats(t->sp, &ss);
 	cap = ss.capacity;

@@ -167,7 +167,8 @@ int tier_admit_write(struct tier *t, size_t size);
  * bytes of checkpoint blocks not in the store that writes may bring the tree to before
  * -ENOSPC, *avail what writes may still add (so the tree's unsnapshotted blocks take
  * total - avail: bc_ckpt_held). Clean data, checkpoint blocks already in the store and
- * reloaded copies of spilled ones are not counted: they make way (rules A, D, S).
+ * reloaded copies of spilled ones are not counted, in memory or spilled: they make way
+ * (rules A, D, S, and K for their spill copies).
  * With a spill tier: the budget plus the spill tier's capacity (spill_max, or what the
  * spill file holds plus what it may still take of its file system: spill_fs_space, of
  * the open file, whatever became of the dir's path). Without one: dirty_max

@@ -7,19 +7,24 @@ failing ENOSPC) statfs still showed about spill_max free, and after reading the 
 without passthrough it showed the room as taken, where fallocate(2) then refused a range
 that plain writes filled without error. Now the capacity and use are the admission's own
 figures (tiering/tier.c tier_ckpt_space): what is free can be written, what writes fill
-is no longer free, and cached data makes way.
+is no longer free, and cached data makes way. So do the spill copies of checkpoint
+blocks a snapshot has stored (tier.c rule K): they were counted as used, and kept, for
+good, so a tree that had filled the spill dir got only the memory budget back after a
+snapshot.
 
 Each test writes urandom bytes (incompressible: the spill cannot shrink them) in 1 MiB
 writes; a write refused by a full tree waits TIER_ADMIT_WAIT_MS (2 s) before ENOSPC.
 """
 import errno
 import os
+import random
 import shutil
 import time
 
 import pytest
 
 import mlfs_util as U
+import snap_util as S
 
 pytestmark = pytest.mark.daemon
 
@@ -52,12 +57,19 @@ def write_bytes(path, n, chunk):
 
 
 def fill_until_enospc(path, chunk, most):
-    """Writes until ENOSPC; returns the bytes written (asserts ENOSPC came within most)."""
-    done = 0
+    """Appends chunk (bytes, or a function of the chunk's index that gives them) until
+    ENOSPC; returns the bytes written (asserts ENOSPC came within most). A short write is
+    finished before the next chunk, so the file holds the chunks in order."""
+    done, i = 0, 0
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         while done < most:
-            done += os.write(fd, chunk)
+            c = chunk(i) if callable(chunk) else chunk
+            i += 1
+            while c:
+                n = os.write(fd, c)
+                done += n
+                c = c[n:]
     except OSError as e:
         assert e.errno == errno.ENOSPC, e
         return done
@@ -103,6 +115,49 @@ def test_statfs_counts_spilled_checkpoint_bytes(mounter):
     a3 = avail(m.ckpt)
     assert want <= a3 <= want + 2 * SLACK, (a3, a0, a1, more)
     assert write_bytes(os.path.join(m.ckpt, "again"), a3 - SLACK, chunk) == a3 - SLACK
+
+
+def chunk_of(seed, i):
+    """1 MiB of random bytes, the same for the same (seed, i)."""
+    return random.Random(seed * 1000003 + i).randbytes(MiB)
+
+
+def check_file(path, seed, n):
+    with open(path, "rb") as f:
+        got = f.read()
+    want = b"".join(chunk_of(seed, i) for i in range((n + MiB - 1) // MiB))[:n]
+    U.assert_bytes(got, want, path)
+
+
+def test_stored_blocks_make_way_after_snapshot(mounter):
+    """mem_max=64M, spill_max=48M: a first file fills both (about 112 MiB, then ENOSPC);
+    take --wait puts every block in the store. Its spill copies then make way (tier.c
+    rule K): statfs says the whole tree is free again, a second file gets about as much
+    as the first, and both read back right, the first from the store. Before, the
+    stored blocks kept their spill copies for good: statfs still showed 48 MiB used and
+    the second file got only the 64 MiB of memory (an outside tester's finding)."""
+    m = mounter(opts="mem_max=64M,mem_min=64M,spill_max=48M")
+    t0 = total(m.ckpt)
+    a = os.path.join(m.ckpt, "a.bin")
+    b = os.path.join(m.ckpt, "b.bin")
+    na = fill_until_enospc(a, lambda i: chunk_of(1, i), 160 * MiB)
+    assert na >= 96 * MiB, f"first file: {na >> 20} MiB before ENOSPC"
+    assert avail(m.ckpt) <= SLACK, avail(m.ckpt)
+
+    S.snap_ok("take", m.mnt, "s1", "--wait")
+    st = m.stat()
+    assert st.get("dirty_bytes", 0) == 0, st
+    # Every block is in the store: nothing of the tree is used, spilled or not.
+    a1 = avail(m.ckpt)
+    assert a1 >= t0 - SLACK, (a1 >> 20, t0 >> 20, st)
+
+    nb = fill_until_enospc(b, lambda i: chunk_of(2, i), 160 * MiB)
+    assert nb >= na - 4 * SLACK, (f"second file: {nb >> 20} MiB before ENOSPC, "
+                                  f"first {na >> 20}; {m.stat()}")
+    check_file(b, 2, nb)
+    check_file(a, 1, na)  # its blocks now come from the store
+    st = m.stat()
+    assert st.get("spill_errors", 0) == 0, st
 
 
 def test_statfs_leaves_out_data_cache(mounter, tmp_path):

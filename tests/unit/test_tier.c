@@ -5,7 +5,8 @@
  * never dropped), spilled blocks reload byte-exact through bc_block_load, the background
  * refill brings dirty checkpoint blocks back first, a corrupted spill copy is -EIO (data
  * unhashed for the caller's SOURCE fallback, a stored checkpoint block fetched from the
- * store), and a full spill dir keeps dirty blocks resident and makes writes fail ENOSPC,
+ * store), and a full spill dir keeps dirty blocks resident and makes writes fail ENOSPC
+ * once clean data and blocks already in the store have given up their spill copies,
  * with only admit_waiters of a flood of writers waiting for room at once.
  * The pool's stock (bcache.c "Stock") is filled in the background once a block
  * allocation asks, up to 64 MiB, never within REFILL_HOLD of a cut, and a cut frees it.
@@ -588,6 +589,102 @@ static void test_enospc_makes_room(void)
 	EXPECT_EQ(cstats(bc).ckpt_blocks, 4);
 	for (i = 0; i < 4; i++)
 		bc_block_put(bc, ck[i]);
+	tier_free(t);
+	bc_free(bc);
+}
+
+/* The store's loader stand-in for test_enospc_stored_make_room: arg is the array of
+ * the 4 stored blocks, block i holds ckpt_seed(i). */
+static int stored_calls;
+
+static int stored_load(void *arg, struct bc_block *b, void *buf)
+{
+	struct bc_block **ck = arg;
+	unsigned i;
+
+	for (i = 0; i < 4 && ck[i] != b; i++)
+		;
+	if (i == 4)
+		return -EIO;
+	stored_calls++;
+	fill(buf, bc_block_len(b), ckpt_seed(i), 0);
+	return XXH3_64bits(buf, bc_block_len(b)) == bc_block_csum(b) ? 0 : -EIO;
+}
+
+/* Spill dir full of checkpoint blocks a snapshot then stored (rule K): their copies
+ * give way to new dirty blocks and do not count as used in the meantime; they read back
+ * from the store. A copy someone else holds (a reader) stays until it lets go. Before,
+ * the stored copies kept the spill dir full for good: new checkpoints stayed in memory
+ * and statfs said the dir was used. */
+static void test_enospc_stored_make_room(void)
+{
+	struct bc *bc;
+	struct bc_block *ck[4], *ck2[4];
+	struct tier *t;
+	uint64_t total, avail;
+	unsigned i, n;
+	int bad = 0;
+
+	EXPECT_EQ(bc_new(BS, BIG, &bc), 0);
+	t = make_tier(bc, 4ull * BS, TIER_DROP_ALWAYS);
+	tier_set_store_loader(t, stored_load, ck);
+	add_ckpt(bc, ck, 4); /* random bytes: the 4 fill the spill dir */
+	tier_set_budget(t, 0);
+	EXPECT_EQ(tier_settle(t, 5000), 0);
+	for (i = 0, n = 0; i < 4; i++)
+		n += !bc_block_buf(ck[i]) && (bc_block_flags(ck[i]) & BC_SPILLED);
+	EXPECT_EQ(n, 4);
+	tier_ckpt_space(t, &total, &avail);
+	EXPECT_EQ(total, 4ull * BS);
+	EXPECT_EQ(avail, 0);
+
+	/* A snapshot commits them: the store has their bytes, their copies make way. */
+	for (i = 0; i < 4; i++)
+		bc_block_set_stored(bc, ck[i], (const uint8_t[16]){ (uint8_t)(i + 1) });
+	tier_ckpt_space(t, &total, &avail);
+	EXPECT_EQ(avail, 4ull * BS);
+
+	/* New dirty blocks: one more than the room the unheld stored copies leave. */
+	bc_block_get(ck[0]); /* a reader: its copy must stay under it */
+	for (i = 0; i < 4; i++) {
+		ck2[i] = bc_block_new(bc, BC_CKPT, BS);
+		fill(bc_block_buf(ck2[i]), BS, ckpt_seed(10 + i), 0);
+		bc_block_set_len(ck2[i], BS);
+		bc_write_end(bc, ck2[i]);
+	}
+	EXPECT_EQ(tier_settle(t, 5000), 0);
+	EXPECT(bc_block_flags(ck[0]) & BC_SPILLED);
+	for (i = 1; i < 4; i++)
+		EXPECT_EQ(bc_block_flags(ck[i]) & (BC_SPILLED | BC_STORED), BC_STORED);
+	for (i = 0, n = 0; i < 4; i++)
+		n += !bc_block_buf(ck2[i]) && (bc_block_flags(ck2[i]) & BC_SPILLED);
+	EXPECT_EQ(n, 3);
+	EXPECT_EQ(cstats(bc).ckpt_resident, 1); /* the last one waits for room */
+
+	bc_block_put(bc, ck[0]); /* the reader lets go: its copy gives way too */
+	EXPECT_EQ(tier_settle(t, 5000), 0);
+	EXPECT_EQ(bc_block_flags(ck[0]) & (BC_SPILLED | BC_STORED), BC_STORED);
+	for (i = 0, n = 0; i < 4; i++)
+		n += !bc_block_buf(ck2[i]) && (bc_block_flags(ck2[i]) & BC_SPILLED);
+	EXPECT_EQ(n, 4);
+	EXPECT_EQ(cstats(bc).ckpt_resident, 0);
+	tier_ckpt_space(t, &total, &avail);
+	EXPECT_EQ(avail, 0); /* dirty copies only */
+
+	/* Every byte right: the new blocks from the spill dir, the stored ones from the
+	 * store (their copies are gone). */
+	for (i = 0; i < 4; i++) {
+		bad += check_ckpt(bc, ck2[i], 10 + i) != 0;
+		bad += check_ckpt(bc, ck[i], i) != 0;
+	}
+	EXPECT_EQ(bad, 0);
+	EXPECT_EQ(stored_calls, 4);
+	EXPECT_EQ(tstats(t).spill_errors, 0);
+
+	for (i = 0; i < 4; i++) {
+		bc_block_put(bc, ck[i]);
+		bc_block_put(bc, ck2[i]);
+	}
 	tier_free(t);
 	bc_free(bc);
 }
@@ -1242,6 +1339,7 @@ int main(void)
 	test_enospc_makes_room();
 	test_admit_flood();
 	test_admit_flood_behind();
+	test_enospc_stored_make_room();
 	test_races();
 	test_no_spill();
 	test_ckpt_space();
