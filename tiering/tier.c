@@ -67,7 +67,8 @@
  *     count as already gone when a round sizes its batch, so one cut is not answered
  *     twice.
  *  6. While t->full (the spill tier said ENOSPC) no spill is tried until space is
- *     released or TIER_FULL_RETRY_MS passed; a success clears it. Admission of checkpoint
+ *     released or TIER_FULL_RETRY_MS passed; a success of a write placed after the last
+ *     ENOSPC clears it (t->enospc at submission, tier_spill_done). Admission of checkpoint
  *     writes (tier_admit_write) follows t->full, not the retry timer.
  *  7. t->mu is a leaf lock: no call that takes a lock of bcache, spill or the governor
  *     is made while holding it, only bcache's lock-free counters (bc_mem_bytes,
@@ -204,6 +205,7 @@ struct tier_op {
 	struct bc_block *b;
 	void *buf;	/* reload: the new buffer, handed to bc_load_end */
 	uint32_t cap;	/* spill: bytes counted in inflight_bytes */
+	uint64_t enospc; /* spill: t->enospc when submitted (tier_spill_done) */
 };
 
 uint64_t tier_rss(void)
@@ -390,7 +392,10 @@ static void tier_spill_done(void *arg, int rc, const struct spill_loc *loc)
 			       !(loc->flags & SPILL_LZ4));
 		atomic_fetch_add(&t->spill_ops, 1);
 		pthread_mutex_lock(&t->mu);
-		if (t->full) { /* invariant 6: there is room again */
+		/* Invariant 6: there is room again, if this write found it after the last
+		 * ENOSPC; one placed before that (out of order on the ring) says nothing of
+		 * now, and clearing on it let writers through a spill still full. */
+		if (t->full && op->enospc == atomic_load(&t->enospc)) {
 			t->full = false;
 			pthread_cond_broadcast(&t->admit_cv);
 		}
@@ -456,6 +461,7 @@ static int tier_spill_submit(struct tier *t, struct bc_block *b)
 		free(op);
 		return -ESHUTDOWN;
 	}
+	op->enospc = atomic_load(&t->enospc);
 	/* Copies (and maybe compresses) the buffer before it returns: 0.1-2 ms per MiB here. */
 	rc = spill_write(t->sp, bc_block_buf(b), bc_block_len(b), hints, tier_spill_done, op);
 	if (rc) {
