@@ -399,7 +399,7 @@ static int build_config(struct mlfs_opts *o, const char *src, const char *mnt,
 		if (lim != GOV_NONE && lim / 2 < c->mem_max)
 			c->mem_max = lim / 2 > (1 << 20) ? lim / 2 : 1 << 20;
 	}
-	c->mem_min = o->mem_max || c->mem_max >= 64ull << 20 ? 64ull << 20 : c->mem_max;
+	c->mem_min = (o->mem_max || c->mem_max >= 64ull << 20) ? 64ull << 20 : c->mem_max;
 	if ((o->mem_max && opt_number("mem_max", o->mem_max, OPT_SIZE, 1 << 20, 1e18, NULL,
 				      &c->mem_max)) ||
 	    (o->mem_min && opt_number("mem_min", o->mem_min, OPT_SIZE, 0, 1e18, NULL,

@@ -1154,9 +1154,6 @@ static void snapd_load_release(struct snapd_call *c)
 	free(c);
 }
 
-/* r: the control request asking (NULL for -o restore at mount, which waits for the
- * store as long as it takes: the mount is not up yet); wait_ns bounds r's wait for the
- * manifest. */
 /* The block size of a file of mf that has blocks of another size than bs (the one
  * ckpt_restore refuses), or 0. */
 static uint32_t snapd_other_block_size(const struct mf_manifest *mf, uint32_t bs)
@@ -1168,6 +1165,9 @@ static uint32_t snapd_other_block_size(const struct mf_manifest *mf, uint32_t bs
 	return 0;
 }
 
+/* r: the control request asking (NULL for -o restore at mount, which waits for the
+ * store as long as it takes: the mount is not up yet); wait_ns bounds r's wait for the
+ * manifest. */
 static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t msglen,
 			 struct ctl_req *r, uint64_t wait_ns)
 {
