@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -870,9 +871,41 @@ int ctl_connect(const char *mountpoint)
 	return fd;
 }
 
+/* Whether path is MOUNT/data or MOUNT/ckpt of a FUSE mount (a user naming the tree
+ * rather than the mount point). */
+static bool ctl_inside_mount(const char *path)
+{
+	char copy[4096], *slash, *rp;
+	const char *base;
+	unsigned maj, min;
+	size_t n = (size_t)snprintf(copy, sizeof(copy), "%s", path);
+	bool in;
+
+	while (n > 1 && n < sizeof(copy) && copy[n - 1] == '/')
+		copy[--n] = '\0';
+	slash = strrchr(copy, '/');
+	base = slash ? slash + 1 : copy;
+	if (n >= sizeof(copy) || (strcmp(base, "ckpt") && strcmp(base, "data")))
+		return false;
+	if (!slash)
+		snprintf(copy, sizeof(copy), ".");
+	else if (slash == copy)
+		copy[1] = '\0'; /* "/ckpt": the parent is / */
+	else
+		*slash = '\0';
+	if (!(rp = realpath(copy, NULL)))
+		return false;
+	in = !ctl_mount_info(rp, &maj, &min, NULL);
+	free(rp);
+	return in;
+}
+
 void ctl_connect_error(const char *prog, const char *mountpoint, int rc)
 {
-	if (rc == -ENOTCONN)
+	if (rc == -ENOTCONN && ctl_inside_mount(mountpoint))
+		fprintf(stderr, "%s: %s is not an mlfs mount point: give the mount point, its "
+				"parent directory\n", prog, mountpoint);
+	else if (rc == -ENOTCONN)
 		fprintf(stderr, "%s: %s is not an mlfs mount point\n", prog, mountpoint);
 	else if (rc == -ECONNABORTED)
 		fprintf(stderr, "%s: %s: the daemon of this mount is gone (Transport endpoint is "

@@ -417,6 +417,17 @@ def test_mount_option_given_twice_takes_the_last(mounter):
     assert m.stat()["mem_max"] == 96 << 20
 
 
+def test_tools_given_a_tree_of_the_mount_name_the_mount_point(mounter):
+    """MOUNT/ckpt given where MOUNT is wanted said only "is not an mlfs mount point"
+    (found by an outside tester): the tools now say to give its parent."""
+    m = mounter()
+    for argv in ([U.MLFS_STAT, m.ckpt], [S.SNAP, "list", m.data + "/"]):
+        rc, out, err = run(argv)
+        assert rc != 0 and b"give the mount point, its parent directory" in err, (argv, err)
+    rc, out, err = run([U.MLFS_STAT, m.src])
+    assert rc != 0 and b"is not an mlfs mount point\n" in err, err
+
+
 # ---------------------------------------------------------------- man pages
 
 def test_man_pages_render_without_stray_fonts():
