@@ -321,10 +321,12 @@ static bool gov_has_word(const char *list, const char *word)
 {
 	size_t n = strlen(word);
 
-	for (const char *p = list; p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+	for (const char *p = list;; p++) {
 		if (!strncmp(p, word, n) && (p[n] == ',' || p[n] == '\0'))
 			return true;
-	return false;
+		if (!(p = strchr(p, ',')))
+			return false;
+	}
 }
 
 uint64_t gov_cgroup_limit(const char *cgroup_dir, const char *proc_cgroup, const char *sysfs)
@@ -354,10 +356,13 @@ uint64_t gov_cgroup_limit(const char *cgroup_dir, const char *proc_cgroup, const
 			continue;
 		strcpy(dir + base, path);
 		/* The cgroup, then each ancestor: the lowest limit is the one that holds. */
-		for (char *slash;; *slash = '\0') {
+		for (;;) {
+			char *slash;
+
 			lim = gov_min(lim, gov_limit_of(dir));
 			if (!(slash = strrchr(dir + base, '/')))
 				break;
+			*slash = '\0';
 		}
 	}
 	if (f)
