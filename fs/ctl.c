@@ -875,29 +875,19 @@ int ctl_connect(const char *mountpoint)
  * rather than the mount point). */
 static bool ctl_inside_mount(const char *path)
 {
-	char copy[4096], *slash, *rp;
-	const char *base;
+	char abs[4096], *slash;
 	unsigned maj, min;
-	size_t n = (size_t)snprintf(copy, sizeof(copy), "%s", path);
-	bool in;
 
-	while (n > 1 && n < sizeof(copy) && copy[n - 1] == '/')
-		copy[--n] = '\0';
-	slash = strrchr(copy, '/');
-	base = slash ? slash + 1 : copy;
-	if (n >= sizeof(copy) || (strcmp(base, "ckpt") && strcmp(base, "data")))
+	if (ctl_mount_abs(path, abs, sizeof(abs)))
 		return false;
-	if (!slash)
-		snprintf(copy, sizeof(copy), ".");
-	else if (slash == copy)
-		copy[1] = '\0'; /* "/ckpt": the parent is / */
+	slash = strrchr(abs, '/'); /* abs is absolute: there is one */
+	if (strcmp(slash + 1, "ckpt") && strcmp(slash + 1, "data"))
+		return false;
+	if (slash == abs)
+		abs[1] = '\0'; /* "/ckpt": the parent is / */
 	else
 		*slash = '\0';
-	if (!(rp = realpath(copy, NULL)))
-		return false;
-	in = !ctl_mount_info(rp, &maj, &min, NULL);
-	free(rp);
-	return in;
+	return !ctl_mount_info(abs, &maj, &min, NULL);
 }
 
 void ctl_connect_error(const char *prog, const char *mountpoint, int rc)
