@@ -863,7 +863,8 @@ static int mf_union_add(struct mf_union *u, const struct mf_manifest *p, unsigne
 						(struct mf_contested){ parent, e->name };
 				}
 				if (fn)
-					fn(arg, p, i, pi, pi);
+					fn(arg, p, i, at >= 0 ? (*slots)[at].owner : MF_PART_NONE,
+					   pi);
 				continue;
 			}
 		}

@@ -58,6 +58,7 @@
 #ifndef MLFS_MANIFEST_H
 #define MLFS_MANIFEST_H
 
+#include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -189,7 +190,9 @@ uint64_t mf_id(const struct mf_manifest *m);
  * the earliest part's entry stays (and under a directory that lost, that part's subtree
  * is left out), *conflicts counts them and fn (may be NULL) is called once for each
  * with the losing part p, its entry index idx, and the parts that hold the path
- * (kept_part, p's index). Not a conflict: a file one part rewrote, or replaced by a
+ * (kept_part, p's index; kept_part MF_PART_NONE when p's entry is a hard link whose
+ * file lost elsewhere and no earlier part holds the path: only p's link is left out).
+ * Not a conflict: a file one part rewrote, or replaced by a
  * directory or symlink, or a symlink one part made anew (another target, or another
  * type), where another holds it MF_ENTRY_INHERITED (as restored, untouched): the change
  * wins (a file a hard link names is never replaced by a directory or symlink: a
@@ -205,6 +208,7 @@ uint64_t mf_id(const struct mf_manifest *m);
  * part's; new_bytes the sum; files, logical_bytes and open_writes are counted over the
  * union. -EINVAL for n == 0, -ENOMEM. O(total entries + blocks compared).
  */
+#define MF_PART_NONE UINT_MAX
 typedef void (*mf_conflict_fn)(void *arg, const struct mf_manifest *p, size_t idx,
 			       unsigned kept_part, unsigned part);
 int mf_merge(struct mf_manifest *const *parts, size_t n, mf_conflict_fn fn, void *arg,

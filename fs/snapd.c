@@ -1111,8 +1111,14 @@ static void snapd_conflict(void *arg, const struct mf_manifest *p, size_t idx, u
 
 	if (mf_path(p, idx, path, sizeof(path)) < 0)
 		snprintf(path, sizeof(path), "(a long path)");
-	log_warn("snap: group %s: conflict: parts %u and %u hold ckpt/%s with different "
-		 "contents; part %u's is shown", (const char *)arg, kept, part, path, kept);
+	if (kept == MF_PART_NONE)
+		log_warn("snap: group %s: conflict: part %u's hard link ckpt/%s names a file "
+			 "that lost a conflict; the link is left out", (const char *)arg, part,
+			 path);
+	else
+		log_warn("snap: group %s: conflict: parts %u and %u hold ckpt/%s with different "
+			 "contents; part %u's is shown", (const char *)arg, kept, part, path,
+			 kept);
 }
 
 /* What restore reads from the store before its swap: the manifest of want ("latest":

@@ -155,8 +155,12 @@ static void say_conflict(void *arg, const struct mf_manifest *p, size_t idx, uns
 
 	if (mf_path(p, idx, path, sizeof(path)) < 0)
 		snprintf(path, sizeof(path), "(a long path)");
-	say("group '%s': conflict: parts %u and %u hold %s with different contents; part %u's "
-	    "is restored", (const char *)arg, kept, part, path, kept);
+	if (kept == MF_PART_NONE)
+		say("group '%s': conflict: part %u's hard link %s names a file that lost a "
+		    "conflict; the link is left out", (const char *)arg, part, path);
+	else
+		say("group '%s': conflict: parts %u and %u hold %s with different contents; "
+		    "part %u's is restored", (const char *)arg, kept, part, path, kept);
 }
 
 /* NAME or "latest" -> a loaded, verified manifest (a group: the union of its parts);

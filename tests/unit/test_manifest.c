@@ -911,6 +911,7 @@ static void test_garbage(void)
 struct conflict_log {
 	int n;
 	char paths[8][64];
+	unsigned kept[8], part[8];
 };
 
 static void on_conflict(void *arg, const struct mf_manifest *p, size_t idx, unsigned kept,
@@ -918,10 +919,13 @@ static void on_conflict(void *arg, const struct mf_manifest *p, size_t idx, unsi
 {
 	struct conflict_log *c = arg;
 
-	if (c->n < 8)
+	if (c->n < 8) {
 		mf_path(p, idx, c->paths[c->n], sizeof(c->paths[0]));
+		c->kept[c->n] = kept;
+		c->part[c->n] = part;
+	}
 	c->n++;
-	EXPECT(kept < part);
+	EXPECT(kept < part || kept == MF_PART_NONE);
 }
 
 static struct mf_manifest *part_new(void)
@@ -1023,6 +1027,33 @@ static void expect_union(struct mf_manifest **q, size_t n, uint64_t want_conflic
 		mf_free(q[i]);
 }
 
+/* Merges the parts (n), leaving them, and checks the conflicts reported, in order, each
+ * "PATH KEPT PART" (KEPT "-" for MF_PART_NONE). */
+static void expect_conflicts(struct mf_manifest **q, size_t n, const char *const *want)
+{
+	struct conflict_log c = { 0 };
+	struct mf_manifest *u = NULL;
+	uint64_t conflicts;
+	int k = 0;
+
+	EXPECT_EQ(mf_merge(q, n, on_conflict, &c, &u, &conflicts), 0);
+	mf_free(u);
+	for (; want[k]; k++) {
+		char got[96];
+
+		if (k >= c.n || k >= 8)
+			break;
+		if (c.kept[k] == MF_PART_NONE)
+			snprintf(got, sizeof(got), "%s - %u", c.paths[k], c.part[k]);
+		else
+			snprintf(got, sizeof(got), "%s %u %u", c.paths[k], c.kept[k], c.part[k]);
+		if (strcmp(got, want[k]))
+			printf("  conflict %d: got %s, want %s\n", k, got, want[k]);
+		EXPECT(!strcmp(got, want[k]));
+	}
+	EXPECT_EQ(c.n, k);
+}
+
 /* The union carries a worker's deletions after a group restore (version 4 parts): a
  * path only untouched copies of one base hold leaves when a part of that base lost it;
  * never a rewrite, a new name, a file a kept link names, a directory with something
@@ -1093,7 +1124,13 @@ static void test_merge_deletions(void)
 	q[0] = part_of(7, (const char *const[]){ "t=2", NULL });
 	q[1] = part_of(7, (const char *const[]){ "t=3", "p>t", NULL });
 	q[2] = part_of(7, (const char *const[]){ "*p=1", NULL });
+	expect_conflicts(q, 3, (const char *const[]){ "t 0 1", "p - 1", NULL });
 	expect_union(q, 3, 2, (const char *const[]){ "t", "p", NULL });
+	/* a link whose file lost, at a path an earlier part holds: that part's stands */
+	q[0] = part_of(7, (const char *const[]){ "x=1", "y/", "y/z=2", "h>y/z", NULL });
+	q[1] = part_of(7, (const char *const[]){ "x/", "x/a=3", "h>x/a", NULL });
+	expect_conflicts(q, 2, (const char *const[]){ "x 0 1", "h 0 1", NULL });
+	expect_union(q, 2, 2, (const char *const[]){ "x", "y", "y/z", "h", NULL });
 	/* worker 1 made the restored file p a directory of new files (or a symlink):
 	 * worker 0's untouched copy yields, in either order; a file a link names stays
 	 * (a link to a directory is no tree): a conflict */
