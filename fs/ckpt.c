@@ -981,8 +981,12 @@ int ckpt_rename(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
 	pthread_mutex_lock(&ns->mu);
 	/* RENAME_WHITEOUT (overlayfs's; ext4 takes it, from any user since Linux 5.8):
 	 * the old name is left to a character device 0:0 owned by the caller, made first
-	 * so that ENOMEM changes nothing. */
+	 * so that ENOMEM changes nothing. It adds an inode and a name, as a mknod does,
+	 * so it needs the room a mknod needs (a plain rename adds nothing). */
 	if (flags & RENAME_WHITEOUT) {
+		if ((rc = ckpt_meta_room(ns, CKPT_INODE_COST + CKPT_NAME_COST(strlen(newname)),
+					 c)))
+			goto out;
 		whiteout = ckpt_inode_new(ns, S_IFCHR, c->uid,
 					  dir->mode & S_ISGID ? dir->gid : c->gid);
 		if (!whiteout) {

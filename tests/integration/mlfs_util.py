@@ -359,6 +359,7 @@ def expect_errno(errnos, fn, *args, **kw):
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
+RENAME_WHITEOUT = 4
 AT_FDCWD = -100
 
 
