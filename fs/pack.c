@@ -58,7 +58,8 @@ struct pack {
 	int fd;		/* -1 until read (or over PACK_FDS_MAX) */
 	int users;	/* readers between find and release */
 	int gone;	/* forgotten by a scan: freed when users drops to 0 */
-	int fd_bad;	/* fd answered EBADFD: closed at the next use with no reader on it */
+	int fd_bad;	/* fd answered EBADFD or read damage: closed at the next use with no
+			 * reader on it */
 	uint64_t gen;	/* ps->gen when it was added: scans started before never forget it */
 	uint64_t next;	/* where the furthest read of the current stream ended */
 	uint64_t ahead;	/* prefetch asked up to here */
@@ -86,8 +87,18 @@ struct pack_set {
 	size_t nlocs, loccap;
 	int nfds;
 	uint64_t gen;		/* bumped by every pack added */
-	char (*bad)[33];	/* packs whose index did not verify: logged once */
+	struct pack_bad *bad;	/* packs whose index did not verify: logged once each */
 	size_t nbad;
+};
+
+/* A pack whose index did not verify, and which file that was: a file put under its
+ * name since (another inode, size or mtime: a copy put back) is read again. */
+struct pack_bad {
+	char id[33];
+	dev_t dev;
+	ino_t ino;
+	off_t size;
+	int64_t mtime_ns;
 };
 
 struct pack_writer {
@@ -395,12 +406,41 @@ int pack_check_fd(int fd, size_t *n)
 	return 0;
 }
 
-static int bad_known_locked(struct pack_set *ps, const char *id)
+static struct pack_bad *bad_find_locked(struct pack_set *ps, const char *id)
 {
 	for (size_t i = 0; i < ps->nbad; i++)
-		if (!strcmp(ps->bad[i], id))
-			return 1;
-	return 0;
+		if (!strcmp(ps->bad[i].id, id))
+			return &ps->bad[i];
+	return NULL;
+}
+
+/* 1 if st (of the name now; NULL: it could not be stat'ed) is still the damaged file b
+ * (a symbolic link always is: a pack is never one). */
+static int bad_same(const struct pack_bad *b, const struct stat *st)
+{
+	return !st || S_ISLNK(st->st_mode) ||
+	       (st->st_dev == b->dev && st->st_ino == b->ino && st->st_size == b->size &&
+		ts_ns(&st->st_mtim) == b->mtime_ns);
+}
+
+/* Records id as damaged (st: the file that failed; NULL for a symbolic link), once. */
+static void bad_add_locked(struct pack_set *ps, const char *id, const struct stat *st)
+{
+	struct pack_bad *b = bad_find_locked(ps, id);
+
+	if (!b) {
+		void *nb = realloc(ps->bad, (ps->nbad + 1) * sizeof(*ps->bad));
+
+		if (!nb)
+			return; /* logged again at the next scan */
+		ps->bad = nb;
+		b = &ps->bad[ps->nbad++];
+		snprintf(b->id, sizeof(b->id), "%s", id);
+	}
+	b->dev = st ? st->st_dev : 0;
+	b->ino = st ? st->st_ino : 0;
+	b->size = st ? st->st_size : -1;
+	b->mtime_ns = st ? ts_ns(&st->st_mtim) : 0;
 }
 
 static struct pack *find_locked(struct pack_set *ps, const char *id)
@@ -476,17 +516,29 @@ int pack_set_scan(struct pack_set *ps)
 	pthread_mutex_lock(&ps->mu);
 	for (size_t k = 0; k < nn && !rc; k++) {
 		struct pack *p = find_locked(ps, names[k]), *np = NULL;
+		struct stat st;
 		char file[48];
-		int pfd, lrc;
+		int pfd, lrc, sok;
 
 		if (p)
 			continue;
-		if (bad_known_locked(ps, names[k]))
-			continue;
-		pthread_mutex_unlock(&ps->mu);
 		snprintf(file, sizeof(file), "%s.pack", names[k]);
+		if (bad_find_locked(ps, names[k])) {
+			/* damaged when last read: read again only if another file took its
+			 * name since (fstatat with no lock held: slow on a network store) */
+			struct pack_bad *b;
+			int ok;
+
+			pthread_mutex_unlock(&ps->mu);
+			ok = !fstatat(ps->dirfd, file, &st, AT_SYMLINK_NOFOLLOW);
+			pthread_mutex_lock(&ps->mu);
+			if ((b = bad_find_locked(ps, names[k])) && bad_same(b, ok ? &st : NULL))
+				continue;
+		}
+		pthread_mutex_unlock(&ps->mu);
 		pfd = openat(ps->dirfd, file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 		lrc = pfd < 0 ? -errno : pack_load(pfd, names[k], &np);
+		sok = lrc == -EINVAL && pfd >= 0 && !fstat(pfd, &st);
 		pthread_mutex_lock(&ps->mu);
 		if (lrc == -ENOENT) {
 			if (pfd >= 0)
@@ -494,14 +546,9 @@ int pack_set_scan(struct pack_set *ps)
 			continue;	/* removed meanwhile (gc) */
 		}
 		if (lrc == -EINVAL || lrc == -ELOOP) {
-			void *nb = realloc(ps->bad, (ps->nbad + 1) * sizeof(*ps->bad));
-
 			log_err("store: damaged pack %s/packs/%s: its index does not verify; its "
 				"objects are treated as missing", ps->path, file);
-			if (nb) {
-				ps->bad = nb;
-				memcpy(ps->bad[ps->nbad++], names[k], 33);
-			}
+			bad_add_locked(ps, names[k], sok ? &st : NULL);
 			if (pfd >= 0)
 				close(pfd);
 			continue;
@@ -766,6 +813,13 @@ out:
 		log_err("store: damaged object %s in %s/packs/%s.pack at offset %llu: %s", hx,
 			ps->path, p->id, (unsigned long long)e.off, why);
 		rc = -EIO;
+		/* The pack may be put back from a copy (a new file under its name): the next
+		 * read opens the name again rather than the damaged file kept open. */
+		if (!own) {
+			pthread_mutex_lock(&ps->mu);
+			p->fd_bad = 1;
+			pthread_mutex_unlock(&ps->mu);
+		}
 	}
 	free(z);
 	release(ps, p, fd, own);

@@ -257,6 +257,66 @@ static void test_damage(const char *dir)
 	store_close(s);
 }
 
+/* Copies file from to a new file to, then renames it over from's name `over`: a damaged
+ * pack put back from a copy. 0 or -1. */
+static int put_back(const char *copy, const char *over)
+{
+	char tmp[600], buf[65536];
+	int in = open(copy, O_RDONLY), out, rc = 0;
+	ssize_t n;
+
+	snprintf(tmp, sizeof(tmp), "%s.new", over);
+	out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0444);
+	if (in < 0 || out < 0)
+		rc = -1;
+	while (!rc && (n = read(in, buf, sizeof(buf))) > 0)
+		if (write(out, buf, (size_t)n) != n)
+			rc = -1;
+	if (in >= 0)
+		close(in);
+	if (out >= 0 && close(out))
+		rc = -1;
+	return rc || rename(tmp, over) ? -1 : 0;
+}
+
+/* A pack put back from a copy (a new file under its name) serves its objects at once: to
+ * a handle that kept the damaged file open, and to one that found its index damaged. */
+static void test_damage_repaired(const char *dir)
+{
+	const unsigned seeds[] = { 21, 22 };
+	char rel[64], p[512], good[600];
+	uint64_t off;
+	uint8_t h[16];
+	struct store *s;
+	struct stat st;
+	static char buf[BS];
+
+	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
+	EXPECT_EQ(commit_seeds(s, "r", seeds, 2), 0);
+	fill(buf, BS, 22);
+	hash_of(buf, BS, h);
+	EXPECT_EQ(store_object_where(s, h, rel, &off), 0);
+	path_of(p, sizeof(p), dir, rel);
+	snprintf(good, sizeof(good), "%s.good", dir);
+	EXPECT_EQ(put_back(p, good), 0);	/* (a copy of it beside the store) */
+	EXPECT_EQ(read_seed(s, 22), BS);	/* the handle holds the pack open now */
+	flip(p, (off_t)off + 40 + 5);
+	EXPECT_EQ(read_seed(s, 22), -EIO);
+	EXPECT_EQ(put_back(good, p), 0);
+	EXPECT_EQ(read_seed(s, 22), BS);
+	EXPECT_EQ(read_seed(s, 21), BS);
+	store_close(s);
+	EXPECT(stat(p, &st) == 0);
+	flip(p, st.st_size - 32 - 40 + 20);	/* an entry's offset: the index fails */
+	EXPECT_EQ(store_open(dir, 0, &s), 0);
+	EXPECT_EQ(read_seed(s, 22), -ENOENT);
+	EXPECT_EQ(read_seed(s, 22), -ENOENT);	/* listed damaged, not read again... */
+	EXPECT_EQ(put_back(good, p), 0);
+	EXPECT_EQ(read_seed(s, 22), BS);	/* ...until another file takes its name */
+	store_close(s);
+	unlink(good);
+}
+
 /* The bytes of address space this process has mapped now (/proc/self/statm). */
 static uint64_t vm_size(void)
 {
@@ -692,6 +752,8 @@ int main(void)
 	test_write_read(p);
 	path_of(p, sizeof(p), root, "damage");
 	test_damage(p);
+	path_of(p, sizeof(p), root, "repaired");
+	test_damage_repaired(p);
 	path_of(p, sizeof(p), root, "dedup");
 	test_dedup(p);
 	path_of(p, sizeof(p), root, "gc");
