@@ -980,8 +980,13 @@ static int data_lookup_at(struct data_ns *ns, int dfd, struct data_node *parent,
 		data_watch_dir(ns, dfd, n);
 	e->ino = (fuse_ino_t)n;
 	data_fill_attr(n, &e->attr);
-	e->attr_timeout = e->entry_timeout = ns->m->cfg.data_timeout;
+	e->attr_timeout = e->entry_timeout = data_attr_timeout(ns, e->attr.st_mode);
 	return 0;
+}
+
+double data_attr_timeout(const struct data_ns *ns, mode_t mode)
+{
+	return S_ISREG(mode) || S_ISDIR(mode) || S_ISLNK(mode) ? ns->m->cfg.data_timeout : 0;
 }
 
 static int data_lookup_once(struct data_ns *ns, struct data_node *parent, const char *name,

@@ -67,6 +67,10 @@ int data_getattr(struct data_ns *ns, struct data_node *n, struct stat *st);
 /* The same for a GETATTR that came with f, an open of the node (a read past the size
  * the kernel caches): f's file, when the name no longer names it. */
 int data_getattr_open(struct data_ns *ns, const struct data_file *f, struct stat *st);
+/* How long the kernel may keep a name and attributes of type mode (st_mode): the
+ * data_timeout option, but 0 for a FIFO, socket or device node, whose opens never reach
+ * the daemon: a walk checks the name each time, so a file put in its place is seen. */
+double data_attr_timeout(const struct data_ns *ns, mode_t mode);
 int data_statfs(struct data_ns *ns, struct statvfs *sv);
 
 /*

@@ -210,7 +210,7 @@ static void mlfs_op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_inf
 {
 	struct mlfs *m = mlfs_of(req);
 	struct mlfs_node *n = node_of(ino);
-	struct stat st;
+	struct stat st = { 0 };
 	double timeout = ckpt_timeout();
 	int rc = 0;
 
@@ -221,7 +221,7 @@ static void mlfs_op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_inf
 		/* With a handle: a read past the size the kernel caches. */
 		rc = fi && fi->fh ? data_getattr_open(m->data, (struct data_file *)fi->fh, &st)
 				  : data_getattr(m->data, (struct data_node *)n, &st);
-		timeout = m->cfg.data_timeout;
+		timeout = data_attr_timeout(m->data, st.st_mode);
 	} else {
 		rc = ckpt_getattr(m->ckpt, (struct ckpt_inode *)n, &st);
 	}

@@ -405,6 +405,35 @@ def test_data_open_of_missing_source_file(mount_mlfs):
     assert os.listdir(m.data) == []
 
 
+@pytest.mark.parametrize("kind", ["fifo", "chardev"])
+def test_special_file_replaced_by_a_regular_file(mount_mlfs, kind):
+    """A FIFO or device node in SOURCE replaced by a regular file: the next open of the
+    name opens the file, as for any changed file. Opens of special files never reach
+    the daemon, so the kernel kept the old node for data_timeout (an hour): the FIFO's
+    open hung and the device's failed."""
+    m = mount_mlfs()
+    path = os.path.join(m.src, "f")
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        os.mknod(path, 0o644 | stat.S_IFCHR, os.makedev(1, 5))
+    view = os.path.join(m.data, "f")
+    assert stat.S_ISFIFO(os.stat(view).st_mode) == (kind == "fifo")
+    os.unlink(path)
+    with open(path, "wb") as f:
+        f.write(b"now a file\n")
+
+    def read():
+        fd = os.open(view, os.O_RDONLY | os.O_NONBLOCK)  # an old FIFO would not hang
+        try:
+            assert stat.S_ISREG(os.fstat(fd).st_mode)
+            return os.read(fd, 100)
+        finally:
+            os.close(fd)
+    assert read() == b"now a file\n"
+    assert stat.S_ISREG(os.stat(view).st_mode)
+
+
 def test_statfs(data_mount, dataset):
     st = os.statvfs(data_mount.data)
     assert st.f_bsize > 0 and st.f_frsize > 0
