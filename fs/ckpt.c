@@ -31,6 +31,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <linux/falloc.h>
 #include <pthread.h>
@@ -45,6 +46,7 @@
 
 #include "cache/bcache.h"
 #include "fs/acl.h"
+#include "fs/manifest.h"
 #include "tiering/tier.h"
 
 /* Attribute and entry timeout for MOUNT/ckpt. Every change of the tree goes through this
@@ -388,6 +390,52 @@ void ckpt_unlink_locked(struct ckpt_ns *ns, struct ckpt_dirent *d)
 static int ckpt_meta_room(struct ckpt_ns *ns, size_t more, const struct ckpt_ctx *c)
 {
 	return ns->meta_bytes + more > ckpt_limit(ns->meta_max, c) ? -ENOSPC : 0;
+}
+
+/* A restore takes at most this many times each bound (CKPT_SLOT_SHARE, CKPT_XATTR_SHARE,
+ * CKPT_META_SHARE) past -o workers: a group's union holds every worker's files, each
+ * part within its own mount's bounds, and renames may pass the name bound a little. */
+#define CKPT_RESTORE_SLACK 1
+
+int ckpt_restore_room(struct ckpt_ns *ns, const struct mf_manifest *mf, char *why,
+		      size_t len)
+{
+	uint64_t k = ns->m->cfg.workers + CKPT_RESTORE_SLACK;
+	uint64_t xattr = 0, meta = 0, slots = 0;
+
+	for (uint64_t i = 0; i < mf->nentries; i++) {
+		const struct mf_entry *e = &mf->entries[i];
+
+		meta += CKPT_NAME_COST(strlen(e->name));
+		if (e->link)
+			continue;
+		meta += CKPT_INODE_COST + (e->target ? strlen(e->target) + 1 : 0);
+		slots += e->type == MF_FILE ? (e->size + ns->bs - 1) / ns->bs : 0;
+		for (uint32_t x = 0; x < e->nxattrs; x++)
+			xattr += e->xattrs[x].value_len + strlen(e->xattrs[x].name);
+	}
+	/* (need and max in units of `unit` bytes; the bound is mem_max / share units) */
+	const struct {
+		uint64_t need, max, share, unit;
+		const char *what;
+	} b[] = {
+		{ xattr, ns->xattr_max, CKPT_XATTR_SHARE, 1, "extended attributes" },
+		{ meta, ns->meta_max, CKPT_META_SHARE, 1, "inodes and names" },
+		{ slots, ns->slots_max, CKPT_SLOT_SHARE, sizeof(void *), "block maps" },
+	};
+
+	for (size_t j = 0; j < sizeof(b) / sizeof(b[0]); j++) {
+		if (b[j].need <= k * b[j].max)
+			continue;
+		if (why)
+			snprintf(why, len, "its %s take %" PRIu64 " MiB of memory, more than the %"
+				 PRIu64 " MiB this mount allows a restore: mount with -o mem_max="
+				 "%" PRIu64 "M or more to restore it", b[j].what,
+				 (b[j].need * b[j].unit) >> 20, (k * b[j].max * b[j].unit) >> 20,
+				 ((b[j].need + k - 1) / k * b[j].share + (1 << 20) - 1) >> 20);
+		return -ENOSPC;
+	}
+	return 0;
 }
 
 static int ckpt_check_name(const char *name)

@@ -232,10 +232,19 @@ uint64_t ckpt_writing(struct ckpt_ns *ns);
  * that were in MOUNT/ckpt before are returned (*old, *nold: handed over, free each and
  * the array) so the caller can tell the kernel to forget them; *gen (if not NULL) is
  * ckpt_generation() right after the swap. -EINVAL for a manifest written at another
- * block size than this mount's.
+ * block size than this mount's, -EFBIG for a file over CKPT_FILE_MAX, -ENOSPC past the
+ * memory bounds (ckpt_restore_room).
  */
 int ckpt_restore(struct ckpt_ns *ns, const struct mf_manifest *mf, char ***old, size_t *nold,
 		 uint64_t *gen);
+/* 0 if restoring mf stays within the tree's memory bounds, which a restore may pass up
+ * to workers + 1 times (a group's union holds every worker's files): the xattrs
+ * (mem_max/16), inodes, names and targets (mem_max/8) and block-map slots (mem_max/256),
+ * each with its floor. Else -ENOSPC and why (if not NULL) says which and the mem_max
+ * that would take it. ckpt_restore refuses so before it builds anything: a crafted or
+ * foreign manifest grew the daemon far past mem_max. O(entries + xattrs). */
+int ckpt_restore_room(struct ckpt_ns *ns, const struct mf_manifest *mf, char *why,
+		      size_t len);
 
 /* Directory streams list the entries as of the open (or of a rewind to offset 0). */
 int ckpt_opendir(struct ckpt_ns *ns, struct ckpt_inode *dir, struct ckpt_dir **out);

@@ -437,6 +437,10 @@ int ckpt_restore(struct ckpt_ns *ns, const struct mf_manifest *mf, char ***old, 
 			return -EFBIG;
 		}
 	}
+	if ((rc = ckpt_restore_room(ns, mf, NULL, 0))) {
+		free(inos);
+		return rc;
+	}
 	/* Build the new inodes outside the lock: allocation only. The root entry's is
 	 * built too, for its xattrs (ACLs among them), which go to MOUNT/ckpt itself below
 	 * with its attributes. */

@@ -1269,10 +1269,16 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 		snprintf(msg, msglen, "snapshot '%s' was taken with block_size=%uK and this "
 			 "mount has block_size=%uK: mount with -o block_size=%uK to restore it",
 			 name, other >> 10, sd->m->cfg.block_size >> 10, other >> 10);
-	else if (rc == -EINVAL)
+	else if (rc == -EFBIG)
 		snprintf(msg, msglen, "snapshot '%s' does not fit this mount (a file over "
-			 "MOUNT/ckpt's 1 TiB)", name);
-	else if (rc)
+			 "MOUNT/ckpt's 1 TiB): nothing restored", name);
+	else if (rc == -ENOSPC) {
+		char why[256];
+
+		ckpt_restore_room(sd->m->ckpt, mf, why, sizeof(why));
+		snprintf(msg, msglen, "snapshot '%s' does not fit this mount: %s; nothing "
+			 "restored", name, why);
+	} else if (rc)
 		snprintf(msg, msglen, "restore of '%s': %s", name, strerror(-rc));
 	else if (conflicts)
 		snprintf(msg, msglen, "restored %s: %" PRIu64 " files, %" PRIu64 " bytes; "

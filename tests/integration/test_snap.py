@@ -5,6 +5,7 @@ spill dir, as a job restarting on a new VM would.
 """
 import os
 import random
+import re
 import signal
 import subprocess
 import time
@@ -154,6 +155,39 @@ def test_restore_at_another_block_size_names_the_one_it_needs(snapenv):
     d = env.mount(opts="block_size=256K,restore=small")
     with open(os.path.join(d.ckpt, "f"), "rb") as f:
         U.assert_bytes(f.read(), data, "restored at its block size")
+    env.unmount(d)
+
+
+def test_restore_past_the_memory_bounds_is_refused_and_names_the_mem_max(snapenv):
+    """The tree's xattrs, names and block maps live in daemon memory, bounded by
+    mem_max; a restore built them whatever their size, so a snapshot taken on a mount
+    with a larger mem_max (or a crafted manifest) grew the daemon far past its own (an
+    outside tester: 1.2 GB of xattrs on a 256M mount, a 2.8 GB peak). A restore may take
+    up to workers + 1 times each bound; past it the restore is refused, the tree left as
+    it was, and the message names the mem_max that takes it, which then does. Here the
+    block maps: 5 sparse files of 1 TiB at 8 MiB blocks (655,360 slots; 64M allows
+    2 x 279,621)."""
+    env = snapenv()
+    d = env.mount(opts="block_size=8M,mem_max=512M")
+    for i in range(5):
+        with open(os.path.join(d.ckpt, f"sparse{i}"), "wb") as f:
+            f.truncate(1 << 40)
+    S.snap_ok("take", env.mnt, "big", "--wait")
+    env.unmount(d)
+    d = env.mount(opts="block_size=8M,mem_max=64M")
+    write(os.path.join(d.ckpt, "mine"), b"still here")
+    r = S.snap("restore", env.mnt, "big")
+    assert r.rc == 1 and "block maps" in r.err and "nothing restored" in r.err, r
+    m = re.search(r"mount with -o mem_max=(\d+)M or more", r.err)
+    assert m, r
+    with open(os.path.join(d.ckpt, "mine"), "rb") as f:
+        assert f.read() == b"still here"
+    assert sorted(os.listdir(d.ckpt)) == ["mine"]
+    assert U.pid_alive(d.pid)
+    env.unmount(d)
+    d = env.mount(opts=f"block_size=8M,mem_max={m.group(1)}M,restore=big")
+    assert sorted(os.listdir(d.ckpt)) == [f"sparse{i}" for i in range(5)]
+    assert os.stat(os.path.join(d.ckpt, "sparse4")).st_size == 1 << 40
     env.unmount(d)
 
 

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "cache/bcache.h"
+#include "fs/manifest.h"
 #include "tiering/tier.h"
 #include "tests/unit/test.h"
 #include "tests/unit/test_mlfs.h"
@@ -164,8 +165,41 @@ static void test_capabilities_not_uid(void)
 	ckpt_ns_free(ns);
 }
 
+/* A restore may take each memory bound of the tree workers + 1 times, no more: past it
+ * -ENOSPC before anything is built, saying which bound and the mem_max that fits. */
+static void test_restore_room(void)
+{
+	struct ckpt_ns *ns = ns_new(); /* mem_max 1 GiB: xattrs 64 MiB, a restore twice that */
+	struct mf_xattr x = { .name = "user.big", .value_len = 129u << 20 };
+	struct mf_entry e[2] = {
+		{ .id = 1, .name = "", .type = MF_DIR },
+		{ .id = 2, .parent = 1, .name = "f", .type = MF_FILE, .nxattrs = 1, .xattrs = &x },
+	};
+	struct mf_manifest mf = { .name = "s", .nentries = 2, .entries = e };
+	char why[256] = "";
+	char **old = NULL;
+	size_t nold = 0;
+
+	EXPECT_EQ(ckpt_restore_room(ns, &mf, why, sizeof(why)), -ENOSPC);
+	/* 129 MiB and the name's 8 bytes, halved, 16 times: a byte over 1032 MiB */
+	EXPECT(strstr(why, "extended attributes") && strstr(why, "mem_max=1033M"));
+	EXPECT_EQ(ckpt_restore(ns, &mf, &old, &nold, NULL), -ENOSPC);
+	x.value_len = 127u << 20;
+	EXPECT_EQ(ckpt_restore_room(ns, &mf, NULL, 0), 0);
+	/* block maps: at least two files of 1 TiB (and root's sixteenth), twice that for a
+	 * restore: 4 TiB of holes fit, 5 do not */
+	e[1].nxattrs = 0;
+	e[1].size = 4ull << 40;
+	EXPECT_EQ(ckpt_restore_room(ns, &mf, NULL, 0), 0);
+	e[1].size = 5ull << 40;
+	EXPECT_EQ(ckpt_restore_room(ns, &mf, why, sizeof(why)), -ENOSPC);
+	EXPECT(strstr(why, "block maps") != NULL);
+	ckpt_ns_free(ns);
+}
+
 int main(void)
 {
+	test_restore_room();
 	test_removed_dir_outlives_parent();
 	test_rename_into_removed_dir();
 	test_create_in_unlinked_file();
