@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -169,6 +170,7 @@ static void usage(FILE *f)
 "  -o mem_min=SIZE        lower bound of the memory budget (default: 64M)\n"
 "  -o block_size=SIZE     cache block size, power of two, 64K..8M (default: 1M)\n"
 "  -o cgroup=DIR          memory cgroup (v1 or v2) whose limit and usage to follow\n"
+"                         (default: the daemon's own, where it has a limit)\n"
 "  -o pressure_file=PATH  PSI file (default /proc/pressure/memory)\n"
 "  -o meminfo_file=PATH   meminfo file (default /proc/meminfo)\n"
 "  -o restore=NAME|latest restore this snapshot into MOUNTPOINT/ckpt at start-up\n"
@@ -389,16 +391,26 @@ static int build_config(struct mlfs_opts *o, const char *src, const char *mnt,
 		return 1;
 	sysinfo(&si);
 	c->mem_max = (uint64_t)si.totalram * si.mem_unit / 2;
-	if (!o->mem_max) {
-		/* Half of the memory cgroup's limit where it is lower: without a spill dir
-		 * checkpoint writes may fill mem_max (tier_admit_unspilled), and half of
-		 * the machine in a smaller cgroup got the daemon OOM-killed, every
-		 * unsnapshotted byte with it (found by an outside tester). */
-		uint64_t lim = gov_cgroup_limit(c->cgroup, "/proc/self/cgroup", "/sys/fs/cgroup");
+	/* The lowest limit of the daemon's own memory cgroups (and cgroup='s): without
+	 * cgroup= the governor follows the cgroup that holds it, whose usage is what the
+	 * kernel's OOM killer weighs; it followed none, and a neighbour in the daemon's
+	 * cgroup was OOM-killed beside 300 MiB of checkpoint data an empty spill dir could
+	 * have taken (found by an outside tester). */
+	char *own = NULL;
+	uint64_t lim = gov_cgroup_limit(c->cgroup, "/proc/self/cgroup", "/sys/fs/cgroup",
+					c->cgroup ? NULL : &own);
 
-		if (lim != GOV_NONE && lim / 2 < c->mem_max)
-			c->mem_max = lim / 2 > (1 << 20) ? lim / 2 : 1 << 20;
+	if (own) {
+		c->cgroup = own;
+		log_info("governor: following the memory cgroup that holds the daemon, %s "
+			 "(limit %" PRIu64 " MiB); cgroup= names another", own, lim >> 20);
 	}
+
+	/* Half of that limit where it is lower: without a spill dir checkpoint writes may
+	 * fill mem_max (tier_admit_unspilled), and half of the machine in a smaller cgroup
+	 * got the daemon OOM-killed, every unsnapshotted byte with it (an outside tester). */
+	if (!o->mem_max && lim != GOV_NONE && lim / 2 < c->mem_max)
+		c->mem_max = lim / 2 > (1 << 20) ? lim / 2 : 1 << 20;
 	c->mem_min = (o->mem_max || c->mem_max >= 64ull << 20) ? 64ull << 20 : c->mem_max;
 	if ((o->mem_max && opt_number("mem_max", o->mem_max, OPT_SIZE, 1 << 20, 1e18, NULL,
 				      &c->mem_max)) ||

@@ -329,11 +329,15 @@ static bool gov_has_word(const char *list, const char *word)
 	}
 }
 
-uint64_t gov_cgroup_limit(const char *cgroup_dir, const char *proc_cgroup, const char *sysfs)
+uint64_t gov_cgroup_limit(const char *cgroup_dir, const char *proc_cgroup, const char *sysfs,
+			  char **where)
 {
 	uint64_t lim = cgroup_dir ? gov_limit_of(cgroup_dir) : GOV_NONE;
 	char line[4096], dir[8192];
 	FILE *f = proc_cgroup ? fopen(proc_cgroup, "re") : NULL;
+
+	if (where)
+		*where = lim != GOV_NONE ? strdup(cgroup_dir) : NULL;
 
 	/* Lines "ID:CONTROLLERS:PATH": v1's memory hierarchy, or v2's (ID 0, none). */
 	while (f && fgets(line, sizeof(line), f)) {
@@ -357,9 +361,16 @@ uint64_t gov_cgroup_limit(const char *cgroup_dir, const char *proc_cgroup, const
 		strcpy(dir + base, path);
 		/* The cgroup, then each ancestor: the lowest limit is the one that holds. */
 		for (;;) {
+			uint64_t l = gov_limit_of(dir);
 			char *slash;
 
-			lim = gov_min(lim, gov_limit_of(dir));
+			if (l < lim) {
+				lim = l;
+				if (where) {
+					free(*where);
+					*where = strdup(dir); /* NULL (ENOMEM): none followed */
+				}
+			}
 			if (!(slash = strrchr(dir + base, '/')))
 				break;
 			*slash = '\0';

@@ -131,8 +131,11 @@ int gov_read_cgroup(const char *dir, struct gov_sample *s);
  * process's own memory cgroups and their ancestors, as proc_cgroup (/proc/self/cgroup;
  * NULL: not read) names them below sysfs (/sys/fs/cgroup): v1's memory hierarchy at
  * sysfs/memory, v2's at sysfs. What mem_max defaults to half of, when lower than the
- * machine: a daemon in a container or a job's cgroup is bounded by it, not by RAM. */
-uint64_t gov_cgroup_limit(const char *cgroup_dir, const char *proc_cgroup, const char *sysfs);
+ * machine: a daemon in a container or a job's cgroup is bounded by it, not by RAM.
+ * *where (if where is not NULL): the directory of the cgroup whose limit that is
+ * (malloc'd), or NULL: the cgroup the governor follows when cgroup= names none. */
+uint64_t gov_cgroup_limit(const char *cgroup_dir, const char *proc_cgroup, const char *sysfs,
+			  char **where);
 const char *gov_strerror(int rc);
 /* Sets every field of *s to "unknown"; call before the parsers. */
 void gov_sample_clear(struct gov_sample *s);

@@ -12,6 +12,7 @@ dataset byte is held once.
   dir, the neighbour growing at a rate the spill disk sustains (dirty blocks are the
   daemon's own memory: no kernel can drop them): they are spilled, the neighbour is not
   killed, the checkpoint reads back right and is reloaded when the neighbour leaves.
+  Without cgroup=: the governor follows the cgroup that holds the daemon by default.
 - test_truncated_source_under_a_mapped_block: SOURCE shrinks while mlfs maps a block of
   it: the read fails (EIO), never zeros, and the daemon lives.
 - test_source_cache_dropped_for_copied_blocks: blocks copied into mlfs's memory
@@ -230,8 +231,11 @@ def test_neighbour_with_dirty_checkpoint(memcg, mounter):
     names = sorted(files)
     drop_source_cache(src, names)
     spill = mounter.tempdir("spill-")
-    m = start_daemon(mounter, src, f"spill={spill},cgroup={memcg},mem_max=2G,mem_min=64M",
+    # No cgroup=: the governor follows the cgroup that holds the daemon by itself (it
+    # followed none, and a neighbour was OOM-killed beside 300 MiB of checkpoint data).
+    m = start_daemon(mounter, src, f"spill={spill},mem_max=2G,mem_min=64M",
                      cgroup_dir=memcg)
+    assert m.stat()["cgroup_limit"] == L, m.stat()
     nb = None
     ck = os.path.join(m.ckpt, "model.pt")
     ck_data = random.Random(U.SEED + 4).randbytes(192 * MiB)

@@ -739,6 +739,8 @@ def test_default_mem_max_follows_the_cgroup(memcg, mounter, tmp_path):
     m = start_daemon(mounter, None, "mem_min=16M", cgroup_dir=memcg)  # no spill dir
     st = m.stat()
     assert st["mem_max"] == 200 * MiB and st["mem_min"] <= st["mem_max"], st
+    # and the governor follows that cgroup's usage (it read only its limit)
+    assert st["cgroup_version"] == 1 and st["cgroup_limit"] == 400 * MiB, st
     chunk = os.urandom(MiB)
     with pytest.raises(OSError) as e:
         with open(os.path.join(m.ckpt, "big"), "wb") as f:

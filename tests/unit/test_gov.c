@@ -212,7 +212,7 @@ static void v1_group(const char *dir, const char *limit)
  * (v1 and v2, as /proc/self/cgroup names them) and their ancestors, and of cgroup=. */
 static void test_cgroup_limit(void)
 {
-	char sys[512], proc[512], cfg[512], dir[600], pc[600];
+	char sys[512], proc[512], cfg[512], dir[600], pc[600], *where = NULL;
 
 	/* Copied: sub_dir's buffers are reused. */
 	snprintf(sys, sizeof(sys), "%s", sub_dir("sys"));
@@ -230,21 +230,30 @@ static void test_cgroup_limit(void)
 	snprintf(dir, sizeof(dir), "%s/memory/pod/ctr", sys);
 	v1_group(dir, "838860800\n");	/* its container asks for more: the pod's holds */
 	put_file(proc, "cgroup", "9:cpu,cpuacct:/pod/ctr\n4:memory:/pod/ctr\n0::/\n");
-	EXPECT_EQ(gov_cgroup_limit(NULL, pc, sys), 500 * MIB);
-	EXPECT_EQ(gov_cgroup_limit(NULL, NULL, sys), GOV_NONE);
+	EXPECT_EQ(gov_cgroup_limit(NULL, pc, sys, &where), 500 * MIB);
+	snprintf(dir, sizeof(dir), "%s/memory/pod", sys);
+	EXPECT(where && !strcmp(where, dir));	/* the pod's is the limit that holds */
+	free(where);
+	EXPECT_EQ(gov_cgroup_limit(NULL, NULL, sys, NULL), GOV_NONE);
 	/* v2: the unified hierarchy, memory.high below memory.max. */
 	snprintf(dir, sizeof(dir), "%s/v2", sys);
 	put_file(dir, "memory.max", "max\n");
 	put_file(dir, "memory.high", "314572800\n");
 	put_file(dir, "memory.current", "1000\n");
 	put_file(proc, "cgroup", "0::/v2\n");
-	EXPECT_EQ(gov_cgroup_limit(NULL, pc, sys), 300 * MIB);
+	EXPECT_EQ(gov_cgroup_limit(NULL, pc, sys, &where), 300 * MIB);
+	snprintf(dir, sizeof(dir), "%s/v2", sys);
+	EXPECT(where && !strcmp(where, dir));
+	free(where);
 	/* cgroup= counts too; a line of another controller, or malformed, does not. */
 	v1_group(cfg, "104857600\n");
 	put_file(proc, "cgroup", "4:memory:/pod/ctr\n3:cpu:/nothing\ngarbage\n");
-	EXPECT_EQ(gov_cgroup_limit(cfg, pc, sys), 100 * MIB);
+	EXPECT_EQ(gov_cgroup_limit(cfg, pc, sys, &where), 100 * MIB);
+	EXPECT(where && !strcmp(where, cfg));
+	free(where);
 	put_file(proc, "cgroup", "3:cpu:/pod/ctr\n");
-	EXPECT_EQ(gov_cgroup_limit(NULL, pc, sys), GOV_NONE);
+	EXPECT_EQ(gov_cgroup_limit(NULL, pc, sys, &where), GOV_NONE);
+	EXPECT(where == NULL);
 }
 
 static void test_parse_cgroup_v1(void)
