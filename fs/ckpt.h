@@ -245,6 +245,13 @@ int ckpt_restore(struct ckpt_ns *ns, const struct mf_manifest *mf, char ***old, 
  * foreign manifest grew the daemon far past mem_max. O(entries + xattrs). */
 int ckpt_restore_room(struct ckpt_ns *ns, const struct mf_manifest *mf, char *why,
 		      size_t len);
+/* 0 if every entry of mf is something MOUNT/ckpt could have made: no owner or group of
+ * -1, extended attributes as ckpt_setxattr takes them (names in ext4's namespaces,
+ * values within the bounds, ACLs that parse, default ACLs on directories). Else -EINVAL
+ * and why (if not NULL) names the first path and what is wrong with it: ckpt_restore
+ * refuses so (a crafted store's xattr that no call can read or remove, an ACL that
+ * failed every other user's access with EINVAL). O(entries + xattrs). */
+int ckpt_restore_valid(const struct mf_manifest *mf, char *why, size_t len);
 
 /* Directory streams list the entries as of the open (or of a rewind to offset 0). */
 int ckpt_opendir(struct ckpt_ns *ns, struct ckpt_inode *dir, struct ckpt_dir **out);

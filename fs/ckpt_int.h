@@ -212,5 +212,11 @@ int ckpt_acl_inherit_locked(struct ckpt_inode *dir, mode_t *mode, const struct c
 			    void **acl, size_t *acl_size, void **dacl);
 int ckpt_xattr_attach(struct ckpt_ns *ns, struct ckpt_inode *ino, const char *name, void *v,
 		      size_t size);
+/* NULL if manifest entry e (of file type `type`, S_IFMT bits) holds only xattrs that
+ * setxattr could have made: a namespace ext4 has, values and totals within the bounds,
+ * ACLs that parse (a default ACL on a directory only), no name twice. Else what is
+ * wrong, for a restore to refuse the snapshot with (a crafted store's). */
+struct mf_entry;
+const char *ckpt_xattrs_invalid(const struct mf_entry *e, mode_t type);
 
 #endif

@@ -308,13 +308,39 @@ int ckpt_freeze(struct ckpt_ns *ns, const char *name, struct ckpt_frozen **out)
 	return 0;
 }
 
+static const mode_t ckpt_types[] = { [MF_FILE] = S_IFREG, [MF_DIR] = S_IFDIR,
+				     [MF_SYMLINK] = S_IFLNK };
+
+int ckpt_restore_valid(const struct mf_manifest *mf, char *why, size_t len)
+{
+	for (uint64_t i = 0; i < mf->nentries; i++) {
+		const struct mf_entry *e = &mf->entries[i];
+		const char *bad = NULL;
+		char path[1024];
+
+		if (e->link)
+			continue;
+		if (e->uid == (uint32_t)-1 || e->gid == (uint32_t)-1)
+			bad = "an owner or group of -1, which no inode can have";
+		else
+			bad = ckpt_xattrs_invalid(e, ckpt_types[e->type]);
+		if (!bad)
+			continue;
+		if (why) {
+			if (mf_path(mf, i, path, sizeof(path)) < 0)
+				snprintf(path, sizeof(path), "(a long path)");
+			snprintf(why, len, "ckpt/%s holds %s", path, bad);
+		}
+		return -EINVAL;
+	}
+	return 0;
+}
+
 /* Builds an inode for manifest entry e (its content: non-resident stored blocks). */
 static struct ckpt_inode *ckpt_inode_from(struct ckpt_ns *ns, const struct mf_entry *e)
 {
-	static const mode_t types[] = { [MF_FILE] = S_IFREG, [MF_DIR] = S_IFDIR,
-					[MF_SYMLINK] = S_IFLNK };
-	struct ckpt_inode *ino = ckpt_inode_new(ns, types[e->type] | (e->mode & 07777), e->uid,
-						e->gid);
+	struct ckpt_inode *ino = ckpt_inode_new(ns, ckpt_types[e->type] | (e->mode & 07777),
+						e->uid, e->gid);
 	uint32_t i;
 
 	if (!ino)
@@ -352,8 +378,11 @@ static struct ckpt_inode *ckpt_inode_from(struct ckpt_ns *ns, const struct mf_en
 			memcpy(x->value, e->xattrs[i].value, e->xattrs[i].value_len);
 		x->size = e->xattrs[i].value_len;
 		ino->xattr_bytes += x->size + strlen(x->name);
-		ns->xattr_bytes += x->size + strlen(x->name); /* never refused */
+		ns->xattr_bytes += x->size + strlen(x->name); /* within ckpt_restore_room */
 	}
+	/* The mode's group bits are the ACL's mask, as chmod and setfacl keep them on ext4:
+	 * a crafted manifest's mask that disagrees yields to the mode (a no-op otherwise). */
+	ckpt_acl_chmod_locked(ino);
 	if (e->type == MF_FILE)
 		ckpt_slots_set(ns, ino, 0, ino->size, 1); /* never refused (ckpt_slots_set) */
 	if (e->type == MF_FILE && e->nblocks) {
@@ -437,7 +466,8 @@ int ckpt_restore(struct ckpt_ns *ns, const struct mf_manifest *mf, char ***old, 
 			return -EFBIG;
 		}
 	}
-	if ((rc = ckpt_restore_room(ns, mf, NULL, 0))) {
+	if ((rc = ckpt_restore_room(ns, mf, NULL, 0)) ||
+	    (rc = ckpt_restore_valid(mf, NULL, 0))) {
 		free(inos);
 		return rc;
 	}

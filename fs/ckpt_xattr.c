@@ -18,6 +18,7 @@
 
 #include "cache/log.h"
 #include "fs/acl.h"
+#include "fs/manifest.h"
 
 #define CKPT_XATTR_MAX (64u << 10) /* one value, as ext4 with ea_inode */
 #define CKPT_XATTR_TOTAL (1u << 20) /* all of one inode's xattrs */
@@ -53,6 +54,36 @@ static int ckpt_xattr_ns(const char *name)
 		if (!strncmp(name, pre[i].prefix, pre[i].len))
 			return name[pre[i].len] ? i : -EINVAL; /* a bare prefix */
 	return -EOPNOTSUPP;
+}
+
+const char *ckpt_xattrs_invalid(const struct mf_entry *e, mode_t type)
+{
+	size_t total = 0, names = 0, n;
+
+	for (uint32_t i = 0; i < e->nxattrs; i++) {
+		const struct mf_xattr *x = &e->xattrs[i];
+		int xns = ckpt_xattr_ns(x->name);
+
+		if (xns < 0)
+			return "an extended attribute in no namespace ext4 has";
+		if (x->value_len > CKPT_XATTR_MAX)
+			return "an extended attribute value over 64 KiB";
+		total += x->value_len + strlen(x->name);
+		names += strlen(x->name) + 1;
+		if (total > CKPT_XATTR_TOTAL || names > XATTR_LIST_MAX)
+			return "more extended attributes than one inode may hold";
+		if (xns == XNS_ACL_ACCESS || xns == XNS_ACL_DEFAULT) {
+			/* (a bare header is no ACL: it is never stored) */
+			if (pacl_check(x->value, x->value_len, &n) || n == 0)
+				return "an ACL that does not parse";
+			if (xns == XNS_ACL_DEFAULT && !S_ISDIR(type))
+				return "a default ACL on what is no directory";
+		}
+		for (uint32_t j = 0; j < i; j++)
+			if (!strcmp(e->xattrs[j].name, x->name))
+				return "an extended attribute twice";
+	}
+	return NULL;
 }
 
 /* in_group_or_capable: CAP_FSETID (c->fsetid), or the caller in the group. */

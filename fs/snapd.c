@@ -1272,6 +1272,13 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 	else if (rc == -EFBIG)
 		snprintf(msg, msglen, "snapshot '%s' does not fit this mount (a file over "
 			 "MOUNT/ckpt's 1 TiB): nothing restored", name);
+	else if (rc == -EINVAL) {
+		char why[1400] = "a tree that does not hold together";
+
+		ckpt_restore_valid(mf, why, sizeof(why));
+		snprintf(msg, msglen, "snapshot '%s' is damaged: %s; nothing restored", name,
+			 why);
+	}
 	else if (rc == -ENOSPC) {
 		char why[256];
 

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cache/bcache.h"
@@ -197,8 +198,69 @@ static void test_restore_room(void)
 	ckpt_ns_free(ns);
 }
 
+/* A manifest entry that no call could have made is refused before anything is built
+ * (an xattr in no namespace, which no call could then read or remove; an ACL that
+ * failed every other user's access with EINVAL; an owner of -1), naming the path; an
+ * access ACL whose mask disagrees with the mode's group bits yields to the mode. */
+static void test_restore_valid(void)
+{
+	/* u::rw-, u:1001:r--, g::---, m::r--, o::--- (version 2, little-endian) */
+	static const unsigned char acl[] = { 2, 0, 0, 0,   1, 0, 6, 0, 0, 0, 0, 0,
+					     2, 0, 4, 0, 0xe9, 3, 0, 0,
+					     4, 0, 0, 0, 0, 0, 0, 0,
+					     0x10, 0, 4, 0, 0, 0, 0, 0,
+					     0x20, 0, 0, 0, 0, 0, 0, 0 };
+	unsigned char bad_acl[sizeof(acl)], back[64];
+	struct ckpt_ns *ns = ns_new();
+	struct mf_xattr x[2] = { { .name = "user.ok", .value = "v", .value_len = 1 } };
+	struct mf_entry e[2] = {
+		{ .id = 1, .name = "", .type = MF_DIR, .mode = 0755 },
+		{ .id = 2, .parent = 1, .name = "f", .type = MF_FILE, .mode = 0600, .uid = 7,
+		  .nxattrs = 2, .xattrs = x },
+	};
+	struct mf_manifest mf = { .name = "s", .nentries = 2, .entries = e };
+	struct fuse_entry_param fe;
+	char why[256] = "";
+	char **old = NULL;
+	size_t nold = 0;
+
+	x[1] = (struct mf_xattr){ .name = "bogus.ns", .value = "1", .value_len = 1 };
+	EXPECT_EQ(ckpt_restore_valid(&mf, why, sizeof(why)), -EINVAL);
+	EXPECT(strstr(why, "ckpt/f") && strstr(why, "no namespace"));
+	EXPECT_EQ(ckpt_restore(ns, &mf, &old, &nold, NULL), -EINVAL);
+	x[1] = (struct mf_xattr){ .name = "user.ok", .value = "w", .value_len = 1 };
+	EXPECT_EQ(ckpt_restore_valid(&mf, why, sizeof(why)), -EINVAL);	/* twice */
+	memcpy(bad_acl, acl, sizeof(acl));
+	bad_acl[0] = 3;	/* another version */
+	x[1] = (struct mf_xattr){ .name = "system.posix_acl_access", .value = bad_acl,
+				  .value_len = sizeof(bad_acl) };
+	EXPECT_EQ(ckpt_restore_valid(&mf, why, sizeof(why)), -EINVAL);
+	EXPECT(strstr(why, "ACL") != NULL);
+	x[1].name = "system.posix_acl_default";	/* on a file */
+	x[1].value = (void *)acl;
+	EXPECT_EQ(ckpt_restore_valid(&mf, NULL, 0), -EINVAL);
+	x[1].name = "system.posix_acl_access";
+	EXPECT_EQ(ckpt_restore_valid(&mf, NULL, 0), 0);
+	e[1].uid = (uint32_t)-1;
+	EXPECT_EQ(ckpt_restore_valid(&mf, why, sizeof(why)), -EINVAL);
+	EXPECT(strstr(why, "-1") != NULL);
+	e[1].uid = 7;
+	/* mode 0600, mask r--: the mask becomes --- (as chmod 0600 makes it on ext4) */
+	EXPECT_EQ(ckpt_restore(ns, &mf, &old, &nold, NULL), 0);
+	free(old);
+	EXPECT_EQ(ckpt_lookup(ns, ckpt_root(ns), "f", &fe), 0);
+	EXPECT_EQ(ckpt_getxattr(ns, ino_of(&fe), "system.posix_acl_access", back,
+				sizeof(back), &user), (int)sizeof(acl));
+	EXPECT_EQ(back[4 + 8 * 3], 0x10);	/* the mask entry */
+	EXPECT_EQ(back[4 + 8 * 3 + 2], 0);
+	EXPECT_EQ(back[4 + 8 * 1 + 2], 4);	/* the named entry as it was */
+	ckpt_forget(ns, ino_of(&fe), 1);
+	ckpt_ns_free(ns);
+}
+
 int main(void)
 {
+	test_restore_valid();
 	test_restore_room();
 	test_removed_dir_outlives_parent();
 	test_rename_into_removed_dir();
