@@ -250,6 +250,9 @@ static int gc_sweep_dir(struct gc_run *g, int i)
 
 	snprintf(name, sizeof(name), "%02x", i);
 	rc = fdio_opendir(s->objfd, name, &dir);
+	if (rc == -ENOTDIR || rc == -ELOOP)
+		log_err("store: %s/objects/%s is no directory (a symbolic link?): a damaged "
+			"layout; gc refuses to run until it is removed", s->path, name);
 	if (rc)
 		return rc == -ENOENT ? 0 : rc;
 	fd = fdio_dirfd(dir);	/* the stream's own: closedir closes it */

@@ -1276,6 +1276,26 @@ static void test_v1_killed_gc_trash(const char *dir)
 	EXPECT(!memcmp(back, buf, BS));
 	EXPECT(access(t, F_OK) != 0);	/* the trash name is gone */
 	EXPECT_EQ(store_verify(s, NULL, NULL, NULL), 0);
+	/* objects/xx planted as a symlink to a directory of old files: gc refuses (it
+	 * would unlink there) and touches nothing; once it is gone, gc runs. */
+	snprintf(t, sizeof(t), "%s.decoy", dir);
+	mkdir(t, 0700);
+	snprintf(t, sizeof(t), "%s.decoy/0123456789abcdef0123456789abcdef.tmp.1", dir);
+	EXPECT((fd = open(t, O_WRONLY | O_CREAT, 0600)) >= 0);
+	close(fd);
+	snprintf(t, sizeof(t), "%s.decoy", dir);
+	age();
+	path_of(p, sizeof(p), dir, "objects/ff");
+	rmdir(p);
+	EXPECT_EQ(symlink(t, p), 0);
+	EXPECT_EQ(store_gc(s, &objs, &bytes), -ENOTDIR);
+	snprintf(t, sizeof(t), "%s.decoy/0123456789abcdef0123456789abcdef.tmp.1", dir);
+	EXPECT(access(t, F_OK) == 0);
+	EXPECT_EQ(unlink(p), 0);
+	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
+	unlink(t);
+	snprintf(t, sizeof(t), "%s.decoy", dir);
+	rmdir(t);
 	store_close(s);
 }
 
