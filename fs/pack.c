@@ -660,7 +660,7 @@ static void id_bytes(const char *id, uint8_t out[16])
 	}
 }
 
-int pack_set_pack_of(struct pack_set *ps, const uint8_t hash[16], uint8_t id[16])
+int pack_set_pack_of(struct pack_set *ps, const uint8_t hash[16], uint8_t id[16], size_t *n)
 {
 	struct loc *l;
 	int rc = 0;
@@ -668,6 +668,7 @@ int pack_set_pack_of(struct pack_set *ps, const uint8_t hash[16], uint8_t id[16]
 	pthread_mutex_lock(&ps->mu);
 	if ((l = lookup_locked(ps, hash))) {
 		id_bytes(l->p->id, id);
+		*n = l->p->n;
 		rc = 1;
 	}
 	pthread_mutex_unlock(&ps->mu);

@@ -523,6 +523,44 @@ def test_full_store_gc_through_the_mount_that_named_the_deleted_blocks(snapenv,
     S.assert_tree_equal(files_tree(out), t, "s3 taken once gc gave room back")
 
 
+def test_gc_frees_the_dead_blocks_of_a_pack_the_live_tree_reads_one_block_of(snapenv,
+                                                                             monkeypatch):
+    """A mount's lease named each pack its live tree reads, and gc keeps a leased pack
+    whole: a 1 MiB config written beside an 8 MiB model kept the first model's blocks
+    after its snapshot was deleted, until the mount went away (an outside tester's
+    autosnap keep=2 store grew to 74 MiB for 16 of live data). A pack the tree reads
+    less than half of is named object by object now: gc repacks it and frees the rest,
+    and the tree still reads everything (from the memory it holds and, after a restore,
+    from the store)."""
+    monkeypatch.setenv("MLFS_LEASE_TIMES", S.FAST_LEASES)
+    env = snapenv("crash-leasepack-")
+    rng = rng_for("leasepack")
+    d = env.mount()
+    config, model1, model2 = rng.randbytes(MiB), rng.randbytes(8 * MiB), rng.randbytes(8 * MiB)
+    S.write(os.path.join(d.ckpt, "config"), config)
+    S.write(os.path.join(d.ckpt, "model.pt"), model1)
+    S.snap_ok("take", env.mnt, "step1", "--wait")
+    S.write(os.path.join(d.ckpt, "model.pt"), model2)
+    S.snap_ok("take", env.mnt, "step2", "--wait")
+    S.snap_ok("delete", env.mnt, "step1")
+
+    def pack_bytes():
+        packs = os.path.join(env.store, "packs")
+        return sum(os.path.getsize(os.path.join(packs, n)) for n in os.listdir(packs)
+                   if n.endswith(".pack"))
+    before = pack_bytes()
+    S.past_grace()
+    S.snap_ok("gc", env.mnt)
+    freed = before - pack_bytes()
+    assert freed >= 8 * MiB, f"gc through the mount freed {freed} bytes of the dead model"
+    S.snap_ok("restore", env.mnt, "step2")
+    for name, want in (("config", config), ("model.pt", model2)):
+        with open(os.path.join(d.ckpt, name), "rb") as f:
+            U.assert_bytes(f.read(), want, f"{name} read from the store after gc")
+    r = S.snap("verify", "--store", env.store)
+    assert r.ok, r
+
+
 class injecting:
     """strace attached to the running daemon pid, the n-th call of each of syscalls
     (comma-separated) in each thread failing with err, for the with block; only calls
