@@ -1805,7 +1805,9 @@ int snapd_finish_by(struct snapd *sd, const char *why, uint64_t deadline)
 	sd->final_taken = 1;
 	pthread_mutex_unlock(&sd->mu);
 	rc = snapd_wait(sd, job, deadline, NULL, NULL, NULL);
-	if (rc)
+	if (rc == -ETIMEDOUT)
+		log_err("snap: %s: final snapshot %s not durable by the deadline", why, name);
+	else if (rc)
 		log_err("snap: %s: final snapshot %s failed: %s", why, name, strerror(-rc));
 	else
 		log_info("snap: %s: final snapshot %s durable", why, name);
