@@ -1532,6 +1532,11 @@ uint64_t bc_source_ns_per_mib(const struct bc *bc)
 	return atomic_load_explicit(&bc->src_ns_per_mib, memory_order_relaxed);
 }
 
+size_t bc_block_overhead(void)
+{
+	return sizeof(struct bc_block) + 2 * sizeof(size_t);
+}
+
 struct bc_block *bc_block_new_stored(struct bc *bc, uint32_t len, const uint8_t obj[16])
 {
 	struct bc_block *b = calloc(1, sizeof(*b));

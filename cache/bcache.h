@@ -330,6 +330,9 @@ uint64_t bc_source_ns_per_mib(const struct bc *bc);
  * b must be shared with the committed snapshot's map or otherwise unchanged since it
  * was sealed, which copy on write guarantees (bcache invariant 3). */
 struct bc_block *bc_block_new_stored(struct bc *bc, uint32_t len, const uint8_t obj[16]);
+/* The memory one block takes besides its bytes (its struct and the allocator's word):
+ * all a non-resident stored block costs. */
+size_t bc_block_overhead(void);
 void bc_block_set_stored(struct bc *bc, struct bc_block *b, const uint8_t obj[16]);
 /* The store objects of every BC_STORED ckpt block alive, whoever holds it: what an
  * online gc must keep. O(ckpt blocks). *out is handed over (free). 0 or -ENOMEM. */

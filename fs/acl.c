@@ -75,6 +75,9 @@ int pacl_check(const void *v, size_t size, size_t *n)
 			break;
 		case PACL_USER:
 		case PACL_GROUP:
+			/* id -1 is no user (posix_acl_from_xattr: make_kuid fails) */
+			if (le_get(e + 4, 4) == 0xffffffffu)
+				return -EINVAL;
 			users++;
 			break;
 		default:

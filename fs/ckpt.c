@@ -75,7 +75,8 @@
  * sizes): they stay in memory too, and symlinks of 4 KiB targets grew the daemon by 35
  * MiB a second. At most mem_max/CKPT_META_SHARE, never less than CKPT_META_FLOOR (about
  * half a million files of short names); -ENOSPC past it for a create or a link, as ext4
- * out of inodes; statfs's f_files and f_ffree say it. A rename is never refused. */
+ * out of inodes; statfs's f_files and f_ffree say it. A rename is never refused, but
+ * for RENAME_WHITEOUT, which leaves an inode at the old name. */
 #define CKPT_META_SHARE 8
 #define CKPT_META_FLOOR (256ull << 20)
 #define CKPT_INODE_COST (sizeof(struct ckpt_inode))
@@ -401,7 +402,12 @@ int ckpt_restore_room(struct ckpt_ns *ns, const struct mf_manifest *mf, char *wh
 		      size_t len)
 {
 	uint64_t k = ns->m->cfg.workers + CKPT_RESTORE_SLACK;
-	uint64_t xattr = 0, meta = 0, slots = 0;
+	uint64_t xattr = 0, meta = 0, slots = 0, blocks = 0;
+	/* A restored tree's blocks start in the store: each costs its struct alone, which
+	 * no budget counts (a written block's bytes are the tier's). As much as the names
+	 * may take, not the slots' floor of two 1 TiB files: at 64 KiB blocks that floor
+	 * let a restore build 67 M blocks, 10 GB. */
+	uint64_t blocks_max = ns->meta_max / bc_block_overhead();
 
 	for (uint64_t i = 0; i < mf->nentries; i++) {
 		const struct mf_entry *e = &mf->entries[i];
@@ -411,6 +417,8 @@ int ckpt_restore_room(struct ckpt_ns *ns, const struct mf_manifest *mf, char *wh
 			continue;
 		meta += CKPT_INODE_COST + (e->target ? strlen(e->target) + 1 : 0);
 		slots += e->type == MF_FILE ? (e->size + ns->bs - 1) / ns->bs : 0;
+		for (uint64_t j = 0; e->type == MF_FILE && j < e->nblocks; j++)
+			blocks += !(e->blocks[j].flags & MF_BLOCK_HOLE);
 		for (uint32_t x = 0; x < e->nxattrs; x++)
 			xattr += e->xattrs[x].value_len + strlen(e->xattrs[x].name);
 	}
@@ -422,17 +430,35 @@ int ckpt_restore_room(struct ckpt_ns *ns, const struct mf_manifest *mf, char *wh
 		{ xattr, ns->xattr_max, CKPT_XATTR_SHARE, 1, "extended attributes" },
 		{ meta, ns->meta_max, CKPT_META_SHARE, 1, "inodes and names" },
 		{ slots, ns->slots_max, CKPT_SLOT_SHARE, sizeof(void *), "block maps" },
+		{ blocks, blocks_max, CKPT_META_SHARE * bc_block_overhead(),
+		  bc_block_overhead(), "blocks (each one in the store)" },
 	};
 
+	uint64_t total = 0, lim = ns->m->cfg.cgroup_limit;
+
 	for (size_t j = 0; j < sizeof(b) / sizeof(b[0]); j++) {
-		if (b[j].need <= k * b[j].max)
+		total += b[j].need * b[j].unit;
+		if ((b[j].need + k - 1) / k <= b[j].max)	/* need <= k * max, unwrapped */
 			continue;
 		if (why)
 			snprintf(why, len, "its %s take %" PRIu64 " MiB of memory, more than the %"
 				 PRIu64 " MiB this mount allows a restore: mount with -o mem_max="
 				 "%" PRIu64 "M or more to restore it", b[j].what,
-				 (b[j].need * b[j].unit) >> 20, (k * b[j].max * b[j].unit) >> 20,
+				 (b[j].need * b[j].unit + (1 << 20) - 1) >> 20,
+				 k * (b[j].max * b[j].unit >> 20),
 				 ((b[j].need + k - 1) / k * b[j].share + (1 << 20) - 1) >> 20);
+		return -ENOSPC;
+	}
+	/* In a memory cgroup, all of it beside the tier's half (mem_max's default): the
+	 * floors above ignore the cgroup, and a restore of 1.2 M files passed them and got
+	 * the daemon OOM-killed in a 480 MiB cgroup (an outside tester). */
+	if (lim && total > lim / 2) {
+		if (why)
+			snprintf(why, len, "its inodes, names, extended attributes and blocks take "
+				 "%" PRIu64 " MiB of memory, more than half of the daemon's memory "
+				 "cgroup limit (%" PRIu64 " MiB): restore it where that limit is %"
+				 PRIu64 " MiB or more", (total + (1 << 20) - 1) >> 20, lim >> 20,
+				 (2 * total + (1 << 20) - 1) >> 20);
 		return -ENOSPC;
 	}
 	return 0;
@@ -1029,12 +1055,10 @@ int ckpt_rename(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
 	pthread_mutex_lock(&ns->mu);
 	/* RENAME_WHITEOUT (overlayfs's; ext4 takes it, from any user since Linux 5.8):
 	 * the old name is left to a character device 0:0 owned by the caller, made first
-	 * so that ENOMEM changes nothing. It adds an inode and a name, as a mknod does,
-	 * so it needs the room a mknod needs (a plain rename adds nothing). */
+	 * so that ENOMEM changes nothing. It adds an inode and (over no name) a name, as
+	 * a mknod does, so it needs the room a mknod needs (a plain rename adds nothing):
+	 * checked below, once the target is known. */
 	if (flags & RENAME_WHITEOUT) {
-		if ((rc = ckpt_meta_room(ns, CKPT_INODE_COST + CKPT_NAME_COST(strlen(newname)),
-					 c)))
-			goto out;
 		whiteout = ckpt_inode_new(ns, S_IFCHR, c->uid,
 					  dir->mode & S_ISGID ? dir->gid : c->gid);
 		if (!whiteout) {
@@ -1061,6 +1085,9 @@ int ckpt_rename(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
 	ino = src->ino;
 	dst = ckpt_find_locked(ns, newdir, newname);
 	victim = dst ? dst->ino : NULL;
+	if (whiteout && (rc = ckpt_meta_room(ns, CKPT_INODE_COST +
+					     (dst ? 0 : CKPT_NAME_COST(strlen(newname))), c)))
+		goto out;
 	if (flags & RENAME_EXCHANGE) {
 		if (!dst) {
 			rc = -ENOENT;

@@ -466,8 +466,8 @@ int ckpt_restore(struct ckpt_ns *ns, const struct mf_manifest *mf, char ***old, 
 			return -EFBIG;
 		}
 	}
-	if ((rc = ckpt_restore_room(ns, mf, NULL, 0)) ||
-	    (rc = ckpt_restore_valid(mf, NULL, 0))) {
+	if ((rc = ckpt_restore_valid(mf, NULL, 0)) ||
+	    (rc = ckpt_restore_room(ns, mf, NULL, 0))) {
 		free(inos);
 		return rc;
 	}

@@ -66,6 +66,12 @@ const char *ckpt_xattrs_invalid(const struct mf_entry *e, mode_t type)
 
 		if (xns < 0)
 			return "an extended attribute in no namespace ext4 has";
+		/* (the kernel's xattr_permission: user. on files and directories only, ACLs
+		 * never on a symlink) */
+		if (xns == XNS_USER && !S_ISREG(type) && !S_ISDIR(type))
+			return "a user. extended attribute on what is no file or directory";
+		if ((xns == XNS_ACL_ACCESS || xns == XNS_ACL_DEFAULT) && S_ISLNK(type))
+			return "an ACL on a symbolic link";
 		if (x->value_len > CKPT_XATTR_MAX)
 			return "an extended attribute value over 64 KiB";
 		total += x->value_len + strlen(x->name);

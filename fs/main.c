@@ -400,6 +400,7 @@ static int build_config(struct mlfs_opts *o, const char *src, const char *mnt,
 	uint64_t lim = gov_cgroup_limit(c->cgroup, "/proc/self/cgroup", "/sys/fs/cgroup",
 					c->cgroup ? NULL : &own);
 
+	c->cgroup_limit = lim != GOV_NONE ? lim : 0;
 	if (own) {
 		c->cgroup = own;
 		log_info("governor: following the memory cgroup that holds the daemon, %s "

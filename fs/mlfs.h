@@ -39,6 +39,9 @@ struct mlfs_config {
 	const char *restore;	/* snapshot to restore at start-up, or NULL */
 	const char *pressure_file, *meminfo_file, *cgroup;
 	uint64_t mem_max, mem_min, spill_max;
+	/* The lowest memory cgroup limit over the daemon (its own cgroups' and cgroup='s) at
+	 * start-up, 0 for none: a restore's metadata must fit half of it (ckpt_restore_room). */
+	uint64_t cgroup_limit;
 	uint32_t block_size;
 	unsigned threads;	/* max FUSE worker threads */
 	double data_timeout;	/* entry/attr timeout for MOUNT/data, seconds */

@@ -92,13 +92,14 @@ struct pack_set {
 };
 
 /* A pack whose index did not verify, and which file that was: a file put under its
- * name since (another inode, size or mtime: a copy put back) is read again. */
+ * name since, or written since (another inode, size or ctime: a copy put back, also in
+ * place with its old mtime, as cp -p and rsync --inplace do) is read again. */
 struct pack_bad {
 	char id[33];
 	dev_t dev;
 	ino_t ino;
 	off_t size;
-	int64_t mtime_ns;
+	int64_t ctime_ns;
 };
 
 struct pack_writer {
@@ -420,7 +421,7 @@ static int bad_same(const struct pack_bad *b, const struct stat *st)
 {
 	return !st || S_ISLNK(st->st_mode) ||
 	       (st->st_dev == b->dev && st->st_ino == b->ino && st->st_size == b->size &&
-		ts_ns(&st->st_mtim) == b->mtime_ns);
+		ts_ns(&st->st_ctim) == b->ctime_ns);
 }
 
 /* Records id as damaged (st: the file that failed; NULL for a symbolic link), once. */
@@ -440,7 +441,7 @@ static void bad_add_locked(struct pack_set *ps, const char *id, const struct sta
 	b->dev = st ? st->st_dev : 0;
 	b->ino = st ? st->st_ino : 0;
 	b->size = st ? st->st_size : -1;
-	b->mtime_ns = st ? ts_ns(&st->st_mtim) : 0;
+	b->ctime_ns = st ? ts_ns(&st->st_ctim) : 0;
 }
 
 static struct pack *find_locked(struct pack_set *ps, const char *id)
@@ -660,7 +661,8 @@ static void id_bytes(const char *id, uint8_t out[16])
 	}
 }
 
-int pack_set_pack_of(struct pack_set *ps, const uint8_t hash[16], uint8_t id[16], size_t *n)
+int pack_set_pack_of(struct pack_set *ps, const uint8_t hash[16], uint8_t id[16],
+		     uint64_t *bytes, uint64_t *pack_bytes)
 {
 	struct loc *l;
 	int rc = 0;
@@ -668,7 +670,8 @@ int pack_set_pack_of(struct pack_set *ps, const uint8_t hash[16], uint8_t id[16]
 	pthread_mutex_lock(&ps->mu);
 	if ((l = lookup_locked(ps, hash))) {
 		id_bytes(l->p->id, id);
-		*n = l->p->n;
+		*bytes = PACK_REC_HDR + (uint64_t)l->p->ents[l->e].stored;
+		*pack_bytes = l->p->size;
 		rc = 1;
 	}
 	pthread_mutex_unlock(&ps->mu);

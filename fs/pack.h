@@ -70,10 +70,12 @@ int pack_set_has(struct pack_set *ps, const uint8_t hash[16]);
  * record's offset; -ENOENT if no known pack has it. For tests and log lines. */
 int pack_set_where(struct pack_set *ps, const uint8_t hash[16], char buf[64], uint64_t *off);
 
-/* 1, the id of the known pack holding hash (its first copy) as 16 bytes and the number
- * of objects in that pack (*n), else 0. A lease names a pack by this id (the shape of an
- * object hash) when it needs at least half of its objects: gc keeps the whole pack. */
-int pack_set_pack_of(struct pack_set *ps, const uint8_t hash[16], uint8_t id[16], size_t *n);
+/* 1, the id of the known pack holding hash (its first copy) as 16 bytes, the bytes of
+ * its record there (*bytes) and that pack's size (*pack_bytes), else 0. A lease names a
+ * pack by this id (the shape of an object hash) when it needs at least half of its
+ * bytes: gc keeps the whole pack. */
+int pack_set_pack_of(struct pack_set *ps, const uint8_t hash[16], uint8_t id[16],
+		     uint64_t *bytes, uint64_t *pack_bytes);
 
 /* Distinct objects in known packs. */
 uint64_t pack_set_count(struct pack_set *ps);

@@ -1770,12 +1770,14 @@ int snapd_finish_by(struct snapd *sd, const char *why, uint64_t deadline)
 {
 	struct snapd_job *job = NULL;
 	char name[MF_NAME_MAX + 1];
-	int changed, rc, busy = 0;
+	int changed, rc, busy = 0, past;
 
 	/* Pending snapshots first: if one fails, its changes are still "changed" below
-	 * and go into the final snapshot (invariant 1). */
+	 * and go into the final snapshot (invariant 1). A persist's own ETIMEDOUT (a soft
+	 * NFS mount's) is a failure like any; only the deadline's is the deadline. */
 	rc = snapd_drain(sd, deadline);
-	if (rc == -ETIMEDOUT)
+	past = rc == -ETIMEDOUT && deadline && mono_now_ns() >= deadline;
+	if (past)
 		goto out;
 	pthread_mutex_lock(&sd->mu);
 	/* With workers > 1 the final part is taken even of an unchanged tree (its blocks
@@ -1805,14 +1807,15 @@ int snapd_finish_by(struct snapd *sd, const char *why, uint64_t deadline)
 	sd->final_taken = 1;
 	pthread_mutex_unlock(&sd->mu);
 	rc = snapd_wait(sd, job, deadline, NULL, NULL, NULL);
-	if (rc == -ETIMEDOUT)
+	past = rc == -ETIMEDOUT && deadline && mono_now_ns() >= deadline;
+	if (past)
 		log_err("snap: %s: final snapshot %s not durable by the deadline", why, name);
 	else if (rc)
 		log_err("snap: %s: final snapshot %s failed: %s", why, name, strerror(-rc));
 	else
 		log_info("snap: %s: final snapshot %s durable", why, name);
 out:
-	if (rc == -ETIMEDOUT)
+	if (past)
 		log_err("snap: %s: the deadline passed before everything was persisted; "
 			"snapshots not yet durable are lost, durable ones are intact", why);
 	return rc;

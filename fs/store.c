@@ -518,23 +518,36 @@ static int store_upgrade_v1(struct store *s)
 	return rc;
 }
 
-/* Counts object h against the known pack holding it (in per: pack id -> objects of the
- * lease in it), before lease_name. */
-static int lease_count(struct store *s, struct hset *per, const uint8_t h[STORE_HASH_LEN])
+/* The most lines a lease names objects by themselves with (lease_name): past it, by
+ * their packs, as before, so that a huge tree's lease stays far below LEASE_MAX (fs/lease.c,
+ * which a reader refuses, stopping every gc) and cheap to rewrite at each refresh. */
+#define STORE_LEASE_OBJECTS_MAX (1u << 18)
+
+/* Counts object h (once: counted) against the known pack holding it: per maps a pack id
+ * to the bytes of its records the lease needs. Before lease_name. */
+static int lease_count(struct store *s, struct hset *per, struct hset *counted,
+		       const uint8_t h[STORE_HASH_LEN])
 {
 	uint8_t id[STORE_HASH_LEN];
-	size_t n;
+	uint64_t bytes, pack_bytes;
 	int *v;
 
-	if (!s->packs || !pack_set_pack_of(s->packs, h, id, &n))
+	if (!s->packs || hset_find(counted, h, 0))
 		return 0;
-	if ((v = hset_find(per, id, 0)))
-		return ++*v, 0;
-	return hset_find(per, id, 1) ? 0 : -ENOMEM;
+	if (!hset_find(counted, h, 1))
+		return -ENOMEM;
+	if (!pack_set_pack_of(s->packs, h, id, &bytes, &pack_bytes))
+		return 0;
+	if (!(v = hset_find(per, id, 1)))
+		return -ENOMEM;
+	/* (a new slot holds 1; a pack is at most PACK_TARGET plus one block, an int, but
+	 * a crafted one may claim more: held at INT_MAX, which names it whole) */
+	*v = (uint64_t)*v + bytes > INT_MAX ? INT_MAX : (int)((uint64_t)*v + bytes);
+	return 0;
 }
 
 /* Name object h in b (once): by the id of the pack holding it when a known pack does and
- * the lease reads at least half of that pack's objects (per, from lease_count), else by
+ * the lease needs at least half of that pack's bytes (per, from lease_count), else by
  * itself. A pack per line keeps the lease short (a tree of a million blocks leases a few
  * thousand packs), but gc keeps a leased pack whole (fs/pack.h): a pack the live tree
  * reads one block of, the rest dead (a config file written beside a model deleted
@@ -546,11 +559,12 @@ static int lease_name(struct store *s, struct hset *seen, struct hset *per,
 {
 	uint8_t id[STORE_HASH_LEN];
 	const uint8_t *name = h;
-	size_t n;
+	uint64_t bytes, pack_bytes;
 	int *v;
 
-	if (s->packs && pack_set_pack_of(s->packs, h, id, &n) && (v = hset_find(per, id, 0)) &&
-	    2 * (size_t)*v >= n)
+	if (s->packs && pack_set_pack_of(s->packs, h, id, &bytes, &pack_bytes) &&
+	    (seen->n >= STORE_LEASE_OBJECTS_MAX ||
+	     ((v = hset_find(per, id, 0)) && 2 * (uint64_t)*v >= pack_bytes)))
 		name = id;
 	if (hset_find(seen, name, 0))
 		return 0;
@@ -569,7 +583,7 @@ static int store_lease_fill(void *arg, struct lease_buf *b)
 {
 	struct store *s = arg;
 	uint8_t (*h)[STORE_HASH_LEN] = NULL;
-	struct hset seen = { 0 }, per = { 0 }, *put = &s->lease_put;
+	struct hset seen = { 0 }, per = { 0 }, counted = { 0 }, *put = &s->lease_put;
 	size_t n = 0;
 	store_lease_fn src;
 	void *sarg;
@@ -583,15 +597,16 @@ static int store_lease_fill(void *arg, struct lease_buf *b)
 	pthread_mutex_unlock(&s->lmu);
 	if (src && (rc = src(sarg, &h, &n)))
 		return rc;
-	/* The tree's objects and the session's puts, counted per pack, then named. (A put
-	 * counted twice, or once but named after a put since, only names a pack more.) */
+	/* The tree's objects and the session's puts, counted per pack, then named. (One
+	 * put since the count is named by itself, or by a pack counted without it.) */
 	for (size_t i = 0; i < n && !rc; i++)
-		rc = lease_count(s, &per, h[i]);
+		rc = lease_count(s, &per, &counted, h[i]);
 	pthread_mutex_lock(&s->lmu);
 	for (size_t i = 0; i < put->cap && !rc; i++)
 		if (put->vals[i])
-			rc = lease_count(s, &per, put->keys[i]);
+			rc = lease_count(s, &per, &counted, put->keys[i]);
 	pthread_mutex_unlock(&s->lmu);
+	hset_free(&counted);
 	for (size_t i = 0; i < n && !rc; i++)
 		rc = lease_name(s, &seen, &per, b, h[i]);
 	free(h);
@@ -1249,7 +1264,7 @@ static int commit_hook(struct store *s, int step)
 static int commit_lease(struct store *s, const struct mf_manifest *m)
 {
 	struct lease_buf b = { 0 };
-	struct hset seen = { 0 }, per = { 0 };
+	struct hset seen = { 0 }, per = { 0 }, counted = { 0 };
 	int rc = 0;
 
 	if (!s->lease)
@@ -1262,13 +1277,14 @@ static int commit_lease(struct store *s, const struct mf_manifest *m)
 				if (m->entries[i].blocks[k].flags & MF_BLOCK_HOLE)
 					continue;
 				rc = name ? lease_name(s, &seen, &per, &b, h)
-					  : lease_count(s, &per, h);
+					  : lease_count(s, &per, &counted, h);
 			}
 	if (!rc)
 		rc = lease_keeper_refresh(s->lease, &b, NULL);
 	lease_buf_free(&b);
 	hset_free(&seen);
 	hset_free(&per);
+	hset_free(&counted);
 	return rc;
 }
 

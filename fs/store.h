@@ -261,7 +261,9 @@ struct store_fault {
 	int error;		/* -EIO damaged, -ENOENT missing, another -errno the read's
 				 * (-EACCES: a pack the caller may not read); -EEXIST a group's conflict:
 				 * file is held with different contents by parts[0] and
-				 * parts[1] (parts[0]'s is restored); not counted as a fault */
+				 * parts[1] (parts[0]'s is restored; parts[0] MF_PART_NONE:
+				 * parts[1]'s hard link names a file that lost, and is left
+				 * out); not counted as a fault */
 	unsigned parts[2];
 };
 

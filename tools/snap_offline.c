@@ -789,8 +789,12 @@ static void print_fault(void *arg, const struct store_fault *f)
 		/* a group's conflict: reported, not damage (not counted) */
 		fputs(": conflict: ", stdout);
 		snap_put_escaped(stdout, f->file, SNAP_ESC_TTY);
-		printf(" (parts %u and %u hold it with different contents; part %u's is "
-		       "restored)\n", f->parts[0], f->parts[1], f->parts[0]);
+		if (f->parts[0] == MF_PART_NONE)
+			printf(" (part %u's hard link names a file that lost a conflict; the "
+			       "link is left out)\n", f->parts[1]);
+		else
+			printf(" (parts %u and %u hold it with different contents; part %u's "
+			       "is restored)\n", f->parts[0], f->parts[1], f->parts[0]);
 		return;
 	}
 	if (f->file) {

@@ -95,6 +95,17 @@ static void test_check(void)
 	EXPECT_EQ(check(perm, 3), -EINVAL);
 	const struct e tag[] = { { UO, 6, 0 }, { GO, 4, 0 }, { 0x40, 0, 0 } };
 	EXPECT_EQ(check(tag, 3), -EINVAL);
+	/* A named user or group -1 is no id (the kernel refuses it at setxattr; a crafted
+	 * store's made every access fail with EINVAL); -2 is one. */
+	const struct e nouser[] = { { UO, 6, 0 }, { U, 4, 0xffffffffu }, { GO, 4, 0 },
+				    { M, 7, 0 }, { O, 0, 0 } };
+	EXPECT_EQ(check(nouser, 5), -EINVAL);
+	const struct e nogroup[] = { { UO, 6, 0 }, { GO, 4, 0 }, { G, 4, 0xffffffffu },
+				     { M, 7, 0 }, { O, 0, 0 } };
+	EXPECT_EQ(check(nogroup, 5), -EINVAL);
+	const struct e minus2[] = { { UO, 6, 0 }, { U, 4, 0xfffffffeu }, { GO, 4, 0 },
+				    { M, 7, 0 }, { O, 0, 0 } };
+	EXPECT_EQ(check(minus2, 5), 0);
 }
 
 static void test_equiv_and_chmod(void)

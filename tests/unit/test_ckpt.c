@@ -170,31 +170,64 @@ static void test_capabilities_not_uid(void)
  * -ENOSPC before anything is built, saying which bound and the mem_max that fits. */
 static void test_restore_room(void)
 {
+	enum { FILES = 140, PER = 15 };	/* 15 values of 64 KiB: within one inode's 1 MiB */
 	struct ckpt_ns *ns = ns_new(); /* mem_max 1 GiB: xattrs 64 MiB, a restore twice that */
-	struct mf_xattr x = { .name = "user.big", .value_len = 129u << 20 };
-	struct mf_entry e[2] = {
-		{ .id = 1, .name = "", .type = MF_DIR },
-		{ .id = 2, .parent = 1, .name = "f", .type = MF_FILE, .nxattrs = 1, .xattrs = &x },
-	};
-	struct mf_manifest mf = { .name = "s", .nentries = 2, .entries = e };
+	static struct mf_xattr x[PER];
+	static struct mf_entry e[FILES + 1];
+	static char names[PER][16], fnames[FILES][16];
+	struct mf_manifest mf = { .name = "s", .entries = e };
 	char why[256] = "";
 	char **old = NULL;
 	size_t nold = 0;
 
+	for (int j = 0; j < PER; j++) {
+		snprintf(names[j], sizeof(names[j]), "user.a%02d", j);	/* 8 bytes */
+		x[j] = (struct mf_xattr){ .name = names[j], .value_len = 64u << 10 };
+	}
+	e[0] = (struct mf_entry){ .id = 1, .name = "", .type = MF_DIR };
+	for (int i = 0; i < FILES; i++) {
+		snprintf(fnames[i], sizeof(fnames[i]), "f%d", i);
+		e[i + 1] = (struct mf_entry){ .id = (uint64_t)i + 2, .parent = 1, .name = fnames[i],
+					      .type = MF_FILE, .nxattrs = PER, .xattrs = x };
+	}
+	/* 140 x 15 x (64 KiB + 8): 131.27 MiB; 128 MiB is what a restore may take */
+	mf.nentries = FILES + 1;
 	EXPECT_EQ(ckpt_restore_room(ns, &mf, why, sizeof(why)), -ENOSPC);
-	/* 129 MiB and the name's 8 bytes, halved, 16 times: a byte over 1032 MiB */
-	EXPECT(strstr(why, "extended attributes") && strstr(why, "mem_max=1033M"));
+	/* halved, 16 times: 1050.2 MiB, so 1051M */
+	EXPECT(strstr(why, "extended attributes") && strstr(why, "mem_max=1051M"));
 	EXPECT_EQ(ckpt_restore(ns, &mf, &old, &nold, NULL), -ENOSPC);
-	x.value_len = 127u << 20;
+	mf.nentries = 130 + 1;	/* 121.9 MiB */
 	EXPECT_EQ(ckpt_restore_room(ns, &mf, NULL, 0), 0);
+	/* in a memory cgroup: all of it within half its limit */
+	m.cfg.cgroup_limit = 240ull << 20;
+	EXPECT_EQ(ckpt_restore_room(ns, &mf, why, sizeof(why)), -ENOSPC);
+	EXPECT(strstr(why, "cgroup") && strstr(why, "244 MiB or more"));
+	m.cfg.cgroup_limit = 250ull << 20;
+	EXPECT_EQ(ckpt_restore_room(ns, &mf, NULL, 0), 0);
+	m.cfg.cgroup_limit = 0;
 	/* block maps: at least two files of 1 TiB (and root's sixteenth), twice that for a
 	 * restore: 4 TiB of holes fit, 5 do not */
+	mf.nentries = 2;
 	e[1].nxattrs = 0;
 	e[1].size = 4ull << 40;
 	EXPECT_EQ(ckpt_restore_room(ns, &mf, NULL, 0), 0);
 	e[1].size = 5ull << 40;
 	EXPECT_EQ(ckpt_restore_room(ns, &mf, why, sizeof(why)), -ENOSPC);
 	EXPECT(strstr(why, "block maps") != NULL);
+	/* blocks in the store: each costs its struct; 256 MiB of names' worth, twice */
+	uint64_t n = 2 * ((256ull << 20) / bc_block_overhead()) + 1;
+	struct mf_block *many = calloc(n, sizeof(*many));
+
+	EXPECT(many != NULL);
+	e[1].size = n * (64u << 10);
+	e[1].nblocks = n;
+	e[1].blocks = many;
+	EXPECT_EQ(ckpt_restore_room(ns, &mf, why, sizeof(why)), -ENOSPC);
+	EXPECT(strstr(why, "blocks") != NULL);
+	e[1].nblocks = n - 1;
+	e[1].size = (n - 1) * (64u << 10);
+	EXPECT_EQ(ckpt_restore_room(ns, &mf, NULL, 0), 0);
+	free(many);
 	ckpt_ns_free(ns);
 }
 
@@ -241,6 +274,20 @@ static void test_restore_valid(void)
 	EXPECT_EQ(ckpt_restore_valid(&mf, NULL, 0), -EINVAL);
 	x[1].name = "system.posix_acl_access";
 	EXPECT_EQ(ckpt_restore_valid(&mf, NULL, 0), 0);
+	/* on a symlink: no user. xattr, no ACL (the kernel's xattr_permission) */
+	e[1].type = MF_SYMLINK;
+	e[1].target = "t";
+	e[1].size = 1;
+	EXPECT_EQ(ckpt_restore_valid(&mf, NULL, 0), -EINVAL);	/* the ACL */
+	e[1].nxattrs = 1;
+	EXPECT_EQ(ckpt_restore_valid(&mf, NULL, 0), -EINVAL);	/* user.ok */
+	x[0].name = "trusted.ok";
+	EXPECT_EQ(ckpt_restore_valid(&mf, NULL, 0), 0);
+	x[0].name = "user.ok";
+	e[1].type = MF_FILE;
+	e[1].target = NULL;
+	e[1].size = 0;
+	e[1].nxattrs = 2;
 	e[1].uid = (uint32_t)-1;
 	EXPECT_EQ(ckpt_restore_valid(&mf, why, sizeof(why)), -EINVAL);
 	EXPECT(strstr(why, "-1") != NULL);

@@ -127,21 +127,58 @@ static void flip(const char *path, off_t off)
 	close(fd);
 }
 
-/* A lease source: the 40 objects of test_write_read. */
+/* A lease source: n of the 40 objects of test_write_read (seeds), or the first one n
+ * times (dup). */
+struct src {
+	const unsigned *seeds;
+	int n, dup;
+};
+
 static int src_40(void *arg, uint8_t (**out)[16], size_t *n)
 {
 	static char buf[BS];
-	const unsigned *seeds = arg;
+	const struct src *a = arg;
 
-	*out = malloc(40 * 16);
+	*out = malloc((size_t)a->n * 16 + 16);
 	if (!*out)
 		return -ENOMEM;
-	for (int i = 0; i < 40; i++) {
-		fill(buf, BS, seeds[i]);
+	for (int i = 0; i < a->n; i++) {
+		fill(buf, BS, a->seeds[a->dup ? 0 : i]);
 		hash_of(buf, BS, (*out)[i]);
 	}
-	*n = 40;
+	*n = (size_t)a->n;
 	return 0;
+}
+
+/* The lines of every lease in dir's store; the last name line into last[33]. */
+static int lease_lines(const char *dir, char last[33])
+{
+	char lp[512], line[128];
+	struct dirent *d;
+	DIR *dd;
+	FILE *f;
+	int lines = 0;
+
+	path_of(lp, sizeof(lp), dir, "leases");
+	dd = opendir(lp);
+	while (dd && (d = readdir(dd))) {
+		char fp[800];
+
+		if (d->d_name[0] == '.')
+			continue;
+		snprintf(fp, sizeof(fp), "%s/%s", lp, d->d_name);
+		f = fopen(fp, "r");
+		while (f && fgets(line, sizeof(line), f)) {
+			lines++;
+			if (strlen(line) == 33)
+				memcpy(last, line, 32), last[32] = 0;
+		}
+		if (f)
+			fclose(f);
+	}
+	if (dd)
+		closedir(dd);
+	return lines;
 }
 
 /* One session, many objects: one pack, every object readable and verified. */
@@ -175,36 +212,36 @@ static void test_write_read(const char *dir)
 		EXPECT(!memcmp(one, back, len));
 	}
 	store_close(s);
-	/* A lease names packs, not objects: a reader whose tree holds all 40 objects of
-	 * one pack writes one line for them. */
+	/* A lease names a pack it needs half of or more by the pack's id: a reader whose
+	 * tree holds all 40 objects of one pack (or 20) writes one line for them; one that
+	 * needs less names its objects one by one (so gc can repack the rest away), each
+	 * once, however many blocks share it. */
 	{
 		struct store *r;
-		char lp[512], line[128];
-		struct dirent *d;
-		DIR *dd;
-		FILE *f;
-		int lines = 0;
+		struct src a = { seeds, 40, 0 };
+		char last[33] = "", hex[33];
+		static char buf[BS];
+		uint8_t h[16];
 
 		EXPECT_EQ(store_open(dir, 0, &r), 0);
-		store_set_lease_source(r, src_40, seeds);
+		store_set_lease_source(r, src_40, &a);
 		EXPECT_EQ(store_lease_refresh(r), 0);
-		path_of(lp, sizeof(lp), dir, "leases");
-		dd = opendir(lp);
-		while (dd && (d = readdir(dd))) {
-			char fp[800];
-
-			if (d->d_name[0] == '.')
-				continue;
-			snprintf(fp, sizeof(fp), "%s/%s", lp, d->d_name);
-			f = fopen(fp, "r");
-			while (f && fgets(line, sizeof(line), f))
-				lines++;
-			if (f)
-				fclose(f);
-		}
-		if (dd)
-			closedir(dd);
-		EXPECT_EQ(lines, 3);	/* "mlfs-lease 1", one pack id, "end ..." */
+		EXPECT_EQ(lease_lines(dir, last), 3);	/* "mlfs-lease 1", a pack id, "end" */
+		a.n = 21;	/* over half the pack's bytes (its header and index besides) */
+		EXPECT_EQ(store_lease_refresh(r), 0);
+		EXPECT_EQ(lease_lines(dir, last), 3);
+		a.n = 19;
+		EXPECT_EQ(store_lease_refresh(r), 0);
+		EXPECT_EQ(lease_lines(dir, last), 2 + 19);
+		a.n = 30;
+		a.dup = 1;	/* one object, 30 blocks of it */
+		EXPECT_EQ(store_lease_refresh(r), 0);
+		EXPECT_EQ(lease_lines(dir, last), 3);
+		fill(buf, BS, seeds[0]);
+		hash_of(buf, BS, h);
+		for (int i = 0; i < 16; i++)
+			snprintf(hex + 2 * i, 3, "%02x", h[i]);
+		EXPECT(!strncmp(last, hex, 32));	/* the object, not its pack */
 		store_close(r);
 	}
 	/* A fresh handle learns the pack from its index. */
@@ -313,6 +350,23 @@ static void test_damage_repaired(const char *dir)
 	EXPECT_EQ(read_seed(s, 22), -ENOENT);	/* listed damaged, not read again... */
 	EXPECT_EQ(put_back(good, p), 0);
 	EXPECT_EQ(read_seed(s, 22), BS);	/* ...until another file takes its name */
+	store_close(s);
+	/* The same, the good bytes written back into the damaged file in place with its
+	 * old mtime (cp -p, rsync --inplace), after damage that left the mtime too (bit
+	 * rot): only its ctime tells. */
+	EXPECT(stat(p, &st) == 0);
+	{
+		struct timespec ts[2] = { st.st_atim, st.st_mtim };
+
+		flip(p, st.st_size - 32 - 40 + 20);
+		EXPECT_EQ(utimensat(AT_FDCWD, p, ts, 0), 0);
+		EXPECT_EQ(store_open(dir, 0, &s), 0);
+		EXPECT_EQ(read_seed(s, 22), -ENOENT);
+		usleep(20000);	/* a ctime the filesystem's clock tells apart */
+		flip(p, st.st_size - 32 - 40 + 20);
+		EXPECT_EQ(utimensat(AT_FDCWD, p, ts, 0), 0);
+	}
+	EXPECT_EQ(read_seed(s, 22), BS);
 	store_close(s);
 	unlink(good);
 }
