@@ -1278,8 +1278,7 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 		ckpt_restore_valid(mf, why, sizeof(why));
 		snprintf(msg, msglen, "snapshot '%s' is damaged: %s; nothing restored", name,
 			 why);
-	}
-	else if (rc == -ENOSPC) {
+	} else if (rc == -ENOSPC) {
 		char why[256];
 
 		ckpt_restore_room(sd->m->ckpt, mf, why, sizeof(why));
