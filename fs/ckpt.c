@@ -186,6 +186,20 @@ static void ckpt_maybe_free(struct ckpt_ns *ns, struct ckpt_inode *ino)
 		ckpt_inode_destroy(ns, ino);
 }
 
+/* One of the tree's memory bounds: mem_max / share (in units of share bytes), never
+ * under floor. In a memory cgroup the floor yields to what half its limit (mem_max's
+ * default there) gives: together the floors (256 MiB of names, 64 MiB of xattrs, the
+ * slots of two 1 TiB files) passed a 480 MiB cgroup's limit, so any user's creates
+ * could get the daemon OOM-killed, every unsnapshotted byte with it. */
+static uint64_t ckpt_bound(const struct mlfs_config *cfg, uint64_t share, uint64_t floor)
+{
+	uint64_t b = cfg->mem_max / share, cap = cfg->cgroup_limit / 2 / share;
+
+	if (cfg->cgroup_limit && floor > cap)
+		floor = cap;
+	return b > floor ? b : floor;
+}
+
 int ckpt_ns_new(struct mlfs *m, struct ckpt_ns **out)
 {
 	struct ckpt_ns *ns = calloc(1, sizeof(*ns));
@@ -195,19 +209,12 @@ int ckpt_ns_new(struct mlfs *m, struct ckpt_ns **out)
 	ns->m = m;
 	ns->bc = m->bc;
 	ns->bs = bc_block_size(m->bc);
-	ns->slots_max = m->cfg.mem_max / CKPT_SLOT_SHARE;
-	/* the floor is what anyone may use: root's reserve comes on top */
-	uint64_t floor = CKPT_SLOTS_FLOOR_FILES * (CKPT_FILE_MAX / ns->bs) * CKPT_ROOT_RESERVE /
-			 (CKPT_ROOT_RESERVE - 1) + 1;
-
-	if (ns->slots_max < floor)
-		ns->slots_max = floor;
-	ns->xattr_max = m->cfg.mem_max / CKPT_XATTR_SHARE;
-	if (ns->xattr_max < CKPT_XATTR_FLOOR)
-		ns->xattr_max = CKPT_XATTR_FLOOR;
-	ns->meta_max = m->cfg.mem_max / CKPT_META_SHARE;
-	if (ns->meta_max < CKPT_META_FLOOR)
-		ns->meta_max = CKPT_META_FLOOR;
+	/* the slots' floor is what anyone may use: root's reserve comes on top */
+	ns->slots_max = ckpt_bound(&m->cfg, CKPT_SLOT_SHARE,
+				   CKPT_SLOTS_FLOOR_FILES * (CKPT_FILE_MAX / ns->bs) *
+				   CKPT_ROOT_RESERVE / (CKPT_ROOT_RESERVE - 1) + 1);
+	ns->xattr_max = ckpt_bound(&m->cfg, CKPT_XATTR_SHARE, CKPT_XATTR_FLOOR);
+	ns->meta_max = ckpt_bound(&m->cfg, CKPT_META_SHARE, CKPT_META_FLOOR);
 	pthread_mutex_init(&ns->mu, NULL);
 	pthread_mutex_init(&ns->all_mu, NULL);
 	ns->nbuckets = 1024;

@@ -231,6 +231,65 @@ static void test_restore_room(void)
 	ckpt_ns_free(ns);
 }
 
+/* In a memory cgroup the floors of the tree's bounds yield to half its limit: 480 MiB
+ * with mem_max 240 MiB gives 15 MiB of xattrs, 30 MiB of names, 960 Ki slots (60 GiB
+ * of 64 KiB blocks), where the floors were 64 MiB, 256 MiB and two files of 1 TiB. */
+static void test_floors_follow_the_cgroup(void)
+{
+	static char value[64u << 10];
+	struct mlfs_config saved = m.cfg;
+	struct ckpt_ns *ns;
+	struct fuse_entry_param f;
+	struct stat st, want = { 0 };
+	uint64_t set = 0;
+	unsigned files = 0;
+	char name[32];
+	int rc = 0;
+
+	if (!m.bc)
+		ckpt_ns_free(ns_new());	/* m set up */
+	m.cfg.mem_max = 240ull << 20;
+	m.cfg.cgroup_limit = 480ull << 20;
+	ns = ns_new();
+	m.cfg = saved;
+	EXPECT_EQ(ckpt_mknod(ns, ckpt_root(ns), "x", S_IFREG | 0666, 0, &user, &f), 0);
+	/* xattrs: a user fills 15 MiB less root's sixteenth, in 1 MiB inodes of 16 values */
+	for (unsigned i = 0; !rc && i < 1000; i++) {
+		struct fuse_entry_param g;
+
+		snprintf(name, sizeof(name), "x%u", i);
+		EXPECT_EQ(ckpt_mknod(ns, ckpt_root(ns), name, S_IFREG | 0644, 0, &user, &g), 0);
+		for (unsigned j = 0; !rc && j < 15; j++) {
+			char xn[16];
+
+			snprintf(xn, sizeof(xn), "user.%u", j);
+			if (!(rc = ckpt_setxattr(ns, ino_of(&g), xn, value, sizeof(value), 0,
+						 &user)))
+				set += sizeof(value);
+		}
+		ckpt_forget(ns, ino_of(&g), 1);
+	}
+	EXPECT_EQ(rc, -ENOSPC);
+	EXPECT(set > (13ull << 20) && set <= (15ull << 20));
+	/* names: a user's creates stop short of 30 MiB, far from the floor's 256 */
+	for (rc = 0; !rc && files < 2000000; files++) {
+		struct fuse_entry_param g;
+
+		snprintf(name, sizeof(name), "%u", files);
+		if (!(rc = ckpt_mknod(ns, ckpt_root(ns), name, S_IFREG | 0644, 0, &user, &g)))
+			ckpt_forget(ns, ino_of(&g), 1);
+	}
+	EXPECT_EQ(rc, -ENOSPC);
+	EXPECT(files > 30000 && files < 100000);	/* about 420 bytes each; the floor: 600 k */
+	/* slots: 60 GiB of holes less root's sixteenth, not 1 TiB */
+	want.st_size = 56ll << 30;
+	EXPECT_EQ(ckpt_setattr(ns, ino_of(&f), &want, FUSE_SET_ATTR_SIZE, &st), 0);
+	want.st_size = 61ll << 30;
+	EXPECT_EQ(ckpt_setattr(ns, ino_of(&f), &want, FUSE_SET_ATTR_SIZE, &st), -ENOSPC);
+	ckpt_forget(ns, ino_of(&f), 1);
+	ckpt_ns_free(ns);
+}
+
 /* A manifest entry that no call could have made is refused before anything is built
  * (an xattr in no namespace, which no call could then read or remove; an ACL that
  * failed every other user's access with EINVAL; an owner of -1), naming the path; an
@@ -309,6 +368,7 @@ int main(void)
 {
 	test_restore_valid();
 	test_restore_room();
+	test_floors_follow_the_cgroup();
 	test_removed_dir_outlives_parent();
 	test_rename_into_removed_dir();
 	test_create_in_unlinked_file();
