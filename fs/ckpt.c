@@ -471,6 +471,22 @@ int ckpt_restore_room(struct ckpt_ns *ns, const struct mf_manifest *mf, char *wh
 	return 0;
 }
 
+/* What a manifest's encoding (fs/manifest.c) takes against what ckpt_restore_room
+ * counts: an entry's fixed fields and name (99 bytes and the name, a hard link's too)
+ * under twice its name's and inode's cost (a link's name costs 49 bytes and the name),
+ * an xattr's (6 bytes, name and value) under twice its name and value, a block's 21
+ * bytes under 24 for its map's slot; and the header, name and trailer. */
+#define CKPT_MF_BLOCK_BYTES 24
+#define CKPT_MF_HEADER_BYTES 4096
+
+uint64_t ckpt_restore_manifest_max(struct ckpt_ns *ns)
+{
+	uint64_t k = ns->m->cfg.workers + CKPT_RESTORE_SLACK;
+
+	return k * (2 * ns->meta_max + 2 * ns->xattr_max +
+		    CKPT_MF_BLOCK_BYTES * ns->slots_max) + CKPT_MF_HEADER_BYTES;
+}
+
 static int ckpt_check_name(const char *name)
 {
 	if (strlen(name) > NAME_MAX)

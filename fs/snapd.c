@@ -1146,8 +1146,9 @@ static int snapd_load_fn(struct snapd_call *c)
 		rc = store_name_valid(l->want) ? -EINVAL
 		     : (snprintf(l->name, sizeof(l->name), "%s", l->want), 0);
 	if (!rc)
-		rc = store_load_snapshot(sd->st, l->name, snapd_conflict, l->name, &l->mf,
-					 &l->conflicts);
+		rc = store_load_snapshot_max(sd->st, l->name,
+					     ckpt_restore_manifest_max(sd->m->ckpt),
+					     snapd_conflict, l->name, &l->mf, &l->conflicts);
 	pthread_mutex_unlock(&sd->store_mu);
 	if (rc == -EAGAIN)
 		store_group_state(sd->st, l->name, &l->parts, &l->workers);
@@ -1241,6 +1242,14 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 		snprintf(msg, msglen, "group '%s' in %s is partial (%u of %u parts): nothing "
 			 "restored", name, store_path(sd->st), parts, workers);
 		return -ENOENT;
+	}
+	if (rc == -E2BIG) {
+		/* the bound grows with mem_max by 15/32 of it per worker + 1, floors aside */
+		snprintf(msg, msglen, "snapshot '%s' does not fit this mount: its manifest is "
+			 "over the %" PRIu64 " MiB a restore may read here (about half of "
+			 "mem_max for each of workers + 1): mount with a larger -o mem_max; "
+			 "nothing restored", name, ckpt_restore_manifest_max(sd->m->ckpt) >> 20);
+		return -ENOSPC;
 	}
 	if (rc) {
 		snprintf(msg, msglen, rc == -ENOENT && !strcmp(want, "latest")

@@ -1535,15 +1535,17 @@ int store_group_scan(int gfd, struct group_scan *g)
 	return rc;
 }
 
-/* Reads and checks one part: decodes (its checksum) and carries the group's name.
- * *m (may be NULL) handed over; the file's size and XXH3-128 in size/hash. */
+/* Reads and checks one part of at most max bytes (larger: -EIO, as damaged): decodes
+ * (its checksum) and carries the group's name. *m (may be NULL) handed over; the file's
+ * size and XXH3-128 in size/hash. */
 int store_part_load(struct store *s, int gfd, const char *name, const char *pname,
-		    struct mf_manifest **m, uint64_t *size, uint8_t hash[STORE_HASH_LEN])
+		    uint64_t max, struct mf_manifest **m, uint64_t *size,
+		    uint8_t hash[STORE_HASH_LEN])
 {
 	struct mf_manifest *p = NULL;
 	void *buf;
 	size_t len;
-	int rc = slurp(gfd, pname, MANIFEST_MAX, 1, &buf, &len);
+	int rc = slurp(gfd, pname, max < MANIFEST_MAX ? max : MANIFEST_MAX, 1, &buf, &len);
 
 	if (rc) {
 		if (rc != -ENOENT)
@@ -1704,7 +1706,8 @@ int store_group_publish(struct store *s, const char *name)
 			goto out;
 		}
 		close(fd);
-		if ((rc = store_part_load(s, gfd, name, pname, NULL, &sizes[k], hashes[k])))
+		if ((rc = store_part_load(s, gfd, name, pname, MANIFEST_MAX, NULL, &sizes[k],
+					   hashes[k])))
 			goto out;
 	}
 	if ((rc = group_encode(name, (unsigned)g.workers, sizes, hashes, &buf, &len)))
@@ -1836,8 +1839,8 @@ int store_group_state(struct store *s, const char *name, unsigned *parts, unsign
 
 /* A complete group's union (mf_merge): the group file checked, then each part against
  * the size and XXH3-128 it names. -ENOENT, -EAGAIN if partial, -EIO on damage. */
-static int group_load(struct store *s, const char *name, mf_conflict_fn fn, void *arg,
-		      struct mf_manifest **out, uint64_t *conflicts)
+static int group_load(struct store *s, const char *name, uint64_t max, mf_conflict_fn fn,
+		      void *arg, struct mf_manifest **out, uint64_t *conflicts)
 {
 	struct mf_manifest **parts = NULL;
 	uint8_t (*hashes)[STORE_HASH_LEN] = NULL, h[STORE_HASH_LEN];
@@ -1866,13 +1869,20 @@ static int group_load(struct store *s, const char *name, mf_conflict_fn fn, void
 			log_err("store: damaged group file %s/snaps/%s/group; not used", s->path, name);
 		goto out;
 	}
+	for (k = 0, sz = 0; k < n; k++)
+		sz += sizes[k] < max ? sizes[k] : max;	/* (no wrap: n is at most 4096) */
+	if (sz > max) {
+		rc = -E2BIG;
+		goto out;
+	}
 	if (!(parts = calloc(n, sizeof(*parts)))) {
 		rc = -ENOMEM;
 		goto out;
 	}
 	for (k = 0; k < n; k++) {
 		part_name(k, n, pname);
-		rc = store_part_load(s, gfd, name, pname, &parts[k], &sz, h);
+		/* no larger than the group file says: checked below, after the read */
+		rc = store_part_load(s, gfd, name, pname, sizes[k], &parts[k], &sz, h);
 		if (rc == -ENOENT)
 			rc = -EIO;	/* the group vouches for it: a lost part is damage */
 		if (!rc && (sz != sizes[k] || memcmp(h, hashes[k], STORE_HASH_LEN))) {
@@ -1936,6 +1946,13 @@ static int damaged_reported(struct store *s, const char *name)
 int store_load_snapshot(struct store *s, const char *name, mf_conflict_fn fn, void *arg,
 			struct mf_manifest **out, uint64_t *conflicts)
 {
+	return store_load_snapshot_max(s, name, MANIFEST_MAX, fn, arg, out, conflicts);
+}
+
+int store_load_snapshot_max(struct store *s, const char *name, uint64_t max,
+			    mf_conflict_fn fn, void *arg, struct mf_manifest **out,
+			    uint64_t *conflicts)
+{
 	struct stat st;
 	void *buf;
 	size_t len;
@@ -1945,11 +1962,17 @@ int store_load_snapshot(struct store *s, const char *name, mf_conflict_fn fn, vo
 	*conflicts = 0;
 	if ((rc = store_name_valid(name)))
 		return rc;
+	max = max < MANIFEST_MAX ? max : MANIFEST_MAX;
 	if (fstatat(s->snapfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) {
 		load_why = "its group file or one of its parts is damaged";
-		return group_load(s, name, fn, arg, out, conflicts);
+		return group_load(s, name, max, fn, arg, out, conflicts);
 	}
-	rc = slurp(s->snapfd, name, MANIFEST_MAX, 1, &buf, &len);
+	/* Over max: refused before it is read (one swapped in since is read no further
+	 * than max, and is damage). Beyond MANIFEST_MAX it is no manifest at all. */
+	if (S_ISREG(st.st_mode) && (uint64_t)st.st_size > max &&
+	    (uint64_t)st.st_size <= MANIFEST_MAX)
+		return -E2BIG;
+	rc = slurp(s->snapfd, name, max, 1, &buf, &len);
 	if (rc == -EINVAL || rc == -EIO) {
 		/* not a regular file, absurdly large, no manifest's header, or (a large one)
 		 * its checksum: not what commit wrote */
@@ -2072,7 +2095,7 @@ static int group_partial_info(struct store *s, const char *name, const struct gr
 		if (!(g->have[k / 8] & (1u << (k % 8))))
 			continue;
 		part_name(k, (unsigned)g->workers, pname);
-		rc = store_part_load(s, gfd, name, pname, &parts[np], NULL, NULL);
+		rc = store_part_load(s, gfd, name, pname, MANIFEST_MAX, &parts[np], NULL, NULL);
 		if (rc == -ENOENT)
 			rc = 0;
 		else if (!rc)

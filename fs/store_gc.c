@@ -95,7 +95,7 @@ static int gc_group(struct store *s, const char *name, int64_t now, int64_t tmp_
 		}
 		if (store_part_parse(d->d_name, &k, &n))
 			continue;
-		rc = store_part_load(s, gfd, name, d->d_name, &m, NULL, NULL);
+		rc = store_part_load(s, gfd, name, d->d_name, UINT64_MAX, &m, NULL, NULL);
 		if (rc == -ENOENT) {
 			rc = 0;
 			continue;

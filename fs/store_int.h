@@ -100,13 +100,14 @@ int store_snapdir(struct store *s, struct fdio_dir **out);
 int store_snap_entry_regular(struct store *s, const char *name);
 /* Groups (invariant 9): snaps/<name> opened as a directory (fd handed over; -ENOTDIR
  * for a plain manifest); a part file's name parsed into worker k of n (-EINVAL for
- * anything else); what a group directory holds; one part read and checked (*m, may be
- * NULL, handed over); a group deleted, its group file first. */
+ * anything else); what a group directory holds; one part of at most max bytes read and
+ * checked (*m, may be NULL, handed over); a group deleted, its group file first. */
 int store_group_open(struct store *s, const char *name);
 int store_part_parse(const char *d, unsigned *k, unsigned *n);
 int store_group_scan(int gfd, struct group_scan *g);
 int store_part_load(struct store *s, int gfd, const char *name, const char *pname,
-		    struct mf_manifest **m, uint64_t *size, uint8_t hash[STORE_HASH_LEN]);
+		    uint64_t max, struct mf_manifest **m, uint64_t *size,
+		    uint8_t hash[STORE_HASH_LEN]);
 int store_group_delete(struct store *s, const char *name);
 
 #endif

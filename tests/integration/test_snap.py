@@ -191,6 +191,44 @@ def test_restore_past_the_memory_bounds_is_refused_and_names_the_mem_max(snapenv
     env.unmount(d)
 
 
+def test_restore_reads_no_manifest_larger_than_it_could_build(snapenv, tmp_path):
+    """A restore read and decoded a snapshot's manifest whatever its size before its
+    bounds were checked: up to 4 GiB, about twice that in the daemon for the moment,
+    from a snapshot of a larger mount or a crafted store. Now a manifest over what the
+    mount's bounds could take is refused unread, with the mem_max to mount with. Here
+    a mount in a 64 MiB memory cgroup (a fake v2 one, cgroup=: its bounds yield to the
+    limit) and a 44 MB manifest: two sparse files of 1 TiB at 1 MiB blocks."""
+    env = snapenv()
+    d = env.mount()
+    for i in range(2):
+        with open(os.path.join(d.ckpt, f"sparse{i}"), "wb") as f:
+            f.truncate(1 << 40)
+    S.snap_ok("take", env.mnt, "big", "--wait")
+    env.unmount(d)
+    assert os.stat(os.path.join(env.store, "snaps", "big")).st_size > 40_000_000
+    cg = tmp_path / "cg"
+    cg.mkdir()
+    for name, text in (("memory.max", str(64 << 20)), ("memory.high", "max"),
+                       ("memory.current", "1000"), ("memory.stat", "inactive_file 0")):
+        (cg / name).write_text(text + "\n")
+    d = env.mount(opts=f"cgroup={cg}")
+    write(os.path.join(d.ckpt, "mine"), b"still here")
+    r = S.snap("restore", env.mnt, "big")
+    assert r.rc == 1 and "manifest" in r.err and "nothing restored" in r.err, r
+    assert "larger -o mem_max" in r.err, r
+    with open(os.path.join(d.ckpt, "mine"), "rb") as f:
+        assert f.read() == b"still here"
+    # unread: the daemon never held the manifest's 44 MB (decoded, twice that)
+    with open(f"/proc/{d.pid}/status") as f:
+        hwm = int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) << 10
+    assert hwm < 40_000_000, hwm
+    env.unmount(d)
+    d = env.mount(opts=f"cgroup={cg},mem_max=256M,restore=big")
+    assert sorted(os.listdir(d.ckpt)) == ["sparse0", "sparse1"]
+    assert os.stat(os.path.join(d.ckpt, "sparse1")).st_size == 1 << 40
+    env.unmount(d)
+
+
 def test_take_returns_before_persist_and_list_states(snapenv):
     """take without --wait returns once frozen (pending, then durable); --wait once
     durable; both list online and offline. The store is on a loop-mounted ext4 that is

@@ -1393,6 +1393,31 @@ static void test_group_publish(const char *dir)
 	store_close(s);
 }
 
+/* Bytes of the files in dir/rel (a group: its parts, not its group file). */
+static uint64_t manifest_bytes(const char *dir, const char *rel)
+{
+	char p[512], q[800];
+	struct stat st;
+	uint64_t sum = 0;
+	struct dirent *d;
+	DIR *dp;
+
+	path_of(p, sizeof(p), dir, rel);
+	EXPECT_EQ(stat(p, &st), 0);
+	if (!S_ISDIR(st.st_mode))
+		return (uint64_t)st.st_size;
+	EXPECT((dp = opendir(p)) != NULL);
+	while (dp && (d = readdir(dp)))
+		if (d->d_name[0] != '.' && strcmp(d->d_name, "group")) {
+			snprintf(q, sizeof(q), "%s/%s", p, d->d_name);
+			EXPECT_EQ(stat(q, &st), 0);
+			sum += (uint64_t)st.st_size;
+		}
+	if (dp)
+		closedir(dp);
+	return sum;
+}
+
 /* Partial groups: listed as partial, never latest or loaded; their parts' objects kept
  * by gc until the grace time, then collected; a part once there is never taken again;
  * a group whose publisher died is published by the next look; conflicts are counted
@@ -1458,6 +1483,19 @@ static void test_group_states(const char *dir)
 	EXPECT_EQ(bare, 1);
 	free(v);
 	EXPECT_EQ(rmdir(p), 0);
+	/* a restore's bound on what it reads: a manifest, a group's parts together */
+	for (int g = 0; g < 2; g++) {
+		const char *nm1 = g ? "full" : "plain";
+		uint64_t b = manifest_bytes(dir, g ? "snaps/full" : "snaps/plain");
+
+		EXPECT(b > 100);
+		EXPECT_EQ(store_load_snapshot_max(s, nm1, b - 1, NULL, NULL, &m, &conflicts),
+			  -E2BIG);
+		EXPECT(m == NULL);
+		EXPECT_EQ(store_load_snapshot_max(s, nm1, b, NULL, NULL, &m, &conflicts), 0);
+		mf_free(m);
+		m = NULL;
+	}
 	/* latest: "plain" (newest complete); never "half" or "single" */
 	EXPECT_EQ(store_latest(s, nm), 0);
 	EXPECT(!strcmp(nm, "plain") || !strcmp(nm, "full"));
