@@ -85,10 +85,10 @@ const char *ckpt_xattrs_invalid(const struct mf_entry *e, mode_t type)
 			if (xns == XNS_ACL_DEFAULT && !S_ISDIR(type))
 				return "a default ACL on what is no directory";
 		}
-		for (uint32_t j = 0; j < i; j++)
-			if (!strcmp(e->xattrs[j].name, x->name))
-				return "an extended attribute twice";
 	}
+	/* (mf_decode has checked it; a manifest made otherwise may not have been) */
+	if (mf_xattrs_check(e))
+		return "an extended attribute twice, or one a manifest may not hold";
 	return NULL;
 }
 

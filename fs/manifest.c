@@ -192,8 +192,7 @@ static int mf_xattr_cmp(const void *a, const void *b)
 		      (*(const struct mf_xattr *const *)b)->name);
 }
 
-/* Names 1..255 bytes, distinct; sizes within MOUNT/ckpt's limits. O(k log k). */
-static int mf_check_xattrs(const struct mf_entry *e)
+int mf_xattrs_check(const struct mf_entry *e)
 {
 	const struct mf_xattr **v;
 	uint64_t total = 0;
@@ -295,7 +294,7 @@ static int mf_check_entry(const struct mf_manifest *m, size_t i, uint32_t versio
 	}
 	if (e->type == MF_DIR && e->size)
 		return -EINVAL;
-	if ((rc = mf_check_xattrs(e)))
+	if ((rc = mf_xattrs_check(e)))
 		return rc;
 	return mf_check_blocks(e);
 }

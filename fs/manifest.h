@@ -164,6 +164,11 @@ int mf_decode(const void *buf, size_t len, struct mf_manifest **out);
 #define MF_PREFIX_LEN 24
 int mf_check_prefix(const void *buf, size_t len, uint64_t file_size);
 
+/* 0 if e's xattrs keep the rule above (names 1..255 bytes, distinct; sizes within
+ * MOUNT/ckpt's limits), else -EINVAL; -ENOMEM. O(k log k) for k names. mf_decode checks
+ * every entry so. */
+int mf_xattrs_check(const struct mf_entry *e);
+
 /* Release m and everything it owns. NULL is fine. */
 void mf_free(struct mf_manifest *m);
 

@@ -174,7 +174,7 @@ static void test_restore_room(void)
 	struct ckpt_ns *ns = ns_new(); /* mem_max 1 GiB: xattrs 64 MiB, a restore twice that */
 	static struct mf_xattr x[PER];
 	static struct mf_entry e[FILES + 1];
-	static char names[PER][16], fnames[FILES][16];
+	static char names[PER][16], fnames[FILES][16], val[64u << 10];
 	struct mf_manifest mf = { .name = "s", .entries = e };
 	char why[256] = "";
 	char **old = NULL;
@@ -182,7 +182,7 @@ static void test_restore_room(void)
 
 	for (int j = 0; j < PER; j++) {
 		snprintf(names[j], sizeof(names[j]), "user.a%02d", j);	/* 8 bytes */
-		x[j] = (struct mf_xattr){ .name = names[j], .value_len = 64u << 10 };
+		x[j] = (struct mf_xattr){ .name = names[j], .value = val, .value_len = 64u << 10 };
 	}
 	e[0] = (struct mf_entry){ .id = 1, .name = "", .type = MF_DIR };
 	for (int i = 0; i < FILES; i++) {
