@@ -472,19 +472,31 @@ int ckpt_restore_room(struct ckpt_ns *ns, const struct mf_manifest *mf, char *wh
 }
 
 /* What a manifest's encoding (fs/manifest.c) takes against what ckpt_restore_room
- * counts: an entry's fixed fields and name (99 bytes and the name, a hard link's too)
+ * counts: an entry's fixed fields and name (90 bytes and the name, a hard link's too)
  * under twice its name's and inode's cost (a link's name costs 49 bytes and the name),
- * an xattr's (6 bytes, name and value) under twice its name and value, a block's 21
- * bytes under 24 for its map's slot; and the header, name and trailer. */
+ * an xattr's (5 bytes, name and value; a name has 6 or more) under twice its name and
+ * value, a block's 21 bytes under 24 for its map's slot; and the header, name and
+ * trailer. So per byte of mem_max at least 2/8 + 2/16 + 24/256 = 15/32 (the floors only
+ * add), for each of workers + 1. */
 #define CKPT_MF_BLOCK_BYTES 24
 #define CKPT_MF_HEADER_BYTES 4096
 
 uint64_t ckpt_restore_manifest_max(struct ckpt_ns *ns)
 {
 	uint64_t k = ns->m->cfg.workers + CKPT_RESTORE_SLACK;
+	/* (each bound is at most 1e18 / 8: no wrap before the product) */
+	uint64_t one = 2 * ns->meta_max + 2 * ns->xattr_max + CKPT_MF_BLOCK_BYTES *
+		       (ns->slots_max < UINT64_MAX / 64 ? ns->slots_max : UINT64_MAX / 64);
 
-	return k * (2 * ns->meta_max + 2 * ns->xattr_max +
-		    CKPT_MF_BLOCK_BYTES * ns->slots_max) + CKPT_MF_HEADER_BYTES;
+	return one > (UINT64_MAX - CKPT_MF_HEADER_BYTES) / k ? UINT64_MAX
+	       : k * one + CKPT_MF_HEADER_BYTES;
+}
+
+uint64_t ckpt_restore_mem_max_for(struct ckpt_ns *ns, uint64_t bytes)
+{
+	uint64_t k = ns->m->cfg.workers + CKPT_RESTORE_SLACK;
+
+	return (bytes / 15 + 1) * 32 / k + 1;	/* bytes <= 4 GiB: no wrap */
 }
 
 static int ckpt_check_name(const char *name)

@@ -245,10 +245,12 @@ int ckpt_restore(struct ckpt_ns *ns, const struct mf_manifest *mf, char ***old, 
  * foreign manifest grew the daemon far past mem_max. O(entries + xattrs). */
 int ckpt_restore_room(struct ckpt_ns *ns, const struct mf_manifest *mf, char *why,
 		      size_t len);
-/* The largest manifest (bytes in the store; a group's parts together) whose restore
+/* The largest manifest (bytes in the store; of a group, each part) whose restore
  * ckpt_restore_room could take: a restore reads no larger one, as its decoding alone
- * would cost the daemon about twice its size. */
+ * would cost the daemon about twice its size. And the mem_max under which a manifest of
+ * bytes (at most 4 GiB) is within it. */
 uint64_t ckpt_restore_manifest_max(struct ckpt_ns *ns);
+uint64_t ckpt_restore_mem_max_for(struct ckpt_ns *ns, uint64_t bytes);
 /* 0 if every entry of mf is something MOUNT/ckpt could have made: no owner or group of
  * -1, extended attributes as ckpt_setxattr takes them (names in ext4's namespaces,
  * values within the bounds, ACLs that parse, default ACLs on directories). Else -EINVAL

@@ -86,8 +86,9 @@ const char *ckpt_xattrs_invalid(const struct mf_entry *e, mode_t type)
 				return "a default ACL on what is no directory";
 		}
 	}
-	/* (mf_decode has checked it; a manifest made otherwise may not have been) */
-	if (mf_xattrs_check(e))
+	/* (mf_decode has checked it, so out of memory passes; a manifest made otherwise
+	 * may not have been checked) */
+	if (mf_xattrs_check(e) == -EINVAL)
 		return "an extended attribute twice, or one a manifest may not hold";
 	return NULL;
 }

@@ -436,9 +436,13 @@ static int build_config(struct mlfs_opts *o, const char *src, const char *mnt,
 			return 1;
 		}
 	}
+	/* mem_min's default yields to a mem_max given below it: "mem_max=32M" alone was
+	 * refused, for a mem_min the user never gave */
+	if (!o->mem_min && c->mem_min > c->mem_max)
+		c->mem_min = c->mem_max;
 	if (c->mem_min > c->mem_max) {
-		fprintf(stderr, "mlfs: mem_min (%s) is larger than mem_max (%s)\n",
-			o->mem_min ? o->mem_min : "64M", o->mem_max ? o->mem_max : "default");
+		fprintf(stderr, "mlfs: mem_min (%s) is larger than mem_max (%s)\n", o->mem_min,
+			o->mem_max ? o->mem_max : "default");
 		return 1;
 	}
 	c->threads = MLFS_THREADS_DEFAULT;

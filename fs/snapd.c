@@ -1128,6 +1128,7 @@ struct snapd_load_call {
 	char want[MF_NAME_MAX + 1], name[MF_NAME_MAX + 1];
 	struct mf_manifest *mf;
 	uint64_t conflicts;
+	uint64_t big;		 /* a manifest's size past what a restore reads (-E2BIG) */
 	unsigned parts, workers; /* of a partial group (-EAGAIN) */
 };
 
@@ -1147,7 +1148,7 @@ static int snapd_load_fn(struct snapd_call *c)
 		     : (snprintf(l->name, sizeof(l->name), "%s", l->want), 0);
 	if (!rc)
 		rc = store_load_snapshot_max(sd->st, l->name,
-					     ckpt_restore_manifest_max(sd->m->ckpt),
+					     ckpt_restore_manifest_max(sd->m->ckpt), &l->big,
 					     snapd_conflict, l->name, &l->mf, &l->conflicts);
 	pthread_mutex_unlock(&sd->store_mu);
 	if (rc == -EAGAIN)
@@ -1183,6 +1184,7 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 	struct mf_manifest *mf = NULL;
 	uint64_t gen = 0, conflicts = 0;
 	unsigned parts = 0, workers = 0;
+	uint64_t big = 0;
 	uint32_t other;
 	size_t nold = 0, i;
 	int rc, done;
@@ -1210,6 +1212,7 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 		mf = l->mf;
 		l->mf = NULL;
 		conflicts = l->conflicts;
+		big = l->big;
 		parts = l->parts;
 		workers = l->workers;
 	}
@@ -1244,11 +1247,12 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 		return -ENOENT;
 	}
 	if (rc == -E2BIG) {
-		/* the bound grows with mem_max by 15/32 of it per worker + 1, floors aside */
-		snprintf(msg, msglen, "snapshot '%s' does not fit this mount: its manifest is "
-			 "over the %" PRIu64 " MiB a restore may read here (about half of "
-			 "mem_max for each of workers + 1): mount with a larger -o mem_max; "
-			 "nothing restored", name, ckpt_restore_manifest_max(sd->m->ckpt) >> 20);
+		snprintf(msg, msglen, "snapshot '%s' does not fit this mount: its manifest "
+			 "takes %" PRIu64 " MiB, more than the %" PRIu64 " MiB a restore may "
+			 "read here: mount with -o mem_max=%" PRIu64 "M or more to restore it; "
+			 "nothing restored", name, (big + (1 << 20) - 1) >> 20,
+			 ckpt_restore_manifest_max(sd->m->ckpt) >> 20,
+			 (ckpt_restore_mem_max_for(sd->m->ckpt, big) + (1 << 20) - 1) >> 20);
 		return -ENOSPC;
 	}
 	if (rc) {

@@ -1839,8 +1839,9 @@ int store_group_state(struct store *s, const char *name, unsigned *parts, unsign
 
 /* A complete group's union (mf_merge): the group file checked, then each part against
  * the size and XXH3-128 it names. -ENOENT, -EAGAIN if partial, -EIO on damage. */
-static int group_load(struct store *s, const char *name, uint64_t max, mf_conflict_fn fn,
-		      void *arg, struct mf_manifest **out, uint64_t *conflicts)
+static int group_load(struct store *s, const char *name, uint64_t max, uint64_t *big,
+		      mf_conflict_fn fn, void *arg, struct mf_manifest **out,
+		      uint64_t *conflicts)
 {
 	struct mf_manifest **parts = NULL;
 	uint8_t (*hashes)[STORE_HASH_LEN] = NULL, h[STORE_HASH_LEN];
@@ -1869,12 +1870,15 @@ static int group_load(struct store *s, const char *name, uint64_t max, mf_confli
 			log_err("store: damaged group file %s/snaps/%s/group; not used", s->path, name);
 		goto out;
 	}
-	for (k = 0, sz = 0; k < n; k++)
-		sz += sizes[k] < max ? sizes[k] : max;	/* (no wrap: n is at most 4096) */
-	if (sz > max) {
-		rc = -E2BIG;
-		goto out;
-	}
+	/* Each part by itself: after a restore every worker's part repeats the union
+	 * (inherited), so together they may be workers times what a restore builds. A
+	 * part beyond MANIFEST_MAX is no part at all: damage, below. */
+	for (k = 0; k < n; k++)
+		if (sizes[k] > max && sizes[k] <= MANIFEST_MAX) {
+			*big = sizes[k];
+			rc = -E2BIG;
+			goto out;
+		}
 	if (!(parts = calloc(n, sizeof(*parts)))) {
 		rc = -ENOMEM;
 		goto out;
@@ -1946,10 +1950,12 @@ static int damaged_reported(struct store *s, const char *name)
 int store_load_snapshot(struct store *s, const char *name, mf_conflict_fn fn, void *arg,
 			struct mf_manifest **out, uint64_t *conflicts)
 {
-	return store_load_snapshot_max(s, name, MANIFEST_MAX, fn, arg, out, conflicts);
+	uint64_t big;
+
+	return store_load_snapshot_max(s, name, MANIFEST_MAX, &big, fn, arg, out, conflicts);
 }
 
-int store_load_snapshot_max(struct store *s, const char *name, uint64_t max,
+int store_load_snapshot_max(struct store *s, const char *name, uint64_t max, uint64_t *big,
 			    mf_conflict_fn fn, void *arg, struct mf_manifest **out,
 			    uint64_t *conflicts)
 {
@@ -1960,18 +1966,22 @@ int store_load_snapshot_max(struct store *s, const char *name, uint64_t max,
 
 	*out = NULL;
 	*conflicts = 0;
+	*big = 0;
 	if ((rc = store_name_valid(name)))
 		return rc;
 	max = max < MANIFEST_MAX ? max : MANIFEST_MAX;
-	if (fstatat(s->snapfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) {
+	if ((rc = fstatat(s->snapfd, name, &st, AT_SYMLINK_NOFOLLOW) ? -errno : 0) == 0 &&
+	    S_ISDIR(st.st_mode)) {
 		load_why = "its group file or one of its parts is damaged";
-		return group_load(s, name, max, fn, arg, out, conflicts);
+		return group_load(s, name, max, big, fn, arg, out, conflicts);
 	}
 	/* Over max: refused before it is read (one swapped in since is read no further
 	 * than max, and is damage). Beyond MANIFEST_MAX it is no manifest at all. */
-	if (S_ISREG(st.st_mode) && (uint64_t)st.st_size > max &&
-	    (uint64_t)st.st_size <= MANIFEST_MAX)
+	if (!rc && S_ISREG(st.st_mode) && (uint64_t)st.st_size > max &&
+	    (uint64_t)st.st_size <= MANIFEST_MAX) {
+		*big = (uint64_t)st.st_size;
 		return -E2BIG;
+	}
 	rc = slurp(s->snapfd, name, max, 1, &buf, &len);
 	if (rc == -EINVAL || rc == -EIO) {
 		/* not a regular file, absurdly large, no manifest's header, or (a large one)

@@ -200,10 +200,12 @@ int store_load_manifest(struct store *s, const char *name, struct mf_manifest **
  * different contents (fn called for each). -EAGAIN for a partial group. */
 int store_load_snapshot(struct store *s, const char *name, mf_conflict_fn fn, void *arg,
 			struct mf_manifest **out, uint64_t *conflicts);
-/* The same, but -E2BIG, with nothing read, for a manifest (a group: its parts together,
- * as its group file gives their sizes) of more than max bytes: a restore reads no more
- * than it could build (ckpt_restore_manifest_max). gc and verify read any size. */
-int store_load_snapshot_max(struct store *s, const char *name, uint64_t max,
+/* The same, but -E2BIG, with nothing read and its size in *big, for a manifest (a
+ * group: any of its parts, as its group file gives their sizes) of more than max bytes:
+ * a restore reads no more than it could build (ckpt_restore_manifest_max). Every other
+ * reader (store_load_snapshot: list, gc, verify, the offline tools) takes any size up
+ * to the 4 GiB past which a file is no manifest (damaged). */
+int store_load_snapshot_max(struct store *s, const char *name, uint64_t max, uint64_t *big,
 			    mf_conflict_fn fn, void *arg, struct mf_manifest **out,
 			    uint64_t *conflicts);
 /* Why the calling thread's last store_load_snapshot or store_load_manifest answered

@@ -56,6 +56,19 @@ def test_spill_max_too_small_names_the_cause(mounter):
     assert_refused(r, m, "spill_max 1 is too small", "at least 1048576 bytes")
 
 
+def test_mem_min_default_yields_to_a_small_mem_max(mounter):
+    """-o mem_max=32M alone was refused with "mem_min (64M) is larger than mem_max",
+    for a mem_min the user never gave (a restore's refusal may name such a mem_max).
+    mem_min's default is now mem_max where that is less; a mem_min given above
+    mem_max is still refused."""
+    m = mounter.prepare()
+    r = run_mlfs(["-o", f"{mounter.options(m, '')},mem_max=32M,mem_min=33M", m.src, m.mnt])
+    assert_refused(r, m, "mem_min (33M) is larger than mem_max (32M)")
+    m = mounter(opts="mem_max=32M")
+    st = m.stat()
+    assert st["mem_max"] == 32 << 20 and st["mem_min"] == 32 << 20, st
+
+
 @pytest.mark.parametrize("opt", ["pressure_file", "meminfo_file"])
 def test_governor_file_that_is_a_fifo_refused(mounter, opt):
     """A FIFO named as the PSI or meminfo file is refused at once, in one line. Before,

@@ -288,6 +288,17 @@ static void test_floors_follow_the_cgroup(void)
 	EXPECT_EQ(ckpt_setattr(ns, ino_of(&f), &want, FUSE_SET_ATTR_SIZE, &st), -ENOSPC);
 	ckpt_forget(ns, ino_of(&f), 1);
 	ckpt_ns_free(ns);
+	/* what a restore reads: no wrap at the largest mem_max and workers */
+	m.cfg.mem_max = 1000000000000000000ull;
+	m.cfg.workers = 4096;
+	ns = ns_new();
+	EXPECT_EQ(ckpt_restore_manifest_max(ns), UINT64_MAX);
+	m.cfg = saved;
+	ckpt_ns_free(ns);
+	ns = ns_new();	/* 1 GiB: the floors, 2 x (512 + 128 + 24 x 2.13 Mi slots) MiB */
+	EXPECT(ckpt_restore_manifest_max(ns) > (1300ull << 20));
+	EXPECT(ckpt_restore_mem_max_for(ns, 4ull << 30) * 15 / 32 * 2 >= 4ull << 30);
+	ckpt_ns_free(ns);
 }
 
 /* A manifest entry that no call could have made is refused before anything is built

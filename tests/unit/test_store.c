@@ -1393,7 +1393,7 @@ static void test_group_publish(const char *dir)
 	store_close(s);
 }
 
-/* Bytes of the files in dir/rel (a group: its parts, not its group file). */
+/* Bytes of the file dir/rel (a group: of its largest part). */
 static uint64_t manifest_bytes(const char *dir, const char *rel)
 {
 	char p[512], q[800];
@@ -1411,7 +1411,7 @@ static uint64_t manifest_bytes(const char *dir, const char *rel)
 		if (d->d_name[0] != '.' && strcmp(d->d_name, "group")) {
 			snprintf(q, sizeof(q), "%s/%s", p, d->d_name);
 			EXPECT_EQ(stat(q, &st), 0);
-			sum += (uint64_t)st.st_size;
+			sum = (uint64_t)st.st_size > sum ? (uint64_t)st.st_size : sum;
 		}
 	if (dp)
 		closedir(dp);
@@ -1483,19 +1483,24 @@ static void test_group_states(const char *dir)
 	EXPECT_EQ(bare, 1);
 	free(v);
 	EXPECT_EQ(rmdir(p), 0);
-	/* a restore's bound on what it reads: a manifest, a group's parts together */
+	/* a restore's bound on what it reads: a manifest, each part of a group */
+	uint64_t big;
+
 	for (int g = 0; g < 2; g++) {
 		const char *nm1 = g ? "full" : "plain";
 		uint64_t b = manifest_bytes(dir, g ? "snaps/full" : "snaps/plain");
 
 		EXPECT(b > 100);
-		EXPECT_EQ(store_load_snapshot_max(s, nm1, b - 1, NULL, NULL, &m, &conflicts),
-			  -E2BIG);
-		EXPECT(m == NULL);
-		EXPECT_EQ(store_load_snapshot_max(s, nm1, b, NULL, NULL, &m, &conflicts), 0);
+		EXPECT_EQ(store_load_snapshot_max(s, nm1, b - 1, &big, NULL, NULL, &m,
+						  &conflicts), -E2BIG);
+		EXPECT(m == NULL && big == b);
+		EXPECT_EQ(store_load_snapshot_max(s, nm1, b, &big, NULL, NULL, &m, &conflicts),
+			  0);
 		mf_free(m);
 		m = NULL;
 	}
+	EXPECT_EQ(store_load_snapshot_max(s, "nosuch", 1, &big, NULL, NULL, &m, &conflicts),
+		  -ENOENT);
 	/* latest: "plain" (newest complete); never "half" or "single" */
 	EXPECT_EQ(store_latest(s, nm), 0);
 	EXPECT(!strcmp(nm, "plain") || !strcmp(nm, "full"));
