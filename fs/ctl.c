@@ -139,32 +139,77 @@ static int ctl_pick_dir(char *dir, size_t len)
 	return rc;
 }
 
-int ctl_mount_lock(dev_t dev, ino_t ino)
+/* The path of mount point (dev, ino)'s lock file in this user's socket directory; -1
+ * where that directory is not ours. */
+static int ctl_mount_lock_path(char *path, size_t len, dev_t dev, ino_t ino)
 {
-	char dir[PATH_MAX], path[PATH_MAX + 64];
+	char dir[PATH_MAX];
 	struct stat st;
-	int fd;
 
 	if (ctl_own_dir(dir, sizeof(dir), &st))
 		return -1;
-	snprintf(path, sizeof(path), "%s/mnt-%llu-%llu.lock", dir, (unsigned long long)dev,
+	snprintf(path, len, "%s/mnt-%llu-%llu.lock", dir, (unsigned long long)dev,
 		 (unsigned long long)ino);
-	fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-	if (fd < 0)
+	return 0;
+}
+
+int ctl_mount_lock(dev_t dev, ino_t ino)
+{
+	char path[PATH_MAX + 64];
+	struct stat fst, pst;
+	int fd;
+
+	if (ctl_mount_lock_path(path, sizeof(path), dev, ino))
 		return -1;
-	while (flock(fd, LOCK_EX) < 0) {
-		if (errno != EINTR) {
-			close(fd);
+	/* The holder removes the file as it lets go (ctl_mount_unlock): a lock taken on a
+	 * file no longer at the path is no lock; open it again. */
+	for (;;) {
+		fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+		if (fd < 0)
 			return -1;
+		while (flock(fd, LOCK_EX) < 0) {
+			if (errno != EINTR) {
+				close(fd);
+				return -1;
+			}
 		}
+		if (!fstat(fd, &fst) && !lstat(path, &pst) && fst.st_dev == pst.st_dev &&
+		    fst.st_ino == pst.st_ino)
+			return fd;
+		close(fd);
 	}
-	return fd;
+}
+
+void ctl_mount_unlock(int fd, dev_t dev, ino_t ino)
+{
+	char path[PATH_MAX + 64];
+
+	if (fd < 0)
+		return;
+	if (!ctl_mount_lock_path(path, sizeof(path), dev, ino))
+		unlink(path);	/* held: no one else may have put another file there */
+	close(fd);
 }
 
 /* Removes the sockets of daemons that died without ctl_free (kill -9, a crash) from dir:
  * a socket file of ours (our uid) that refuses a connection has no listener. A live
  * daemon's socket accepts (or is busy: EAGAIN) and stays; files of other users, and
- * anything but sockets, are left alone. Costs one connect per socket file at start. */
+ * anything but sockets, are left alone. Costs one connect per socket file at start.
+ * Mount points' lock files (ctl_mount_lock) no start holds go too: starts before
+ * ctl_mount_unlock removed theirs left one each. */
+static void ctl_remove_stale_lock(const char *path)
+{
+	struct stat st;
+	int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+
+	if (fd < 0)
+		return;
+	if (!fstat(fd, &st) && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+	    !flock(fd, LOCK_EX | LOCK_NB))
+		unlink(path);	/* held by us: a start that opened it meanwhile opens again */
+	close(fd);
+}
+
 static void ctl_remove_stale(const char *dir)
 {
 	DIR *d = opendir(dir);
@@ -179,10 +224,14 @@ static void ctl_remove_stale(const char *dir)
 		struct stat st;
 		int fd, rc;
 
-		if (l < 6 || strcmp(e->d_name + l - 5, ".sock"))
-			continue;
 		if (snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/%s", dir, e->d_name) >=
 		    (int)sizeof(sa.sun_path))
+			continue;
+		if (l > 9 && !strncmp(e->d_name, "mnt-", 4) && !strcmp(e->d_name + l - 5, ".lock")) {
+			ctl_remove_stale_lock(sa.sun_path);
+			continue;
+		}
+		if (l < 6 || strcmp(e->d_name + l - 5, ".sock"))
 			continue;
 		if (lstat(sa.sun_path, &st) || !S_ISSOCK(st.st_mode) || st.st_uid != geteuid())
 			continue;

@@ -61,8 +61,11 @@ int ctl_new(struct mlfs *m, struct ctl **out);
 /* Waits for and takes the lock of mount point (dev, ino) among this user's daemons: a
  * file in the socket directory, which no other user can open (a flock on the mount
  * point's own directory could be held forever by anyone who may open it). The fd to
- * close to let go, or -1 where the directory is not ours (ctl_new says so). */
+ * give ctl_mount_unlock, or -1 where the directory is not ours (ctl_new says so). */
 int ctl_mount_lock(dev_t dev, ino_t ino);
+/* Lets go of it (fd -1: nothing) and removes its file: failed or not, a start leaves
+ * no lock file behind. */
+void ctl_mount_unlock(int fd, dev_t dev, ino_t ino);
 /* Once the mount at mountpoint (absolute, as in mountinfo) is made: gives the socket
  * its name from the mount's device. 0 or -errno (-ENOTCONN: no FUSE mount there). */
 int ctl_name_mount(struct ctl *c, const char *mountpoint);

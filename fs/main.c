@@ -311,11 +311,12 @@ static int check_nesting(const struct mlfs_config *c)
  * refuses; both checked before either mounted, and both mounts stacked. -1 when not
  * held (a socket directory not ours: the check alone). */
 static int mlfs_mnt_lock = -1;
+static struct stat mlfs_mnt_locked;	/* its dev and ino */
 
+/* Also at exit: a start that fails before its mount leaves no lock file. */
 static void mlfs_mnt_unlock(void)
 {
-	if (mlfs_mnt_lock >= 0)
-		close(mlfs_mnt_lock);
+	ctl_mount_unlock(mlfs_mnt_lock, mlfs_mnt_locked.st_dev, mlfs_mnt_locked.st_ino);
 	mlfs_mnt_lock = -1;
 }
 
@@ -328,8 +329,10 @@ static int check_mountpoint(const char *mnt)
 
 	/* Keyed by the directory as found before the wait: a mount made meanwhile is seen
 	 * by the stat after it. */
-	if (stat(mnt, &st) == 0)
-		mlfs_mnt_lock = ctl_mount_lock(st.st_dev, st.st_ino);
+	if (stat(mnt, &st) == 0 && (mlfs_mnt_lock = ctl_mount_lock(st.st_dev, st.st_ino)) >= 0) {
+		mlfs_mnt_locked = st;
+		atexit(mlfs_mnt_unlock);
+	}
 	if (stat(mnt, &st) < 0)
 		return die("mount point %s: %s", mnt, strerror(errno));
 	if (!S_ISDIR(st.st_mode))

@@ -56,6 +56,31 @@ def test_spill_max_too_small_names_the_cause(mounter):
     assert_refused(r, m, "spill_max 1 is too small", "at least 1048576 bytes")
 
 
+def test_no_lock_file_left_behind(mounter):
+    """Every start took a lock file for its mount point in the socket directory
+    (/run/mlfs/mnt-DEV-INO.lock for root) and never removed it: an outside tester's
+    machine had 2266 of them. A start now removes it as it lets go, whether it
+    failed (here a store that does not exist) or mounted, and removes those no start
+    holds, as older starts left them."""
+    os.makedirs("/run/mlfs", mode=0o700, exist_ok=True)
+    stale = "/run/mlfs/mnt-4294967295-1.lock"
+    open(stale, "w").close()
+    m = mounter.prepare()
+    st = os.stat(m.mnt)
+    lock = f"/run/mlfs/mnt-{st.st_dev}-{st.st_ino}.lock"
+    r = run_mlfs(["-o", f"{mounter.options(m, '')},store=/nonexistent-mlfs-store",
+                  m.src, m.mnt])
+    assert_refused(r, m, "store")
+    assert not os.path.exists(lock)
+    m = mounter.prepare()
+    st = os.stat(m.mnt)
+    lock = f"/run/mlfs/mnt-{st.st_dev}-{st.st_ino}.lock"
+    r = run_mlfs(["-o", mounter.options(m, ""), m.src, m.mnt])
+    assert r.returncode == 0 and U.is_mounted(m.mnt), r.stderr
+    assert not os.path.exists(lock)
+    assert not os.path.exists(stale)
+
+
 def test_mem_min_default_yields_to_a_small_mem_max(mounter):
     """-o mem_max=32M alone was refused with "mem_min (64M) is larger than mem_max",
     for a mem_min the user never gave (a restore's refusal may name such a mem_max).
