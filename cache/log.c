@@ -35,6 +35,22 @@ static void log_keep_first(int level, const char *fmt, va_list ap)
 	pthread_mutex_unlock(&log_first_mu);
 }
 
+/* The calling thread's first error line since its log_thread_mark (log_thread_error). */
+static __thread char log_thread_first[512];
+static __thread int log_thread_on;
+
+void log_thread_mark(void)
+{
+	log_thread_first[0] = '\0';
+	log_thread_on = 1;
+}
+
+const char *log_thread_error(void)
+{
+	log_thread_on = 0;
+	return log_thread_first;
+}
+
 void log_set_quiet(int on)
 {
 	log_quiet = on;
@@ -61,6 +77,11 @@ void log_msg(int level, const char *fmt, ...)
 
 	if (level == LOG_DEBUG && !log_debug_on)
 		return;
+	if (log_thread_on && (level & 7) <= LOG_ERR && !log_thread_first[0]) {
+		va_start(ap, fmt);
+		vsnprintf(log_thread_first, sizeof(log_thread_first), fmt, ap);
+		va_end(ap);
+	}
 	va_start(ap, fmt);
 	if (log_quiet) {
 		log_keep_first(level, fmt, ap);

@@ -19,6 +19,11 @@ void log_set_debug(int on);
 void log_set_quiet(int on);
 void log_first_error_reset(void);
 const char *log_first_error(void);
+/* Per thread, in any mode: log_thread_error() is the first error line the calling
+ * thread logged since its log_thread_mark() ("" for none), and ends the capture; so a
+ * daemon can tell a client why a call failed on its thread, whatever others log. */
+void log_thread_mark(void);
+const char *log_thread_error(void);
 void log_to_syslog(void);
 void log_msg(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

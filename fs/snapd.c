@@ -1454,14 +1454,18 @@ static int snapd_gc(struct snapd *sd, struct snapd_call *c, uint64_t *objs, uint
 struct snapd_gc_call {
 	struct snapd_call c;
 	uint64_t objs, bytes;
+	char why[512];	/* the store's line on why it failed with -EIO */
 };
 
 static int snapd_gc_fn(struct snapd_call *c)
 {
 	struct snapd_gc_call *g = (struct snapd_gc_call *)c;
 	uint64_t objs = 0, bytes = 0;
-	int rc = snapd_gc(c->sd, c, &objs, &bytes);
+	int rc;
 
+	log_thread_mark();
+	rc = snapd_gc(c->sd, c, &objs, &bytes);
+	snprintf(g->why, sizeof(g->why), "%s", log_thread_error());
 	g->objs += objs;	/* with what an earlier try that failed freed */
 	g->bytes += bytes;
 	return rc;
@@ -1482,9 +1486,12 @@ static int ctl_gc(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 	g->c.release = snapd_free_call;
 	g->c.what = "a gc";
 	rc = snapd_call(sd, &g->c, wait_ns, r);
+	char why[sizeof(g->why)] = "";
+
 	if (snapd_call_done(&g->c)) {
 		objs = g->objs;
 		bytes = g->bytes;
+		snprintf(why, sizeof(why), "%s", g->why);
 	}
 	snapd_call_put(&g->c);
 	if (snapd_call_failed(sd, r, "gc", &rc, wait_ns, rc == -ETIMEDOUT ?
@@ -1494,6 +1501,10 @@ static int ctl_gc(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 		return ctl_fail(r, "gc: the store is in use (this daemon is writing a snapshot, "
 				   "or a daemon of an mlfs before store format 2 holds its lock); "
 				   "try again later"), rc;
+	/* Damage and a failing store both come back as -EIO: the store's line says which
+	 * (a damaged manifest to verify and delete, a lease that does not parse, a read) */
+	if (rc == -EIO && why[0])
+		return ctl_fail(r, "gc refused: %s", why), rc;
 	if (rc)
 		return ctl_fail(r, "gc: %s", strerror(-rc)), rc;
 	ctl_out(r, "gc: removed %" PRIu64 " objects, %" PRIu64 " bytes", objs, bytes);

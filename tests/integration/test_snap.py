@@ -532,6 +532,11 @@ def test_damaged_manifest(snapenv):
     S.snap_ok("restore", env.mnt, "latest")   # skips the damaged one
     with open(os.path.join(d.ckpt, "a"), "rb") as f:
         assert f.read() == b"one" * 1000
+    # gc through the mount says why it refuses, as gc --store does (it said only
+    # "Input/output error": the reason went to the daemon's log alone)
+    r = S.snap("gc", env.mnt)
+    assert r.rc == 1 and "gc refused" in r.err and "snaps/s2" in r.err, repr(r)
+    assert S.store_files(env.store) == before
     env.unmount(d)
     d = env.mount(opts="restore=latest")
     with open(os.path.join(d.ckpt, "a"), "rb") as f:
