@@ -1278,7 +1278,12 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 		return -ECANCELED;
 	}
 	rc = ckpt_restore(sd->m->ckpt, mf, &old, &nold, &gen);
-	if (rc == -EINVAL && (other = snapd_other_block_size(mf, sd->m->cfg.block_size)))
+	other = rc == -EINVAL ? snapd_other_block_size(mf, sd->m->cfg.block_size) : 0;
+	if (other && (other < BC_BLOCK_MIN || other > BC_BLOCK_MAX || (other & (other - 1))))
+		snprintf(msg, msglen, "snapshot '%s' is damaged: its files have blocks of %u "
+			 "bytes, which no mount takes (a power of two from 64K to 8M); nothing "
+			 "restored", name, other);
+	else if (other)
 		snprintf(msg, msglen, "snapshot '%s' was taken with block_size=%uK and this "
 			 "mount has block_size=%uK: mount with -o block_size=%uK to restore it",
 			 name, other >> 10, sd->m->cfg.block_size >> 10, other >> 10);

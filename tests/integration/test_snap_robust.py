@@ -162,6 +162,26 @@ def test_crafted_manifest_is_damaged_never_a_crash(snapenv, case):
     assert not U.is_mounted(env.mnt)
 
 
+@pytest.mark.parametrize("bs", [1 << 30, 1, 3 << 20])
+def test_block_size_no_mount_takes_is_damage(snapenv, bs):
+    """A manifest whose file has blocks of a size no mount takes (1 GiB, 1 byte, not a
+    power of two; the format allows 1 B to 1 GiB) was refused with "mount with -o
+    block_size=1048576K" (or "=0K"), a value mlfs refuses (an outside tester). It is
+    now called damaged, naming the size, and the tree is left as it was."""
+    env = snapenv()
+    d = env.mount()
+    plant(env.store, "odd", manifest("odd", [
+        ROOT, entry(2, 1, b"f", 1, size=5, block_size=bs,
+                    blocks=[(1, min(bs, 5 - i), bytes(16)) for i in range(0, 5, bs)])]))
+    write(os.path.join(d.ckpt, "mine"), b"kept")
+    r = S.snap("restore", env.mnt, "odd")
+    assert r.rc == 1 and "damaged" in r.err and f"blocks of {bs} bytes" in r.err, repr(r)
+    assert "block_size=" not in r.err, repr(r)
+    assert read(os.path.join(d.ckpt, "mine")) == b"kept"
+    assert U.pid_alive(d.pid)
+    env.unmount(d)
+
+
 def test_non_regular_entries_in_snaps_are_listed_damaged(snapenv):
     """A FIFO and a symlink (to a file outside the store) in snaps/ are nothing a commit
     wrote: list shows them damaged, verify reports them (exit 1), restore refuses them
