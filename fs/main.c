@@ -387,6 +387,16 @@ static int build_config(struct mlfs_opts *o, const char *src, const char *mnt,
 	c->spill = o->spill ? realpath(o->spill, NULL) : NULL;
 	c->store = o->store ? realpath(o->store, NULL) : NULL;
 	c->restore = o->restore;
+	const struct { const char *name, *val; } paths[] = {
+		{ "pressure_file", o->pressure_file }, { "meminfo_file", o->meminfo_file },
+		{ "cgroup", o->cgroup },
+	};
+	for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++)
+		if (paths[i].val && !paths[i].val[0]) {
+			fprintf(stderr, "mlfs: %s= is empty: give a path, or leave the option "
+				"out\n", paths[i].name);
+			return 1;
+		}
 	c->pressure_file = abs_path(o->pressure_file);
 	c->meminfo_file = abs_path(o->meminfo_file);
 	c->cgroup = abs_path(o->cgroup);

@@ -368,11 +368,12 @@ int main(int argc, char **argv)
 			const char *v = argv[++i];
 			char *end;
 
-			/* Decimal seconds up to a day: strtod alone would take nan, inf and
-			 * hex, and a sleep cannot take inf or more than its type holds. */
+			/* Decimal seconds from 0.01 up to a day: strtod alone would take nan,
+			 * inf and hex, and a sleep cannot take inf or more than its type
+			 * holds; 1e-9 asked the daemon 3,000 times a second. */
 			every = strtod(v, &end);
 			if (!((*v >= '0' && *v <= '9') || *v == '.') || strpbrk(v, "xX") || *end ||
-			    !(every > 0 && every <= 86400)) {
+			    !(every >= 0.01 && every <= 86400)) {
 				fprintf(stderr, "mlfs-stat: bad interval '%s'\n", argv[i]);
 				return 2;
 			}

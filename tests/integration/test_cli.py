@@ -263,10 +263,11 @@ def test_stat_human(mlfs):
 
 
 @pytest.mark.parametrize("every", ["nan", "inf", "1e400", "0x10", "0x1p4", "0", "-1",
-                                   "100000", "2x"])
+                                   "100000", "2x", "1e-9", "0.009"])
 def test_stat_watch_bad_interval(mlfs, every):
-    """-w takes decimal seconds up to a day: nan, inf and hex were taken (strtod), and
-    inf or a long interval then overflowed the sleep's type (undefined behaviour)."""
+    """-w takes decimal seconds from 0.01 up to a day: nan, inf and hex were taken
+    (strtod), and inf or a long interval then overflowed the sleep's type (undefined
+    behaviour); 1e-9 asked the daemon 3,000 times a second."""
     r = subprocess.run([U.MLFS_STAT, "-w", every, mlfs.mnt], capture_output=True, text=True,
                        timeout=30)
     assert r.returncode == 2, (every, r.returncode, r.stdout, r.stderr)

@@ -56,6 +56,15 @@ def test_spill_max_too_small_names_the_cause(mounter):
     assert_refused(r, m, "spill_max 1 is too small", "at least 1048576 bytes")
 
 
+@pytest.mark.parametrize("opt", ["pressure_file", "meminfo_file", "cgroup"])
+def test_empty_path_refused(mounter, opt):
+    """An empty path was read as the working directory ("pressure file /cwd/: not a
+    regular file"); it is refused as empty."""
+    m = mounter.prepare()
+    r = run_mlfs(["-o", f"{mounter.options(m, '')},{opt}=", m.src, m.mnt])
+    assert_refused(r, m, f"{opt}= is empty")
+
+
 def test_no_lock_file_left_behind(mounter):
     """Every start took a lock file for its mount point in the socket directory
     (/run/mlfs/mnt-DEV-INO.lock for root) and never removed it: an outside tester's
