@@ -42,8 +42,9 @@
  *    read comes to us and finds the current file. What this does not promise: an event
  *    is applied after the writer's call returned, so an open in between may still get
  *    the old pages (the window is the watch thread's wake-up); a hard link changed
- *    through a name in another directory, and writes through a shared mapping until
- *    the writer closes, raise no event here; a lost-event overflow invalidates every
+ *    through another name (in another directory, or one with no node: events are
+ *    mapped to nodes by name), and writes through a shared mapping until the writer
+ *    closes, raise no event here; a lost-event overflow invalidates every
  *    node. A directory whose name is made, removed or renamed over loses its watch
  *    and everything below it is dropped from the kernel (data_watch_drop_below): its
  *    node comes back under the same ino, and the kernel would keep walking its old
