@@ -676,6 +676,12 @@ static int open_data(fuse_req_t req, struct mlfs *m, fuse_ino_t ino, struct fuse
 
 	if (data_cred_override(req, rc, &who))
 		rc = data_open(m->data, n, &who, fi, &f);
+	/* A node left to its opens in flight (data.c invariant 8; the kernel retries the
+	 * open on a new one): its file changed, and their descriptors would keep the size
+	 * the kernel knows for data_timeout, one that grew read short. Its attributes go,
+	 * so their next stat or read past that size asks (from their own file). */
+	if (rc == -ESTALE && m->se)
+		fuse_lowlevel_notify_inval_inode(m->se, ino, -1, 0);
 	if (rc)
 		return rc;
 	fi->fh = (uint64_t)f;
