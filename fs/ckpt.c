@@ -59,11 +59,16 @@
  * 21 in the store) but no byte of the budget, so sparse files of anyone who may create
  * files in MOUNT/ckpt could drive a take, and with it the daemon, out of memory. At most
  * mem_max/CKPT_SLOT_SHARE slots (a take's manifest then peaks near a quarter of
- * mem_max), but never fewer than two files at the size limit besides root's reserve
+ * mem_max), but never fewer than two files at the size limit (of 1 MiB blocks, below)
+ * besides root's reserve
  * (CKPT_ROOT_RESERVE, for files root owns); -ENOSPC past it, as a full disk. A slot of
  * real data pays for itself in the tiers; it counts the same. */
 #define CKPT_SLOT_SHARE 256
 #define CKPT_SLOTS_FLOOR_FILES 2
+/* ... of 1 MiB blocks or larger: at 64 KiB blocks two 1 TiB files were 32 Mi slots, a
+ * take of them 1 GiB of maps and 0.7 s of freeze (an outside tester: six takes pending
+ * grew a mem_max=64M daemon to 5 GB). Smaller blocks get the same 2 Mi slots. */
+#define CKPT_SLOTS_FLOOR_BS (1u << 20)
 /* All inodes' xattrs together (ns->xattr_bytes): they stay in memory (no tier spills
  * them) and a take copies them twice (manifest, then its bytes), so a user setting
  * CKPT_XATTR_TOTAL on file after file had the daemon killed for memory in minutes. At
@@ -210,9 +215,12 @@ int ckpt_ns_new(struct mlfs *m, struct ckpt_ns **out)
 	ns->bc = m->bc;
 	ns->bs = bc_block_size(m->bc);
 	/* the slots' floor is what anyone may use: root's reserve comes on top */
+	uint64_t per_file = CKPT_FILE_MAX / (ns->bs > CKPT_SLOTS_FLOOR_BS ? ns->bs
+								  : CKPT_SLOTS_FLOOR_BS);
+
 	ns->slots_max = ckpt_bound(&m->cfg, CKPT_SLOT_SHARE,
-				   CKPT_SLOTS_FLOOR_FILES * (CKPT_FILE_MAX / ns->bs) *
-				   CKPT_ROOT_RESERVE / (CKPT_ROOT_RESERVE - 1) + 1);
+				   CKPT_SLOTS_FLOOR_FILES * per_file * CKPT_ROOT_RESERVE /
+				   (CKPT_ROOT_RESERVE - 1) + 1);
 	ns->xattr_max = ckpt_bound(&m->cfg, CKPT_XATTR_SHARE, CKPT_XATTR_FLOOR);
 	ns->meta_max = ckpt_bound(&m->cfg, CKPT_META_SHARE, CKPT_META_FLOOR);
 	pthread_mutex_init(&ns->mu, NULL);

@@ -205,13 +205,14 @@ static void test_restore_room(void)
 	m.cfg.cgroup_limit = 250ull << 20;
 	EXPECT_EQ(ckpt_restore_room(ns, &mf, NULL, 0), 0);
 	m.cfg.cgroup_limit = 0;
-	/* block maps: at least two files of 1 TiB (and root's sixteenth), twice that for a
-	 * restore: 4 TiB of holes fit, 5 do not */
+	/* block maps: mem_max / 256 slots, 4 Mi (the floor, two files of 1 TiB of 1 MiB
+	 * blocks and root's sixteenth, is 2.13 Mi whatever the block size: it was 34 Mi
+	 * at 64 KiB); twice that for a restore: 512 GiB of 64 KiB holes fit, 513 do not */
 	mf.nentries = 2;
 	e[1].nxattrs = 0;
-	e[1].size = 4ull << 40;
+	e[1].size = 512ull << 30;
 	EXPECT_EQ(ckpt_restore_room(ns, &mf, NULL, 0), 0);
-	e[1].size = 5ull << 40;
+	e[1].size = 513ull << 30;
 	EXPECT_EQ(ckpt_restore_room(ns, &mf, why, sizeof(why)), -ENOSPC);
 	EXPECT(strstr(why, "block maps") != NULL);
 	/* blocks in the store: each costs its struct; 256 MiB of names' worth, twice */
@@ -285,6 +286,18 @@ static void test_floors_follow_the_cgroup(void)
 	want.st_size = 56ll << 30;
 	EXPECT_EQ(ckpt_setattr(ns, ino_of(&f), &want, FUSE_SET_ATTR_SIZE, &st), 0);
 	want.st_size = 61ll << 30;
+	EXPECT_EQ(ckpt_setattr(ns, ino_of(&f), &want, FUSE_SET_ATTR_SIZE, &st), -ENOSPC);
+	ckpt_forget(ns, ino_of(&f), 1);
+	ckpt_ns_free(ns);
+	/* without a cgroup, at 64 KiB blocks: the floor is two files of 1 TiB of 1 MiB
+	 * blocks (2 Mi slots, 128 GiB here), not 32 Mi slots (a take of them held 1 GiB) */
+	m.cfg.mem_max = 64ull << 20;
+	ns = ns_new();
+	m.cfg = saved;
+	EXPECT_EQ(ckpt_mknod(ns, ckpt_root(ns), "s", S_IFREG | 0666, 0, &user, &f), 0);
+	want.st_size = 100ll << 30;
+	EXPECT_EQ(ckpt_setattr(ns, ino_of(&f), &want, FUSE_SET_ATTR_SIZE, &st), 0);
+	want.st_size = 1ll << 40;
 	EXPECT_EQ(ckpt_setattr(ns, ino_of(&f), &want, FUSE_SET_ATTR_SIZE, &st), -ENOSPC);
 	ckpt_forget(ns, ino_of(&f), 1);
 	ckpt_ns_free(ns);
