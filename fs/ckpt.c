@@ -489,6 +489,11 @@ int ckpt_restore_room(struct ckpt_ns *ns, const struct mf_manifest *mf, char *wh
 #define CKPT_MF_BLOCK_BYTES 24
 #define CKPT_MF_HEADER_BYTES 4096
 
+uint64_t ckpt_slots_max(struct ckpt_ns *ns)
+{
+	return ns->slots_max;
+}
+
 uint64_t ckpt_restore_manifest_max(struct ckpt_ns *ns)
 {
 	uint64_t k = ns->m->cfg.workers + CKPT_RESTORE_SLACK;

@@ -216,9 +216,12 @@ struct ckpt_frozen {
 	struct mf_manifest *mf;
 	struct bc_block ***blocks; /* blocks[i][j]: entry i's block j, counted, NULL a hole */
 	uint64_t bytes;		   /* bytes held in those blocks */
+	uint64_t slots;		   /* blocks of all its files, holes too: its maps' size */
 	uint64_t gen;		   /* ckpt_generation() at the freeze */
 };
 int ckpt_freeze(struct ckpt_ns *ns, const char *name, struct ckpt_frozen **out);
+/* The bound on the block-map slots of all files together (mem_max / 256, its floor). */
+uint64_t ckpt_slots_max(struct ckpt_ns *ns);
 void ckpt_frozen_free(struct ckpt_ns *ns, struct ckpt_frozen *f);
 /* Counts changes to the tree; equal values mean nothing changed in between. */
 uint64_t ckpt_generation(struct ckpt_ns *ns);

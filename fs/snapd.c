@@ -100,6 +100,11 @@ struct snapd {
  * (snapd_bounded). A live store answers a stat in milliseconds, GlusterFS included. */
 #define SNAPD_STORE_ANSWER_S 2
 
+/* The block maps that frozen trees waiting for their persist may hold together, in
+ * bounds of the tree's own (ckpt_slots_max): a take behind others past it is refused
+ * (snapd_take). At mem_max / 256 slots of 32 bytes, a quarter of mem_max. */
+#define SNAPD_PENDING_MAPS 2
+
 /* The longest autosnap interval honoured: a year. Longer ones (autosnap=1e30, mtbf=inf
  * under autosnap=auto) would overflow time_t, and a wait that fails at once spins. */
 #define SNAPD_INTERVAL_MAX_S (365.0 * 86400)
@@ -664,6 +669,20 @@ static int snapd_take(struct snapd *sd, const char *name, int automatic,
 		free(job);
 		return rc;
 	}
+	/* A frozen tree's maps (32 bytes a block, holes too) wait in memory until it is
+	 * persisted: takes behind a slow persist each held another, and six of a tree of
+	 * sparse files grew a mem_max=64M daemon to 5 GB (an outside tester). Behind
+	 * others, a take's maps and theirs stay within SNAPD_PENDING_MAPS bounds. */
+	uint64_t held = 0;
+
+	for (struct snapd_job *j = sd->jobs; j; j = j->next)
+		held += j->fz ? j->fz->slots : 0;
+	if (held && held + job->fz->slots > SNAPD_PENDING_MAPS * ckpt_slots_max(sd->m->ckpt)) {
+		pthread_mutex_unlock(&sd->mu);
+		ckpt_frozen_free(sd->m->ckpt, job->fz);
+		free(job);
+		return -EAGAIN;
+	}
 	job->total = job->fz->bytes;
 	job->files = job->fz->mf->files;
 	job->logical = job->fz->mf->logical_bytes;
@@ -908,6 +927,11 @@ static int ctl_take(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 		else if (rc == -EBUSY)
 			ctl_fail(r, "take: a write held a file for over a second (a spill "
 				    "reload?); nothing taken, try again");
+		else if (rc == -EAGAIN)
+			ctl_fail(r, "take: the snapshots still being persisted hold as many "
+				    "block maps as memory allows beside this one (sparse files "
+				    "count whole); nothing taken, try again once they are "
+				    "durable");
 		else
 			ctl_fail(r, "take: %s", strerror(-rc));
 		return rc;

@@ -274,6 +274,40 @@ def test_take_returns_before_persist_and_list_states(snapenv):
     assert "fast" in r.out and "slow" in r.out, r.out
 
 
+def test_takes_behind_a_slow_persist_hold_bounded_maps(snapenv):
+    """A frozen tree's block maps (holes too) wait in memory until it is persisted:
+    takes behind a store that cannot be written each held another, and six takes of a
+    tree of sparse files grew a mem_max=64M daemon to 5 GB (an outside tester). Behind
+    others, a take whose maps would pass twice the tree's bound (2 Mi slots at
+    mem_max=64M: here 1 Mi a take) is refused, nothing taken; once the pending ones are
+    durable takes work again."""
+    env = snapenv()
+    mp = env.loop_ext4("storefs", 512)
+    env.store = os.path.join(mp, "store")
+    os.mkdir(env.store)
+    d = env.mount(opts="mem_max=64M")
+    with open(os.path.join(d.ckpt, "sparse"), "wb") as f:
+        f.truncate(1 << 40)
+    r = subprocess.run(["fsfreeze", "-f", mp], capture_output=True, text=True)
+    assert r.returncode == 0, f"fsfreeze -f {mp}: {r.stderr}"
+    try:
+        took = []
+        for i in range(6):
+            r = S.snap("take", env.mnt, f"t{i}", timeout=120)
+            if not r.ok:
+                break
+            took.append(i)
+    finally:
+        subprocess.run(["fsfreeze", "-u", mp], capture_output=True)
+    assert took == [0, 1, 2, 3], (took, r)
+    assert r.rc == 1 and "still being persisted" in r.err and "nothing taken" in r.err, r
+    for i in took:
+        S.wait_durable(env.mnt, f"t{i}")
+    S.snap_ok("take", env.mnt, "after", "--wait")
+    assert "t4" not in S.list_json(env.mnt)
+    assert U.pid_alive(d.pid)
+
+
 def test_writes_after_take_are_not_in_snapshot(snapenv):
     env = snapenv()
     d = env.mount()
