@@ -253,9 +253,10 @@ out:
 }
 
 /* Read a whole file relative to dirfd into a malloc'd buffer (handed over): -EINVAL for
- * one that is not a regular file or is larger than max. manifest: the file must pass
- * manifest_precheck first (-EINVAL, or -EIO for a checksum mismatch of a large one), so
- * nothing is allocated for a file of gigabytes that is no manifest. */
+ * one that is not a regular file or is larger than max. manifest: the file must be
+ * another user's in no way (-EPERM) and pass manifest_precheck first (-EINVAL, or -EIO
+ * for a checksum mismatch of a large one), so nothing is allocated for a file of
+ * gigabytes that is no manifest. */
 static int slurp(int dirfd, const char *name, uint64_t max, int manifest, void **buf,
 		 size_t *len)
 {
@@ -274,6 +275,13 @@ static int slurp(int dirfd, const char *name, uint64_t max, int manifest, void *
 	}
 	if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > max) {
 		rc = -EINVAL;
+		goto out_close;
+	}
+	/* What a restore makes of it (owners, modes, which blocks) is trusted as ours: a
+	 * file another user owns or may write, through a link outside the store's private
+	 * directories, could be planted (store_dir_trusted checks only directories). */
+	if (manifest && ((st.st_uid != geteuid() && st.st_uid != 0) || (st.st_mode & 0022))) {
+		rc = -EPERM;
 		goto out_close;
 	}
 	if (manifest && (rc = manifest_precheck(fd, (uint64_t)st.st_size)))
@@ -1550,8 +1558,11 @@ int store_part_load(struct store *s, int gfd, const char *name, const char *pnam
 	if (rc) {
 		if (rc != -ENOENT)
 			log_err("store: %s/snaps/%s/%s: %s", s->path, name, pname,
-				rc == -EINVAL ? "not a regular file of a sane size" : strerror(-rc));
-		return rc == -EINVAL ? -EIO : rc;
+				rc == -EINVAL ? "not a regular file of a sane size"
+				: rc == -EPERM ? "owned by another user or writable by others, "
+						 "who could have planted it; not used"
+				: strerror(-rc));
+		return rc == -EINVAL || rc == -EPERM ? -EIO : rc;
 	}
 	if (size)
 		*size = len;
@@ -1983,11 +1994,13 @@ int store_load_snapshot_max(struct store *s, const char *name, uint64_t max, uin
 		return -E2BIG;
 	}
 	rc = slurp(s->snapfd, name, max, 1, &buf, &len);
-	if (rc == -EINVAL || rc == -EIO) {
+	if (rc == -EINVAL || rc == -EIO || rc == -EPERM) {
 		/* not a regular file, absurdly large, no manifest's header, or (a large one)
 		 * its checksum: not what commit wrote */
 		load_why = rc == -EIO ? "manifest checksum mismatch"
-				      : "not a regular file of a sane size with a manifest's header";
+			   : rc == -EPERM ? "owned by another user or writable by others, who "
+					    "could have planted it"
+			   : "not a regular file of a sane size with a manifest's header";
 		if (!damaged_reported(s, name))
 			log_err("store: %s/snaps/%s: %s; not used", s->path, name, load_why);
 		return -EIO;

@@ -275,6 +275,8 @@ struct store_fault {
 	unsigned parts[2];
 };
 
+/* Called on the verifying thread; for a damaged manifest right after its load, so
+ * store_load_why() says why. */
 typedef void (*store_fault_fn)(void *arg, const struct store_fault *f);
 
 /*

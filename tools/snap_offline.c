@@ -806,7 +806,8 @@ static void print_fault(void *arg, const struct store_fault *f)
 	} else {
 		fputs(": damaged manifest: ", stdout);
 		snap_put_escaped(stdout, f->object, SNAP_ESC_TTY);
-		fputc('\n', stdout);
+		/* (called on the thread that loaded it, right after: store.h) */
+		printf(" (%s)\n", store_load_why());
 	}
 	++*(int *)arg;
 }

@@ -182,6 +182,35 @@ def test_block_size_no_mount_takes_is_damage(snapenv, bs):
     env.unmount(d)
 
 
+@pytest.mark.parametrize("how", ["chown", "chmod"])
+def test_manifest_another_user_could_write_is_not_trusted(snapenv, how):
+    """The store refused directories another user owns or may write, not the files in
+    them: a manifest owned by another user (or writable by others), reached through a
+    hard link outside the store's private directories, could be rewritten by them, and
+    a restore then gave root's checkpoint files their owner and mode (an outside
+    tester). Such a manifest is now damaged: listed so, refused by restore and verify,
+    never latest."""
+    env = snapenv()
+    d = env.mount()
+    write(os.path.join(d.ckpt, "a"), b"one")
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    write(os.path.join(d.ckpt, "a"), b"two")
+    S.snap_ok("take", env.mnt, "s2", "--wait")
+    p = os.path.join(env.store, "snaps", "s2")
+    if how == "chown":
+        os.chown(p, 65534, 65534)
+    else:
+        os.chmod(p, 0o666)
+    assert S.list_json(env.mnt)["s2"]["state"] == "damaged"
+    r = S.snap("restore", env.mnt, "s2")
+    assert r.rc == 1 and "damaged" in r.err, repr(r)
+    S.snap_ok("restore", env.mnt, "latest")
+    assert read(os.path.join(d.ckpt, "a")) == b"one"
+    r = S.snap("verify", "--store", env.store)
+    assert r.rc == 1 and "s2" in r.out + r.err and "another user" in r.out + r.err, repr(r)
+    env.unmount(d)
+
+
 def test_non_regular_entries_in_snaps_are_listed_damaged(snapenv):
     """A FIFO and a symlink (to a file outside the store) in snaps/ are nothing a commit
     wrote: list shows them damaged, verify reports them (exit 1), restore refuses them
