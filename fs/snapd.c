@@ -1534,6 +1534,16 @@ static int ctl_gc(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 	 * (a damaged manifest to verify and delete, a lease that does not parse, a read) */
 	if (rc == -EIO && why[0])
 		return ctl_fail(r, "gc refused: %s", why), rc;
+	if (rc == -ENOLCK && store_lease_lapsed(sd->st))
+		return ctl_fail(r, "gc: this mount's store lease lapsed while the store was "
+				   "unreachable; gc through it is refused until a remount (gc "
+				   "--store runs)"), rc;
+	if (rc == -ENOSPC)
+		return ctl_fail(r, "gc: removed %" PRIu64 " objects, %" PRIu64 " bytes; packs "
+				   "that also hold live blocks were not repacked: no room on "
+				   "the store's filesystem for a copy of their live blocks (free "
+				   "some, or delete the snapshots that hold them, and run gc "
+				   "again)", objs, bytes), rc;
 	if (rc)
 		return ctl_fail(r, "gc: %s", strerror(-rc)), rc;
 	ctl_out(r, "gc: removed %" PRIu64 " objects, %" PRIu64 " bytes", objs, bytes);

@@ -889,11 +889,18 @@ int snap_gc(const char *store_dir)
 		    "(try again)", store_dir);
 		return 1;
 	}
+	fmt_bytes(bytes, b, sizeof(b));
+	if (rc == -ENOSPC) {
+		say("%s: gc removed %" PRIu64 " objects, freed %s; packs that also hold live "
+		    "blocks were not repacked: no room on the store's filesystem for a copy of "
+		    "their live blocks (free some, or delete the snapshots that hold them, and "
+		    "run gc again)", store_dir, objs, b);
+		return 1;
+	}
 	if (rc) {
 		say("gc: %s", strerror(-rc));
 		return 1;
 	}
-	fmt_bytes(bytes, b, sizeof(b));
 	printf("removed %" PRIu64 " objects, freed %s\n", objs, b);
 	return 0;
 }

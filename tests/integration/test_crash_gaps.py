@@ -523,6 +523,35 @@ def test_full_store_gc_through_the_mount_that_named_the_deleted_blocks(snapenv,
     S.assert_tree_equal(files_tree(out), t, "s3 taken once gc gave room back")
 
 
+def test_full_store_gc_that_cannot_repack_says_why(snapenv, monkeypatch):
+    """On a store full to the last block, the dead blocks of a pack that also holds a
+    live one can only go once the live one is copied, which has no room: gc said only
+    "No space left on device", what it did free unsaid (an outside tester). It now says
+    what it removed, that the partly live packs were not repacked for want of room, and
+    what gives room back."""
+    monkeypatch.setenv("MLFS_LEASE_TIMES", S.FAST_LEASES)
+    env = snapenv("crash-fullrepack-")
+    mp = env.loop_ext4("storefs", 64, mkfs_args=("-m", "0"))
+    store = os.path.join(mp, "store")
+    os.mkdir(store)
+    rng = rng_for("fullrepack")
+    d = env.mount(store=store)
+    S.write(os.path.join(d.ckpt, "big"), rng.randbytes(40 * MiB))
+    S.write(os.path.join(d.ckpt, "small"), rng.randbytes(3 * MiB))
+    S.snap_ok("take", env.mnt, "one", "--wait")
+    os.unlink(os.path.join(d.ckpt, "big"))
+    S.snap_ok("take", env.mnt, "two", "--wait")
+    S.snap_ok("delete", env.mnt, "one")
+    fill_up(mp)
+    S.past_grace()
+    for r in (S.snap("gc", env.mnt, timeout=120),
+              S.snap("gc", "--store", store, timeout=120)):
+        assert r.rc == 1 and "not repacked" in r.err and "no room" in r.err, repr(r)
+        assert "removed" in r.err, repr(r)
+    env.unmount(d)
+    S.snap_ok("verify", "--store", store)
+
+
 def test_gc_frees_the_dead_blocks_of_a_pack_the_live_tree_reads_one_block_of(snapenv,
                                                                              monkeypatch):
     """A mount's lease named each pack its live tree reads, and gc keeps a leased pack

@@ -106,6 +106,10 @@ def test_take_after_the_lease_lapsed_says_remount(snapenv, monkeypatch):
     r = S.snap("take", env.mnt, "s1", "--wait")
     S.assert_clean_failure(r, "take after the lease lapsed")
     assert "lapsed" in r.err and "remount" in r.err, repr(r)
+    # gc through the mount too ("gc: No locks available" before)
+    r = S.snap("gc", env.mnt)
+    S.assert_clean_failure(r, "gc after the lease lapsed")
+    assert "lapsed" in r.err and "remount" in r.err, repr(r)
     env.unmount(d)
 
 
