@@ -494,6 +494,11 @@ uint64_t ckpt_slots_max(struct ckpt_ns *ns)
 	return ns->slots_max;
 }
 
+uint64_t ckpt_slots_used(struct ckpt_ns *ns)
+{
+	return atomic_load(&ns->slots);
+}
+
 uint64_t ckpt_restore_manifest_max(struct ckpt_ns *ns)
 {
 	uint64_t k = ns->m->cfg.workers + CKPT_RESTORE_SLACK;

@@ -220,8 +220,11 @@ struct ckpt_frozen {
 	uint64_t gen;		   /* ckpt_generation() at the freeze */
 };
 int ckpt_freeze(struct ckpt_ns *ns, const char *name, struct ckpt_frozen **out);
-/* The bound on the block-map slots of all files together (mem_max / 256, its floor). */
+/* The bound on the block-map slots of all files together (mem_max / 256, its floor),
+ * and what they hold now (about what a freeze's maps take: files hold at most twice
+ * their size's blocks). */
 uint64_t ckpt_slots_max(struct ckpt_ns *ns);
+uint64_t ckpt_slots_used(struct ckpt_ns *ns);
 void ckpt_frozen_free(struct ckpt_ns *ns, struct ckpt_frozen *f);
 /* Counts changes to the tree; equal values mean nothing changed in between. */
 uint64_t ckpt_generation(struct ckpt_ns *ns);

@@ -199,14 +199,18 @@ void ctl_mount_unlock(int fd, dev_t dev, ino_t ino)
  * ctl_mount_unlock removed theirs left one each. */
 static void ctl_remove_stale_lock(const char *path)
 {
-	struct stat st;
+	struct stat st, pst;
 	int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
 
 	if (fd < 0)
 		return;
+	/* Held by us and still the file at the path (not one a holder unlinked while we
+	 * waited, whose path now names a new holder's file): a start that opened it
+	 * meanwhile opens again (ctl_mount_lock). */
 	if (!fstat(fd, &st) && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
-	    !flock(fd, LOCK_EX | LOCK_NB))
-		unlink(path);	/* held by us: a start that opened it meanwhile opens again */
+	    !flock(fd, LOCK_EX | LOCK_NB) && !lstat(path, &pst) && pst.st_dev == st.st_dev &&
+	    pst.st_ino == st.st_ino)
+		unlink(path);
 	close(fd);
 }
 

@@ -661,6 +661,21 @@ static int snapd_take(struct snapd *sd, const char *name, int automatic,
 		free(job);
 		return -EEXIST;
 	}
+	/* A frozen tree's maps (32 bytes a block, holes too) wait in memory until it is
+	 * persisted: takes behind a slow persist each held another, and six of a tree of
+	 * sparse files grew a mem_max=64M daemon to 5 GB (an outside tester). Behind
+	 * others, a take's maps and theirs stay within SNAPD_PENDING_MAPS bounds: checked
+	 * against the live tree's slots before the freeze (no freeze paid for nothing),
+	 * and against the freeze's own after it. */
+	uint64_t held = 0, bound = SNAPD_PENDING_MAPS * ckpt_slots_max(sd->m->ckpt);
+
+	for (struct snapd_job *j = sd->jobs; j; j = j->next)
+		held += j->fz ? j->fz->slots : 0;
+	if (held && held + ckpt_slots_used(sd->m->ckpt) > bound) {
+		pthread_mutex_unlock(&sd->mu);
+		free(job);
+		return -EAGAIN;
+	}
 	/* Freeze under sd->mu so two takes cannot interleave their order in the queue;
 	 * the freeze itself is pointer work (ckpt.h). */
 	rc = ckpt_freeze(sd->m->ckpt, name, &job->fz);
@@ -669,15 +684,7 @@ static int snapd_take(struct snapd *sd, const char *name, int automatic,
 		free(job);
 		return rc;
 	}
-	/* A frozen tree's maps (32 bytes a block, holes too) wait in memory until it is
-	 * persisted: takes behind a slow persist each held another, and six of a tree of
-	 * sparse files grew a mem_max=64M daemon to 5 GB (an outside tester). Behind
-	 * others, a take's maps and theirs stay within SNAPD_PENDING_MAPS bounds. */
-	uint64_t held = 0;
-
-	for (struct snapd_job *j = sd->jobs; j; j = j->next)
-		held += j->fz ? j->fz->slots : 0;
-	if (held && held + job->fz->slots > SNAPD_PENDING_MAPS * ckpt_slots_max(sd->m->ckpt)) {
+	if (held && held + job->fz->slots > bound) {
 		pthread_mutex_unlock(&sd->mu);
 		ckpt_frozen_free(sd->m->ckpt, job->fz);
 		free(job);
@@ -1538,12 +1545,14 @@ static int ctl_gc(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 		return ctl_fail(r, "gc: this mount's store lease lapsed while the store was "
 				   "unreachable; gc through it is refused until a remount (gc "
 				   "--store runs)"), rc;
+	/* (the sweep's copies of a partly live pack's live blocks, or the lease's write) */
 	if (rc == -ENOSPC)
-		return ctl_fail(r, "gc: removed %" PRIu64 " objects, %" PRIu64 " bytes; packs "
-				   "that also hold live blocks were not repacked: no room on "
-				   "the store's filesystem for a copy of their live blocks (free "
-				   "some, or delete the snapshots that hold them, and run gc "
-				   "again)", objs, bytes), rc;
+		return ctl_fail(r, "gc: removed %" PRIu64 " objects, %" PRIu64 " bytes, then no "
+				   "room was left on the store's filesystem (%s): a pack that "
+				   "also holds live blocks is repacked only with room for a copy "
+				   "of them; free some, or delete the snapshots that hold them, "
+				   "and run gc again", objs, bytes,
+				why[0] ? why : "No space left on device"), rc;
 	if (rc)
 		return ctl_fail(r, "gc: %s", strerror(-rc)), rc;
 	ctl_out(r, "gc: removed %" PRIu64 " objects, %" PRIu64 " bytes", objs, bytes);
@@ -1694,7 +1703,10 @@ static void *snapd_autosnap(void *arg)
 			boundary = time(NULL);
 
 		if ((rc = snapd_take_named(sd, "auto", 1, boundary, name, sizeof(name), &job)))
-			log_err("snap: autosnap %s: %s", name, strerror(-rc));
+			log_err("snap: autosnap %s: %s", name, rc == -EAGAIN
+				? "skipped: the snapshots still being persisted hold as many "
+				  "block maps as memory allows beside it"
+				: strerror(-rc));
 		else
 			snapd_release(sd, job);
 	}
@@ -1853,9 +1865,18 @@ int snapd_finish_by(struct snapd *sd, const char *why, uint64_t deadline)
 	}
 	/* A freeze gives up after a second of writers holding a file (ckpt_freeze):
 	 * again until the deadline, which holds whatever the writers do. */
-	while ((rc = snapd_take_named(sd, why, 0, time(NULL), name, sizeof(name), &job)) == -EBUSY &&
+	while (((rc = snapd_take_named(sd, why, 0, time(NULL), name, sizeof(name), &job)) ==
+		-EBUSY || rc == -EAGAIN) &&
 	       (!deadline || mono_now_ns() + 1000000000ull < deadline)) {
-		if (!busy++)
+		/* -EAGAIN: a client's take came in since the drain, and the maps pending
+		 * with this one would pass their bound (snapd_take): wait them out too. */
+		if (rc == -EAGAIN && snapd_drain(sd, deadline) == -ETIMEDOUT &&
+		    deadline && mono_now_ns() >= deadline) {
+			rc = -ETIMEDOUT;
+			past = 1;
+			goto out;
+		}
+		if (rc == -EBUSY && !busy++)
 			log_warn("snap: %s: a writer holds a file; retrying the freeze", why);
 	}
 	if (rc) {

@@ -891,10 +891,11 @@ int snap_gc(const char *store_dir)
 	}
 	fmt_bytes(bytes, b, sizeof(b));
 	if (rc == -ENOSPC) {
-		say("%s: gc removed %" PRIu64 " objects, freed %s; packs that also hold live "
-		    "blocks were not repacked: no room on the store's filesystem for a copy of "
-		    "their live blocks (free some, or delete the snapshots that hold them, and "
-		    "run gc again)", store_dir, objs, b);
+		say("%s: gc removed %" PRIu64 " objects, freed %s, then no room was left on the "
+		    "store's filesystem (%s): a pack that also holds live blocks is repacked "
+		    "only with room for a copy of them; free some, or delete the snapshots that "
+		    "hold them, and run gc again", store_dir, objs, b,
+		    log_first_error()[0] ? log_first_error() : "No space left on device");
 		return 1;
 	}
 	if (rc) {

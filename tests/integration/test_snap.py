@@ -279,7 +279,8 @@ def test_takes_behind_a_slow_persist_hold_bounded_maps(snapenv):
     takes behind a store that cannot be written each held another, and six takes of a
     tree of sparse files grew a mem_max=64M daemon to 5 GB (an outside tester). Behind
     others, a take whose maps would pass twice the tree's bound (2 Mi slots at
-    mem_max=64M: here 1 Mi a take) is refused, nothing taken; once the pending ones are
+    mem_max=64M: here 1 Mi a take, at the default 1 MiB blocks, as root, whose files
+    may use root's sixteenth too) is refused, nothing taken; once the pending ones are
     durable takes work again."""
     env = snapenv()
     mp = env.loop_ext4("storefs", 512)
