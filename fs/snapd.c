@@ -1490,7 +1490,7 @@ static int snapd_gc(struct snapd *sd, struct snapd_call *c, uint64_t *objs, uint
 struct snapd_gc_call {
 	struct snapd_call c;
 	uint64_t objs, bytes;
-	char why[512];	/* the store's line on why it failed with -EIO */
+	char why[512];	/* the store's first error line of the gc (why it failed) */
 };
 
 static int snapd_gc_fn(struct snapd_call *c)
