@@ -464,9 +464,10 @@ int ckpt_restore_room(struct ckpt_ns *ns, const struct mf_manifest *mf, char *wh
 				 ((b[j].need + k - 1) / k * b[j].share + (1 << 20) - 1) >> 20);
 		return -ENOSPC;
 	}
-	/* In a memory cgroup, all of it beside the tier's half (mem_max's default): the
-	 * floors above ignore the cgroup, and a restore of 1.2 M files passed them and got
-	 * the daemon OOM-killed in a 480 MiB cgroup (an outside tester). */
+	/* In a memory cgroup, all of it beside the tier's half (mem_max's default): before
+	 * the floors followed the cgroup (ckpt_bound), a restore of 1.2 M files passed them
+	 * and got the daemon OOM-killed in a 480 MiB cgroup (an outside tester); k of each
+	 * bound may still pass it. */
 	if (lim && total > lim / 2) {
 		if (why)
 			snprintf(why, len, "its inodes, names, extended attributes and blocks take "
