@@ -71,6 +71,7 @@
 #include <lz4.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -304,13 +305,40 @@ out_close:
 
 /* ---- open / close ---- */
 
-/* 0 if dirfd holds nothing but what store_create makes before FORMAT (a peer's
- * FORMAT, published while we looked, included: check_format judges it); -EINVAL if it
- * holds anything else (it is some other directory, not a store). */
+static bool name_in(const char *name, const char *const *set, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (!strcmp(name, set[i]))
+			return true;
+	return false;
+}
+
+/* 0 if directory name under dirfd is empty; -EINVAL if it holds anything or is no
+ * directory (a symlink included). */
+static int store_subdir_is_empty(int dirfd, const char *name)
+{
+	struct dirent64 *d;
+	struct fdio_dir *dp;
+	int rc = fdio_opendir(dirfd, name, &dp);
+
+	if (rc)
+		return rc == -ENOTDIR ? -EINVAL : rc;
+	while ((rc = fdio_readdir(dp, &d)) > 0)
+		if (strcmp(d->d_name, ".") && strcmp(d->d_name, ".."))
+			break;
+	fdio_closedir(dp);
+	return rc > 0 ? -EINVAL : rc;
+}
+
+/* 0 if dirfd holds nothing but what store_create makes before FORMAT: its directories,
+ * empty (a create interrupted by a crash leaves them so), and FORMAT temporaries; or if
+ * a peer's FORMAT was published while we looked (check_format judges it; its creator
+ * may be writing into packs/ already). -EINVAL if it holds anything else: it is some
+ * other directory, not a store, and is not made one behind its owner's back. */
 static int store_dir_is_fresh(int dirfd)
 {
-	static const char *const ours[] = { ".", "..", "objects", "packs", "snaps", "leases",
-					    "lock", "FORMAT" };
+	static const char *const dirs[] = { "objects", "packs", "snaps", "leases" };
+	static const char *const files[] = { ".", "..", "lock", "FORMAT" };
 	struct dirent64 *d;
 	struct fdio_dir *dp;
 	int rc = fdio_opendir(dirfd, ".", &dp);
@@ -318,18 +346,17 @@ static int store_dir_is_fresh(int dirfd)
 	if (rc)
 		return rc;
 	while (!rc && (rc = fdio_readdir(dp, &d)) > 0) {
-		size_t i;
-
 		rc = 0;
 		if (!strncmp(d->d_name, "FORMAT.tmp", 10))
 			continue;	/* a creator's temporary, ours or a peer's */
-		for (i = 0; i < sizeof(ours) / sizeof(ours[0]); i++)
-			if (!strcmp(d->d_name, ours[i]))
-				break;
-		if (i == sizeof(ours) / sizeof(ours[0]))
+		if (name_in(d->d_name, dirs, sizeof(dirs) / sizeof(dirs[0])))
+			rc = store_subdir_is_empty(dirfd, d->d_name);
+		else if (!name_in(d->d_name, files, sizeof(files) / sizeof(files[0])))
 			rc = -EINVAL;
 	}
 	fdio_closedir(dp);
+	if (rc == -EINVAL && faccessat(dirfd, "FORMAT", F_OK, 0) == 0)
+		rc = 0;
 	return rc;
 }
 

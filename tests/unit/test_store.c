@@ -220,6 +220,28 @@ static void test_open(void)
 	path_of(p, sizeof(p), root, "empty");
 	mkdir(p, 0755);
 	EXPECT_EQ(store_open(p, 0, &s), -EINVAL);	/* not an mlfs store */
+	/* What a create that crashed before FORMAT leaves (its directories, empty) is
+	 * made a store; a directory with anything else in it, at its top or inside a
+	 * directory of that name, is someone's and is left as it is. */
+	path_of(p, sizeof(p), root, "empty/packs");
+	mkdir(p, 0700);
+	path_of(p, sizeof(p), root, "empty/packs/theirs");
+	f = fopen(p, "w");
+	fclose(f);
+	path_of(p, sizeof(p), root, "empty");
+	EXPECT_EQ(store_open(p, STORE_CREATE, &s), -EINVAL);
+	path_of(p, sizeof(p), root, "empty/FORMAT");
+	EXPECT_EQ(access(p, F_OK), -1);
+	path_of(p, sizeof(p), root, "empty/packs/theirs");
+	unlink(p);
+	path_of(p, sizeof(p), root, "empty/snaps");
+	symlink("/tmp", p);			/* not a directory of ours either */
+	path_of(p, sizeof(p), root, "empty");
+	EXPECT_EQ(store_open(p, STORE_CREATE, &s), -EINVAL);
+	path_of(p, sizeof(p), root, "empty/snaps");
+	unlink(p);
+	mkdir(p, 0700);
+	path_of(p, sizeof(p), root, "empty");
 	EXPECT_EQ(store_open(p, STORE_CREATE, &s), 0);
 	store_close(s);
 	s = NULL;
