@@ -315,6 +315,44 @@ def test_takes_behind_a_slow_persist_hold_bounded_maps(snapenv):
     assert U.pid_alive(d.pid)
 
 
+def test_sigterm_behind_pending_maps_drains_then_takes_the_final(snapenv):
+    """SIGTERM while takes wait on a store that cannot be written, their maps at their
+    bound (the test above): the final snapshot is taken once they are durable, not
+    refused beside them, and holds what was written after the last take."""
+    env = snapenv()
+    mp = env.loop_ext4("storefs", 512)
+    env.store = os.path.join(mp, "store")
+    os.mkdir(env.store)
+    d = env.mount(opts="mem_max=64M,preempt_deadline=60", foreground=True)
+    with open(os.path.join(d.ckpt, "sparse"), "wb") as f:
+        f.truncate(1 << 40)
+    r = subprocess.run(["fsfreeze", "-f", mp], capture_output=True, text=True)
+    assert r.returncode == 0, f"fsfreeze -f {mp}: {r.stderr}"
+    try:
+        for i in range(4):
+            S.snap_ok("take", env.mnt, f"t{i}", timeout=120)
+        r = S.snap("take", env.mnt, "refused", timeout=120)
+        assert r.rc == 1 and "still being persisted" in r.err, r
+        write(os.path.join(d.ckpt, "late"), b"written after the last take")
+        os.kill(d.pid, signal.SIGTERM)
+        time.sleep(2)  # the daemon waits on the frozen store meanwhile
+        assert U.pid_alive(d.pid), d.output()
+    finally:
+        subprocess.run(["fsfreeze", "-u", mp], capture_output=True)
+    assert env.wait_exit(d, 90) == 0, d.output()
+    lst = S.list_json(env.store, store=True)
+    for i in range(4):
+        assert lst.get(f"t{i}", {}).get("state") in S.STORED, lst
+    new = sorted(set(lst) - {f"t{i}" for i in range(4)})
+    assert len(new) == 1 and lst[new[0]]["state"] in S.STORED, (lst, d.output())
+    out = env.path("export")
+    assert S.export(env.store, new[0], out).ok
+    assert sorted(os.listdir(out)) == ["late", "sparse"]
+    with open(os.path.join(out, "late"), "rb") as f:
+        assert f.read() == b"written after the last take"
+    assert os.path.getsize(os.path.join(out, "sparse")) == 1 << 40
+
+
 def test_writes_after_take_are_not_in_snapshot(snapenv):
     env = snapenv()
     d = env.mount()
