@@ -31,6 +31,7 @@
 #include "fs/fdio.h"
 #include "fs/hset.h"
 #include "fs/le.h"
+#include "fs/manifest.h"
 
 #define REC_MAGIC "MLOB"
 #define PACK_MAGIC "MLFSPACK"
@@ -266,12 +267,22 @@ static int index_rebuild_locked(struct pack_set *ps)
 }
 
 /* 0 if index entry r (ENT bytes) points at a record inside the pack's data (before
- * ixoff) and has known flags; -EINVAL otherwise. */
+ * ixoff), has known flags and lengths an object can have (1..MF_BLOCK_SIZE_MAX bytes,
+ * stored as they are or as LZ4 of them); -EINVAL otherwise. Every reader allocates by
+ * these lengths. */
 static int ent_check(const uint8_t *r, uint64_t ixoff)
 {
-	uint64_t off = le_get(r + 16, 8), stored = le_get(r + 24, 4);
+	uint64_t off = le_get(r + 16, 8), stored = le_get(r + 24, 4), logical = le_get(r + 28, 4);
 
-	return off < PACK_HDR || off + PACK_REC_HDR + stored > ixoff || r[32] > 1 ? -EINVAL : 0;
+	/* Subtractions, not sums: an offset near 2^64 wrapped past the bound. */
+	if (off < PACK_HDR || off > ixoff || ixoff - off < PACK_REC_HDR ||
+	    stored > ixoff - off - PACK_REC_HDR || r[32] > 1)
+		return -EINVAL;
+	if (logical == 0 || logical > MF_BLOCK_SIZE_MAX ||
+	    (r[32] == 0 ? stored != logical
+			: stored == 0 || stored > (uint64_t)LZ4_COMPRESSBOUND(logical)))
+		return -EINVAL;
+	return 0;
 }
 
 /* An index this large is verified streamed (checksum and every entry's bounds) before a
@@ -1196,6 +1207,7 @@ static int gc_copy_live(struct pack_set *ps, struct pack *p, pack_live_fn live, 
 			struct hset *copied, struct pack_writer **w)
 {
 	void *rec = NULL, *out = NULL;
+	uint8_t hdr[PACK_REC_HDR];
 	size_t cap = 0;
 	int rc = 0;
 
@@ -1206,17 +1218,6 @@ static int gc_copy_live(struct pack_set *ps, struct pack *p, pack_live_fn live, 
 
 		if (!live(arg, e->hash) || hset_find(copied, e->hash, 0))
 			continue;
-		if (cap < PACK_REC_HDR + (size_t)e->stored + e->logical) {
-			free(rec);
-			free(out);
-			cap = PACK_REC_HDR + (size_t)e->stored + e->logical;
-			rec = malloc(cap);
-			out = malloc(cap);
-			if (!rec || !out) {
-				rc = -ENOMEM;
-				break;
-			}
-		}
 		pthread_mutex_lock(&ps->mu);
 		r = use_locked(ps, p, &fd, &own);
 		pthread_mutex_unlock(&ps->mu);
@@ -1224,8 +1225,34 @@ static int gc_copy_live(struct pack_set *ps, struct pack *p, pack_live_fn live, 
 			rc = r;
 			break;
 		}
+		/* The record's header first: nothing allocated by a length it contradicts. */
+		r = fdio_pread_all(fd, hdr, PACK_REC_HDR, e->off);
+		if (!r && pack_rec_bad(hdr, e->hash, e->stored))
+			r = -EIO;
+		if (r) {
+			release(ps, p, fd, own);
+			rc = -EIO;
+			break;
+		}
+		if (cap < PACK_REC_HDR + (size_t)e->stored + e->logical) {
+			free(rec);
+			free(out);
+			cap = PACK_REC_HDR + (size_t)e->stored + e->logical;
+			rec = malloc(cap);
+			out = malloc(cap);
+			if (!rec || !out) {
+				release(ps, p, fd, own);
+				rc = -ENOMEM;
+				break;
+			}
+		}
+		/* Read again whole, header included: it is what is copied, and a record is
+		 * copied only when what it holds decodes to its name (a header that does
+		 * not match its index entry was copied before, its bytes lost). */
 		r = fdio_pread_all(fd, rec, PACK_REC_HDR + (size_t)e->stored, e->off);
-		if (!r && !(why = pack_rec_bad(rec, e->hash, e->stored)))
+		if (!r && pack_rec_bad(rec, e->hash, e->stored))
+			r = -EIO;
+		if (!r)
 			r = pack_rec_decode(rec, (char *)rec + PACK_REC_HDR, out, e->logical, e->hash,
 					    &why);
 		release(ps, p, fd, own);

@@ -646,6 +646,135 @@ static void test_gc_merges_small_packs(const char *dir)
 	store_close(s);
 }
 
+/* Rewrites the index entry of object h in the pack at path: its offset, and its
+ * logical length when logical is nonzero; the tail's checksum made right again, as a
+ * crafter would. 0, or -1 if h is not in it. */
+static int edit_entry(const char *path, const uint8_t h[16], uint64_t off, uint32_t logical)
+{
+	int fd = open(path, O_RDWR), rc = -1;
+	struct stat st;
+	uint8_t *b = NULL;
+	uint64_t n = 0, ix = 0, sum;
+
+	if (fd < 0 || fstat(fd, &st) || !(b = malloc((size_t)st.st_size)) ||
+	    pread(fd, b, (size_t)st.st_size, 0) != st.st_size)
+		goto out;
+	memcpy(&n, b + st.st_size - 32, 8);	/* little-endian host: x86, arm64 */
+	memcpy(&ix, b + st.st_size - 24, 8);
+	for (uint64_t i = 0; i < n; i++) {
+		uint8_t *e = b + ix + 40 * i;
+
+		if (memcmp(e, h, 16))
+			continue;
+		memcpy(e + 16, &off, 8);
+		if (logical)
+			memcpy(e + 28, &logical, 4);
+		sum = XXH3_64bits(b + ix, 40 * n + 24);
+		memcpy(b + st.st_size - 8, &sum, 8);
+		if (pwrite(fd, b, (size_t)st.st_size, 0) == st.st_size)
+			rc = 0;
+		break;
+	}
+out:
+	free(b);
+	if (fd >= 0)
+		close(fd);
+	return rc;
+}
+
+static int same_file(const char *a, const char *b)
+{
+	char cmd[1200];
+
+	snprintf(cmd, sizeof(cmd), "cmp -s '%s' '%s'", a, b);
+	return system(cmd) == 0;
+}
+
+/* An index entry moved onto another record's bytes (its checksum made right): the
+ * object reads -EIO, and gc, merging that pack, refuses it (-EIO) and keeps it as it
+ * is. It copied the bytes it found under the entry's name and removed the pack: the
+ * object's good record, still in it at its old offset, was lost. */
+static void test_gc_copies_only_verified_records(const char *dir)
+{
+	static char buf[BS];
+	unsigned seeds[4][2];
+	char rel[64], p[512], copy[600], cmd[1300], name[16];
+	uint64_t off, objs, bytes;
+	uint8_t h[16];
+	struct store *s;
+
+	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
+	for (int k = 0; k < 4; k++) {
+		seeds[k][0] = 900 + 2 * (unsigned)k;
+		seeds[k][1] = 901 + 2 * (unsigned)k;
+		snprintf(name, sizeof(name), "s%d", k);
+		EXPECT_EQ(commit_seeds(s, name, seeds[k], 2), 0);
+	}
+	store_close(s);
+	fill(buf, BS, 903);
+	hash_of(buf, BS, h);
+	EXPECT_EQ(store_open(dir, 0, &s), 0);
+	EXPECT_EQ(store_object_where(s, h, rel, &off), 0);
+	store_close(s);
+	path_of(p, sizeof(p), dir, rel);
+	EXPECT_EQ(edit_entry(p, h, off - 500, 0), 0);
+	snprintf(copy, sizeof(copy), "%s.before", dir);
+	snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", p, copy);
+	EXPECT_EQ(system(cmd), 0);
+	EXPECT_EQ(store_open(dir, 0, &s), 0);
+	EXPECT_EQ(read_seed(s, 903), -EIO);
+	EXPECT_EQ(read_seed(s, 902), BS);
+	usleep(1100 * 1000);				/* past the grace time */
+	EXPECT_EQ(store_gc(s, &objs, &bytes), -EIO);
+	EXPECT(same_file(p, copy));			/* kept, byte for byte */
+	EXPECT_EQ(read_seed(s, 902), BS);
+	for (int k = 0; k < 4; k++)
+		if (k != 1)
+			EXPECT_EQ(read_seed(s, seeds[k][0]), BS);
+	EXPECT_EQ(edit_entry(p, h, off, 0), 0);		/* repaired: whole again */
+	store_close(s);
+	EXPECT_EQ(store_open(dir, 0, &s), 0);
+	EXPECT_EQ(read_seed(s, 903), BS);
+	EXPECT_EQ(store_verify(s, NULL, NULL, NULL), 0);
+	store_close(s);
+	unlink(copy);
+}
+
+/* Index entries a pack cannot hold, their checksum right: an offset that wraps past
+ * 2^64 to within the pack (its reads failed EINVAL), a logical length over the largest
+ * block (what a reader allocates by). The pack is damaged as a whole: its objects are
+ * missing, never read. */
+static void test_index_bounds(const char *dir)
+{
+	static char buf[BS];
+	const unsigned seeds[] = { 950, 951 };
+	char rel[64], p[512];
+	uint64_t off;
+	uint8_t h[16];
+	struct store *s;
+
+	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
+	EXPECT_EQ(commit_seeds(s, "b", seeds, 2), 0);
+	fill(buf, BS, 951);
+	hash_of(buf, BS, h);
+	EXPECT_EQ(store_object_where(s, h, rel, &off), 0);
+	store_close(s);
+	path_of(p, sizeof(p), dir, rel);
+	EXPECT_EQ(edit_entry(p, h, UINT64_MAX - 39, 0), 0);
+	EXPECT_EQ(store_open(dir, 0, &s), 0);
+	EXPECT_EQ(read_seed(s, 951), -ENOENT);
+	EXPECT_EQ(read_seed(s, 950), -ENOENT);
+	store_close(s);
+	EXPECT_EQ(edit_entry(p, h, off, 0), 0);
+	EXPECT_EQ(store_open(dir, 0, &s), 0);
+	EXPECT_EQ(read_seed(s, 951), BS);
+	store_close(s);
+	EXPECT_EQ(edit_entry(p, h, off, (1u << 30) + 1), 0);
+	EXPECT_EQ(store_open(dir, 0, &s), 0);
+	EXPECT_EQ(read_seed(s, 951), -ENOENT);
+	store_close(s);
+}
+
 /* A crashed writer's temporary pack stays while young, goes once older than grace. */
 static void test_leftover(const char *dir)
 {
@@ -822,6 +951,10 @@ int main(void)
 	test_killed_gc_trash(p);
 	path_of(p, sizeof(p), root, "hugeindex");
 	test_huge_index(p);
+	path_of(p, sizeof(p), root, "gcverify");
+	test_gc_copies_only_verified_records(p);
+	path_of(p, sizeof(p), root, "ixbounds");
+	test_index_bounds(p);
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
 	if (system(cmd))
 		fprintf(stderr, "could not remove %s\n", root);
