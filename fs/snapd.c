@@ -1395,6 +1395,7 @@ struct snapd_delete_call {
 	struct snapd_call c;
 	char name[MF_NAME_MAX + 1];
 	int tried;	/* an earlier try failed (transient): it may have deleted the name */
+	char why[512];	/* the store's first error line of the delete */
 };
 
 /* Invariant 4: between jobs. Given up while it waited for store_mu (behind a persist
@@ -1406,7 +1407,9 @@ static int snapd_delete_fn(struct snapd_call *c)
 	int rc;
 
 	pthread_mutex_lock(&sd->store_mu);
+	log_thread_mark();
 	rc = snapd_call_cancelled(c) ? -ECANCELED : store_delete(sd->st, d->name);
+	snprintf(d->why, sizeof(d->why), "%s", log_thread_error());
 	pthread_mutex_unlock(&sd->store_mu);
 	if (rc == -ENOENT && d->tried)
 		rc = 0;		/* gone, by our earlier try or another's delete: done */
@@ -1447,6 +1450,10 @@ static int ctl_delete(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 	d->c.release = snapd_free_call;
 	d->c.what = "a delete";
 	rc = snapd_call(sd, &d->c, wait_ns, r);
+	char why[sizeof(d->why)] = "";
+
+	if (snapd_call_done(&d->c))
+		snprintf(why, sizeof(why), "%s", d->why);
 	snapd_call_put(&d->c);
 	if (snapd_call_failed(sd, r, "delete", &rc, wait_ns, rc == -ETIMEDOUT ?
 			      "; a delete that reached it completes when it answers, one that "
@@ -1454,6 +1461,8 @@ static int ctl_delete(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 		return rc;
 	if (rc == -ENOENT)
 		return ctl_fail(r, "delete: no snapshot '%s'", name), rc;
+	if (rc && why[0])
+		return ctl_fail(r, "delete: %s", why), rc;
 	if (rc)
 		return ctl_fail(r, "delete: %s", strerror(-rc)), rc;
 	ctl_out(r, "deleted %s (its objects go at the next gc)", name);

@@ -2297,6 +2297,39 @@ int store_latest(struct store *s, char *name)
  * file, fsynced: from then on it is no snapshot), then its parts and the directory.
  * Two workers' retention may delete one group at once: whoever removes the group file
  * returns 0, the other -ENOENT; the rest tolerates the race. */
+/* After a group's delete, its directory still holds something (rmdir: ENOTEMPTY). A
+ * part a worker published since (a regular file named as parts are) starts a new
+ * partial group: 0, the delete was done. Anything else is nothing a commit writes (a
+ * directory with entries, a FIFO that came back): -ENOTEMPTY, logged by name, and the
+ * delete is not reported done (it was, while list went on calling the group damaged,
+ * and gc refused it). */
+static int group_leftover(struct store *s, int gfd, const char *name)
+{
+	struct dirent64 *d;
+	struct fdio_dir *dir;
+	struct stat st;
+	unsigned k, n;
+	int rc;
+
+	if ((rc = fdio_opendir(gfd, ".", &dir)))
+		return rc;
+	while ((rc = fdio_readdir(dir, &d)) > 0) {
+		rc = 0;
+		if (!strcmp(d->d_name, ".") || !strcmp(d->d_name, ".."))
+			continue;
+		if (!fstatat(gfd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) && S_ISREG(st.st_mode) &&
+		    !store_part_parse(d->d_name, &k, &n))
+			continue;
+		log_err("store: %s/snaps/%s/%s: not a file a snapshot holds; the group's files "
+			"are deleted, its directory stays until that is removed by hand", s->path,
+			name, d->d_name);
+		rc = -ENOTEMPTY;
+		break;
+	}
+	fdio_closedir(dir);
+	return rc;
+}
+
 int store_group_delete(struct store *s, const char *name)
 {
 	struct dirent64 *d;
@@ -2319,13 +2352,16 @@ int store_group_delete(struct store *s, const char *name)
 	if (rc)
 		goto out;
 	if (!fdio_opendir(gfd, ".", &dir)) {
-		while (fdio_readdir(dir, &d) > 0)	/* what is left is refused by rmdir */
-			if (strcmp(d->d_name, ".") && strcmp(d->d_name, ".."))
-				unlinkat(gfd, d->d_name, 0);
+		/* What is left is refused by rmdir: an empty directory a crafter put
+		 * there goes too, nothing is followed or removed recursively. */
+		while (fdio_readdir(dir, &d) > 0)
+			if (strcmp(d->d_name, ".") && strcmp(d->d_name, "..") &&
+			    unlinkat(gfd, d->d_name, 0) && errno == EISDIR)
+				unlinkat(gfd, d->d_name, AT_REMOVEDIR);
 		fdio_closedir(dir);
 	}
-	if (unlinkat(s->snapfd, name, AT_REMOVEDIR) && errno != ENOENT && errno != ENOTEMPTY)
-		rc = -errno;
+	if (unlinkat(s->snapfd, name, AT_REMOVEDIR) && errno != ENOENT)
+		rc = errno == ENOTEMPTY ? group_leftover(s, gfd, name) : -errno;
 	if (!rc)
 		rc = store_sync_dir(s, s->snapfd);
 out:
@@ -2423,8 +2459,20 @@ static int verify_one(struct verify_ctx *c, const char *name)
 	int rc;
 
 	rc = store_load_snapshot(c->s, name, verify_conflict, c, &m, &conflicts);
-	if (rc == -EAGAIN)
-		return 0;	/* a partial group: nothing published to verify yet */
+	if (rc == -EAGAIN) {
+		/* A partial group: nothing published to verify yet, but a part present
+		 * that does not load is the damage list shows (a directory in its place,
+		 * garbage): named here too, or verify passed a store gc refuses. */
+		struct group_scan g = { 0 };
+
+		if (snap_entry_group(c->s, name, &g) != 1 || g.complete)
+			return 0;
+		rc = group_partial_info(c->s, name, &g, &m);
+		if (!rc)
+			mf_free(m);
+		if (rc != -EIO)
+			return rc == -ENOENT ? 0 : rc;
+	}
 	if (rc == -EIO) {
 		snprintf(obj, sizeof(obj), "snaps/%s", name);
 		f.object = obj;

@@ -917,6 +917,7 @@ int snap_delete(const char *store_dir, const char *name)
 	}
 	if (open_store(store_dir, 0, &s))
 		return 1;
+	log_first_error_reset();
 	rc = store_delete(s, name);
 	store_close(s);
 	if (rc == -ENOENT) {
@@ -924,7 +925,9 @@ int snap_delete(const char *store_dir, const char *name)
 		return 1;
 	}
 	if (rc) {
-		say("delete '%s': %s", name, strerror(-rc));
+		/* The store's line, when it logged one, names what stopped it. */
+		say("delete '%s': %s", name,
+		    log_first_error()[0] ? log_first_error() : strerror(-rc));
 		return 1;
 	}
 	fputs("deleted '", stdout);

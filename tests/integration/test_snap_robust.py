@@ -243,6 +243,50 @@ def test_non_regular_entries_in_snaps_are_listed_damaged(snapenv):
     assert read(outside) == b"not a manifest"
 
 
+def test_damaged_partial_group_verify_and_delete(snapenv):
+    """A partial group whose one part is a directory: list calls it damaged, and now
+    verify does too (it passed the store while gc refused it); delete removes it (the
+    empty directory in the part's place too) and gc runs again. A group whose leftover
+    cannot be removed without recursing (a directory with a file in it) is not reported
+    deleted: delete fails naming it, offline and through the mount. Before, delete said
+    "deleted" and left it, damaged, for good (found by an outside tester)."""
+    env = snapenv()
+    d = env.mount()
+    write(os.path.join(d.ckpt, "a"), b"good" * 1000)
+    S.snap_ok("take", env.mnt, "good", "--wait")
+    env.unmount(d)
+    snaps = os.path.join(env.store, "snaps")
+    os.makedirs(os.path.join(snaps, "grp", "part-0-of-2"))
+    st = {e["name"]: e["state"] for e in json.loads(
+        S.snap_ok("list", "--store", env.store, "--json").out)}
+    assert st.get("grp") == "damaged", st
+    r = S.snap("verify", "--store", env.store, timeout=60)
+    assert r.rc == 1 and "grp" in r.out + r.err, repr(r)
+    r = S.snap("verify", "--store", env.store, "grp", timeout=60)
+    assert r.rc == 1 and "grp" in r.out + r.err, repr(r)
+    S.snap_ok("delete", "--store", env.store, "grp", timeout=60)
+    assert sorted(os.listdir(snaps)) == ["good"]
+    S.snap_ok("verify", "--store", env.store, timeout=60)
+    S.snap_ok("gc", "--store", env.store, timeout=60)
+
+    for via in ("store", "mount"):
+        junk = os.path.join(snaps, "grp2", "part-1-of-2", "junk")
+        os.makedirs(os.path.dirname(junk))
+        write(junk, b"x")
+        if via == "store":
+            r = S.snap("delete", "--store", env.store, "grp2", timeout=60)
+        else:
+            d = env.mount()
+            r = S.snap("delete", env.mnt, "grp2", timeout=60)
+            env.unmount(d)
+        assert r.rc == 1 and "part-1-of-2" in r.err and "by hand" in r.err, (via, r)
+        assert read(junk) == b"x"
+        os.unlink(junk)
+        os.rmdir(os.path.dirname(junk))
+        os.rmdir(os.path.join(snaps, "grp2"))
+    S.snap_ok("verify", "--store", env.store, timeout=60)
+
+
 def test_fresh_non_regular_lease_refuses_gc_until_stale(snapenv):
     """A fresh name in leases/ that is no regular file (a FIFO, a symlink) refuses gc as
     a fresh lease that does not parse does: what it stands for cannot be told. Once
