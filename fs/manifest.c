@@ -257,6 +257,9 @@ static int mf_check_entry(const struct mf_manifest *m, size_t i, uint32_t versio
 
 	if (e->type < MF_FILE || e->type > MF_SYMLINK || (e->mode & ~07777u))
 		return -EINVAL;
+	/* chown(2)'s "unchanged": no inode has it (a link's fields are its target's) */
+	if (!e->link && (e->uid == UINT32_MAX || e->gid == UINT32_MAX))
+		return -EINVAL;
 	if ((e->flags & ~(MF_ENTRY_OPEN_WRITE | MF_ENTRY_INHERITED)) ||
 	    (e->flags && (version < 2 || e->link)) ||
 	    ((e->flags & MF_ENTRY_OPEN_WRITE) && e->type != MF_FILE) ||

@@ -322,6 +322,7 @@ struct raw_ent {
 	uint32_t block_size;
 	uint64_t nblocks;	/* the count written */
 	uint64_t nb_real;	/* blocks actually written, each block_size long but the last */
+	int owner_none;		/* 1: uid written as 2^32-1, 2: gid, 3: both (else 1000, 100) */
 };
 
 static void raw_entry(struct raw *r, const struct raw_ent *e)
@@ -340,8 +341,8 @@ static void raw_entry(struct raw *r, const struct raw_ent *e)
 	 * name's own bytes follow it (copying nl would read past the string). */
 	raw_bytes(r, e->name, nl > 255 ? strlen(e->name) : nl);
 	raw_le(r, e->mode, 4);
-	raw_le(r, 1000, 4);
-	raw_le(r, 100, 4);
+	raw_le(r, e->owner_none & 1 ? UINT32_MAX : 1000, 4);
+	raw_le(r, e->owner_none & 2 ? UINT32_MAX : 100, 4);
 	raw_le(r, 1, 8);
 	raw_le(r, 2, 8);
 	raw_le(r, 3, 8);
@@ -537,6 +538,12 @@ static void test_crafted_tree(void)
 	a.mode = 0100644;	/* S_IFMT bits */
 	CRAFTED(-EINVAL, a);
 	a.mode = 0644;
+	/* An owner or group of -1, which no inode can have (chown's "unchanged"): restore
+	 * --to gave the file root's, silently. */
+	for (a.owner_none = 1; a.owner_none <= 3; a.owner_none++)
+		CRAFTED(-EINVAL, a);
+	a.owner_none = 0;
+	CRAFTED(0, a);
 	a.parent = 999;		/* out of range */
 	CRAFTED(-EINVAL, a);
 	a.parent = 2;		/* itself */
