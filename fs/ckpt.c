@@ -1113,6 +1113,10 @@ int ckpt_rename(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
 	 * a mknod does, so it needs the room a mknod needs (a plain rename adds nothing):
 	 * checked below, once the target is known. */
 	if (flags & RENAME_WHITEOUT) {
+		mode_t wmode = S_IFCHR;
+		void *acl, *dacl;
+		size_t acl_size;
+
 		whiteout = ckpt_inode_new(ns, S_IFCHR, c->uid,
 					  dir->mode & S_ISGID ? dir->gid : c->gid);
 		if (!whiteout) {
@@ -1120,6 +1124,20 @@ int ckpt_rename(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *name,
 			goto out;
 		}
 		whiteout->rdev = 0;
+		/* Under a default ACL it gets an access ACL, all masked by its mode 0, as
+		 * ext4's whiteout does (made as a mknod is: posix_acl_create). */
+		if ((rc = ckpt_acl_inherit_locked(dir, &wmode, c, &acl, &acl_size, &dacl)))
+			goto out;
+		free(dacl);	/* NULL: not a directory */
+		if (acl && ns->xattr_bytes + acl_size + sizeof(PACL_XATTR_ACCESS) >
+			   ckpt_limit(ns->xattr_max, c))
+			rc = -ENOSPC;
+		if (!rc && acl && !(rc = ckpt_xattr_attach(ns, whiteout, PACL_XATTR_ACCESS, acl,
+							   acl_size)))
+			acl = NULL;
+		free(acl);
+		if (rc)
+			goto out;
 	}
 	if (!S_ISDIR(dir->mode) || !S_ISDIR(newdir->mode)) {
 		rc = -ENOTDIR;

@@ -68,6 +68,27 @@ def test_acl_named_ids_in_any_order(ckpt):
         ("err", errno.EACCES)
 
 
+def test_whiteout_under_a_default_acl_inherits_it(ckpt, umask022):
+    """A RENAME_WHITEOUT's whiteout is made as a mknod is: under a default ACL it gets
+    an access ACL (every permission masked by its mode 0), as ext4 gives it. mlfs gave
+    it none (an outside tester)."""
+    d = p(ckpt, "d")
+    os.mkdir(d)
+    dflt = acl_value([(ACL_USER_OBJ, 7, -1), (ACL_USER, 7, 1013), (ACL_GROUP_OBJ, 5, -1),
+                      (ACL_MASK, 7, -1), (ACL_OTHER, 5, -1)])
+    os.setxattr(d, "system.posix_acl_default", dflt)
+    touch(p(ckpt, "d", "a"))
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.renameat2(-100, p(ckpt, "d", "a").encode(), -100,
+                          p(ckpt, "d", "b").encode(), 4) == 0, os.strerror(ctypes.get_errno())
+    st = os.lstat(p(ckpt, "d", "a"))
+    assert stat.S_ISCHR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0
+    want = acl_value([(ACL_USER_OBJ, 0, -1), (ACL_USER, 7, 1013), (ACL_GROUP_OBJ, 5, -1),
+                      (ACL_MASK, 0, -1), (ACL_OTHER, 0, -1)])
+    assert os.getxattr(p(ckpt, "d", "a"), "system.posix_acl_access",
+                       follow_symlinks=False) == want
+
+
 def test_removing_an_absent_acl_succeeds(ckpt, umask022):
     """removexattr of system.posix_acl_access/_default where there is none (never set, or
     set equivalent to the mode, which stores nothing) succeeds on ext4 (ext4_set_acl with
