@@ -1858,7 +1858,10 @@ static int ckpt_dir_fill(struct ckpt_ns *ns, struct ckpt_inode *dir, struct ckpt
 		d->cap = cap;
 	}
 	d->ents[d->n++] = (struct ckpt_dent_copy){ dir->hdr.st_ino, S_IFDIR, strdup(".") };
-	d->ents[d->n++] = (struct ckpt_dent_copy){ dir->parent->hdr.st_ino, S_IFDIR, strdup("..") };
+	/* The root is its own parent here; its ".." is the mount's root. */
+	d->ents[d->n++] = (struct ckpt_dent_copy){ dir->parent == dir ? MLFS_ROOT_INO
+								      : dir->parent->hdr.st_ino,
+						   S_IFDIR, strdup("..") };
 	for (e = dir->head; e; e = e->next)
 		d->ents[d->n++] = (struct ckpt_dent_copy){ e->ino->hdr.st_ino,
 							   e->ino->mode & S_IFMT, strdup(e->name) };

@@ -2248,6 +2248,21 @@ int data_opendir(struct data_ns *ns, struct data_node *n, const struct data_cred
 	return 0;
 }
 
+/* The st_ino of "." (n's) or ".." (its parent's; the mount root's above MOUNT/data)
+ * in a listing of n, as stat(2) shows them: SOURCE's own numbers were listed. */
+static uint64_t data_dot_ino(struct data_ns *ns, struct data_node *n, const char *name)
+{
+	uint64_t ino;
+
+	pthread_mutex_lock(&ns->mu);
+	if (!strcmp(name, "."))
+		ino = n->hdr.st_ino;
+	else
+		ino = n->parent ? n->parent->hdr.st_ino : MLFS_ROOT_INO;
+	pthread_mutex_unlock(&ns->mu);
+	return ino;
+}
+
 int data_readdir(struct data_ns *ns, fuse_req_t req, struct data_node *parent,
 		 struct data_dir *d, char *buf, size_t size, off_t off, int plus)
 {
@@ -2286,13 +2301,13 @@ int data_readdir(struct data_ns *ns, fuse_req_t req, struct data_node *parent,
 		off_t next = fdio_telldir(d->dp);
 		const char *name = d->entry->d_name;
 
+		int dot = !strcmp(name, ".") || !strcmp(name, "..");
+
 		if (plus) {
 			/* "." and ".." go without attributes (ino 0): the kernel has them. */
-			int dot = !strcmp(name, ".") || !strcmp(name, "..");
-
 			if (dot) {
-				e.attr.st_ino = d->entry->d_ino;
-				e.attr.st_mode = DTTOIF(d->entry->d_type);
+				e.attr.st_ino = data_dot_ino(ns, d->n, name);
+				e.attr.st_mode = S_IFDIR;
 			} else if (data_lookup_at(ns, fdio_dirfd(d->dp), parent, name, &e)) {
 				d->entry = NULL; /* vanished since readdir: leave it out */
 				d->offset = next;
@@ -2302,7 +2317,7 @@ int data_readdir(struct data_ns *ns, fuse_req_t req, struct data_node *parent,
 			if (need > size - used && !dot)
 				data_forget(ns, (struct data_node *)e.ino, 1);
 		} else {
-			st.st_ino = d->entry->d_ino;
+			st.st_ino = dot ? data_dot_ino(ns, d->n, name) : d->entry->d_ino;
 			st.st_mode = DTTOIF(d->entry->d_type);
 			need = fuse_add_direntry(req, buf + used, size - used, name, &st, next);
 		}

@@ -24,6 +24,9 @@
 
 enum mlfs_kind { MLFS_ROOT = 0x526f6f74, MLFS_DATA = 0x44617461, MLFS_CKPT = 0x436b7074 };
 
+/* The st_ino of the mount root, MOUNT/data's and MOUNT/ckpt's roots' ".." */
+#define MLFS_ROOT_INO 1
+
 /* First member of every node type. */
 struct mlfs_node {
 	uint32_t kind; /* enum mlfs_kind: also a magic number checked in debug builds */

@@ -42,7 +42,7 @@
 const char mlfs_zeros[BC_BLOCK_MAX];
 
 /* Root entries are named "data" and "ckpt"; their "inode numbers" are 2 and 3. */
-static struct mlfs_node mlfs_root_node = { .kind = MLFS_ROOT, .st_ino = 1 };
+static struct mlfs_node mlfs_root_node = { .kind = MLFS_ROOT, .st_ino = MLFS_ROOT_INO };
 
 static struct mlfs *mlfs_of(fuse_req_t req)
 {

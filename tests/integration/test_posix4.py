@@ -327,6 +327,49 @@ def test_xattr_set_again_keeps_ctime(ckpt, umask022):
     assert stat.S_IMODE(os.stat(f).st_mode) == 0o600
 
 
+class _Dirent(ctypes.Structure):
+    _fields_ = [("d_ino", ctypes.c_uint64), ("d_off", ctypes.c_int64),
+                ("d_reclen", ctypes.c_ushort), ("d_type", ctypes.c_ubyte),
+                ("d_name", ctypes.c_char * 256)]
+
+
+def dirent_inos(path):
+    """{name: d_ino} of readdir(3) over path, "." and ".." included."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.opendir.restype = ctypes.c_void_p
+    libc.opendir.argtypes = [ctypes.c_char_p]
+    libc.readdir64.restype = ctypes.POINTER(_Dirent)
+    libc.readdir64.argtypes = [ctypes.c_void_p]
+    libc.closedir.argtypes = [ctypes.c_void_p]
+    dp = libc.opendir(path.encode())
+    assert dp, os.strerror(ctypes.get_errno())
+    out = {}
+    try:
+        while True:
+            e = libc.readdir64(dp)
+            if not e:
+                break
+            out[e.contents.d_name.decode()] = e.contents.d_ino
+    finally:
+        libc.closedir(dp)
+    return out
+
+
+def test_dot_and_dotdot_list_the_inode_numbers_stat_shows(mounter, tmp_path):
+    """ "." and ".." of a listing carry the numbers stat(2) gives those directories, as
+    ext4's do: MOUNT/ckpt's root listed itself as its "..", and MOUNT/data listed
+    SOURCE's own numbers for both (an outside tester)."""
+    src = tmp_path / "src"
+    (src / "sub" / "deeper").mkdir(parents=True)
+    m = mounter(src=str(src))
+    os.makedirs(os.path.join(m.ckpt, "sub", "deeper"))
+    for top in (m.data, m.ckpt):
+        for d in (top, os.path.join(top, "sub"), os.path.join(top, "sub", "deeper")):
+            got = dirent_inos(d)
+            want = {".": os.stat(d).st_ino, "..": os.stat(os.path.join(d, "..")).st_ino}
+            assert {k: got[k] for k in (".", "..")} == want, d
+
+
 # --- MOUNT/data as a second user ------------------------------------------------------
 
 def _read_as(path, uid=NOBODY, gid=NOBODY, groups=()):
