@@ -744,27 +744,20 @@ static void release(struct pack_set *ps, struct pack *p, int fd, int own)
 	pthread_mutex_unlock(&ps->mu);
 }
 
-/* One attempt: -ENOENT not in the index (or its pack gone); -errno of the read (a retry
- * after a scan may help); else the result (a length: 1 is a 1-byte object). */
-static int get_once(struct pack_set *ps, const uint8_t hash[16], void *buf, uint32_t len)
+/* One read of hash from entry ei of p, entered with mu held (p in ps->v), which it
+ * releases: -errno of the read (a retry after a scan may help), -EIO for damage (logged),
+ * else the result (a length: 1 is a 1-byte object). */
+static int get_from_locked(struct pack_set *ps, struct pack *p, size_t ei,
+			   const uint8_t hash[16], void *buf, uint32_t len)
 {
 	uint8_t hdr[PACK_REC_HDR];
-	struct pack_ent e;
-	struct pack *p;
-	struct loc *l;
+	struct pack_ent e = p->ents[ei];
 	const char *why = NULL;
 	char *z = NULL, hx[33];
 	uint64_t end, ra_from = 0, ra_len = 0;
 	int fd, own, rc;
 	bool seq;
 
-	pthread_mutex_lock(&ps->mu);
-	if (!(l = lookup_locked(ps, hash))) {
-		pthread_mutex_unlock(&ps->mu);
-		return -ENOENT;
-	}
-	p = l->p;
-	e = p->ents[l->e];
 	rc = use_locked(ps, p, &fd, &own);
 	/* A restore reads a pack's objects in the order they were written: when this read
 	 * follows the last one, ask the kernel for the next PACK_READ_AHEAD bytes now, so
@@ -841,9 +834,56 @@ out:
 	return rc;
 }
 
+/* One attempt at the indexed copy: -ENOENT not in the index (or its pack gone); else as
+ * get_from_locked. Its pack's id in tried. */
+static int get_once(struct pack_set *ps, const uint8_t hash[16], void *buf, uint32_t len,
+		    char tried[33])
+{
+	struct loc *l;
+
+	pthread_mutex_lock(&ps->mu);
+	if (!(l = lookup_locked(ps, hash))) {
+		pthread_mutex_unlock(&ps->mu);
+		return -ENOENT;
+	}
+	snprintf(tried, 33, "%s", l->p->id);
+	return get_from_locked(ps, l->p, l->e, hash, buf, len);
+}
+
+/* The index names one copy of each object (the first pack's); two writers that stored
+ * one object at once, or a crafted pack, leave others. When the indexed one is damaged
+ * (or unreadable), each other copy is tried in turn: a walk of every pack's entries, on
+ * this failure path only. The result of the first that reads, or -EIO. */
+static int get_other_copy(struct pack_set *ps, const uint8_t hash[16], void *buf,
+			  uint32_t len, const char *tried)
+{
+	int rc = -EIO;
+
+	for (size_t i = 0;; i++) {
+		struct pack *q;
+		size_t e;
+
+		pthread_mutex_lock(&ps->mu);
+		if (i >= ps->nv) {	/* (a scan meanwhile may skip or repeat one: no harm) */
+			pthread_mutex_unlock(&ps->mu);
+			return rc;
+		}
+		q = ps->v[i];
+		for (e = 0; e < q->n && memcmp(q->ents[e].hash, hash, 16); e++)
+			;
+		if (e == q->n || !strcmp(q->id, tried)) {
+			pthread_mutex_unlock(&ps->mu);
+			continue;
+		}
+		if ((rc = get_from_locked(ps, q, e, hash, buf, len)) >= 0)
+			return rc;
+	}
+}
+
 int pack_set_get(struct pack_set *ps, const uint8_t hash[16], void *buf, uint32_t len)
 {
-	int rc = get_once(ps, hash, buf, len);
+	char tried[33] = "";
+	int rc = get_once(ps, hash, buf, len, tried);
 
 	/* Not known, or its pack gone (ENOENT/ESTALE on a network filesystem): a gc may
 	 * have moved it, another writer added it. One rescan, one more try. */
@@ -852,10 +892,16 @@ int pack_set_get(struct pack_set *ps, const uint8_t hash[16], void *buf, uint32_
 
 		if (src)
 			return src;
-		rc = get_once(ps, hash, buf, len);
+		rc = get_once(ps, hash, buf, len, tried);
 	}
 	if (rc == -EBADFD)	/* a kept descriptor gone bad: once more on a new one */
-		rc = get_once(ps, hash, buf, len);
+		rc = get_once(ps, hash, buf, len, tried);
+	if (rc == -EIO && tried[0]) {
+		int other = get_other_copy(ps, hash, buf, len, tried);
+
+		if (other >= 0)
+			rc = other;
+	}
 	return rc;
 }
 
@@ -1201,8 +1247,25 @@ static int gc_leftovers(struct pack_set *ps, pack_live_fn live, void *arg, int64
 	return rc;
 }
 
-/* Copy p's live objects, each read and verified, into *w. -EIO if one is damaged (p is
- * then kept: its damage is verify's to report). */
+/* A live object's record in p is damaged: true if another copy in the store reads
+ * whole (get_other_copy), which then carries it, and p's may go with p (logged). */
+static bool gc_other_copy_whole(struct pack_set *ps, struct pack *p, const struct pack_ent *e)
+{
+	void *buf = malloc(e->logical);
+	char hx[33];
+	bool whole = buf && get_other_copy(ps, e->hash, buf, e->logical, p->id) >= 0;
+
+	free(buf);
+	if (whole) {
+		hex(e->hash, 16, hx);
+		log_warn("store: %s/packs/%s.pack: damaged copy of object %s not copied: "
+			 "another copy in the store is whole", ps->path, p->id, hx);
+	}
+	return whole;
+}
+
+/* Copy p's live objects, each read and verified, into *w. -EIO if one is damaged and
+ * no other copy of it is whole (p is then kept: its damage is verify's to report). */
 static int gc_copy_live(struct pack_set *ps, struct pack *p, pack_live_fn live, void *arg,
 			struct hset *copied, struct pack_writer **w)
 {
@@ -1231,6 +1294,8 @@ static int gc_copy_live(struct pack_set *ps, struct pack *p, pack_live_fn live, 
 			r = -EIO;
 		if (r) {
 			release(ps, p, fd, own);
+			if (gc_other_copy_whole(ps, p, e))
+				continue;
 			rc = -EIO;
 			break;
 		}
@@ -1256,6 +1321,8 @@ static int gc_copy_live(struct pack_set *ps, struct pack *p, pack_live_fn live, 
 			r = pack_rec_decode(rec, (char *)rec + PACK_REC_HDR, out, e->logical, e->hash,
 					    &why);
 		release(ps, p, fd, own);
+		if (r < 0 && gc_other_copy_whole(ps, p, e))
+			continue;
 		if (r < 0) {
 			rc = -EIO;
 			break;
