@@ -210,7 +210,8 @@ static int load(struct store *s, const char *dir, const char *name, struct mf_ma
 
 static void fmt_time(int64_t ns, char *buf, size_t size)
 {
-	time_t t = (time_t)(ns / 1000000000);
+	/* Floored: -1 ns is the last second of 1969, not 1970's first. */
+	time_t t = (time_t)(ns / 1000000000 - (ns % 1000000000 < 0));
 	struct tm tm;
 
 	gmtime_r(&t, &tm);

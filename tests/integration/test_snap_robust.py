@@ -243,6 +243,17 @@ def test_non_regular_entries_in_snaps_are_listed_damaged(snapenv):
     assert read(outside) == b"not a manifest"
 
 
+def test_list_prints_times_before_1970_floored(snapenv):
+    """A snapshot dated 1 ns before the epoch is listed at 1969-12-31T23:59:59Z; the
+    division truncated toward zero and printed 1970's first second (a tester)."""
+    env = snapenv()
+    d = env.mount()
+    env.unmount(d)
+    plant(env.store, "old", manifest("old", [ROOT], time_ns=-1))
+    r = S.snap_ok("list", "--store", env.store)
+    assert "1969-12-31T23:59:59Z" in r.out, r.out
+
+
 def test_damaged_partial_group_verify_and_delete(snapenv):
     """A partial group whose one part is a directory: list calls it damaged, and now
     verify does too (it passed the store while gc refused it); delete removes it (the
