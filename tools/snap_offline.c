@@ -321,7 +321,7 @@ struct restore {
 	struct store *s;
 	const struct mf_manifest *m;
 	const char *stage;
-	char **paths;		/* per entry, under stage */
+	char *path[2];		/* rpath's buffers: stage, '/', a path of at most 4095 */
 	unsigned char *bad;	/* per entry: left out because of damage */
 	void *buf;
 	int damaged, xattr_warned;
@@ -346,10 +346,47 @@ static const char *snap_fault_why(int error)
 	       strerror(-error);
 }
 
+/* Checks that every entry's path fits (any user may nest MOUNT/ckpt past PATH_MAX; the
+ * tree is written by path) and makes rpath's buffers. A path per entry was kept: 35
+ * times the manifest in memory for a tree of long nested names (a tester's 200,000
+ * files under 15 names of 255 bytes took 800 MB). */
+static int restore_paths(struct restore *r)
+{
+	char rel[4096];
+	size_t n = r->m->nentries;
+
+	r->bad = calloc(n, 1);
+	r->path[0] = malloc(strlen(r->stage) + 1 + sizeof(rel));
+	r->path[1] = malloc(strlen(r->stage) + 1 + sizeof(rel));
+	if (!r->bad || !r->path[0] || !r->path[1])
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		int len = mf_path(r->m, i, rel, sizeof(rel));
+
+		if (len < 0) {
+			say("%s: a path of the snapshot: %s", r->stage, strerror(-len));
+			return len;
+		}
+	}
+	return 0;
+}
+
+/* Entry i's path under the stage, in buffer slot (0 or 1: link() needs two at once),
+ * valid until the next call for that slot. restore_paths checked that it fits. */
+static const char *rpath(struct restore *r, size_t i, int slot)
+{
+	char rel[4096];
+	int len = mf_path(r->m, i, rel, sizeof(rel));
+
+	snprintf(r->path[slot], strlen(r->stage) + 1 + sizeof(rel), "%s%s%s", r->stage,
+		 len > 0 ? "/" : "", len > 0 ? rel : "");
+	return r->path[slot];
+}
+
 static int restore_file(struct restore *r, size_t i)
 {
 	const struct mf_entry *e = &r->m->entries[i];
-	const char *p = r->paths[i];
+	const char *p = rpath(r, i, 0);
 	int fd, rc = 0;
 
 	fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -394,17 +431,18 @@ out_close:
 static void restore_xattrs(struct restore *r, size_t i)
 {
 	const struct mf_entry *e = &r->m->entries[i];
+	const char *p = rpath(r, i, 0);
 
 	for (uint32_t k = 0; k < e->nxattrs; k++) {
 		if (restore_drops_xattr(e->xattrs[k].name)) {
 			r->unprivileged++;
 			continue;
 		}
-		if (!lsetxattr(r->paths[i], e->xattrs[k].name, e->xattrs[k].value ? e->xattrs[k].value : "",
+		if (!lsetxattr(p, e->xattrs[k].name, e->xattrs[k].value ? e->xattrs[k].value : "",
 			       e->xattrs[k].value_len, 0) || r->xattr_warned)
 			continue;
 		/* Not fatal: the target filesystem may lack xattrs; the bytes are what matter. */
-		say("warning: %s: xattr %s: %s (further xattr errors not shown)", r->paths[i],
+		say("warning: %s: xattr %s: %s (further xattr errors not shown)", p,
 		    e->xattrs[k].name, strerror(errno));
 		r->xattr_warned = 1;
 	}
@@ -417,6 +455,7 @@ static int restore_create(struct restore *r)
 
 	for (size_t i = 1; i < r->m->nentries; i++) {
 		const struct mf_entry *e = &r->m->entries[i];
+		const char *p = rpath(r, i, 0);
 		long t;
 
 		if (r->bad[mf_find(r->m, e->parent)]) {
@@ -425,14 +464,14 @@ static int restore_create(struct restore *r)
 		}
 		switch (e->type) {
 		case MF_DIR:
-			if (mkdir(r->paths[i], 0700)) {
-				say("%s: %s", r->paths[i], strerror(errno));
+			if (mkdir(p, 0700)) {
+				say("%s: %s", p, strerror(errno));
 				return -errno;
 			}
 			break;
 		case MF_SYMLINK:
-			if (symlink(e->target, r->paths[i])) {
-				say("%s: %s", r->paths[i], strerror(errno));
+			if (symlink(e->target, p)) {
+				say("%s: %s", p, strerror(errno));
 				return -errno;
 			}
 			break;
@@ -446,12 +485,12 @@ static int restore_create(struct restore *r)
 			if (r->bad[t]) {
 				r->bad[i] = 1;	/* the inode it shares was left out */
 				say("damaged: %s (hard link to %s); left out",
-				    r->paths[i] + strlen(r->stage) + 1, r->paths[t] + strlen(r->stage) + 1);
+				    p + strlen(r->stage) + 1, rpath(r, (size_t)t, 1) + strlen(r->stage) + 1);
 				r->damaged++;
 				continue;
 			}
-			if (link(r->paths[t], r->paths[i])) {
-				say("%s: %s", r->paths[i], strerror(errno));
+			if (link(rpath(r, (size_t)t, 1), p)) {
+				say("%s: %s", p, strerror(errno));
 				return -errno;
 			}
 			continue;	/* the inode's metadata is the target's */
@@ -484,8 +523,10 @@ static int restore_meta(struct restore *r)
 				ts[k].tv_sec--;
 			}
 		/* Owners only as root; chown before chmod, which it would undo for setuid. */
-		if (root && lchown(r->paths[i], e->uid, e->gid)) {
-			say("%s: chown: %s", r->paths[i], strerror(errno));
+		const char *p = rpath(r, i, 1);
+
+		if (root && lchown(p, e->uid, e->gid)) {
+			say("%s: chown: %s", p, strerror(errno));
 			return -errno;
 		}
 		mode_t mode = e->mode & 07777;
@@ -495,37 +536,14 @@ static int restore_meta(struct restore *r)
 			mode &= ~RESTORE_DROP_MODE;
 			r->unprivileged++;
 		}
-		if (e->type != MF_SYMLINK && chmod(r->paths[i], mode)) {
-			say("%s: chmod: %s", r->paths[i], strerror(errno));
+		if (e->type != MF_SYMLINK && chmod(p, mode)) {
+			say("%s: chmod: %s", p, strerror(errno));
 			return -errno;
 		}
-		if (utimensat(AT_FDCWD, r->paths[i], ts, AT_SYMLINK_NOFOLLOW)) {
-			say("%s: times: %s", r->paths[i], strerror(errno));
+		if (utimensat(AT_FDCWD, p, ts, AT_SYMLINK_NOFOLLOW)) {
+			say("%s: times: %s", p, strerror(errno));
 			return -errno;
 		}
-	}
-	return 0;
-}
-
-static int restore_paths(struct restore *r)
-{
-	char rel[4096];
-	size_t n = r->m->nentries;
-
-	r->paths = calloc(n, sizeof(*r->paths));
-	r->bad = calloc(n, 1);
-	if (!r->paths || !r->bad)
-		return -ENOMEM;
-	for (size_t i = 0; i < n; i++) {
-		int len = mf_path(r->m, i, rel, sizeof(rel));
-
-		/* Any user may nest MOUNT/ckpt past PATH_MAX; the tree is written by path. */
-		if (len < 0) {
-			say("%s: a path of the snapshot: %s", r->stage, strerror(-len));
-			return len;
-		}
-		if (asprintf(&r->paths[i], "%s%s%s", r->stage, len ? "/" : "", rel) < 0)
-			return -ENOMEM;
 	}
 	return 0;
 }
@@ -765,10 +783,8 @@ int snap_restore(const char *store_dir, const char *name, const char *to_arg)
 out_partial:
 	say("restore of '%s' failed; partial tree left in %s", m->name, stage);
 out:
-	if (r.paths)
-		for (size_t i = 0; i < m->nentries; i++)
-			free(r.paths[i]);
-	free(r.paths);
+	free(r.path[0]);
+	free(r.path[1]);
 	free(r.bad);
 	free(r.buf);
 	free(parent);
