@@ -241,6 +241,10 @@ struct data_ns {
 	struct data_node **buckets;
 	size_t nbuckets, nnodes;
 	struct data_node *root;
+	/* The root's attributes from its last getattr (data_root_attr), and when (ms of
+	 * CLOCK_MONOTONIC; 0: none yet). Under mu. */
+	struct stat root_st;
+	uint64_t root_st_ms;
 	/* Nodes detached from the table while the kernel holds them (invariant 8), linked
 	 * by hnext: few (files replaced while open), so a free walks the list. */
 	struct data_node *gone;
@@ -557,6 +561,7 @@ int data_ns_new(struct mlfs *m, const char *source, struct data_ns **out)
 	ns->root->fid = data_fid_of(&st);
 	ns->root->nlookup = 1; /* pinned: the mount root's entry */
 	data_watch_init(ns);
+	data_getattr(ns, ns->root, &st);	/* data_root_attr's first (a failure: none) */
 	*out = ns;
 	return 0;
 
@@ -1131,7 +1136,28 @@ static int data_getattr_of(struct data_ns *ns, struct data_node *n,
 
 int data_getattr(struct data_ns *ns, struct data_node *n, struct stat *st)
 {
-	return data_getattr_of(ns, n, NULL, st);
+	int rc = data_getattr_of(ns, n, NULL, st);
+
+	if (!rc && n == ns->root) {
+		pthread_mutex_lock(&ns->mu);
+		ns->root_st = *st;
+		ns->root_st_ms = mono_now_ms();
+		pthread_mutex_unlock(&ns->mu);
+	}
+	return rc;
+}
+
+int data_root_attr(struct data_ns *ns, struct stat *st)
+{
+	uint64_t max_ms = (uint64_t)(ns->m->cfg.data_timeout * 1000);
+	int fresh;
+
+	pthread_mutex_lock(&ns->mu);
+	fresh = ns->root_st_ms && mono_now_ms() - ns->root_st_ms < max_ms;
+	if (fresh)
+		*st = ns->root_st;
+	pthread_mutex_unlock(&ns->mu);
+	return fresh ? 0 : data_getattr(ns, ns->root, st);
 }
 
 int data_getattr_open(struct data_ns *ns, const struct data_file *f, struct stat *st)

@@ -156,7 +156,7 @@ static void mlfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 	switch (p->kind) {
 	case MLFS_ROOT:
 		if (!strcmp(name, "data")) {
-			rc = data_getattr(m->data, data_root(m->data), &e.attr);
+			rc = data_root_attr(m->data, &e.attr);
 			e.ino = (fuse_ino_t)data_root(m->data);
 			e.attr_timeout = e.entry_timeout = m->cfg.data_timeout;
 		} else if (!strcmp(name, "ckpt")) {
@@ -1230,7 +1230,7 @@ static int root_readdir(fuse_req_t req, char *buf, size_t size, off_t off, int p
 		e.attr.st_mode = S_IFDIR;
 		e.attr.st_ino = i < 2 ? 1 : i;
 		if (plus) {
-			if (i == 2 && !data_getattr(m->data, data_root(m->data), &e.attr)) {
+			if (i == 2 && !data_root_attr(m->data, &e.attr)) {
 				e.ino = (fuse_ino_t)data_root(m->data);
 			} else if (i == 3 && !ckpt_getattr(m->ckpt, ckpt_root(m->ckpt), &e.attr)) {
 				e.ino = (fuse_ino_t)ckpt_root(m->ckpt);

@@ -515,6 +515,41 @@ def test_a_blocked_lookup_does_not_hold_its_directory(mounter):
               "a lookup in dir waited behind the blocked lookup of dir/stuck")
 
 
+def test_a_hung_source_does_not_hold_the_mount_root(mounter):
+    """The mount root's LOOKUP of "data" (a fresh mount, or its entry evicted) stat'ed
+    SOURCE's root, and the kernel holds the mount root's directory lock across it: with
+    SOURCE hung (here a SIGSTOPped FUSE daemon; on a real machine an NFS or GlusterFS
+    server, a bucket mount), `mkdir -p MOUNT/ckpt/run`, which a launcher runs first,
+    waited in D state, unkillable, and `ls MOUNT` behind it (an outside tester). It is
+    now answered from the root's last attributes (data_root_attr)."""
+    m2 = mounter()
+    write(os.path.join(m2.ckpt, "f"), b"behind a stopped daemon")
+    m = mounter(src=m2.ckpt)
+    cat = None
+    try:
+        # The mount's readiness check looked "data" up: evict that entry, so the next
+        # walk through MOUNT/data sends the LOOKUP, as on a fresh mount.
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("2\n")
+        # m2's attributes of its ckpt root last 1 s (CKPT_TIMEOUT): past that, a stat of
+        # SOURCE's root asks m2, which will not answer.
+        time.sleep(1.5)
+        U.sigstop(m2.pid)
+        cat = subprocess.Popen(["cat", os.path.join(m.data, "f")],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        U.wait_blocked_in(m.pid, m2.ckpt, "no worker of the daemon blocked on SOURCE")
+        probe("import os, sys\n"
+              "os.makedirs(os.path.join(sys.argv[1], 'ckpt', 'run1'), exist_ok=True)\n"
+              "assert sorted(os.listdir(sys.argv[1])) == ['ckpt', 'data']\n", [m.mnt],
+              "mkdir -p MOUNT/ckpt/run1 or ls MOUNT waited behind a LOOKUP blocked on "
+              "SOURCE")
+        assert cat.poll() is None, "the read did not stay blocked: the test tests nothing"
+    finally:
+        os.kill(m2.pid, signal.SIGCONT)
+        if cat is not None:
+            cat.wait(60)
+
+
 def test_sigterm_with_a_read_blocked_on_source(stopped_source):
     """SIGTERM while a FUSE worker is blocked reading SOURCE: the emergency snapshot is
     still taken and durable, and the daemon leaves (unmounted) at the deadline. Before:
