@@ -767,6 +767,8 @@ static void mlfs_tier_config(const struct mlfs_config *c, struct tier_config *tc
 	/* No disk tier: what is written and not yet in a snapshot has no home but memory,
 	 * bounded as a tmpfs of mem_max would be (tier_admit_write). */
 	tc->dirty_max = c->spill ? 0 : c->mem_max;
+	/* With one: memory stays within mem_max (and a slack) however slow the spill. */
+	tc->mem_max = c->mem_max;
 	/* Checkpoint writes waiting for room each hold a worker: half the pool at most,
 	 * so the other half still answers the mount's other requests (tier.c invariant
 	 * 9). With threads=1 one write may still wait: else a lone writer would get

@@ -650,7 +650,9 @@ int spill_fs_space(struct spill *s, uint64_t *avail, uint64_t *total)
 	*avail = *total = 0;
 	if (fstatvfs(s->fd, &sv) < 0)
 		return -errno;
-	*avail = spill_fs_avail(&sv);
+	/* A filesystem gone read-only (ext4 errors=remount-ro after an I/O error) gives
+	 * the spill nothing more. */
+	*avail = sv.f_flag & ST_RDONLY ? 0 : spill_fs_avail(&sv);
 	*total = (uint64_t)sv.f_blocks * sv.f_frsize;
 	return 0;
 }

@@ -135,7 +135,8 @@ void spill_trim(struct spill *s);
 
 /* The spill file's filesystem, read from the open file (fstatvfs), so it holds when the
  * spill dir was renamed or removed: *avail the bytes the file may still grow by (f_bavail
- * less the margin spill_write keeps), *total the filesystem's size. 0, or -errno with
+ * less the margin spill_write keeps; 0 on a filesystem mounted or gone read-only),
+ * *total the filesystem's size. 0, or -errno with
  * both 0. Takes no lock; one fstatvfs, no device I/O on a local filesystem. */
 int spill_fs_space(struct spill *s, uint64_t *avail, uint64_t *total);
 

@@ -34,8 +34,11 @@
  *      failing, the dirty blocks stay in memory (invariant 2) and tier_admit_write makes
  *      new checkpoint writes wait, then fail with ENOSPC: with a spill tier once memory
  *      is over the budget, without one once they pass dirty_max (mem_max), as a tmpfs
- *      of that size (tier_admit_unspilled). Only cfg.admit_waiters writes wait at once
- *      (invariant 9); the others fail at once, as on a full ext4.
+ *      of that size (tier_admit_unspilled). With a spill tier that is only slow,
+ *      memory still stops at tier_hard_max (mem_max and a slack): writers past it
+ *      wait for the spill, and a spill that frees nothing for 2 s counts as full.
+ *      Only cfg.admit_waiters writes wait at once (invariant 9); the others fail at
+ *      once, as on a full ext4.
  *   Classes are taken in this order each round: data (A and D, oldest first), then
  *   checkpoint blocks with a copy, then dirty ones; a round stops as soon as the bytes
  *   freed or in flight cover the excess.
@@ -173,6 +176,8 @@ struct tier {
 	uint64_t last_cut_ms;	/* refill hold */
 	bool want_response, want_settle;
 	uint64_t freed_since_trim;
+	uint64_t freed_ms;	/* when memory was last freed (tier_freed): the spill's progress */
+	bool failing;		/* the last spill write failed with an I/O error (statfs) */
 	pthread_t fill_thread;	/* the pool's stock (bcache.c "Stock", tier_fill_thread) */
 	pthread_cond_t fill_cv;	/* the fill thread: pool_low, the hold's end, stop */
 	bool fill_started;
@@ -374,6 +379,7 @@ static void tier_freed(struct tier *t, uint64_t bytes)
 		return;
 	pthread_mutex_lock(&t->mu);
 	t->freed_since_trim += bytes;
+	t->freed_ms = mono_now_ms();
 	pthread_cond_broadcast(&t->admit_cv);
 	pthread_mutex_unlock(&t->mu);
 }
@@ -399,6 +405,7 @@ static void tier_spill_done(void *arg, int rc, const struct spill_loc *loc)
 			t->full = false;
 			pthread_cond_broadcast(&t->admit_cv);
 		}
+		t->failing = false;
 		pthread_mutex_unlock(&t->mu);
 		tier_freed(t, bc_evict_done(t->bc, b, true));
 	} else {
@@ -410,6 +417,7 @@ static void tier_spill_done(void *arg, int rc, const struct spill_loc *loc)
 			atomic_fetch_add(&t->spill_errors, 1);
 			pthread_mutex_lock(&t->mu);
 			t->fail_until_ms = mono_now_ms() + TIER_FAIL_BACKOFF_MS;
+			t->failing = true;
 			pthread_mutex_unlock(&t->mu);
 		}
 		if (bc_block_class(b) == BC_DATA) {
@@ -1361,11 +1369,42 @@ int tier_settle(struct tier *t, unsigned timeout_ms)
 
 /* Whether a checkpoint write must wait: the spill tier cannot take dirty blocks
  * (invariant 6, or failing) and memory is over budget. Under t->mu. */
+/* The most memory that checkpoint writes may bring mem_bytes to with a spill tier,
+ * however far behind the spill is: mem_max and a slack of max(mem_max/4, 2 x inflight
+ * blocks) (the spill's writes in flight hold their buffers until they complete). 0 (no
+ * bound) without cfg.mem_max. Behind a slow or hung spill disk, writers that only
+ * waited TIER_BEHIND_WAIT_MS and went on grew the daemon past mem_max until the OOM
+ * killer ended it, every unsnapshotted byte with it (an outside tester: 8 writers
+ * beside a frozen spill filesystem). */
+static uint64_t tier_hard_max(const struct tier *t)
+{
+	uint64_t m = t->cfg.mem_max, fly = 2ull * t->cfg.inflight * t->bs;
+
+	return m ? m + (m / 4 > fly ? m / 4 : fly) : 0;
+}
+
+/* The spill tier is full or failing and memory is over the budget: a write must wait
+ * for room, and fails with ENOSPC if none comes. */
 static bool tier_blocked_locked(struct tier *t, size_t size)
 {
 	bool cannot = t->full || mono_now_ms() < t->fail_until_ms;
 
 	return cannot && bc_mem_bytes(t->bc) + size > bc_budget(t->bc);
+}
+
+/* Memory would pass tier_hard_max: a write waits while the spill frees memory, at
+ * most TIER_HARD_WAIT_MS in all, then fails with ENOSPC; when nothing was freed for
+ * TIER_ADMIT_WAIT_MS (a hung spill disk) it is treated as full (tier_admit_write). */
+static bool tier_over_hard_locked(struct tier *t, size_t size)
+{
+	uint64_t hard = tier_hard_max(t);
+
+	return hard && bc_mem_bytes(t->bc) + size > hard;
+}
+
+static bool tier_progressing_locked(struct tier *t, uint64_t now)
+{
+	return t->freed_ms + TIER_ADMIT_WAIT_MS > now;
 }
 
 /* Takes one of the cfg.admit_waiters waiting slots (invariant 9): false when all are
@@ -1430,9 +1469,10 @@ static int tier_admit_unspilled(struct tier *t, size_t size)
 
 int tier_admit_write(struct tier *t, size_t size)
 {
-	uint64_t budget, slack, start = mono_now_ms();
-	struct timespec ts;
-	bool blocked = false, behind, waited = false, asked = false, nowait = false;
+	uint64_t budget, slack, now, start = mono_now_ms();
+	struct timespec ts, ts_behind, ts_over;
+	bool blocked = false, over = false, behind, slot = false, asked = false;
+	bool waited = false, nowait = false;
 
 	if (!t || bc_mem_bytes(t->bc) + size <= bc_budget(t->bc))
 		return 0; /* the common case: two atomic loads */
@@ -1447,46 +1487,72 @@ int tier_admit_write(struct tier *t, size_t size)
 	if (!t->kick)
 		tier_wake_locked(t); /* a writer outruns the 250 ms tick: trim now */
 	ts = mono_deadline(TIER_ADMIT_WAIT_MS * 1000000ull);
+	ts_behind = mono_deadline(TIER_BEHIND_WAIT_MS * 1000000ull);
 	while (t->sp && !t->stop) {
-		/* Full (invariant 6): wait up to TIER_ADMIT_WAIT_MS, then ENOSPC. Behind
-		 * (dirty bytes arriving faster than the spill drains them, more than SLACK
-		 * over): wait up to TIER_BEHIND_WAIT_MS, then go on; slowness never fails. */
+		/* Full (invariant 6): wait up to TIER_ADMIT_WAIT_MS, then ENOSPC. Over the
+		 * hard bound: wait while the spill frees memory (tier_over_hard_locked).
+		 * Behind (dirty bytes arriving faster than the spill drains them, more
+		 * than SLACK over): wait up to TIER_BEHIND_WAIT_MS, then go on. */
+		now = mono_now_ms();
 		budget = bc_budget(t->bc);
 		slack = budget / 8 > 8ull * t->bs ? budget / 8 : 8ull * t->bs;
 		blocked = tier_blocked_locked(t, size);
+		over = !blocked && tier_over_hard_locked(t, size);
 		behind = bc_mem_bytes(t->bc) + size > budget + slack &&
-			 mono_now_ms() < start + TIER_BEHIND_WAIT_MS;
-		if (!blocked && !behind)
+			 now < start + TIER_BEHIND_WAIT_MS;
+		if (!blocked && !over && !behind)
 			break;
-		if (!waited && !tier_admit_wait_get(t)) {
-			/* Invariant 9: full fails now (blocked), behind goes on. */
+		if (over && now >= start + TIER_HARD_WAIT_MS)
+			break;	/* slow past all patience: ENOSPC */
+		if (over && !tier_progressing_locked(t, now)) {
+			/* Nothing freed for TIER_ADMIT_WAIT_MS: as full, a waiting slot
+			 * (invariant 9) and one such wait, then ENOSPC (a hung spill). */
+			if (!slot && !(slot = tier_admit_wait_get(t))) {
+				nowait = true;
+				break;
+			}
+			if (now >= start + TIER_ADMIT_WAIT_MS)
+				break;
+		}
+		if (!slot && !over && !(slot = tier_admit_wait_get(t))) {
+			/* Invariant 9: full fails now (blocked), behind goes on. Over the
+			 * hard bound while the spill frees memory every writer waits: it
+			 * moves at the spill's speed, and none holds its worker long. */
 			nowait = true;
 			break;
 		}
-		if (blocked && !asked) {
+		if ((blocked || over) && !asked) {
 			/* Ask the trim for room under the budget (tier_excess). */
 			t->want_room += size;
 			asked = true;
 			tier_wake_locked(t);
 		}
 		waited = true;
-		if (pthread_cond_timedwait(&t->admit_cv, &t->mu, &ts)) {
+		/* Over: rechecked at each wake-up and every 250 ms. Behind alone waits to its
+		 * own, shorter deadline (it slept to the full one: a lone writer beside a
+		 * hung spill took 2 s a request, not 0.5). */
+		ts_over = mono_deadline(TIER_INTERVAL_MS * 1000000ull);
+		if (pthread_cond_timedwait(&t->admit_cv, &t->mu,
+					   over ? &ts_over : blocked ? &ts : &ts_behind) &&
+		    !over) {
 			blocked = tier_blocked_locked(t, size);
+			if (blocked && mono_now_ms() < start + TIER_ADMIT_WAIT_MS)
+				continue;	/* blocked since: its full wait */
 			break;
 		}
 	}
 	if (asked)
 		t->want_room -= size;
 	pthread_mutex_unlock(&t->mu);
-	if (waited) {
+	if (slot)
 		tier_admit_wait_put(t);
+	if (waited)
 		atomic_fetch_add(&t->admit_waits, 1);
-	}
 	if (nowait)
 		atomic_fetch_add(&t->admit_nowait, 1);
-	if (blocked)
+	if (blocked || over)
 		atomic_fetch_add(&t->admit_enospc, 1);
-	return blocked ? -ENOSPC : 0;
+	return blocked || over ? -ENOSPC : 0;
 }
 
 /* The bytes writes may add in `room` bytes of mem_bytes (or dirty_bytes): block
@@ -1525,9 +1591,18 @@ void tier_ckpt_space(struct tier *t, uint64_t *total, uint64_t *avail)
 	spill_get_stats(t->sp, &ss);
 	cap = ss.capacity;
 	/* Of the open file, not the dir by path: removing the dir leaves the spill
-	 * working, and statfs must not lose its room (an outside tester's finding). */
-	if (!cap && spill_fs_space(t->sp, &avail_fs, &size_fs) == 0)
+	 * working, and statfs must not lose its room (an outside tester's finding). A
+	 * spill_max over what the filesystem can still give is not room either (df
+	 * offered a 1 GiB spill_max on a 40 MiB tmpfs). */
+	if (spill_fs_space(t->sp, &avail_fs, &size_fs) == 0 &&
+	    (!cap || cap > ss.disk_bytes + avail_fs))
 		cap = ss.disk_bytes + avail_fs;
+	/* Failing (an I/O error: a filesystem gone read-only): writes get only memory
+	 * until a spill works again (tier_blocked_locked), so no room is offered there. */
+	pthread_mutex_lock(&t->mu);
+	if (t->failing && cap > spilled)
+		cap = spilled;
+	pthread_mutex_unlock(&t->mu);
 	limit = bc_budget(t->bc);
 	room = cap > spilled ? cap - spilled : 0;
 	if (mem > limit)

@@ -63,6 +63,9 @@ struct tier_config {
 	/* Without spill_dir: the most bytes of checkpoint blocks not in the store that
 	 * memory may hold (tier_admit_write: ENOSPC past it); 0 = no bound. */
 	uint64_t dirty_max;
+	/* With spill_dir: mem_max, the base of the hard bound on memory that checkpoint
+	 * writes reach however far behind the spill is (tier_admit_write); 0 = none. */
+	uint64_t mem_max;
 	uint64_t spill_max;	/* bytes, 0 = until the filesystem is full */
 	int spill_buffered;	/* 1: no O_DIRECT (spill.h) */
 	int use_gov;		/* 0: no governor; the budget moves only by tier_set_budget */
@@ -111,6 +114,7 @@ struct tier_config {
 #define TIER_ADMIT_WAIT_MS 2000u
 #define TIER_DEF_ADMIT_WAITERS 2u
 #define TIER_BEHIND_WAIT_MS 500u
+#define TIER_HARD_WAIT_MS 30000u
 #define TIER_FULL_RETRY_MS 1000u
 #define TIER_FAIL_BACKOFF_MS 1000u
 #define TIER_RELOAD_PRIOR_NS (1000000ull)
@@ -153,12 +157,13 @@ int tier_settle(struct tier *t, unsigned timeout_ms);
  * stays under budget. Over it, wakes the tier thread, and with a spill tier: waits up to
  * TIER_BEHIND_WAIT_MS while dirty bytes are more than max(budget/8, 8 blocks) over the
  * budget (a writer faster than the spill disk), then goes on; and when the spill tier is
- * full (or failing) waits up to TIER_ADMIT_WAIT_MS for room and returns -ENOSPC if none
- * came. Without a spill tier: waits the same when dirty bytes would pass
+ * full (or failing), or memory would pass cfg.mem_max and its slack (max(mem_max/8, 8
+ * blocks): a spill disk slow or hung), waits up to TIER_ADMIT_WAIT_MS for room and
+ * returns -ENOSPC if none came. Without a spill tier: waits the same when dirty bytes would pass
  * cfg.dirty_max (a bound of 0: never). Dirty checkpoint bytes are never dropped, so this
  * is where a full disk becomes the writer's error instead of lost data. At most
  * cfg.admit_waiters calls wait at once: past that a write that would wait does not, and
- * returns -ENOSPC at once when full, 0 when only behind (slowness never fails a write).
+ * returns -ENOSPC at once when full (or past the hard bound), 0 when only behind.
  * t NULL: 0. */
 int tier_admit_write(struct tier *t, size_t size);
 
@@ -169,14 +174,15 @@ int tier_admit_write(struct tier *t, size_t size);
  * total - avail: bc_ckpt_held). Clean data, checkpoint blocks already in the store and
  * reloaded copies of spilled ones are not counted, in memory or spilled: they make way
  * (rules A, D, S, and K for their spill copies).
- * With a spill tier: the budget plus the spill tier's capacity (spill_max, or what the
- * spill file holds plus what it may still take of its file system: spill_fs_space, of
- * the open file, whatever became of the dir's path). Without one: dirty_max
+ * With a spill tier: the budget plus the spill tier's capacity (what the spill file
+ * holds plus what it may still take of its file system: spill_fs_space, of the open
+ * file, whatever became of the dir's path; spill_max when smaller; what it holds while
+ * spilling fails, as after an I/O error). Without one: dirty_max
  * (the budget when 0). Memory counts in data bytes: a block's buffer takes a little
  * more (bc_block_footprint). An estimate of the next moment, not a reservation: a
  * budget cut, small files (buffers of a few KiB), compression by the spill tier,
  * others filling the spill file system, or spill space freed in pieces move it. One
- * fstatvfs of the spill file when spill_max is 0, else lock-free; any thread.
+ * fstatvfs of the spill file and t's mutex; any thread.
  * t NULL: 0 and 0.
  */
 void tier_ckpt_space(struct tier *t, uint64_t *total, uint64_t *avail);

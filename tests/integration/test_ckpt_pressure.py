@@ -23,6 +23,7 @@ import time
 import pytest
 
 import mlfs_util as U
+from snap_util import snapenv  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.daemon
 
@@ -368,3 +369,124 @@ def test_write_flood_on_full_ckpt_leaves_the_mount_answering(mounter):
     check_alive(m)
     for name in os.listdir(m.ckpt):  # fill and the writers' files
         drop(os.path.join(m.ckpt, name))
+
+
+FLOOD_WRITER = r"""
+import errno, os, sys
+path, mib = sys.argv[1], int(sys.argv[2])
+fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+chunk = bytes([len(path) % 251]) * (1 << 20)
+done = 0
+try:
+    for _ in range(mib):
+        view = memoryview(chunk)
+        while view:
+            n = os.write(fd, view)
+            done += n
+            view = view[n:]
+except OSError as e:
+    if e.errno != errno.ENOSPC:
+        raise
+os.close(fd)
+print(done)
+"""
+
+
+def test_writes_beside_a_hung_spill_stay_within_mem_max(snapenv):
+    """The spill filesystem frozen (a hung disk) under a flood of checkpoint writers:
+    memory stays within mem_max and its slack (max(mem_max/4, 32 blocks in flight)), the
+    writes past it fail with ENOSPC once nothing was freed for 2 s, and the daemon
+    lives. Before, each writer went on after a short wait and the daemon grew past any
+    bound until the OOM killer ended it (an outside tester, 8 dd's in a 400 MiB
+    cgroup). What was written reads back once the disk thaws."""
+    env = snapenv()
+    mp = env.loop_ext4("spillfs", 256)
+    spill = os.path.join(mp, "spill")
+    os.mkdir(spill)
+    d = env.mount(opts="mem_max=64M,mem_min=64M", spill=spill)
+    U.write_file(os.path.join(d.ckpt, "before"), b"\x5a" * (32 * MiB))
+    r = subprocess.run(["fsfreeze", "-f", mp], capture_output=True, text=True)
+    assert r.returncode == 0, f"fsfreeze -f {mp}: {r.stderr}"
+    procs, peak = [], 0
+    try:
+        for i in range(6):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-c", FLOOD_WRITER, os.path.join(d.ckpt, f"w{i}"), "40"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        end = time.monotonic() + 120
+        while any(p.poll() is None for p in procs) and time.monotonic() < end:
+            peak = max(peak, U.mlfs_stat_json(env.mnt)["mem_bytes"])
+            time.sleep(0.1)
+        assert all(p.poll() is not None for p in procs), "writers still blocked after 120 s"
+    finally:
+        subprocess.run(["fsfreeze", "-u", mp], capture_output=True)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    written = []
+    for p in procs:
+        out, err = p.communicate()
+        assert p.returncode == 0, err
+        written.append(int(out))
+    assert U.pid_alive(d.pid)
+    # the bound, and a block each for writers admitted at the same moment
+    assert peak <= (64 + 32 + 6) * MiB, f"mem_bytes peaked at {peak >> 20} MiB"
+    assert sum(written) < 6 * 40 * MiB, written  # some refused: the disk was hung
+    for i, n in enumerate(written):
+        with open(os.path.join(d.ckpt, f"w{i}"), "rb") as f:
+            got = f.read()
+        assert got == bytes([len(os.path.join(d.ckpt, f"w{i}")) % 251]) * n, i
+
+
+def test_statfs_offers_no_spill_room_the_filesystem_lacks(snapenv):
+    """df of MOUNT/ckpt counts the spill's room as the smaller of spill_max and what its
+    filesystem can still give: a spill_max of 1 GiB on a 40 MiB filesystem offered 1 GiB
+    and writes failed at a tenth of it (an outside tester)."""
+    env = snapenv()
+    mp = env.loop_ext4("spillfs", 40)
+    spill = os.path.join(mp, "spill")
+    os.mkdir(spill)
+    d = env.mount(opts="mem_max=64M,mem_min=64M,spill_max=1G", spill=spill)
+    sv = os.statvfs(d.ckpt)
+    total = sv.f_blocks * sv.f_frsize
+    assert 64 * MiB <= total <= (64 + 40) * MiB, f"df says {total >> 20} MiB"
+
+
+def test_statfs_offers_no_room_on_a_spill_gone_read_only(snapenv):
+    """A spill filesystem that went read-only after an error (ext4 errors=remount-ro)
+    gives no more room: once a spill write failed, df of MOUNT/ckpt falls to the memory
+    budget and what the spill file holds, until one succeeds. It offered the
+    filesystem's free space while writes failed with ENOSPC (an outside tester)."""
+    env = snapenv()
+    mp = env.loop_ext4("spillfs", 128)
+    subprocess.run(["mount", "-o", "remount,errors=remount-ro", mp], check=True)
+    spill = os.path.join(mp, "spill")
+    os.mkdir(spill)
+    d = env.mount(opts="mem_max=64M,mem_min=64M", spill=spill)
+    sv = os.statvfs(d.ckpt)
+    assert sv.f_blocks * sv.f_frsize > 150 * MiB  # the budget and the spill's room
+    dev = os.path.basename(os.path.realpath(
+        [ln.split()[0] for ln in open("/proc/mounts") if ln.split()[1] == mp][-1]))
+    trigger = f"/sys/fs/ext4/{dev}/trigger_fs_error"
+    if not os.path.exists(trigger):
+        pytest.skip(f"{trigger}: no ext4 error injection in this kernel")
+    with open(trigger, "w") as f:
+        f.write("injected by test_ckpt_pressure\n")
+    # Past the budget: the spill's writes fail, and so do these, with ENOSPC at last.
+    fd = os.open(os.path.join(d.ckpt, "big"), os.O_WRONLY | os.O_CREAT, 0o644)
+    written = 0
+    try:
+        with pytest.raises(OSError) as e:
+            for _ in range(128):
+                written += os.write(fd, b"\xa5" * MiB)
+        assert e.value.errno == errno.ENOSPC, e.value
+    finally:
+        os.close(fd)
+    assert U.mlfs_stat_json(d.mnt)["spill_errors"] > 0
+    sv = os.statvfs(d.ckpt)
+    total, avail = sv.f_blocks * sv.f_frsize, sv.f_bavail * sv.f_frsize
+    assert total <= 70 * MiB and avail <= 4 * MiB, f"df: size {total}, available {avail}"
+    with open(os.path.join(d.ckpt, "big"), "rb") as f:
+        assert f.read() == b"\xa5" * written
+    assert U.pid_alive(d.pid)

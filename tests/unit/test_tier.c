@@ -555,6 +555,62 @@ static void test_admit_flood_behind(void)
 	bc_free(bc);
 }
 
+/*
+ * Behind a spill that makes no progress (the blocks stay WRITING, as behind a hung spill
+ * disk), memory past cfg.mem_max and its slack (tier_hard_max) is a bound, not a delay:
+ * the waiting writers fail with ENOSPC after TIER_ADMIT_WAIT_MS and the others at
+ * once. Before, each went on after TIER_BEHIND_WAIT_MS (or at once) and a daemon beside
+ * a frozen spill filesystem grew until the OOM killer ended it.
+ */
+static void test_admit_hard_bound_behind(void)
+{
+	struct flood f = { 0 };
+	struct bc_block *ck[16];
+	pthread_t th[FLOOD];
+	struct tier_config c;
+	struct bc *bc;
+	unsigned i;
+
+	EXPECT_EQ(bc_new(BS, BIG, &bc), 0);
+	tier_config_defaults(&c);
+	c.use_gov = 0;
+	c.spill_dir = spill_dir;
+	c.drop = TIER_DROP_NEVER;
+	c.refill_hold_ms = 0;
+	c.inflight = 1;
+	c.mem_max = 8 * BS;	/* bound: 8 + max(8/4, 2 x 1 in flight) = 10 blocks */
+	EXPECT_EQ(tier_new(&c, bc, &f.t), 0);
+	EXPECT_EQ(tier_start(f.t), 0);
+	tier_set_budget(f.t, 0);
+	for (i = 0; i < 9; i++) {
+		ck[i] = bc_block_new(bc, BC_CKPT, BS); /* born WRITING */
+		bc_block_set_len(ck[i], BS);
+	}
+	/* 9 blocks: over the slack of a budget of 0, under the bound: behind only, the
+	 * writer goes on (after TIER_BEHIND_WAIT_MS; no test asserts the time). */
+	EXPECT_EQ(tier_admit_write(f.t, BS / 2), 0);
+	for (; i < 16; i++) {
+		ck[i] = bc_block_new(bc, BC_CKPT, BS);
+		bc_block_set_len(ck[i], BS);
+	}
+	/* 16: past it. */
+	pthread_barrier_init(&f.go, NULL, FLOOD);
+	for (i = 0; i < FLOOD; i++)
+		pthread_create(&th[i], NULL, flood_writer, &f);
+	for (i = 0; i < FLOOD; i++)
+		pthread_join(th[i], NULL);
+	EXPECT_EQ(atomic_load(&f.admitted), 0);
+	EXPECT_EQ(tstats(f.t).admit_enospc, FLOOD);
+	pthread_barrier_destroy(&f.go);
+	for (i = 0; i < 16; i++) {
+		bc_write_end(bc, ck[i]);
+		bc_block_put(bc, ck[i]);
+	}
+	EXPECT_EQ(tier_admit_write(f.t, BS), 0);	/* room again */
+	tier_free(f.t);
+	bc_free(bc);
+}
+
 /* Spill dir full of clean data: it gives its space up to dirty checkpoint blocks. */
 static void test_enospc_makes_room(void)
 {
@@ -1339,6 +1395,7 @@ int main(void)
 	test_enospc_makes_room();
 	test_admit_flood();
 	test_admit_flood_behind();
+	test_admit_hard_bound_behind();
 	test_enospc_stored_make_room();
 	test_races();
 	test_no_spill();
