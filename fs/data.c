@@ -1147,17 +1147,21 @@ int data_getattr(struct data_ns *ns, struct data_node *n, struct stat *st)
 	return rc;
 }
 
-int data_root_attr(struct data_ns *ns, struct stat *st)
+int data_root_attr(struct data_ns *ns, struct stat *st, int *fresh)
 {
 	uint64_t max_ms = (uint64_t)(ns->m->cfg.data_timeout * 1000);
-	int fresh;
+	int have;
 
 	pthread_mutex_lock(&ns->mu);
-	fresh = ns->root_st_ms && mono_now_ms() - ns->root_st_ms < max_ms;
-	if (fresh)
+	have = ns->root_st_ms != 0;
+	*fresh = have && mono_now_ms() - ns->root_st_ms < max_ms;
+	if (have)
 		*st = ns->root_st;
 	pthread_mutex_unlock(&ns->mu);
-	return fresh ? 0 : data_getattr(ns, ns->root, st);
+	if (have)
+		return 0;
+	*fresh = 1;
+	return data_getattr(ns, ns->root, st);
 }
 
 int data_getattr_open(struct data_ns *ns, const struct data_file *f, struct stat *st)

@@ -64,12 +64,14 @@ void data_forget(struct data_ns *ns, struct data_node *n, uint64_t nlookup);
 /* The attributes of n's SOURCE file; while opens of a file SOURCE's name no longer names
  * (replaced or removed) are in flight, that file's (data.c invariant 8). */
 int data_getattr(struct data_ns *ns, struct data_node *n, struct stat *st);
-/* The root's attributes for the mount root's LOOKUP of "data": the last getattr's
- * while younger than data_timeout (the kernel caches them as long), else a getattr.
- * The LOOKUP holds the mount root's directory lock, so a SOURCE that hung (a stopped
- * network or FUSE server) under a stat there blocked every mkdir, create and rename in
- * the mount root, and `mkdir -p MOUNT/ckpt/run`, unkillably (an outside tester). */
-int data_root_attr(struct data_ns *ns, struct stat *st);
+/* The root's attributes for the mount root's LOOKUP and listing of "data": the last
+ * getattr's, *fresh when younger than data_timeout (else the caller lets the kernel
+ * cache them for no time, so its next use asks GETATTR, which holds no directory lock);
+ * a getattr only when none ever succeeded. The LOOKUP holds the mount root's directory
+ * lock, so a SOURCE that hung (a stopped network or FUSE server) under a stat there
+ * blocked every mkdir, create and rename in the mount root, and
+ * `mkdir -p MOUNT/ckpt/run`, unkillably (an outside tester). */
+int data_root_attr(struct data_ns *ns, struct stat *st, int *fresh);
 /* The same for a GETATTR that came with f, an open of the node (a read past the size
  * the kernel caches): f's file, when the name no longer names it. */
 int data_getattr_open(struct data_ns *ns, const struct data_file *f, struct stat *st);

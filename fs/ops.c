@@ -151,14 +151,15 @@ static void mlfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 	struct mlfs *m = mlfs_of(req);
 	struct mlfs_node *p = node_of(parent);
 	struct fuse_entry_param e = { 0 };
-	int rc;
+	int rc, fresh;
 
 	switch (p->kind) {
 	case MLFS_ROOT:
 		if (!strcmp(name, "data")) {
-			rc = data_root_attr(m->data, &e.attr);
+			rc = data_root_attr(m->data, &e.attr, &fresh);
 			e.ino = (fuse_ino_t)data_root(m->data);
-			e.attr_timeout = e.entry_timeout = m->cfg.data_timeout;
+			e.entry_timeout = m->cfg.data_timeout;
+			e.attr_timeout = fresh ? m->cfg.data_timeout : 0;
 		} else if (!strcmp(name, "ckpt")) {
 			rc = ckpt_getattr(m->ckpt, ckpt_root(m->ckpt), &e.attr);
 			e.ino = (fuse_ino_t)ckpt_root(m->ckpt);
@@ -1221,7 +1222,7 @@ static int root_readdir(fuse_req_t req, char *buf, size_t size, off_t off, int p
 	static const char *const names[] = { ".", "..", "data", "ckpt" };
 	struct mlfs *m = mlfs_of(req);
 	size_t used = 0;
-	int i;
+	int i, fresh;
 
 	for (i = off; i < 4; i++) {
 		struct fuse_entry_param e = { 0 };
@@ -1230,13 +1231,16 @@ static int root_readdir(fuse_req_t req, char *buf, size_t size, off_t off, int p
 		e.attr.st_mode = S_IFDIR;
 		e.attr.st_ino = i < 2 ? 1 : i;
 		if (plus) {
-			if (i == 2 && !data_root_attr(m->data, &e.attr)) {
+			fresh = 1;
+			if (i == 2 && !data_root_attr(m->data, &e.attr, &fresh)) {
 				e.ino = (fuse_ino_t)data_root(m->data);
 			} else if (i == 3 && !ckpt_getattr(m->ckpt, ckpt_root(m->ckpt), &e.attr)) {
 				e.ino = (fuse_ino_t)ckpt_root(m->ckpt);
 			}
 			e.attr_timeout = e.entry_timeout = i == 3 ? ckpt_timeout()
 								  : m->cfg.data_timeout;
+			if (!fresh)
+				e.attr_timeout = 0;
 			need = fuse_add_direntry_plus(req, buf + used, size - used, names[i], &e,
 						      i + 1);
 		} else {

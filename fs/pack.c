@@ -871,7 +871,8 @@ static int get_other_copy(struct pack_set *ps, const uint8_t hash[16], void *buf
 		q = ps->v[i];
 		for (e = 0; e < q->n && memcmp(q->ents[e].hash, hash, 16); e++)
 			;
-		if (e == q->n || !strcmp(q->id, tried)) {
+		/* (one longer than the caller reads is no copy of what it wants) */
+		if (e == q->n || !strcmp(q->id, tried) || q->ents[e].logical > len) {
 			pthread_mutex_unlock(&ps->mu);
 			continue;
 		}
@@ -1288,9 +1289,12 @@ static int gc_copy_live(struct pack_set *ps, struct pack *p, pack_live_fn live, 
 			rc = r;
 			break;
 		}
-		/* The record's header first: nothing allocated by a length it contradicts. */
+		/* The record's header first: nothing allocated by a length it contradicts,
+		 * and its copy is indexed by the entry's lengths and flags, so they must be
+		 * the header's too. */
 		r = fdio_pread_all(fd, hdr, PACK_REC_HDR, e->off);
-		if (!r && pack_rec_bad(hdr, e->hash, e->stored))
+		if (!r && (pack_rec_bad(hdr, e->hash, e->stored) ||
+			   le_get(hdr + 8, 4) != e->logical || hdr[5] != e->flags))
 			r = -EIO;
 		if (r) {
 			release(ps, p, fd, own);

@@ -2293,10 +2293,6 @@ int store_latest(struct store *s, char *name)
 	return rc;
 }
 
-/* A group goes as a single manifest does: first what makes it visible (its group
- * file, fsynced: from then on it is no snapshot), then its parts and the directory.
- * Two workers' retention may delete one group at once: whoever removes the group file
- * returns 0, the other -ENOENT; the rest tolerates the race. */
 /* After a group's delete, its directory still holds something (rmdir: ENOTEMPTY). A
  * part a worker published since (a regular file named as parts are) starts a new
  * partial group: 0, the delete was done. Anything else is nothing a commit writes (a
@@ -2317,8 +2313,11 @@ static int group_leftover(struct store *s, int gfd, const char *name)
 		rc = 0;
 		if (!strcmp(d->d_name, ".") || !strcmp(d->d_name, ".."))
 			continue;
+		/* A part, or a worker's temporary (.tmp.: its part or group file being
+		 * written), or an NFS client's .nfs name of a removed file still open */
 		if (!fstatat(gfd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) && S_ISREG(st.st_mode) &&
-		    !store_part_parse(d->d_name, &k, &n))
+		    (!store_part_parse(d->d_name, &k, &n) || !strncmp(d->d_name, ".tmp.", 5) ||
+		     !strncmp(d->d_name, ".nfs", 4)))
 			continue;
 		log_err("store: %s/snaps/%s/%s: not a file a snapshot holds; the group's files "
 			"are deleted, its directory stays until that is removed by hand", s->path,
@@ -2330,11 +2329,15 @@ static int group_leftover(struct store *s, int gfd, const char *name)
 	return rc;
 }
 
+/* A group goes as a single manifest does: first what makes it visible (its group
+ * file, fsynced: from then on it is no snapshot), then its parts and the directory.
+ * Two workers' retention may delete one group at once: whoever removes the group file
+ * returns 0, the other -ENOENT; the rest tolerates the race. */
 int store_group_delete(struct store *s, const char *name)
 {
 	struct dirent64 *d;
 	struct fdio_dir *dir;
-	int gfd, rc;
+	int gfd, rc, swept = 0;
 
 	if ((gfd = store_group_open(s, name)) < 0)
 		return gfd == -ENOTDIR ? -ENOENT : gfd;
@@ -2353,15 +2356,27 @@ int store_group_delete(struct store *s, const char *name)
 		goto out;
 	if (!fdio_opendir(gfd, ".", &dir)) {
 		/* What is left is refused by rmdir: an empty directory a crafter put
-		 * there goes too, nothing is followed or removed recursively. */
-		while (fdio_readdir(dir, &d) > 0)
-			if (strcmp(d->d_name, ".") && strcmp(d->d_name, "..") &&
-			    unlinkat(gfd, d->d_name, 0) && errno == EISDIR)
-				unlinkat(gfd, d->d_name, AT_REMOVEDIR);
+		 * there goes too, nothing is followed or removed recursively. A file
+		 * that could not be removed is this delete's failure (it would look like
+		 * a part published since). */
+		while (fdio_readdir(dir, &d) > 0) {
+			if (!strcmp(d->d_name, ".") || !strcmp(d->d_name, ".."))
+				continue;
+			if (!unlinkat(gfd, d->d_name, 0) || errno == ENOENT)
+				continue;
+			if (errno == EISDIR &&
+			    (!unlinkat(gfd, d->d_name, AT_REMOVEDIR) || errno != ENOTDIR))
+				continue;	/* gone, or a directory that stays: below */
+			if (!swept) {
+				swept = -errno;
+				log_err("store: %s/snaps/%s/%s: cannot remove it: %s", s->path, name,
+					d->d_name, strerror(errno));
+			}
+		}
 		fdio_closedir(dir);
 	}
 	if (unlinkat(s->snapfd, name, AT_REMOVEDIR) && errno != ENOENT)
-		rc = errno == ENOTEMPTY ? group_leftover(s, gfd, name) : -errno;
+		rc = swept ? swept : errno == ENOTEMPTY ? group_leftover(s, gfd, name) : -errno;
 	if (!rc)
 		rc = store_sync_dir(s, s->snapfd);
 out:

@@ -93,6 +93,10 @@
  *     when the tree is full, admitted when the spill is only behind. Each wait holds a
  *     FUSE worker, and a pool full of sleeping writers queues every request of the
  *     mount behind them (an outside tester's flood of 1500 writers to a full tree).
+ *     The one exception: past tier_hard_max every writer waits while the spill frees
+ *     memory, at most TIER_ADMIT_WAIT_MS without any freed (the loop adds workers
+ *     while all wait, fs/loop.h): refusing them would fail a burst of writes to a
+ *     healthy disk, admitting them grew the daemon without bound.
  *
  * States of a block: the one diagram is at the top of cache/bcache.c ("States"); the
  * tier drives these of its transitions, by the rules above:
@@ -1367,8 +1371,6 @@ int tier_settle(struct tier *t, unsigned timeout_ms)
 	return rc;
 }
 
-/* Whether a checkpoint write must wait: the spill tier cannot take dirty blocks
- * (invariant 6, or failing) and memory is over budget. Under t->mu. */
 /* The most memory that checkpoint writes may bring mem_bytes to with a spill tier,
  * however far behind the spill is: mem_max and a slack of max(mem_max/4, 2 x inflight
  * blocks) (the spill's writes in flight hold their buffers until they complete). 0 (no
@@ -1383,8 +1385,9 @@ static uint64_t tier_hard_max(const struct tier *t)
 	return m ? m + (m / 4 > fly ? m / 4 : fly) : 0;
 }
 
-/* The spill tier is full or failing and memory is over the budget: a write must wait
- * for room, and fails with ENOSPC if none comes. */
+/* Whether a checkpoint write must wait for room, and fail with ENOSPC if none comes:
+ * the spill tier cannot take dirty blocks (invariant 6, or failing) and memory is over
+ * the budget. Under t->mu. */
 static bool tier_blocked_locked(struct tier *t, size_t size)
 {
 	bool cannot = t->full || mono_now_ms() < t->fail_until_ms;
@@ -1392,9 +1395,10 @@ static bool tier_blocked_locked(struct tier *t, size_t size)
 	return cannot && bc_mem_bytes(t->bc) + size > bc_budget(t->bc);
 }
 
-/* Memory would pass tier_hard_max: a write waits while the spill frees memory, at
- * most TIER_HARD_WAIT_MS in all, then fails with ENOSPC; when nothing was freed for
- * TIER_ADMIT_WAIT_MS (a hung spill disk) it is treated as full (tier_admit_write). */
+/* Memory would pass tier_hard_max: a write waits while the spill frees memory, each
+ * writer until nothing was freed for TIER_ADMIT_WAIT_MS of its wait (a hung spill disk)
+ * or TIER_HARD_WAIT_MS in all, then fails with ENOSPC (tier_admit_write). Such waits
+ * take no waiting slot (invariant 9): they move at the spill's speed. */
 static bool tier_over_hard_locked(struct tier *t, size_t size)
 {
 	uint64_t hard = tier_hard_max(t);
@@ -1402,9 +1406,16 @@ static bool tier_over_hard_locked(struct tier *t, size_t size)
 	return hard && bc_mem_bytes(t->bc) + size > hard;
 }
 
-static bool tier_progressing_locked(struct tier *t, uint64_t now)
+/* Waits on admit_cv until woken or CLOCK_MONOTONIC reaches until_ms. */
+static void tier_wait_until_locked(struct tier *t, uint64_t until_ms)
 {
-	return t->freed_ms + TIER_ADMIT_WAIT_MS > now;
+	uint64_t now = mono_now_ms();
+	struct timespec ts;
+
+	if (until_ms <= now)
+		return;
+	ts = mono_deadline((until_ms - now) * 1000000ull);
+	pthread_cond_timedwait(&t->admit_cv, &t->mu, &ts);
 }
 
 /* Takes one of the cfg.admit_waiters waiting slots (invariant 9): false when all are
@@ -1469,8 +1480,7 @@ static int tier_admit_unspilled(struct tier *t, size_t size)
 
 int tier_admit_write(struct tier *t, size_t size)
 {
-	uint64_t budget, slack, now, start = mono_now_ms();
-	struct timespec ts, ts_behind, ts_over;
+	uint64_t budget, slack, now, last, until, start = mono_now_ms();
 	bool blocked = false, over = false, behind, slot = false, asked = false;
 	bool waited = false, nowait = false;
 
@@ -1486,13 +1496,12 @@ int tier_admit_write(struct tier *t, size_t size)
 	pthread_mutex_lock(&t->mu);
 	if (!t->kick)
 		tier_wake_locked(t); /* a writer outruns the 250 ms tick: trim now */
-	ts = mono_deadline(TIER_ADMIT_WAIT_MS * 1000000ull);
-	ts_behind = mono_deadline(TIER_BEHIND_WAIT_MS * 1000000ull);
 	while (t->sp && !t->stop) {
-		/* Full (invariant 6): wait up to TIER_ADMIT_WAIT_MS, then ENOSPC. Over the
-		 * hard bound: wait while the spill frees memory (tier_over_hard_locked).
-		 * Behind (dirty bytes arriving faster than the spill drains them, more
-		 * than SLACK over): wait up to TIER_BEHIND_WAIT_MS, then go on. */
+		/* Every wake-up decides anew. Full (invariant 6): wait up to
+		 * TIER_ADMIT_WAIT_MS, then ENOSPC. Over the hard bound: wait while the
+		 * spill frees memory (tier_over_hard_locked). Behind (dirty bytes arriving
+		 * faster than the spill drains them, more than SLACK over): wait up to
+		 * TIER_BEHIND_WAIT_MS, then go on. */
 		now = mono_now_ms();
 		budget = bc_budget(t->bc);
 		slack = budget / 8 > 8ull * t->bs ? budget / 8 : 8ull * t->bs;
@@ -1501,23 +1510,13 @@ int tier_admit_write(struct tier *t, size_t size)
 		behind = bc_mem_bytes(t->bc) + size > budget + slack &&
 			 now < start + TIER_BEHIND_WAIT_MS;
 		if (!blocked && !over && !behind)
-			break;
-		if (over && now >= start + TIER_HARD_WAIT_MS)
-			break;	/* slow past all patience: ENOSPC */
-		if (over && !tier_progressing_locked(t, now)) {
-			/* Nothing freed for TIER_ADMIT_WAIT_MS: as full, a waiting slot
-			 * (invariant 9) and one such wait, then ENOSPC (a hung spill). */
-			if (!slot && !(slot = tier_admit_wait_get(t))) {
-				nowait = true;
-				break;
-			}
-			if (now >= start + TIER_ADMIT_WAIT_MS)
-				break;
-		}
-		if (!slot && !over && !(slot = tier_admit_wait_get(t))) {
-			/* Invariant 9: full fails now (blocked), behind goes on. Over the
-			 * hard bound while the spill frees memory every writer waits: it
-			 * moves at the spill's speed, and none holds its worker long. */
+			break;		/* admitted */
+		last = t->freed_ms > start ? t->freed_ms : start;
+		if ((blocked && now >= start + TIER_ADMIT_WAIT_MS) ||
+		    (over && (now >= last + TIER_ADMIT_WAIT_MS || now >= start + TIER_HARD_WAIT_MS)))
+			break;		/* ENOSPC */
+		if (!over && !slot && !(slot = tier_admit_wait_get(t))) {
+			/* Invariant 9: full fails now (blocked), behind goes on. */
 			nowait = true;
 			break;
 		}
@@ -1528,18 +1527,9 @@ int tier_admit_write(struct tier *t, size_t size)
 			tier_wake_locked(t);
 		}
 		waited = true;
-		/* Over: rechecked at each wake-up and every 250 ms. Behind alone waits to its
-		 * own, shorter deadline (it slept to the full one: a lone writer beside a
-		 * hung spill took 2 s a request, not 0.5). */
-		ts_over = mono_deadline(TIER_INTERVAL_MS * 1000000ull);
-		if (pthread_cond_timedwait(&t->admit_cv, &t->mu,
-					   over ? &ts_over : blocked ? &ts : &ts_behind) &&
-		    !over) {
-			blocked = tier_blocked_locked(t, size);
-			if (blocked && mono_now_ms() < start + TIER_ADMIT_WAIT_MS)
-				continue;	/* blocked since: its full wait */
-			break;
-		}
+		until = over ? now + TIER_INTERVAL_MS
+		      : blocked ? start + TIER_ADMIT_WAIT_MS : start + TIER_BEHIND_WAIT_MS;
+		tier_wait_until_locked(t, until);
 	}
 	if (asked)
 		t->want_room -= size;

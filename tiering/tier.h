@@ -156,14 +156,17 @@ int tier_settle(struct tier *t, unsigned timeout_ms);
 /* Called at the top of every MOUNT/ckpt write of `size` bytes. 0 at once while memory
  * stays under budget. Over it, wakes the tier thread, and with a spill tier: waits up to
  * TIER_BEHIND_WAIT_MS while dirty bytes are more than max(budget/8, 8 blocks) over the
- * budget (a writer faster than the spill disk), then goes on; and when the spill tier is
- * full (or failing), or memory would pass cfg.mem_max and its slack (max(mem_max/8, 8
- * blocks): a spill disk slow or hung), waits up to TIER_ADMIT_WAIT_MS for room and
- * returns -ENOSPC if none came. Without a spill tier: waits the same when dirty bytes would pass
- * cfg.dirty_max (a bound of 0: never). Dirty checkpoint bytes are never dropped, so this
- * is where a full disk becomes the writer's error instead of lost data. At most
- * cfg.admit_waiters calls wait at once: past that a write that would wait does not, and
- * returns -ENOSPC at once when full (or past the hard bound), 0 when only behind.
+ * budget (a writer faster than the spill disk), then goes on; when the spill tier is
+ * full (or failing), waits up to TIER_ADMIT_WAIT_MS for room and returns -ENOSPC if none
+ * came; and when memory would pass cfg.mem_max and its slack (max(mem_max/4, 2 x
+ * inflight blocks): a spill disk slower than the writers), waits while the spill frees
+ * memory, -ENOSPC once nothing was freed for TIER_ADMIT_WAIT_MS of the wait (a hung
+ * disk) or after TIER_HARD_WAIT_MS. Without a spill tier: waits as when full when
+ * dirty bytes would pass cfg.dirty_max (a bound of 0: never). Dirty checkpoint bytes
+ * are never dropped, so this is where a full disk becomes the writer's error instead of
+ * lost data. At most cfg.admit_waiters calls wait at once for room or behind: past that
+ * a write that would wait does not, and returns -ENOSPC at once when full, 0 when only
+ * behind (a wait past the hard bound takes no such slot: tier.c invariant 9).
  * t NULL: 0. */
 int tier_admit_write(struct tier *t, size_t size);
 

@@ -515,16 +515,19 @@ def test_a_blocked_lookup_does_not_hold_its_directory(mounter):
               "a lookup in dir waited behind the blocked lookup of dir/stuck")
 
 
-def test_a_hung_source_does_not_hold_the_mount_root(mounter):
+@pytest.mark.parametrize("opts", ["", "data_timeout=0"], ids=["default", "timeout0"])
+def test_a_hung_source_does_not_hold_the_mount_root(mounter, opts):
     """The mount root's LOOKUP of "data" (a fresh mount, or its entry evicted) stat'ed
     SOURCE's root, and the kernel holds the mount root's directory lock across it: with
     SOURCE hung (here a SIGSTOPped FUSE daemon; on a real machine an NFS or GlusterFS
     server, a bucket mount), `mkdir -p MOUNT/ckpt/run`, which a launcher runs first,
     waited in D state, unkillable, and `ls MOUNT` behind it (an outside tester). It is
-    now answered from the root's last attributes (data_root_attr)."""
+    now answered from the root's last attributes (data_root_attr), for no time when
+    they are older than data_timeout (0: always), so that GETATTR, which holds no
+    directory lock, asks SOURCE."""
     m2 = mounter()
     write(os.path.join(m2.ckpt, "f"), b"behind a stopped daemon")
-    m = mounter(src=m2.ckpt)
+    m = mounter(src=m2.ckpt, opts=opts)
     cat = None
     try:
         # The mount's readiness check looked "data" up: evict that entry, so the next

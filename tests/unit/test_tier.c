@@ -602,10 +602,25 @@ static void test_admit_hard_bound_behind(void)
 	EXPECT_EQ(atomic_load(&f.admitted), 0);
 	EXPECT_EQ(tstats(f.t).admit_enospc, FLOOD);
 	pthread_barrier_destroy(&f.go);
-	for (i = 0; i < 16; i++) {
-		bc_write_end(bc, ck[i]);
-		bc_block_put(bc, ck[i]);
+	/* The spill moves again (the writes end, the blocks may go): a writer past the
+	 * bound waits, without a waiting slot, and is admitted once memory is freed. */
+	{
+		struct flood g = { .t = f.t };
+		pthread_t w;
+
+		pthread_barrier_init(&g.go, NULL, 1);
+		pthread_create(&w, NULL, flood_writer, &g);
+		usleep(300 * 1000);
+		EXPECT_EQ(atomic_load(&g.done), 0);		/* waiting */
+		for (i = 0; i < 16; i++)
+			bc_write_end(bc, ck[i]);
+		tier_set_budget(f.t, 0);			/* wake the trim */
+		pthread_join(w, NULL);
+		EXPECT_EQ(atomic_load(&g.admitted), 1);
+		pthread_barrier_destroy(&g.go);
 	}
+	for (i = 0; i < 16; i++)
+		bc_block_put(bc, ck[i]);
 	EXPECT_EQ(tier_admit_write(f.t, BS), 0);	/* room again */
 	tier_free(f.t);
 	bc_free(bc);
