@@ -81,7 +81,8 @@ int pack_set_pack_of(struct pack_set *ps, const uint8_t hash[16], uint8_t id[16]
 uint64_t pack_set_count(struct pack_set *ps);
 
 /* Read and verify the object named hash into buf[len]: its logical length, -ENOENT,
- * -EIO (logged), or the read's -errno. */
+ * -EIO (logged), or the read's -errno. When the copy the index names is damaged, each
+ * other copy in the packs is tried (two writers stored the object at once). */
 int pack_set_get(struct pack_set *ps, const uint8_t hash[16], void *buf, uint32_t len);
 
 struct pack_writer;

@@ -213,7 +213,8 @@ int store_load_snapshot_max(struct store *s, const char *name, uint64_t max, uin
 const char *store_load_why(void);
 
 /* Remove snaps/<name> (a group: its group file first, then its parts) and fsync snaps/;
- * its objects go at the next gc. -ENOENT. */
+ * its objects go at the next gc. -ENOENT; for a group, -ENOTEMPTY or -errno when
+ * something left in its directory could not be removed (logged by name). */
 int store_delete(struct store *s, const char *name);
 
 /*

@@ -90,14 +90,18 @@ struct tier_config {
  *   enough that the bounce buffers (spill.c copies each block) stay at 16 MiB.
  * ADMIT_WAIT 2000 ms: a checkpoint write waits this long for spill space or budget when
  *   the spill dir is full and memory is over budget, then fails with ENOSPC.
- * ADMIT_WAITERS 2: the most writes waiting for room at once (either wait below). Each
+ * ADMIT_WAITERS 2: the most writes waiting for room or behind at once. Each
  *   waits in a FUSE worker; a flood of writers to a full tree would otherwise fill the
  *   worker pool with sleepers and queue every other request of the mount behind them
  *   (root's included: an outside tester saw an ls take 96 s). Half the daemon's default
  *   4 threads, as the daemon sets it (max(1, threads / 2)): one waiting writer is all a
  *   single checkpoint writer needs, and the other half of the pool stays free.
  * BEHIND_WAIT 500 ms: the most a checkpoint write is held back while the spill catches
- *   up (about 500 MB written at NVMe speed); the write then goes on regardless.
+ *   up (about 500 MB written at NVMe speed); the write then goes on, unless memory is
+ *   past tier_hard_max (mem_max and a slack).
+ * HARD_WAIT 30000 ms: the most a write past tier_hard_max waits for the spill to free
+ *   memory (it fails sooner, after ADMIT_WAIT of its wait with nothing freed: a hung
+ *   disk); such waits take no ADMIT_WAITERS slot.
  * FULL_RETRY 1000 ms: after ENOSPC from the spill dir, try spilling again this often (or
  *   at once when spill space is released).
  * FAIL_BACKOFF 1000 ms: after a spill write I/O error, stop spilling this long.
