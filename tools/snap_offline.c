@@ -485,7 +485,8 @@ static int restore_create(struct restore *r)
 			if (r->bad[t]) {
 				r->bad[i] = 1;	/* the inode it shares was left out */
 				say("damaged: %s (hard link to %s); left out",
-				    p + strlen(r->stage) + 1, rpath(r, (size_t)t, 1) + strlen(r->stage) + 1);
+				    p + strlen(r->stage) + 1,
+				    rpath(r, (size_t)t, 1) + strlen(r->stage) + 1);
 				r->damaged++;
 				continue;
 			}
