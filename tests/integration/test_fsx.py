@@ -56,8 +56,10 @@ def run_fsx(path, seed, ops, maxsize, maxlen, block, *extra, timeout=300):
     check(r, argv)
 
 
-def run_parallel(jobs, timeout=300):
-    """jobs: [argv]; runs them at once, fails with the first that failed."""
+def run_parallel(jobs, timeout=300, daemon=None):
+    """jobs: [argv]; runs them at once, fails with the first that failed (with the tail
+    of daemon's log, a mount of the mounter fixture, when given: an EIO says why only
+    there)."""
     if not os.access(FSX, os.X_OK):
         pytest.fail(f"{FSX} is missing (run make)")
     procs = [(a, subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -75,8 +77,9 @@ def run_parallel(jobs, timeout=300):
             failed.append((a, pr.returncode, out, err))
     if failed:
         a, rc, out, err = failed[0]
+        log = f"\ndaemon log:\n{daemon.stderr()}" if daemon is not None else ""
         raise AssertionError(f"{len(failed)} of {len(jobs)} runs failed; first: "
-                             f"{' '.join(a)} exited {rc}\nstderr: {err[-6000:]}")
+                             f"{' '.join(a)} exited {rc}\nstderr: {err[-6000:]}{log}")
 
 
 def test_fsx_reference_filesystems(test_root):
@@ -95,7 +98,7 @@ def test_fsx_small_blocks_parallel(mlfs):
     blocks; files up to 2 MiB."""
     jobs = [fsx_argv(os.path.join(mlfs.ckpt, f"f{i}"), U.SEED + i, ops(2400), 2 * MiB,
                      384 * KiB, 64 * KiB) for i in range(3)]
-    run_parallel(jobs)
+    run_parallel(jobs, daemon=mlfs)
 
 
 @pytest.mark.mlfs_opts("block_size=64K,threads=1")
@@ -122,7 +125,7 @@ def test_fsx_under_memory_pressure(mounter):
     m = mounter(opts="block_size=64K,mem_max=2M,mem_min=1M")
     jobs = [fsx_argv(os.path.join(m.ckpt, f"p{i}"), U.SEED + 200 + i, ops(1600), 3 * MiB,
                      512 * KiB, 64 * KiB) for i in range(2)]
-    run_parallel(jobs)
+    run_parallel(jobs, daemon=m)
     st = U.mlfs_stat_json(m.mnt)
     assert st["spill_ops"] > 0 and st["reload_ops"] > 0, f"no pressure: {st}"
 
