@@ -1630,12 +1630,14 @@ static void bc_clear_flag(struct bc *bc, struct bc_block *b, unsigned flag)
 int bc_load_begin(struct bc *bc, struct bc_block *b, bool wait)
 {
 	struct bc_shard *s = bc_shard_of(bc, b);
+	unsigned flags;
 	int rc = 0;
 
 	pthread_mutex_lock(&s->mu);
 	/* BC_IO is an eviction or another load: either ends with buf decided. */
 	while ((b->flags & BC_IO) && !b->buf && wait)
 		pthread_cond_wait(&s->cv, &s->mu);
+	flags = b->flags;
 	if (b->buf)
 		rc = 1;
 	else if (b->flags & BC_IO)
@@ -1645,6 +1647,9 @@ int bc_load_begin(struct bc *bc, struct bc_block *b, bool wait)
 	else
 		b->flags |= BC_IO;
 	pthread_mutex_unlock(&s->mu);
+	if (rc == -EIO) /* a bug if it ever shows: say so, the reader only sees EIO */
+		log_err("bcache: block %p (class %d, flags %#x, %u refs) has no buffer and "
+			"no copy: EIO", (void *)b, b->cls, flags, atomic_load(&b->ref));
 	return rc;
 }
 
