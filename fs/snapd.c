@@ -1853,7 +1853,7 @@ int snapd_finish_by(struct snapd *sd, const char *why, uint64_t deadline)
 {
 	struct snapd_job *job = NULL;
 	char name[MF_NAME_MAX + 1];
-	int changed, rc, busy = 0, past;
+	int changed, again, rc, busy = 0, past;
 
 	/* Pending snapshots first: if one fails, its changes are still "changed" below
 	 * and go into the final snapshot (invariant 1). A persist's own ETIMEDOUT (a soft
@@ -1866,10 +1866,12 @@ int snapd_finish_by(struct snapd *sd, const char *why, uint64_t deadline)
 	/* With workers > 1 the final part is taken even of an unchanged tree (its blocks
 	 * are stored: cheap): the others' final parts need it to form a group. */
 	changed = snapd_changed_locked(sd) || (sd->m->cfg.workers > 1 && !sd->final_taken);
+	again = sd->final_taken; /* main's call after the unmount, past a SIGTERM's */
 	pthread_mutex_unlock(&sd->mu);
 	if (!changed) {
 		if (!rc)
-			log_info("snap: %s: nothing changed since the last durable snapshot", why);
+			log_info("snap: %s: nothing changed since %s", why,
+				 again ? "the final snapshot" : "the last durable snapshot");
 		goto out;
 	}
 	/* A freeze gives up after a second of writers holding a file (ckpt_freeze):
