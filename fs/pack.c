@@ -153,15 +153,18 @@ void pack_rec_header(uint8_t hdr[PACK_REC_HDR], const uint8_t hash[16], uint32_t
 	le_put(hdr + 32, XXH3_64bits(hdr, 32), 8);
 }
 
-const char *pack_rec_bad(const uint8_t hdr[PACK_REC_HDR], const uint8_t hash[16], uint64_t stored)
+const char *pack_rec_bad(const uint8_t hdr[PACK_REC_HDR], const uint8_t hash[16], uint64_t stored,
+			 uint32_t logical, unsigned flags)
 {
-	uint32_t logical = (uint32_t)le_get(hdr + 8, 4), st = (uint32_t)le_get(hdr + 12, 4);
+	uint32_t lg = (uint32_t)le_get(hdr + 8, 4), st = (uint32_t)le_get(hdr + 12, 4);
 
 	if (le_get(hdr + 32, 8) != XXH3_64bits(hdr, 32) || memcmp(hdr, REC_MAGIC, 4) ||
 	    hdr[4] != 1 || hdr[5] > 1)
 		return "bad header";
-	if (memcmp(hdr + 16, hash, 16) || st != stored || (hdr[5] == 0 && st != logical))
+	if (memcmp(hdr + 16, hash, 16) || st != stored || (hdr[5] == 0 && st != lg))
 		return "header does not match its name or size";
+	if (lg != logical || hdr[5] != flags)
+		return "header does not match its index entry's length or flags";
 	return NULL;
 }
 
@@ -794,7 +797,7 @@ static int get_from_locked(struct pack_set *ps, struct pack *p, size_t ei,
 			rc = -EIO;
 		else
 			rc = -errno;
-		if (!rc && !(why = pack_rec_bad(hdr, hash, e.stored)))
+		if (!rc && !(why = pack_rec_bad(hdr, hash, e.stored, e.logical, e.flags)))
 			rc = pack_rec_decode(hdr, buf, buf, len, hash, &why);
 	} else {
 		z = malloc(PACK_REC_HDR + (size_t)e.stored);
@@ -803,7 +806,7 @@ static int get_from_locked(struct pack_set *ps, struct pack *p, size_t ei,
 			goto out;
 		}
 		rc = fdio_pread_all(fd, z, PACK_REC_HDR + (size_t)e.stored, e.off);
-		if (!rc && !(why = pack_rec_bad((uint8_t *)z, hash, e.stored)))
+		if (!rc && !(why = pack_rec_bad((uint8_t *)z, hash, e.stored, e.logical, e.flags)))
 			rc = pack_rec_decode((uint8_t *)z, z + PACK_REC_HDR, buf, len, hash, &why);
 	}
 	if (rc == -EIO && !why)
@@ -1293,8 +1296,7 @@ static int gc_copy_live(struct pack_set *ps, struct pack *p, pack_live_fn live, 
 		 * and its copy is indexed by the entry's lengths and flags, so they must be
 		 * the header's too. */
 		r = fdio_pread_all(fd, hdr, PACK_REC_HDR, e->off);
-		if (!r && (pack_rec_bad(hdr, e->hash, e->stored) ||
-			   le_get(hdr + 8, 4) != e->logical || hdr[5] != e->flags))
+		if (!r && pack_rec_bad(hdr, e->hash, e->stored, e->logical, e->flags))
 			r = -EIO;
 		if (r) {
 			release(ps, p, fd, own);
@@ -1319,7 +1321,7 @@ static int gc_copy_live(struct pack_set *ps, struct pack *p, pack_live_fn live, 
 		 * copied only when what it holds decodes to its name (a header that does
 		 * not match its index entry was copied before, its bytes lost). */
 		r = fdio_pread_all(fd, rec, PACK_REC_HDR + (size_t)e->stored, e->off);
-		if (!r && pack_rec_bad(rec, e->hash, e->stored))
+		if (!r && pack_rec_bad(rec, e->hash, e->stored, e->logical, e->flags))
 			r = -EIO;
 		if (!r)
 			r = pack_rec_decode(rec, (char *)rec + PACK_REC_HDR, out, e->logical, e->hash,

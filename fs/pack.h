@@ -40,9 +40,11 @@
  * stored length, hash, XXH3-64 of the first 32 bytes. */
 void pack_rec_header(uint8_t hdr[PACK_REC_HDR], const uint8_t hash[16], uint32_t logical,
 		     uint32_t stored, int lz4);
-/* NULL if hdr is a valid header of the object named hash whose payload is stored bytes
- * long (stored: the length the index or file size gives); else why not. */
-const char *pack_rec_bad(const uint8_t hdr[PACK_REC_HDR], const uint8_t hash[16], uint64_t stored);
+/* NULL if hdr is a valid header of the object named hash as its index entry describes
+ * it (stored and logical lengths, flags); else why not. A record that decodes but
+ * contradicts its entry is damage too: gc copies it under the entry's lengths and flags. */
+const char *pack_rec_bad(const uint8_t hdr[PACK_REC_HDR], const uint8_t hash[16], uint64_t stored,
+			 uint32_t logical, unsigned flags);
 /* Decode a record's payload (already read; hdr checked by pack_rec_bad) into buf[len] and
  * check its hash: the logical length, or NULL-free -EIO with *why set. */
 int pack_rec_decode(const uint8_t hdr[PACK_REC_HDR], const void *payload, void *buf, uint32_t len,

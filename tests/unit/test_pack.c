@@ -32,14 +32,20 @@ static void path_of(char *buf, size_t size, const char *dir, const char *rel)
 		abort();
 }
 
+/* A seed with this bit set fills only the first half, the rest zero: the block compresses
+ * (an lz4 record). Other seeds fill it all, incompressible (a raw record). */
+#define SEED_LZ4 0x40000000u
+
 static void fill(void *buf, size_t len, unsigned seed)
 {
 	unsigned char *p = buf;
+	size_t n = seed & SEED_LZ4 ? len / 2 : len;
 
-	for (size_t i = 0; i < len; i++) {
+	for (size_t i = 0; i < n; i++) {
 		seed = seed * 1103515245u + 12345u;
 		p[i] = (unsigned char)(seed >> 16);
 	}
+	memset(p + n, 0, len - n);
 }
 
 static void hash_of(const void *buf, size_t len, uint8_t h[16])
@@ -646,10 +652,11 @@ static void test_gc_merges_small_packs(const char *dir)
 	store_close(s);
 }
 
-/* Rewrites the index entry of object h in the pack at path: its offset, and its
- * logical length when logical is nonzero; the tail's checksum made right again, as a
- * crafter would. 0, or -1 if h is not in it. */
-static int edit_entry(const char *path, const uint8_t h[16], uint64_t off, uint32_t logical)
+/* Rewrites the index entry of object h in the pack at path: its offset, its logical
+ * length when logical is nonzero, its flags when flags is 0..255; the tail's checksum
+ * made right again, as a crafter would. 0, or -1 if h is not in it. */
+static int edit_entry(const char *path, const uint8_t h[16], uint64_t off, uint32_t logical,
+		      int flags)
 {
 	int fd = open(path, O_RDWR), rc = -1;
 	struct stat st;
@@ -669,6 +676,8 @@ static int edit_entry(const char *path, const uint8_t h[16], uint64_t off, uint3
 		memcpy(e + 16, &off, 8);
 		if (logical)
 			memcpy(e + 28, &logical, 4);
+		if (flags >= 0 && flags <= 255)
+			e[32] = (uint8_t)flags;
 		sum = XXH3_64bits(b + ix, 40 * n + 24);
 		memcpy(b + st.st_size - 8, &sum, 8);
 		if (pwrite(fd, b, (size_t)st.st_size, 0) == st.st_size)
@@ -717,7 +726,7 @@ static void test_gc_copies_only_verified_records(const char *dir)
 	EXPECT_EQ(store_object_where(s, h, rel, &off), 0);
 	store_close(s);
 	path_of(p, sizeof(p), dir, rel);
-	EXPECT_EQ(edit_entry(p, h, off - 500, 0), 0);
+	EXPECT_EQ(edit_entry(p, h, off - 500, 0, -1), 0);
 	snprintf(copy, sizeof(copy), "%s.before", dir);
 	snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", p, copy);
 	EXPECT_EQ(system(cmd), 0);
@@ -731,7 +740,7 @@ static void test_gc_copies_only_verified_records(const char *dir)
 	for (int k = 0; k < 4; k++)
 		if (k != 1)
 			EXPECT_EQ(read_seed(s, seeds[k][0]), BS);
-	EXPECT_EQ(edit_entry(p, h, off, 0), 0);		/* repaired: whole again */
+	EXPECT_EQ(edit_entry(p, h, off, 0, -1), 0);		/* repaired: whole again */
 	store_close(s);
 	EXPECT_EQ(store_open(dir, 0, &s), 0);
 	EXPECT_EQ(read_seed(s, 903), BS);
@@ -781,6 +790,75 @@ static void test_damaged_copy_falls_back(const char *dir)
 	store_close(r);
 }
 
+/* An index entry whose logical length or flags differ from its record's header, the
+ * index checksum made right (a crafter's work, or a bug's): the object reads -EIO, and gc,
+ * merging that pack, refuses it (-EIO) and leaves the pack byte for byte; once repaired
+ * all is whole. gc compared only the name and stored length and copied such a record,
+ * indexed by the entry's lengths, and the reader trusted the header's flags. The logical
+ * length is edited in an lz4 record (a raw one's index entry must have stored equal to
+ * logical: the index is refused whole, test_index_bounds), the flags in a raw one. */
+static void test_gc_checks_lengths_and_flags(const char *dir)
+{
+	const unsigned lz4 = SEED_LZ4 | 1003, raw = 1005;
+	static char buf[BS];
+	char rel[64], p[512], copy[560], before[600], cmd[1300], name[16];
+	uint64_t off, objs, bytes;
+	unsigned seeds[2];
+	uint8_t h[16];
+	struct store *s;
+
+	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
+	for (int k = 0; k < 4; k++) {
+		seeds[0] = 1000 + 2 * (unsigned)k;
+		seeds[1] = k == 1 ? lz4 : k == 2 ? raw : 1001 + 2 * (unsigned)k;
+		snprintf(name, sizeof(name), "s%d", k);
+		EXPECT_EQ(commit_seeds(s, name, seeds, 2), 0);
+	}
+	store_close(s);
+	for (int edit = 0; edit < 2; edit++) {
+		unsigned seed = edit == 0 ? lz4 : raw;
+
+		fill(buf, BS, seed);
+		hash_of(buf, BS, h);
+		EXPECT_EQ(store_open(dir, 0, &s), 0);
+		EXPECT_EQ(store_object_where(s, h, rel, &off), 0);
+		store_close(s);
+		path_of(p, sizeof(p), dir, rel);
+		snprintf(copy, sizeof(copy), "%s.good", dir);
+		snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", p, copy);
+		EXPECT_EQ(system(cmd), 0);
+		EXPECT_EQ(edit_entry(p, h, off, edit == 0 ? BS - 4096 : 0,
+				     edit == 1 ? 1 : -1), 0);
+		snprintf(before, sizeof(before), "%s.before", copy);
+		snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", p, before);
+		EXPECT_EQ(system(cmd), 0);
+		EXPECT_EQ(store_open(dir, 0, &s), 0);
+		EXPECT_EQ(read_seed(s, seed), -EIO);
+		EXPECT_EQ(store_verify(s, NULL, NULL, NULL), 1);
+		usleep(1100 * 1000);			/* past the grace time */
+		EXPECT_EQ(store_gc(s, &objs, &bytes), -EIO);
+		EXPECT(same_file(p, before));		/* kept, byte for byte */
+		for (unsigned k = 0; k < 8; k++)
+			if (1000 + k != 1003 && 1000 + k != 1005)
+				EXPECT_EQ(read_seed(s, 1000 + k), BS);
+		store_close(s);
+		snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", copy, p);
+		EXPECT_EQ(system(cmd), 0);		/* repaired */
+		unlink(before);
+		unlink(copy);
+		EXPECT_EQ(store_open(dir, 0, &s), 0);
+		EXPECT_EQ(read_seed(s, seed), BS);
+		store_close(s);
+	}
+	EXPECT_EQ(store_open(dir, 0, &s), 0);
+	EXPECT_EQ(store_verify(s, NULL, NULL, NULL), 0);
+	usleep(1100 * 1000);
+	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
+	EXPECT_EQ(read_seed(s, lz4), BS);
+	EXPECT_EQ(read_seed(s, raw), BS);
+	store_close(s);
+}
+
 /* Index entries a pack cannot hold, their checksum right: an offset that wraps past
  * 2^64 to within the pack (its reads failed EINVAL), a logical length over the largest
  * block (what a reader allocates by). The pack is damaged as a whole: its objects are
@@ -801,16 +879,16 @@ static void test_index_bounds(const char *dir)
 	EXPECT_EQ(store_object_where(s, h, rel, &off), 0);
 	store_close(s);
 	path_of(p, sizeof(p), dir, rel);
-	EXPECT_EQ(edit_entry(p, h, UINT64_MAX - 39, 0), 0);
+	EXPECT_EQ(edit_entry(p, h, UINT64_MAX - 39, 0, -1), 0);
 	EXPECT_EQ(store_open(dir, 0, &s), 0);
 	EXPECT_EQ(read_seed(s, 951), -ENOENT);
 	EXPECT_EQ(read_seed(s, 950), -ENOENT);
 	store_close(s);
-	EXPECT_EQ(edit_entry(p, h, off, 0), 0);
+	EXPECT_EQ(edit_entry(p, h, off, 0, -1), 0);
 	EXPECT_EQ(store_open(dir, 0, &s), 0);
 	EXPECT_EQ(read_seed(s, 951), BS);
 	store_close(s);
-	EXPECT_EQ(edit_entry(p, h, off, (1u << 30) + 1), 0);
+	EXPECT_EQ(edit_entry(p, h, off, (1u << 30) + 1, -1), 0);
 	EXPECT_EQ(store_open(dir, 0, &s), 0);
 	EXPECT_EQ(read_seed(s, 951), -ENOENT);
 	store_close(s);
@@ -947,9 +1025,11 @@ static void test_records(void)
 	memcpy(other, h, 16);
 	other[0] ^= 1;
 	pack_rec_header(hdr, h, BS, BS, 0);
-	EXPECT(pack_rec_bad(hdr, h, BS) == NULL);
-	EXPECT(pack_rec_bad(hdr, other, BS) != NULL);
-	EXPECT(pack_rec_bad(hdr, h, BS - 1) != NULL);
+	EXPECT(pack_rec_bad(hdr, h, BS, BS, 0) == NULL);
+	EXPECT(pack_rec_bad(hdr, other, BS, BS, 0) != NULL);
+	EXPECT(pack_rec_bad(hdr, h, BS - 1, BS, 0) != NULL);
+	EXPECT(pack_rec_bad(hdr, h, BS, BS - 1, 0) != NULL);	/* not its entry's */
+	EXPECT(pack_rec_bad(hdr, h, BS, BS, 1) != NULL);
 	EXPECT_EQ(pack_rec_decode(hdr, buf, out, BS, h, &why), BS);
 	EXPECT(!memcmp(buf, out, BS));
 	EXPECT_EQ(pack_rec_decode(hdr, buf, out, BS - 1, h, &why), -EIO);
@@ -957,7 +1037,7 @@ static void test_records(void)
 	EXPECT_EQ(pack_rec_decode(hdr, buf, out, BS, h, &why), -EIO);
 	EXPECT(why && !strcmp(why, "checksum mismatch"));
 	hdr[33] ^= 1;
-	EXPECT(pack_rec_bad(hdr, h, BS) != NULL);
+	EXPECT(pack_rec_bad(hdr, h, BS, BS, 0) != NULL);
 }
 
 int main(void)
@@ -994,6 +1074,8 @@ int main(void)
 	test_huge_index(p);
 	path_of(p, sizeof(p), root, "gcverify");
 	test_gc_copies_only_verified_records(p);
+	path_of(p, sizeof(p), root, "gcheader");
+	test_gc_checks_lengths_and_flags(p);
 	path_of(p, sizeof(p), root, "ixbounds");
 	test_index_bounds(p);
 	path_of(p, sizeof(p), root, "twocopies");
