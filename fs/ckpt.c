@@ -1375,17 +1375,27 @@ static void ckpt_file_set_writing_locked(struct ckpt_ns *ns, struct ckpt_inode *
 	}
 }
 
+/* The descriptors ckpt_tid_holds looks at, at most: a close costs this daemon a readlink
+ * each, on a FUSE worker, so a user holding thousands of descriptors and closing files
+ * opened for writing in a loop kept every worker busy and stalled the mount for all
+ * (an outside tester: 1.7 s per request of root's). A process past it is taken to still
+ * hold the file: it stays open for writing until its RELEASE, which follows the close at
+ * once unless a dup or a child holds the descriptor. */
+#define CKPT_TID_SCAN_MAX 256
+
 /* Whether thread tid still has a descriptor of the file numbered st_ino. A FLUSH comes
  * from close(2) after the descriptor left the table, so one found there is another (a
  * dup, which the opener's close of a dup left open: bash closes one at every `cmd >&7`,
  * or another open of the file). Read from /proc/TID/fd and fdinfo, which ask this daemon
  * nothing; false when /proc cannot say (then the close counts as the opener's last). A
- * readlink per descriptor, and fdinfo only for those naming a path. */
+ * readlink per descriptor, and fdinfo only for those naming a path; true past
+ * CKPT_TID_SCAN_MAX descriptors. */
 static bool ckpt_tid_holds(pid_t tid, uint64_t st_ino)
 {
 	char path[300], buf[512];
 	struct dirent *de;
 	bool held = false;
+	unsigned seen = 0;
 	DIR *d;
 
 	snprintf(path, sizeof(path), "/proc/%d/fd", (int)tid);
@@ -1397,8 +1407,13 @@ static bool ckpt_tid_holds(pid_t tid, uint64_t st_ino)
 		ssize_t len;
 		int fd;
 
-		if (de->d_name[0] == '.' ||
-		    readlinkat(dirfd(d), de->d_name, buf, sizeof(buf)) <= 0 || buf[0] != '/')
+		if (de->d_name[0] == '.')
+			continue;
+		if (++seen > CKPT_TID_SCAN_MAX) {
+			held = true;
+			break;
+		}
+		if (readlinkat(dirfd(d), de->d_name, buf, sizeof(buf)) <= 0 || buf[0] != '/')
 			continue; /* a pipe, socket or anon inode */
 		snprintf(path, sizeof(path), "/proc/%d/fdinfo/%s", (int)tid, de->d_name);
 		if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
