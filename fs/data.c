@@ -78,8 +78,9 @@
  *    The raw syscalls change only the calling thread (glibc's setgroups would change
  *    every thread). A switch that fails refuses the open (EACCES). Costs: three
  *    syscalls each way, and the caller's groups (ops.c reads them from /proc and keeps
- *    them per thread for a second). Lookups and stat still answer from the daemon's
- *    view.
+ *    them per thread for a second). A lookup searches SOURCE as the caller too
+ *    (data_lookup_once); a stat (GETATTR) of a node the kernel already holds still
+ *    answers from the daemon's view.
  * 8. A node that is not a directory stands for one SOURCE file (n->src_dev, src_ino), as
  *    an inode does. When its name comes to name another file (a replace by rename, a
  *    remove and re-create) while opens of the node are in flight (n->nopen), the node
@@ -968,18 +969,13 @@ static bool data_meta_again(struct data_ns *ns, struct data_node *n, int rc, con
 	return data_again(ns, &n->meta_down, rc, what, name, since, tries);
 }
 
-/* data_lookup with the parent directory already open (dfd, beneath SOURCE). */
-static int data_lookup_at(struct data_ns *ns, int dfd, struct data_node *parent,
-			  const char *name, struct fuse_entry_param *e)
+/* A lookup's node for name, whose attributes e->attr holds (fstatat in dfd, the parent
+ * directory opened beneath SOURCE): found or made, watched, e filled. As the daemon. */
+static int data_lookup_node(struct data_ns *ns, int dfd, struct data_node *parent,
+			    const char *name, struct fuse_entry_param *e)
 {
-	struct data_node *n;
+	struct data_node *n = data_node_get(ns, parent, name, &e->attr);
 
-	if (strlen(name) > NAME_MAX)
-		return -ENAMETOOLONG;
-	/* One name, no '/', not followed: it cannot leave dfd (invariant 3). */
-	if (fstatat(dfd, name, &e->attr, AT_SYMLINK_NOFOLLOW) < 0)
-		return -errno;
-	n = data_node_get(ns, parent, name, &e->attr);
 	if (!n)
 		return -ENOMEM;
 	if (S_ISDIR(e->attr.st_mode))
@@ -990,33 +986,57 @@ static int data_lookup_at(struct data_ns *ns, int dfd, struct data_node *parent,
 	return 0;
 }
 
+/* data_lookup with the parent directory already open (dfd, beneath SOURCE). */
+static int data_lookup_at(struct data_ns *ns, int dfd, struct data_node *parent,
+			  const char *name, struct fuse_entry_param *e)
+{
+	if (strlen(name) > NAME_MAX)
+		return -ENAMETOOLONG;
+	/* One name, no '/', not followed: it cannot leave dfd (invariant 3). */
+	if (fstatat(dfd, name, &e->attr, AT_SYMLINK_NOFOLLOW) < 0)
+		return -errno;
+	return data_lookup_node(ns, dfd, parent, name, e);
+}
+
 double data_attr_timeout(const struct data_ns *ns, mode_t mode)
 {
 	return S_ISREG(mode) || S_ISDIR(mode) || S_ISLNK(mode) ? ns->m->cfg.data_timeout : 0;
 }
 
+static int data_as_caller(const struct data_ns *ns, const struct data_cred *who, int on);
+
+/* The parent opened and the name stat'ed as who (invariant 7): the kernel checked the
+ * caller against the modes it caches for data_timeout, and a directory made private
+ * since, or one renamed into the place of a name the caller could search, would answer
+ * a name's attributes to anyone (an outside tester read the owner, mode and size of a
+ * file in root's 0700 directory). The node is made as the daemon. */
 static int data_lookup_once(struct data_ns *ns, struct data_node *parent, const char *name,
-			    struct fuse_entry_param *e)
+			    const struct data_cred *who, struct fuse_entry_param *e)
 {
 	char path[PATH_MAX];
-	int dfd, rc;
+	int dfd, rc, as;
 
-	if (!parent->parent) {
+	if (strlen(name) > NAME_MAX)
+		return -ENAMETOOLONG;
+	if ((as = data_as_caller(ns, who, 1)) < 0)
+		return as;
+	if (!parent->parent)
 		dfd = ns->src_fd;
-	} else {
-		if ((rc = data_path(parent, path, sizeof(path))))
-			return rc;
+	else if ((rc = data_path(parent, path, sizeof(path))))
+		dfd = rc;
+	else
 		dfd = data_open_beneath(ns, path, O_PATH | O_DIRECTORY);
-		if (dfd < 0)
-			return dfd;
-	}
-	rc = data_lookup_at(ns, dfd, parent, name, e);
+	rc = dfd < 0 ? dfd : fstatat(dfd, name, &e->attr, AT_SYMLINK_NOFOLLOW) < 0 ? -errno : 0;
+	if (as)
+		data_as_caller(ns, who, 0);
+	if (!rc)
+		rc = data_lookup_node(ns, dfd, parent, name, e);
 	data_put_fd(ns, dfd);
 	return rc;
 }
 
 int data_lookup(struct data_ns *ns, struct data_node *parent, const char *name,
-		struct fuse_entry_param *e)
+		const struct data_cred *who, struct fuse_entry_param *e)
 {
 	uint64_t since = 0;
 	unsigned tries = 0;
@@ -1025,7 +1045,7 @@ int data_lookup(struct data_ns *ns, struct data_node *parent, const char *name,
 	if (strchr(name, '/') || !strcmp(name, ".") || !strcmp(name, ".."))
 		return -EINVAL; /* the kernel never sends these; invariant 3 relies on it */
 	do
-		rc = data_lookup_once(ns, parent, name, e);
+		rc = data_lookup_once(ns, parent, name, who, e);
 	while (data_meta_again(ns, parent, rc, "lookup", name, &since, &tries));
 	return rc;
 }
@@ -1168,8 +1188,6 @@ int data_getattr_open(struct data_ns *ns, const struct data_file *f, struct stat
 {
 	return data_getattr_of(ns, f->n, f, st);
 }
-
-static int data_as_caller(const struct data_ns *ns, const struct data_cred *who, int on);
 
 /* As who (invariant 7): a link below a directory made private since the kernel cached
  * its mode is refused, as SOURCE refuses it. */

@@ -57,9 +57,12 @@ int data_watch_start(struct data_ns *ns, struct fuse_session *se);
 /* Stops it; before the session is destroyed. Idempotent. */
 void data_watch_stop(struct data_ns *ns);
 
-/* Looks name up in parent and fills e; takes one lookup reference on success. */
+struct data_cred;
+
+/* Looks name up in parent and fills e; takes one lookup reference on success. SOURCE is
+ * searched as who (data.c invariant 7): a directory who may not search answers EACCES. */
 int data_lookup(struct data_ns *ns, struct data_node *parent, const char *name,
-		struct fuse_entry_param *e);
+		const struct data_cred *who, struct fuse_entry_param *e);
 void data_forget(struct data_ns *ns, struct data_node *n, uint64_t nlookup);
 /* The attributes of n's SOURCE file; while opens of a file SOURCE's name no longer names
  * (replaced or removed) are in flight, that file's (data.c invariant 8). */

@@ -110,6 +110,43 @@ def test_data_component_swapped_for_symlink_after_lookup(user_src, other_user, s
         os.close(pin)
 
 
+def test_data_lookup_in_a_directory_renamed_into_a_searchable_name(user_src, other_user):
+    """The user owning SRC/aw has the kernel cache aw/mine, their own searchable directory,
+    then renames root's 0700 directory into its place: a name looked up in it through
+    the mount answers EACCES as ext4 does. The daemon looked names up as root, and the
+    kernel's check used the cached mode of mine: the owner, mode and size of a file in
+    root's private directory reached the user (an outside tester), and absent names
+    answered ENOENT (so names could be probed)."""
+    m = user_src
+    aw = os.path.join(m.src, "aw")
+    private = os.path.join(aw, "rootonly")
+    os.mkdir(private, 0o700)
+    with open(os.path.join(private, "salary.csv"), "wb") as f:
+        f.write(SECRET)
+    os.chmod(os.path.join(private, "salary.csv"), 0o600)
+    mine = os.path.join(m.data, "aw", "mine")
+
+    def make():
+        os.mkdir(os.path.join(aw, "mine"))
+        return os.listdir(mine)  # the kernel now caches mine, the user's own 0755 dir
+
+    def swap():
+        os.rename(os.path.join(aw, "mine"), os.path.join(aw, "mine.old"))
+        os.rename(private, os.path.join(aw, "mine"))
+
+    assert as_other(other_user, make) == ["ok", []]
+    pin = os.open(mine, os.O_PATH)   # the kernel's entry of mine held
+    try:
+        assert as_other(other_user, swap) == ["ok", None]
+        for name in ("salary.csv", "absent"):
+            got = as_other(other_user, lambda: tuple(os.lstat(os.path.join(mine, name))))
+            assert got == ["err", errno.EACCES], f"stat {name} as the user gave {got!r}"
+        # Root, who may search it, sees the file.
+        assert os.lstat(os.path.join(mine, "salary.csv")).st_size == len(SECRET)
+    finally:
+        os.close(pin)
+
+
 def test_data_every_access_refuses_a_swapped_component(user_src, other_user, secret_dir):
     """stat, readlink, listdir, getxattr and open below a swapped component all fail:
     nothing under the symlink's target is stat'ed, listed or read."""
