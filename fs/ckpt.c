@@ -40,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -98,17 +99,33 @@
 #define CKPT_RA_MAX_BYTES (32u << 20)
 #define CKPT_RA_MAX_BLOCKS (TIER_PREFETCH_QUEUE / 2)
 
-struct ckpt_dir { /* an open directory stream: a copy of the listing */
+/* An open directory stream holds no copy of the listing. A directory keeps its entries
+ * in a red-black tree by cookie too (dir->bycookie), a 62-bit hash of the name; an
+ * entry's readdir offset is its cookie plus 3 ("." is 0, ".." 1), and a read from
+ * offset o lists the entries whose cookie is at least o - 2, in cookie order: O(log n +
+ * its batch) under ns->mu, wherever the reader was and whatever was removed meanwhile.
+ * An entry there from the open (or a rewind) to the end is listed exactly once, as
+ * POSIX asks, and a name removed and made again keeps its cookie, so no name is listed
+ * twice (ext4's hash order does the same); one added or removed meanwhile may or may
+ * not be. Two names of one directory whose hashes meet take the next free cookie. The
+ * stream copied the whole listing at every open and rewind before, under ns->mu: a user
+ * rewinding a stream of a 100,000-entry directory in a loop stalled every MOUNT/ckpt
+ * request of every user for up to half a second (an outside tester). */
+struct ckpt_dir {
 	struct ckpt_dir *prev, *next; /* ns->dirs, under ns->all_mu */
-	size_t n, cap;
-	struct ckpt_dent_copy {
-		uint64_t st_ino;
-		mode_t type;
-		char *name;
-	} *ents;
-	int filled;
-	size_t bytes; /* what ns->dir_bytes counts for this copy (ckpt_dir_fill) */
 };
+
+#define CKPT_COOKIE_MASK ((1ull << 62) - 1)
+
+static int ckpt_cookie_cmp(const struct ckpt_dirent *a, const struct ckpt_dirent *b)
+{
+	return a->cookie < b->cookie ? -1 : a->cookie > b->cookie;
+}
+
+#ifndef __unused /* what libbsd's tree.h marks its generated functions with */
+#define __unused __attribute__((unused))
+#endif
+RB_GENERATE_STATIC(ckpt_bycookie, ckpt_dirent, rb, ckpt_cookie_cmp)
 
 /* Odd numbers from 17, MOUNT/data's even ones from 16 (data.c): apart, and within 32
  * bits for the first two billion of each, as ext4's, so that a program built without
@@ -223,6 +240,11 @@ int ckpt_ns_new(struct mlfs *m, struct ckpt_ns **out)
 				   (CKPT_ROOT_RESERVE - 1) + 1);
 	ns->xattr_max = ckpt_bound(&m->cfg, CKPT_XATTR_SHARE, CKPT_XATTR_FLOOR);
 	ns->meta_max = ckpt_bound(&m->cfg, CKPT_META_SHARE, CKPT_META_FLOOR);
+	/* Random per mount: names crafted to share a cookie would make each insert probe
+	 * a chain (struct ckpt_dir). Offsets live only as long as the mount. */
+	if (getrandom(&ns->cookie_seed, sizeof(ns->cookie_seed), GRND_NONBLOCK) !=
+	    (ssize_t)sizeof(ns->cookie_seed))
+		ns->cookie_seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
 	pthread_mutex_init(&ns->mu, NULL);
 	pthread_mutex_init(&ns->all_mu, NULL);
 	ns->nbuckets = 1024;
@@ -366,6 +388,9 @@ int ckpt_link_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *nam
 	*slot = d;
 	d->next = NULL;
 	d->prev = dir->tail;
+	d->cookie = XXH3_64bits_withSeed(name, len, ns->cookie_seed) & CKPT_COOKIE_MASK;
+	while (RB_INSERT(ckpt_bycookie, &dir->bycookie, d)) /* taken: struct ckpt_dir */
+		d->cookie = (d->cookie + 1) & CKPT_COOKIE_MASK;
 	if (dir->tail)
 		dir->tail->next = d;
 	else
@@ -398,6 +423,7 @@ void ckpt_unlink_locked(struct ckpt_ns *ns, struct ckpt_dirent *d)
 	d->dir->nentries--;
 	ns->nnames--;
 	ns->meta_bytes -= CKPT_NAME_COST(d->namelen);
+	RB_REMOVE(ckpt_bycookie, &d->dir->bycookie, d);
 	free(d);
 }
 
@@ -1821,81 +1847,11 @@ out:
 
 /* ---- directory streams ---- */
 
-static void ckpt_dir_clear(struct ckpt_ns *ns, struct ckpt_dir *d)
-{
-	size_t i;
-
-	for (i = 0; i < d->n; i++)
-		free(d->ents[i].name);
-	d->n = 0;
-	d->filled = 0;
-	pthread_mutex_lock(&ns->mu);
-	ns->dir_bytes -= d->bytes;
-	pthread_mutex_unlock(&ns->mu);
-	d->bytes = 0;
-}
-
-/* Copies dir's listing into d for a reader of uid: cost O(entries) per open or rewind,
- * which makes every later readdir call O(its batch) however large the directory.
- * -ENOMEM when all streams' copies would pass ns->meta_max (ns->dir_bytes), less root's
- * reserve for others (CKPT_ROOT_RESERVE): a user holding streams open made root's
- * listings fail. */
-static int ckpt_dir_fill(struct ckpt_ns *ns, struct ckpt_inode *dir, struct ckpt_dir *d,
-			 uid_t uid)
-{
-	struct ckpt_dirent *e;
-	size_t bytes;
-	int rc = 0;
-
-	ckpt_dir_clear(ns, d);
-	pthread_mutex_lock(&ns->mu);
-	/* What the copy will take, its array at its current capacity or more. A walk as
-	 * long as the copy's own. */
-	bytes = (d->cap > dir->nentries + 2 ? d->cap : dir->nentries + 2) * sizeof(*d->ents) +
-		sizeof(".") + sizeof("..");
-	for (e = dir->head; e; e = e->next)
-		bytes += e->namelen + 1;
-	if (ns->dir_bytes + bytes > ckpt_limit(ns->meta_max, &(struct ckpt_ctx){ .uid = uid })) {
-		rc = -ENOMEM;
-		goto out;
-	}
-	ns->dir_bytes += bytes;
-	d->bytes = bytes;
-	if (d->cap < dir->nentries + 2) {
-		size_t cap = dir->nentries + 2;
-		void *p = realloc(d->ents, cap * sizeof(*d->ents));
-
-		if (!p) {
-			rc = -ENOMEM;
-			goto out;
-		}
-		d->ents = p;
-		d->cap = cap;
-	}
-	d->ents[d->n++] = (struct ckpt_dent_copy){ dir->hdr.st_ino, S_IFDIR, strdup(".") };
-	/* The root is its own parent here; its ".." is the mount's root. */
-	d->ents[d->n++] = (struct ckpt_dent_copy){ dir->parent == dir ? MLFS_ROOT_INO
-								      : dir->parent->hdr.st_ino,
-						   S_IFDIR, strdup("..") };
-	for (e = dir->head; e; e = e->next)
-		d->ents[d->n++] = (struct ckpt_dent_copy){ e->ino->hdr.st_ino,
-							   e->ino->mode & S_IFMT, strdup(e->name) };
-	for (size_t i = 0; i < d->n; i++)
-		if (!d->ents[i].name)
-			rc = -ENOMEM;
-out:
-	pthread_mutex_unlock(&ns->mu);
-	if (rc)
-		ckpt_dir_clear(ns, d); /* never a stream with holes: the next call fills again */
-	else
-		d->filled = 1;
-	return rc;
-}
-
 int ckpt_opendir(struct ckpt_ns *ns, struct ckpt_inode *dir, struct ckpt_dir **out)
 {
 	struct ckpt_dir *d = calloc(1, sizeof(*d));
 
+	(void)dir;
 	if (!d)
 		return -ENOMEM;
 	pthread_mutex_lock(&ns->all_mu);
@@ -1910,39 +1866,54 @@ int ckpt_opendir(struct ckpt_ns *ns, struct ckpt_inode *dir, struct ckpt_dir **o
 int ckpt_readdir(struct ckpt_ns *ns, fuse_req_t req, struct ckpt_inode *dir,
 		 struct ckpt_dir *d, char *buf, size_t size, off_t off, int plus)
 {
-	size_t used = 0, i;
-	int rc;
+	struct ckpt_dirent *e, key = { .cookie = off < 2 ? 0 : (uint64_t)off - 2 };
+	size_t used = 0;
 
-	/* Offset 0 after the stream was read is a rewinddir(): list the directory as it
-	 * is now, as POSIX asks. Offsets are index + 1 into the copy. */
-	if (!d->filled || off == 0) {
-		if ((rc = ckpt_dir_fill(ns, dir, d, req ? fuse_req_ctx(req)->uid : 0)))
-			return rc;
-	}
-	for (i = off; i < d->n; i++) {
-		struct fuse_entry_param e = { 0 };
-		const char *name = d->ents[i].name;
+	(void)d;
+	if (off < 0)
+		return -EINVAL;
+	pthread_mutex_lock(&ns->mu);
+	e = RB_NFIND(ckpt_bycookie, &dir->bycookie, &key);
+	for (;;) {
+		struct fuse_entry_param fe = { 0 };
+		struct ckpt_inode *ino = NULL;
+		const char *name;
+		off_t next;
 		size_t need;
 
-		if (plus) {
-			if (i < 2) {
-				e.attr.st_ino = d->ents[i].st_ino;
-				e.attr.st_mode = d->ents[i].type;
-			} else if (ckpt_lookup(ns, dir, name, &e)) {
-				continue; /* removed since the copy was made */
+		if (off < 2) {
+			/* The root is its own parent here; its ".." is the mount's root. */
+			name = off == 0 ? "." : "..";
+			fe.attr.st_ino = off == 0 ? dir->hdr.st_ino : dir->parent == dir
+					 ? MLFS_ROOT_INO : dir->parent->hdr.st_ino;
+			fe.attr.st_mode = S_IFDIR;
+			next = off + 1;
+		} else if (e) {
+			ino = e->ino;
+			name = e->name;
+			if (plus) {
+				ckpt_entry_locked(ns, ino, &fe);
+			} else {
+				fe.attr.st_ino = ino->hdr.st_ino;
+				fe.attr.st_mode = ino->mode & S_IFMT;
 			}
-			need = fuse_add_direntry_plus(req, buf + used, size - used, name, &e, i + 1);
-			if (need > size - used && i >= 2)
-				ckpt_forget(ns, (struct ckpt_inode *)e.ino, 1);
+			next = (off_t)e->cookie + 3;
 		} else {
-			struct stat st = { .st_ino = d->ents[i].st_ino, .st_mode = d->ents[i].type };
-
-			need = fuse_add_direntry(req, buf + used, size - used, name, &st, i + 1);
-		}
-		if (need > size - used)
 			break;
+		}
+		need = plus ? fuse_add_direntry_plus(req, buf + used, size - used, name, &fe, next)
+			    : fuse_add_direntry(req, buf + used, size - used, name, &fe.attr, next);
+		if (need > size - used) {
+			if (plus && ino)
+				ino->nlookup--; /* not handed over: ckpt_entry_locked's undone */
+			break;
+		}
 		used += need;
+		if (off >= 2)
+			e = RB_NEXT(ckpt_bycookie, &dir->bycookie, e);
+		off = next;
 	}
+	pthread_mutex_unlock(&ns->mu);
 	return (int)used;
 }
 
@@ -1956,7 +1927,5 @@ void ckpt_releasedir(struct ckpt_ns *ns, struct ckpt_dir *d)
 	else
 		ns->dirs = d->next;
 	pthread_mutex_unlock(&ns->all_mu);
-	ckpt_dir_clear(ns, d);
-	free(d->ents);
 	free(d);
 }

@@ -8,6 +8,7 @@
 #ifndef MLFS_CKPT_INT_H
 #define MLFS_CKPT_INT_H
 
+#include <bsd/sys/tree.h> /* libbsd's red-black tree macros (header only) */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -37,6 +38,10 @@ struct ckpt_xattr {
 struct ckpt_dirent {
 	struct ckpt_dirent *hnext;	   /* ns->names chain */
 	struct ckpt_dirent *prev, *next; /* dir's list, in creation order */
+	/* dir->bycookie: the readdir order (ckpt.c struct ckpt_dir). The cookie is a hash
+	 * of the name, so a name removed and made again during a listing keeps its place. */
+	RB_ENTRY(ckpt_dirent) rb;
+	uint64_t cookie;
 	struct ckpt_inode *dir, *ino;
 	uint16_t namelen;
 	char name[];
@@ -99,6 +104,7 @@ struct ckpt_inode {
 	struct ckpt_inode *parent;
 	struct ckpt_dirent *head, *tail;
 	uint64_t nentries;
+	RB_HEAD(ckpt_bycookie, ckpt_dirent) bycookie; /* the same entries by cookie */
 	/* regular files */
 	struct bc_block **blocks;
 	uint64_t nblocks; /* slots allocated in blocks[] */
@@ -114,6 +120,7 @@ struct ckpt_inode {
 };
 
 struct ckpt_ns {
+	uint64_t cookie_seed; /* of the readdir cookies (ckpt.c struct ckpt_dir) */
 	struct mlfs *m;
 	struct bc *bc;
 	uint32_t bs;
@@ -142,11 +149,6 @@ struct ckpt_ns {
 	 * restore and a rename: ckpt_meta_room. Changed under ns->mu, or by a restore. */
 	_Atomic uint64_t meta_bytes;
 	uint64_t meta_max;
-	/* The listing copies of all open directory streams (ckpt_dir_fill): at most
-	 * meta_max, which one copy of the largest directory fits in. A copy is O(entries)
-	 * per open, and a user may open a million streams: 300 of one directory of 50000
-	 * long names took 4 GiB. Changed under ns->mu. */
-	uint64_t dir_bytes;
 	/* Every inode alive, named or not (an unlinked file still open, a directory a
 	 * process sits in after rmdir, a restored-over tree the kernel still looks up):
 	 * ckpt_ns_free frees these too, as the daemon may exit (SIGTERM, a lost

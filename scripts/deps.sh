@@ -4,7 +4,7 @@
 # Usage: scripts/deps.sh [build|test|bench]   (each level includes the ones before)
 set -eu
 level=${1:-build}
-pkgs="build-essential pkg-config libfuse3-dev fuse3 liburing-dev liblz4-dev libxxhash-dev"
+pkgs="build-essential pkg-config libfuse3-dev fuse3 liburing-dev liblz4-dev libxxhash-dev libbsd-dev"
 test_pkgs="clang python3 python3-pytest python3-numpy python3-matplotlib python3-torch stress-ng fio git tar e2fsprogs util-linux kmod acl bindfs glusterfs-server glusterfs-client iproute2 procps strace"
 case $level in
 build) ;;

@@ -87,6 +87,116 @@ def test_readdir_while_names_come_and_go(ckpt, where):
     assert now == want
 
 
+def _getdents_all(d, bufsize, between=None):
+    """Every name getdents64 with a buffer of bufsize bytes returns for d, in order;
+    between(names so far) runs after each call."""
+    import ctypes
+    import struct
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(bufsize)
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    names = []
+    try:
+        while True:
+            n = libc.syscall(217, fd, buf, bufsize)
+            assert n >= 0, os.strerror(ctypes.get_errno())
+            if n == 0:
+                return names
+            raw, at = buf.raw[:n], 0
+            while at < n:
+                reclen = struct.unpack_from("<H", raw, at + 16)[0]
+                name = raw[at + 19:at + reclen].split(b"\0", 1)[0].decode()
+                if name not in (".", ".."):
+                    names.append(name)
+                at += reclen
+            if between:
+                between(names)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("bufsize", [300, 1024, 65536])
+def test_readdir_with_a_small_buffer(ckpt, bufsize):
+    """getdents64 with a buffer smaller than one READDIR reply (the kernel keeps what
+    fits and asks again from the last entry taken): every entry exactly once, in one
+    listing of 2000 long names, and while the lister removes each batch it was given
+    (as rm -r does)."""
+    d = p(ckpt, f"small{bufsize}")
+    os.mkdir(d)
+    names = {_name(i) for i in range(2000)}
+    for nm in names:
+        touch(p(d, nm))
+    got = _getdents_all(d, bufsize)
+    assert len(got) == len(set(got)) and set(got) == names
+    done = set()
+
+    def remove(so_far):
+        for nm in so_far:
+            if nm not in done:
+                os.unlink(p(d, nm))
+                done.add(nm)
+
+    got = _getdents_all(d, bufsize, remove)
+    assert len(got) == len(set(got)) and set(got) == names
+    assert os.listdir(d) == []
+
+
+def test_seekdir_telldir_and_rewind(ckpt):
+    """telldir/seekdir through libc's DIR (offsets the filesystem gave) and rewinddir
+    give back the same entries, in a directory of 1000 long names, as ext4 does."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.opendir.restype = ctypes.c_void_p
+    libc.readdir.restype = ctypes.c_void_p
+    libc.readdir.argtypes = [ctypes.c_void_p]
+    libc.telldir.restype = ctypes.c_long
+    libc.telldir.argtypes = [ctypes.c_void_p]
+    libc.seekdir.argtypes = [ctypes.c_void_p, ctypes.c_long]
+    libc.rewinddir.argtypes = [ctypes.c_void_p]
+    libc.closedir.argtypes = [ctypes.c_void_p]
+    d = p(ckpt, "seek")
+    os.mkdir(d)
+    for i in range(1000):
+        touch(p(d, _name(i)))
+
+    def name_of(ent):
+        return ctypes.string_at(ent + 19).decode()
+
+    dp = libc.opendir(d.encode())
+    assert dp
+    try:
+        marks, order = {}, []
+        while True:
+            pos = libc.telldir(dp)
+            ent = libc.readdir(dp)
+            if not ent:
+                break
+            nm = name_of(ent)
+            order.append(nm)
+            marks[nm] = pos
+        assert len(order) == 1002 and len(set(order)) == 1002
+        for k in (900, 3, 500, 0, 999, 250):
+            nm = order[k]
+            libc.seekdir(dp, marks[nm])
+            rest = []
+            for _ in range(5):
+                ent = libc.readdir(dp)
+                if not ent:
+                    break
+                rest.append(name_of(ent))
+            assert rest == order[k:k + 5], (k, rest)
+        libc.rewinddir(dp)
+        again = []
+        while True:
+            ent = libc.readdir(dp)
+            if not ent:
+                break
+            again.append(name_of(ent))
+        assert again == order
+    finally:
+        libc.closedir(dp)
+
+
 def test_readdir_concurrent_renames_and_listers(ckpt):
     """Three threads list a directory over and over while another renames names within
     it, moves names out and back, and makes and removes others: the entries never
