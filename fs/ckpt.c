@@ -100,22 +100,25 @@
 #define CKPT_RA_MAX_BLOCKS (TIER_PREFETCH_QUEUE / 2)
 
 /* An open directory stream holds no copy of the listing. A directory keeps its entries
- * in a red-black tree by cookie too (dir->bycookie), a 62-bit hash of the name; an
- * entry's readdir offset is its cookie plus 3 ("." is 0, ".." 1), and a read from
- * offset o lists the entries whose cookie is at least o - 2, in cookie order: O(log n +
- * its batch) under ns->mu, wherever the reader was and whatever was removed meanwhile.
- * An entry there from the open (or a rewind) to the end is listed exactly once, as
- * POSIX asks, and a name removed and made again keeps its cookie, so no name is listed
- * twice (ext4's hash order does the same); one added or removed meanwhile may or may
- * not be. Two names of one directory whose hashes meet take the next free cookie. The
- * stream copied the whole listing at every open and rewind before, under ns->mu: a user
- * rewinding a stream of a 100,000-entry directory in a loop stalled every MOUNT/ckpt
- * request of every user for up to half a second (an outside tester). */
+ * in a red-black tree by cookie too (dir->bycookie), a hash of the name below 2^31 - 3;
+ * an entry's readdir offset is its cookie plus 3 ("." is 0, ".." 1), at most 2^31 - 1
+ * as ext4 gives a 32-bit program (its telldir and non-LFS readdir keep 31 bits), and a
+ * read from offset o lists the entries whose cookie is at least o - 2, in cookie order:
+ * O(log n + its batch) under ns->mu, wherever the reader was and whatever was removed
+ * meanwhile. The stream itself holds nothing. An entry there from the open (or a
+ * rewind) to the end is listed exactly once, as POSIX asks; one added or removed
+ * meanwhile may or may not be. A name removed and made again mostly gets its cookie
+ * back, so it is not listed twice (ext4's hash order does the same): two names of one
+ * directory whose hashes meet take the next free cookie, and then which gets which
+ * depends on the order they were made in. The stream copied the whole listing at every
+ * open and rewind before, under ns->mu: a user rewinding a stream of a 100,000-entry
+ * directory in a loop stalled every MOUNT/ckpt request of every user for up to half a
+ * second (an outside tester). */
 struct ckpt_dir {
 	struct ckpt_dir *prev, *next; /* ns->dirs, under ns->all_mu */
 };
 
-#define CKPT_COOKIE_MASK ((1ull << 62) - 1)
+#define CKPT_COOKIES ((1u << 31) - 3)
 
 static int ckpt_cookie_cmp(const struct ckpt_dirent *a, const struct ckpt_dirent *b)
 {
@@ -388,9 +391,9 @@ int ckpt_link_locked(struct ckpt_ns *ns, struct ckpt_inode *dir, const char *nam
 	*slot = d;
 	d->next = NULL;
 	d->prev = dir->tail;
-	d->cookie = XXH3_64bits_withSeed(name, len, ns->cookie_seed) & CKPT_COOKIE_MASK;
+	d->cookie = XXH3_64bits_withSeed(name, len, ns->cookie_seed) % CKPT_COOKIES;
 	while (RB_INSERT(ckpt_bycookie, &dir->bycookie, d)) /* taken: struct ckpt_dir */
-		d->cookie = (d->cookie + 1) & CKPT_COOKIE_MASK;
+		d->cookie = (d->cookie + 1) % CKPT_COOKIES;
 	if (dir->tail)
 		dir->tail->next = d;
 	else
@@ -508,7 +511,7 @@ int ckpt_restore_room(struct ckpt_ns *ns, const struct mf_manifest *mf, char *wh
 
 /* What a manifest's encoding (fs/manifest.c) takes against what ckpt_restore_room
  * counts: an entry's fixed fields and name (90 bytes and the name, a hard link's too)
- * under twice its name's and inode's cost (a link's name costs 49 bytes and the name),
+ * under twice its name's and inode's cost (a link's name costs 89 bytes and the name),
  * an xattr's (5 bytes, name and value; a name has 6 or more) under twice its name and
  * value, a block's 21 bytes under 24 for its map's slot; and the header, name and
  * trailer. So per byte of mem_max at least 2/8 + 2/16 + 24/256 = 15/32 (the floors only

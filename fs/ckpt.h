@@ -265,10 +265,10 @@ uint64_t ckpt_restore_mem_max_for(struct ckpt_ns *ns, uint64_t bytes);
  * failed every other user's access with EINVAL). O(entries + xattrs). */
 int ckpt_restore_valid(const struct mf_manifest *mf, char *why, size_t len);
 
-/* Directory streams: a place in the directory, no copy (ckpt.c struct ckpt_dir). Every
- * entry there from the open (or a rewind to offset 0) to the end is listed once; one
- * added or removed meanwhile may or may not be. A readdir costs O(its batch) under
- * ns->mu (O(off) for a seek elsewhere than where the stream is or its last batch). */
+/* Directory streams hold no copy (ckpt.c struct ckpt_dir): offsets are hashed cookies.
+ * Every entry there from the open (or a rewind to offset 0) to the end is listed once;
+ * one added or removed meanwhile may or may not be. A readdir costs O(log n + its batch)
+ * under ns->mu, from any offset. */
 int ckpt_opendir(struct ckpt_ns *ns, struct ckpt_inode *dir, struct ckpt_dir **out);
 int ckpt_readdir(struct ckpt_ns *ns, fuse_req_t req, struct ckpt_inode *dir,
 		 struct ckpt_dir *d, char *buf, size_t size, off_t off, int plus);

@@ -39,7 +39,8 @@ struct ckpt_dirent {
 	struct ckpt_dirent *hnext;	   /* ns->names chain */
 	struct ckpt_dirent *prev, *next; /* dir's list, in creation order */
 	/* dir->bycookie: the readdir order (ckpt.c struct ckpt_dir). The cookie is a hash
-	 * of the name, so a name removed and made again during a listing keeps its place. */
+	 * of the name, so a name removed and made again during a listing mostly gets its
+	 * place back. */
 	RB_ENTRY(ckpt_dirent) rb;
 	uint64_t cookie;
 	struct ckpt_inode *dir, *ino;

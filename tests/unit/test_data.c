@@ -60,7 +60,7 @@ static void fill(unsigned char *buf, size_t len, unsigned seed)
 static struct data_node *lookup(struct data_ns *ns, struct data_node *dir, const char *name)
 {
 	struct fuse_entry_param e;
-	int rc = data_lookup(ns, dir, name, &e);
+	int rc = data_lookup(ns, dir, name, NULL, &e);
 
 	EXPECT_EQ(rc, 0);
 	return rc ? NULL : (struct data_node *)e.ino;
@@ -265,6 +265,52 @@ static void test_listing(void)
 	data_ns_free(ns);
 }
 
+/* A lookup is made as its caller (data.c invariant 7): a name in a directory the caller
+ * may not search is EACCES, however the kernel cached that directory's mode; in one it
+ * may, the name is found, and the daemon's view (NULL) finds both. As root only. */
+static void test_lookup_as_caller(void)
+{
+	const struct data_cred nobody = { .uid = 65534, .gid = 65534 };
+	struct data_ns *ns;
+	struct data_node *pub, *priv;
+	struct fuse_entry_param e;
+	char p[512];
+
+	if (geteuid() != 0) {
+		fprintf(stderr, "test_lookup_as_caller: not root, skipped\n");
+		return;
+	}
+	EXPECT_EQ(chmod(src, 0755), 0);
+	snprintf(p, sizeof(p), "%s/pub", src);
+	EXPECT_EQ(mkdir(p, 0755), 0);
+	snprintf(p, sizeof(p), "%s/priv", src);
+	EXPECT_EQ(mkdir(p, 0700), 0);
+	put_file("pub/f", "x", 1);
+	put_file("priv/f", "x", 1);
+	ns = ns_new();
+	pub = lookup(ns, data_root(ns), "pub");
+	priv = lookup(ns, data_root(ns), "priv");
+	if (pub && priv) {
+		EXPECT_EQ(data_lookup(ns, pub, "f", &nobody, &e), 0);
+		data_forget(ns, (struct data_node *)e.ino, 1);
+		EXPECT_EQ(data_lookup(ns, priv, "f", &nobody, &e), -EACCES);
+		EXPECT_EQ(data_lookup(ns, priv, "absent", &nobody, &e), -EACCES);
+		EXPECT_EQ(data_lookup(ns, priv, "f", NULL, &e), 0);
+		data_forget(ns, (struct data_node *)e.ino, 1);
+		/* and the thread searches as the daemon again (path search uses the fsuid) */
+		{
+			struct stat st;
+
+			snprintf(p, sizeof(p), "%s/priv/f", src);
+			EXPECT_EQ(stat(p, &st), 0);
+		}
+		data_forget(ns, pub, 1);
+		data_forget(ns, priv, 1);
+	}
+	data_ns_free(ns);
+	EXPECT_EQ(chmod(src, 0700), 0);
+}
+
 int main(void)
 {
 	char cmd[64];
@@ -275,6 +321,7 @@ int main(void)
 	}
 	test_reads();
 	test_listing();
+	test_lookup_as_caller();
 	tier_free(m.tier);
 	bc_free(m.bc);
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", src);
