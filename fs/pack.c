@@ -747,16 +747,55 @@ static void release(struct pack_set *ps, struct pack *p, int fd, int own)
 	pthread_mutex_unlock(&ps->mu);
 }
 
+/* Reads the record entry e of the pack open at fd describes and decodes it into
+ * buf[len]: its length, -errno of the read, or -EIO with *why set (damage; *why NULL:
+ * the pack is shorter than its index says). */
+static int rec_read(int fd, const struct pack_ent *e, const uint8_t hash[16], void *buf,
+		    uint32_t len, const char **why)
+{
+	uint8_t hdr[PACK_REC_HDR];
+	char *z;
+	int rc;
+
+	*why = NULL;
+	if (e->logical > len) {
+		*why = "longer than the caller's length";
+		return -EIO;
+	}
+	/* One read of header and payload; a raw payload lands in buf directly. */
+	if (e->flags == 0 && e->stored == e->logical) {
+		struct iovec iov[2] = { { hdr, PACK_REC_HDR }, { buf, e->stored } };
+		ssize_t n = preadv(fd, iov, 2, (off_t)e->off);
+
+		if (n == (ssize_t)(PACK_REC_HDR + e->stored))
+			rc = 0;
+		else if (n >= 0)
+			rc = -EIO;
+		else
+			rc = -errno;
+		if (!rc && !(*why = pack_rec_bad(hdr, hash, e->stored, e->logical, e->flags)))
+			rc = pack_rec_decode(hdr, buf, buf, len, hash, why);
+		return *why ? -EIO : rc;
+	}
+	z = malloc(PACK_REC_HDR + (size_t)e->stored);
+	if (!z)
+		return -ENOMEM;
+	rc = fdio_pread_all(fd, z, PACK_REC_HDR + (size_t)e->stored, e->off);
+	if (!rc && !(*why = pack_rec_bad((uint8_t *)z, hash, e->stored, e->logical, e->flags)))
+		rc = pack_rec_decode((uint8_t *)z, z + PACK_REC_HDR, buf, len, hash, why);
+	free(z);
+	return *why ? -EIO : rc;
+}
+
 /* One read of hash from entry ei of p, entered with mu held (p in ps->v), which it
  * releases: -errno of the read (a retry after a scan may help), -EIO for damage (logged),
  * else the result (a length: 1 is a 1-byte object). */
 static int get_from_locked(struct pack_set *ps, struct pack *p, size_t ei,
 			   const uint8_t hash[16], void *buf, uint32_t len)
 {
-	uint8_t hdr[PACK_REC_HDR];
 	struct pack_ent e = p->ents[ei];
 	const char *why = NULL;
-	char *z = NULL, hx[33];
+	char hx[33];
 	uint64_t end, ra_from = 0, ra_len = 0;
 	int fd, own, rc;
 	bool seq;
@@ -782,33 +821,7 @@ static int get_from_locked(struct pack_set *ps, struct pack *p, size_t ei,
 		return rc;
 	if (ra_len)
 		posix_fadvise(fd, (off_t)ra_from, (off_t)ra_len, POSIX_FADV_WILLNEED);
-	if (e.logical > len) {
-		why = "longer than the caller's length";
-		goto out;
-	}
-	/* One read of header and payload; a raw payload lands in buf directly. */
-	if (e.flags == 0 && e.stored == e.logical) {
-		struct iovec iov[2] = { { hdr, PACK_REC_HDR }, { buf, e.stored } };
-		ssize_t n = preadv(fd, iov, 2, (off_t)e.off);
-
-		if (n == (ssize_t)(PACK_REC_HDR + e.stored))
-			rc = 0;
-		else if (n >= 0)
-			rc = -EIO;
-		else
-			rc = -errno;
-		if (!rc && !(why = pack_rec_bad(hdr, hash, e.stored, e.logical, e.flags)))
-			rc = pack_rec_decode(hdr, buf, buf, len, hash, &why);
-	} else {
-		z = malloc(PACK_REC_HDR + (size_t)e.stored);
-		if (!z) {
-			rc = -ENOMEM;
-			goto out;
-		}
-		rc = fdio_pread_all(fd, z, PACK_REC_HDR + (size_t)e.stored, e.off);
-		if (!rc && !(why = pack_rec_bad((uint8_t *)z, hash, e.stored, e.logical, e.flags)))
-			rc = pack_rec_decode((uint8_t *)z, z + PACK_REC_HDR, buf, len, hash, &why);
-	}
+	rc = rec_read(fd, &e, hash, buf, len, &why);
 	if (rc == -EIO && !why)
 		why = "shorter than its index says";
 	if (rc == -EBADFD && !own) {
@@ -818,7 +831,6 @@ static int get_from_locked(struct pack_set *ps, struct pack *p, size_t ei,
 		p->fd_bad = 1;
 		pthread_mutex_unlock(&ps->mu);
 	}
-out:
 	if (why) {
 		hex(hash, 16, hx);
 		log_err("store: damaged object %s in %s/packs/%s.pack at offset %llu: %s", hx,
@@ -832,7 +844,6 @@ out:
 			pthread_mutex_unlock(&ps->mu);
 		}
 	}
-	free(z);
 	release(ps, p, fd, own);
 	return rc;
 }
@@ -884,6 +895,61 @@ static int get_other_copy(struct pack_set *ps, const uint8_t hash[16], void *buf
 	}
 }
 
+/* An object no pack holds, read from a gc's trash (<id>.pack.gc.<token>): a gc killed
+ * between its two marks leaves packs there that a snapshot committed meanwhile names
+ * (store-format.md, "Delete and gc"), and until a later gc puts them back, reads of
+ * that durable snapshot failed (an outside tester: restore on a new machine got EIO).
+ * Trash is a whole pack renamed, and no gc removes one holding a named object, so its
+ * record is as good as a pack's. A listing of packs/ and each trash index, on this
+ * miss path only. The length read, -ENOENT if no trash holds it, or -EIO. */
+static int get_from_trash(struct pack_set *ps, const uint8_t hash[16], void *buf,
+			  uint32_t len)
+{
+	struct fdio_dir *dir;
+	struct dirent64 *d;
+	int rc = -ENOENT, r;
+
+	if (fdio_opendir(ps->dirfd, ".", &dir))
+		return -ENOENT;
+	while (rc < 0 && (r = fdio_readdir(dir, &d)) > 0) {
+		struct pack *p = NULL;
+		const char *why;
+		char hx[33];
+		size_t i;
+		int fd;
+
+		if (strlen(d->d_name) <= 41 || !is_id(d->d_name, 32) ||
+		    strncmp(d->d_name + 32, ".pack.gc.", 9))
+			continue;
+		fd = openat(ps->dirfd, d->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+		if (fd < 0)
+			continue;
+		if (pack_load(fd, "", &p)) {
+			close(fd);
+			continue;
+		}
+		for (i = 0; i < p->n && memcmp(p->ents[i].hash, hash, 16); i++)
+			;
+		if (i < p->n) {
+			r = rec_read(fd, &p->ents[i], hash, buf, len, &why);
+			hex(hash, 16, hx);
+			if (r >= 0) {
+				log_warn("store: object %s read from %s/packs/%s, a killed gc's trash; "
+					 "the next gc puts it back", hx, ps->path, d->d_name);
+				rc = r;
+			} else if (why) {
+				log_err("store: damaged object %s in %s/packs/%s: %s", hx, ps->path,
+					d->d_name, why);
+				rc = -EIO;
+			}
+		}
+		pack_free(p);
+		close(fd);
+	}
+	fdio_closedir(dir);
+	return rc;
+}
+
 int pack_set_get(struct pack_set *ps, const uint8_t hash[16], void *buf, uint32_t len)
 {
 	char tried[33] = "";
@@ -898,6 +964,8 @@ int pack_set_get(struct pack_set *ps, const uint8_t hash[16], void *buf, uint32_
 			return src;
 		rc = get_once(ps, hash, buf, len, tried);
 	}
+	if (rc == -ENOENT)
+		rc = get_from_trash(ps, hash, buf, len);
 	if (rc == -EBADFD)	/* a kept descriptor gone bad: once more on a new one */
 		rc = get_once(ps, hash, buf, len, tried);
 	if (rc == -EIO && tried[0]) {
@@ -1230,9 +1298,11 @@ static int gc_leftovers(struct pack_set *ps, pack_live_fn live, void *arg, int64
 			if (live(arg, id))
 				continue;	/* in flight, its writer alive */
 		}
-		if (fstatat(ps->dirfd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode) ||
-		    now - ts_ns(&st.st_ctim) < grace || now - ts_ns(&st.st_mtim) < grace)
+		if (fstatat(ps->dirfd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode))
 			continue;
+		/* Trash holding a named object goes back at any age: the snapshot naming it
+		 * reads it from the trash until then (get_from_trash). Another gc running
+		 * now may own it: it finds it back (pack_gc_settle). */
 		if (strlen(d->d_name) > 41 && is_id(d->d_name, 32) &&
 		    !strncmp(d->d_name + 32, ".pack.gc.", 9)) {
 			int r = gc_trash_live(ps, d->d_name, live, arg);
@@ -1241,6 +1311,8 @@ static int gc_leftovers(struct pack_set *ps, pack_live_fn live, void *arg, int64
 			if (r)
 				continue;	/* put back, or unreadable: kept */
 		}
+		if (now - ts_ns(&st.st_ctim) < grace || now - ts_ns(&st.st_mtim) < grace)
+			continue;
 		if (unlinkat(ps->dirfd, d->d_name, 0) == 0)
 			*freed += (uint64_t)st.st_size;
 	}
@@ -1569,7 +1641,11 @@ int pack_gc_settle(struct pack_set *ps, struct pack_gc *g, pack_live_fn live2, v
 		snprintf(file, sizeof(file), "%s.pack", t->id);
 		gc_trash_name(t->id, g->token, trash, sizeof(trash));
 		if (back) {
-			if (renameat(ps->dirfd, trash, ps->dirfd, file)) {
+			struct stat st;
+
+			/* ENOENT with the pack in place: another gc put it back already */
+			if (renameat(ps->dirfd, trash, ps->dirfd, file) &&
+			    !(errno == ENOENT && !fstatat(ps->dirfd, file, &st, AT_SYMLINK_NOFOLLOW))) {
 				int e = errno;
 
 				log_err("store: %s/packs/%s: putting it back from the trash failed: "
