@@ -661,6 +661,22 @@ int mf_path(const struct mf_manifest *m, size_t idx, char *buf, size_t size)
 	return (int)(size - pos - 1);
 }
 
+uint32_t mf_block_size(const struct mf_manifest *m)
+{
+	uint32_t bs = 0;
+
+	for (uint64_t i = 0; i < m->nentries; i++) {
+		const struct mf_entry *e = &m->entries[i];
+
+		if (e->type != MF_FILE || !e->nblocks)
+			continue;
+		if (bs && e->block_size != bs)
+			return MF_BLOCK_SIZE_MIXED;
+		bs = e->block_size;
+	}
+	return bs;
+}
+
 uint64_t mf_id(const struct mf_manifest *m)
 {
 	uint64_t h = XXH3_64bits_withSeed(m->name, strnlen(m->name, sizeof(m->name)),

@@ -175,6 +175,12 @@ void mf_free(struct mf_manifest *m);
 /* Index of the entry with this id, or -ENOENT. Binary search: O(log n). */
 long mf_find(const struct mf_manifest *m, uint64_t id);
 
+/* The block size of m's files that have blocks: 0 if none has any, MF_BLOCK_SIZE_MIXED
+ * if they differ (a group whose workers were mounted with different -o block_size: no
+ * mount restores it whole, restore --to does). O(entries). */
+#define MF_BLOCK_SIZE_MIXED UINT32_MAX
+uint32_t mf_block_size(const struct mf_manifest *m);
+
 /*
  * Write entry idx's path relative to the root ("" for the root, "a/b/c") into
  * buf[size]. Returns its length, -ENAMETOOLONG if it does not fit, -EINVAL.

@@ -1308,6 +1308,14 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 		mf_free(mf);
 		return -ECANCELED;
 	}
+	if (mf_block_size(mf) == MF_BLOCK_SIZE_MIXED) {
+		snprintf(msg, msglen, "snapshot '%s' holds files of different block sizes (its "
+			 "workers were mounted with different -o block_size): no mount restores "
+			 "it; restore it offline (mlfs-snap restore --store %s %s --to DIR)",
+			 name, store_path(sd->st), name);
+		mf_free(mf);
+		return -EINVAL;
+	}
 	rc = ckpt_restore(sd->m->ckpt, mf, &old, &nold, &gen);
 	other = rc == -EINVAL ? snapd_other_block_size(mf, sd->m->cfg.block_size) : 0;
 	if (other && (other < BC_BLOCK_MIN || other > BC_BLOCK_MAX || (other & (other - 1))))

@@ -2252,6 +2252,7 @@ int store_list(struct store *s, int flags, struct store_snap_info **out, size_t 
 		i->logical_bytes = m->logical_bytes;
 		i->new_bytes = m->new_bytes;
 		i->open_writes = m->open_writes;
+		i->block_size = mf_block_size(m);
 		mf_free(m);
 	}
 	if (nv)
@@ -2283,8 +2284,10 @@ int store_latest(struct store *s, char *name)
 		return rc;
 	rc = -ENOENT;
 	while (n--) {
-		if (v[n].open_writes || v[n].state != STORE_SNAP_COMPLETE || v[n].conflicts)
-			continue;	/* a torn file, a partial group, or a conflict */
+		if (v[n].open_writes || v[n].state != STORE_SNAP_COMPLETE || v[n].conflicts ||
+		    v[n].block_size == MF_BLOCK_SIZE_MIXED)
+			continue;	/* a torn file, a partial group, a conflict, or workers of
+					 * different block sizes (no mount restores it) */
 		snprintf(name, MF_NAME_MAX + 1, "%s", v[n].name);
 		rc = 0;
 		break;

@@ -168,6 +168,7 @@ struct store_snap_info {
 	uint32_t workers;		/* 1: a single manifest; N: a group of N (0: unknown) */
 	uint32_t parts;			/* parts present (workers when complete) */
 	uint64_t conflicts;		/* paths two parts hold with different contents */
+	uint32_t block_size;		/* mf_block_size: MF_BLOCK_SIZE_MIXED no mount restores */
 };
 
 #define STORE_LIST_DAMAGED 0x1	/* include damaged manifests (state DAMAGED, figures 0) */

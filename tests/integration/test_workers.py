@@ -255,6 +255,34 @@ def test_conflict_is_reported_and_not_latest(workerset):
     assert ws.unmount_all(job) == [0, 0]
 
 
+def test_group_of_mixed_block_sizes_is_not_latest(workerset):
+    """Workers mounted with different -o block_size make a group no mount restores whole
+    (a restored file keeps its snapshot's block size): latest skips it, and a restore
+    of it by name says why and how (restore --to). A job restarting with
+    restore=latest failed on every mount, each advising the other's block size (an
+    outside tester)."""
+    ws = workerset()
+    job = ws.start(2)
+    write_shards(job, 1)
+    take_all(ws, job, "good", "--group-wait")
+    assert ws.unmount_all(job) == [0, 0]
+    job = ws.start(2, ks=[0]) + ws.start(2, ks=[1], opts="block_size=64K")
+    for w in job:   # several blocks of 64 KiB each
+        U.write_file(os.path.join(w.ckpt, f"big-{w.k}"), bytes([w.k + 1]) * (300 << 10))
+    take_all(ws, job, "mixed", "--group-wait")
+    r = job[0].snap("restore", "mixed")
+    assert r.rc != 0 and "different block sizes" in r.out + r.err, r
+    r = job[0].snap("restore", "latest")   # the 1024K worker: good's block size
+    assert r.rc == 0 and "good" in r.out and "mixed" not in r.out, r
+    out = os.path.join(ws.root, "out")
+    r = S.snap("restore", "--store", ws.store, "mixed", "--to", out)
+    assert r.rc == 0, r
+    for k in range(2):
+        with open(os.path.join(out, f"big-{k}"), "rb") as f:
+            assert f.read() == bytes([k + 1]) * (300 << 10)
+    assert ws.unmount_all(job) == [0, 0]
+
+
 def tree_of(ckpt):
     """Every path under ckpt (dirs end in '/') with each file's bytes."""
     out = {}
