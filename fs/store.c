@@ -2176,6 +2176,14 @@ static int info_cmp(const void *a, const void *b)
  * that missed manifests would delete their objects). *out is handed over. */
 int store_snapdir(struct store *s, struct fdio_dir **out)
 {
+	struct stat st;
+
+	/* A store removed under a mount lists as empty through its held descriptor: a
+	 * `list MOUNT` printed no snapshots and exit 0 (an outside tester). It is gone. */
+	if (fstat(s->snapfd, &st) == 0 && st.st_nlink == 0) {
+		log_err("store: %s/snaps was removed", s->path);
+		return -ENOENT;
+	}
 	return fdio_opendir(s->snapfd, ".", out);
 }
 

@@ -693,3 +693,20 @@ def test_keep_never_deletes_the_latest_usable_snapshot(snapenv):
     S.snap_ok("restore", env.mnt, "latest")
     assert read(model) == b"A" * 100000
     assert not os.path.exists(os.path.join(d.ckpt, "log.txt"))
+
+
+def test_list_through_a_mount_whose_store_was_removed_fails(snapenv):
+    """The store directory removed under a running mount: list through the mount fails
+    (ENOENT, as list --store does) and gc too. It printed an empty listing and exit 0,
+    which a script reads as "no snapshots" (an outside tester)."""
+    env = snapenv()
+    d = env.mount()
+    write(os.path.join(d.ckpt, "a"), b"x" * 1000)
+    S.snap_ok("take", env.mnt, "s", "--wait")
+    shutil.rmtree(env.store)
+    r = S.snap("list", env.mnt)
+    assert r.rc != 0 and "No such file" in r.err, r
+    r = S.snap("gc", env.mnt)
+    assert r.rc != 0, r
+    assert U.pid_alive(d.pid)
+    os.mkdir(env.store)   # for the teardown's unmount
