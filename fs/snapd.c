@@ -320,7 +320,7 @@ static void snapd_run_job(struct snapd *sd, struct snapd_job *job)
 
 	if (rc)
 		log_err("snap: persist of %s failed: %s; earlier snapshots are intact", job->name,
-			strerror(-rc));
+			store_strerror(sd->st, rc));
 	else
 		log_info("snap: %s%s durable: %" PRIu64 " files, %" PRIu64 " bytes, %" PRIu64
 			 " new, %.2f s%s%s", job->name, sd->m->cfg.workers > 1 ? " (this worker's part)"
@@ -1900,9 +1900,7 @@ int snapd_finish_by(struct snapd *sd, const char *why, uint64_t deadline)
 	}
 	if (rc) {
 		log_err("snap: %s: final snapshot %s not taken: %s", why, name,
-			rc == -ENOLCK && store_lease_lapsed(sd->st)
-			? "the store lease lapsed while the store was unreachable"
-			: strerror(-rc));
+			store_strerror(sd->st, rc));
 		goto out;
 	}
 	pthread_mutex_lock(&sd->mu);
@@ -1913,7 +1911,8 @@ int snapd_finish_by(struct snapd *sd, const char *why, uint64_t deadline)
 	if (past)
 		log_err("snap: %s: final snapshot %s not durable by the deadline", why, name);
 	else if (rc)
-		log_err("snap: %s: final snapshot %s failed: %s", why, name, strerror(-rc));
+		log_err("snap: %s: final snapshot %s failed: %s", why, name,
+			store_strerror(sd->st, rc));
 	else
 		log_info("snap: %s: final snapshot %s durable", why, name);
 out:

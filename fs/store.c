@@ -680,6 +680,13 @@ int store_lease_lapsed(struct store *s)
 	return s->lease && lease_keeper_lapsed(s->lease);
 }
 
+const char *store_strerror(struct store *s, int rc)
+{
+	return rc == -ENOLCK && store_lease_lapsed(s)
+	       ? "the store lease lapsed while the store was unreachable; remount"
+	       : strerror(-rc);
+}
+
 int store_lease_status(struct store *s, int64_t *age_ns)
 {
 	if (!s->lease) {
@@ -1479,7 +1486,8 @@ int store_commit(struct store *s, const struct mf_manifest *m)
 out:
 	pthread_mutex_unlock(&s->mu);
 	if (rc && rc != -EEXIST && rc != -EINVAL)
-		log_err("store: %s: commit of snapshot %s failed: %s", s->path, m->name, strerror(-rc));
+		log_err("store: %s: commit of snapshot %s failed: %s", s->path, m->name,
+			store_strerror(s, rc));
 	return rc;
 }
 
@@ -1794,6 +1802,12 @@ int store_commit_part(struct store *s, const struct mf_manifest *m, unsigned wor
 		rc = s->broken;
 		goto out;
 	}
+	/* A lapsed lease refuses the commit below: refused before the group's directory
+	 * is made, which alone listed as a partial group of "0 of 0 parts" for hours. */
+	if (store_lease_lapsed(s)) {
+		rc = -ENOLCK;
+		goto out;
+	}
 	/* The group's directory: made by the first worker, found by the others. */
 	if (mkdirat(s->snapfd, m->name, 0700) && errno != EEXIST) {
 		rc = -errno;
@@ -1823,7 +1837,7 @@ out:
 	if (rc) {
 		if (rc != -EEXIST && rc != -EINVAL)
 			log_err("store: %s: commit of part %u of snapshot %s failed: %s", s->path,
-				worker, m->name, strerror(-rc));
+				worker, m->name, store_strerror(s, rc));
 		return rc;
 	}
 	/* Whoever writes the last part publishes; a failure here leaves the group partial

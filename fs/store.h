@@ -149,6 +149,8 @@ int store_lease_refresh(struct store *s);
 int store_lease_status(struct store *s, int64_t *age_ns);
 /* 1 once the lease lapsed: snapshots stay refused until a remount. */
 int store_lease_lapsed(struct store *s);
+/* strerror(-rc), but for -ENOLCK from a lapsed lease what it means (remount). */
+const char *store_strerror(struct store *s, int rc);
 
 /* Test hook: called at the start of commit step 1, 2 and 3; non-zero fails the commit. */
 void store_set_commit_hook(struct store *s, int (*hook)(void *arg, int step), void *arg);

@@ -113,6 +113,38 @@ def test_take_after_the_lease_lapsed_says_remount(snapenv, monkeypatch):
     env.unmount(d)
 
 
+def test_final_part_after_the_lease_lapsed_leaves_no_empty_group(snapenv, monkeypatch):
+    """A worker of a job of 2 whose lease lapsed, unmounted with a change: its final
+    part is refused, and the log says the lease lapsed (it said "No locks available"),
+    and no group directory is left in the store: an empty one listed as a partial group
+    of "0 of 0 parts" until a gc hours later (an outside tester)."""
+    monkeypatch.setenv("MLFS_LEASE_TIMES", "0.3,3,40")
+    env = snapenv()
+    mp = env.loop_ext4("leasefs", 32)
+    store = os.path.join(mp, "store")
+    os.mkdir(store)
+    d = env.mount(store=store, opts="workers=2,worker=0", foreground=True)
+    write(os.path.join(d.ckpt, "a"), b"a" * 5000)
+    leases = os.path.join(store, "leases")
+    r = subprocess.run(["chattr", "+i", leases], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    try:
+        deadline = time.monotonic() + 30
+        while "lapsed" not in d.output():
+            assert time.monotonic() < deadline, "the lease never lapsed"
+            U.mlfs_stat_json(env.mnt)   # the status look that notes the lapse
+            time.sleep(0.2)
+    finally:
+        subprocess.run(["chattr", "-i", leases], capture_output=True)
+    time.sleep(1)   # refreshes succeed again
+    write(os.path.join(d.ckpt, "b"), b"b" * 5000)
+    env.unmount(d)
+    assert "final snapshot" in d.output() and "No locks available" not in d.output(), \
+        d.output()
+    assert os.listdir(os.path.join(store, "snaps")) == [], os.listdir(os.path.join(store,
+                                                                                "snaps"))
+
+
 def test_init_by_many_at_once_all_succeed(snapenv):
     """mlfs-snap init --store on one empty directory, eight at once: every one exits 0
     (before: all wrote and renamed the same FORMAT.tmp, and some failed), and the store
