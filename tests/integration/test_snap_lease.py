@@ -79,18 +79,9 @@ def test_take_refused_while_the_lease_cannot_be_refreshed(snapenv, monkeypatch):
     S.snap_ok("verify", "--store", store)
 
 
-def test_take_after_the_lease_lapsed_says_remount(snapenv, monkeypatch):
-    """The store unreachable past the stale time, then back: the lease lapsed for good
-    and takes stay refused, as mlfs.8 says, but the refusal blamed a store that now
-    answers ("not refreshed for 0 s") and never said to remount (found by an outside
-    tester). It says the lease lapsed and a remount is needed."""
-    monkeypatch.setenv("MLFS_LEASE_TIMES", "0.3,3,40")
-    env = snapenv()
-    mp = env.loop_ext4("leasefs", 32)
-    store = os.path.join(mp, "store")
-    os.mkdir(store)
-    d = env.mount(store=store, foreground=True)
-    write(os.path.join(d.ckpt, "a"), b"a" * 5000)
+def lapse_lease(env, d, store):
+    """Makes d's lease lapse: leases/ immutable (refreshes fail) until the daemon says it
+    lapsed, then writable again, refreshes succeeding."""
     leases = os.path.join(store, "leases")
     r = subprocess.run(["chattr", "+i", leases], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -103,6 +94,21 @@ def test_take_after_the_lease_lapsed_says_remount(snapenv, monkeypatch):
     finally:
         subprocess.run(["chattr", "-i", leases], capture_output=True)
     time.sleep(1)   # refreshes succeed again
+
+
+def test_take_after_the_lease_lapsed_says_remount(snapenv, monkeypatch):
+    """The store unreachable past the stale time, then back: the lease lapsed for good
+    and takes stay refused, as mlfs.8 says, but the refusal blamed a store that now
+    answers ("not refreshed for 0 s") and never said to remount (found by an outside
+    tester). It says the lease lapsed and a remount is needed."""
+    monkeypatch.setenv("MLFS_LEASE_TIMES", "0.3,3,40")
+    env = snapenv()
+    mp = env.loop_ext4("leasefs", 32)
+    store = os.path.join(mp, "store")
+    os.mkdir(store)
+    d = env.mount(store=store, foreground=True)
+    write(os.path.join(d.ckpt, "a"), b"a" * 5000)
+    lapse_lease(env, d, store)
     r = S.snap("take", env.mnt, "s1", "--wait")
     S.assert_clean_failure(r, "take after the lease lapsed")
     assert "lapsed" in r.err and "remount" in r.err, repr(r)
@@ -125,18 +131,7 @@ def test_final_part_after_the_lease_lapsed_leaves_no_empty_group(snapenv, monkey
     os.mkdir(store)
     d = env.mount(store=store, opts="workers=2,worker=0", foreground=True)
     write(os.path.join(d.ckpt, "a"), b"a" * 5000)
-    leases = os.path.join(store, "leases")
-    r = subprocess.run(["chattr", "+i", leases], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    try:
-        deadline = time.monotonic() + 30
-        while "lapsed" not in d.output():
-            assert time.monotonic() < deadline, "the lease never lapsed"
-            U.mlfs_stat_json(env.mnt)   # the status look that notes the lapse
-            time.sleep(0.2)
-    finally:
-        subprocess.run(["chattr", "-i", leases], capture_output=True)
-    time.sleep(1)   # refreshes succeed again
+    lapse_lease(env, d, store)
     write(os.path.join(d.ckpt, "b"), b"b" * 5000)
     env.unmount(d)
     assert "final snapshot" in d.output() and "No locks available" not in d.output(), \
