@@ -849,8 +849,8 @@ static int snapd_group_wait(struct snapd *sd, struct ctl_req *r, const char *nam
 		usleep(100000);
 	}
 	return ctl_fail(r, "take: group '%s' still partial after %.0f s: %u of %u parts durable "
-			   "(the other workers have not taken it)", name, timeout_s, parts,
-			sd->m->cfg.workers), -ETIMEDOUT;
+			   "(the others are not taken yet, or their persist failed: see those "
+			   "workers' logs)", name, timeout_s, parts, sd->m->cfg.workers), -ETIMEDOUT;
 }
 
 /* A take whose snapshot no lease would protect fails now, loudly, rather than its
