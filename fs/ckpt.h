@@ -111,8 +111,10 @@ int ckpt_statfs(struct ckpt_ns *ns, const struct ckpt_ctx *c, struct statvfs *sv
  * WRITE through it (ckpt_file_write: a dup'ed descriptor or a forked child still
  * writing, a shared writable mapping's pages written back) to its RELEASE. Between
  * that FLUSH and such a WRITE the handle does not count: FUSE does not say whether
- * other descriptors of it remain. A FLUSH by another thread or process (a child's
- * exec closing an inherited descriptor) changes nothing. Never blocks but on ns->mu;
+ * other descriptors of it remain; the opener's FLUSH while its process holds another
+ * descriptor of the file, or more than 256 descriptors (ckpt_tid_holds), changes
+ * nothing: then the count ends at RELEASE. A FLUSH by another thread or process (a
+ * child's exec closing an inherited descriptor) changes nothing. Never blocks but on ns->mu;
  * ckpt_file_write takes no lock while the handle already counts.
  */
 struct ckpt_file;

@@ -16,7 +16,8 @@
  * the hash asked for and the lengths the index gives, the payload's decoding and the
  * XXH3-128 of the result; any failure is -EIO with a log line naming the pack, offset
  * and object. An object not in the index, or whose pack went away (a gc repacked it), is
- * looked up again after one rescan before -ENOENT. Pack descriptors stay open (up to
+ * looked up again after one rescan, then in a killed gc's trash (<id>.pack.gc.*) before
+ * -ENOENT. Pack descriptors stay open (up to
  * PACK_FDS_MAX), so the kernel's readahead on a pack follows a restore's sequential
  * reads.
  *
@@ -84,7 +85,8 @@ uint64_t pack_set_count(struct pack_set *ps);
 
 /* Read and verify the object named hash into buf[len]: its logical length, -ENOENT,
  * -EIO (logged), or the read's -errno. When the copy the index names is damaged, each
- * other copy in the packs is tried (two writers stored the object at once). */
+ * other copy in the packs is tried (two writers stored the object at once); one in no
+ * pack is looked for in a killed gc's trash (logged when found there). */
 int pack_set_get(struct pack_set *ps, const uint8_t hash[16], void *buf, uint32_t len);
 
 struct pack_writer;
@@ -115,8 +117,9 @@ struct pack_gc;
 typedef int (*pack_live_fn)(void *arg, const uint8_t hash[16]);	/* 1 live, 0 not */
 
 /*
- * Phase 1: remove temporaries and trash (other gcs') older than grace_ns at now_ns (the
- * store filesystem's clock); then for every pack older than grace_ns: no live object ->
+ * Phase 1: put back other gcs' trash holding a live object (any age); remove temporaries
+ * and the rest of the trash older than grace_ns at now_ns (the store filesystem's
+ * clock); then for every pack older than grace_ns: no live object ->
  * renamed to <id>.pack.gc.<token>; live objects under half its object bytes -> copied
  * (verified) into a new pack, which is made durable, then the old pack is renamed the
  * same way; two or more mostly-live packs smaller than PACK_MERGE_BELOW -> merged the

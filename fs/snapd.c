@@ -1107,15 +1107,15 @@ static int ctl_list(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 		return ctl_fail(r, "list: %s", strerror(-rc)), rc;
 	}
 	/* One record a line: NAME TIME_NS FILES LOGICAL NEW STATE OPEN_WRITES WORKERS
-	 * PARTS CONFLICTS, tab separated (new fields last: older clients read the first
-	 * six or seven); the client prints them as the offline list does. */
+	 * PARTS CONFLICTS BLOCK_SIZE, tab separated (new fields last: older clients read
+	 * the first six or seven); the client prints them as the offline list does. */
 	for (i = 0; i < n; i++)
 		ctl_out(r, "snap\t%s\t%" PRId64 "\t%" PRIu64 "\t%" PRIu64 "\t%" PRIu64 "\t%s\t%"
-			   PRIu64 "\t%" PRIu32 "\t%" PRIu32 "\t%" PRIu64, v[i].name, v[i].time_ns,
-			v[i].files, v[i].logical_bytes, v[i].new_bytes,
+			   PRIu64 "\t%" PRIu32 "\t%" PRIu32 "\t%" PRIu64 "\t%" PRIu32, v[i].name,
+			v[i].time_ns, v[i].files, v[i].logical_bytes, v[i].new_bytes,
 			v[i].state == STORE_SNAP_DAMAGED ? "damaged"
 			: v[i].state == STORE_SNAP_PARTIAL ? "partial" : "durable",
-			v[i].open_writes, v[i].workers, v[i].parts, v[i].conflicts);
+			v[i].open_writes, v[i].workers, v[i].parts, v[i].conflicts, v[i].block_size);
 	for (i = 0; i < np; i++) {
 		int listed = 0;
 
@@ -1289,8 +1289,8 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 	if (rc) {
 		snprintf(msg, msglen, rc == -ENOENT && !strcmp(want, "latest")
 				      ? "no snapshot usable as '%s' in %s (none, or only damaged ones, "
-					"ones taken with files open for writing, or groups partial or "
-					"with conflicts: restore one by name)"
+					"ones taken with files open for writing, or groups partial, with "
+					"conflicts or of mixed block sizes: restore one by name)"
 				      : rc == -ENOENT ? "no snapshot '%s' in %s"
 				      : rc == -EIO ? "snapshot '%s' in %s is damaged (see verify)"
 				      : rc == -EINVAL ? "bad snapshot name '%s' (store %s)"
@@ -1636,13 +1636,13 @@ static void snapd_retention(struct snapd *sd)
 	for (i = 0; i < n; i++)
 		nauto += !strncmp(v[i].name, STORE_AUTO_PREFIX, strlen(STORE_AUTO_PREFIX)) &&
 			 v[i].state == STORE_SNAP_COMPLETE;
-	/* The newest snapshot without files open for writing is what 'latest' restores
+	/* The newest snapshot store_snap_latest_ok takes is what 'latest' restores
 	 * (store_latest): never delete it, even beyond keep, or a run of snapshots taken
 	 * mid-save would leave no usable latest. */
 	size_t latest = n;
 
 	for (i = n; i-- > 0;)
-		if (!v[i].open_writes && v[i].state == STORE_SNAP_COMPLETE && !v[i].conflicts) {
+		if (store_snap_latest_ok(&v[i])) {
 			latest = i;
 			break;
 		}
@@ -1791,7 +1791,8 @@ int snapd_new(struct mlfs *m, struct snapd **out)
 		if (rc == -ENOENT && !strcmp(m->cfg.restore, "latest")) {
 			log_info("restore=latest: the store %s has no snapshot usable as latest "
 				 "(none yet, or only damaged ones, ones taken with files open for "
-				 "writing, or groups partial or with conflicts); starting empty",
+				 "writing, or groups partial, with conflicts or of mixed block "
+				 "sizes); starting empty",
 				 m->cfg.store);
 		} else if (rc) {
 			fprintf(stderr, "mlfs: restore=%s: %s\n", m->cfg.restore, msg);

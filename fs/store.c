@@ -2296,6 +2296,12 @@ out:
 	return 0;
 }
 
+bool store_snap_latest_ok(const struct store_snap_info *i)
+{
+	return !i->open_writes && i->state == STORE_SNAP_COMPLETE && !i->conflicts &&
+	       i->block_size != MF_BLOCK_SIZE_MIXED;
+}
+
 int store_latest(struct store *s, char *name)
 {
 	struct store_snap_info *v;
@@ -2306,10 +2312,8 @@ int store_latest(struct store *s, char *name)
 		return rc;
 	rc = -ENOENT;
 	while (n--) {
-		if (v[n].open_writes || v[n].state != STORE_SNAP_COMPLETE || v[n].conflicts ||
-		    v[n].block_size == MF_BLOCK_SIZE_MIXED)
-			continue;	/* a torn file, a partial group, a conflict, or workers of
-					 * different block sizes (no mount restores it) */
+		if (!store_snap_latest_ok(&v[n]))
+			continue;
 		snprintf(name, MF_NAME_MAX + 1, "%s", v[n].name);
 		rc = 0;
 		break;

@@ -45,6 +45,7 @@
 #define MLFS_STORE_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "fs/manifest.h"
@@ -96,10 +97,11 @@ int store_put_block(struct store *s, const void *buf, uint32_t len, uint8_t hash
 
 /*
  * Read the object named hash into buf[len]; returns its logical length (<= len).
- * -ENOENT if absent, -EIO (logged with the object's path) if it fails any check,
- * including a logical length over len. Never leaves unverified bytes reported as good:
- * on error buf's contents are unspecified. A read failing transiently (fdio_transient)
- * is made again from its start for up to FDIO_TRANSIENT_S (blocks that long): -EBADFD
+ * -ENOENT if absent (in no pack nor a killed gc's trash), -EIO (logged with the
+ * object's path) if it fails any check, including a logical length over len. Never
+ * leaves unverified bytes reported as good: on error buf's contents are unspecified. A
+ * read failing transiently (fdio_transient) is made again from its start for up to
+ * FDIO_TRANSIENT_S (blocks that long): -EBADFD
  * or -ENOTCONN only when the store answered so all that time (logged).
  */
 int store_get_block(struct store *s, const uint8_t hash[STORE_HASH_LEN], void *buf, uint32_t len);
@@ -178,16 +180,23 @@ struct store_snap_info {
 /*
  * Published snapshots, oldest first (by time, then name), in *out (malloc'd, handed
  * over; free()) with *n entries. Damaged manifests are logged and left out unless
- * STORE_LIST_DAMAGED. Reads and checks every manifest: O(total manifest bytes).
+ * STORE_LIST_DAMAGED. -ENOENT if snaps/ was removed under the handle. Reads and checks
+ * every manifest: O(total manifest bytes).
  */
 int store_list(struct store *s, int flags, struct store_snap_info **out, size_t *n);
 
 /*
- * Name of the newest complete snapshot in which no file was open for writing at the
- * take (open_writes == 0: a SIGTERM during torch.save leaves a torn file in a snapshot
- * that must not become "latest") into name[MF_NAME_MAX + 1]; -ENOENT if none. Damaged
- * snapshots and ones with open files are skipped silently (list shows both); they are
- * still restored by name.
+ * Whether i may be "latest": complete, no file open for writing at the take
+ * (open_writes == 0: a SIGTERM during torch.save leaves a torn file in a snapshot that
+ * must not become latest), no conflicts, and files of one block size (a group whose
+ * workers were mounted with different -o block_size restores only offline).
+ */
+bool store_snap_latest_ok(const struct store_snap_info *i);
+
+/*
+ * Name of the newest snapshot store_snap_latest_ok takes into name[MF_NAME_MAX + 1];
+ * -ENOENT if none. Damaged snapshots and the others are skipped silently (list shows
+ * them); they are still restored by name (a group of mixed block sizes offline only).
  */
 int store_latest(struct store *s, char *name);
 
@@ -221,7 +230,7 @@ const char *store_load_why(void);
 int store_delete(struct store *s, const char *name);
 
 /*
- * Groups: the snapshots of a job of N workers sharing the store (fs/store.c invariant 8;
+ * Groups: the snapshots of a job of N workers sharing the store (fs/store.c invariant 9;
  * docs/store-format.md). Worker K's snapshot NAME is its part, snaps/NAME/part-K-of-N;
  * NAME is visible (list COMPLETE, load, latest) once all N parts are durable and one
  * worker published snaps/NAME/group.

@@ -70,9 +70,9 @@ static void collect_row(void *arg, const char *line)
 	memcpy(x->name, p, tab - p);
 	x->workers = x->parts = 1;
 	if (sscanf(tab + 1, "%" SCNd64 "\t%" SCNu64 "\t%" SCNu64 "\t%" SCNu64 "\t%31s\t%" SCNu64
-		   "\t%" SCNu32 "\t%" SCNu32 "\t%" SCNu64, &x->time_ns, &x->files,
+		   "\t%" SCNu32 "\t%" SCNu32 "\t%" SCNu64 "\t%" SCNu32, &x->time_ns, &x->files,
 		   &x->logical_bytes, &x->new_bytes, state, &x->open_writes, &x->workers,
-		   &x->parts, &x->conflicts) < 5)
+		   &x->parts, &x->conflicts, &x->block_size) < 5)
 		return;
 	r->states[r->n] = strdup(state);
 	if (r->states[r->n])

@@ -175,8 +175,8 @@ static int load(struct store *s, const char *dir, const char *name, struct mf_ma
 		rc = store_latest(s, latest);
 		if (rc == -ENOENT)
 			say("%s: no snapshot usable as latest (none, or only damaged ones, ones "
-			    "taken with files open for writing, or groups partial or with "
-			    "conflicts: restore one by name)", dir);
+			    "taken with files open for writing, or groups partial, with "
+			    "conflicts or of mixed block sizes: restore one by name)", dir);
 		else if (rc)
 			say("%s: %s", dir, strerror(-rc));
 		if (rc)
@@ -288,6 +288,8 @@ void snap_print_list(const struct store_snap_info *v, const char *const *states,
 		if (!damaged && x->open_writes)
 			printf(" (open-for-write: %" PRIu64 " file%s; not latest)", x->open_writes,
 			       x->open_writes == 1 ? "" : "s");
+		if (!damaged && x->block_size == MF_BLOCK_SIZE_MIXED)
+			printf(" (block sizes differ; not latest, restore --to only)");
 		if (!damaged)
 			putchar('\n');
 	}

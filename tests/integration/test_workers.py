@@ -270,6 +270,9 @@ def test_group_of_mixed_block_sizes_is_not_latest(workerset):
     for w in job:   # several blocks of 64 KiB each
         U.write_file(os.path.join(w.ckpt, f"big-{w.k}"), bytes([w.k + 1]) * (300 << 10))
     take_all(ws, job, "mixed", "--group-wait")
+    for r in (job[0].snap("list"), S.snap("list", "--store", ws.store)):
+        line = [ln for ln in r.out.splitlines() if ln.startswith("mixed ")]
+        assert line and "block sizes differ; not latest" in line[0], r
     r = job[0].snap("restore", "mixed")
     assert r.rc != 0 and "different block sizes" in r.out + r.err, r
     r = job[0].snap("restore", "latest")   # the 1024K worker: good's block size
