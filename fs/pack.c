@@ -1232,12 +1232,14 @@ static void gc_trash_name(const char *id, const char *token, char *buf, size_t s
 }
 
 /* A gc's trash (<id>.pack.gc.<token>) that its gc, killed between its two phases, did
- * not settle: 1 if it holds an object live names (or live names the pack), then it is
- * put back under its name; 0 if not (removed); -errno if it cannot be read (kept). A
- * snapshot committed while that gc ran may name such an object: its commit checked the
- * object was there before the rename, and the gc's second mark, which would have put
- * the pack back, never came. A damaged one counts as dead: its objects were missing
- * already. Reads the trash's index: O(its objects). */
+ * not settle (or, young, one another gc running now may settle): 1 if it holds an
+ * object live names and no pack of ps holds (or live names the pack), then it is put
+ * back under its name; 0 if not (removed once old); -errno if it cannot be read (kept).
+ * A snapshot committed while that gc ran may name such an object: its commit checked
+ * the object was there before the rename, and the gc's second mark, which would have
+ * put the pack back, never came. A repacked pack's trash, whose live objects its new
+ * pack holds, stays trash (the rule of pack_gc_settle). A damaged one counts as dead:
+ * its objects were missing already. Reads the trash's index: O(its objects). */
 static int gc_trash_live(struct pack_set *ps, const char *name, pack_live_fn live, void *arg)
 {
 	struct pack *p = NULL;
@@ -1257,7 +1259,7 @@ static int gc_trash_live(struct pack_set *ps, const char *name, pack_live_fn liv
 	id_bytes(file, id);
 	keep = live(arg, id);
 	for (size_t i = 0; i < p->n && !keep; i++)
-		keep = live(arg, p->ents[i].hash);
+		keep = live(arg, p->ents[i].hash) && !pack_set_has(ps, p->ents[i].hash);
 	pack_free(p);
 	if (!keep)
 		return 0;
@@ -1497,7 +1499,10 @@ int pack_gc_sweep(struct pack_set *ps, pack_live_fn live, void *arg, int64_t now
 		return -ENOMEM;
 	snprintf(g->token, sizeof(g->token), "%s", token);
 	*out = g;
-	if ((rc = gc_leftovers(ps, live, arg, now_ns, grace_ns, freed)) || (rc = pack_set_scan(ps)))
+	/* Scanned first: gc_leftovers puts back only trash whose named objects no pack
+	 * holds (gc_trash_live). */
+	if ((rc = pack_set_scan(ps)) || (rc = gc_leftovers(ps, live, arg, now_ns, grace_ns, freed)) ||
+	    (rc = pack_set_scan(ps)))
 		return rc;
 	/* A stable list: each pack held (users) so a concurrent scan cannot free it. */
 	pthread_mutex_lock(&ps->mu);

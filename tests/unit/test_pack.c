@@ -991,6 +991,27 @@ static void test_killed_gc_trash(const char *dir)
 	EXPECT_EQ(read_seed(s, 32), BS);
 	EXPECT_EQ(read_seed(s, 33), -ENOENT);
 	EXPECT_EQ(store_verify(s, NULL, NULL, NULL), 0);
+	/* Trash whose named objects a pack holds too (a repacked pack's, as a gc running
+	 * now leaves it) stays trash, young or old: putting it back would undo the repack
+	 * at every gc. */
+	EXPECT_EQ(pack_named(dir, ".pack", name, sizeof(name)), 1);
+	path_of(from, sizeof(from), dir, "packs/");
+	strcat(from, name);
+	path_of(to, sizeof(to), dir,
+		"packs/0123456789abcdef0123456789abcdef.pack.gc.7-1-0000000000000001");
+	{
+		char cmd[1200];
+
+		snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", from, to);
+		EXPECT_EQ(system(cmd), 0);
+	}
+	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
+	EXPECT_EQ(count_packs(dir, ".gc."), 1);
+	EXPECT_EQ(count_packs(dir, ".pack"), 2);	/* the pack and the trash */
+	usleep(1100 * 1000);	/* past grace */
+	EXPECT_EQ(store_gc(s, &objs, &bytes), 0);
+	EXPECT_EQ(count_packs(dir, ".gc."), 0);
+	EXPECT_EQ(read_seed(s, 31), BS);
 	store_close(s);
 }
 
