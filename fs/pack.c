@@ -1501,7 +1501,8 @@ int pack_gc_sweep(struct pack_set *ps, pack_live_fn live, void *arg, int64_t now
 	*out = g;
 	/* Scanned first: gc_leftovers puts back only trash whose named objects no pack
 	 * holds (gc_trash_live). */
-	if ((rc = pack_set_scan(ps)) || (rc = gc_leftovers(ps, live, arg, now_ns, grace_ns, freed)) ||
+	if ((rc = pack_set_scan(ps)) ||
+	    (rc = gc_leftovers(ps, live, arg, now_ns, grace_ns, freed)) ||
 	    (rc = pack_set_scan(ps)))
 		return rc;
 	/* A stable list: each pack held (users) so a concurrent scan cannot free it. */
