@@ -90,6 +90,7 @@ struct pack_set {
 	uint64_t gen;		/* bumped by every pack added */
 	struct pack_bad *bad;	/* packs whose index did not verify: logged once each */
 	size_t nbad;
+	char trash_warned[256];	/* the trash get_from_trash last said it read from */
 };
 
 /* A pack whose index did not verify, and which file that was: a file put under its
@@ -899,32 +900,41 @@ static int get_other_copy(struct pack_set *ps, const uint8_t hash[16], void *buf
  * between its two marks leaves packs there that a snapshot committed meanwhile names
  * (store-format.md, "Delete and gc"), and until a later gc puts them back, reads of
  * that durable snapshot failed (an outside tester: restore on a new machine got EIO).
- * Trash is a whole pack renamed, and no gc removes one holding a named object, so its
- * record is as good as a pack's. A listing of packs/ and each trash index, on this
- * miss path only. The length read, -ENOENT if no trash holds it, or -EIO. */
+ * Trash is a whole pack renamed, and gc removes one holding a named object only when
+ * a pack holds that object too, so its record is as good as a pack's. A listing of
+ * packs/ and each trash index, on this miss path only (no index is kept: a slow path
+ * for a rare state, which the next gc ends). The length read; -ENOENT if no trash holds
+ * it; -EIO for damage; else the first error met (a failing listing or read is no
+ * absence: fdio_transient errors are retried by the caller). */
 static int get_from_trash(struct pack_set *ps, const uint8_t hash[16], void *buf,
 			  uint32_t len)
 {
 	struct fdio_dir *dir;
 	struct dirent64 *d;
-	int rc = -ENOENT, r;
+	int rc, err = 0, r;
 
-	if (fdio_opendir(ps->dirfd, ".", &dir))
-		return -ENOENT;
-	while (rc < 0 && (r = fdio_readdir(dir, &d)) > 0) {
+	if ((rc = fdio_opendir(ps->dirfd, ".", &dir)))
+		return rc;
+	rc = -ENOENT;
+	while (rc == -ENOENT && (r = fdio_readdir(dir, &d)) > 0) {
 		struct pack *p = NULL;
 		const char *why;
 		char hx[33];
 		size_t i;
-		int fd;
+		int fd, warn;
 
 		if (strlen(d->d_name) <= 41 || !is_id(d->d_name, 32) ||
 		    strncmp(d->d_name + 32, ".pack.gc.", 9))
 			continue;
 		fd = openat(ps->dirfd, d->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-		if (fd < 0)
+		if (fd < 0) {
+			if (errno != ENOENT && !err)
+				err = -errno;	/* (ENOENT: put back or removed meanwhile) */
 			continue;
-		if (pack_load(fd, "", &p)) {
+		}
+		if ((r = pack_load(fd, "", &p))) {
+			if (r != -EINVAL && r != -ELOOP && r != -ENOENT && !err)
+				err = r;	/* (a damaged trash holds nothing) */
 			close(fd);
 			continue;
 		}
@@ -934,20 +944,32 @@ static int get_from_trash(struct pack_set *ps, const uint8_t hash[16], void *buf
 			r = rec_read(fd, &p->ents[i], hash, buf, len, &why);
 			hex(hash, 16, hx);
 			if (r >= 0) {
-				log_warn("store: object %s read from %s/packs/%s, a killed gc's trash; "
-					 "the next gc puts it back", hx, ps->path, d->d_name);
+				pthread_mutex_lock(&ps->mu);
+				warn = strcmp(ps->trash_warned, d->d_name) != 0;
+				snprintf(ps->trash_warned, sizeof(ps->trash_warned), "%s",
+					 d->d_name);
+				pthread_mutex_unlock(&ps->mu);
+				if (warn)
+					log_warn("store: objects read from %s/packs/%s, trash a gc "
+						 "left (killed, or running now); a gc puts it back "
+						 "while a snapshot or lease names them", ps->path,
+						 d->d_name);
 				rc = r;
-			} else if (why) {
+			} else if (why || r == -EIO) {
 				log_err("store: damaged object %s in %s/packs/%s: %s", hx, ps->path,
-					d->d_name, why);
+					d->d_name, why ? why : "shorter than its index says");
 				rc = -EIO;
+			} else if (!err) {
+				err = r;
 			}
 		}
 		pack_free(p);
 		close(fd);
 	}
+	if (rc == -ENOENT && r < 0)
+		rc = r;		/* a listing cut short is no end (fdio_readdir) */
 	fdio_closedir(dir);
-	return rc;
+	return rc == -ENOENT && err ? err : rc;
 }
 
 int pack_set_get(struct pack_set *ps, const uint8_t hash[16], void *buf, uint32_t len)
@@ -1260,6 +1282,13 @@ static int gc_trash_live(struct pack_set *ps, const char *name, pack_live_fn liv
 	keep = live(arg, id);
 	for (size_t i = 0; i < p->n && !keep; i++)
 		keep = live(arg, p->ents[i].hash) && !pack_set_has(ps, p->ents[i].hash);
+	/* A gc running now publishes a repack's new pack before it trashes the old one:
+	 * a scan made after seeing the trash knows it, so the repack is not undone. */
+	if (keep && !live(arg, id) && !(rc = pack_set_scan(ps))) {
+		keep = 0;
+		for (size_t i = 0; i < p->n && !keep; i++)
+			keep = live(arg, p->ents[i].hash) && !pack_set_has(ps, p->ents[i].hash);
+	}
 	pack_free(p);
 	if (!keep)
 		return 0;
@@ -1649,11 +1678,11 @@ int pack_gc_settle(struct pack_set *ps, struct pack_gc *g, pack_live_fn live2, v
 		if (back) {
 			struct stat st;
 
-			/* ENOENT with the pack in place: another gc put it back already */
-			if (renameat(ps->dirfd, trash, ps->dirfd, file) &&
-			    !(errno == ENOENT && !fstatat(ps->dirfd, file, &st, AT_SYMLINK_NOFOLLOW))) {
-				int e = errno;
+			int e = renameat(ps->dirfd, trash, ps->dirfd, file) ? errno : 0;
 
+			/* ENOENT with the pack in place: another gc put it back already */
+			if (e && !(e == ENOENT &&
+				   !fstatat(ps->dirfd, file, &st, AT_SYMLINK_NOFOLLOW))) {
 				log_err("store: %s/packs/%s: putting it back from the trash failed: "
 					"%s", ps->path, file, strerror(e));
 				if (!rc)

@@ -117,9 +117,9 @@ struct pack_gc;
 typedef int (*pack_live_fn)(void *arg, const uint8_t hash[16]);	/* 1 live, 0 not */
 
 /*
- * Phase 1: put back other gcs' trash holding a live object (any age); remove temporaries
- * and the rest of the trash older than grace_ns at now_ns (the store filesystem's
- * clock); then for every pack older than grace_ns: no live object ->
+ * Phase 1: put back other gcs' trash holding a live object no pack holds (any age);
+ * remove temporaries and the rest of the trash older than grace_ns at now_ns (the store
+ * filesystem's clock); then for every pack older than grace_ns: no live object ->
  * renamed to <id>.pack.gc.<token>; live objects under half its object bytes -> copied
  * (verified) into a new pack, which is made durable, then the old pack is renamed the
  * same way; two or more mostly-live packs smaller than PACK_MERGE_BELOW -> merged the
