@@ -1161,6 +1161,7 @@ struct snapd_load_call {
 	uint64_t conflicts;
 	uint64_t big;		 /* a manifest's size past what a restore reads (-E2BIG) */
 	unsigned parts, workers; /* of a partial group (-EAGAIN) */
+	int latest;		 /* name is what 'latest' restores */
 };
 
 static int snapd_load_fn(struct snapd_call *c)
@@ -1181,6 +1182,13 @@ static int snapd_load_fn(struct snapd_call *c)
 		rc = store_load_snapshot_max(sd->st, l->name,
 					     ckpt_restore_manifest_max(sd->m->ckpt), &l->big,
 					     snapd_conflict, l->name, &l->mf, &l->conflicts);
+	if (!rc) {
+		/* A name given may be latest too; a listing that fails says "not". */
+		char latest[MF_NAME_MAX + 1];
+
+		l->latest = !strcmp(l->want, "latest") ||
+			    (!store_latest(sd->st, latest) && !strcmp(latest, l->name));
+	}
 	pthread_mutex_unlock(&sd->store_mu);
 	if (rc == -EAGAIN)
 		store_group_state(sd->st, l->name, &l->parts, &l->workers);
@@ -1218,7 +1226,7 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 	uint64_t big = 0;
 	uint32_t other;
 	size_t nold = 0, i;
-	int rc, done;
+	int rc, done, latest = 0;
 
 	if (!l) {
 		snprintf(msg, msglen, "out of memory");
@@ -1246,6 +1254,7 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 		big = l->big;
 		parts = l->parts;
 		workers = l->workers;
+		latest = l->latest;
 	}
 	snapd_call_put(&l->c);
 	if (rc == -ETIMEDOUT || rc == -EUSERS || rc == -ECANCELED)
@@ -1356,13 +1365,18 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 			"written (the lease thread retries every 10 s): a gc elsewhere may take "
 			"them meanwhile", name);
 	if (!rc) {
-		/* The tree is now a durable snapshot's, as of the swap. */
 		pthread_mutex_lock(&sd->mu);
-		sd->durable_gen = gen;
-		/* A tree restored from a snapshot that held a file open for writing keeps
-		 * that snapshot as what covers it: closing nothing makes it whole. */
-		sd->durable_open_writes = 0;
-		sd->have_durable = 1;
+		/* The tree is now a durable snapshot's, as of the swap. It covers the tree
+		 * only as what 'latest' restores: after a restore of an older one, a new
+		 * VM's restore=latest would bring back the newer tree, so the final
+		 * snapshot and autosnap take this one again (its blocks are stored: a
+		 * manifest). gen is past every earlier one (ckpt_restore), so the tree
+		 * counts as changed. */
+		if (latest) {
+			sd->durable_gen = gen;
+			sd->durable_open_writes = 0;
+			sd->have_durable = 1;
+		}
 		snprintf(sd->last, sizeof(sd->last), "%s", name);
 		pthread_mutex_unlock(&sd->mu);
 	}

@@ -6,7 +6,9 @@ A worker owns MOUNT/ckpt/wN: nothing else touches it, so its model (files: relpa
 bytearray, dirs: set of relpaths, plus the fds of files unlinked while open) is exact. The
 coordinator (test_model.py) talks to each worker over a pipe, one command at a time:
 
-  ("ops", n)          run n random operations; reply ("ok", stats) or ("fail", text)
+  ("ops", n)          run n random operations; reply ("ok", stats) or ("fail", text);
+                      stats["tree_changed"] says whether the model's tree differs after
+                      them (a round of reads only leaves it as it was)
   ("mark", name)      remember the model as snapshot name's state (workers are idle, so
                       this is the state the snapshot took)
   ("jump", name)      the tree went back to snapshot name (restore, or a remount that
@@ -37,6 +39,7 @@ Without cfg["enospc"] any ENOSPC or short write is a failure.
 """
 import collections
 import errno
+import hashlib
 import mmap
 import os
 import random
@@ -682,6 +685,18 @@ class Worker:
                       f"{sorted(seen_d - set(dirs))[:8]} missing {sorted(set(dirs) - seen_d)[:8]}")
         self.stats["verified_bytes"] += sum(len(b) for b in files.values())
 
+    def digest(self):
+        """What the subtree holds (names, bytes, the shared stripes), as one hash."""
+        h = hashlib.blake2b()
+        for rel in sorted(self.files):
+            h.update(f"f {rel} {len(self.files[rel])}\0".encode())
+            h.update(self.files[rel])
+        for rel in sorted(self.dirs):
+            h.update(f"d {rel}\0".encode())
+        for b in self.shared:
+            h.update(b)
+        return h.digest()
+
     def mount_dead(self):
         """statfs always asks the daemon (stat may be answered from the kernel's cache):
         ENOTCONN/ECONNABORTED once it is dead, ENOENT once the mount is detached."""
@@ -694,7 +709,9 @@ class Worker:
     def command(self, cmd):
         c = cmd[0]
         if c == "ops":
+            before = self.digest()
             self.run_ops(cmd[1])
+            return dict(self.stats, tree_changed=self.digest() != before)
         elif c == "ops-until-killed":
             # The coordinator SIGKILLs the daemon while these run: the first failure
             # with a dead mount (ENOTCONN, ECONNABORTED, ENOENT once detached, or a short

@@ -288,6 +288,14 @@ class Model:
         self.all("verify", out, name, what=f"export of {name}")
         shutil.rmtree(out, ignore_errors=True)
 
+    def ops(self, k):
+        """k random operations per worker. A round of reads only (the last round may
+        be a single op each) leaves the tree the snapshot it was."""
+        stats = self.all("ops", k)
+        if any(st.pop("tree_changed") for st in stats):
+            self.covered = None
+        return stats
+
     # ------------------------------------------------------------ events
     def ev_take(self, wait):
         name = self.new_name()
@@ -355,7 +363,8 @@ class Model:
         if m:
             self.fail(f"at {what} (daemon {d.pid}): its log reports {m.group(0)!r}")
 
-    def ev_term(self, dirty, verify=True):
+    def ev_term(self, verify=True):
+        dirty = self.covered is None
         self.all("close")
         old = self.d
         before = set(self.list(self.env.mnt))
@@ -384,16 +393,18 @@ class Model:
             self.all("mark", name)
             self.saved.append(name)
             self.durable.add(name)
-        elif dirty or self.covered is None:
+        elif dirty:
             self.fail(f"SIGTERM with changes since the last snapshot: no preempt-* snapshot "
                       f"in the store ({sorted(lst)})")
         else:
             name = self.covered
-        self.mount(restore=name)
+        # what a new VM does: whatever the daemon took or skipped, latest is the tree at
+        # the SIGTERM (a tree restored from an older snapshot included)
+        self.mount(restore="latest")
         self.all("jump", name)
         self.covered = name
         if verify:
-            self.verify_live(f"after SIGTERM and remount with restore={name}")
+            self.verify_live(f"after SIGTERM and remount with restore=latest ({name})")
 
     # ------------------------------------------------------------ the run
     def run(self, nops):
@@ -415,9 +426,8 @@ class Model:
                 name = self.new_name("c")
                 ctake = (name, subprocess.Popen([S.SNAP, "take", env.mnt, name],
                                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-            stats = self.all("ops", k)
+            stats = self.ops(k)
             self.ops_done = sum(st.get("ops", 0) for st in stats)
-            self.covered = None
             if ctake is not None:
                 name, p = ctake
                 out, err = p.communicate(timeout=120)
@@ -456,17 +466,16 @@ class Model:
             elif ev == "kill-inflight":
                 self.ev_kill_inflight()
             elif ev == "term":
-                self.ev_term(dirty=True)
+                self.ev_term()
             elif ev == "term2":
                 # a job preempted again right after its restart: two final snapshots
                 # within one second must both be taken
                 # (preempt-* names have a resolution of one second: start at the
                 # beginning of one, so that both fall in it unless the host is slow)
                 time.sleep(1.02 - time.time() % 1)
-                self.ev_term(dirty=True, verify=False)
-                self.all("ops", 3)
-                self.covered = None
-                self.ev_term(dirty=True)
+                self.ev_term(verify=False)
+                self.ops(3)
+                self.ev_term()
             elif ev == "export":
                 self.refresh_durable()
                 self.export_check(self.rng.choice([n for n in self.saved
@@ -476,7 +485,7 @@ class Model:
         # a SIGTERM with nothing changed since a snapshot: no preempt snapshot needed
         self.ev_take(True)
         self.count("term-clean")
-        self.ev_term(dirty=False)
+        self.ev_term()
         # the end: every remembered durable snapshot exports exactly
         self.refresh_durable()
         for name in [n for n in self.saved if n in self.durable]:

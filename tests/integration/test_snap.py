@@ -745,6 +745,41 @@ def test_sigterm_takes_emergency_snapshot(snapenv):
     S.assert_tree_equal(S.read_tree(d.ckpt), t3, f"final snapshot {new[0]}")
 
 
+@pytest.mark.parametrize("how", ["live", "mount"])
+def test_sigterm_after_restore_of_an_older_snapshot_keeps_that_tree(snapenv, how):
+    """A tree restored from a snapshot that is not latest, unchanged since: a new VM's
+    restore=latest must bring back that tree, not the newer snapshot the job rolled back
+    from. The final snapshot is taken (a manifest: its blocks are stored); after a
+    restore of what latest is, none is."""
+    env = snapenv()
+    d = env.mount(foreground=True)
+    rng = rng_for("rollback")
+    write(os.path.join(d.ckpt, "a"), rng.randbytes(2 * MiB))
+    S.snap_ok("take", env.mnt, "old", "--wait")
+    t_old = S.read_tree(d.ckpt)
+    write(os.path.join(d.ckpt, "a"), rng.randbytes(2 * MiB))
+    write(os.path.join(d.ckpt, "b"), b"only in the newer snapshot")
+    S.snap_ok("take", env.mnt, "new", "--wait")
+    if how == "live":
+        S.snap_ok("restore", env.mnt, "old")
+    else:
+        env.unmount(d)
+        d = env.mount(foreground=True, opts="restore=old")
+    S.assert_tree_equal(S.read_tree(d.ckpt), t_old, f"after restore of old ({how})")
+    os.kill(d.pid, signal.SIGTERM)
+    assert env.wait_exit(d, 30) == 0, d.output()
+    lst = S.list_json(env.store, store=True)
+    assert len([n for n in lst if n.startswith("preempt-")]) == 1, \
+        f"SIGTERM of a tree rolled back to 'old' took no final snapshot: {sorted(lst)}"
+    d = env.mount(foreground=True, opts="restore=latest")
+    S.assert_tree_equal(S.read_tree(d.ckpt), t_old, "restore=latest after the rollback")
+    # Restored from latest and unchanged: nothing to take.
+    os.kill(d.pid, signal.SIGTERM)
+    assert env.wait_exit(d, 30) == 0, d.output()
+    assert S.list_json(env.store, store=True).keys() == lst.keys(), \
+        "SIGTERM of a tree unchanged since its restore=latest took another snapshot"
+
+
 def test_sigterm_persists_pending_snapshots(snapenv):
     env = snapenv()
     d = env.mount(foreground=True)
