@@ -87,6 +87,8 @@ struct snapd {
 	uint64_t durable_gen;	  /* ckpt generation the newest durable snapshot holds */
 	uint64_t durable_open_writes; /* that snapshot's open_writes (0 after a restore) */
 	int have_durable;	  /* durable_gen is known (a persist or restore happened) */
+	uint64_t persists;	  /* persists that succeeded: a restore's check of latest */
+	char cover[MF_NAME_MAX + 1]; /* the snapshot durable_gen is of ("" when none) */
 	double delta_s;		  /* last measured persist time */
 	uint64_t delta_bytes;
 	/* The last snapshot taken or restored (under sd->mu): with workers > 1 the final
@@ -338,6 +340,8 @@ static void snapd_run_job(struct snapd *sd, struct snapd_job *job)
 		sd->durable_gen = job->gen;
 		sd->durable_open_writes = job->open_writes;
 		sd->have_durable = 1;
+		sd->persists++;
+		snprintf(sd->cover, sizeof(sd->cover), "%s", job->name);
 	}
 	ckpt_frozen_free(sd->m->ckpt, job->fz);
 	job->fz = NULL;
@@ -1162,6 +1166,7 @@ struct snapd_load_call {
 	uint64_t big;		 /* a manifest's size past what a restore reads (-E2BIG) */
 	unsigned parts, workers; /* of a partial group (-EAGAIN) */
 	int latest;		 /* name is what 'latest' restores */
+	uint64_t persists;	 /* sd->persists before the listing that found it latest */
 };
 
 static int snapd_load_fn(struct snapd_call *c)
@@ -1170,6 +1175,11 @@ static int snapd_load_fn(struct snapd_call *c)
 	struct snapd *sd = c->sd;
 	int rc;
 
+	/* Read before the listing: a persist that commits after it counts it past this
+	 * (snapd_run_job), and the restore then knows latest may have moved. */
+	pthread_mutex_lock(&sd->mu);
+	l->persists = sd->persists;
+	pthread_mutex_unlock(&sd->mu);
 	pthread_mutex_lock(&sd->store_mu);
 	if (snapd_call_cancelled(c))
 		rc = -ECANCELED; /* given up behind a persist: nothing to read for anyone */
@@ -1221,7 +1231,7 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 	char name[MF_NAME_MAX + 1] = "", **old = NULL;
 	struct snapd_load_call *l = calloc(1, sizeof(*l));
 	struct mf_manifest *mf = NULL;
-	uint64_t gen = 0, conflicts = 0;
+	uint64_t gen = 0, conflicts = 0, persists = 0;
 	unsigned parts = 0, workers = 0;
 	uint64_t big = 0;
 	uint32_t other;
@@ -1255,6 +1265,7 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 		parts = l->parts;
 		workers = l->workers;
 		latest = l->latest;
+		persists = l->persists;
 	}
 	snapd_call_put(&l->c);
 	if (rc == -ETIMEDOUT || rc == -EUSERS || rc == -ECANCELED)
@@ -1371,11 +1382,13 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 		 * VM's restore=latest would bring back the newer tree, so the final
 		 * snapshot and autosnap take this one again (its blocks are stored: a
 		 * manifest). gen is past every earlier one (ckpt_restore), so the tree
-		 * counts as changed. */
-		if (latest) {
+		 * counts as changed. A persist that committed since the listing (a take
+		 * pending then) may be the newer latest: changed too. */
+		if (latest && sd->persists == persists) {
 			sd->durable_gen = gen;
 			sd->durable_open_writes = 0;
 			sd->have_durable = 1;
+			snprintf(sd->cover, sizeof(sd->cover), "%s", name);
 		}
 		snprintf(sd->last, sizeof(sd->last), "%s", name);
 		pthread_mutex_unlock(&sd->mu);
@@ -1420,6 +1433,21 @@ struct snapd_delete_call {
 	char why[512];	/* the store's first error line of the delete */
 };
 
+/* name was deleted from the store. If it was what covered the tree (sd->cover), the
+ * tree is covered no more: restore=latest would now give an older snapshot, so the
+ * final snapshot and autosnap take it again. durable_gen 0 matches only a tree that
+ * never held anything (ckpt_generation). */
+static void snapd_deleted(struct snapd *sd, const char *name)
+{
+	pthread_mutex_lock(&sd->mu);
+	if (sd->cover[0] && !strcmp(sd->cover, name)) {
+		sd->cover[0] = 0;
+		sd->durable_gen = 0;
+		sd->durable_open_writes = 0;
+	}
+	pthread_mutex_unlock(&sd->mu);
+}
+
 /* Invariant 4: between jobs. Given up while it waited for store_mu (behind a persist
  * on a hung store), it deletes nothing. */
 static int snapd_delete_fn(struct snapd_call *c)
@@ -1436,6 +1464,8 @@ static int snapd_delete_fn(struct snapd_call *c)
 	if (rc == -ENOENT && d->tried)
 		rc = 0;		/* gone, by our earlier try or another's delete: done */
 	d->tried = 1;
+	if (!rc)
+		snapd_deleted(sd, d->name);
 	return rc;
 }
 
@@ -1670,8 +1700,10 @@ static void snapd_retention(struct snapd *sd)
 		}
 		/* Every worker runs this after its own autosnap: another may have deleted
 		 * the group first (-ENOENT), which is the same outcome. */
-		if (!store_delete(sd->st, v[i].name))
+		if (!store_delete(sd->st, v[i].name)) {
 			log_info("snap: keep=%u: deleted %s", keep, v[i].name);
+			snapd_deleted(sd, v[i].name);
+		}
 		nauto--;
 	}
 	pthread_mutex_unlock(&sd->store_mu);

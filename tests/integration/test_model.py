@@ -69,7 +69,7 @@ CONFIGS = {
 
 EVENTS = (("take", 18), ("take-wait", 14), ("restore", 8), ("verify", 8), ("kill", 3),
           ("kill-inflight", 3),
-          ("term", 3), ("term2", 2), ("export", 4), ("none", 20))
+          ("term", 3), ("term2", 2), ("rollback-term", 2), ("export", 4), ("none", 20))
 
 
 class Model:
@@ -304,14 +304,14 @@ class Model:
         if wait:
             self.durable.add(name)
 
-    def ev_restore(self):
+    def ev_restore(self, verify=None):
         self.refresh_durable()
         name = self.rng.choice([n for n in self.saved if n in self.durable])
         self.snap("restore", self.env.mnt, name)
         self.all("stale")
         self.all("jump", name)
         self.covered = name
-        if self.rng.random() < 0.5:
+        if verify if verify is not None else self.rng.random() < 0.5:
             self.verify_live(f"after restore {name}")
 
     def ev_kill(self):
@@ -393,18 +393,20 @@ class Model:
             self.all("mark", name)
             self.saved.append(name)
             self.durable.add(name)
-        elif dirty:
-            self.fail(f"SIGTERM with changes since the last snapshot: no preempt-* snapshot "
-                      f"in the store ({sorted(lst)})")
-        else:
-            name = self.covered
-        # what a new VM does: whatever the daemon took or skipped, latest is the tree at
-        # the SIGTERM (a tree restored from an older snapshot included)
+            self.covered = name
+        # What a new VM does: whatever the daemon took or skipped, latest is the tree at
+        # the SIGTERM (a tree restored from an older snapshot included). With none
+        # taken, some snapshot must hold the tree: the one it is (self.covered), or one
+        # the model cannot name (a concurrent take frozen after the round's last op).
         self.mount(restore="latest")
-        self.all("jump", name)
-        self.covered = name
-        if verify:
-            self.verify_live(f"after SIGTERM and remount with restore=latest ({name})")
+        if new:
+            if verify:
+                self.verify_live(f"after SIGTERM and remount with restore=latest ({name})")
+        else:
+            changed = "with changes since the last snapshot " if dirty else ""
+            self.verify_live(f"after SIGTERM {changed}and no preempt-* snapshot taken "
+                             f"({sorted(lst)}), remount with restore=latest: the latest "
+                             f"snapshot must be the tree")
 
     # ------------------------------------------------------------ the run
     def run(self, nops):
@@ -475,6 +477,11 @@ class Model:
                 time.sleep(1.02 - time.time() % 1)
                 self.ev_term(verify=False)
                 self.ops(3)
+                self.ev_term()
+            elif ev == "rollback-term":
+                # a job rolls back to an older snapshot and is preempted before it
+                # writes: latest on the new VM must be the rolled-back tree
+                self.ev_restore(verify=False)
                 self.ev_term()
             elif ev == "export":
                 self.refresh_durable()

@@ -780,6 +780,40 @@ def test_sigterm_after_restore_of_an_older_snapshot_keeps_that_tree(snapenv, how
         "SIGTERM of a tree unchanged since its restore=latest took another snapshot"
 
 
+@pytest.mark.parametrize("how", ["taken", "restored"])
+def test_final_snapshot_after_the_covering_snapshot_is_deleted(snapenv, how):
+    """The snapshot that held the tree (the last one taken, or the one restored) deleted
+    through the mount: restore=latest would give an older one, so the final rule takes
+    the tree again, on SIGTERM and on a clean unmount."""
+    env = snapenv()
+    d = env.mount(foreground=True)
+    write(os.path.join(d.ckpt, "a"), b"first")
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    write(os.path.join(d.ckpt, "a"), b"second, held only by s2")
+    S.snap_ok("take", env.mnt, "s2", "--wait")
+    if how == "restored":
+        env.unmount(d)
+        d = env.mount(foreground=True, opts="restore=latest")
+    tree = S.read_tree(d.ckpt)
+    S.snap_ok("delete", env.mnt, "s2")
+    os.kill(d.pid, signal.SIGTERM)
+    assert env.wait_exit(d, 30) == 0, d.output()
+    lst = S.list_json(env.store, store=True)
+    assert len([n for n in lst if n.startswith("preempt-")]) == 1, \
+        f"SIGTERM after the delete of the snapshot holding the tree took none: {sorted(lst)}"
+    d = env.mount(opts="restore=latest")
+    S.assert_tree_equal(S.read_tree(d.ckpt), tree, "restore=latest after the delete")
+    # The same through a clean unmount: the restored preempt snapshot deleted.
+    name = next(n for n in lst if n.startswith("preempt-"))
+    S.snap_ok("delete", env.mnt, name)
+    env.unmount(d)
+    lst = S.list_json(env.store, store=True)
+    assert len([n for n in lst if n.startswith("unmount-")]) == 1, \
+        f"unmount after the delete of the restored snapshot took none: {sorted(lst)}"
+    d = env.mount(opts="restore=latest")
+    S.assert_tree_equal(S.read_tree(d.ckpt), tree, "restore=latest after the second delete")
+
+
 def test_sigterm_persists_pending_snapshots(snapenv):
     env = snapenv()
     d = env.mount(foreground=True)
