@@ -14,7 +14,9 @@
  *    a single name with no '/' is then handed to an *at() call with
  *    AT_SYMLINK_NOFOLLOW on a directory fd so opened. A component replaced by a
  *    symlink since the kernel looked it up fails with ELOOP (openat2's errno), however
- *    the swap races with us. A symlink inside SOURCE is still shown as a symlink (its
+ *    the swap races with us; the request then answers ESTALE with the node of that
+ *    component detached (data_loop_stale), and the kernel looks the path up again and
+ *    follows the link itself. A symlink inside SOURCE is still shown as a symlink (its
  *    target is the caller's kernel's to resolve, as on any filesystem).
  *    Cost: a node below the top level pays one openat2 of its parent directory per
  *    stat/readlink/xattr/open (the node table holds no fds, data.h), ~1-2 us.
@@ -98,12 +100,13 @@
  *    A directory is keyed by its name alone (replaced by another directory, it keeps
  *    its node); a name that changes type (file, directory, symlink) gets a new node
  *    whatever is open, and the request that finds the change on the old one answers
- *    ESTALE: an OPENDIR that finds no directory, an OPEN that finds a symlink (ELOOP,
- *    invariant 3), a READLINK that finds no symlink (EINVAL). A GETATTR of an open
- *    file whose parent directory is gone, a file or a symlink now, answers from its
- *    fd as when the name alone is gone, and so does an open directory whose name is
- *    gone or no directory now (its opens count in nopen too). Detached nodes wait in ns->gone until the
- *    kernel forgets them (or the mount ends) and count in data_nodes.
+ *    ESTALE: an OPENDIR that finds no directory, an OPEN or a LOOKUP that finds a
+ *    symlink on its path (ELOOP, invariant 3), a READLINK that finds no symlink
+ *    (EINVAL). A GETATTR of an open file whose parent directory is gone, a file or a
+ *    symlink now, answers from its fd as when the name alone is gone, and so does an
+ *    open directory whose name is gone or no directory now (its opens count in nopen
+ *    too). Detached nodes wait in ns->gone until the kernel forgets them (or the mount
+ *    ends) and count in data_nodes.
  * 9. Racy files (git's "racy timestamps"; a local SOURCE only, data_racy): a write(2)
  *    sets mtime and ctime before its bytes land, so a read of a file being rewritten
  *    in place can see the final id beside old bytes, and nothing after it changes the
@@ -174,6 +177,7 @@ struct data_node {
 	ino_t src_ino;
 	uint32_t nopen;
 	mode_t type; /* S_IFMT of its file: a name that changes type gets a new node */
+	bool linked; /* its file had other names (st_nlink > 1) when last looked at */
 	/* An open or a read of its file gave up after FDIO_TRANSIENT_S of transient
 	 * errors and none was answered since: its opens and reads try once
 	 * (data_open_source, data_pread_again), not for another FDIO_TRANSIENT_S. */
@@ -847,6 +851,7 @@ static int data_node_follow_locked(struct data_ns *ns, struct data_node *n,
 {
 	mode_t type = st->st_mode & S_IFMT;
 
+	n->linked = type != S_IFDIR && st->st_nlink > 1;
 	if (n->type != type ||
 	    (type != S_IFDIR && (n->src_dev != st->st_dev || n->src_ino != st->st_ino))) {
 		/* -o watch: no OPEN tells us of opens, so any may be (invariant 6); not in
@@ -901,6 +906,7 @@ static struct data_node *data_node_get(struct data_ns *ns, struct data_node *par
 		n->npaged = 0;
 		n->src_dev = st->st_dev;
 		n->src_ino = st->st_ino;
+		n->linked = !S_ISDIR(st->st_mode) && st->st_nlink > 1;
 		n->nopen = 0;
 		n->type = st->st_mode & S_IFMT;
 		atomic_init(&n->src_down, 0);
@@ -1004,6 +1010,7 @@ double data_attr_timeout(const struct data_ns *ns, mode_t mode)
 }
 
 static int data_as_caller(const struct data_ns *ns, const struct data_cred *who, int on);
+static int data_loop_stale(struct data_ns *ns, struct data_node *n);
 
 /* The parent opened and the name stat'ed as who (invariant 7): the kernel checked the
  * caller against the modes it caches for data_timeout, and a directory made private
@@ -1032,7 +1039,8 @@ static int data_lookup_once(struct data_ns *ns, struct data_node *parent, const 
 	if (!rc)
 		rc = data_lookup_node(ns, dfd, parent, name, e);
 	data_put_fd(ns, dfd);
-	return rc;
+	/* The parent, or a directory above it, is a symlink now (invariant 3). */
+	return rc == -ELOOP && dfd == -ELOOP ? data_loop_stale(ns, parent) : rc;
 }
 
 int data_lookup(struct data_ns *ns, struct data_node *parent, const char *name,
@@ -1543,6 +1551,40 @@ static bool data_is_symlink(struct data_ns *ns, const struct data_node *n)
 	return lnk;
 }
 
+/*
+ * An open beneath SOURCE of n's path failed with ELOOP (invariant 3): if a name on that
+ * path, n's own or a directory's above it, is a symlink in SOURCE now (a dataset's
+ * `cur` directory replaced by `cur -> v2`), the node nearest the root that is one is
+ * detached and this returns -ESTALE: the kernel looks the path up again
+ * (LOOKUP_REVAL), finds the link and follows it, as on ext4. Else -ELOOP. Looked at
+ * from the root down, each name through its parent, which resolves only above the
+ * first link. Costs a walk per level, on this error path only.
+ */
+static int data_loop_stale(struct data_ns *ns, struct data_node *n)
+{
+	struct data_node **chain, *p;
+	size_t depth = 0, i;
+	int rc = -ELOOP;
+
+	for (p = n; p->parent; p = p->parent)
+		depth++;
+	if (!depth || !(chain = malloc(depth * sizeof(*chain))))
+		return rc;
+	for (i = depth, p = n; p->parent; p = p->parent)
+		chain[--i] = p;
+	for (i = 0; i < depth; i++) {
+		if (data_is_symlink(ns, chain[i])) {
+			pthread_mutex_lock(&ns->mu);
+			data_detach_locked(ns, chain[i]);
+			pthread_mutex_unlock(&ns->mu);
+			rc = -ESTALE;
+			break;
+		}
+	}
+	free(chain);
+	return rc;
+}
+
 /* Invariant 7: makes this thread open with who's credentials (on = 1) or the daemon's
  * again (on = 0). Returns 1 if switched (the caller switches back), 0 if nothing to do
  * (no caller, root, or a daemon not running as root: the kernel's check stands alone),
@@ -1632,14 +1674,10 @@ static int data_file_init(struct data_ns *ns, struct data_node *n,
 		data_as_caller(ns, who, 0);
 	if (fd == -EACCES && as && exec)
 		fd = data_open_exec(ns, n, who, &st);
-	if (fd == -ELOOP && n->parent && data_is_symlink(ns, n)) {
-		/* The file was replaced by a symlink (invariant 8): the kernel looks the path
-		 * up again, finds the link and follows it itself. */
-		pthread_mutex_lock(&ns->mu);
-		data_detach_locked(ns, n);
-		pthread_mutex_unlock(&ns->mu);
-		return -ESTALE;
-	}
+	if (fd == -ELOOP)
+		/* The file, or a directory above it, was replaced by a symlink (invariant
+		 * 8): the kernel looks the path up again and follows the link itself. */
+		return data_loop_stale(ns, n);
 	if (fd < 0)
 		return fd;
 	f->fd = fd;
@@ -2280,13 +2318,15 @@ int data_opendir(struct data_ns *ns, struct data_node *n, const struct data_cred
 		if (as)
 			data_as_caller(ns, who, 0);
 	} while (data_meta_again(ns, n, fd < 0 ? fd : 0, "open", n->name, &since, &tries));
-	if (n->parent && (fd == -ENOTDIR || (fd == -ELOOP && data_is_symlink(ns, n)))) {
-		/* No longer a directory (invariant 8; a symlink now fails with ELOOP,
-		 * invariant 3): the kernel looks the path up again. */
+	if (n->parent && fd == -ENOTDIR) {
+		/* No longer a directory (invariant 8): the kernel looks the path up again. */
 		pthread_mutex_lock(&ns->mu);
 		data_detach_locked(ns, n);
 		pthread_mutex_unlock(&ns->mu);
 		fd = -ESTALE;
+	} else if (fd == -ELOOP) {
+		/* It, or a directory above it, is a symlink now (invariant 3). */
+		fd = data_loop_stale(ns, n);
 	}
 	if ((rc = fd < 0 ? fd : fdio_fdopendir(fd, &d->dp))) {
 		free(d);
@@ -2504,10 +2544,35 @@ out_nomem:
 		"kernel may serve old pages of files in the directory now at its name");
 }
 
+/*
+ * Under ns->mu: the nodes of c's file's other names (hard links, data_node.linked), at
+ * most max of them, into inos; how many. The kernel keeps pages per node, and an event
+ * names only the name it came through: a write through one name left another's pages
+ * stale for good under -o watch (an outside tester). A scan of the name table, made
+ * only for a file that had several names.
+ */
+static size_t data_links_locked(struct data_ns *ns, const struct data_node *c,
+				fuse_ino_t *inos, size_t max)
+{
+	size_t k = 0;
+
+	if (!c->linked)
+		return 0;
+	for (size_t b = 0; b < ns->nbuckets && k < max; b++)
+		for (struct data_node *o = ns->buckets[b]; o && k < max; o = o->hnext)
+			if (o != c && o->type == c->type && o->src_dev == c->src_dev &&
+			    o->src_ino == c->src_ino)
+				inos[k++] = data_ino(o);
+	return k;
+}
+
+#define DATA_WATCH_LINKS_MAX 64
+
 static void data_watch_event(struct data_ns *ns, const struct inotify_event *ev)
 {
 	struct data_node *d, *c, *below = NULL;
-	fuse_ino_t dino = 0, cino = 0;
+	fuse_ino_t dino = 0, cino = 0, links[DATA_WATCH_LINKS_MAX];
+	size_t nlinks = 0;
 	char name[NAME_MAX + 1];
 
 	if (ev->mask & IN_Q_OVERFLOW)
@@ -2537,6 +2602,8 @@ static void data_watch_event(struct data_ns *ns, const struct inotify_event *ev)
 		dino = data_ino(d);
 		c = data_child_locked(ns, d, name);
 		cino = c ? data_ino(c) : 0;
+		if (c && c->type != S_IFDIR)
+			nlinks = data_links_locked(ns, c, links, DATA_WATCH_LINKS_MAX);
 		if (c && c->type != S_IFDIR &&
 		    (ev->mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO))) {
 			/* The name no longer names c's file (invariant 8): c keeps what the
@@ -2557,6 +2624,8 @@ static void data_watch_event(struct data_ns *ns, const struct inotify_event *ev)
 	atomic_fetch_add(&ns->wevents, 1);
 	if (cino)
 		fuse_lowlevel_notify_inval_inode(ns->se, cino, 0, 0);
+	for (size_t i = 0; i < nlinks; i++)
+		fuse_lowlevel_notify_inval_inode(ns->se, links[i], 0, 0);
 	if (ev->mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF |
 			IN_MOVE_SELF))
 		fuse_lowlevel_notify_inval_entry(ns->se, dino, name, strlen(name));

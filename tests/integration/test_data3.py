@@ -205,6 +205,59 @@ def test_symlinks_and_files_swapped(mounter):
     _alive(m)
 
 
+@pytest.mark.parametrize("size", [100, 3 << 20])
+def test_directory_replaced_by_a_symlink(mounter, size):
+    """A dataset's `cur` directory switched to `cur -> v2` (an outside tester): opens,
+    listings and new names under cur follow the link as on ext4, at once, not ELOOP for
+    as long as the kernel keeps cur's entry (data_timeout)."""
+    m = mounter()
+    for d in ("cur/sub", "v2/sub"):
+        os.makedirs(os.path.join(m.src, d))
+    U.write_file(os.path.join(m.src, "cur", "sub", "f"), b"o" * size)
+    U.write_file(os.path.join(m.src, "v2", "sub", "f"), b"n" * size)
+    U.write_file(os.path.join(m.src, "v2", "sub", "g"), b"only in v2")
+    cur = os.path.join(m.data, "cur")
+    with open(os.path.join(cur, "sub", "f"), "rb") as f:
+        assert f.read() == b"o" * size
+    assert os.listdir(os.path.join(cur, "sub")) == ["f"]
+    os.rename(os.path.join(m.src, "cur"), os.path.join(m.src, "cur.old"))
+    os.symlink("v2", os.path.join(m.src, "cur"))
+    with open(os.path.join(cur, "sub", "f"), "rb") as f:  # an entry the kernel cached
+        assert f.read() == b"n" * size
+    assert sorted(os.listdir(os.path.join(cur, "sub"))) == ["f", "g"]
+    with open(os.path.join(cur, "sub", "g"), "rb") as f:  # a name never looked up
+        assert f.read() == b"only in v2"
+    assert os.readlink(cur) == "v2"
+    # and back: the link replaced by a directory again
+    os.unlink(os.path.join(m.src, "cur"))
+    os.rename(os.path.join(m.src, "cur.old"), os.path.join(m.src, "cur"))
+    with open(os.path.join(cur, "sub", "f"), "rb") as f:
+        assert f.read() == b"o" * size
+    _alive(m)
+
+
+def test_directory_replaced_by_a_symlink_listed_first(mounter):
+    """The same switch seen first by a listing and by a lookup of a new name."""
+    m = mounter()
+    for d in ("cur/sub", "v2/sub"):
+        os.makedirs(os.path.join(m.src, d))
+    U.write_file(os.path.join(m.src, "v2", "sub", "g"), b"v2")
+    sub = os.path.join(m.data, "cur", "sub")
+    assert os.listdir(sub) == []
+    os.rename(os.path.join(m.src, "cur"), os.path.join(m.src, "cur.old"))
+    os.symlink("v2", os.path.join(m.src, "cur"))
+    assert os.listdir(sub) == ["g"]
+    os.unlink(os.path.join(m.src, "cur"))
+    os.rename(os.path.join(m.src, "cur.old"), os.path.join(m.src, "cur"))
+    assert os.listdir(sub) == []
+    os.rename(os.path.join(m.src, "cur"), os.path.join(m.src, "cur.old2"))
+    os.symlink("v2", os.path.join(m.src, "cur"))
+    U.write_file(os.path.join(m.src, "v2", "sub", "k"), b"k")
+    with open(os.path.join(sub, "k"), "rb") as f:  # a lookup under the old entry
+        assert f.read() == b"k"
+    _alive(m)
+
+
 def test_hard_links_one_name_removed_while_open(mounter):
     """Two names of one SOURCE file: removing one while open through the other, or
     through itself, leaves every open reading the file whole."""
