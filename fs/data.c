@@ -1010,7 +1010,8 @@ double data_attr_timeout(const struct data_ns *ns, mode_t mode)
 }
 
 static int data_as_caller(const struct data_ns *ns, const struct data_cred *who, int on);
-static int data_loop_stale(struct data_ns *ns, struct data_node *n);
+static int data_loop_stale(struct data_ns *ns, struct data_node *n,
+			   const struct data_cred *who);
 
 /* The parent opened and the name stat'ed as who (invariant 7): the kernel checked the
  * caller against the modes it caches for data_timeout, and a directory made private
@@ -1040,7 +1041,7 @@ static int data_lookup_once(struct data_ns *ns, struct data_node *parent, const 
 		rc = data_lookup_node(ns, dfd, parent, name, e);
 	data_put_fd(ns, dfd);
 	/* The parent, or a directory above it, is a symlink now (invariant 3). */
-	return rc == -ELOOP && dfd == -ELOOP ? data_loop_stale(ns, parent) : rc;
+	return rc == -ELOOP && dfd == -ELOOP ? data_loop_stale(ns, parent, who) : rc;
 }
 
 int data_lookup(struct data_ns *ns, struct data_node *parent, const char *name,
@@ -1228,6 +1229,8 @@ int data_readlink(struct data_ns *ns, struct data_node *n, const struct data_cre
 		pthread_mutex_unlock(&ns->mu);
 		return -ESTALE;
 	}
+	if (len == -ELOOP) /* a directory above it is a symlink now (invariant 3) */
+		return data_loop_stale(ns, n, who);
 	if (len < 0)
 		return (int)len;
 	buf[len] = '\0';
@@ -1313,6 +1316,8 @@ static ssize_t data_xattr(struct data_ns *ns, struct data_node *n,
 			data_as_caller(ns, who, 0);
 	} while (data_meta_again(ns, n, len < 0 ? (int)len : 0, "xattr read", n->name, &since,
 				 &tries));
+	if (len == -ELOOP) /* a directory above it is a symlink now (invariant 3) */
+		return data_loop_stale(ns, n, who);
 	return len;
 }
 
@@ -1558,13 +1563,17 @@ static bool data_is_symlink(struct data_ns *ns, const struct data_node *n)
  * detached and this returns -ESTALE: the kernel looks the path up again
  * (LOOKUP_REVAL), finds the link and follows it, as on ext4. Else -ELOOP. Looked at
  * from the root down, each name through its parent, which resolves only above the
- * first link. Costs a walk per level, on this error path only.
+ * first link; as who (invariant 7), so that a caller who may not search a directory
+ * learns nothing of what is below it. Costs a walk per level, on this error path only.
+ * Not for a request made from inside the old tree (a working directory there): the
+ * kernel's retry starts from it again, and gets ESTALE again.
  */
-static int data_loop_stale(struct data_ns *ns, struct data_node *n)
+static int data_loop_stale(struct data_ns *ns, struct data_node *n,
+			   const struct data_cred *who)
 {
 	struct data_node **chain, *p;
 	size_t depth = 0, i;
-	int rc = -ELOOP;
+	int rc = -ELOOP, as;
 
 	for (p = n; p->parent; p = p->parent)
 		depth++;
@@ -1572,6 +1581,10 @@ static int data_loop_stale(struct data_ns *ns, struct data_node *n)
 		return rc;
 	for (i = depth, p = n; p->parent; p = p->parent)
 		chain[--i] = p;
+	if ((as = data_as_caller(ns, who, 1)) < 0) {
+		free(chain);
+		return rc;
+	}
 	for (i = 0; i < depth; i++) {
 		if (data_is_symlink(ns, chain[i])) {
 			pthread_mutex_lock(&ns->mu);
@@ -1581,6 +1594,8 @@ static int data_loop_stale(struct data_ns *ns, struct data_node *n)
 			break;
 		}
 	}
+	if (as)
+		data_as_caller(ns, who, 0);
 	free(chain);
 	return rc;
 }
@@ -1677,7 +1692,7 @@ static int data_file_init(struct data_ns *ns, struct data_node *n,
 	if (fd == -ELOOP)
 		/* The file, or a directory above it, was replaced by a symlink (invariant
 		 * 8): the kernel looks the path up again and follows the link itself. */
-		return data_loop_stale(ns, n);
+		return data_loop_stale(ns, n, who);
 	if (fd < 0)
 		return fd;
 	f->fd = fd;
@@ -2326,7 +2341,7 @@ int data_opendir(struct data_ns *ns, struct data_node *n, const struct data_cred
 		fd = -ESTALE;
 	} else if (fd == -ELOOP) {
 		/* It, or a directory above it, is a symlink now (invariant 3). */
-		fd = data_loop_stale(ns, n);
+		fd = data_loop_stale(ns, n, who);
 	}
 	if ((rc = fd < 0 ? fd : fdio_fdopendir(fd, &d->dp))) {
 		free(d);

@@ -93,9 +93,8 @@ def test_data_component_swapped_for_symlink_after_lookup(user_src, other_user, s
         os.symlink(dest, os.path.join(aw, "e"))
 
     assert as_other(other_user, make) == ["ok", 5]
-    # The kernel's entry of e held (an O_PATH descriptor sends no request): a dentry
-    # dropped meanwhile (another test's drop_caches) would be looked up again as the
-    # symlink it now is, and the walk leave the mount, which this test is not about.
+    # The kernel's entry of e held (an O_PATH descriptor sends no request): the swap
+    # is met through the entry the kernel cached, as the test means.
     pin = os.open(os.path.join(m.data, "aw", "e"), os.O_PATH)
     try:
         assert as_other(other_user, swap) == ["ok", None]
@@ -153,19 +152,13 @@ def test_data_every_access_refuses_a_swapped_component(user_src, other_user, sec
     stats, lists and reads nothing under the symlink's target (openat2 refuses it); the
     kernel looks the path up again and follows the link as the caller, as on ext4, so
     the other user gets what the target's modes give it (nothing of a 0700 directory),
-    and root what it gets there directly."""
+    and root what it gets there directly. Each call meets a fresh swap, with every name
+    below cached (the first retry re-walks the path, and later calls would not reach
+    the daemon)."""
     m = user_src
     aw = os.path.join(m.src, "aw")
-    os.makedirs(os.path.join(aw, "e", "sub"))
-    os.symlink("x", os.path.join(aw, "e", "lnk"))
-    open(os.path.join(aw, "e", "x"), "wb").close()
-    for p in ("e/x", "e/sub", "e/lnk"):
-        os.lstat(os.path.join(m.data, "aw", p))
-    os.rename(os.path.join(aw, "e"), os.path.join(aw, "e.old"))
     os.mkdir(os.path.join(secret_dir, "sub"))
     os.symlink("x", os.path.join(secret_dir, "lnk"))
-    os.symlink(secret_dir, os.path.join(aw, "e"))
-    d = os.path.join(m.data, "aw", "e")
 
     def outcome(fn, base):
         try:
@@ -174,19 +167,48 @@ def test_data_every_access_refuses_a_swapped_component(user_src, other_user, sec
         except OSError as e:
             return ["err", e.errno]
 
-    # (A stat of e/x itself is the kernel's, from its attribute cache: the old x's.)
-    for what, fn in (("lookup", lambda b: os.lstat(os.path.join(b, "shadow")).st_ino),
-                     ("readlink", lambda b: os.readlink(os.path.join(b, "lnk"))),
-                     ("listdir", lambda b: os.listdir(os.path.join(b, "sub"))),
-                     ("getxattr", lambda b: os.getxattr(os.path.join(b, "x"), "user.a")),
-                     ("listxattr", lambda b: os.listxattr(os.path.join(b, "x"))),
-                     ("open", lambda b: _read(os.path.join(b, "x")))):
-        ran, got = as_other(other_user, lambda: outcome(fn, d))
-        refused = (errno.ELOOP, errno.ENOENT, errno.EACCES)
-        assert ran == "ok" and got[0] == "err" and got[1] in refused, \
-            f"{what} through the swapped component as uid {other_user[0]} gave {got!r}"
-        assert outcome(fn, d) == outcome(fn, secret_dir), \
-            f"{what} through the swapped component as root: not what the target gives"
+    calls = (("lookup", lambda b: os.lstat(os.path.join(b, "shadow")).st_ino),
+             ("readlink", lambda b: os.readlink(os.path.join(b, "lnk"))),
+             ("listdir", lambda b: os.listdir(os.path.join(b, "sub"))),
+             ("getxattr", lambda b: os.getxattr(os.path.join(b, "x"), "user.a")),
+             ("listxattr", lambda b: os.listxattr(os.path.join(b, "x"))),
+             ("open", lambda b: _read(os.path.join(b, "x"))))
+    for i, (what, fn) in enumerate(calls):
+        for user in ("other", "root"):
+            e = os.path.join(aw, f"e{i}{user}")
+            os.makedirs(os.path.join(e, "sub"))
+            os.symlink("x", os.path.join(e, "lnk"))
+            open(os.path.join(e, "x"), "wb").close()
+            d = os.path.join(m.data, "aw", f"e{i}{user}")
+            for p in ("x", "sub", "lnk"):  # (a stat of x itself is the kernel's, cached)
+                os.lstat(os.path.join(d, p))
+            os.rename(e, e + ".old")
+            os.symlink(secret_dir, e)
+            if user == "other":
+                ran, got = as_other(other_user, lambda: outcome(fn, d))
+                refused = (errno.ELOOP, errno.ENOENT, errno.EACCES)
+                assert ran == "ok" and got[0] == "err" and got[1] in refused, \
+                    f"{what} through the swapped component as uid {other_user[0]} gave " \
+                    f"{got!r}"
+            else:
+                assert outcome(fn, d) == outcome(fn, secret_dir), \
+                    f"{what} through the swapped component as root: not what the target gives"
+
+
+def test_data_swapped_component_is_followed_by_the_caller(user_src):
+    """A component swapped for a link whose target depends on who resolves it
+    (/proc/self): what is read through it is the reader's own, so the link was followed
+    by the reader's kernel, not by the daemon."""
+    m = user_src
+    e = os.path.join(m.src, "aw", "p")
+    os.mkdir(e)
+    U.write_file(os.path.join(e, "stat"), b"a file of SOURCE")
+    via = os.path.join(m.data, "aw", "p", "stat")
+    assert _read(via) == b"a file of SOURCE"
+    os.rename(e, e + ".old")
+    os.symlink("/proc/self", e)
+    got = _read(via).split()[0]
+    assert got == str(os.getpid()).encode(), f"{via} read {got!r}: not the reader's /proc"
 
 
 def test_data_symlink_inside_source_still_a_symlink(user_src):
