@@ -178,6 +178,11 @@ struct bc {
 	_Atomic uint64_t budget;
 	_Atomic uint64_t mem_bytes;
 	_Atomic uint64_t blocks[2], resident[2];
+	/* Hashed data blocks (the cache's own), and those of them resident: each changes
+	 * under its block's shard lock with the change it counts, so bc_get_stats reads a
+	 * block in the cache or not, where blocks minus unplaced, two loads apart, could
+	 * count a block freed between them. */
+	_Atomic uint64_t cached, cached_resident;
 	_Atomic uint64_t hits, misses, not_admitted, dirty_bytes;
 	/* bc_ckpt_held: the cap of resident checkpoint blocks not in the store that have
 	 * a spill copy (bc_copied_cap), and the spill space of checkpoint blocks not in the
@@ -510,6 +515,8 @@ static void bc_buf_free(struct bc *bc, struct bc_block *b, bool pool)
 	bc_set_buf(b, NULL);
 	atomic_fetch_sub(&bc->mem_bytes, b->cap);
 	atomic_fetch_sub(&bc->resident[b->cls], 1);
+	if (b->flags & BC_HASHED)
+		atomic_fetch_sub(&bc->cached_resident, 1);
 	if (b->cls == BC_CKPT && !(b->flags & BC_STORED))
 		atomic_fetch_sub(&bc->dirty_bytes, b->cap);
 	if (b->flags & BC_MAPPED) {
@@ -659,8 +666,10 @@ void bc_get_stats(struct bc *bc, struct bc_stats *st)
 	st->mem_bytes = atomic_load(&bc->mem_bytes);
 	st->budget = atomic_load(&bc->budget);
 	st->block_size = bc->block_size;
-	st->data_unplaced = atomic_load(&bc->unplaced_n); /* before: a block counted here */
-	st->data_blocks = atomic_load(&bc->blocks[BC_DATA]); /* is counted here too */
+	st->data_unplaced = atomic_load(&bc->unplaced_n);
+	st->data_blocks = atomic_load(&bc->blocks[BC_DATA]);
+	st->data_cached = atomic_load(&bc->cached);
+	st->data_cached_resident = atomic_load(&bc->cached_resident);
 	st->ckpt_blocks = atomic_load(&bc->blocks[BC_CKPT]);
 	st->data_resident = atomic_load(&bc->resident[BC_DATA]);
 	st->ckpt_resident = atomic_load(&bc->resident[BC_CKPT]);
@@ -1097,6 +1106,8 @@ struct bc_block *bc_insert(struct bc *bc, struct bc_block *b, const struct bc_fi
 	b->hnext = *slot;
 	*slot = b;
 	b->flags |= BC_HASHED;
+	atomic_fetch_add(&bc->cached, 1);
+	atomic_fetch_add(&bc->cached_resident, 1); /* a new block: read, or mapped */
 	bc_placed(bc, b);
 	bc_block_get(b); /* the cache's reference (invariant 2) */
 	if (over) {
@@ -1122,7 +1133,7 @@ bool bc_admits(struct bc *bc)
 
 /* Unhashes b (invariant 2) and returns the cache's reference for the caller to put
  * after dropping the lock. */
-static void bc_unhash_locked(struct bc_shard *s, struct bc_block *b)
+static void bc_unhash_locked(struct bc *bc, struct bc_shard *s, struct bc_block *b)
 {
 	struct bc_block **pp = bc_bucket(s, bc_key_hash(&b->fid, b->index));
 
@@ -1131,6 +1142,9 @@ static void bc_unhash_locked(struct bc_shard *s, struct bc_block *b)
 	*pp = b->hnext;
 	b->hnext = NULL;
 	b->flags &= ~BC_HASHED;
+	atomic_fetch_sub(&bc->cached, 1);
+	if (b->buf)
+		atomic_fetch_sub(&bc->cached_resident, 1);
 	s->nhashed--;
 	bc_list_del(bc_list_of(s, b), b);
 }
@@ -1156,7 +1170,7 @@ void bc_drop_fid(struct bc *bc, const struct bc_fid *fid)
 				 * tier to evict it like any other block. */
 				if (b->flags & BC_IO)
 					continue;
-				bc_unhash_locked(s, b);
+				bc_unhash_locked(bc, s, b);
 				b->hnext = dead;
 				dead = b;
 			}
@@ -1393,7 +1407,7 @@ uint64_t bc_evict_done(struct bc *bc, struct bc_block *b, bool release)
 			bc_list_push(bc_list_of(s, b), b);
 		} else if (b->flags & BC_HASHED) {
 			freed = b->cap; /* by the last put below */
-			bc_unhash_locked(s, b);
+			bc_unhash_locked(bc, s, b);
 			unhashed = true;
 		}
 	}
@@ -1451,7 +1465,7 @@ unsigned bc_drop_data_copies(struct bc *bc, unsigned max)
 				    atomic_load(&b->ref) != 1)
 					continue;
 				if (!b->buf) { /* the last put releases the copy */
-					bc_unhash_locked(s, b);
+					bc_unhash_locked(bc, s, b);
 					b->hnext = dead;
 					dead = b;
 				} else if (nbare < 64) {
@@ -1672,6 +1686,8 @@ static void bc_load_end_as(struct bc *bc, struct bc_block *b, void *buf, int rc,
 		b->cap = bc_footprint(buf);
 		atomic_fetch_add(&bc->mem_bytes, b->cap);
 		atomic_fetch_add(&bc->resident[b->cls], 1);
+		if (b->flags & BC_HASHED)
+			atomic_fetch_add(&bc->cached_resident, 1);
 		if (b->cls == BC_CKPT && !(b->flags & BC_STORED))
 			atomic_fetch_add(&bc->dirty_bytes, b->cap);
 		atomic_fetch_add(&bc->ckpt_copied, bc_copied_cap(b));
@@ -1690,7 +1706,7 @@ static void bc_load_end_as(struct bc *bc, struct bc_block *b, void *buf, int rc,
 	} else if (rc != -ECANCELED && b->cls == BC_DATA && (b->flags & BC_HASHED)) {
 		/* The copy is bad or unreadable: forget the block, so that the reader's
 		 * fallback to SOURCE caches a fresh one; the last put releases the copy. */
-		bc_unhash_locked(s, b);
+		bc_unhash_locked(bc, s, b);
 		unhashed = true;
 	} else if (rc == -EIO && b->cls == BC_CKPT) {
 		/* A damaged copy stays damaged: the background reload retried it every

@@ -136,6 +136,8 @@ struct bc_stats {
 	uint64_t data_resident, ckpt_resident;
 	uint64_t data_unplaced;		     /* of data_blocks (and resident), read for one
 					      * request and not (yet) in the cache */
+	uint64_t data_cached;		     /* data blocks in the cache (hashed) */
+	uint64_t data_cached_resident;	     /* of data_cached, resident */
 	uint64_t hits, misses, not_admitted;
 	uint64_t dirty_bytes;		     /* ckpt bytes resident and not in the store */
 	uint64_t mapped_bytes;		     /* of mem_bytes, data blocks mapped from SOURCE */

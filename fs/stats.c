@@ -118,14 +118,11 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 	  bs.map_refaults);
 	F("map_prefetches", "mapped blocks asked back from SOURCE in the background",
 	  bs.map_prefetches);
-	/* Not the blocks of replies in flight (unplaced: read for one request, or not yet
+	/* Not the blocks of replies in flight (read for one request, or not yet
 	 * inserted), which a read of a small file or one the cache does not admit makes
 	 * and frees after its reply. */
-	F("data_blocks", "data blocks cached (resident or spilled)",
-	  bs.data_blocks - (bs.data_unplaced < bs.data_blocks ? bs.data_unplaced : bs.data_blocks));
-	F("data_resident", "data blocks cached and resident in memory",
-	  bs.data_resident -
-	  (bs.data_unplaced < bs.data_resident ? bs.data_unplaced : bs.data_resident));
+	F("data_blocks", "data blocks cached (resident or spilled)", bs.data_cached);
+	F("data_resident", "data blocks cached and resident in memory", bs.data_cached_resident);
 	F("ckpt_blocks", "checkpoint blocks (resident or spilled)", bs.ckpt_blocks);
 	F("ckpt_resident", "checkpoint blocks resident in memory", bs.ckpt_resident);
 	F("dirty_bytes", "checkpoint bytes in memory not yet in the store", bs.dirty_bytes);
