@@ -153,6 +153,10 @@ struct data_node {
 	struct mlfs_node hdr;
 	struct data_node *parent; /* NULL for the root */
 	struct data_node *hnext;
+	/* The chain of ns->ibuckets: a non-directory in the name table, by its SOURCE
+	 * file (src_dev, src_ino), so that an event through one name of a hard-linked file
+	 * finds the others (data_links_locked). Under ns->mu. */
+	struct data_node *inext;
 	struct bc_fid fid;	  /* invariant 2 */
 	uint64_t changed_ns;	  /* when an open last found fid changed (invariant 5) */
 	bool racy;		  /* seen racy since its last open (invariant 9) */
@@ -177,7 +181,6 @@ struct data_node {
 	ino_t src_ino;
 	uint32_t nopen;
 	mode_t type; /* S_IFMT of its file: a name that changes type gets a new node */
-	bool linked; /* its file had other names (st_nlink > 1) when last looked at */
 	/* An open or a read of its file gave up after FDIO_TRANSIENT_S of transient
 	 * errors and none was answered since: its opens and reads try once
 	 * (data_open_source, data_pread_again), not for another FDIO_TRANSIENT_S. */
@@ -244,6 +247,7 @@ struct data_ns {
 	 * ours. */
 	pthread_mutex_t mu;
 	struct data_node **buckets;
+	struct data_node **ibuckets; /* by SOURCE file: data_node.inext, nbuckets of them */
 	size_t nbuckets, nnodes;
 	struct data_node *root;
 	/* The root's attributes from its last getattr (data_root_attr), and when (ms of
@@ -527,9 +531,10 @@ int data_ns_new(struct mlfs *m, const char *source, struct data_ns **out)
 	ns->nown_groups = getgroups(DATA_OWN_GROUPS_MAX, ns->own_groups);
 	ns->nbuckets = 4096;
 	ns->buckets = calloc(ns->nbuckets, sizeof(*ns->buckets));
+	ns->ibuckets = calloc(ns->nbuckets, sizeof(*ns->ibuckets));
 	ns->root = calloc(1, sizeof(*ns->root) + 1);
 	ns->src_path = strdup(source);
-	if (!ns->buckets || !ns->root || !ns->src_path)
+	if (!ns->buckets || !ns->ibuckets || !ns->root || !ns->src_path)
 		goto out_free;
 	ns->src_fd = open(source, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (ns->src_fd < 0) {
@@ -576,6 +581,7 @@ out_free:
 	free(ns->src_path);
 	free(ns->root);
 	free(ns->buckets);
+	free(ns->ibuckets);
 	free(ns);
 	return rc;
 }
@@ -612,6 +618,7 @@ void data_ns_free(struct data_ns *ns)
 		free(n);
 	}
 	free(ns->buckets);
+	free(ns->ibuckets);
 	free(ns->root);
 	free(ns->src_path);
 	close(ns->src_fd);
@@ -789,13 +796,48 @@ static void data_fill_attr(struct data_node *n, struct stat *st)
 	}
 }
 
+static size_t data_src_hash(dev_t dev, ino_t ino, size_t nbuckets)
+{
+	uint64_t key[2] = { dev, ino };
+
+	return XXH3_64bits(key, sizeof(key)) & (nbuckets - 1);
+}
+
+/* Under ns->mu: n, a node in the name table, joins the index by SOURCE file
+ * (data_node.inext); a directory does not, as the kernel keeps no pages of one. */
+static void data_ihash_locked(struct data_ns *ns, struct data_node *n)
+{
+	struct data_node **slot;
+
+	if (n->type == S_IFDIR)
+		return;
+	slot = &ns->ibuckets[data_src_hash(n->src_dev, n->src_ino, ns->nbuckets)];
+	n->inext = *slot;
+	*slot = n;
+}
+
+static void data_iunhash_locked(struct data_ns *ns, struct data_node *n)
+{
+	struct data_node **pp;
+
+	if (n->type == S_IFDIR)
+		return;
+	pp = &ns->ibuckets[data_src_hash(n->src_dev, n->src_ino, ns->nbuckets)];
+	for (; *pp != n; pp = &(*pp)->inext)
+		;
+	*pp = n->inext;
+}
+
 static void data_grow_locked(struct data_ns *ns)
 {
 	size_t n = ns->nbuckets * 2, i;
-	struct data_node **nb = calloc(n, sizeof(*nb));
+	struct data_node **nb = calloc(n, sizeof(*nb)), **nib = calloc(n, sizeof(*nib));
 
-	if (!nb)
+	if (!nb || !nib) {
+		free(nb);
+		free(nib);
 		return; /* longer chains, still correct */
+	}
 	for (i = 0; i < ns->nbuckets; i++) {
 		struct data_node *x = ns->buckets[i], *next;
 
@@ -806,9 +848,18 @@ static void data_grow_locked(struct data_ns *ns)
 			x->hnext = nb[j];
 			nb[j] = x;
 		}
+		for (x = ns->ibuckets[i]; x; x = next) {
+			size_t j = data_src_hash(x->src_dev, x->src_ino, n);
+
+			next = x->inext;
+			x->inext = nib[j];
+			nib[j] = x;
+		}
 	}
 	free(ns->buckets);
+	free(ns->ibuckets);
 	ns->buckets = nb;
+	ns->ibuckets = nib;
 	ns->nbuckets = n;
 }
 
@@ -821,10 +872,12 @@ static void data_unhash_locked(struct data_ns *ns, struct data_node *n)
 	for (; *pp != n; pp = &(*pp)->hnext)
 		;
 	*pp = n->hnext;
-	if (n->detached)
+	if (n->detached) {
 		ns->ngone--;
-	else
+	} else {
+		data_iunhash_locked(ns, n);
 		ns->nnodes--;
+	}
 }
 
 /* Under ns->mu: n leaves the name table for ns->gone (invariant 8), where it stays,
@@ -851,7 +904,6 @@ static int data_node_follow_locked(struct data_ns *ns, struct data_node *n,
 {
 	mode_t type = st->st_mode & S_IFMT;
 
-	n->linked = type != S_IFDIR && st->st_nlink > 1;
 	if (n->type != type ||
 	    (type != S_IFDIR && (n->src_dev != st->st_dev || n->src_ino != st->st_ino))) {
 		/* -o watch: no OPEN tells us of opens, so any may be (invariant 6); not in
@@ -865,8 +917,10 @@ static int data_node_follow_locked(struct data_ns *ns, struct data_node *n,
 			data_detach_locked(ns, n);
 			return -ESTALE;
 		}
+		data_iunhash_locked(ns, n);
 		n->src_dev = st->st_dev;
 		n->src_ino = st->st_ino;
+		data_ihash_locked(ns, n);
 	}
 	n->nopen += open;
 	return 0;
@@ -906,7 +960,6 @@ static struct data_node *data_node_get(struct data_ns *ns, struct data_node *par
 		n->npaged = 0;
 		n->src_dev = st->st_dev;
 		n->src_ino = st->st_ino;
-		n->linked = !S_ISDIR(st->st_mode) && st->st_nlink > 1;
 		n->nopen = 0;
 		n->type = st->st_mode & S_IFMT;
 		atomic_init(&n->src_down, 0);
@@ -919,6 +972,7 @@ static struct data_node *data_node_get(struct data_ns *ns, struct data_node *par
 		memcpy(n->name, name, len + 1);
 		n->hnext = *slot;
 		*slot = n;
+		data_ihash_locked(ns, n);
 		parent->nchild++;
 		if (++ns->nnodes > 2 * ns->nbuckets)
 			data_grow_locked(ns);
@@ -2560,24 +2614,22 @@ out_nomem:
 }
 
 /*
- * Under ns->mu: the nodes of c's file's other names (hard links, data_node.linked), at
+ * Under ns->mu: the nodes of c's file's other names (hard links) in the name table, at
  * most max of them, into inos; how many. The kernel keeps pages per node, and an event
  * names only the name it came through: a write through one name left another's pages
- * stale for good under -o watch (an outside tester). A scan of the name table, made
- * only for a file that had several names.
+ * stale for good under -o watch (an outside tester). A walk of one chain of the index
+ * by SOURCE file (data_node.inext).
  */
 static size_t data_links_locked(struct data_ns *ns, const struct data_node *c,
 				fuse_ino_t *inos, size_t max)
 {
+	struct data_node *o = ns->ibuckets[data_src_hash(c->src_dev, c->src_ino, ns->nbuckets)];
 	size_t k = 0;
 
-	if (!c->linked)
-		return 0;
-	for (size_t b = 0; b < ns->nbuckets && k < max; b++)
-		for (struct data_node *o = ns->buckets[b]; o && k < max; o = o->hnext)
-			if (o != c && o->type == c->type && o->src_dev == c->src_dev &&
-			    o->src_ino == c->src_ino)
-				inos[k++] = data_ino(o);
+	for (; o && k < max; o = o->inext)
+		if (o != c && o->type == c->type && o->src_dev == c->src_dev &&
+		    o->src_ino == c->src_ino)
+			inos[k++] = data_ino(o);
 	return k;
 }
 

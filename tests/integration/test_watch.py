@@ -221,6 +221,19 @@ def test_open_file_removed_from_source_reads_estale(mount_mlfs, opts):
         assert e.value.errno == errno.ESTALE, e.value
 
 
+def _rewrite_read_racy(src, mtime, views):
+    """Rewrites SOURCE's src in place with mtime put back, reads each of views through
+    the mount inside the racy window of that change (data.c invariant 9), and waits
+    until it is past."""
+    with open(src, "r+b") as f:
+        f.write(os.urandom(os.path.getsize(src)))
+    os.utime(src, (mtime, mtime))
+    time.sleep(0.5)
+    for v in views:
+        _read(v)
+    time.sleep(2.5)
+
+
 @pytest.mark.parametrize("racy_read", [False, True])
 def test_watch_write_through_one_hard_link_reaches_the_other(mount_mlfs, racy_read):
     """Two names of one SOURCE file in one directory, both read through the mount: a
@@ -240,15 +253,38 @@ def test_watch_write_through_one_hard_link_reaches_the_other(mount_mlfs, racy_re
     va, vb = os.path.join(m.data, "d", "a"), os.path.join(m.data, "d", "b")
     assert _read(va) == _read(a) and _read(vb) == _read(a)
     if racy_read:
-        with open(b, "r+b") as f:
-            f.write(os.urandom(100_000))
-        os.utime(b, (old, old))
-        time.sleep(0.5)
-        _read(va), _read(vb)  # inside the racy window of the change
-        time.sleep(2.5)
+        _rewrite_read_racy(b, old, [va, vb])
         _until(lambda: _read(va), _read(a), "a after the first rewrite")
     with open(b, "r+b") as f:
         f.write(os.urandom(100_000))
     want = _read(a)
     _until(lambda: _read(vb), want, "b, the name written through")
     _until(lambda: _read(va), want, "a, the other name of the file written through b")
+
+
+def test_watch_link_made_after_a_name_was_looked_up(mount_mlfs):
+    """a read through the mount while it was the file's only name, then b made (ln)
+    and read too: a rewrite through a must reach b's pages, after a read of b inside
+    the racy window first, as in the test above. The daemon told a's file had other
+    names by its link count as of a's last lookup, and found none for an event through
+    a (a reviewer); the names of a file are found by its SOURCE inode now."""
+    m = mount_mlfs(opts="watch")
+    d = os.path.join(m.src, "d")
+    os.mkdir(d)
+    a, b = os.path.join(d, "a"), os.path.join(d, "b")
+    U.write_file(a, os.urandom(100_000))
+    old = time.time() - 3600
+    os.utime(a, (old, old))
+    time.sleep(2.5)  # past the racy window (data.c invariant 9) of the new file
+    va, vb = os.path.join(m.data, "d", "a"), os.path.join(m.data, "d", "b")
+    assert _read(va) == _read(a)
+    os.link(a, b)  # a link moves ctime: past its racy window before b is read
+    time.sleep(2.5)
+    assert _read(vb) == _read(a)
+    _rewrite_read_racy(a, old, [vb])  # no look at a through the mount since the link
+    _until(lambda: _read(vb), _read(a), "b after the first rewrite")
+    with open(a, "r+b") as f:
+        f.write(os.urandom(100_000))
+    want = _read(a)
+    _until(lambda: _read(vb), want, "b, the other name of the file written through a")
+    _until(lambda: _read(va), want, "a, the name written through")
