@@ -320,46 +320,6 @@ static void test_data_life(void)
 	bc_free(bc);
 }
 
-/* The cache's own blocks as mlfs-stat reports them (data_blocks, data_resident): a
- * block read for one request and freed after its reply is never among them, whenever
- * the stats are read. They were the blocks existing minus those not in the cache, two
- * loads apart, and a block freed between them was counted (a CI run's test saw a 3 MiB
- * read of a racy file leave "1 block cached"). One thread makes and frees such blocks
- * while this one reads the stats. */
-struct unplaced_churn {
-	struct bc *bc;
-	atomic_bool stop;
-};
-
-static void *unplaced_churner(void *arg)
-{
-	struct unplaced_churn *uc = arg;
-
-	while (!atomic_load(&uc->stop))
-		bc_block_put(uc->bc, bc_block_new(uc->bc, BC_DATA, 4096));
-	return NULL;
-}
-
-static void test_cached_counts_no_reply_block(void)
-{
-	struct unplaced_churn uc = { .bc = new_cache(BIG) };
-	unsigned long seen = 0;
-	pthread_t th;
-	int i;
-
-	pthread_create(&th, NULL, unplaced_churner, &uc);
-	for (i = 0; i < 2000000; i++) {
-		struct bc_stats st;
-
-		bc_get_stats(uc.bc, &st);
-		seen += st.data_cached + st.data_cached_resident;
-	}
-	atomic_store(&uc.stop, true);
-	pthread_join(th, NULL);
-	EXPECT_EQ(seen, 0);
-	bc_free(uc.bc);
-}
-
 /* Defect 3: bc_block_put of the next-to-last reference of a BC_FIRST block races the
  * last one. A reader's put and bc_drop_fid's put of the cache's reference run at once,
  * many times; the flag read after the decrement was a read of freed memory whenever the
@@ -708,7 +668,6 @@ int main(void)
 	test_refusal_changes_nothing();
 	test_pick_sized_by_bytes();
 	test_data_life();
-	test_cached_counts_no_reply_block();
 	test_put_race();
 	test_mapped_block();
 	test_pool();
