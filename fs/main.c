@@ -1046,6 +1046,20 @@ void __assert_fail(const char *expr, const char *file, unsigned int line, const 
 	abort();
 }
 
+/* Descriptors 0, 1 and 2 open (on /dev/null where the caller closed them), before
+ * anything else is opened: SOURCE's directory or the control socket would take a free
+ * low number and mlfs_ready's dup2 would replace it (`mlfs SRC MNT >&- 2>&-` exited 0
+ * with MOUNT/data answering ENOTDIR; an outside tester). */
+static void mlfs_std_fds(void)
+{
+	int fd;
+
+	while ((fd = open("/dev/null", O_RDWR)) >= 0 && fd <= STDERR_FILENO)
+		;
+	if (fd > STDERR_FILENO)
+		close(fd);
+}
+
 /* The child is ready: tell the parent (it exits 0), and leave the terminal for
  * syslog. */
 static void mlfs_ready(int *ready_fd)
@@ -1128,6 +1142,7 @@ int main(int argc, char **argv)
 	 * more is its own mapping and returns to the kernel when freed, so RSS falls when
 	 * the governor shrinks the cache (glibc's adaptive threshold would keep it). */
 	mallopt(M_MMAP_THRESHOLD, 64 << 10);
+	mlfs_std_fds();
 	/* Every exit from here on frees what it allocated (out_free), so that a leak
 	 * checker (make DEBUG=1) sees none on any path. */
 	if (fuse_opt_parse(&args, &o, mlfs_opt_spec, NULL) < 0)

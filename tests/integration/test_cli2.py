@@ -194,6 +194,30 @@ def test_relative_governor_paths_work_in_the_background(mounter):
             U.fusermount_u(mnt)
 
 
+@pytest.mark.parametrize("closed", ["<&- >&- 2>&-", ">&- 2>&-"])
+def test_started_with_standard_descriptors_closed(mounter, closed):
+    """mlfs started with stdin, stdout or stderr closed (a service manager or a script
+    may): SOURCE's directory and the control socket took those free numbers, and the
+    detach put /dev/null over them; it exited 0 with MOUNT/data answering ENOTDIR and
+    mlfs-snap refused (an outside tester)."""
+    mounter.require_binary()
+    m = mounter.prepare()
+    U.write_file(os.path.join(m.src, "x"), b"dataset bytes")
+    opts = mounter.options(m, "")
+    r = subprocess.run(["sh", "-c", f'exec "$0" -o "$1" "$2" "$3" {closed}', U.MLFS, opts,
+                        m.src, m.mnt], stdin=subprocess.DEVNULL, capture_output=True,
+                       timeout=60)
+    assert r.returncode == 0, r
+    mounter._find_pid(m)
+    with open(os.path.join(m.data, "x"), "rb") as f:
+        assert f.read() == b"dataset bytes"
+    U.write_file(os.path.join(m.ckpt, "c"), b"ckpt")
+    rc, out, err = run([S.SNAP, "take", m.mnt, "s1", "--wait"])
+    assert rc == 0, (out, err)
+    rc, out, err = run([U.MLFS_STAT, "--json", m.mnt])
+    assert rc == 0 and json.loads(out)["ckpt_blocks"] >= 1, (out, err)
+
+
 @pytest.mark.parametrize("args", [["--prom", "--json"], ["-w", "1", "--prom"]])
 def test_stat_prom_conflicts_refused(mlfs, args):
     rc, out, err = run([U.MLFS_STAT, *args, mlfs.mnt])
