@@ -55,7 +55,7 @@ struct mlfs_opts {
 	char *store, *spill, *restore, *pressure_file, *meminfo_file, *cgroup;
 	char *mem_max, *mem_min, *block_size, *spill_max, *data_timeout, *threads;
 	char *preempt_deadline, *autosnap, *keep, *mtbf, *workers, *worker, *passthrough,
-	     *passthrough_min;
+	     *passthrough_min, *max_read;
 	int show_help, show_version, foreground, debug, immutable, watch;
 };
 
@@ -81,6 +81,7 @@ static const struct fuse_opt mlfs_opt_spec[] = {
 	OPT("worker=%s", worker),
 	OPT("passthrough=%s", passthrough),
 	OPT("passthrough_min=%s", passthrough_min),
+	OPT("max_read=%s", max_read),
 	OPT("-h", show_help),
 	OPT("--help", show_help),
 	OPT("-V", show_version),
@@ -101,7 +102,7 @@ static void mlfs_opts_free(struct mlfs_opts *o)
 			  &o->block_size, &o->spill_max, &o->data_timeout, &o->threads,
 			  &o->preempt_deadline, &o->autosnap, &o->keep, &o->mtbf,
 			  &o->workers, &o->worker, &o->passthrough,
-			  &o->passthrough_min };
+			  &o->passthrough_min, &o->max_read };
 
 	for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++) {
 		free(*strs[i]);
@@ -371,6 +372,11 @@ static int build_config(struct mlfs_opts *o, const char *src, const char *mnt,
 	uint64_t bs = BC_BLOCK_DEFAULT, v;
 
 	memset(c, 0, sizeof(*c));
+	/* libfuse's, which its INIT then refuses unless it is what mlfs asks (1 MiB): the
+	 * mount went away after mlfs had exited 0 for it (an outside tester). */
+	if (o->max_read)
+		return die("max_read=%s: not supported (mlfs asks for reads of up to 1 MiB%s)",
+			   o->max_read, "");
 	c->source = realpath(src, NULL);
 	if (!c->source)
 		return check_dir("source", src, 0);
@@ -578,9 +584,10 @@ static int ctl_stats(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 }
 
 /*
- * Signals. SIGTERM is how a cloud's preemption notice reaches a VM's services; SIGINT
- * and SIGHUP end the daemon as an unmount does (exit 1, as libfuse's handler made it).
- * All three are blocked in every thread (main blocks them before the first thread is
+ * Signals. SIGTERM is how a cloud's preemption notice reaches a VM's services; SIGINT,
+ * SIGHUP and SIGQUIT (unless inherited ignored: mlfs_sig_block) end the daemon as an
+ * unmount does (exit 1, as libfuse's handler made it for the first two). They are
+ * blocked in every thread (main blocks them before the first thread is
  * made; threads inherit the mask) and taken by one thread, mlfs_signals, with sigwait:
  * a signal no longer waits for some FUSE worker's next request, and no handler runs in
  * the middle of anything. On SIGTERM it stamps the deadline (CLOCK_MONOTONIC, the
@@ -605,7 +612,8 @@ static struct {
 	int sig;			/* the first signal taken; 0 none */
 	uint64_t deadline_ns;		/* SIGTERM: mono_now_ns() + preempt_deadline */
 	int phase;
-	int preempt_running, preempt_done, preempt_rc;
+	int preempt_running, preempt_done;
+	sigset_t stop;			/* the signals that stop the daemon: mlfs_sig_block */
 	int final_ran, final_rc;	/* main's final rule ran; the exit status it gives */
 	int final_done;			/* main is returning */
 	int preempt_deadline_s;		/* m->cfg's, copied: m goes when main returns */
@@ -626,9 +634,13 @@ static int mlfs_sig_block(void)
 	/* Signals whose default action ends a process and that mean nothing to a daemon
 	 * (a stray kill -USR1, an alarm, a profiler's timer, a file size limit, whose write
 	 * then fails EFBIG): ignored, so that none ends it without its final snapshot and
-	 * leaves a dead mount. SIGTERM, SIGINT and SIGHUP are the ways to end it. */
+	 * leaves a dead mount. SIGTERM, SIGINT, SIGHUP and SIGQUIT are the ways to end
+	 * it. */
 	static const int ignored[] = { SIGPIPE, SIGUSR1, SIGALRM, SIGVTALRM, SIGPROF, SIGIO,
 				       SIGPWR,	SIGXFSZ, SIGXCPU, SIGSTKFLT };
+	/* Beside SIGTERM, the ways to end it as an unmount does (SIGQUIT, Ctrl-\ of
+	 * mlfs -f, dumped core with no final snapshot and left a dead mount). */
+	static const int stoppers[] = { SIGINT, SIGHUP, SIGQUIT };
 
 	sigemptyset(&sa.sa_mask);
 	for (size_t i = 0; i < sizeof(ignored) / sizeof(ignored[0]); i++)
@@ -641,10 +653,18 @@ static int mlfs_sig_block(void)
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&mlfs_sig.cv, &ca);
 	pthread_condattr_destroy(&ca);
-	sigemptyset(&set);
-	sigaddset(&set, SIGTERM);
-	sigaddset(&set, SIGINT);
-	sigaddset(&set, SIGHUP);
+	/* SIGTERM always (a preemption notice); the others unless the caller set them
+	 * ignored, as nohup does SIGHUP and a shell SIGINT and SIGQUIT for a background
+	 * job: an ssh logout took a nohup'ed daemon's mount away (an outside tester). */
+	sigemptyset(&mlfs_sig.stop);
+	sigaddset(&mlfs_sig.stop, SIGTERM);
+	for (size_t i = 0; i < sizeof(stoppers) / sizeof(stoppers[0]); i++) {
+		struct sigaction old;
+
+		if (sigaction(stoppers[i], NULL, &old) || old.sa_handler != SIG_IGN)
+			sigaddset(&mlfs_sig.stop, stoppers[i]);
+	}
+	set = mlfs_sig.stop;
 	return pthread_sigmask(SIG_BLOCK, &set, NULL);
 }
 
@@ -674,20 +694,35 @@ static void mlfs_sig_end_loop_locked(struct mlfs *m)
 	pthread_kill(mlfs_sig.main_thread, SIGUSR2);
 }
 
+/* When a SIGTERM arriving now must have the daemon gone: preempt_deadline from now. */
+static uint64_t mlfs_sig_deadline(void)
+{
+	return mono_now_ns() + (uint64_t)mlfs_sig.preempt_deadline_s * 1000000000ull;
+}
+
 static void *mlfs_signals(void *arg)
 {
 	struct mlfs *m = arg;
 	sigset_t set;
 	int sig, rc;
 
-	sigemptyset(&set);
-	sigaddset(&set, SIGTERM);
-	sigaddset(&set, SIGINT);
-	sigaddset(&set, SIGHUP);
+	set = mlfs_sig.stop;
 	for (;;) {
 		if (sigwait(&set, &sig))
 			continue;
 		pthread_mutex_lock(&mlfs_sig.mu);
+		if (mlfs_sig.sig && sig == SIGTERM && !mlfs_sig.deadline_ns) {
+			/* A preemption notice while an unmount, SIGINT or SIGHUP stops the
+			 * daemon: its deadline holds all the same (it was dropped, and a
+			 * hung store kept the daemon for as long as it hung). */
+			mlfs_sig.deadline_ns = mlfs_sig_deadline();
+			if (mlfs_sig.phase == 0)
+				mlfs_sig.sig = SIGTERM; /* main reads it past the loop */
+			log_info("SIGTERM while stopping: leaving within %d s",
+				 mlfs_sig.preempt_deadline_s);
+			rc = 0;
+			goto wait_deadline;
+		}
 		if (mlfs_sig.sig) {
 			pthread_mutex_unlock(&mlfs_sig.mu);
 			log_info("signal %d: already stopping", sig);
@@ -695,8 +730,7 @@ static void *mlfs_signals(void *arg)
 		}
 		mlfs_sig.sig = sig;
 		if (sig == SIGTERM)
-			mlfs_sig.deadline_ns = mono_now_ns() +
-					       (uint64_t)mlfs_sig.preempt_deadline_s * 1000000000ull;
+			mlfs_sig.deadline_ns = mlfs_sig_deadline();
 		mlfs_sig_end_loop_locked(m);
 		/* The emergency snapshot runs here only while the loop may still be
 		 * running; once main is past it, main's final rule has the deadline. */
@@ -710,9 +744,10 @@ static void *mlfs_signals(void *arg)
 			rc = snapd_finish_by(m->snapd, "preempt", mlfs_sig.deadline_ns);
 		pthread_mutex_lock(&mlfs_sig.mu);
 		mlfs_sig.preempt_done = 1;
-		mlfs_sig.preempt_rc = rc;
 		pthread_cond_broadcast(&mlfs_sig.cv);
+wait_deadline:
 		/* The deadline holds: wait for main to finish, not past it. */
+		;
 		struct timespec ts = mono_abstime(mlfs_sig.deadline_ns);
 
 		while (!mlfs_sig.final_done &&
@@ -927,14 +962,11 @@ static void mlfs_wait_child(pid_t pid, int fd)
 	int ready = 0, status = 0, sfd;
 	sigset_t set;
 
-	/* SIGTERM, SIGINT and SIGHUP are blocked here since mlfs_sig_block; one that came
+	/* The stopping signals are blocked here since mlfs_sig_block; one that came
 	 * before the fork is pending in this process, not the child's, and one that comes
 	 * now is sent to the pid the user knows: this one. Both go on to the daemon, which
 	 * acts on them as on any (a preemption notice during a long start-up is kept). */
-	sigemptyset(&set);
-	sigaddset(&set, SIGTERM);
-	sigaddset(&set, SIGINT);
-	sigaddset(&set, SIGHUP);
+	set = mlfs_sig.stop;
 	sfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
 	for (;;) {
 		struct pollfd pf[2] = { { .fd = fd, .events = POLLIN }, { .fd = sfd, .events = POLLIN } };
@@ -1147,14 +1179,13 @@ int main(int argc, char **argv)
 	 * checker (make DEBUG=1) sees none on any path. */
 	if (fuse_opt_parse(&args, &o, mlfs_opt_spec, NULL) < 0)
 		goto out_free;
-	if (o.show_help) {
-		usage(stdout);
-		rc = 0;
-		goto out_free;
-	}
-	if (o.show_version) {
-		printf("mlfs %s (libfuse %s)\n", MLFS_VERSION, fuse_pkgversion());
-		rc = 0;
+	if (o.show_help || o.show_version) {
+		if (o.show_help)
+			usage(stdout);
+		else
+			printf("mlfs %s (libfuse %s)\n", MLFS_VERSION, fuse_pkgversion());
+		/* A write that failed (stdout on a full disk) is no success. */
+		rc = fflush(stdout) || ferror(stdout) ? 1 : 0;
 		goto out_free;
 	}
 	/* The two positional arguments: the first non-option ones after the program. */
@@ -1304,18 +1335,21 @@ int main(int argc, char **argv)
 	int sig = mlfs_sig.sig;
 	uint64_t deadline = mlfs_sig.deadline_ns;
 
-	if (sig == SIGINT || sig == SIGHUP)
+	if (sig == SIGINT || sig == SIGHUP || sig == SIGQUIT)
 		rc = 1; /* as libfuse's handler reported them */
 	/* The emergency snapshot (mlfs_signals) first: ours is the second, of what
 	 * changed after its freeze. */
 	while (mlfs_sig.preempt_running && !mlfs_sig.preempt_done)
 		pthread_cond_wait(&mlfs_sig.cv, &mlfs_sig.mu);
-	if (mlfs_sig.preempt_done && mlfs_sig.preempt_rc)
-		rc = 1;
+	/* A failed emergency snapshot left its changes "changed": the call below takes
+	 * them again, and its result is the exit's (it exited 1 after a retry below had
+	 * made them durable: an outside tester). */
 	pthread_mutex_unlock(&mlfs_sig.mu);
 	/* The final rule (snapd.h): unmounted first, so the tree no longer changes, then
 	 * one last snapshot if it changed, persisted with everything pending. */
 	mlfs_sig_unmount(se);
+	if (!m.snapd && ckpt_generation(m.ckpt))
+		log_warn("no store= given: what MOUNTPOINT/ckpt held goes with the mount");
 	if (m.snapd) {
 		r = snapd_finish_by(m.snapd, sig == SIGTERM ? "preempt" : "unmount",
 				    sig == SIGTERM ? deadline : 0);

@@ -53,6 +53,10 @@ struct snapd_job {
 	struct ckpt_frozen *fz;
 	int state, rc;
 	int automatic; /* an autosnap: subject to keep=N */
+	/* A name the daemon chose (snapd_take_named, workers = 1): the length of it
+	 * without a -N counter, which the persister counts on when another daemon of the
+	 * store published that name first (snapd_rename); 0 for a name the user gave. */
+	size_t base;
 	uint64_t gen;  /* ckpt_generation() at its freeze */
 	uint64_t total, done, new_bytes, files, logical;
 	uint64_t open_writes; /* files open for writing at its freeze: never "latest" */
@@ -106,6 +110,9 @@ struct snapd {
  * bounds of the tree's own (ckpt_slots_max): a take behind others past it is refused
  * (snapd_take). At mem_max / 256 slots of 32 bytes, a quarter of mem_max. */
 #define SNAPD_PENDING_MAPS 2
+
+/* The counters a name the daemon chooses may get (-2 to -999): snapd_take_named. */
+#define SNAPD_NAME_COUNT_MAX 1000
 
 /* The longest autosnap interval honoured: a year. Longer ones (autosnap=1e30, mtbf=inf
  * under autosnap=auto) would overflow time_t, and a wait that fails at once spins. */
@@ -294,6 +301,50 @@ static int snapd_persist_once(struct snapd *sd, struct snapd_job *job)
 	return rc;
 }
 
+static int snapd_name_pending_locked(struct snapd *sd, const char *name)
+{
+	for (struct snapd_job *j = sd->jobs; j; j = j->next)
+		if (j->state == JOB_PENDING && !strcmp(j->name, name))
+			return 1;
+	return 0;
+}
+
+/* A name the daemon chose for job (job->base) was published by another daemon of the
+ * store after the take's look (two single-worker daemons stopping in the same second
+ * both chose unmount-<that second>, and one final snapshot failed: an outside tester).
+ * The next free counter, as snapd_take_named gives at the take: true when job got one.
+ * Under store_mu. */
+static bool snapd_rename(struct snapd *sd, struct snapd_job *job)
+{
+	char old[MF_NAME_MAX + 1], name[MF_NAME_MAX + 1];
+	const char *suffix;
+	long k;
+
+	if (!job->base)
+		return false;
+	pthread_mutex_lock(&sd->mu);
+	snprintf(old, sizeof(old), "%s", job->name);
+	suffix = job->name + job->base;
+	k = *suffix == '-' ? strtol(suffix + 1, NULL, 10) : 1;
+	for (k++; k < SNAPD_NAME_COUNT_MAX; k++) {
+		snprintf(name, sizeof(name), "%.*s-%ld", (int)job->base, job->name, k);
+		if (!snapd_name_pending_locked(sd, name))
+			break;
+	}
+	if (k < SNAPD_NAME_COUNT_MAX) {
+		snprintf(job->name, sizeof(job->name), "%s", name);
+		snprintf(job->fz->mf->name, sizeof(job->fz->mf->name), "%s", name);
+		if (!strcmp(sd->last, old))
+			snprintf(sd->last, sizeof(sd->last), "%s", name);
+	}
+	pthread_mutex_unlock(&sd->mu);
+	if (k >= SNAPD_NAME_COUNT_MAX)
+		return false;
+	log_warn("snap: %s was published by another daemon of the store meanwhile; "
+		 "persisting this one as %s", old, name);
+	return true;
+}
+
 static void snapd_run_job(struct snapd *sd, struct snapd_job *job)
 {
 	uint64_t t0 = mono_now_ns();
@@ -307,13 +358,15 @@ static void snapd_run_job(struct snapd *sd, struct snapd_job *job)
 	pthread_mutex_lock(&sd->store_mu);
 	/* Made again from its start (a new pack, a new manifest): the frozen tree is still
 	 * held, and what the failed one put is garbage no snapshot names. */
-	while (fdio_transient(rc = snapd_persist_once(sd, job)) &&
-	       (ms = fdio_transient_wait_ms(&since, &tries))) {
-		log_warn("snap: persist of %s failed: %s; trying again in %u ms", job->name,
-			 strerror(-rc), ms);
-		usleep(ms * 1000);
-		t0 = mono_now_ns();	/* delta_s (autosnap=auto): the try, not the waits */
-	}
+	do {
+		while (fdio_transient(rc = snapd_persist_once(sd, job)) &&
+		       (ms = fdio_transient_wait_ms(&since, &tries))) {
+			log_warn("snap: persist of %s failed: %s; trying again in %u ms",
+				 job->name, strerror(-rc), ms);
+			usleep(ms * 1000);
+			t0 = mono_now_ns(); /* delta_s (autosnap=auto): the try, not the waits */
+		}
+	} while (rc == -EEXIST && snapd_rename(sd, job));
 	if (!rc)
 		snapd_mark_stored(sd, job);
 	pthread_mutex_unlock(&sd->store_mu);
@@ -392,14 +445,6 @@ static void *snapd_persister(void *arg)
 	}
 	pthread_mutex_unlock(&sd->mu);
 	return NULL;
-}
-
-static int snapd_name_pending_locked(struct snapd *sd, const char *name)
-{
-	for (struct snapd_job *j = sd->jobs; j; j = j->next)
-		if (j->state == JOB_PENDING && !strcmp(j->name, name))
-			return 1;
-	return 0;
 }
 
 /* A published snapshot of that name: a stat of the store, so never under sd->mu (a
@@ -634,7 +679,7 @@ static int snapd_bounded(struct snapd *sd, int (*fn)(struct snapd *sd, const cha
 
 /* Freezes MOUNT/ckpt as snapshot name and queues it. *out is the job, held for the
  * caller (job->waiters) until snapd_wait or snapd_release. */
-static int snapd_take(struct snapd *sd, const char *name, int automatic,
+static int snapd_take(struct snapd *sd, const char *name, int automatic, size_t base,
 		      struct snapd_job **out)
 {
 	struct snapd_job *job;
@@ -647,6 +692,7 @@ static int snapd_take(struct snapd *sd, const char *name, int automatic,
 		return -ENOMEM;
 	snprintf(job->name, sizeof(job->name), "%s", name);
 	job->automatic = automatic;
+	job->base = base;
 	/* A store that does not answer: the freeze goes on without the early look (the
 	 * commit's create-once publish refuses a taken name all the same), so a take
 	 * stays a freeze while the store hangs and is persisted when it is back. */
@@ -758,23 +804,27 @@ static int snapd_take_named(struct snapd *sd, const char *prefix, int automatic,
 		strftime(name + strlen(name), len - strlen(name), "%Y%m%dT%H%M%SZ", &tm);
 	}
 	base = strlen(name);
-	rc = snapd_take(sd, name, automatic, out);
-	for (k = 2; rc == -EEXIST && k < 1000; k++) {
+	/* A group's names must be alike on every worker: never counted on at commit. */
+	size_t own = sd->m->cfg.workers > 1 ? 0 : base;
+
+	rc = snapd_take(sd, name, automatic, own, out);
+	for (k = 2; rc == -EEXIST && k < SNAPD_NAME_COUNT_MAX; k++) {
 		snprintf(name + base, len - base, "-%d", k);
-		rc = snapd_take(sd, name, automatic, out);
+		rc = snapd_take(sd, name, automatic, own, out);
 	}
 	return rc;
 }
 
 /* Waits for job to leave PENDING, until deadline_ns (0: forever); calls progress every
- * 200 ms meanwhile. Drops the caller's waiter count. Returns the job's result.
+ * 200 ms meanwhile. Drops the caller's waiter count. Returns the job's result, and with
+ * name (MF_NAME_MAX + 1 bytes) its name as persisted (snapd_rename).
  * r: the control request waiting (NULL for the daemon's own waits). A client that left
  * (killed, a timeout) ends the wait with -ECANCELED within 200 ms: the snapshot goes on
  * persisting, but the connection slot (fs/ctl.c: 32 of them) is not held until a hung
  * store answers, which let such waits fill every slot and refuse take and mlfs-stat. */
 static int snapd_wait(struct snapd *sd, struct snapd_job *job, uint64_t deadline_ns,
 		      void (*progress)(void *arg, uint64_t done, uint64_t total), void *arg,
-		      struct ctl_req *r)
+		      struct ctl_req *r, char *name)
 {
 	int rc;
 
@@ -800,6 +850,8 @@ static int snapd_wait(struct snapd *sd, struct snapd_job *job, uint64_t deadline
 		pthread_cond_timedwait(&sd->cv, &sd->mu, &ts);
 	}
 	rc = job->rc;
+	if (name)
+		snprintf(name, MF_NAME_MAX + 1, "%s", job->name);
 	job->waiters--;
 	snapd_reap_locked(sd);
 	pthread_mutex_unlock(&sd->mu);
@@ -926,7 +978,7 @@ static int ctl_take(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 				   "autosnap's, which keep= deletes; choose another"), -EINVAL;
 	if ((rc = snapd_lease_check(sd, r)))
 		return rc;
-	if ((rc = snapd_take(sd, name, 0, &job))) {
+	if ((rc = snapd_take(sd, name, 0, 0, &job))) {
 		if (rc == -EINVAL)
 			ctl_fail(r, "take: bad snapshot name (no '/', no leading '.' or '-', no "
 				    "control characters, at most 255 bytes, not 'latest')");
@@ -957,7 +1009,7 @@ static int ctl_take(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 		snapd_release(sd, job);
 		return 0;
 	}
-	rc = snapd_wait(sd, job, 0, ctl_progress, r, r);
+	rc = snapd_wait(sd, job, 0, ctl_progress, r, r, NULL);
 	if (rc)
 		return ctl_fail(r, "take: persist of '%s' failed: %s", name, strerror(-rc)), rc;
 	/* A part alone is no restorable snapshot: "durable NAME" would tell a script the
@@ -1895,7 +1947,7 @@ static int snapd_drain(struct snapd *sd, uint64_t deadline)
 	if (last)
 		last->waiters++;
 	pthread_mutex_unlock(&sd->mu);
-	return last ? snapd_wait(sd, last, deadline, NULL, NULL, NULL) : 0;
+	return last ? snapd_wait(sd, last, deadline, NULL, NULL, NULL, NULL) : 0;
 }
 
 int snapd_finish(struct snapd *sd, const char *why, int deadline_s)
@@ -1922,11 +1974,14 @@ int snapd_finish_by(struct snapd *sd, const char *why, uint64_t deadline)
 	 * are stored: cheap): the others' final parts need it to form a group. */
 	changed = snapd_changed_locked(sd) || (sd->m->cfg.workers > 1 && !sd->final_taken);
 	again = sd->final_taken; /* main's call after the unmount, past a SIGTERM's */
+	int never = !sd->have_durable;
 	pthread_mutex_unlock(&sd->mu);
 	if (!changed) {
 		if (!rc)
 			log_info("snap: %s: nothing changed since %s", why,
-				 again ? "the final snapshot" : "the last durable snapshot");
+				 again ? "the final snapshot"
+				 : never ? "the mount (an empty tree: no snapshot taken)"
+				 : "the last durable snapshot");
 		goto out;
 	}
 	/* A freeze gives up after a second of writers holding a file (ckpt_freeze):
@@ -1953,7 +2008,7 @@ int snapd_finish_by(struct snapd *sd, const char *why, uint64_t deadline)
 	pthread_mutex_lock(&sd->mu);
 	sd->final_taken = 1;
 	pthread_mutex_unlock(&sd->mu);
-	rc = snapd_wait(sd, job, deadline, NULL, NULL, NULL);
+	rc = snapd_wait(sd, job, deadline, NULL, NULL, NULL, name);
 	past = rc == -ETIMEDOUT && deadline && mono_now_ns() >= deadline;
 	if (past)
 		log_err("snap: %s: final snapshot %s not durable by the deadline", why, name);

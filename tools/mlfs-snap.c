@@ -229,7 +229,8 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
 		usage(stdout);
-		return 0;
+		/* A write that failed (a full disk) is no success. */
+		return fflush(stdout) || ferror(stdout) ? 1 : 0;
 	}
 	if (snap_offline_wants(argc - 1, argv + 1))
 		return snap_offline_main(argc - 1, argv + 1);

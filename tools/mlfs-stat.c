@@ -379,7 +379,8 @@ int main(int argc, char **argv)
 			}
 		} else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
 			usage(stdout);
-			return 0;
+			/* A write that failed (a full disk) is no success. */
+			return fflush(stdout) || ferror(stdout) ? 1 : 0;
 		} else if (argv[i][0] == '-' || mnt) {
 			usage(stderr);
 			return 2;

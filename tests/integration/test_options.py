@@ -65,6 +65,16 @@ def test_empty_path_refused(mounter, opt):
     assert_refused(r, m, f"{opt}= is empty")
 
 
+@pytest.mark.parametrize("val", ["4096", "1048576"])
+def test_max_read_refused(mounter, val):
+    """libfuse's max_read, passed on to it, made its INIT fail after mlfs had exited 0
+    for the mount (the mount then went away, or never answered; an outside tester):
+    refused before anything is mounted."""
+    m = mounter.prepare()
+    r = run_mlfs(["-o", f"{mounter.options(m, '')},max_read={val}", m.src, m.mnt])
+    assert_refused(r, m, "max_read")
+
+
 def test_no_lock_file_left_behind(mounter):
     """Every start took a lock file for its mount point in the socket directory
     (/run/mlfs/mnt-DEV-INO.lock for root) and never removed it: an outside tester's

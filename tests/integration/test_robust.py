@@ -619,6 +619,70 @@ def test_take_returns_while_the_store_hangs(mounter, snapenv):
     env.unmount(d)
 
 
+def test_sigterm_after_sigint_sets_the_deadline(mounter, snapenv):
+    """SIGINT starts the final rule, whose snapshot then waits on a hung store (STORE in
+    MOUNT2/ckpt of a daemon the test SIGSTOPs); a SIGTERM that comes meanwhile (the
+    preemption notice) must make preempt_deadline hold: it was dropped as "already
+    stopping", and the daemon stayed for as long as the store hung (an outside
+    tester). It leaves while the store still hangs, unmounted, exit 1 (its final
+    snapshot is not durable), the earlier one intact."""
+    m2 = mounter()
+    env = snapenv()
+    store = os.path.join(m2.ckpt, "store")
+    os.mkdir(store)
+    rng = rng_for("term-after-int")
+    d = env.mount(store=store, foreground=True, opts="preempt_deadline=2")
+    write(os.path.join(d.ckpt, "a"), rng.randbytes(MiB))
+    t = S.read_tree(d.ckpt)
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    write(os.path.join(d.ckpt, "b"), rng.randbytes(MiB))
+    U.sigstop(m2.pid)
+    try:
+        os.kill(d.pid, signal.SIGINT)
+        U.wait_blocked_in(d.pid, m2.ckpt, "no thread of the daemon blocked on the store")
+        os.kill(d.pid, signal.SIGTERM)
+        rc = env.wait_exit(d, 60)  # the store still hangs: only the deadline ends it
+        assert rc == 1, f"exit {rc}:\n{d.output()}"
+        assert "SIGTERM while stopping" in d.output(), d.output()
+    finally:
+        os.kill(m2.pid, signal.SIGCONT)
+    out = env.path("export")
+    assert S.export(store, "s1", out).ok
+    S.assert_tree_equal(S.read_tree(out), t, "s1, durable before the signals")
+
+
+def test_signals_ignored_at_start_stay_ignored(snapenv):
+    """mlfs started under nohup (SIGHUP ignored), or as a shell's background job (SIGINT
+    and SIGQUIT ignored): those signals must not end it. An ssh logout unmounted a
+    nohup'ed daemon (an outside tester). SIGTERM still ends it, as always."""
+    env = snapenv()
+    d = env.mount(foreground=True, wrap=("env", "--ignore-signal=HUP,INT,QUIT"))
+    write(os.path.join(d.ckpt, "a"), b"weights")
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):
+        os.kill(d.pid, sig)
+    write(os.path.join(d.ckpt, "b"), b"more")  # answered: still serving
+    assert d.proc.poll() is None, f"daemon ended: {d.proc.returncode}\n{d.output()}"
+    os.kill(d.pid, signal.SIGTERM)
+    assert env.wait_exit(d, 60) == 0, d.output()
+
+
+def test_sigquit_stops_with_the_final_snapshot(snapenv):
+    """SIGQUIT (Ctrl-\\ of mlfs -f) ended the daemon with a core dump: no final
+    snapshot, a dead mount left. It stops it as SIGINT does: unmounted, the final
+    snapshot durable, exit 1."""
+    env = snapenv()
+    d = env.mount(foreground=True, wrap=("env", "--default-signal=QUIT"))
+    write(os.path.join(d.ckpt, "model.pt"), rng_for("quit").randbytes(MiB))
+    t = S.read_tree(d.ckpt)
+    os.kill(d.pid, signal.SIGQUIT)
+    assert env.wait_exit(d, 60) == 1, d.output()
+    finals = [n for n in S.list_json(env.store, store=True) if n.startswith("unmount-")]
+    assert len(finals) == 1, d.output()
+    out = env.path("export")
+    assert S.export(env.store, finals[0], out).ok
+    S.assert_tree_equal(S.read_tree(out), t, "the final snapshot after SIGQUIT")
+
+
 def _tids_blocked_in(pid, root):
     """Threads of pid asleep in a call on a descriptor naming root or a file under it."""
     out = set()
