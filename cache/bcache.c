@@ -190,6 +190,7 @@ struct bc {
 	 * store has its bytes and rule K of tier.c gives the copy up for dirty blocks. */
 	_Atomic uint64_t ckpt_copied, ckpt_spilled;
 	_Atomic uint64_t src_ns_per_mib; /* EWMA, bc_source_ns_per_mib */
+	_Atomic uint64_t heap_freed;	 /* bc_heap_freed_take */
 	_Atomic uint64_t unplaced;	 /* cap of BC_UNPLACED blocks: bc_unplaced_bytes */
 	_Atomic uint64_t unplaced_n;	 /* and their number */
 	_Atomic uint64_t mapped_bytes, map_refaults, map_prefetches; /* BC_MAPPED buffers */
@@ -317,12 +318,17 @@ out_free:
  */
 #define BC_POOL_DIV 4
 
-static uint64_t bc_pool_limit(const struct bc *bc)
+static uint64_t bc_pool_limit_for(const struct bc *bc, uint64_t budget)
 {
-	uint64_t budget = atomic_load(&bc->budget), mem = atomic_load(&bc->mem_bytes);
+	uint64_t mem = atomic_load(&bc->mem_bytes);
 	uint64_t room = budget > mem ? budget - mem : 0;
 
 	return room < budget / BC_POOL_DIV ? room : budget / BC_POOL_DIV;
+}
+
+static uint64_t bc_pool_limit(const struct bc *bc)
+{
+	return bc_pool_limit_for(bc, atomic_load(&bc->budget));
 }
 
 /* A pooled buffer of pool_cap bytes, or NULL. Called for every block-sized allocation,
@@ -352,14 +358,16 @@ static void *bc_pool_get(struct bc *bc)
 }
 
 /* Frees pooled buffers until the pool is within its bound; free() outside the lock. */
-static void bc_pool_trim(struct bc *bc)
+/* Frees pooled buffers until the pool is within its bound under budget. */
+static void bc_pool_trim_to(struct bc *bc, uint64_t budget)
 {
 	void *list = NULL, *p;
 
-	if (atomic_load_explicit(&bc->pool_bytes, memory_order_relaxed) <= bc_pool_limit(bc))
+	if (atomic_load_explicit(&bc->pool_bytes, memory_order_relaxed) <=
+	    bc_pool_limit_for(bc, budget))
 		return;
 	pthread_mutex_lock(&bc->pool_mu);
-	while (bc->pool && atomic_load(&bc->pool_bytes) > bc_pool_limit(bc)) {
+	while (bc->pool && atomic_load(&bc->pool_bytes) > bc_pool_limit_for(bc, budget)) {
 		p = bc->pool;
 		bc->pool = *(void **)p;
 		atomic_fetch_sub(&bc->pool_bytes, bc->pool_cap);
@@ -371,6 +379,11 @@ static void bc_pool_trim(struct bc *bc)
 		list = *(void **)p;
 		free(p);
 	}
+}
+
+static void bc_pool_trim(struct bc *bc)
+{
+	bc_pool_trim_to(bc, atomic_load(&bc->budget));
 }
 
 /* Frees buf (a malloc'd buffer of footprint cap, no longer counted in mem_bytes), or
@@ -389,8 +402,10 @@ static void bc_pool_put(struct bc *bc, void *buf, uint32_t cap)
 		}
 		pthread_mutex_unlock(&bc->pool_mu);
 	}
-	if (!kept)
+	if (!kept) {
 		free(buf);
+		atomic_fetch_add(&bc->heap_freed, cap);
+	}
 }
 
 /*
@@ -453,6 +468,9 @@ uint64_t bc_pool_fill(struct bc *bc)
 		    atomic_load(&bc->pool_bytes) + bc->pool_cap <= stock) {
 			*(void **)p = bc->pool;
 			bc->pool = p;
+			/* Before pool_bytes, which bc_get_stats reads first: never behind it
+			 * (a reader between the two saw more pooled than ever filled). */
+			atomic_fetch_add(&bc->pool_filled, bc->pool_cap);
 			atomic_fetch_add(&bc->pool_bytes, bc->pool_cap);
 			kept = true;
 		}
@@ -462,7 +480,6 @@ uint64_t bc_pool_fill(struct bc *bc)
 			break;
 		}
 		added += bc->pool_cap;
-		atomic_fetch_add(&bc->pool_filled, bc->pool_cap); /* never behind pool_bytes */
 	}
 	return added;
 }
@@ -532,7 +549,18 @@ static void bc_buf_free(struct bc *bc, struct bc_block *b, bool pool)
 		bc_pool_put(bc, buf, b->cap);
 	} else {
 		free(buf);
+		atomic_fetch_add(&bc->heap_freed, b->cap);
 	}
+}
+
+uint64_t bc_heap_freed_take(struct bc *bc)
+{
+	return atomic_exchange(&bc->heap_freed, 0);
+}
+
+void bc_heap_freed_add(struct bc *bc, uint64_t bytes)
+{
+	atomic_fetch_add(&bc->heap_freed, bytes);
 }
 
 /* Allocates b->buf of cap bytes (invariant 1). Buffers are plain malloc: the daemon sets
@@ -628,8 +656,12 @@ uint32_t bc_block_footprint(const struct bc *bc)
 
 void bc_set_budget(struct bc *bc, uint64_t budget)
 {
+	/* A cut gives the pool back first, at once, and before the budget says so: stats
+	 * read the budget, then the pool, which was over the new bound in between. Again
+	 * after, for a buffer pooled meanwhile under the old bound. */
+	bc_pool_trim_to(bc, budget);
 	atomic_store(&bc->budget, budget);
-	bc_pool_trim(bc); /* a cut gives the pool back first, at once */
+	bc_pool_trim(bc);
 }
 
 uint64_t bc_pool_bytes(const struct bc *bc)

@@ -174,6 +174,11 @@ void bc_ckpt_held(const struct bc *bc, uint64_t *mem, uint64_t *spill);
  * anything is evicted. So mem_bytes + pool_bytes is what the block memory really
  * costs, and stays within the budget whenever mem_bytes does. */
 uint64_t bc_pool_bytes(const struct bc *bc);
+/* Heap memory given back to malloc since the last call (block buffers freed, and what
+ * callers report with bc_heap_freed_add: a checkpoint inode), then zero: the tier's cue
+ * to see whether RSS still holds it (malloc_trim). */
+uint64_t bc_heap_freed_take(struct bc *bc);
+void bc_heap_freed_add(struct bc *bc, uint64_t bytes);
 /* The stock (bcache.c, "Stock"): how many bytes of pre-faulted block buffers the pool
  * should hold for writes into fresh memory; 0 (the default) wants none. Once a
  * block-sized allocation leaves the pool under 3/4 of it, the backing's pool_low is

@@ -189,6 +189,7 @@ void ckpt_inode_destroy(struct ckpt_ns *ns, struct ckpt_inode *ino)
 	}
 	atomic_fetch_sub(&ns->xattr_bytes, ino->xattr_bytes);
 	ns->meta_bytes -= CKPT_INODE_COST + (ino->target ? strlen(ino->target) + 1 : 0);
+	bc_heap_freed_add(ns->bc, CKPT_INODE_COST); /* a heap chunk: the tier trims */
 	free(ino->target);
 	pthread_rwlock_destroy(&ino->lock);
 	pthread_mutex_destroy(&ino->ra_mu);

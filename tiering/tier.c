@@ -626,14 +626,17 @@ static bool tier_trim(struct tier *t)
 
 /* Gives freed heap memory back when RSS does not follow mem_bytes: block buffers of 64 KiB
  * or more are their own mappings (M_MMAP_THRESHOLD), but checkpoint buffers start at 4 KiB
- * on the heap and the spill bounce buffers come and go. Reads /proc/self/statm (~10 us);
+ * on the heap and the spill bounce buffers come and go. What counts as freed: the tier's
+ * evictions, and every block buffer and checkpoint inode freed (bc_heap_freed_take): an
+ * unlink of 200,000 small files, or a live restore's swap, left RSS at 900 MB with
+ * mem_bytes near 0 and no trim (an outside tester). Reads /proc/self/statm (~10 us);
  * malloc_trim walks the arenas (about a millisecond per GiB of heap). */
 static void tier_maybe_trim_heap(struct tier *t, uint64_t min_freed)
 {
 	uint64_t freed, rss;
 
 	pthread_mutex_lock(&t->mu);
-	freed = t->freed_since_trim;
+	freed = t->freed_since_trim += bc_heap_freed_take(t->bc);
 	if (freed >= min_freed)
 		t->freed_since_trim = 0;
 	pthread_mutex_unlock(&t->mu);
@@ -992,6 +995,7 @@ static void *tier_thread(void *arg)
 			break;
 		if (busy || t->kick)
 			continue;
+		t->freed_since_trim += bc_heap_freed_take(t->bc); /* an unlink's, a restore's */
 		if (!t->inflight && t->freed_since_trim) {
 			/* Idle after frees: the last batches' heap pages too. */
 			pthread_mutex_unlock(&t->mu);
