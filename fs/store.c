@@ -724,6 +724,7 @@ int store_open(const char *dir, int flags, struct store **out)
 	pthread_mutex_init(&s->pmu, NULL);
 	pthread_mutex_init(&s->lmu, NULL);
 	pthread_mutex_init(&s->dmu, NULL);
+	pthread_mutex_init(&s->imu, NULL);
 	/* pid + handle number + 64 random bits (time if getrandom fails): unique among
 	 * handles, processes and hosts sharing the store, even a pid reused after a reboot
 	 * whose clock went back. Each write adds its own number (tmp_object_name). */
@@ -829,6 +830,8 @@ void store_close(struct store *s)
 	pthread_mutex_destroy(&s->mu);
 	pthread_mutex_destroy(&s->lmu);
 	pthread_mutex_destroy(&s->dmu);
+	pthread_mutex_destroy(&s->imu);
+	free(s->infos);
 	pthread_mutex_destroy(&s->pmu);
 	hset_free(&s->put);
 	hset_free(&s->lease_put);
@@ -2201,16 +2204,110 @@ int store_snapdir(struct store *s, struct fdio_dir **out)
 	return fdio_opendir(s->snapfd, ".", out);
 }
 
+static bool store_info_same(const struct store_info *c, const char *name,
+			    const struct stat *st)
+{
+	return c->dev == st->st_dev && c->ino == st->st_ino && c->size == st->st_size &&
+	       c->mtime.tv_sec == st->st_mtim.tv_sec && c->mtime.tv_nsec == st->st_mtim.tv_nsec &&
+	       c->ctime.tv_sec == st->st_ctim.tv_sec && c->ctime.tv_nsec == st->st_ctim.tv_nsec &&
+	       !strcmp(c->info.name, name);
+}
+
+/* The listing gen's look at snaps/<name>, a manifest file stat'ed as st (struct store,
+ * infos): true with *out filled when it was read whole and sound before. */
+static bool store_info_cached(struct store *s, unsigned gen, const char *name,
+			      const struct stat *st, struct store_snap_info *out)
+{
+	bool hit = false;
+
+	pthread_mutex_lock(&s->imu);
+	for (size_t i = 0; i < s->ninfos && !hit; i++) {
+		if (store_info_same(&s->infos[i], name, st)) {
+			s->infos[i].seen = gen;
+			*out = s->infos[i].info;
+			hit = true;
+		}
+	}
+	pthread_mutex_unlock(&s->imu);
+	return hit;
+}
+
+static void store_info_remember(struct store *s, unsigned gen, const struct stat *st,
+				const struct store_snap_info *info)
+{
+	struct store_info *c;
+
+	pthread_mutex_lock(&s->imu);
+	if (s->ninfos == s->cap_infos) {
+		size_t cap = s->cap_infos ? 2 * s->cap_infos : 16;
+
+		if (!(c = realloc(s->infos, cap * sizeof(*c)))) {
+			pthread_mutex_unlock(&s->imu);
+			return; /* read again next time */
+		}
+		s->infos = c;
+		s->cap_infos = cap;
+	}
+	c = &s->infos[s->ninfos++];
+	c->info = *info;
+	c->dev = st->st_dev;
+	c->ino = st->st_ino;
+	c->size = st->st_size;
+	c->mtime = st->st_mtim;
+	c->ctime = st->st_ctim;
+	c->seen = gen;
+	pthread_mutex_unlock(&s->imu);
+}
+
+/* After a whole listing gen: the entries it did not meet are of deleted snapshots. */
+static void store_info_sweep(struct store *s, unsigned gen)
+{
+	size_t k = 0;
+
+	pthread_mutex_lock(&s->imu);
+	for (size_t i = 0; i < s->ninfos; i++)
+		if (s->infos[i].seen == gen || (int)(s->infos[i].seen - gen) > 0)
+			s->infos[k++] = s->infos[i];
+	s->ninfos = k;
+	pthread_mutex_unlock(&s->imu);
+}
+
+uint64_t store_list_reads(struct store *s)
+{
+	return atomic_load(&s->list_reads);
+}
+
+/* One more entry of *v (zeroed), or NULL: no memory. */
+static struct store_snap_info *store_info_push(struct store_snap_info **v, size_t *nv,
+					       size_t *cap)
+{
+	if (*nv == *cap) {
+		size_t c = *cap ? 2 * *cap : 16;
+		void *p = realloc(*v, c * sizeof(**v));
+
+		if (!p)
+			return NULL;
+		*v = p;
+		*cap = c;
+	}
+	memset(&(*v)[*nv], 0, sizeof(**v));
+	return &(*v)[(*nv)++];
+}
+
 int store_list(struct store *s, int flags, struct store_snap_info **out, size_t *n)
 {
 	struct store_snap_info *v = NULL;
 	size_t nv = 0, cap = 0;
 	struct dirent64 *d;
 	struct fdio_dir *dir;
+	unsigned gen;
 	int rc = 0;
 
 	if ((rc = store_snapdir(s, &dir)))
 		return rc;
+	pthread_mutex_lock(&s->imu);
+	gen = ++s->list_gen;
+	pthread_mutex_unlock(&s->imu);
 	/* A listing cut short fails: part of it would name a wrong latest. */
 	while ((rc = fdio_readdir(dir, &d)) > 0) {
 		struct mf_manifest *m;
@@ -2226,15 +2323,32 @@ int store_list(struct store *s, int flags, struct store_snap_info **out, size_t 
 		struct group_scan g = { 0 };
 		uint64_t conflicts = 0;
 		int group = snap_entry_group(s, d->d_name, &g);
+		struct stat st;
+		bool known = false;
 
 		if (group < 0)
 			continue;	/* gone meanwhile */
+		if (!group && !fstatat(s->snapfd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) &&
+		    S_ISREG(st.st_mode)) {
+			struct store_snap_info hit;
+
+			if (store_info_cached(s, gen, d->d_name, &st, &hit)) {
+				if (!(i = store_info_push(&v, &nv, &cap))) {
+					rc = -ENOMEM;
+					goto out;
+				}
+				*i = hit;
+				continue;
+			}
+			known = true; /* stat'ed: remembered below if sound */
+		}
 		if (!group && !store_snap_entry_regular(s, d->d_name))
 			rc = -EIO;	/* nothing commit wrote: damaged, for verify and list */
 		else if (group && !g.complete)
 			rc = group_partial_info(s, d->d_name, &g, &m);
 		else
 			rc = store_load_snapshot(s, d->d_name, NULL, NULL, &m, &conflicts);
+		atomic_fetch_add(&s->list_reads, 1);
 		if (rc == -ENOENT || rc == -EAGAIN) {
 			rc = 0;
 			continue;	/* deleted or being made meanwhile */
@@ -2245,20 +2359,11 @@ int store_list(struct store *s, int flags, struct store_snap_info **out, size_t 
 			rc = 0;
 			continue;	/* already logged by store_load_manifest */
 		}
-		if (nv == cap) {
-			void *p;
-
-			cap = cap ? 2 * cap : 16;
-			p = realloc(v, cap * sizeof(*v));
-			if (!p) {
-				mf_free(rc ? NULL : m);
-				rc = -ENOMEM;
-				goto out;
-			}
-			v = p;
+		if (!(i = store_info_push(&v, &nv, &cap))) {
+			mf_free(rc ? NULL : m);
+			rc = -ENOMEM;
+			goto out;
 		}
-		i = &v[nv++];
-		memset(i, 0, sizeof(*i));
 		snprintf(i->name, sizeof(i->name), "%s", d->d_name);
 		i->workers = group ? (g.workers > 0 ? (uint32_t)g.workers : 0) : 1;
 		i->parts = group ? g.nparts : 1;
@@ -2276,6 +2381,8 @@ int store_list(struct store *s, int flags, struct store_snap_info **out, size_t 
 		i->open_writes = m->open_writes;
 		i->block_size = mf_block_size(m);
 		mf_free(m);
+		if (known)
+			store_info_remember(s, gen, &st, i);
 	}
 	if (nv)
 		qsort(v, nv, sizeof(*v), info_cmp);
@@ -2285,6 +2392,8 @@ int store_list(struct store *s, int flags, struct store_snap_info **out, size_t 
 	 * snap_entry_group). A read-only filesystem has no such peer. */
 	if (nv && fsync(s->snapfd) && errno != EROFS)
 		rc = -errno;
+	if (!rc)
+		store_info_sweep(s, gen);
 out:
 	fdio_closedir(dir);
 	if (rc) {

@@ -181,9 +181,14 @@ struct store_snap_info {
  * Published snapshots, oldest first (by time, then name), in *out (malloc'd, handed
  * over; free()) with *n entries. Damaged manifests are logged and left out unless
  * STORE_LIST_DAMAGED. -ENOENT if snaps/ was removed under the handle. Reads and checks
- * every manifest: O(total manifest bytes).
+ * every manifest this handle has not read whole and sound before as the same file
+ * (name, inode, size, mtime, ctime: a published manifest never changes): O(total bytes
+ * of the new manifests), a stat of the others.
  */
 int store_list(struct store *s, int flags, struct store_snap_info **out, size_t *n);
+/* How many manifests store_list read whole through this handle: those it had not read
+ * sound before as the same file (struct store, infos). */
+uint64_t store_list_reads(struct store *s);
 
 /*
  * Whether i may be "latest": complete, no file open for writing at the take

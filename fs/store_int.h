@@ -76,6 +76,24 @@ struct store {
 		struct timespec mtime;
 	} damaged[STORE_DAMAGED_N];
 	unsigned damaged_next;
+	/* Guards infos (a leaf lock, never held across I/O): what store_list learnt of each
+	 * single manifest it read whole and found sound, by name and file. A published
+	 * manifest never changes (create-once), so a list (every autosnap's keep=,
+	 * mlfs-snap list, a restore by name) reads only those it has not seen: 58
+	 * snapshots of 400,000 files made every list read 3.6 GB and time out (an outside
+	 * tester). An entry no listing met any more (deleted) goes at the listing's end. */
+	pthread_mutex_t imu;
+	struct store_info {
+		struct store_snap_info info;
+		dev_t dev;
+		ino_t ino;
+		off_t size;
+		struct timespec mtime, ctime;
+		unsigned seen;	/* the listing (list_gen) that last met it */
+	} *infos;
+	size_t ninfos, cap_infos;
+	unsigned list_gen;
+	_Atomic uint64_t list_reads;	/* manifests a listing read whole: store_list_reads */
 };
 
 struct group_scan {

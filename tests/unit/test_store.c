@@ -684,6 +684,60 @@ static int hook(void *arg, int step)
 	return step == hs->fail_at ? -EIO : 0;
 }
 
+/* What a listing learnt of a sound manifest is kept by name and file: a second list
+ * reads no manifest again (58 snapshots of 400,000 files made every list read 3.6 GB:
+ * an outside tester); a deleted snapshot goes, one taken again under its name is read
+ * again, and a manifest changed since (a bit flipped) is read again and found damaged. */
+static void test_list_cache(const char *dir)
+{
+	static const unsigned seeds[] = { 21, 22 };
+	struct store_snap_info *v;
+	struct store *s;
+	char p[512];
+	uint64_t r0;
+	size_t n;
+
+	EXPECT_EQ(store_open(dir, STORE_CREATE, &s), 0);
+	EXPECT_EQ(commit_blocks(s, "a", seeds, 1), 0);
+	EXPECT_EQ(commit_blocks(s, "b", seeds, 2), 0);
+	r0 = store_list_reads(s);
+	EXPECT_EQ(store_list(s, 0, &v, &n), 0);
+	EXPECT(n == 2 && !strcmp(v[0].name, "a") && !strcmp(v[1].name, "b"));
+	EXPECT(n == 2 && v[0].logical_bytes == BS);
+	EXPECT(n == 2 && v[1].files == 1 && v[1].logical_bytes == 2 * BS);
+	free(v);
+	EXPECT_EQ(store_list_reads(s) - r0, 2);
+	EXPECT_EQ(store_list(s, 0, &v, &n), 0); /* from what the first one read */
+	EXPECT(n == 2 && v[1].files == 1 && v[1].logical_bytes == 2 * BS &&
+	       v[1].state == STORE_SNAP_COMPLETE);
+	free(v);
+	EXPECT_EQ(store_list_reads(s) - r0, 2);
+	EXPECT_EQ(store_delete(s, "a"), 0);
+	EXPECT_EQ(store_list(s, 0, &v, &n), 0);
+	EXPECT(n == 1 && !strcmp(v[0].name, "b"));
+	free(v);
+	EXPECT_EQ(store_list_reads(s) - r0, 2);
+	EXPECT_EQ(commit_blocks(s, "a", seeds, 2), 0); /* the name again, another tree */
+	EXPECT_EQ(store_list(s, 0, &v, &n), 0);
+	EXPECT(n == 2);
+	for (size_t k = 0; k < n; k++) /* the new "a" by its own figures, not the old one's */
+		EXPECT(v[k].logical_bytes == 2 * BS);
+	free(v);
+	EXPECT_EQ(store_list_reads(s) - r0, 3);
+	path_of(p, sizeof(p), dir, "snaps/b");
+	flip_byte(p, 30);
+	log_set_quiet(1);
+	EXPECT_EQ(store_list(s, STORE_LIST_DAMAGED, &v, &n), 0);
+	log_set_quiet(0);
+	EXPECT(n == 2);
+	for (size_t k = 0; k < n; k++)
+		EXPECT_EQ(v[k].state, strcmp(v[k].name, "b") ? STORE_SNAP_COMPLETE
+							: STORE_SNAP_DAMAGED);
+	free(v);
+	EXPECT_EQ(store_list_reads(s) - r0, 4);
+	store_close(s);
+}
+
 static void test_commit(const char *dir)
 {
 	static char buf[BS];
@@ -1636,6 +1690,8 @@ int main(void)
 	test_damage(p);
 	path_of(p, sizeof(p), root, "commit");
 	test_commit(p);
+	path_of(p, sizeof(p), root, "listcache");
+	test_list_cache(p);
 	path_of(p, sizeof(p), root, "gc");
 	test_gc(p);
 	path_of(p, sizeof(p), root, "names");
