@@ -711,22 +711,22 @@ static void *mlfs_signals(void *arg)
 		if (sigwait(&set, &sig))
 			continue;
 		pthread_mutex_lock(&mlfs_sig.mu);
-		if (mlfs_sig.sig && sig == SIGTERM && !mlfs_sig.deadline_ns) {
-			/* A preemption notice while an unmount, SIGINT or SIGHUP stops the
-			 * daemon: its deadline holds all the same (it was dropped, and a
-			 * hung store kept the daemon for as long as it hung). */
+		if (mlfs_sig.sig && (sig != SIGTERM || mlfs_sig.deadline_ns)) {
+			pthread_mutex_unlock(&mlfs_sig.mu);
+			log_info("signal %d: already stopping", sig);
+			continue;
+		}
+		if (mlfs_sig.sig && mlfs_sig.phase != 0) {
+			/* A preemption notice while SIGINT, SIGHUP or SIGQUIT stops the
+			 * daemon, main already in its final rule: the deadline holds all the
+			 * same (it was dropped, and a hung store kept the daemon for as long
+			 * as it hung). Before main is past the loop, it is a preemption from
+			 * here on, as if it had come first (below). */
 			mlfs_sig.deadline_ns = mlfs_sig_deadline();
-			if (mlfs_sig.phase == 0)
-				mlfs_sig.sig = SIGTERM; /* main reads it past the loop */
 			log_info("SIGTERM while stopping: leaving within %d s",
 				 mlfs_sig.preempt_deadline_s);
 			rc = 0;
 			goto wait_deadline;
-		}
-		if (mlfs_sig.sig) {
-			pthread_mutex_unlock(&mlfs_sig.mu);
-			log_info("signal %d: already stopping", sig);
-			continue;
 		}
 		mlfs_sig.sig = sig;
 		if (sig == SIGTERM)
