@@ -366,6 +366,8 @@ static void snapd_run_job(struct snapd *sd, struct snapd_job *job)
 			usleep(ms * 1000);
 			t0 = mono_now_ns(); /* delta_s (autosnap=auto): the try, not the waits */
 		}
+		since = 0; /* a new name: its own transient retries */
+		tries = 0;
 	} while (rc == -EEXIST && snapd_rename(sd, job));
 	if (!rc)
 		snapd_mark_stored(sd, job);

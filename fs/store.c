@@ -1473,11 +1473,14 @@ fail:
 	return rc;
 }
 
+static void store_info_forget(struct store *s, const char *name);
+
 int store_commit(struct store *s, const struct mf_manifest *m)
 {
 	struct stat st;
 	int rc;
 
+	store_info_forget(s, m->name); /* a name deleted elsewhere, taken again here */
 	pthread_mutex_lock(&s->mu);
 	if ((rc = store_name_valid(m->name)))
 		goto out;
@@ -2259,6 +2262,22 @@ static void store_info_remember(struct store *s, unsigned gen, const struct stat
 	pthread_mutex_unlock(&s->imu);
 }
 
+/* What a listing learnt of name goes: a delete or a commit of it through this handle.
+ * The file key alone could take a manifest deleted and made again with the same name,
+ * size and second for the old one, on a filesystem of one-second timestamps that gave
+ * the new one the freed inode (a reviewer). */
+static void store_info_forget(struct store *s, const char *name)
+{
+	size_t k = 0;
+
+	pthread_mutex_lock(&s->imu);
+	for (size_t i = 0; i < s->ninfos; i++)
+		if (strcmp(s->infos[i].info.name, name))
+			s->infos[k++] = s->infos[i];
+	s->ninfos = k;
+	pthread_mutex_unlock(&s->imu);
+}
+
 /* After a whole listing gen: the entries it did not meet are of deleted snapshots. */
 static void store_info_sweep(struct store *s, unsigned gen)
 {
@@ -2530,6 +2549,7 @@ int store_delete(struct store *s, const char *name)
 		return rc;
 	if (s->broken)
 		return s->broken;
+	store_info_forget(s, name);
 	/* Invariant 5: the manifest goes first and alone; its objects wait for gc. */
 	if (unlinkat(s->snapfd, name, 0) == 0)
 		return store_sync_dir(s, s->snapfd);
