@@ -341,6 +341,22 @@ class Mounter:
             pytest.fail("teardown: " + "; ".join(errs), pytrace=False)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test whose fixtures registered daemon logs (item.mlfs_logs: a function
+    returning [(title, text)]) gets them as sections of its report: a detached daemon's
+    log is otherwise gone with the suite's temp root."""
+    outcome = yield
+    rep = outcome.get_result()
+    logs = getattr(item, "mlfs_logs", None)
+    if rep.failed and logs is not None:
+        try:
+            for title, text in logs():
+                rep.sections.append((title, text))
+        except Exception as e:   # a report without the logs, never a lost report
+            rep.sections.append(("mlfs daemon logs", f"not read: {e!r}"))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def test_root():
     """The suite's temp root (/var/tmp: on the local disk, unlike a tmpfs /tmp). Checked

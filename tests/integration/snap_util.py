@@ -334,8 +334,10 @@ class SnapEnv:
 
 
 @pytest.fixture
-def snapenv(test_root):
+def snapenv(request, test_root):
     envs = []
+    request.node.mlfs_logs = lambda: [(f"daemon log {d.log}", d.output())
+                                      for e in envs for d in e.daemons]
 
     def make(prefix="snap-"):
         e = SnapEnv(test_root, prefix)

@@ -142,7 +142,8 @@ def test_take_and_restore_while_a_brick_restarts(snapenv, gluster_volume):
     rng = random.Random(U.SEED + 2)
     env = snapenv("glbr-")
     store = vol.subdir("store3-")
-    d = env.mount(store=store)
+    # In the foreground: a failure's report carries the daemon's log (conftest).
+    d = env.mount(store=store, foreground=True)
     files = {f"shard{i}.bin": rng.randbytes(6 * MiB + i) for i in range(4)}
     for n, data in files.items():
         S.write(os.path.join(d.ckpt, n), data)
@@ -163,7 +164,7 @@ def test_take_and_restore_while_a_brick_restarts(snapenv, gluster_volume):
         t.join(300)
     assert not errs, errs
     env.unmount(d, timeout=120)
-    d = env.mount(store=store, opts="restore=s1")
+    d = env.mount(store=store, opts="restore=s1", foreground=True)
     t = threading.Thread(target=restart, args=(0,))
     t.start()
     try:
