@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
@@ -618,6 +619,10 @@ static struct {
 	int final_done;			/* main is returning */
 	int preempt_deadline_s;		/* m->cfg's, copied: m goes when main returns */
 	int unmounted;			/* fuse_session_unmount done (by either thread) */
+	/* The mount's device and absolute path, once mounted (mlfs_sig_aborted). */
+	int dev_known;
+	unsigned dev_maj, dev_min;
+	char mnt[PATH_MAX];
 } mlfs_sig = { .mu = PTHREAD_MUTEX_INITIALIZER };
 
 static void mlfs_on_usr2(int sig)
@@ -668,13 +673,60 @@ static int mlfs_sig_block(void)
 	return pthread_sigmask(SIG_BLOCK, &set, NULL);
 }
 
+/* Whether the kernel aborted the connection while the mount stays (echo 1 >
+ * /sys/fs/fuse/connections/N/abort, umount -f): the device then reports POLLERR as it
+ * does after an unmount, so fuse_session_unmount leaves the mount, and every access to
+ * it fails ENOTCONN until someone detaches it (an outside tester). */
+static int mlfs_sig_aborted(struct fuse_session *se)
+{
+	struct pollfd p = { .fd = fuse_session_fd(se) };
+	unsigned maj, min;
+
+	if (!mlfs_sig.dev_known || poll(&p, 1, 0) != 1 || !(p.revents & POLLERR))
+		return 0;
+	return !ctl_mount_info(mlfs_sig.mnt, &maj, &min, NULL) && maj == mlfs_sig.dev_maj &&
+	       min == mlfs_sig.dev_min;
+}
+
+/* Detaches the dead mount at mnt as fuse_session_unmount would have (lazily: a
+ * process inside it keeps its cwd), itself as root, else through fusermount3. */
+static void mlfs_detach_dead(const char *mnt)
+{
+	int st;
+	pid_t pid;
+
+	if (geteuid() == 0) {
+		if (umount2(mnt, MNT_DETACH) < 0)
+			log_err("cannot detach the dead mount %s: %s", mnt, strerror(errno));
+		return;
+	}
+	pid = fork();
+	if (pid == 0) {
+		execlp("fusermount3", "fusermount3", "-u", "-q", "-z", "--", mnt, (char *)NULL);
+		_exit(127);
+	}
+	while (pid > 0 && waitpid(pid, &st, 0) < 0 && errno == EINTR)
+		;
+	if (pid < 0 || !WIFEXITED(st) || WEXITSTATUS(st))
+		log_err("cannot detach the dead mount %s: fusermount3 -u -z failed", mnt);
+}
+
 /* fuse_session_unmount once, by whichever thread comes first: under mlfs_sig.mu, so
  * that the signal thread leaving at the deadline never leaves the mount behind nor
  * races main's unmount. */
 static void mlfs_sig_unmount_locked(struct fuse_session *se)
 {
-	if (!mlfs_sig.unmounted && se)
+	if (!mlfs_sig.unmounted && se) {
+		int aborted = mlfs_sig_aborted(se);
+
+		if (aborted)
+			log_warn("the kernel aborted the connection of %s (its abort file in "
+				 "/sys/fs/fuse/connections, or umount -f): detaching the dead "
+				 "mount", mlfs_sig.mnt);
 		fuse_session_unmount(se);
+		if (aborted)
+			mlfs_detach_dead(mlfs_sig.mnt);
+	}
 	mlfs_sig.unmounted = 1;
 }
 
@@ -1272,6 +1324,10 @@ int main(int argc, char **argv)
 		log_err("control: cannot name the socket %s after the mount: %s; mlfs-snap and "
 			"mlfs-stat will not find this daemon", ctl_path(m.ctl), strerror(-r));
 	mlfs_mnt_unlock();
+	if (snprintf(mlfs_sig.mnt, sizeof(mlfs_sig.mnt), "%s", m.cfg.mountpoint) <
+		    (int)sizeof(mlfs_sig.mnt) &&
+	    !ctl_mount_info(mlfs_sig.mnt, &mlfs_sig.dev_maj, &mlfs_sig.dev_min, NULL))
+		mlfs_sig.dev_known = 1;
 	if ((r = mlfs_ops_set_io(se))) {
 		fprintf(stderr, "mlfs: cannot read requests: %s\n", strerror(-r));
 		goto out_unmount;

@@ -683,6 +683,39 @@ def test_sigquit_stops_with_the_final_snapshot(snapenv):
     S.assert_tree_equal(S.read_tree(out), t, "the final snapshot after SIGQUIT")
 
 
+def test_connection_aborted_by_the_kernel_detaches_the_dead_mount(snapenv):
+    """An admin's `echo 1 > /sys/fs/fuse/connections/N/abort` (or umount -f) ends the
+    session as an unmount does, but the mount stays: libfuse takes the device's error
+    for "already unmounted" and left a dead mount (ENOTCONN for every access), with no
+    log line (an outside tester). The daemon detaches it, says why, and still makes
+    the final snapshot of the tree it holds."""
+    env = snapenv()
+    d = env.mount(foreground=True)
+    write(os.path.join(d.ckpt, "model.pt"), rng_for("abort").randbytes(MiB + 5))
+    t = S.read_tree(d.ckpt)
+    conn = os.minor(os.stat(env.mnt).st_dev)
+    ctl = "/sys/fs/fuse/connections"
+    ours = not os.path.ismount(ctl)
+    if ours:
+        r = subprocess.run(["mount", "-t", "fusectl", "fusectl", ctl], capture_output=True,
+                           text=True)
+        assert r.returncode == 0, f"cannot mount fusectl on {ctl}: {r.stderr}"
+    try:
+        with open(f"{ctl}/{conn}/abort", "w") as f:
+            f.write("1")
+        assert env.wait_exit(d, 60) == 0, d.output()
+    finally:
+        if ours:
+            subprocess.run(["umount", ctl])
+    assert not U.is_mounted(env.mnt), f"dead mount left at {env.mnt}:\n{d.output()}"
+    assert "aborted the connection" in d.output(), d.output()
+    finals = [n for n in S.list_json(env.store, store=True) if n.startswith("unmount-")]
+    assert len(finals) == 1, d.output()
+    out = env.path("export")
+    assert S.export(env.store, finals[0], out).ok
+    S.assert_tree_equal(S.read_tree(out), t, "the final snapshot after an abort")
+
+
 def _tids_blocked_in(pid, root):
     """Threads of pid asleep in a call on a descriptor naming root or a file under it."""
     out = set()
