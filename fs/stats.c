@@ -196,8 +196,9 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 	F("ahead_bytes", "bytes of the blocks loaded ahead", ts.ahead_bytes);
 	F("ahead_used", "blocks loaded ahead that a read then used", bs.ahead_used);
 	F("ahead_unused", "blocks loaded ahead and evicted before any read", bs.ahead_unused);
-	F("ahead_skipped", "queued blocks not loaded: resident, in flight, let go, no room",
-	  ts.ahead_skipped);
+	F("ahead_skipped",
+	  "blocks handed to read-ahead, not loaded: resident, in flight, let go, queue full, "
+	  "no room", ts.ahead_skipped);
 	F("ahead_errors", "read-ahead loads that failed (their reads fail alike)",
 	  ts.ahead_errors);
 	/* Unknown or unlimited inputs (GOV_NONE) show as 0. */

@@ -377,12 +377,14 @@ static void tier_op_done(struct tier *t, uint32_t cap)
 	pthread_mutex_unlock(&t->mu);
 }
 
+/* The spill's progress and the admission waiters' cue. Not the heap trim's: the
+ * buffers an eviction frees are counted where they are freed (bc_heap_freed_take), and
+ * a mapped block gives nothing back to the heap. */
 static void tier_freed(struct tier *t, uint64_t bytes)
 {
 	if (!bytes)
 		return;
 	pthread_mutex_lock(&t->mu);
-	t->freed_since_trim += bytes;
 	t->freed_ms = mono_now_ms();
 	pthread_cond_broadcast(&t->admit_cv);
 	pthread_mutex_unlock(&t->mu);
@@ -626,8 +628,8 @@ static bool tier_trim(struct tier *t)
 
 /* Gives freed heap memory back when RSS does not follow mem_bytes: block buffers of 64 KiB
  * or more are their own mappings (M_MMAP_THRESHOLD), but checkpoint buffers start at 4 KiB
- * on the heap and the spill bounce buffers come and go. What counts as freed: the tier's
- * evictions, and every block buffer and checkpoint inode freed (bc_heap_freed_take): an
+ * on the heap and the spill bounce buffers come and go. What counts as freed: every
+ * block buffer (an eviction's too) and checkpoint inode freed (bc_heap_freed_take): an
  * unlink of 200,000 small files, or a live restore's swap, left RSS at 900 MB with
  * mem_bytes near 0 and no trim (an outside tester). Reads /proc/self/statm (~10 us);
  * malloc_trim walks the arenas (about a millisecond per GiB of heap). */
