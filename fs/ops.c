@@ -1243,7 +1243,12 @@ static int root_readdir(fuse_req_t req, char *buf, size_t size, off_t off, int p
 	size_t used = 0;
 	int i, fresh;
 
-	for (i = off; i < 4; i++) {
+	/* off is the client's lseek(2), any 64-bit value: cut to an int, 2^31 indexed
+	 * names[] far below it and killed the daemon (an outside tester, as a second
+	 * user). Past the last entry, or before the first, is the end. */
+	if (off < 0 || off >= 4)
+		return 0;
+	for (i = (int)off; i < 4; i++) {
 		struct fuse_entry_param e = { 0 };
 		size_t need;
 

@@ -60,6 +60,42 @@ def user_src(request, monkeypatch, mounter, other_user):
     shutil.rmtree(src, ignore_errors=True)
 
 
+def _getdents_at(path, off):
+    """getdents64(2) of directory path after lseek(2) to off: the names it returned."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.lseek(fd, off, os.SEEK_SET)
+        buf = ctypes.create_string_buffer(8192)
+        n = libc.syscall(217, fd, buf, len(buf))   # SYS_getdents64 (x86-64)
+        if n < 0:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e))
+        names, pos = [], 0
+        while pos < n:
+            reclen = int.from_bytes(buf.raw[pos + 16:pos + 18], "little")
+            names.append(buf.raw[pos + 19:pos + reclen].split(b"\0", 1)[0].decode())
+            pos += reclen
+        return names
+    finally:
+        os.close(fd)
+
+
+def test_root_listing_at_any_offset_ends(mounter, other_user):
+    """A second user seeks the mount root's directory stream anywhere (lseek takes any
+    64-bit offset) and reads it: past the four entries it is the end. The offset was cut
+    to an int and indexed the daemon's table of root names: 2^31 killed the daemon (the
+    mount dead, MOUNT/ckpt's unsnapshotted tree lost), 2^32-1 listed a stray name (an
+    outside tester)."""
+    m = mounter(opts="allow_other,default_permissions")
+    for off in (1, 3, 4, 5, 0xffffffff, 0x80000000, 1 << 62, (1 << 63) - 1):
+        got = as_other(other_user, lambda: _getdents_at(m.mnt, off))
+        want = [".", "..", "data", "ckpt"][off:]
+        assert got == ["ok", want], f"getdents64 at offset {off:#x}: {got}"
+    assert sorted(os.listdir(m.mnt)) == ["ckpt", "data"]
+
+
 # ---------------------------------------------------------------- 1. MOUNT/data beneath SOURCE
 
 def _read(path):
