@@ -658,7 +658,8 @@ static int data_path(const struct data_node *n, char *buf, size_t size)
 		return 0;
 	}
 	for (; n->parent; n = n->parent) {
-		if ((size_t)n->namelen + 1 > pos)
+		/* The top component has no '/' before it: a path of size - 1 bytes fits. */
+		if ((size_t)n->namelen + (n->parent->parent ? 1 : 0) > pos)
 			return -ENAMETOOLONG;
 		pos -= n->namelen;
 		memcpy(buf + pos, n->name, n->namelen);

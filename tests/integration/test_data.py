@@ -119,6 +119,47 @@ def test_lookup_errors(data_mount):
     U.expect_errno(errno.EISDIR, os.open, os.path.join(d, "sub"), os.O_RDONLY | os.O_TRUNC)
 
 
+def test_longest_source_path_is_served(mounter):
+    """A file whose path below SOURCE is 4095 bytes, the longest a path can be (PATH_MAX
+    with its NUL), reached one directory at a time: read through MOUNT/data as through
+    SOURCE; one of 4096 is refused with ENAMETOOLONG (mlfs(8) BUGS). The daemon kept a
+    byte for a '/' before the top component and refused 4095 too (an outside tester)."""
+    src = mounter.tempdir("src-")
+    fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY)
+    rel = []
+    while sum(map(len, rel)) + len(rel) < 3850:
+        c = "d" * 250
+        os.mkdir(c, dir_fd=fd)
+        nfd = os.open(c, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nfd
+        rel.append(c)
+    dirlen = sum(map(len, rel)) + len(rel)      # with the '/' before the file's name
+    want = {}
+    for total in (4094, 4095, 4096):
+        name = f"f{total}".ljust(total - dirlen, "x")
+        want[name] = f"ok{total}\n".encode()
+        with open(os.open(name, os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "wb") as f:
+            f.write(want[name])
+    os.close(fd)
+    m = mounter(src=src)
+    fd = os.open(m.data, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for c in rel:
+            nfd = os.open(c, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        for name, data in want.items():
+            total = dirlen + len(name)
+            if total >= 4096:
+                U.expect_errno(errno.ENAMETOOLONG, os.open, name, os.O_RDONLY, dir_fd=fd)
+                continue
+            with open(os.open(name, os.O_RDONLY, dir_fd=fd), "rb") as f:
+                assert f.read() == data, f"path of {total} bytes below SOURCE"
+    finally:
+        os.close(fd)
+
+
 def _erofs_calls(d):
     f = os.path.join(d, "five-mib")
     new = os.path.join(d, "new-file")
