@@ -257,7 +257,7 @@ static void ctl_remove_stale(const char *dir)
  * (mountinfo's major:minor), which no other live mount has and which a rename of the
  * mount point keeps. So root's tools can find the daemon of a mount they cannot enter
  * (no allow_other: FUSE refuses even root the xattr that names the socket;
- * ctl_find_as_root), and a tool never reaches another mount's daemon: a name made from
+ * ctl_find_in_table), and a tool never reaches another mount's daemon: a name made from
  * the mount point's path was taken over by a second daemon mounted where a renamed
  * mount had been. */
 static void ctl_sock_name(unsigned maj, unsigned min, char *buf, size_t len)
@@ -718,13 +718,16 @@ static int ctl_mount_abs(const char *mountpoint, char *abs, size_t len)
 }
 
 /*
- * Root's way to the daemon of a mount made without allow_other, which FUSE keeps even
- * root out of: the mount's owner (user_id= in /proc/self/mountinfo) and the mount
- * point give the socket's directory and name (ctl_dir_name, ctl_sock_name). A daemon
- * started with a non-default XDG_RUNTIME_DIR is not found (-EACCES as before).
+ * The way to the daemon through the mount table, with no FUSE request: the mount's
+ * owner (user_id= in /proc/self/mountinfo) and the mount point give the socket's
+ * directory and name (ctl_dir_name, ctl_sock_name). Root's and the owner's: no other
+ * user may look in the owner's socket directory. Root's only way to a mount made
+ * without allow_other, which FUSE keeps even root out of; everyone's first try, so
+ * that the tools reach a daemon whose every worker waits on a hung SOURCE (ctl_connect).
+ * A daemon started with a non-default XDG_RUNTIME_DIR is not found (-EACCES).
  * Writes the path into buf; 0 or -errno.
  */
-static int ctl_find_as_root(const char *mountpoint, char *buf, size_t len)
+static int ctl_find_in_table(const char *mountpoint, char *buf, size_t len)
 {
 	char abs[4096], dir[96], name[32];
 	unsigned maj, min;
@@ -788,14 +791,16 @@ static int ctl_check_owner(const char *mountpoint, const char *sock)
 /* The path of the socket of mountpoint's daemon into path: 0, or -errno as ctl_connect
  * returns it. Makes FUSE requests to the mount (getxattr, realpath's stat of the mount
  * point), which wait for as long as its daemon does not answer: ctl_find_timed runs it. */
-static int ctl_find(const char *mountpoint, char *path, size_t len)
+static int ctl_find(const char *mountpoint, char *path, size_t len, int table)
 {
 	ssize_t n;
 
+	if (table)
+		return ctl_find_in_table(mountpoint, path, len);
 	n = getxattr(mountpoint, MLFS_CTL_XATTR, path, len - 1);
 	if (n < 0 && (errno == EACCES || errno == EPERM) && geteuid() == 0) {
 		/* From the mount table: the owner is checked there. */
-		int rc = ctl_find_as_root(mountpoint, path, len);
+		int rc = ctl_find_in_table(mountpoint, path, len);
 
 		if (rc)
 			return rc == -ENOTCONN ? rc : -EPERM;
@@ -835,6 +840,7 @@ struct ctl_find_job {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;	/* done was set; waits on CLOCK_MONOTONIC (mono_deadline) */
 	int refs, done, rc;
+	int table;	/* ctl_find's way: the mount table, else the xattr */
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	char mountpoint[];	/* a copy: the caller's may be gone while the thread waits */
 };
@@ -855,7 +861,7 @@ static void ctl_find_job_put(struct ctl_find_job *j)
 static void *ctl_find_thread(void *arg)
 {
 	struct ctl_find_job *j = arg;
-	int rc = ctl_find(j->mountpoint, j->path, sizeof(j->path));
+	int rc = ctl_find(j->mountpoint, j->path, sizeof(j->path), j->table);
 
 	pthread_mutex_lock(&j->mu);
 	j->rc = rc;
@@ -866,7 +872,7 @@ static void *ctl_find_thread(void *arg)
 }
 
 /* ctl_find within CTL_ANSWER_TIMEOUT_S, else -ETIMEDOUT. len: at most sun_path's. */
-static int ctl_find_timed(const char *mountpoint, char *path, size_t len)
+static int ctl_find_timed(const char *mountpoint, char *path, size_t len, int table)
 {
 	size_t l = strlen(mountpoint) + 1;
 	struct ctl_find_job *j = calloc(1, sizeof(*j) + l);
@@ -878,6 +884,7 @@ static int ctl_find_timed(const char *mountpoint, char *path, size_t len)
 	if (!j)
 		return -ENOMEM;
 	memcpy(j->mountpoint, mountpoint, l);
+	j->table = table;
 	j->refs = 2;
 	pthread_mutex_init(&j->mu, NULL);
 	pthread_condattr_init(&ca);
@@ -910,18 +917,31 @@ int ctl_connect(const char *mountpoint)
 	struct timeval tmo = { .tv_sec = CTL_ANSWER_TIMEOUT_S };
 	int fd, rc;
 
-	if ((rc = ctl_find_timed(mountpoint, sa.sun_path, sizeof(sa.sun_path))))
-		return rc;
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tmo, sizeof(tmo));
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		rc = -errno;
-		close(fd);
-		return rc == -EACCES ? -EPERM : rc == -EAGAIN ? -ETIMEDOUT : rc;
+	/* The mount table first (ctl_find_in_table): the xattr is a FUSE request, which
+	 * waits behind every other request of the mount, and when every worker waits on a
+	 * hung SOURCE, root's take --wait timed out there while the daemon's control thread
+	 * was free (an outside tester: 80 stats of MOUNT/data/x as another user). Where the
+	 * table gives nothing (another user, another XDG_RUNTIME_DIR) or a socket no daemon
+	 * answers at (it died: its mount is dead), the daemon is asked, as before. */
+	for (int table = 1;; table = 0) {
+		rc = ctl_find_timed(mountpoint, sa.sun_path, sizeof(sa.sun_path), table);
+		if (rc && table && rc != -ETIMEDOUT)
+			continue;
+		if (rc)
+			return rc;
+		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+			return -errno;
+		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tmo, sizeof(tmo));
+		if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+			rc = -errno;
+			close(fd);
+			if (table && (rc == -ECONNREFUSED || rc == -ENOENT))
+				continue;
+			return rc == -EACCES ? -EPERM : rc == -EAGAIN ? -ETIMEDOUT : rc;
+		}
+		return fd;
 	}
-	return fd;
 }
 
 /* Whether path is MOUNT/data or MOUNT/ckpt of a FUSE mount (a user naming the tree

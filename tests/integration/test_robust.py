@@ -553,6 +553,39 @@ def test_a_hung_source_does_not_hold_the_mount_root(mounter, opts):
             cat.wait(60)
 
 
+def test_tools_reach_a_daemon_whose_workers_all_wait_on_source(stopped_source):
+    """Every FUSE worker of the daemon waits on a hung SOURCE (here its one worker,
+    threads=1, on a lookup; with more, as many lookups as workers plus the rescue's
+    64: an outside tester's 80 stats as another user): mlfs-snap and mlfs-stat still
+    reach the daemon, whose control thread is free, and take --wait makes MOUNT/ckpt
+    durable. They found the socket through an xattr of the mount, a FUSE request that
+    waited behind the others: "did not answer in 10 s", so no snapshot could be taken
+    until SOURCE came back."""
+    env, m2, holder = stopped_source
+    write(os.path.join(m2.ckpt, "x"), b"behind a stopped daemon")
+    d = env.mount(opts="threads=1")
+    write(os.path.join(d.ckpt, "model.pt"), rng_for("hungsrc").randbytes(MiB + 3))
+    t = S.read_tree(d.ckpt)
+    # m2's attributes of its ckpt root last 1 s (CKPT_TIMEOUT): past that, a lookup in
+    # SOURCE asks m2, which will not answer.
+    time.sleep(1.5)
+    U.sigstop(m2.pid)
+    holder["procs"].append(subprocess.Popen(["stat", os.path.join(env.mnt, "data", "x")],
+                                            stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL))
+    U.wait_blocked_in(d.pid, m2.ckpt, "no worker of the daemon blocked on SOURCE")
+    r = S.snap("take", env.mnt, "s1", "--wait", timeout=60)
+    assert r.ok, f"take --wait with every worker waiting on SOURCE: {r!r}"
+    assert U.mlfs_stat_json(env.mnt)["pid"] == d.pid
+    assert holder["procs"][0].poll() is None, "the stat did not stay blocked"
+    out = env.path("export")
+    assert S.export(env.store, "s1", out).ok
+    S.assert_tree_equal(S.read_tree(out), t, "s1 taken while SOURCE hung")
+    os.kill(m2.pid, signal.SIGCONT)
+    holder["procs"][0].wait(30)
+    env.unmount(d)
+
+
 def test_sigterm_with_a_read_blocked_on_source(stopped_source):
     """SIGTERM while a FUSE worker is blocked reading SOURCE: the emergency snapshot is
     still taken and durable, and the daemon leaves (unmounted) at the deadline. Before:
