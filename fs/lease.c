@@ -389,7 +389,9 @@ static int keeper_write_locked(struct lease_keeper *k, const struct lease_buf *e
 		 * running keeper (a daemon's) can lapse: a tool's lease names only its
 		 * session, whose commit re-checks every object after its own refresh. */
 		log_err("store: %s: lease leases/%s lapsed (not refreshed for %.0f s): objects "
-			"this mount reads may have been collected; snapshots are refused, remount",
+			"this mount reads may have been collected; snapshots are refused until a "
+			"remount, which drops what MOUNT/ckpt changed since its last durable "
+			"snapshot: copy that out first",
 			k->path, k->token, ((int64_t)mono_now_ns() - k->last_ok) / 1e9);
 	}
 	if (rc) {
@@ -506,7 +508,9 @@ int lease_keeper_status(struct lease_keeper *k, int64_t *age_ns)
 
 	if (k->running && !k->lapsed && age >= k->t.stale_ns && !atomic_exchange(&k->lapsed, 1))
 		log_err("store: %s: lease leases/%s lapsed (not refreshed for %.0f s): objects "
-			"this mount reads may have been collected; snapshots are refused, remount",
+			"this mount reads may have been collected; snapshots are refused until a "
+			"remount, which drops what MOUNT/ckpt changed since its last durable "
+			"snapshot: copy that out first",
 			k->path, k->token, age / 1e9);
 	if (age_ns)
 		*age_ns = age;

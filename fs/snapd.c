@@ -127,9 +127,9 @@ int snapd_load_block(void *arg, struct bc_block *b, void *buf)
 	if (rc >= 0 && (uint32_t)rc != len)
 		rc = -EIO;
 	if (rc < 0) {
-		char name[48];
+		char name[112];
 
-		store_object_name(bc_block_obj(b), name);
+		store_object_label(sd->st, bc_block_obj(b), name);
 		log_err("snap: block of a restored file could not be read from the store "
 			"(%s): %s", name, strerror(-rc));
 		atomic_fetch_add(&sd->m->st.csum_errors, rc == -EIO);
@@ -925,7 +925,8 @@ static int snapd_lease_check(struct snapd *sd, struct ctl_req *r)
 	if (rc && store_lease_lapsed(sd->st))
 		ctl_fail(r, "take: the store lease lapsed while the store was unreachable (a gc "
 			    "elsewhere may have taken what this mount reads): snapshots are refused "
-			    "until a remount; nothing taken");
+			    "until a remount, which drops what MOUNT/ckpt changed since its last "
+			    "durable snapshot (copy that out first); nothing taken");
 	else if (rc)
 		ctl_fail(r, "take: the store lease was not refreshed for %.0f s (see the log: "
 			    "the store is unreachable or read-only); nothing taken", age / 1e9);

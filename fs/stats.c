@@ -142,7 +142,7 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 	F("read_ops", "read requests", atomic_load(&m->st.read_ops));
 	F("write_ops", "write requests", atomic_load(&m->st.write_ops));
 	F("bytes_written", "bytes written to MOUNT/ckpt", atomic_load(&m->st.bytes_written));
-	F("csum_errors", "blocks whose checksum did not verify (spill tier and store)",
+	F("csum_errors", "blocks not read back as written: checksum, damage or EIO (spill, store)",
 	  atomic_load(&m->st.csum_errors) + ts.spill_csum_errors);
 	F("data_nodes", "MOUNT/data names the kernel holds", data_nodes(m->data));
 	if (m->snapd) {

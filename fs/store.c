@@ -683,7 +683,9 @@ int store_lease_lapsed(struct store *s)
 const char *store_strerror(struct store *s, int rc)
 {
 	return rc == -ENOLCK && store_lease_lapsed(s)
-	       ? "the store lease lapsed while the store was unreachable; remount"
+	       ? "the store lease lapsed while the store was unreachable; remount (copy out "
+		 "first what MOUNT/ckpt changed since its last durable snapshot: a remount "
+		 "drops it)"
 	       : strerror(-rc);
 }
 
