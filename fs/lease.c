@@ -100,10 +100,18 @@ int lease_write(int leasedir, const char *token, const struct lease_buf *b, int6
 			       (unsigned long long)XXH3_64bits(buf, off));
 	snprintf(tmp, sizeof(tmp), ".tmp.%s", token);
 	fd = openat(leasedir, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-	if (fd < 0) {
-		rc = -errno;
-		goto out_free;
+	/* A temporary of ours that cannot be opened again is removed and made anew: a
+	 * GlusterFS brick that filled up under a refresh left one that every open answers
+	 * ESTALE, and every later refresh failed until the lease lapsed (an outside
+	 * tester). */
+	rc = fd < 0 ? -errno : 0;
+	if (fd < 0 && rc != -ENOENT && !unlinkat(leasedir, tmp, 0)) {
+		fd = openat(leasedir, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW,
+			    0600);
+		rc = fd < 0 ? -errno : 0;
 	}
+	if (fd < 0)
+		goto out_free;
 	rc = fdio_write_all(fd, buf, off);
 	if (close(fd) && !rc)
 		rc = -errno;	/* NFS reports a full server at close */
@@ -214,8 +222,11 @@ static int lease_scan_one(int leasedir, const char *name, const struct lease_tim
 			return errno == ENOENT ? 0 : -errno;
 		return !tmp && lease_fresh(t, now_ns, mtime_of(&st)) ? -EINVAL : 0;
 	}
-	if (lfd < 0)	/* removed: nothing to read */
-		return errno == ENOENT ? 0 : -errno;
+	/* Removed: nothing to read. A temporary that cannot be opened is no lease either
+	 * (one a full GlusterFS brick left answers ESTALE to every open): its writer
+	 * removes it at its next refresh (lease_write); gc failed on it for good. */
+	if (lfd < 0)
+		return errno == ENOENT || tmp ? 0 : -errno;
 	if (fstat(lfd, &st)) {
 		rc = -errno;
 		close(lfd);
@@ -264,6 +275,9 @@ int lease_scan(int leasedir, const struct lease_times *t, int64_t now_ns,
 			log_err("lease: leases/%s is fresh but does not parse (or is no regular "
 				"file); gc refused until it is refreshed or goes stale", d->d_name);
 			rc = -EIO;
+		} else if (rc < 0) {
+			log_err("lease: leases/%s cannot be read (%s); gc refused", d->d_name,
+				strerror(-rc));
 		}
 	}
 	fdio_closedir(dir);
