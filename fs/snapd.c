@@ -127,7 +127,7 @@ int snapd_load_block(void *arg, struct bc_block *b, void *buf)
 	if (rc >= 0 && (uint32_t)rc != len)
 		rc = -EIO;
 	if (rc < 0) {
-		char name[112];
+		char name[STORE_LABEL_LEN];
 
 		store_object_label(sd->st, bc_block_obj(b), name);
 		log_err("snap: block of a restored file could not be read from the store "
@@ -1014,7 +1014,8 @@ static int ctl_take(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 	}
 	rc = snapd_wait(sd, job, 0, ctl_progress, r, r, NULL);
 	if (rc)
-		return ctl_fail(r, "take: persist of '%s' failed: %s", name, strerror(-rc)), rc;
+		return ctl_fail(r, "take: persist of '%s' failed: %s", name,
+				store_strerror(sd->st, rc)), rc;
 	/* A part alone is no restorable snapshot: "durable NAME" would tell a script the
 	 * group is (found by an outside tester). */
 	if (m->cfg.workers > 1)
