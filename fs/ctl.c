@@ -346,6 +346,16 @@ int ctl_name_mount(struct ctl *c, const char *mountpoint)
 	return 0;
 }
 
+void ctl_unname_mount(struct ctl *c)
+{
+	char path[sizeof(c->path)];
+
+	if ((size_t)snprintf(path, sizeof(path), "%s/m-gone-%ld.sock", c->dir,
+			     (long)getpid()) >= sizeof(path) || rename(c->path, path) < 0)
+		return;
+	memcpy(c->path, path, sizeof(path));
+}
+
 int ctl_register(struct ctl *c, const char *cmd, ctl_fn fn)
 {
 	if (c->ncmds == CTL_CMDS_MAX)

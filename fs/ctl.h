@@ -69,6 +69,10 @@ void ctl_mount_unlock(int fd, dev_t dev, ino_t ino);
 /* Once the mount at mountpoint (absolute, as in mountinfo) is made: gives the socket
  * its name from the mount's device. 0 or -errno (-ENOTCONN: no FUSE mount there). */
 int ctl_name_mount(struct ctl *c, const char *mountpoint);
+/* Once the mount is gone: gives the socket a name of no mount's device (m-gone-PID), so
+ * that a tool looking up a new mount that got the same device number (the kernel
+ * reuses them) never reaches this daemon, which still serves its final snapshot. */
+void ctl_unname_mount(struct ctl *c);
 /* The device number and owner (user_id=) of the FUSE mount at abs (absolute, resolved),
  * the last one on top, from /proc/self/mountinfo: set by the kernel, which no FUSE server
  * can change. Any out pointer may be NULL. 0, -ENOTCONN if no FUSE mount is there, or

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#include <spawn.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
@@ -49,6 +50,10 @@
  * still caught at its next open (data.c, invariant 2). */
 #define MLFS_DATA_TIMEOUT 3600.0
 #define MLFS_THREADS_DEFAULT 4
+/* statx's mount id that no later mount reuses (Linux 6.8; glibc 2.36 lacks the name). */
+#define MLFS_STATX_MNT_ID_UNIQUE 0x4000U
+
+extern char **environ;
 /* -o passthrough_min: docs/performance.md, "Small files". */
 #define MLFS_PASSTHROUGH_MIN (1ull << 20)
 
@@ -619,9 +624,10 @@ static struct {
 	int final_done;			/* main is returning */
 	int preempt_deadline_s;		/* m->cfg's, copied: m goes when main returns */
 	int unmounted;			/* fuse_session_unmount done (by either thread) */
-	/* The mount's device and absolute path, once mounted (mlfs_sig_aborted). */
-	int dev_known;
-	unsigned dev_maj, dev_min;
+	/* The mount's unique id (statx, never reused: a device number is, by the next
+	 * mount) and absolute path, once mounted (mlfs_sig_aborted). */
+	int id_known;
+	uint64_t mnt_id;
 	char mnt[PATH_MAX];
 } mlfs_sig = { .mu = PTHREAD_MUTEX_INITIALIZER };
 
@@ -677,37 +683,54 @@ static int mlfs_sig_block(void)
  * /sys/fs/fuse/connections/N/abort, umount -f): the device then reports POLLERR as it
  * does after an unmount, so fuse_session_unmount leaves the mount, and every access to
  * it fails ENOTCONN until someone detaches it (an outside tester). */
+/* The unique id of the mount at mnt (STATX_MNT_ID_UNIQUE, Linux 6.8), asking the
+ * mount nothing (AT_STATX_DONT_SYNC: the root's cached attributes): 0, or -errno
+ * (-ENOSYS where the kernel does not give it). */
+static int mlfs_mnt_id(const char *mnt, uint64_t *id)
+{
+	struct statx stx;
+
+	if (statx(AT_FDCWD, mnt, AT_STATX_DONT_SYNC, MLFS_STATX_MNT_ID_UNIQUE, &stx))
+		return -errno;
+	if (!(stx.stx_mask & MLFS_STATX_MNT_ID_UNIQUE))
+		return -ENOSYS;
+	*id = stx.stx_mnt_id;
+	return 0;
+}
+
 static int mlfs_sig_aborted(struct fuse_session *se)
 {
 	struct pollfd p = { .fd = fuse_session_fd(se) };
-	unsigned maj, min;
+	uint64_t id;
 
-	if (!mlfs_sig.dev_known || poll(&p, 1, 0) != 1 || !(p.revents & POLLERR))
+	if (!mlfs_sig.id_known || poll(&p, 1, 0) != 1 || !(p.revents & POLLERR))
 		return 0;
-	return !ctl_mount_info(mlfs_sig.mnt, &maj, &min, NULL) && maj == mlfs_sig.dev_maj &&
-	       min == mlfs_sig.dev_min;
+	/* Ours still there, not a mount made at the same path since ours went. */
+	return !mlfs_mnt_id(mlfs_sig.mnt, &id) && id == mlfs_sig.mnt_id;
 }
 
 /* Detaches the dead mount at mnt as fuse_session_unmount would have (lazily: a
  * process inside it keeps its cwd), itself as root, else through fusermount3. */
 static void mlfs_detach_dead(const char *mnt)
 {
-	int st;
+	char *argv[] = { "fusermount3", "-u", "-q", "-z", "--", (char *)mnt, NULL };
+	int st = 0, rc;
 	pid_t pid;
 
 	if (geteuid() == 0) {
-		if (umount2(mnt, MNT_DETACH) < 0)
+		if (umount2(mnt, MNT_DETACH | UMOUNT_NOFOLLOW) < 0)
 			log_err("cannot detach the dead mount %s: %s", mnt, strerror(errno));
 		return;
 	}
-	pid = fork();
-	if (pid == 0) {
-		execlp("fusermount3", "fusermount3", "-u", "-q", "-z", "--", mnt, (char *)NULL);
-		_exit(127);
-	}
-	while (pid > 0 && waitpid(pid, &st, 0) < 0 && errno == EINTR)
-		;
-	if (pid < 0 || !WIFEXITED(st) || WEXITSTATUS(st))
+	/* posix_spawn: no copy of a daemon that may hold gigabytes (a fork could fail
+	 * under strict overcommit). */
+	rc = posix_spawnp(&pid, "fusermount3", NULL, NULL, argv, environ);
+	while (!rc && waitpid(pid, &st, 0) < 0)
+		if (errno != EINTR) {
+			rc = errno;
+			break;
+		}
+	if (rc || !WIFEXITED(st) || WEXITSTATUS(st))
 		log_err("cannot detach the dead mount %s: fusermount3 -u -z failed", mnt);
 }
 
@@ -1326,8 +1349,8 @@ int main(int argc, char **argv)
 	mlfs_mnt_unlock();
 	if (snprintf(mlfs_sig.mnt, sizeof(mlfs_sig.mnt), "%s", m.cfg.mountpoint) <
 		    (int)sizeof(mlfs_sig.mnt) &&
-	    !ctl_mount_info(mlfs_sig.mnt, &mlfs_sig.dev_maj, &mlfs_sig.dev_min, NULL))
-		mlfs_sig.dev_known = 1;
+	    !mlfs_mnt_id(mlfs_sig.mnt, &mlfs_sig.mnt_id))
+		mlfs_sig.id_known = 1;
 	if ((r = mlfs_ops_set_io(se))) {
 		fprintf(stderr, "mlfs: cannot read requests: %s\n", strerror(-r));
 		goto out_unmount;
@@ -1404,6 +1427,7 @@ int main(int argc, char **argv)
 	/* The final rule (snapd.h): unmounted first, so the tree no longer changes, then
 	 * one last snapshot if it changed, persisted with everything pending. */
 	mlfs_sig_unmount(se);
+	ctl_unname_mount(m.ctl);
 	if (!m.snapd && ckpt_generation(m.ckpt))
 		log_warn("no store= given: what MOUNTPOINT/ckpt held goes with the mount");
 	if (m.snapd) {

@@ -750,7 +750,7 @@ static void release(struct pack_set *ps, struct pack *p, int fd, int own)
 
 /* Reads the record entry e of the pack open at fd describes and decodes it into
  * buf[len]: its length, -errno of the read, or -EIO with *why set (damage; *why NULL:
- * the pack is shorter than its index says). */
+ * the read itself failed with EIO or met the end of the pack). */
 static int rec_read(int fd, const struct pack_ent *e, const uint8_t hash[16], void *buf,
 		    uint32_t len, const char **why)
 {
@@ -796,9 +796,11 @@ static int rec_read(int fd, const struct pack_ent *e, const uint8_t hash[16], vo
 
 /* One read of hash from entry ei of p, entered with mu held (p in ps->v), which it
  * releases: -errno of the read (a retry after a scan may help), -EIO for damage (logged),
- * else the result (a length: 1 is a 1-byte object). */
+ * else the result (a length: 1 is a 1-byte object). *io (if not NULL): whether an EIO
+ * came from the read itself (short, or the filesystem's EIO), not from a record that
+ * does not verify. */
 static int get_from_locked(struct pack_set *ps, struct pack *p, size_t ei,
-			   const uint8_t hash[16], void *buf, uint32_t len)
+			   const uint8_t hash[16], void *buf, uint32_t len, bool *io)
 {
 	struct pack_ent e = p->ents[ei];
 	const char *why = NULL;
@@ -834,6 +836,10 @@ static int get_from_locked(struct pack_set *ps, struct pack *p, size_t ei,
 
 		why = !fstat(fd, &st) && (uint64_t)st.st_size < end ?
 			      "shorter than its index says" : "a read failed (EIO)";
+		if (io)
+			*io = true;
+	} else if (io) {
+		*io = false;
 	}
 	if (rc == -EBADFD && !own) {
 		/* A GlusterFS client answers so on a descriptor it could not open again after
@@ -862,7 +868,7 @@ static int get_from_locked(struct pack_set *ps, struct pack *p, size_t ei,
 /* One attempt at the indexed copy: -ENOENT not in the index (or its pack gone); else as
  * get_from_locked. Its pack's id in tried. */
 static int get_once(struct pack_set *ps, const uint8_t hash[16], void *buf, uint32_t len,
-		    char tried[33])
+		    char tried[33], bool *io)
 {
 	struct loc *l;
 
@@ -872,7 +878,7 @@ static int get_once(struct pack_set *ps, const uint8_t hash[16], void *buf, uint
 		return -ENOENT;
 	}
 	snprintf(tried, 33, "%s", l->p->id);
-	return get_from_locked(ps, l->p, l->e, hash, buf, len);
+	return get_from_locked(ps, l->p, l->e, hash, buf, len, io);
 }
 
 /* The index names one copy of each object (the first pack's); two writers that stored
@@ -901,7 +907,7 @@ static int get_other_copy(struct pack_set *ps, const uint8_t hash[16], void *buf
 			pthread_mutex_unlock(&ps->mu);
 			continue;
 		}
-		if ((rc = get_from_locked(ps, q, e, hash, buf, len)) >= 0)
+		if ((rc = get_from_locked(ps, q, e, hash, buf, len, NULL)) >= 0)
 			return rc;
 	}
 }
@@ -967,7 +973,7 @@ static int get_from_trash(struct pack_set *ps, const uint8_t hash[16], void *buf
 				rc = r;
 			} else if (why || r == -EIO) {
 				log_err("store: damaged object %s in %s/packs/%s: %s", hx, ps->path,
-					d->d_name, why ? why : "shorter than its index says");
+					d->d_name, why ? why : "short, or a read failed (EIO)");
 				rc = -EIO;
 			} else if (!err) {
 				err = r;
@@ -985,7 +991,8 @@ static int get_from_trash(struct pack_set *ps, const uint8_t hash[16], void *buf
 int pack_set_get(struct pack_set *ps, const uint8_t hash[16], void *buf, uint32_t len)
 {
 	char tried[33] = "";
-	int rc = get_once(ps, hash, buf, len, tried);
+	bool io = false;
+	int rc = get_once(ps, hash, buf, len, tried, &io);
 
 	/* Not known, or its pack gone (ENOENT/ESTALE on a network filesystem): a gc may
 	 * have moved it, another writer added it. One rescan, one more try. */
@@ -994,24 +1001,24 @@ int pack_set_get(struct pack_set *ps, const uint8_t hash[16], void *buf, uint32_
 
 		if (src)
 			return src;
-		rc = get_once(ps, hash, buf, len, tried);
+		rc = get_once(ps, hash, buf, len, tried, &io);
 	}
 	if (rc == -ENOENT)
 		rc = get_from_trash(ps, hash, buf, len);
 	if (rc == -EBADFD)	/* a kept descriptor gone bad: once more on a new one */
-		rc = get_once(ps, hash, buf, len, tried);
+		rc = get_once(ps, hash, buf, len, tried, &io);
 	if (rc == -EIO && tried[0]) {
 		int other = get_other_copy(ps, hash, buf, len, tried);
 
 		if (other >= 0)
 			rc = other;
 	}
-	/* A network filesystem's client may fail a read with EIO, or answer other bytes,
-	 * while a server fails over (a GlusterFS brick restarting under a restore failed
-	 * a reader once in CI): the indexed copy once more, on the pack opened anew (a
-	 * failed read set fd_bad), before EIO. Damage stays: its second read fails too. */
-	if (rc == -EIO && tried[0]) {
-		int again = get_once(ps, hash, buf, len, tried);
+	/* A network filesystem's client may fail a read with EIO while a server fails
+	 * over (a GlusterFS brick restarting under a restore failed a reader once in CI):
+	 * the indexed copy once more, on the pack opened anew (a failed read set fd_bad),
+	 * before EIO. Not a record that read whole and does not verify: damage. */
+	if (rc == -EIO && tried[0] && io) {
+		int again = get_once(ps, hash, buf, len, tried, NULL);
 
 		if (again >= 0) {
 			hex(hash, 16, tried);

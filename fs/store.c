@@ -121,18 +121,22 @@ void store_object_name(const uint8_t hash[STORE_HASH_LEN], char buf[48])
 	snprintf(buf, 48, "objects/%.2s/%s", hex, hex);
 }
 
-void store_object_label(struct store *s, const uint8_t hash[STORE_HASH_LEN], char buf[112])
+void store_object_label(struct store *s, const uint8_t hash[STORE_HASH_LEN],
+			char buf[STORE_LABEL_LEN])
 {
 	char hex[33], where[64];
 	uint64_t off;
 
 	store_hex16(hash, hex);
-	if (!store_object_where(s, hash, where, &off))
-		snprintf(buf, 112, "%s, object %s", where, hex);
+	/* The index as it is: a scan per failed read would cost a reader of a failing
+	 * store one more listing of packs/ before its EIO. */
+	if (s->packs && !pack_set_where(s->packs, hash, where, &off))
+		snprintf(buf, STORE_LABEL_LEN, "%s at offset %llu, object %s", where,
+			 (unsigned long long)off, hex);
 	else if (s->objfd >= 0)
 		store_object_name(hash, buf);
 	else
-		snprintf(buf, 112, "object %s", hex);
+		snprintf(buf, STORE_LABEL_LEN, "object %s", hex);
 }
 
 int store_object_where(struct store *s, const uint8_t hash[STORE_HASH_LEN], char path[64],
@@ -2629,7 +2633,7 @@ static int verify_one(struct verify_ctx *c, const char *name)
 {
 	struct store_fault f = { .snap = name };
 	struct mf_manifest *m;
-	char obj[MF_NAME_MAX + 8], path[4096], oname[112];
+	char obj[MF_NAME_MAX + 8], path[4096], oname[STORE_LABEL_LEN];
 	uint64_t conflicts;
 	int rc;
 

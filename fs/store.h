@@ -309,10 +309,12 @@ int store_verify(struct store *s, const char *name, store_fault_fn fn, void *arg
 
 /* Store-relative object path "objects/xx/<32 hex>" for hash into buf[48]. */
 void store_object_name(const uint8_t hash[STORE_HASH_LEN], char buf[48]);
-/* What to call the object hash in a message: the pack that holds it
- * ("packs/<id>.pack, object <hex>"), its version 1 path in a store that has objects/,
- * or "object <hex>", into buf[112]. Rescans packs/: for faults, not hot paths. */
-void store_object_label(struct store *s, const uint8_t hash[STORE_HASH_LEN], char buf[112]);
+/* What to call the object hash in a message: the pack that holds it as the handle's
+ * index knows it ("packs/<id>.pack at offset N, object <hex>"), its version 1 path in a
+ * store that has objects/, or "object <hex>", into buf. No rescan of packs/. */
+#define STORE_LABEL_LEN 160
+void store_object_label(struct store *s, const uint8_t hash[STORE_HASH_LEN],
+			char buf[STORE_LABEL_LEN]);
 
 /* Where the packed object hash is: "packs/<id>.pack" into path[64] and the offset of
  * its record; -ENOENT if no pack holds it. Rescans packs/. For tests and tools. */

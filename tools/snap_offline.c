@@ -398,7 +398,7 @@ static int restore_file(struct restore *r, size_t i)
 	}
 	for (uint64_t k = 0; k < e->nblocks; k++) {
 		const struct mf_block *b = &e->blocks[k];
-		char obj[112];
+		char obj[STORE_LABEL_LEN];
 		int n;
 
 		if (b->flags & MF_BLOCK_HOLE)

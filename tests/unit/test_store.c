@@ -546,7 +546,7 @@ static void test_damage(const char *dir)
 	static char buf[BS];
 	static const unsigned seeds[] = { 11, 12 };
 	uint8_t h[16];
-	char name[48], label[112], p[512];
+	char name[48], label[STORE_LABEL_LEN], p[512];
 	struct faults fs = { 0 };
 	struct store_snap_info *v;
 	struct mf_manifest *m;
