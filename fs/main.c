@@ -44,6 +44,8 @@
 #include "fs/snapd.h"
 #include "tiering/tier.h"
 
+extern char **environ; /* posix_spawnp's (mlfs_detach_dead) */
+
 /* Attribute and entry timeout for MOUNT/data. The dataset is immutable while a job
  * reads it; a long timeout lets the kernel answer stat() and path walks itself, which
  * is what keeps a 100k-file stat pass near native speed. A file changed underneath is
@@ -52,8 +54,6 @@
 #define MLFS_THREADS_DEFAULT 4
 /* statx's mount id that no later mount reuses (Linux 6.8; glibc 2.36 lacks the name). */
 #define MLFS_STATX_MNT_ID_UNIQUE 0x4000U
-
-extern char **environ;
 /* -o passthrough_min: docs/performance.md, "Small files". */
 #define MLFS_PASSTHROUGH_MIN (1ull << 20)
 
@@ -679,10 +679,6 @@ static int mlfs_sig_block(void)
 	return pthread_sigmask(SIG_BLOCK, &set, NULL);
 }
 
-/* Whether the kernel aborted the connection while the mount stays (echo 1 >
- * /sys/fs/fuse/connections/N/abort, umount -f): the device then reports POLLERR as it
- * does after an unmount, so fuse_session_unmount leaves the mount, and every access to
- * it fails ENOTCONN until someone detaches it (an outside tester). */
 /* The unique id of the mount at mnt (STATX_MNT_ID_UNIQUE, Linux 6.8), asking the
  * mount nothing (AT_STATX_DONT_SYNC: the root's cached attributes): 0, or -errno
  * (-ENOSYS where the kernel does not give it). */
@@ -698,6 +694,10 @@ static int mlfs_mnt_id(const char *mnt, uint64_t *id)
 	return 0;
 }
 
+/* Whether the kernel aborted the connection while the mount stays (echo 1 >
+ * /sys/fs/fuse/connections/N/abort, umount -f): the device then reports POLLERR as it
+ * does after an unmount, so fuse_session_unmount leaves the mount, and every access to
+ * it fails ENOTCONN until someone detaches it (an outside tester). */
 static int mlfs_sig_aborted(struct fuse_session *se)
 {
 	struct pollfd p = { .fd = fuse_session_fd(se) };
