@@ -291,6 +291,7 @@ struct lease_keeper {
 	char *token, *path;
 	struct lease_times t;
 	lease_fill_fn fill;
+	lease_verify_fn verify;
 	void *arg;
 	pthread_t thread;
 	/* Guards everything below and serialises writes of the file, so it is held across
@@ -304,7 +305,8 @@ struct lease_keeper {
 	int stopping;
 	_Atomic int running;	/* the thread was started */
 	_Atomic int failed;	/* the last refresh failed */
-	_Atomic int lapsed;	/* no refresh succeeded for stale_ns: for good */
+	_Atomic int lapsed;	/* no refresh for stale_ns: until a verify finds all */
+	int verify_logged;	/* what verify found missing was logged (once per lapse) */
 	_Atomic int64_t last_ok; /* CLOCK_MONOTONIC of the last successful write */
 	struct lease_buf written; /* the names last written, sorted */
 	int have_written;
@@ -355,6 +357,44 @@ static int names_within(const struct lease_buf *a, const struct lease_buf *b)
 	return 1;
 }
 
+/* Marks a running keeper's lease lapsed once age (since its last successful refresh)
+ * reached the stale time, and says so once per lapse. Without k->mu (the status look). */
+static void keeper_note_lapse(struct lease_keeper *k, int64_t age)
+{
+	if (!k->running || k->lapsed || age < k->t.stale_ns || atomic_exchange(&k->lapsed, 1))
+		return;
+	log_err("store: %s: lease leases/%s lapsed (not refreshed for %.0f s): a gc elsewhere "
+		"may have collected objects this mount reads; snapshots are refused until a "
+		"refresh succeeds and finds every one of them still in the store", k->path,
+		k->token, age / 1e9);
+}
+
+/* A lapsed lease just written again (caller holds k->mu, after the write: a gc that
+ * moved an object away before it is seen by verify; one that moves it after reads
+ * this lease in its second mark and puts it back, fs/store.c invariant 3). Lapsed no
+ * more if verify finds all the owner needs; else logged once, and tried again at the
+ * next refresh (a gc under way may put an object back). */
+static void keeper_verify_locked(struct lease_keeper *k)
+{
+	int rc = k->verify ? k->verify(k->arg, !k->verify_logged) : -ENOTSUP;
+
+	if (!rc) {
+		atomic_store(&k->lapsed, 0);
+		k->verify_logged = 0;
+		log_info("store: %s: lease leases/%s taken again: every object this mount needs "
+			 "is still in the store; snapshots are taken again", k->path, k->token);
+	} else if (!k->verify_logged) {
+		k->verify_logged = 1;
+		log_err("store: %s: lease leases/%s refreshed after it lapsed, but %s; snapshots "
+			"stay refused while that lasts (each refresh looks again), or until a "
+			"remount, which drops what MOUNT/ckpt changed since its last durable "
+			"snapshot: copy that out first", k->path, k->token,
+			rc == -ENOENT ? "objects this mount needs are gone from the store (a gc "
+			"elsewhere collected them meanwhile; named above)"
+			: strerror(-rc));
+	}
+}
+
 /* Caller holds k->mu. */
 static int keeper_write_locked(struct lease_keeper *k, const struct lease_buf *extra,
 				int64_t *mtime_ns)
@@ -396,18 +436,11 @@ static int keeper_write_locked(struct lease_keeper *k, const struct lease_buf *e
 		k->have_written = 1;
 	}
 	lease_buf_free(&b);
-	if (!rc && k->running && !k->lapsed &&
-	    (int64_t)mono_now_ns() - k->last_ok >= k->t.stale_ns &&
-	    !atomic_exchange(&k->lapsed, 1)) {
-		/* Written, but too late: a gc may have judged it stale meanwhile. Only a
-		 * running keeper (a daemon's) can lapse: a tool's lease names only its
-		 * session, whose commit re-checks every object after its own refresh. */
-		log_err("store: %s: lease leases/%s lapsed (not refreshed for %.0f s): objects "
-			"this mount reads may have been collected; snapshots are refused until a "
-			"remount, which drops what MOUNT/ckpt changed since its last durable "
-			"snapshot: copy that out first",
-			k->path, k->token, ((int64_t)mono_now_ns() - k->last_ok) / 1e9);
-	}
+	/* Written, but too late: a gc may have judged it stale meanwhile. Only a running
+	 * keeper (a daemon's) can lapse: a tool's lease names only its session, whose
+	 * commit re-checks every object after its own refresh. */
+	if (!rc)
+		keeper_note_lapse(k, (int64_t)mono_now_ns() - k->last_ok);
 	if (rc) {
 		if (!k->failed)
 			log_err("store: %s: lease leases/%s could not be refreshed: %s; snapshots "
@@ -419,6 +452,8 @@ static int keeper_write_locked(struct lease_keeper *k, const struct lease_buf *e
 		log_info("store: %s: lease leases/%s refreshed again", k->path, k->token);
 	k->failed = 0;
 	k->last_ok = (int64_t)mono_now_ns();
+	if (k->lapsed)
+		keeper_verify_locked(k);
 	return 0;
 }
 
@@ -440,7 +475,8 @@ static void *keeper_main(void *arg)
 }
 
 int lease_keeper_start(int leasedir, const char *store_path, const char *token,
-		       lease_fill_fn fill, void *arg, struct lease_keeper **out)
+		       lease_fill_fn fill, lease_verify_fn verify, void *arg,
+		       struct lease_keeper **out)
 {
 	struct lease_keeper *k = calloc(1, sizeof(*k));
 	pthread_condattr_t ca;
@@ -450,6 +486,7 @@ int lease_keeper_start(int leasedir, const char *store_path, const char *token,
 		return -ENOMEM;
 	k->dirfd = leasedir;
 	k->fill = fill;
+	k->verify = verify;
 	k->arg = arg;
 	k->token = strdup(token);
 	k->path = strdup(store_path);
@@ -520,12 +557,7 @@ int lease_keeper_status(struct lease_keeper *k, int64_t *age_ns)
 {
 	int64_t age = (int64_t)mono_now_ns() - k->last_ok;
 
-	if (k->running && !k->lapsed && age >= k->t.stale_ns && !atomic_exchange(&k->lapsed, 1))
-		log_err("store: %s: lease leases/%s lapsed (not refreshed for %.0f s): objects "
-			"this mount reads may have been collected; snapshots are refused until a "
-			"remount, which drops what MOUNT/ckpt changed since its last durable "
-			"snapshot: copy that out first",
-			k->path, k->token, age / 1e9);
+	keeper_note_lapse(k, age);
 	if (age_ns)
 		*age_ns = age;
 	return k->failed || k->lapsed ? -ENOLCK : 0;

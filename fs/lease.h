@@ -25,8 +25,13 @@
  * names nothing as well; gc's "now" comes from an empty temporary), and one that would
  * name what the file names already touches it. A refresh that fails is logged and makes
  * lease_keeper_status() -ENOLCK until one succeeds; once no refresh succeeded for S, the
- * lease has lapsed for good (gc elsewhere may have taken what this handle reads): status
- * stays -ENOLCK and the owner must refuse new snapshots.
+ * lease has lapsed (gc elsewhere may have taken what this handle reads): status stays
+ * -ENOLCK and the owner must refuse new snapshots, until a refresh succeeds and the
+ * owner's verify callback, run after that write, finds everything it needs still in
+ * the store (a gc that moved an object away before the write is seen by the check; one
+ * that moves it after reads the new lease in its second mark and puts it back: the
+ * commit protocol's argument, fs/store.c invariant 3). Without a verify callback, or
+ * while it finds something missing, the lapse lasts.
  *
  * File format (text, rewritten whole via a temporary and rename):
  *     mlfs-lease 1\n
@@ -96,6 +101,10 @@ int lease_parse(const char *p, size_t len, int (*add)(void *arg, const uint8_t h
 /* Fills b with what the owner needs now; runs on the keeper's thread with no keeper lock
  * held. Returns 0 or -errno (the refresh then fails). */
 typedef int (*lease_fill_fn)(void *arg, struct lease_buf *b);
+/* After a lapsed lease was written again: 0 if everything the owner needs is in the
+ * store now, else -ENOENT (what is missing logged if say) or the -errno that kept it
+ * from knowing. Runs where the refresh does, with the keeper's mutex held, as fill. */
+typedef int (*lease_verify_fn)(void *arg, int say);
 
 struct lease_keeper;
 
@@ -106,18 +115,21 @@ struct lease_keeper;
  * refreshed only by lease_keeper_refresh: enough for a short-lived tool.
  */
 int lease_keeper_start(int leasedir, const char *store_path, const char *token,
-		       lease_fill_fn fill, void *arg, struct lease_keeper **out);
+		       lease_fill_fn fill, lease_verify_fn verify, void *arg,
+		       struct lease_keeper **out);
 int lease_keeper_run(struct lease_keeper *k);
 /* Refresh now, from the calling thread (after a restore, before a commit publishes).
  * extra (may be NULL) is named too, in this refresh only. *mtime_ns (may be NULL): the
- * new lease's mtime (gc's "now"). 0, or -errno (logged), -ENOLCK once lapsed. */
+ * new lease's mtime (gc's "now"). 0, or -errno (logged), -ENOLCK while lapsed (this
+ * refresh's verify included). */
 int lease_keeper_refresh(struct lease_keeper *k, const struct lease_buf *extra, int64_t *mtime_ns);
 /* The keeper's times (lease_times_get at its start). */
 const struct lease_times *lease_keeper_times(const struct lease_keeper *k);
-/* 0 while the last refresh succeeded; -ENOLCK after a failed one, and for good once the
- * lease lapsed. *age_ns (may be NULL): time since the last successful refresh. */
+/* 0 while the last refresh succeeded; -ENOLCK after a failed one, and while the lease
+ * is lapsed. *age_ns (may be NULL): time since the last successful refresh. */
 int lease_keeper_status(struct lease_keeper *k, int64_t *age_ns);
-/* 1 once the lease lapsed (for good: only a new keeper, a remount, has a lease again). */
+/* 1 while the lease is lapsed: from the stale time without a refresh until a refresh's
+ * verify found everything (or for good, without verify). */
 int lease_keeper_lapsed(struct lease_keeper *k);
 /* Stop the thread and remove the lease file. NULL is fine. */
 void lease_keeper_stop(struct lease_keeper *k);

@@ -919,14 +919,17 @@ static int snapd_lease_check(struct snapd *sd, struct ctl_req *r)
 	int rc = store_lease_status(sd->st, &age);
 
 	/* A failed refresh that a retry now fixes (the store is back) is no reason to
-	 * refuse; a lapsed lease stays refused (store_lease_refresh: -ENOLCK). */
+	 * refuse, nor is a lapse once the retry's refresh found every object the tree
+	 * reads still there (fs/lease.h); else it stays refused (-ENOLCK). */
 	if (rc && !snapd_bounded(sd, snapd_lease_retry, ""))
 		rc = 0;
 	if (rc && store_lease_lapsed(sd->st))
-		ctl_fail(r, "take: the store lease lapsed while the store was unreachable (a gc "
-			    "elsewhere may have taken what this mount reads): snapshots are refused "
-			    "until a remount, which drops what MOUNT/ckpt changed since its last "
-			    "durable snapshot (copy that out first); nothing taken");
+		ctl_fail(r, "take: the store lease lapsed while the store was unreachable, and "
+			    "no refresh since found every object this mount reads still in the "
+			    "store (the log says which are gone, or that the store still fails): "
+			    "snapshots are refused until one does, or until a remount, which drops "
+			    "what MOUNT/ckpt changed since its last durable snapshot (copy that "
+			    "out first); nothing taken");
 	else if (rc)
 		ctl_fail(r, "take: the store lease was not refreshed for %.0f s (see the log: "
 			    "the store is unreachable or read-only); nothing taken", age / 1e9);
@@ -1660,8 +1663,9 @@ static int ctl_gc(struct mlfs *m, struct ctl_req *r, int argc, char **argv)
 		return ctl_fail(r, "gc refused: %s", why), rc;
 	if (rc == -ENOLCK && store_lease_lapsed(sd->st))
 		return ctl_fail(r, "gc: this mount's store lease lapsed while the store was "
-				   "unreachable; gc through it is refused until a remount (gc "
-				   "--store runs)"), rc;
+				   "unreachable, and no refresh since found every object this "
+				   "mount reads still in the store; gc through it is refused until "
+				   "one does, or until a remount (gc --store runs)"), rc;
 	/* (the sweep's copies of a partly live pack's live blocks, or the lease's write) */
 	if (rc == -ENOSPC)
 		return ctl_fail(r, "gc: removed %" PRIu64 " objects, %" PRIu64 " bytes, then no "

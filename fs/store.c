@@ -612,6 +612,21 @@ static int lease_name(struct store *s, struct hset *seen, struct hset *per,
 	return lease_buf_add(b, name);
 }
 
+/* What the live tree reads now: the lease source's objects (none without one). */
+static int lease_source_call(struct store *s, uint8_t (**h)[STORE_HASH_LEN], size_t *n)
+{
+	store_lease_fn src;
+	void *sarg;
+
+	pthread_mutex_lock(&s->lmu);
+	src = s->lease_src;
+	sarg = s->lease_arg;
+	pthread_mutex_unlock(&s->lmu);
+	*h = NULL;
+	*n = 0;
+	return src ? src(sarg, h, n) : 0;
+}
+
 /* The lease's content (invariant 3): the owner's live tree, then this session's puts
  * and the pack it is writing. Runs on the lease thread, or under s->mu in a commit's
  * refresh, with the keeper's k->mu held; takes no s->mu (the order at lmu), so a long
@@ -624,17 +639,11 @@ static int store_lease_fill(void *arg, struct lease_buf *b)
 	uint8_t (*h)[STORE_HASH_LEN] = NULL;
 	struct hset seen = { 0 }, per = { 0 }, counted = { 0 }, *put = &s->lease_put;
 	size_t n = 0;
-	store_lease_fn src;
-	void *sarg;
-	int rc = 0;
+	int rc;
 
 	if (s->packs)
 		pack_set_scan(s->packs);	/* a failure: names from the index as it is */
-	pthread_mutex_lock(&s->lmu);
-	src = s->lease_src;
-	sarg = s->lease_arg;
-	pthread_mutex_unlock(&s->lmu);
-	if (src && (rc = src(sarg, &h, &n)))
+	if ((rc = lease_source_call(s, &h, &n)))
 		return rc;
 	/* The tree's objects and the session's puts, counted per pack, then named. (One
 	 * put since the count is named by itself, or by a pack counted without it.) */
@@ -659,6 +668,64 @@ static int store_lease_fill(void *arg, struct lease_buf *b)
 	hset_free(&seen);
 	hset_free(&per);
 	return rc;
+}
+
+static int object_exists(struct store *s, const uint8_t hash[STORE_HASH_LEN]);
+
+/* Whether object h is in the store now: in a pack whose file is there (looked at, not
+ * taken from the index: a scan that listed packs/ before a gc trashed one may still add
+ * it), else as a version 1 object. packs caches each pack's answer (a new slot holds 1;
+ * 2 there, 3 not). 1, 0, or -ENOMEM. */
+static int object_there(struct store *s, struct hset *packs, const uint8_t h[STORE_HASH_LEN])
+{
+	uint8_t id[STORE_HASH_LEN];
+	uint64_t bytes, pack_bytes;
+	char hex[33], file[48];
+	struct stat st;
+	int *v;
+
+	if (!s->packs || !pack_set_pack_of(s->packs, h, id, &bytes, &pack_bytes))
+		return object_exists(s, h);
+	if (!(v = hset_find(packs, id, 1)))
+		return -ENOMEM;
+	if (*v == 1) {	/* new */
+		store_hex16(id, hex);
+		snprintf(file, sizeof(file), "%s.pack", hex);
+		*v = fstatat(s->packfd, file, &st, AT_SYMLINK_NOFOLLOW) ? 3 : 2;
+	}
+	return *v == 2;
+}
+
+/* The keeper's verify (fs/lease.h), after a lapsed lease was written again: every
+ * object the live tree reads (the lease source) must still be there. Not the session's
+ * puts: its commit checks those after its own refresh (step 1b). */
+static int store_lease_verify(void *arg, int say)
+{
+	struct store *s = arg;
+	uint8_t (*h)[STORE_HASH_LEN] = NULL;
+	struct hset packs = { 0 };
+	size_t n = 0, missing = 0;
+	int rc, there;
+
+	if ((s->packs && (rc = pack_set_scan(s->packs))) || (rc = lease_source_call(s, &h, &n)))
+		return rc;
+	for (size_t i = 0; i < n && !rc; i++) {
+		if ((there = object_there(s, &packs, h[i])) < 0)
+			rc = there;
+		else if (!there && ++missing <= 3 && say) {
+			char hex[33];
+
+			store_hex16(h[i], hex);
+			log_err("store: %s: object %s, which this mount's tree reads, is gone from "
+				"the store", s->path, hex);
+		}
+	}
+	if (!rc && missing && say && missing > 3)
+		log_err("store: %s: and %zu more objects this mount's tree reads", s->path,
+			missing - 3);
+	free(h);
+	hset_free(&packs);
+	return rc ? rc : missing ? -ENOENT : 0;
 }
 
 void store_set_lease_source(struct store *s, store_lease_fn fn, void *arg)
@@ -687,8 +754,10 @@ int store_lease_lapsed(struct store *s)
 const char *store_strerror(struct store *s, int rc)
 {
 	return rc == -ENOLCK && store_lease_lapsed(s)
-	       ? "the store lease lapsed while the store was unreachable; remount (copy out "
-		 "first what MOUNT/ckpt changed since its last durable snapshot: a remount "
+	       ? "the store lease lapsed while the store was unreachable; takes resume once a "
+		 "refresh finds every object this mount reads still in the store, and if a gc "
+		 "elsewhere took one meanwhile (the log names it), only a remount does (copy "
+		 "out first what MOUNT/ckpt changed since its last durable snapshot: a remount "
 		 "drops it)"
 	       : strerror(-rc);
 }
@@ -801,8 +870,8 @@ int store_open(const char *dir, int flags, struct store **out)
 		}
 		if ((rc = store_dir_trusted(s->path, s->leasefd, "leases")))
 			goto fail;
-		if ((rc = lease_keeper_start(s->leasefd, dir, s->token, store_lease_fill, s,
-					     &s->lease))) {
+		if ((rc = lease_keeper_start(s->leasefd, dir, s->token, store_lease_fill,
+					     store_lease_verify, s, &s->lease))) {
 			log_err("store: %s: cannot write a lease: %s", dir, strerror(-rc));
 			goto fail;
 		}

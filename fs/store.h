@@ -145,11 +145,13 @@ int store_lease_run(struct store *s);
 /* Refresh the lease now (after a restore swapped the tree). 0 or -errno (logged). */
 int store_lease_refresh(struct store *s);
 /* 0 while the lease is fresh; -ENOLCK after a failed refresh, and for good once it
- * lapsed (not refreshed for 60 s: a gc may have taken what the tree reads): refuse new
+ * lapsed (not refreshed for 60 s: a gc may have taken what the tree reads), until a
+ * refresh finds every object the lease source names still in the store: refuse new
  * snapshots then. *age_ns (may be NULL): time since the last successful refresh. A
  * reader's handle has no lease: always 0. */
 int store_lease_status(struct store *s, int64_t *age_ns);
-/* 1 once the lease lapsed: snapshots stay refused until a remount. */
+/* 1 while the lease is lapsed: snapshots stay refused until a refresh finds every
+ * object the lease source names (fs/lease.h), or a remount. */
 int store_lease_lapsed(struct store *s);
 /* strerror(-rc), but for -ENOLCK from a lapsed lease what it means (remount). */
 const char *store_strerror(struct store *s, int rc);

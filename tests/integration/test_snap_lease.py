@@ -2,9 +2,11 @@
 daemon stays mounted, removes garbage once it is older than the grace time, and never
 removes what another mounted daemon's live (lazily restored) tree reads; a daemon whose
 lease cannot be refreshed says so in mlfs-stat and refuses takes, loudly."""
+import errno
 import fcntl
 import os
 import random
+import signal
 import subprocess
 import time
 
@@ -51,12 +53,17 @@ def test_gc_beside_mounted_daemons_keeps_what_a_restored_tree_reads(snapenv, mon
     S.snap_ok("verify", "--store", e1.store)
 
 
-def test_take_refused_while_the_lease_cannot_be_refreshed(snapenv, monkeypatch):
-    monkeypatch.setenv("MLFS_LEASE_TIMES", "0.3,30,40")
-    env = snapenv()
+def lease_store(env):
     mp = env.loop_ext4("leasefs", 32)
     store = os.path.join(mp, "store")
     os.mkdir(store)
+    return store
+
+
+def test_take_refused_while_the_lease_cannot_be_refreshed(snapenv, monkeypatch):
+    monkeypatch.setenv("MLFS_LEASE_TIMES", "0.3,30,40")
+    env = snapenv()
+    store = lease_store(env)
     d = env.mount(store=store, foreground=True)   # its log: d.output()
     write(os.path.join(d.ckpt, "a"), b"a" * 5000)
     leases = os.path.join(store, "leases")
@@ -79,10 +86,15 @@ def test_take_refused_while_the_lease_cannot_be_refreshed(snapenv, monkeypatch):
     S.snap_ok("verify", "--store", store)
 
 
-def lapse_lease(env, d, store):
+def lapse_lease(env, d, store, restore=True):
     """Makes d's lease lapse: leases/ immutable (refreshes fail) until the daemon says it
-    lapsed, then writable again, refreshes succeeding."""
+    lapsed, then (restore) writable again, refreshes succeeding. Returns a function that
+    makes leases/ writable again (for restore=False)."""
     leases = os.path.join(store, "leases")
+
+    def writable():
+        subprocess.run(["chattr", "-i", leases], capture_output=True)
+
     r = subprocess.run(["chattr", "+i", leases], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     try:
@@ -91,49 +103,118 @@ def lapse_lease(env, d, store):
             assert time.monotonic() < deadline, "the lease never lapsed"
             U.mlfs_stat_json(env.mnt)   # the status look that notes the lapse
             time.sleep(0.2)
-    finally:
-        subprocess.run(["chattr", "-i", leases], capture_output=True)
-    time.sleep(1)   # refreshes succeed again
+    except BaseException:
+        writable()
+        raise
+    if restore:
+        writable()
+        time.sleep(1)   # refreshes succeed again
+    return writable
 
 
-def test_take_after_the_lease_lapsed_says_remount(snapenv, monkeypatch):
-    """The store unreachable past the stale time, then back: the lease lapsed for good
-    and takes stay refused, as mlfs.8 says, but the refusal blamed a store that now
-    answers ("not refreshed for 0 s") and never said to remount (found by an outside
-    tester). It says the lease lapsed and a remount is needed."""
+def test_takes_resume_once_a_lapsed_lease_finds_its_objects(snapenv, monkeypatch):
+    """The store unreachable past the stale time: the lease lapsed, and takes are refused
+    while it stays so, saying why. Then the store is back and nothing this mount reads
+    was collected meanwhile: the next refresh finds every object and takes work again,
+    the final snapshot included. Before, a lapse was for good: every later take and the
+    final snapshot were refused until a remount, which drops the unsnapshotted tree (an
+    outside tester: a GlusterFS server hung for over a minute did that to every mount)."""
     monkeypatch.setenv("MLFS_LEASE_TIMES", "0.3,3,40")
     env = snapenv()
-    mp = env.loop_ext4("leasefs", 32)
-    store = os.path.join(mp, "store")
-    os.mkdir(store)
+    store = lease_store(env)
+    rng = random.Random(f"{U.SEED}-lapse-resume")
+    files = {"a": rng.randbytes(3 * MiB + 5), "b": rng.randbytes(5000)}
     d = env.mount(store=store, foreground=True)
-    write(os.path.join(d.ckpt, "a"), b"a" * 5000)
-    lapse_lease(env, d, store)
-    r = S.snap("take", env.mnt, "s1", "--wait")
-    S.assert_clean_failure(r, "take after the lease lapsed")
-    assert "lapsed" in r.err and "remount" in r.err, repr(r)
-    # gc through the mount too ("gc: No locks available" before)
-    r = S.snap("gc", env.mnt)
-    S.assert_clean_failure(r, "gc after the lease lapsed")
-    assert "lapsed" in r.err and "remount" in r.err, repr(r)
+    write(os.path.join(d.ckpt, "a"), files["a"])
+    S.snap_ok("take", env.mnt, "s0", "--wait")     # a's blocks now read from the store
+    write(os.path.join(d.ckpt, "b"), files["b"])
+    writable = lapse_lease(env, d, store, restore=False)
+    try:
+        r = S.snap("take", env.mnt, "s1", "--wait")
+        S.assert_clean_failure(r, "take while the lease is lapsed")
+        assert "lapsed" in r.err and "remount" in r.err, repr(r)
+        r = S.snap("gc", env.mnt)      # its own refresh of the lease fails (EPERM)
+        S.assert_clean_failure(r, "gc through the mount while the store refuses leases")
+    finally:
+        writable()
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    assert "taken again" in d.output(), d.output()
+    assert U.mlfs_stat_json(env.mnt).get("store_lease_failed") == 0
+    files["c"] = rng.randbytes(7000)
+    write(os.path.join(d.ckpt, "c"), files["c"])
+    env.unmount(d)                                  # its final snapshot has c
+    to = env.path("restored")
+    S.snap_ok("restore", "--store", store, "latest", "--to", to)
+    for n, data in files.items():
+        with open(os.path.join(to, n), "rb") as f:
+            U.assert_bytes(f.read(), data, f"{n} restored after the lapse ended")
+    S.snap_ok("verify", "--store", store)
+
+
+def test_a_lapse_that_lost_objects_stays_refused(snapenv, monkeypatch):
+    """A lazily restored tree, its daemon stopped past the stale time while its snapshot
+    is deleted and a gc elsewhere collects the objects only its lease named. Once the
+    daemon runs again its refresh succeeds, but the objects are gone: the log names
+    one, takes stay refused, and a read of the lost file fails (EIO) rather than
+    returning anything; a file whose blocks survive still reads right."""
+    monkeypatch.setenv("MLFS_LEASE_TIMES", "0.3,3,4")
+    env = snapenv()
+    rng = random.Random(f"{U.SEED}-lapse-lost")
+    lost, kept = rng.randbytes(2 * MiB + 3), rng.randbytes(1 * MiB + 7)
+    d = env.mount()
+    write(os.path.join(d.ckpt, "lost"), lost)
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    os.unlink(os.path.join(d.ckpt, "lost"))
+    write(os.path.join(d.ckpt, "kept"), kept)
+    S.snap_ok("take", env.mnt, "k", "--wait")
+    env.unmount(d)
+    d = env.mount(opts="restore=s1", foreground=True)   # lazy: lost is only in the store
+    with open(os.path.join(d.ckpt, "kept"), "wb") as f:
+        f.write(kept)                                       # its blocks named by k too
+    os.kill(d.pid, signal.SIGSTOP)
+    try:
+        S.snap_ok("delete", "--store", env.store, "s1")
+        time.sleep(4.5)                                     # past stale and grace
+        S.snap_ok("gc", "--store", env.store)
+    finally:
+        os.kill(d.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 30
+    while "gone from the store" not in d.output():
+        assert time.monotonic() < deadline, d.output()
+        U.mlfs_stat_json(env.mnt)
+        time.sleep(0.2)
+    r = S.snap("take", env.mnt, "s2", "--wait")
+    S.assert_clean_failure(r, "take after the lapse lost objects")
+    assert "lapsed" in r.err, repr(r)
+    assert U.mlfs_stat_json(env.mnt).get("store_lease_failed") == 1
+    with open(os.path.join(d.ckpt, "kept"), "rb") as f:
+        U.assert_bytes(f.read(), kept, "kept, written after the restore")
+    try:
+        with open(os.path.join(d.ckpt, "lost"), "rb") as f:
+            f.read()
+        raise AssertionError("a read of a file whose objects gc took succeeded")
+    except OSError as e:
+        assert e.errno == errno.EIO, e
     env.unmount(d)
 
 
 def test_final_part_after_the_lease_lapsed_leaves_no_empty_group(snapenv, monkeypatch):
-    """A worker of a job of 2 whose lease lapsed, unmounted with a change: its final
-    part is refused, and the log says the lease lapsed (it said "No locks available"),
-    and no group directory is left in the store: an empty one listed as a partial group
-    of "0 of 0 parts" until a gc hours later (an outside tester)."""
+    """A worker of a job of 2 whose lease lapsed, unmounted with a change while the store
+    still refuses its lease: its final part is refused, and the log says the lease
+    lapsed (it said "No locks available"), and no group directory is left in the store:
+    an empty one listed as a partial group of "0 of 0 parts" until a gc hours later (an
+    outside tester)."""
     monkeypatch.setenv("MLFS_LEASE_TIMES", "0.3,3,40")
     env = snapenv()
-    mp = env.loop_ext4("leasefs", 32)
-    store = os.path.join(mp, "store")
-    os.mkdir(store)
+    store = lease_store(env)
     d = env.mount(store=store, opts="workers=2,worker=0", foreground=True)
     write(os.path.join(d.ckpt, "a"), b"a" * 5000)
-    lapse_lease(env, d, store)
-    write(os.path.join(d.ckpt, "b"), b"b" * 5000)
-    env.unmount(d)
+    writable = lapse_lease(env, d, store, restore=False)
+    try:
+        write(os.path.join(d.ckpt, "b"), b"b" * 5000)
+        env.unmount(d)
+    finally:
+        writable()
     assert "final snapshot" in d.output() and "No locks available" not in d.output(), \
         d.output()
     assert os.listdir(os.path.join(store, "snaps")) == [], os.listdir(os.path.join(store,

@@ -369,14 +369,17 @@ static void test_leases(const char *dir)
 
 	/* A daemon's lease that cannot be written: status -ENOLCK (takes refused) while
 	 * refreshes fail, fine again after one succeeds; once not refreshed for the stale
-	 * time it has lapsed for good, even after later refreshes succeed. A directory in
-	 * place of its temporary makes every write fail (EISDIR), even for root. */
+	 * time it has lapsed, and a refresh that succeeds later ends the lapse only if
+	 * every object its tree reads (the lease source: here the object gc removed
+	 * above) is in the store again. A directory in place of its temporary makes every
+	 * write fail (EISDIR), even for root. */
 	{
 		char block[700];
 		struct dirent *d;
 		DIR *dd;
 
 		EXPECT_EQ(store_open(dir, 0, &r), 0);
+		store_set_lease_source(r, lease_src, NULL);
 		EXPECT_EQ(store_lease_run(r), 0);
 		EXPECT_EQ(store_lease_status(r, NULL), 0);
 		block[0] = 0;
@@ -400,10 +403,21 @@ static void test_leases(const char *dir)
 		EXPECT_EQ(store_lease_status(r, &age_ns), -ENOLCK);
 		EXPECT(age_ns >= 850000000ll);
 		EXPECT_EQ(rmdir(block), 0);
-		EXPECT_EQ(store_lease_refresh(r), -ENOLCK);	/* written, but lapsed */
+		/* written, but its tree's object is gone: still lapsed */
+		EXPECT_EQ(store_lease_refresh(r), -ENOLCK);
 		EXPECT_EQ(store_lease_status(r, NULL), -ENOLCK);
 		EXPECT_EQ(commit_blocks(r, "after-lapse", (const unsigned[]){ 501 }, 1), -ENOLCK);
 		EXPECT(!exists(dir, "snaps/after-lapse"));
+		/* The object put back (another handle's snapshot of the same bytes): the
+		 * next refresh finds it, and the lapse ends. */
+		EXPECT_EQ(store_open(dir, 0, &s), 0);
+		EXPECT_EQ(commit_blocks(s, "back", (const unsigned[]){ 500 }, 1), 0);
+		store_close(s);
+		EXPECT_EQ(store_lease_refresh(r), 0);
+		EXPECT_EQ(store_lease_status(r, NULL), 0);
+		EXPECT(!store_lease_lapsed(r));
+		EXPECT_EQ(commit_blocks(r, "after-lapse", (const unsigned[]){ 501 }, 1), 0);
+		EXPECT(exists(dir, "snaps/after-lapse"));
 		store_close(r);
 	}
 }
