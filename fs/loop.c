@@ -21,6 +21,11 @@
  * 4. Workers are only added, and only while end is 0; all are joined by loop_run. Up to
  *    max as above; past it (up to hard) only by loop_rescue_slow_locked, when every
  *    worker is busy and a slow request has waited LOOP_SLOW_STUCK_NS.
+ * 5. bound counts the workers processing a bound request (ops->bound), at most max
+ *    (when max > 1): one received past that goes to the deferred queue, and a worker
+ *    done with a bound request takes the queue's next before anything else, still
+ *    counted. So the queue is empty whenever bound < max, and at most max workers
+ *    ever wait on what bound requests wait on.
  */
 #include "fs/loop.h"
 
@@ -43,6 +48,13 @@ struct loop_worker {
 	struct fuse_buf buf;	/* its own request buffer (receive may allocate mem) */
 	uint64_t quick_since;	/* invariant 2 */
 	uint64_t slow_since;	/* when its slow request came; 0 when it has none */
+	int bound;		/* it processes a bound request (invariant 5) */
+};
+
+/* A bound request received while max others were in process (invariant 5): a copy. */
+struct loop_deferred {
+	struct loop_deferred *next;
+	struct fuse_buf buf;	/* mem: the bytes after this struct */
 };
 
 struct loop {
@@ -63,6 +75,8 @@ struct loop {
 	struct loop_worker *watcher;	/* invariant 3; NULL when none */
 	int watcher_asleep;		/* idle: waits for the next request, not the clock */
 	int handoff;			/* a slow request wants another receiver */
+	unsigned bound;			/* invariant 5 */
+	struct loop_deferred *dq, **dq_tail;	/* the deferred queue, oldest first */
 	uint64_t last_request;		/* when the last request came */
 	int end, error;
 	struct loop_worker *w;		/* [hard], the first nthreads started */
@@ -177,11 +191,65 @@ static int loop_stuck_locked(struct loop *l, uint64_t now)
 	return stuck;
 }
 
+/* Queues a copy of buf (invariant 5); caller holds l->mu. 0, or -ENOMEM (then the
+ * caller processes it itself, as before the queue). */
+static int loop_defer_locked(struct loop *l, const struct fuse_buf *buf)
+{
+	static int logged;
+	struct loop_deferred *d = malloc(sizeof(*d) + buf->size);
+
+	if (!d)
+		return -ENOMEM;
+	d->next = NULL;
+	d->buf = *buf;
+	d->buf.mem = buf->mem ? memcpy(d + 1, buf->mem, buf->size) : NULL;
+	*l->dq_tail = d;
+	l->dq_tail = &d->next;
+	if (!logged++)
+		log_warn("loop: %u FUSE workers wait on SOURCE; its later requests are queued, "
+			 "so the mount's others are still served", l->max);
+	return 0;
+}
+
+/* The deferred queue's oldest, or NULL; caller holds l->mu. */
+static struct loop_deferred *loop_undefer_locked(struct loop *l)
+{
+	struct loop_deferred *d = l->dq;
+
+	if (d && !(l->dq = d->next))
+		l->dq_tail = &l->dq;
+	return d;
+}
+
+/* After a bound request: the deferred ones, in turn, by this worker (invariant 5), each
+ * as a slow request (another receives meanwhile); caller holds l->mu. Returns whether
+ * it processed any. */
+static int loop_drain_locked(struct loop *l, struct loop_worker *w)
+{
+	struct loop_deferred *d;
+	int any = 0;
+
+	while (!l->end && (d = loop_undefer_locked(l))) {
+		any = 1;
+		w->slow_since = mono_now_ns();
+		if (!l->receivers)
+			loop_handoff_locked(l);
+		pthread_mutex_unlock(&l->mu);
+		l->ops->process(l->arg, &d->buf);
+		free(d);
+		pthread_mutex_lock(&l->mu);
+		w->slow_since = 0;
+	}
+	w->bound = 0;
+	l->bound--;
+	return any;
+}
+
 /* Takes the receiving turn, then processes what came; caller holds l->mu. Returns
  * whether what it processed was slow (0 for none). */
 static int loop_serve_locked(struct loop *l, struct loop_worker *w)
 {
-	int r, quick;
+	int r, quick, bound, slow;
 
 	l->handoff = 0;
 	l->receivers++;
@@ -190,6 +258,7 @@ static int loop_serve_locked(struct loop *l, struct loop_worker *w)
 	r = l->ops->receive(l->arg, &w->buf);
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
 	quick = r > 0 && l->ops->quick(l->arg, &w->buf);
+	bound = r > 0 && l->ops->bound && l->ops->bound(l->arg, &w->buf);
 	pthread_mutex_lock(&l->mu);
 	l->receivers--;
 	if (r == -EINTR)
@@ -199,6 +268,12 @@ static int loop_serve_locked(struct loop *l, struct loop_worker *w)
 		return 0;
 	}
 	l->last_request = mono_now_ns();
+	if (bound && l->max > 1 && l->bound >= l->max && !loop_defer_locked(l, &w->buf))
+		return 0;	/* this worker is free again (invariant 5) */
+	if (bound) {
+		l->bound++;
+		w->bound = 1;
+	}
 	if (!quick) {
 		w->slow_since = l->last_request;
 		if (!l->receivers) /* else one waits in receive already (invariant 1) */
@@ -223,7 +298,10 @@ static int loop_serve_locked(struct loop *l, struct loop_worker *w)
 		w->quick_since = 0;
 		l->quick--;
 	}
-	return !quick;
+	slow = !quick;
+	if (w->bound && loop_drain_locked(l, w))
+		slow = 1;
+	return slow;
 }
 
 /* The watcher (invariant 3): returns when it should receive, or at the end. */
@@ -294,6 +372,7 @@ int loop_run(const struct loop_ops *ops, void *arg, unsigned max_threads, uint64
 	int rc;
 
 	l.hard = l.max + LOOP_EXTRA_MAX;
+	l.dq_tail = &l.dq;
 	if (!(l.w = calloc(l.hard, sizeof(*l.w))))
 		return -ENOMEM;
 	pthread_mutex_init(&l.mu, NULL);
@@ -336,6 +415,9 @@ int loop_run(const struct loop_ops *ops, void *arg, unsigned max_threads, uint64
 		pthread_join(l.w[i].thread, NULL);
 		free(l.w[i].buf.mem);
 	}
+	/* Deferred requests never processed: the session ends, the kernel answers them. */
+	for (struct loop_deferred *d; (d = loop_undefer_locked(&l));)
+		free(d);
 	rc = l.error;
 	sem_destroy(&l.done);
 	pthread_cond_destroy(&l.wake);

@@ -23,6 +23,13 @@
  * (reads on a hung SOURCE or store), loop_run's caller starts one more worker, each
  * LOOP_EXIT_CHECK_NS while that lasts, at most LOOP_EXTRA_MAX beyond max_threads (> 1);
  * they stay until the loop ends.
+ * Requests the caller's bound() marks (those that wait on SOURCE) are processed by at
+ * most max_threads workers at once (> 1); one that comes while that many are in process
+ * is queued (a copy) and its worker receives again, and a worker done with one takes
+ * the queue's oldest. A hung SOURCE then holds max_threads workers and a queue, never
+ * the workers every other request needs: before, as many lookups on it as workers (the
+ * rescue's extra ones included) stalled every request of the mount, checkpoint writes
+ * included, until it answered (an outside tester).
  *
  * Contract: loop_run receives with ops->receive, processes with ops->process, each in the
  * threads it starts (never in the caller's), and returns when a receive reports the end
@@ -33,8 +40,9 @@
  * finished first. Returns 0 or the -errno of the receive that ended it.
  *
  * Costs: the receiving thread takes the loop's mutex twice per request and reads the
- * clock once; the watcher wakes at most once per rescue_ns while requests come; the
- * caller's thread once per LOOP_EXIT_CHECK_NS.
+ * clock once; a queued request a malloc and a copy of its bytes; the watcher wakes at
+ * most once per rescue_ns while requests come; the caller's thread once per
+ * LOOP_EXIT_CHECK_NS.
  */
 #ifndef MLFS_LOOP_H
 #define MLFS_LOOP_H
@@ -64,6 +72,9 @@ struct loop_ops {
 	int (*receive)(void *arg, struct fuse_buf *buf);
 	/* Whether the request in buf is answered without waiting on I/O. */
 	int (*quick)(void *arg, const struct fuse_buf *buf);
+	/* Whether it may wait on the resource whose hang must not hold the rest (above);
+	 * may be NULL (none is). */
+	int (*bound)(void *arg, const struct fuse_buf *buf);
 	void (*process)(void *arg, const struct fuse_buf *buf);
 	/* Whether the session was told to end (checked when the caller's wait is woken). */
 	int (*exited)(void *arg);

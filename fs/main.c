@@ -1218,6 +1218,12 @@ static int mlfs_loop_quick(void *arg, const struct fuse_buf *buf)
 	return mlfs_ops_quick(buf, ((struct mlfs_loop *)arg)->source_local);
 }
 
+static int mlfs_loop_bound(void *arg, const struct fuse_buf *buf)
+{
+	(void)arg;
+	return mlfs_ops_source_bound(buf);
+}
+
 static void mlfs_loop_process(void *arg, const struct fuse_buf *buf)
 {
 	fuse_session_process_buf(((struct mlfs_loop *)arg)->se, buf);
@@ -1231,6 +1237,7 @@ static int mlfs_loop_exited(void *arg)
 static const struct loop_ops mlfs_loop_ops = {
 	.receive = mlfs_loop_receive,
 	.quick = mlfs_loop_quick,
+	.bound = mlfs_loop_bound,
 	.process = mlfs_loop_process,
 	.exited = mlfs_loop_exited,
 };

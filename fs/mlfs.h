@@ -132,5 +132,9 @@ int mlfs_ops_set_io(struct fuse_session *se);
  * the per-open requests of a warm read, and only where SOURCE is local (a stat or open
  * of a shared filesystem may wait on its server). */
 bool mlfs_ops_quick(const struct fuse_buf *buf, bool source_local);
+/* Whether the request in buf may wait on SOURCE (fs/loop.h's bound): one on a MOUNT/data
+ * node, or the root's lookup of "data"; not the ones that never call it (FORGET,
+ * RELEASE, FLUSH, IOCTL, ...). */
+bool mlfs_ops_source_bound(const struct fuse_buf *buf);
 
 #endif

@@ -992,6 +992,38 @@ bool mlfs_ops_quick(const struct fuse_buf *buf, bool source_local)
 	}
 }
 
+bool mlfs_ops_source_bound(const struct fuse_buf *buf)
+{
+	const struct fuse_in_header *in = buf->mem;
+
+	if ((buf->flags & FUSE_BUF_IS_FD) || buf->size < sizeof(*in) || in->len > buf->size)
+		return false;
+	switch (in->opcode) {
+	case FUSE_INIT:
+	case FUSE_DESTROY:
+	case FUSE_INTERRUPT:
+	case FUSE_FORGET:
+	case FUSE_BATCH_FORGET:
+	case FUSE_RELEASE:
+	case FUSE_RELEASEDIR:
+	case FUSE_FLUSH:
+	case FUSE_IOCTL:
+	case FUSE_STATFS:
+		return false;	/* no SOURCE call, or a nodeid no longer held (FORGET) */
+	case FUSE_LOOKUP:	/* the root's "data" stats SOURCE's top */
+		if (in->nodeid == FUSE_ROOT_ID)
+			return in->len > sizeof(*in) &&
+			       !strncmp((const char *)(in + 1), "data", in->len - sizeof(*in));
+		break;
+	default:
+		if (in->nodeid == FUSE_ROOT_ID)
+			return false;
+		break;
+	}
+	/* The kernel holds every other request's node (its lookup count). */
+	return in->nodeid && node_of(in->nodeid)->kind == MLFS_DATA;
+}
+
 static void mlfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
 			   struct fuse_file_info *fi)
 {

@@ -586,6 +586,64 @@ def test_tools_reach_a_daemon_whose_workers_all_wait_on_source(stopped_source):
     env.unmount(d)
 
 
+def _asleep_in_a_stat(pid):
+    """Whether process pid sleeps in a stat call (stat, lstat, newfstatat, statx)."""
+    try:
+        with open(f"/proc/{pid}/syscall") as f:
+            call = f.read().split()
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state in "SD" and bool(call) and call[0] in ("4", "6", "262", "332")
+
+
+def test_checkpoint_goes_on_while_more_lookups_than_workers_wait_on_source(stopped_source):
+    """More lookups wait on a hung SOURCE than the daemon has workers, the rescue's 64
+    extra ones included (70 stats of distinct names, threads=2): MOUNT/ckpt is still
+    written and read back, and take --wait makes it durable. Before, each lookup held a
+    worker until SOURCE answered, and once all were held every other request of the
+    mount waited behind them, checkpoint writes included (an outside tester: 80 stats as
+    another user). Once SOURCE answers, every stat gets its own answer."""
+    env, m2, holder = stopped_source
+    sizes = {f"f{i}": i + 1 for i in range(0, 70, 7)}
+    for n, size in sizes.items():
+        write(os.path.join(m2.ckpt, n), b"s" * size)
+    d = env.mount(opts="threads=2")
+    # m2's attributes of its ckpt root last 1 s (CKPT_TIMEOUT): past that, a lookup in
+    # SOURCE asks m2, which will not answer.
+    time.sleep(1.5)
+    U.sigstop(m2.pid)
+    stats = [subprocess.Popen(["stat", "-c", "%s", os.path.join(env.mnt, "data", f"f{i}")],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+             for i in range(70)]
+    holder["procs"].extend(stats)
+    deadline = time.monotonic() + 60
+    while not all(_asleep_in_a_stat(p.pid) for p in stats):
+        assert time.monotonic() < deadline, "the stats did not all block on the mount"
+        time.sleep(0.05)
+    U.wait_blocked_in(d.pid, m2.ckpt, "no worker of the daemon blocked on SOURCE")
+    data = rng_for("ckpt-beside-hung-source").randbytes(3 * MiB + 1)
+    p = os.path.join(d.ckpt, "model.pt")
+    r = subprocess.run(["dd", f"of={p}", "bs=1M", "status=none"], input=data,
+                       capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run(["cat", p], capture_output=True, timeout=60)
+    U.assert_bytes(r.stdout, data, "model.pt, written while SOURCE hung")
+    r = S.snap("take", env.mnt, "s1", "--wait", timeout=60)
+    assert r.ok, repr(r)
+    assert all(s.poll() is None for s in stats), "a stat did not stay blocked"
+    os.kill(m2.pid, signal.SIGCONT)
+    for i, s in enumerate(stats):
+        out, _ = s.communicate(timeout=60)
+        n = f"f{i}"
+        if n in sizes:
+            assert s.returncode == 0 and out.strip() == str(sizes[n]), (n, s.returncode, out)
+        else:
+            assert s.returncode == 1, (n, s.returncode, out)
+    env.unmount(d)
+
+
 def test_sigterm_with_a_read_blocked_on_source(stopped_source):
     """SIGTERM while a FUSE worker is blocked reading SOURCE: the emergency snapshot is
     still taken and durable, and the daemon leaves (unmounted) at the deadline. Before:

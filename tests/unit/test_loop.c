@@ -1,9 +1,10 @@
 /*
  * test_loop.c - fs/loop.c against a fake session: quick requests stay on one thread, a
  * slow one hands the receiving over, a quick one that blocks is rescued by the watcher,
- * and the loop ends (and joins every thread) on a receive's end or on exited() plus a
- * signal. No test asserts a time: every wait has a 10 s limit only so that a broken
- * loop fails instead of hanging.
+ * bound requests past max wait in a queue while the others are served, and the loop
+ * ends (and joins every thread) on a receive's end or on exited() plus a signal. No
+ * test asserts a time: every wait has a 10 s limit only so that a broken loop fails
+ * instead of hanging.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -25,6 +26,7 @@ static struct fake {
 	int ending, end_rc, exited;
 	int quick[NITEMS], block[NITEMS], released[NITEMS];
 	int started[NITEMS], done[NITEMS];
+	int bound[NITEMS], bound_now, bound_peak; /* bound requests in process; the most */
 	int receiving; /* workers inside fake_receive */
 	pthread_t who[NITEMS];
 } fk;
@@ -74,6 +76,12 @@ static int fake_quick(void *arg, const struct fuse_buf *buf)
 	return fk.quick[buf->size - 1];
 }
 
+static int fake_bound(void *arg, const struct fuse_buf *buf)
+{
+	(void)arg;
+	return fk.bound[buf->size - 1];
+}
+
 static void fake_process(void *arg, const struct fuse_buf *buf)
 {
 	unsigned i = (unsigned)buf->size - 1;
@@ -82,10 +90,13 @@ static void fake_process(void *arg, const struct fuse_buf *buf)
 	pthread_mutex_lock(&fk.mu);
 	fk.who[i] = pthread_self();
 	fk.started[i] = 1;
+	if (fk.bound[i] && ++fk.bound_now > fk.bound_peak)
+		fk.bound_peak = fk.bound_now;
 	pthread_cond_broadcast(&fk.cv);
 	while (fk.block[i] && !fk.released[i])
 		pthread_cond_wait(&fk.cv, &fk.mu);
 	fk.done[i] = 1;
+	fk.bound_now -= fk.bound[i];
 	pthread_cond_broadcast(&fk.cv);
 	pthread_mutex_unlock(&fk.mu);
 }
@@ -104,6 +115,7 @@ static int fake_exited(void *arg)
 static const struct loop_ops fake_ops = {
 	.receive = fake_receive,
 	.quick = fake_quick,
+	.bound = fake_bound,
 	.process = fake_process,
 	.exited = fake_exited,
 };
@@ -354,6 +366,44 @@ static void test_stuck_slow_requests_get_more_workers(unsigned max)
 	EXPECT_EQ(run_join(&r), 0);
 }
 
+/* Bound requests (a hung SOURCE's) hold max workers; the next ones queue, not started,
+ * while a request of another kind is still answered (by the rescue's worker); once one
+ * bound request ends its worker takes the queue's, oldest first, so every one is
+ * answered, never more than max at once. Before: each took a worker, up to the rescue's
+ * hard limit, then nothing else was answered until SOURCE came back. */
+static void test_bound_requests_past_max_queue(unsigned max)
+{
+	struct run r;
+	unsigned i, n = max + 3;
+
+	fake_reset();
+	for (i = 0; i < n; i++)
+		fk.bound[i] = 1;
+	run_start(&r, max, 1000 * 1000);
+	for (i = 0; i < max; i++) {
+		push(i, 0, 1);
+		EXPECT(wait_flag(&fk.started[i]));
+	}
+	for (; i < n; i++)
+		push(i, i % 2, 1);	/* quick or slow alike */
+	push(n, 0, 0);			/* a checkpoint write, say */
+	EXPECT(wait_flag(&fk.done[n]));
+	pthread_mutex_lock(&fk.mu);
+	for (i = max; i < n; i++)
+		EXPECT(!fk.started[i]);
+	pthread_mutex_unlock(&fk.mu);
+	release(0);
+	EXPECT(wait_flag(&fk.started[max]));
+	EXPECT(pthread_equal(fk.who[max], fk.who[0]));	/* its worker took the queue's */
+	for (i = 1; i < n; i++)
+		release(i);
+	for (i = 0; i < n; i++)
+		EXPECT(wait_flag(&fk.done[i]));
+	EXPECT(fk.bound_peak <= (int)max);
+	end_with(0);
+	EXPECT_EQ(run_join(&r), 0);
+}
+
 /* Starts a loop of 4, has it answer one quick request, then sets exited(). */
 static void run_then_exit(struct run *r)
 {
@@ -433,6 +483,8 @@ int main(void)
 	test_last_free_worker_receives(4);
 	test_stuck_slow_requests_get_more_workers(2);
 	test_stuck_slow_requests_get_more_workers(4);
+	test_bound_requests_past_max_queue(2);
+	test_bound_requests_past_max_queue(4);
 	test_exited_without_a_signal_ends_the_loop();
 	test_exited_and_a_signal_end_the_loop();
 	return test_summary();
