@@ -71,6 +71,16 @@ int lease_buf_add(struct lease_buf *b, const uint8_t h[16])
 	return 0;
 }
 
+static int cmp16(const void *a, const void *b)
+{
+	return memcmp(a, b, 16);
+}
+
+int lease_buf_has(const struct lease_buf *b, const uint8_t h[16])
+{
+	return b->n && bsearch(h, b->h, b->n, 16, cmp16) != NULL;
+}
+
 void lease_buf_free(struct lease_buf *b)
 {
 	free(b->h);
@@ -305,9 +315,12 @@ struct lease_keeper {
 	int stopping;
 	_Atomic int running;	/* the thread was started */
 	_Atomic int failed;	/* the last refresh failed */
-	_Atomic int lapsed;	/* no refresh for stale_ns: until a verify finds all */
-	int verify_logged;	/* what verify found missing was logged (once per lapse) */
+	/* No refresh for stale_ns, until a verify finds all: set and cleared only under
+	 * mu (a look without it sees a lapse by the age too: keeper_lapsed). */
+	_Atomic int lapsed;
+	int verify_said;	/* verify's failure last logged in this lapse; 0: none */
 	_Atomic int64_t last_ok; /* CLOCK_MONOTONIC of the last successful write */
+	_Atomic int64_t lapse_told; /* the last_ok whose lapse was logged (once each) */
 	struct lease_buf written; /* the names last written, sorted */
 	int have_written;
 };
@@ -338,11 +351,6 @@ static int lease_stamp_empty(int leasedir, const char *token, int64_t *mtime_ns)
 	return rc;
 }
 
-static int cmp16(const void *a, const void *b)
-{
-	return memcmp(a, b, 16);
-}
-
 /* Whether every name of a is one of b's (both sorted). */
 static int names_within(const struct lease_buf *a, const struct lease_buf *b)
 {
@@ -357,16 +365,26 @@ static int names_within(const struct lease_buf *a, const struct lease_buf *b)
 	return 1;
 }
 
-/* Marks a running keeper's lease lapsed once age (since its last successful refresh)
- * reached the stale time, and says so once per lapse. Without k->mu (the status look). */
-static void keeper_note_lapse(struct lease_keeper *k, int64_t age)
+/* Whether a running keeper's lease has lapsed: marked so, or its last successful
+ * refresh (*last) is stale_ns old (a refresh hung on the store, holding k->mu, has not
+ * marked it yet). Logs each lapse once (by its last_ok), from whichever look sees it
+ * first; never changes the mark, so a lapse just ended stays ended. */
+static int keeper_lapsed(struct lease_keeper *k, int64_t *age_ns)
 {
-	if (!k->running || k->lapsed || age < k->t.stale_ns || atomic_exchange(&k->lapsed, 1))
-		return;
-	log_err("store: %s: lease leases/%s lapsed (not refreshed for %.0f s): a gc elsewhere "
-		"may have collected objects this mount reads; snapshots are refused until a "
-		"refresh succeeds and finds every one of them still in the store", k->path,
-		k->token, age / 1e9);
+	int64_t last = atomic_load(&k->last_ok), age = (int64_t)mono_now_ns() - last;
+
+	if (age_ns)
+		*age_ns = age;
+	if (atomic_load(&k->lapsed))
+		return 1;
+	if (!k->running || age < k->t.stale_ns)
+		return 0;
+	if (atomic_exchange(&k->lapse_told, last) != last)
+		log_err("store: %s: lease leases/%s lapsed (not refreshed for %.0f s): a gc "
+			"elsewhere may have collected objects this mount reads; snapshots are "
+			"refused until a refresh succeeds and finds every one of them still in the "
+			"store", k->path, k->token, age / 1e9);
+	return 1;
 }
 
 /* A lapsed lease just written again (caller holds k->mu, after the write: a gc that
@@ -376,15 +394,19 @@ static void keeper_note_lapse(struct lease_keeper *k, int64_t age)
  * next refresh (a gc under way may put an object back). */
 static void keeper_verify_locked(struct lease_keeper *k)
 {
-	int rc = k->verify ? k->verify(k->arg, !k->verify_logged) : -ENOTSUP;
+	int rc = k->verify ? k->verify(k->arg, &k->written, k->verify_said != -ENOENT)
+			   : -ENOTSUP;
 
 	if (!rc) {
 		atomic_store(&k->lapsed, 0);
-		k->verify_logged = 0;
+		k->verify_said = 0;
 		log_info("store: %s: lease leases/%s taken again: every object this mount needs "
-			 "is still in the store; snapshots are taken again", k->path, k->token);
-	} else if (!k->verify_logged) {
-		k->verify_logged = 1;
+			 "is still in the store, and the lease names it; snapshots are taken again",
+			 k->path, k->token);
+	} else if (rc != -EAGAIN && rc != k->verify_said) {
+		/* (-EAGAIN: an object moved to a pack this write did not name yet; the
+		 * next one does) */
+		k->verify_said = rc;
 		log_err("store: %s: lease leases/%s refreshed after it lapsed, but %s; snapshots "
 			"stay refused while that lasts (each refresh looks again), or until a "
 			"remount, which drops what MOUNT/ckpt changed since its last durable "
@@ -436,11 +458,12 @@ static int keeper_write_locked(struct lease_keeper *k, const struct lease_buf *e
 		k->have_written = 1;
 	}
 	lease_buf_free(&b);
-	/* Written, but too late: a gc may have judged it stale meanwhile. Only a running
-	 * keeper (a daemon's) can lapse: a tool's lease names only its session, whose
-	 * commit re-checks every object after its own refresh. */
-	if (!rc)
-		keeper_note_lapse(k, (int64_t)mono_now_ns() - k->last_ok);
+	/* Written too late, or not at all for the stale time: a gc may have judged it
+	 * stale meanwhile. Only a running keeper (a daemon's) can lapse: a tool's lease
+	 * names only its session, whose commit re-checks every object after its own
+	 * refresh. */
+	if (keeper_lapsed(k, NULL))
+		atomic_store(&k->lapsed, 1);
 	if (rc) {
 		if (!k->failed)
 			log_err("store: %s: lease leases/%s could not be refreshed: %s; snapshots "
@@ -451,8 +474,8 @@ static int keeper_write_locked(struct lease_keeper *k, const struct lease_buf *e
 	if (k->failed && !k->lapsed)
 		log_info("store: %s: lease leases/%s refreshed again", k->path, k->token);
 	k->failed = 0;
-	k->last_ok = (int64_t)mono_now_ns();
-	if (k->lapsed)
+	atomic_store(&k->last_ok, (int64_t)mono_now_ns());
+	if (atomic_load(&k->lapsed))
 		keeper_verify_locked(k);
 	return 0;
 }
@@ -545,7 +568,7 @@ int lease_keeper_refresh(struct lease_keeper *k, const struct lease_buf *extra, 
 
 	pthread_mutex_lock(&k->mu);
 	rc = keeper_write_locked(k, extra, mtime_ns);
-	if (!rc && k->lapsed)
+	if (!rc && atomic_load(&k->lapsed))
 		rc = -ENOLCK;
 	pthread_mutex_unlock(&k->mu);
 	return rc;
@@ -555,17 +578,14 @@ int lease_keeper_refresh(struct lease_keeper *k, const struct lease_buf *extra, 
  * (mlfs-stat, take's check). */
 int lease_keeper_status(struct lease_keeper *k, int64_t *age_ns)
 {
-	int64_t age = (int64_t)mono_now_ns() - k->last_ok;
+	int lapsed = keeper_lapsed(k, age_ns);
 
-	keeper_note_lapse(k, age);
-	if (age_ns)
-		*age_ns = age;
-	return k->failed || k->lapsed ? -ENOLCK : 0;
+	return k->failed || lapsed ? -ENOLCK : 0;
 }
 
 int lease_keeper_lapsed(struct lease_keeper *k)
 {
-	return atomic_load(&k->lapsed);
+	return keeper_lapsed(k, NULL);
 }
 
 void lease_keeper_stop(struct lease_keeper *k)

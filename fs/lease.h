@@ -73,6 +73,8 @@ struct lease_buf {
 	size_t n, cap;
 };
 int lease_buf_add(struct lease_buf *b, const uint8_t h[16]);
+/* 1 if sorted b (as a keeper writes it) holds h. O(log n). */
+int lease_buf_has(const struct lease_buf *b, const uint8_t h[16]);
 void lease_buf_free(struct lease_buf *b);
 
 /*
@@ -101,10 +103,13 @@ int lease_parse(const char *p, size_t len, int (*add)(void *arg, const uint8_t h
 /* Fills b with what the owner needs now; runs on the keeper's thread with no keeper lock
  * held. Returns 0 or -errno (the refresh then fails). */
 typedef int (*lease_fill_fn)(void *arg, struct lease_buf *b);
-/* After a lapsed lease was written again: 0 if everything the owner needs is in the
- * store now, else -ENOENT (what is missing logged if say) or the -errno that kept it
- * from knowing. Runs where the refresh does, with the keeper's mutex held, as fill. */
-typedef int (*lease_verify_fn)(void *arg, int say);
+/* After a lapsed lease was written again, naming written (sorted: lease_buf_has): 0 if
+ * everything the owner needs is in the store now and named there (by itself or by the
+ * pack that holds it now), -EAGAIN if something is there but not so named (moved by a
+ * gc's repack after fill looked: the next refresh names it), -ENOENT if something is
+ * gone (logged if say), or the -errno that kept it from knowing. Runs where the refresh
+ * does, with the keeper's mutex held, as fill. */
+typedef int (*lease_verify_fn)(void *arg, const struct lease_buf *written, int say);
 
 struct lease_keeper;
 

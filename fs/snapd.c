@@ -1295,7 +1295,7 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 	uint64_t big = 0;
 	uint32_t other;
 	size_t nold = 0, i;
-	int rc, done, latest = 0;
+	int rc, lrc, done, latest = 0;
 
 	if (!l) {
 		snprintf(msg, msglen, "out of memory");
@@ -1430,10 +1430,12 @@ static int snapd_restore(struct snapd *sd, const char *want, char *msg, size_t m
 		snprintf(msg, msglen, "restored %s: %" PRIu64 " files, %" PRIu64 " bytes", name,
 			 mf->files, mf->logical_bytes);
 	/* At mount (r NULL) before the fork: no thread may be left behind in the store. */
-	if (!rc && (r ? snapd_bounded(sd, snapd_lease_retry, "") : store_lease_refresh(sd->st)))
-		log_err("snap: restored %s, but the store lease naming its objects could not be "
-			"written (the lease thread retries every 10 s): a gc elsewhere may take "
-			"them meanwhile", name);
+	if (!rc && (lrc = r ? snapd_bounded(sd, snapd_lease_retry, "")
+			    : store_lease_refresh(sd->st)))
+		log_err("snap: restored %s, but the store lease naming its objects %s (the "
+			"lease thread tries again every 10 s): a gc elsewhere may take them "
+			"meanwhile", name, lrc == -ENOLCK && store_lease_lapsed(sd->st)
+			? "is lapsed (see above)" : "could not be written");
 	if (!rc) {
 		pthread_mutex_lock(&sd->mu);
 		/* The tree is now a durable snapshot's, as of the swap. It covers the tree

@@ -149,8 +149,8 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 		int64_t age = 0;
 		int bad = snapd_lease_status(m->snapd, &age) != 0;
 
-		F("store_lease_failed", "1 while the store lease is not refreshed: takes fail",
-		  bad);
+		F("store_lease_failed",
+		  "1 while the store lease is not refreshed, or lapsed: takes fail", bad);
 		F("store_lease_age_s", "seconds since the store lease was last refreshed",
 		  age / 1000000000);
 	}

@@ -672,47 +672,59 @@ static int store_lease_fill(void *arg, struct lease_buf *b)
 
 static int object_exists(struct store *s, const uint8_t hash[STORE_HASH_LEN]);
 
-/* Whether object h is in the store now: in a pack whose file is there (looked at, not
- * taken from the index: a scan that listed packs/ before a gc trashed one may still add
- * it), else as a version 1 object. packs caches each pack's answer (a new slot holds 1;
- * 2 there, 3 not). 1, 0, or -ENOMEM. */
-static int object_there(struct store *s, struct hset *packs, const uint8_t h[STORE_HASH_LEN])
+/* Whether object h is in the store now and written names it: 1 so, 2 there but not
+ * named (neither h nor the pack holding it now: a gc moved it since fill looked), 0
+ * gone, or -ENOMEM. There: in a pack whose file opens (looked at, not taken from the
+ * index: a scan that listed packs/ before a gc trashed one may still add it; an open,
+ * not a stat, which an NFS client may answer from its cache), else as a version 1
+ * object. packs caches each pack's answer (a new slot holds 1; 2 there, 3 not). */
+static int object_held(struct store *s, struct hset *packs, const struct lease_buf *written,
+		       const uint8_t h[STORE_HASH_LEN])
 {
 	uint8_t id[STORE_HASH_LEN];
 	uint64_t bytes, pack_bytes;
 	char hex[33], file[48];
-	struct stat st;
-	int *v;
+	int *v, fd, there, named = lease_buf_has(written, h);
 
-	if (!s->packs || !pack_set_pack_of(s->packs, h, id, &bytes, &pack_bytes))
-		return object_exists(s, h);
-	if (!(v = hset_find(packs, id, 1)))
-		return -ENOMEM;
-	if (*v == 1) {	/* new */
-		store_hex16(id, hex);
-		snprintf(file, sizeof(file), "%s.pack", hex);
-		*v = fstatat(s->packfd, file, &st, AT_SYMLINK_NOFOLLOW) ? 3 : 2;
+	if (!s->packs || !pack_set_pack_of(s->packs, h, id, &bytes, &pack_bytes)) {
+		there = object_exists(s, h);
+	} else {
+		named = named || lease_buf_has(written, id);
+		if (!(v = hset_find(packs, id, 1)))
+			return -ENOMEM;
+		if (*v == 1) {	/* new */
+			store_hex16(id, hex);
+			snprintf(file, sizeof(file), "%s.pack", hex);
+			fd = openat(s->packfd, file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+			*v = fd < 0 ? 3 : 2;
+			if (fd >= 0)
+				close(fd);
+		}
+		there = *v == 2;
 	}
-	return *v == 2;
+	return !there ? 0 : named ? 1 : 2;
 }
 
 /* The keeper's verify (fs/lease.h), after a lapsed lease was written again: every
- * object the live tree reads (the lease source) must still be there. Not the session's
- * puts: its commit checks those after its own refresh (step 1b). */
-static int store_lease_verify(void *arg, int say)
+ * object the live tree reads (the lease source) must still be there, and named by what
+ * was written. Not the session's puts: its commit checks those after its own refresh
+ * (step 1b). */
+static int store_lease_verify(void *arg, const struct lease_buf *written, int say)
 {
 	struct store *s = arg;
 	uint8_t (*h)[STORE_HASH_LEN] = NULL;
 	struct hset packs = { 0 };
-	size_t n = 0, missing = 0;
-	int rc, there;
+	size_t n = 0, missing = 0, unnamed = 0;
+	int rc, held;
 
 	if ((s->packs && (rc = pack_set_scan(s->packs))) || (rc = lease_source_call(s, &h, &n)))
 		return rc;
 	for (size_t i = 0; i < n && !rc; i++) {
-		if ((there = object_there(s, &packs, h[i])) < 0)
-			rc = there;
-		else if (!there && ++missing <= 3 && say) {
+		if ((held = object_held(s, &packs, written, h[i])) < 0) {
+			rc = held;
+		} else if (held == 2) {
+			unnamed++;
+		} else if (!held && ++missing <= 3 && say) {
 			char hex[33];
 
 			store_hex16(h[i], hex);
@@ -725,7 +737,7 @@ static int store_lease_verify(void *arg, int say)
 			missing - 3);
 	free(h);
 	hset_free(&packs);
-	return rc ? rc : missing ? -ENOENT : 0;
+	return rc ? rc : missing ? -ENOENT : unnamed ? -EAGAIN : 0;
 }
 
 void store_set_lease_source(struct store *s, store_lease_fn fn, void *arg)
@@ -1884,8 +1896,10 @@ int store_commit_part(struct store *s, const struct mf_manifest *m, unsigned wor
 		goto out;
 	}
 	/* A lapsed lease refuses the commit below: refused before the group's directory
-	 * is made, which alone listed as a partial group of "0 of 0 parts" for hours. */
-	if (store_lease_lapsed(s)) {
+	 * is made, which alone listed as a partial group of "0 of 0 parts" for hours; but
+	 * only once a refresh now did not end the lapse (fs/lease.h: the store back). */
+	if (store_lease_lapsed(s) &&
+	    (lease_keeper_refresh(s->lease, NULL, NULL), store_lease_lapsed(s))) {
 		rc = -ENOLCK;
 		goto out;
 	}

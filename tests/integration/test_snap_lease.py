@@ -198,13 +198,11 @@ def test_a_lapse_that_lost_objects_stays_refused(snapenv, monkeypatch):
     env.unmount(d)
 
 
-def test_final_part_after_the_lease_lapsed_leaves_no_empty_group(snapenv, monkeypatch):
-    """A worker of a job of 2 whose lease lapsed, unmounted with a change while the store
-    still refuses its lease: its final part is refused, and the log says the lease
-    lapsed (it said "No locks available"), and no group directory is left in the store:
-    an empty one listed as a partial group of "0 of 0 parts" until a gc hours later (an
-    outside tester)."""
-    monkeypatch.setenv("MLFS_LEASE_TIMES", "0.3,3,40")
+def unmount_lapsed_worker(snapenv, monkeypatch, times, store_back):
+    """A worker 0 of a job of 2 whose lease lapsed, with a change since, unmounted while
+    the store still refuses its lease, or (store_back) just after it stopped refusing.
+    Returns (store, daemon)."""
+    monkeypatch.setenv("MLFS_LEASE_TIMES", times)
     env = snapenv()
     store = lease_store(env)
     d = env.mount(store=store, opts="workers=2,worker=0", foreground=True)
@@ -212,13 +210,38 @@ def test_final_part_after_the_lease_lapsed_leaves_no_empty_group(snapenv, monkey
     writable = lapse_lease(env, d, store, restore=False)
     try:
         write(os.path.join(d.ckpt, "b"), b"b" * 5000)
+        if store_back:
+            writable()
         env.unmount(d)
     finally:
         writable()
+    return store, d
+
+
+def test_final_part_after_the_lease_lapsed_leaves_no_empty_group(snapenv, monkeypatch):
+    """A worker of a job of 2 whose lease lapsed, unmounted with a change while the store
+    still refuses its lease: its final part is refused, and the log says the lease
+    lapsed (it said "No locks available"), and no group directory is left in the store:
+    an empty one listed as a partial group of "0 of 0 parts" until a gc hours later (an
+    outside tester)."""
+    store, d = unmount_lapsed_worker(snapenv, monkeypatch, "0.3,3,40", store_back=False)
     assert "final snapshot" in d.output() and "No locks available" not in d.output(), \
         d.output()
     assert os.listdir(os.path.join(store, "snaps")) == [], os.listdir(os.path.join(store,
                                                                                 "snaps"))
+
+
+def test_final_part_after_the_store_came_back_is_taken(snapenv, monkeypatch):
+    """A worker of a job of 2 whose lease lapsed, unmounted once the store is back: the
+    part commit's own refresh ends the lapse (the lease thread, every 2.5 s here, has
+    not refreshed yet: the part was refused), and the final part is durable in the
+    group's directory."""
+    store, d = unmount_lapsed_worker(snapenv, monkeypatch, "2.5,3,40", store_back=True)
+    groups = os.listdir(os.path.join(store, "snaps"))
+    assert len(groups) == 1, (groups, d.output())
+    assert os.listdir(os.path.join(store, "snaps", groups[0])) == ["part-0-of-2"], \
+        d.output()
+    assert "taken again" in d.output(), d.output()
 
 
 def test_init_by_many_at_once_all_succeed(snapenv):

@@ -409,10 +409,30 @@ static void test_leases(const char *dir)
 		EXPECT_EQ(commit_blocks(r, "after-lapse", (const unsigned[]){ 501 }, 1), -ENOLCK);
 		EXPECT(!exists(dir, "snaps/after-lapse"));
 		/* The object put back (another handle's snapshot of the same bytes): the
-		 * next refresh finds it, and the lapse ends. */
+		 * next refresh finds it, and the lapse ends; not while its pack's file is
+		 * away, though r's index (scanned as the refresh named it) still has it. */
 		EXPECT_EQ(store_open(dir, 0, &s), 0);
 		EXPECT_EQ(commit_blocks(s, "back", (const unsigned[]){ 500 }, 1), 0);
 		store_close(s);
+		{
+			char label[STORE_LABEL_LEN], from[600], to[620];
+
+			EXPECT_EQ(store_lease_refresh(r), 0);	/* ends the lapse (below) */
+			store_object_label(r, lease_src_hash, label);
+			EXPECT(!strncmp(label, "packs/", 6));
+			*strchr(label, ' ') = 0;
+			path_of(from, sizeof(from), dir, label);
+			snprintf(to, sizeof(to), "%s.away", from);
+			/* lapse again, its pack's file away while it lapses */
+			EXPECT_EQ(mkdir(block, 0700), 0);
+			usleep(1000 * 1000);
+			EXPECT_EQ(store_lease_status(r, NULL), -ENOLCK);
+			EXPECT_EQ(rmdir(block), 0);
+			EXPECT_EQ(rename(from, to), 0);
+			EXPECT_EQ(store_lease_refresh(r), -ENOLCK);
+			EXPECT(store_lease_lapsed(r));
+			EXPECT_EQ(rename(to, from), 0);
+		}
 		EXPECT_EQ(store_lease_refresh(r), 0);
 		EXPECT_EQ(store_lease_status(r, NULL), 0);
 		EXPECT(!store_lease_lapsed(r));
