@@ -21,11 +21,11 @@
  * 4. Workers are only added, and only while end is 0; all are joined by loop_run. Up to
  *    max as above; past it (up to hard) only by loop_rescue_slow_locked, when every
  *    worker is busy and a slow request has waited LOOP_SLOW_STUCK_NS.
- * 5. bound counts the workers processing a bound request (ops->bound), at most max
- *    (when max > 1): one received past that goes to the deferred queue, and a worker
- *    done with a bound request takes the queue's next before anything else, still
- *    counted. So the queue is empty whenever bound < max, and at most max workers
- *    ever wait on what bound requests wait on.
+ * 5. bound counts the workers processing a bound request (ops->bound), at most
+ *    hard - max (when max > 1): one received past that goes to the deferred queue, and
+ *    a worker done with a bound request takes the queue's next before anything else,
+ *    still counted. So the queue is empty whenever bound < hard - max, and max workers
+ *    are always left to the other requests, however long bound ones wait.
  */
 #include "fs/loop.h"
 
@@ -63,8 +63,9 @@ struct loop {
 	uint64_t rescue_ns;
 	/* Everything below (the invariants above). Lock order: a leaf: nothing else
 	 * is taken under it, and no callback (receive, quick, process, exited) runs
-	 * under it; taken with nothing held. Never held across I/O: receive and
-	 * process run with it dropped; under it only pthread_create and sem_post. */
+	 * under it but cancels (a comparison of two requests' headers); taken with
+	 * nothing held. Never held across I/O: receive, process and cancel run with it
+	 * dropped; under it only pthread_create and sem_post. */
 	pthread_mutex_t mu;
 	pthread_cond_t park;		/* parked workers */
 	pthread_cond_t wake;		/* the watcher (CLOCK_MONOTONIC) */
@@ -130,25 +131,30 @@ static int loop_spawn_locked(struct loop *l)
  * NFS or GlusterFS server) as many as max held every other request of the mount, the
  * tree in memory and mlfs-stat's getxattr included, for as long as it hung. One more
  * worker then receives (invariant 4), up to hard: each stuck request costs a thread
- * and at most LOOP_SLOW_STUCK_NS plus loop_run's period of the others' waiting. Called
- * by loop_run's caller every LOOP_EXIT_CHECK_NS. Not with max 1 (one thread asked).
+ * and at most LOOP_SLOW_STUCK_NS plus LOOP_RESCUE_NEXT_NS of the others' waiting.
+ * Called by loop_run's caller every LOOP_EXIT_CHECK_NS, and LOOP_RESCUE_NEXT_NS after
+ * a rescue (the next stuck request may follow at once). Not with max 1 (one thread
+ * asked). Returns whether it started one.
  */
-static void loop_rescue_slow_locked(struct loop *l)
+static int loop_rescue_slow_locked(struct loop *l)
 {
 	static int logged;
 	uint64_t now = mono_now_ns();
 
 	if (l->end || l->max < 2 || l->receivers || l->watcher || l->parked || l->starting ||
 	    l->nthreads < l->max || l->nthreads >= l->hard)
-		return;
+		return 0;
 	for (unsigned i = 0; i < l->nthreads; i++) {
 		if (l->w[i].slow_since && now - l->w[i].slow_since >= LOOP_SLOW_STUCK_NS) {
-			if (!loop_spawn_upto_locked(l, l->hard) && !logged++)
+			if (loop_spawn_upto_locked(l, l->hard))
+				return 0;
+			if (!logged++)
 				log_warn("loop: all %u FUSE workers wait on slow requests (a hung "
 					 "SOURCE or store?); starting more, up to %u", l->max, l->hard);
-			return;
+			return 1;
 		}
 	}
+	return 0;
 }
 
 static void loop_end_locked(struct loop *l, int error)
@@ -183,6 +189,9 @@ static int loop_stuck_locked(struct loop *l, uint64_t now)
 
 	for (unsigned i = 0; i < l->nthreads; i++) {
 		if (l->w[i].quick_since && now - l->w[i].quick_since >= l->rescue_ns) {
+			/* slow from now on, for loop_rescue_slow_locked too: a lookup
+			 * on a hung local SOURCE is quick until it blocks */
+			l->w[i].slow_since = l->w[i].quick_since;
 			l->w[i].quick_since = 0;
 			l->quick--;
 			stuck = 1;
@@ -207,7 +216,7 @@ static int loop_defer_locked(struct loop *l, const struct fuse_buf *buf)
 	l->dq_tail = &d->next;
 	if (!logged++)
 		log_warn("loop: %u FUSE workers wait on SOURCE; its later requests are queued, "
-			 "so the mount's others are still served", l->max);
+			 "so the mount's others are still served", l->bound);
 	return 0;
 }
 
@@ -219,6 +228,29 @@ static struct loop_deferred *loop_undefer_locked(struct loop *l)
 	if (d && !(l->dq = d->next))
 		l->dq_tail = &l->dq;
 	return d;
+}
+
+/* Whether buf interrupts a deferred request: if so it is taken out of the queue and
+ * answered unprocessed (the interrupt then needs nothing more); caller holds l->mu,
+ * which the answer is made without. */
+static int loop_cancel_locked(struct loop *l, const struct fuse_buf *buf)
+{
+	struct loop_deferred **p, *d;
+
+	if (!l->dq || !l->ops->cancels || !l->ops->cancel)
+		return 0;
+	for (p = &l->dq; (d = *p); p = &d->next)
+		if (l->ops->cancels(l->arg, buf, &d->buf))
+			break;
+	if (!d)
+		return 0;
+	if (!(*p = d->next))
+		l->dq_tail = p;
+	pthread_mutex_unlock(&l->mu);
+	l->ops->cancel(l->arg, &d->buf);
+	free(d);
+	pthread_mutex_lock(&l->mu);
+	return 1;
 }
 
 /* After a bound request: the deferred ones, in turn, by this worker (invariant 5), each
@@ -268,8 +300,11 @@ static int loop_serve_locked(struct loop *l, struct loop_worker *w)
 		return 0;
 	}
 	l->last_request = mono_now_ns();
-	if (bound && l->max > 1 && l->bound >= l->max && !loop_defer_locked(l, &w->buf))
+	if (bound && l->max > 1 && l->bound >= l->hard - l->max &&
+	    !loop_defer_locked(l, &w->buf))
 		return 0;	/* this worker is free again (invariant 5) */
+	if (loop_cancel_locked(l, &w->buf))
+		return 0;
 	if (bound) {
 		l->bound++;
 		w->bound = 1;
@@ -363,7 +398,8 @@ static void *loop_worker_main(void *p)
 	return NULL;
 }
 
-int loop_run(const struct loop_ops *ops, void *arg, unsigned max_threads, uint64_t rescue_ns)
+int loop_run(const struct loop_ops *ops, void *arg, unsigned max_threads, unsigned extra_max,
+	     uint64_t rescue_ns)
 {
 	struct loop l = { .ops = ops, .arg = arg, .rescue_ns = rescue_ns,
 			  .max = max_threads ? max_threads : 1 };
@@ -371,7 +407,7 @@ int loop_run(const struct loop_ops *ops, void *arg, unsigned max_threads, uint64
 	unsigned n;
 	int rc;
 
-	l.hard = l.max + LOOP_EXTRA_MAX;
+	l.hard = l.max + (extra_max ? extra_max : 1);
 	l.dq_tail = &l.dq;
 	if (!(l.w = calloc(l.hard, sizeof(*l.w))))
 		return -ENOMEM;
@@ -393,15 +429,16 @@ int loop_run(const struct loop_ops *ops, void *arg, unsigned max_threads, uint64
 		 * that lands between the check and the wait is lost, and an INIT that failed
 		 * ends the session with no request to come: so the wait also ends every
 		 * LOOP_EXIT_CHECK_NS to look at exited() again. */
-		for (;;) {
-			struct timespec ts = mono_deadline(LOOP_EXIT_CHECK_NS);
+		for (int rescued = 0;;) {
+			struct timespec ts = mono_deadline(rescued ? LOOP_RESCUE_NEXT_NS
+							   : LOOP_EXIT_CHECK_NS);
 
 			if (ops->exited(arg))
 				break;
 			if (!sem_clockwait(&l.done, CLOCK_MONOTONIC, &ts))
 				break;
 			pthread_mutex_lock(&l.mu);
-			loop_rescue_slow_locked(&l);
+			rescued = loop_rescue_slow_locked(&l);
 			pthread_mutex_unlock(&l.mu);
 		}
 	}

@@ -20,16 +20,22 @@
  * So the loop never waits on one request for longer than rescue_ns to receive the next,
  * and concurrency for slow requests is libfuse's (max_threads at once), but for one
  * rescue: when every worker is busy and a slow request has waited LOOP_SLOW_STUCK_NS
- * (reads on a hung SOURCE or store), loop_run's caller starts one more worker, each
- * LOOP_EXIT_CHECK_NS while that lasts, at most LOOP_EXTRA_MAX beyond max_threads (> 1);
- * they stay until the loop ends.
- * Requests the caller's bound() marks (those that wait on SOURCE) are processed by at
- * most max_threads workers at once (> 1); one that comes while that many are in process
- * is queued (a copy) and its worker receives again, and a worker done with one takes
- * the queue's oldest. A hung SOURCE then holds max_threads workers and a queue, never
- * the workers every other request needs: before, as many lookups on it as workers (the
- * rescue's extra ones included) stalled every request of the mount, checkpoint writes
- * included, until it answered (an outside tester).
+ * (reads on a hung SOURCE or store; a quick request counts as slow once rescued),
+ * loop_run's caller starts one more worker, then another each LOOP_RESCUE_NEXT_NS
+ * while that lasts, at most extra_max (LOOP_EXTRA_MAX) beyond max_threads (> 1); they
+ * stay until the loop ends.
+ * Requests the caller's bound() marks (those that may wait on SOURCE) are processed by
+ * at most extra_max workers at once (max_threads > 1); one that comes while that
+ * many are in process is queued (a copy) and its worker receives again, and a worker
+ * done with one takes the queue's oldest. A hung SOURCE then holds extra_max
+ * workers and a queue, never the max_threads left to every other request: before, as
+ * many lookups on it as workers (the rescue's extra ones included) stalled every
+ * request of the mount, checkpoint writes included, until it answered (an outside
+ * tester). Requests still queued when the loop ends are dropped unanswered (the
+ * session is over: the kernel answers them). A request that the caller's
+ * cancels() says interrupts a queued one takes it out of the queue, and cancel()
+ * answers it unprocessed: the kernel waits for the answer to a request the daemon has
+ * read even when its caller is killed, and a queued one would wait for SOURCE.
  *
  * Contract: loop_run receives with ops->receive, processes with ops->process, each in the
  * threads it starts (never in the caller's), and returns when a receive reports the end
@@ -62,6 +68,8 @@
 #define LOOP_SLOW_STUCK_NS (1000 * 1000 * 1000ull)
 /* The most workers started past max_threads that way. */
 #define LOOP_EXTRA_MAX 64
+/* After one was started, how soon the next may be (stuck requests come in bursts). */
+#define LOOP_RESCUE_NEXT_NS (100 * 1000 * 1000ull)
 /* How often loop_run's caller looks at exited() even if no signal woke it. */
 #define LOOP_EXIT_CHECK_NS (1000 * 1000 * 1000ull)
 
@@ -75,13 +83,20 @@ struct loop_ops {
 	/* Whether it may wait on the resource whose hang must not hold the rest (above);
 	 * may be NULL (none is). */
 	int (*bound)(void *arg, const struct fuse_buf *buf);
+	/* Whether the request in buf interrupts the one in req (both received); with
+	 * cancel, which answers req as interrupted without processing it. Both may be
+	 * NULL (queued requests are then processed whatever comes). */
+	int (*cancels)(void *arg, const struct fuse_buf *buf, const struct fuse_buf *req);
+	void (*cancel)(void *arg, const struct fuse_buf *req);
 	void (*process)(void *arg, const struct fuse_buf *buf);
 	/* Whether the session was told to end (checked when the caller's wait is woken). */
 	int (*exited)(void *arg);
 };
 
-/* Runs the loop with at most max_threads (>= 1) workers; see the contract above.
- * rescue_ns is LOOP_RESCUE_NS but for tests. */
-int loop_run(const struct loop_ops *ops, void *arg, unsigned max_threads, uint64_t rescue_ns);
+/* Runs the loop with max_threads (>= 1) workers, and extra_max (LOOP_EXTRA_MAX but for
+ * tests; 0 is 1) more at most; see the contract above. rescue_ns is LOOP_RESCUE_NS but
+ * for tests. */
+int loop_run(const struct loop_ops *ops, void *arg, unsigned max_threads, unsigned extra_max,
+	     uint64_t rescue_ns);
 
 #endif

@@ -1224,6 +1224,17 @@ static int mlfs_loop_bound(void *arg, const struct fuse_buf *buf)
 	return mlfs_ops_source_bound(buf);
 }
 
+static int mlfs_loop_cancels(void *arg, const struct fuse_buf *buf, const struct fuse_buf *req)
+{
+	(void)arg;
+	return mlfs_ops_interrupts(buf, req);
+}
+
+static void mlfs_loop_cancel(void *arg, const struct fuse_buf *req)
+{
+	mlfs_ops_answer_interrupted(((struct mlfs_loop *)arg)->se, req);
+}
+
 static void mlfs_loop_process(void *arg, const struct fuse_buf *buf)
 {
 	fuse_session_process_buf(((struct mlfs_loop *)arg)->se, buf);
@@ -1238,6 +1249,8 @@ static const struct loop_ops mlfs_loop_ops = {
 	.receive = mlfs_loop_receive,
 	.quick = mlfs_loop_quick,
 	.bound = mlfs_loop_bound,
+	.cancels = mlfs_loop_cancels,
+	.cancel = mlfs_loop_cancel,
 	.process = mlfs_loop_process,
 	.exited = mlfs_loop_exited,
 };
@@ -1409,7 +1422,7 @@ int main(int argc, char **argv)
 	/* The loop ends with ENODEV when the mount goes, or ECONNABORTED when it goes
 	 * while files are still open (fusermount3 -uz, a lazy umount): both are the
 	 * mount's end, not a failure of ours. */
-	r = loop_run(&mlfs_loop_ops, &loop, m.cfg.threads, LOOP_RESCUE_NS);
+	r = loop_run(&mlfs_loop_ops, &loop, m.cfg.threads, LOOP_EXTRA_MAX, LOOP_RESCUE_NS);
 	rc = r && r != -ECONNABORTED ? 1 : 0;
 	pthread_mutex_lock(&mlfs_sig.mu);
 	if (mlfs_sig.phase == 2) { /* the deadline passed: the signal thread leaves */

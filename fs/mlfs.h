@@ -133,8 +133,12 @@ int mlfs_ops_set_io(struct fuse_session *se);
  * of a shared filesystem may wait on its server). */
 bool mlfs_ops_quick(const struct fuse_buf *buf, bool source_local);
 /* Whether the request in buf may wait on SOURCE (fs/loop.h's bound): one on a MOUNT/data
- * node, or the root's lookup of "data"; not the ones that never call it (FORGET,
- * RELEASE, FLUSH, IOCTL, ...). */
+ * node (READ, LOOKUP, OPEN, RELEASE, STATFS, ...), or the root's lookup of "data"; not
+ * the ones that never call it (FORGET, INTERRUPT, IOCTL, ...). */
 bool mlfs_ops_source_bound(const struct fuse_buf *buf);
+/* Whether the request in buf is an INTERRUPT of the one in req (fs/loop.h's cancels). */
+bool mlfs_ops_interrupts(const struct fuse_buf *buf, const struct fuse_buf *req);
+/* Answers req EINTR unprocessed (fs/loop.h's cancel: it was never given to libfuse). */
+void mlfs_ops_answer_interrupted(struct fuse_session *se, const struct fuse_buf *req);
 
 #endif

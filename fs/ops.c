@@ -1004,11 +1004,8 @@ bool mlfs_ops_source_bound(const struct fuse_buf *buf)
 	case FUSE_INTERRUPT:
 	case FUSE_FORGET:
 	case FUSE_BATCH_FORGET:
-	case FUSE_RELEASE:
-	case FUSE_RELEASEDIR:
-	case FUSE_FLUSH:
-	case FUSE_IOCTL:
-	case FUSE_STATFS:
+	case FUSE_FLUSH:	/* none for MOUNT/data (FOPEN_NOFLUSH) */
+	case FUSE_IOCTL:	/* answered at once */
 		return false;	/* no SOURCE call, or a nodeid no longer held (FORGET) */
 	case FUSE_LOOKUP:	/* the root's "data" stats SOURCE's top */
 		if (in->nodeid == FUSE_ROOT_ID)
@@ -1020,8 +1017,33 @@ bool mlfs_ops_source_bound(const struct fuse_buf *buf)
 			return false;
 		break;
 	}
-	/* The kernel holds every other request's node (its lookup count). */
+	/* The kernel holds every other request's node (its lookup count; a RELEASE's until
+	 * it is answered). STATFS statvfs's SOURCE, RELEASE closes a SOURCE file (which a
+	 * FUSE SOURCE's server answers). */
 	return in->nodeid && node_of(in->nodeid)->kind == MLFS_DATA;
+}
+
+bool mlfs_ops_interrupts(const struct fuse_buf *buf, const struct fuse_buf *req)
+{
+	const struct fuse_in_header *in = buf->mem, *r = req->mem;
+	const struct fuse_interrupt_in *ii = (const void *)(in + 1);
+
+	if ((buf->flags & FUSE_BUF_IS_FD) || (req->flags & FUSE_BUF_IS_FD) ||
+	    buf->size < sizeof(*in) + sizeof(*ii) || req->size < sizeof(*r))
+		return false;
+	return in->opcode == FUSE_INTERRUPT && ii->unique == r->unique;
+}
+
+void mlfs_ops_answer_interrupted(struct fuse_session *se, const struct fuse_buf *req)
+{
+	const struct fuse_in_header *in = req->mem;
+	struct fuse_out_header out = { .len = sizeof(out), .error = -EINTR,
+				       .unique = in->unique };
+
+	/* ENOENT: the kernel forgot the request already (its caller gone): nothing to do */
+	if (write(fuse_session_fd(se), &out, sizeof(out)) < 0 && errno != ENOENT)
+		log_warn("fuse: the answer to an interrupted request failed: %s",
+			 strerror(errno));
 }
 
 static void mlfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,

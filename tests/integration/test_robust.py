@@ -586,6 +586,19 @@ def test_tools_reach_a_daemon_whose_workers_all_wait_on_source(stopped_source):
     env.unmount(d)
 
 
+def _stats_blocked(holder, paths, **kw):
+    """A stat process of each path (kept in holder), once every one sleeps in its call
+    (on a hung SOURCE, or queued by the daemon)."""
+    procs = [subprocess.Popen(["stat", *kw.get("args", ()), p], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True) for p in paths]
+    holder["procs"].extend(procs)
+    deadline = time.monotonic() + 60
+    while not all(_asleep_in_a_stat(p.pid) for p in procs):
+        assert time.monotonic() < deadline, "the stats did not all block on the mount"
+        time.sleep(0.05)
+    return procs
+
+
 def _asleep_in_a_stat(pid):
     """Whether process pid sleeps in a stat call (stat, lstat, newfstatat, statx)."""
     try:
@@ -604,7 +617,9 @@ def test_checkpoint_goes_on_while_more_lookups_than_workers_wait_on_source(stopp
     written and read back, and take --wait makes it durable. Before, each lookup held a
     worker until SOURCE answered, and once all were held every other request of the
     mount waited behind them, checkpoint writes included (an outside tester: 80 stats as
-    another user). Once SOURCE answers, every stat gets its own answer."""
+    another user). A stat queued in the daemon dies at SIGKILL (the kernel waits for
+    the answer to a request the daemon read: it is answered EINTR). Once SOURCE answers,
+    every other stat gets its own answer."""
     env, m2, holder = stopped_source
     sizes = {f"f{i}": i + 1 for i in range(0, 70, 7)}
     for n, size in sizes.items():
@@ -614,14 +629,8 @@ def test_checkpoint_goes_on_while_more_lookups_than_workers_wait_on_source(stopp
     # SOURCE asks m2, which will not answer.
     time.sleep(1.5)
     U.sigstop(m2.pid)
-    stats = [subprocess.Popen(["stat", "-c", "%s", os.path.join(env.mnt, "data", f"f{i}")],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-             for i in range(70)]
-    holder["procs"].extend(stats)
-    deadline = time.monotonic() + 60
-    while not all(_asleep_in_a_stat(p.pid) for p in stats):
-        assert time.monotonic() < deadline, "the stats did not all block on the mount"
-        time.sleep(0.05)
+    stats = _stats_blocked(holder, [os.path.join(env.mnt, "data", f"f{i}") for i in range(70)],
+                           args=("-c", "%s"))
     U.wait_blocked_in(d.pid, m2.ckpt, "no worker of the daemon blocked on SOURCE")
     data = rng_for("ckpt-beside-hung-source").randbytes(3 * MiB + 1)
     p = os.path.join(d.ckpt, "model.pt")
@@ -633,6 +642,15 @@ def test_checkpoint_goes_on_while_more_lookups_than_workers_wait_on_source(stopp
     r = S.snap("take", env.mnt, "s1", "--wait", timeout=60)
     assert r.ok, repr(r)
     assert all(s.poll() is None for s in stats), "a stat did not stay blocked"
+    # Every worker's room for SOURCE is taken by now: two more stats are queued.
+    late = _stats_blocked(holder, [os.path.join(env.mnt, "data", f"late{i}") for i in range(2)])
+    for p in late:
+        p.kill()
+    for p in late:
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("a stat queued behind a hung SOURCE did not die at SIGKILL")
     os.kill(m2.pid, signal.SIGCONT)
     for i, s in enumerate(stats):
         out, _ = s.communicate(timeout=60)

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,6 +28,8 @@ static struct fake {
 	int quick[NITEMS], block[NITEMS], released[NITEMS];
 	int started[NITEMS], done[NITEMS];
 	int bound[NITEMS], bound_now, bound_peak; /* bound requests in process; the most */
+	int intr_of[NITEMS];	/* request i interrupts request intr_of[i] - 1 */
+	int cancelled[NITEMS], bad_copy;
 	int receiving; /* workers inside fake_receive */
 	pthread_t who[NITEMS];
 } fk;
@@ -65,6 +68,11 @@ static int fake_receive(void *arg, struct fuse_buf *buf)
 	} else {
 		r = (int)fk.q[fk.head++ % NITEMS] + 1;
 		buf->size = (size_t)r;
+		/* the request's bytes: its number, r times (a queued copy must keep them) */
+		if (!buf->mem)
+			buf->mem = malloc(NITEMS + 1);
+		if (buf->mem)
+			memset(buf->mem, r - 1, (size_t)r);
 	}
 	pthread_cleanup_pop(1);
 	return r;
@@ -82,6 +90,21 @@ static int fake_bound(void *arg, const struct fuse_buf *buf)
 	return fk.bound[buf->size - 1];
 }
 
+static int fake_cancels(void *arg, const struct fuse_buf *buf, const struct fuse_buf *req)
+{
+	(void)arg;
+	return fk.intr_of[buf->size - 1] == (int)req->size;
+}
+
+static void fake_cancel(void *arg, const struct fuse_buf *req)
+{
+	(void)arg;
+	pthread_mutex_lock(&fk.mu);
+	fk.cancelled[req->size - 1] = 1;
+	pthread_cond_broadcast(&fk.cv);
+	pthread_mutex_unlock(&fk.mu);
+}
+
 static void fake_process(void *arg, const struct fuse_buf *buf)
 {
 	unsigned i = (unsigned)buf->size - 1;
@@ -90,6 +113,8 @@ static void fake_process(void *arg, const struct fuse_buf *buf)
 	pthread_mutex_lock(&fk.mu);
 	fk.who[i] = pthread_self();
 	fk.started[i] = 1;
+	for (size_t k = 0; buf->mem && k < buf->size; k++)
+		fk.bad_copy |= ((unsigned char *)buf->mem)[k] != i;
 	if (fk.bound[i] && ++fk.bound_now > fk.bound_peak)
 		fk.bound_peak = fk.bound_now;
 	pthread_cond_broadcast(&fk.cv);
@@ -116,6 +141,8 @@ static const struct loop_ops fake_ops = {
 	.receive = fake_receive,
 	.quick = fake_quick,
 	.bound = fake_bound,
+	.cancels = fake_cancels,
+	.cancel = fake_cancel,
 	.process = fake_process,
 	.exited = fake_exited,
 };
@@ -165,7 +192,7 @@ static void end_with(int rc)
 
 struct run {
 	pthread_t thread;
-	unsigned max;
+	unsigned max, extra;
 	uint64_t rescue_ns;
 	int rc, returned;
 };
@@ -173,7 +200,7 @@ struct run {
 static void *run_main(void *p)
 {
 	struct run *r = p;
-	int rc = loop_run(&fake_ops, NULL, r->max, r->rescue_ns);
+	int rc = loop_run(&fake_ops, NULL, r->max, r->extra ? r->extra : 4, r->rescue_ns);
 
 	pthread_mutex_lock(&fk.mu);
 	r->rc = rc;
@@ -183,10 +210,16 @@ static void *run_main(void *p)
 	return NULL;
 }
 
+/* A loop of max workers and extra (0: 4) more at most, run on a thread of its own. */
+static void run_start_extra(struct run *r, unsigned max, unsigned extra, uint64_t rescue_ns)
+{
+	*r = (struct run){ .max = max, .extra = extra, .rescue_ns = rescue_ns };
+	pthread_create(&r->thread, NULL, run_main, r);
+}
+
 static void run_start(struct run *r, unsigned max, uint64_t rescue_ns)
 {
-	*r = (struct run){ .max = max, .rescue_ns = rescue_ns };
-	pthread_create(&r->thread, NULL, run_main, r);
+	run_start_extra(r, max, 0, rescue_ns);
 }
 
 static int run_join(struct run *r)
@@ -366,40 +399,96 @@ static void test_stuck_slow_requests_get_more_workers(unsigned max)
 	EXPECT_EQ(run_join(&r), 0);
 }
 
-/* Bound requests (a hung SOURCE's) hold max workers; the next ones queue, not started,
- * while a request of another kind is still answered (by the rescue's worker); once one
- * bound request ends its worker takes the queue's, oldest first, so every one is
- * answered, never more than max at once. Before: each took a worker, up to the rescue's
- * hard limit, then nothing else was answered until SOURCE came back. */
-static void test_bound_requests_past_max_queue(unsigned max)
+/* Fills the loop's room for bound requests (extra of them, each blocking: a hung
+ * SOURCE's; started by the max workers and then the rescue's), then queues three
+ * more. Returns the number of the first request after them. */
+static unsigned fill_bound(struct run *r, unsigned max, unsigned extra)
 {
-	struct run r;
-	unsigned i, n = max + 3;
+	unsigned i, n = extra + 3;
 
 	fake_reset();
 	for (i = 0; i < n; i++)
 		fk.bound[i] = 1;
-	run_start(&r, max, 1000 * 1000);
-	for (i = 0; i < max; i++) {
+	run_start_extra(r, max, extra, 1000 * 1000);
+	for (i = 0; i < extra; i++) {
 		push(i, 0, 1);
 		EXPECT(wait_flag(&fk.started[i]));
 	}
 	for (; i < n; i++)
 		push(i, i % 2, 1);	/* quick or slow alike */
+	return n;
+}
+
+/* Bound requests hold extra workers at most; the next ones queue, not started, while
+ * a request of another kind is still answered; once one bound request ends its worker
+ * takes the queue's oldest, so every one is answered (the bytes it was received with),
+ * never more than extra at once. Before: each took a worker, up to the rescue's hard
+ * limit, then nothing else was answered until SOURCE came back. */
+static void test_bound_requests_past_the_room_queue(unsigned max, unsigned extra)
+{
+	struct run r;
+	unsigned i, n = fill_bound(&r, max, extra);
+
 	push(n, 0, 0);			/* a checkpoint write, say */
 	EXPECT(wait_flag(&fk.done[n]));
 	pthread_mutex_lock(&fk.mu);
-	for (i = max; i < n; i++)
+	for (i = extra; i < n; i++)
 		EXPECT(!fk.started[i]);
 	pthread_mutex_unlock(&fk.mu);
 	release(0);
-	EXPECT(wait_flag(&fk.started[max]));
-	EXPECT(pthread_equal(fk.who[max], fk.who[0]));	/* its worker took the queue's */
+	EXPECT(wait_flag(&fk.started[extra]));
+	EXPECT(pthread_equal(fk.who[extra], fk.who[0]));	/* its worker took the queue's */
 	for (i = 1; i < n; i++)
 		release(i);
 	for (i = 0; i < n; i++)
 		EXPECT(wait_flag(&fk.done[i]));
-	EXPECT(fk.bound_peak <= (int)max);
+	EXPECT(fk.bound_peak <= (int)extra);
+	EXPECT(!fk.bad_copy);
+	end_with(0);
+	EXPECT_EQ(run_join(&r), 0);
+}
+
+/* An interrupt of a queued request takes it out: answered (cancel), never processed,
+ * and the interrupt itself is not processed either. The loop ends with requests still
+ * queued: dropped (ASan's leak check covers their copies), unless a released worker
+ * takes them before the end is seen. */
+static void test_queued_requests_are_cancelled_and_dropped(void)
+{
+	struct run r;
+	unsigned n = fill_bound(&r, 2, 2), i;
+
+	pthread_mutex_lock(&fk.mu);
+	fk.intr_of[n] = (int)n - 1 + 1;	/* n interrupts n - 1, the last queued */
+	pthread_mutex_unlock(&fk.mu);
+	push(n, 0, 0);
+	EXPECT(wait_flag(&fk.cancelled[n - 1]));
+	push(n + 1, 0, 0);
+	EXPECT(wait_flag(&fk.done[n + 1]));
+	end_with(0);
+	for (i = 0; i < n - 1; i++)
+		release(i);
+	EXPECT_EQ(run_join(&r), 0);
+	EXPECT(!fk.started[n - 1] && !fk.started[n]);
+}
+
+/* Quick bound requests that block (lookups on a hung local SOURCE), one per worker:
+ * the rescued one counts as slow, so the rescue starts a worker that answers the
+ * next request. Before, no worker received again until SOURCE answered. */
+static void test_blocked_quick_requests_get_more_workers(void)
+{
+	struct run r;
+
+	fake_reset();
+	fk.bound[0] = fk.bound[1] = 1;
+	run_start(&r, 2, 1000 * 1000);
+	push(0, 1, 1);
+	EXPECT(wait_flag(&fk.started[0]));
+	push(1, 1, 1);
+	EXPECT(wait_flag(&fk.started[1]));
+	push(2, 0, 0);
+	EXPECT(wait_flag(&fk.done[2]));
+	release(0);
+	release(1);
 	end_with(0);
 	EXPECT_EQ(run_join(&r), 0);
 }
@@ -483,8 +572,11 @@ int main(void)
 	test_last_free_worker_receives(4);
 	test_stuck_slow_requests_get_more_workers(2);
 	test_stuck_slow_requests_get_more_workers(4);
-	test_bound_requests_past_max_queue(2);
-	test_bound_requests_past_max_queue(4);
+	test_bound_requests_past_the_room_queue(2, 2);
+	test_bound_requests_past_the_room_queue(2, 4);
+	test_bound_requests_past_the_room_queue(4, 3);
+	test_queued_requests_are_cancelled_and_dropped();
+	test_blocked_quick_requests_get_more_workers();
 	test_exited_without_a_signal_ends_the_loop();
 	test_exited_and_a_signal_end_the_loop();
 	return test_summary();
