@@ -366,16 +366,18 @@ static int names_within(const struct lease_buf *a, const struct lease_buf *b)
 }
 
 /* Whether a running keeper's lease has lapsed: marked so, or its last successful
- * refresh (*last) is stale_ns old (a refresh hung on the store, holding k->mu, has not
+ * refresh (last_ok) is stale_ns old (a refresh hung on the store, holding k->mu, has not
  * marked it yet). Logs each lapse once (by its last_ok), from whichever look sees it
- * first; never changes the mark, so a lapse just ended stays ended. */
+ * first; never changes the mark, so a lapse just ended stays ended. The mark is read
+ * before last_ok: the keeper stores the new last_ok before it clears the mark. */
 static int keeper_lapsed(struct lease_keeper *k, int64_t *age_ns)
 {
+	int marked = atomic_load(&k->lapsed);
 	int64_t last = atomic_load(&k->last_ok), age = (int64_t)mono_now_ns() - last;
 
 	if (age_ns)
 		*age_ns = age;
-	if (atomic_load(&k->lapsed))
+	if (marked)
 		return 1;
 	if (!k->running || age < k->t.stale_ns)
 		return 0;
@@ -397,6 +399,11 @@ static void keeper_verify_locked(struct lease_keeper *k)
 	int rc = k->verify ? k->verify(k->arg, &k->written, k->verify_said != -ENOENT)
 			   : -ENOTSUP;
 
+	/* Only a lease fresh for a refresh period more ends it: one whose write took
+	 * most of the stale time (a store that stalls) is stale on arrival, or soon. */
+	if (!rc && (int64_t)mono_now_ns() - atomic_load(&k->last_ok) >=
+		   k->t.stale_ns - k->t.refresh_ns)
+		rc = -EAGAIN;
 	if (!rc) {
 		atomic_store(&k->lapsed, 0);
 		k->verify_said = 0;
@@ -404,8 +411,8 @@ static void keeper_verify_locked(struct lease_keeper *k)
 			 "is still in the store, and the lease names it; snapshots are taken again",
 			 k->path, k->token);
 	} else if (rc != -EAGAIN && rc != k->verify_said) {
-		/* (-EAGAIN: an object moved to a pack this write did not name yet; the
-		 * next one does) */
+		/* (-EAGAIN: an object moved to a pack this write did not name yet, or the
+		 * write was slow: the next one may do) */
 		k->verify_said = rc;
 		log_err("store: %s: lease leases/%s refreshed after it lapsed, but %s; snapshots "
 			"stay refused while that lasts (each refresh looks again), or until a "
@@ -417,12 +424,18 @@ static void keeper_verify_locked(struct lease_keeper *k)
 	}
 }
 
-/* Caller holds k->mu. */
+/* Caller holds k->mu. The lease's age runs from before its write (t0), not from when
+ * the write returned: gc judges the file's mtime, stamped when the temporary was
+ * written, and a store that stalls the rename after it (an outside tester, twice in a
+ * row, each under the stale time) made a file that gc took for stale while the keeper
+ * counted it fresh: a gc elsewhere collected what the tree read, and no lapse was
+ * ever logged. */
 static int keeper_write_locked(struct lease_keeper *k, const struct lease_buf *extra,
 				int64_t *mtime_ns)
 {
 	struct lease_buf b = { 0 };
 	int rc = k->fill ? k->fill(k->arg, &b) : 0, kept = 0;
+	int64_t t0 = (int64_t)mono_now_ns();
 
 	for (size_t i = 0; !rc && extra && i < extra->n; i++)
 		rc = lease_buf_add(&b, extra->h[i]);
@@ -474,7 +487,7 @@ static int keeper_write_locked(struct lease_keeper *k, const struct lease_buf *e
 	if (k->failed && !k->lapsed)
 		log_info("store: %s: lease leases/%s refreshed again", k->path, k->token);
 	k->failed = 0;
-	atomic_store(&k->last_ok, (int64_t)mono_now_ns());
+	atomic_store(&k->last_ok, t0);
 	if (atomic_load(&k->lapsed))
 		keeper_verify_locked(k);
 	return 0;

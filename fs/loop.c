@@ -24,8 +24,9 @@
  * 5. bound counts the workers processing a bound request (ops->bound), at most
  *    hard - max (when max > 1): one received past that goes to the deferred queue, and
  *    a worker done with a bound request takes the queue's next before anything else,
- *    still counted. So the queue is empty whenever bound < hard - max, and max workers
- *    are always left to the other requests, however long bound ones wait.
+ *    still counted. So the queue is empty whenever bound < hard - max, and once the
+ *    rescue started the extra workers, max are left to the other requests however
+ *    long bound ones wait.
  */
 #include "fs/loop.h"
 
@@ -132,29 +133,25 @@ static int loop_spawn_locked(struct loop *l)
  * tree in memory and mlfs-stat's getxattr included, for as long as it hung. One more
  * worker then receives (invariant 4), up to hard: each stuck request costs a thread
  * and at most LOOP_SLOW_STUCK_NS plus LOOP_RESCUE_NEXT_NS of the others' waiting.
- * Called by loop_run's caller every LOOP_EXIT_CHECK_NS, and LOOP_RESCUE_NEXT_NS after
- * a rescue (the next stuck request may follow at once). Not with max 1 (one thread
- * asked). Returns whether it started one.
+ * Called by loop_run's caller every LOOP_EXIT_CHECK_NS, and every LOOP_RESCUE_NEXT_NS
+ * while a slow request is stuck (the next may follow at any moment). Not with max 1
+ * (one thread asked). Returns whether one is stuck.
  */
 static int loop_rescue_slow_locked(struct loop *l)
 {
 	static int logged;
 	uint64_t now = mono_now_ns();
+	int stuck = 0;
 
-	if (l->end || l->max < 2 || l->receivers || l->watcher || l->parked || l->starting ||
-	    l->nthreads < l->max || l->nthreads >= l->hard)
-		return 0;
-	for (unsigned i = 0; i < l->nthreads; i++) {
-		if (l->w[i].slow_since && now - l->w[i].slow_since >= LOOP_SLOW_STUCK_NS) {
-			if (loop_spawn_upto_locked(l, l->hard))
-				return 0;
-			if (!logged++)
-				log_warn("loop: all %u FUSE workers wait on slow requests (a hung "
-					 "SOURCE or store?); starting more, up to %u", l->max, l->hard);
-			return 1;
-		}
-	}
-	return 0;
+	for (unsigned i = 0; i < l->nthreads && !stuck; i++)
+		stuck = l->w[i].slow_since && now - l->w[i].slow_since >= LOOP_SLOW_STUCK_NS;
+	if (!stuck || l->end || l->max < 2 || l->receivers || l->watcher || l->parked ||
+	    l->starting || l->nthreads < l->max || l->nthreads >= l->hard)
+		return stuck;
+	if (!loop_spawn_upto_locked(l, l->hard) && !logged++)
+		log_warn("loop: all %u FUSE workers wait on slow requests (a hung SOURCE or "
+			 "store?); starting more, up to %u", l->max, l->hard);
+	return stuck;
 }
 
 static void loop_end_locked(struct loop *l, int error)
@@ -237,7 +234,7 @@ static int loop_cancel_locked(struct loop *l, const struct fuse_buf *buf)
 {
 	struct loop_deferred **p, *d;
 
-	if (!l->dq || !l->ops->cancels || !l->ops->cancel)
+	if (!l->dq || !l->ops->cancels || !l->ops->cancel || !l->ops->cancels(l->arg, buf, NULL))
 		return 0;
 	for (p = &l->dq; (d = *p); p = &d->next)
 		if (l->ops->cancels(l->arg, buf, &d->buf))

@@ -28,7 +28,8 @@
  * at most extra_max workers at once (max_threads > 1); one that comes while that
  * many are in process is queued (a copy) and its worker receives again, and a worker
  * done with one takes the queue's oldest. A hung SOURCE then holds extra_max
- * workers and a queue, never the max_threads left to every other request: before, as
+ * workers and a queue, never the max_threads left to every other request once the
+ * rescue started the extra ones (until then the others wait too): before, as
  * many lookups on it as workers (the rescue's extra ones included) stalled every
  * request of the mount, checkpoint writes included, until it answered (an outside
  * tester). Requests still queued when the loop ends are dropped unanswered (the
@@ -83,9 +84,10 @@ struct loop_ops {
 	/* Whether it may wait on the resource whose hang must not hold the rest (above);
 	 * may be NULL (none is). */
 	int (*bound)(void *arg, const struct fuse_buf *buf);
-	/* Whether the request in buf interrupts the one in req (both received); with
-	 * cancel, which answers req as interrupted without processing it. Both may be
-	 * NULL (queued requests are then processed whatever comes). */
+	/* Whether the request in buf interrupts the one in req (both received), or with
+	 * req NULL whether it may interrupt any; with cancel, which answers req as
+	 * interrupted without processing it. Both may be NULL (queued requests are then
+	 * processed whatever comes). */
 	int (*cancels)(void *arg, const struct fuse_buf *buf, const struct fuse_buf *req);
 	void (*cancel)(void *arg, const struct fuse_buf *req);
 	void (*process)(void *arg, const struct fuse_buf *buf);

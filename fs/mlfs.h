@@ -136,7 +136,8 @@ bool mlfs_ops_quick(const struct fuse_buf *buf, bool source_local);
  * node (READ, LOOKUP, OPEN, RELEASE, STATFS, ...), or the root's lookup of "data"; not
  * the ones that never call it (FORGET, INTERRUPT, IOCTL, ...). */
 bool mlfs_ops_source_bound(const struct fuse_buf *buf);
-/* Whether the request in buf is an INTERRUPT of the one in req (fs/loop.h's cancels). */
+/* Whether the request in buf is an INTERRUPT of the one in req, or (req NULL) of any
+ * (fs/loop.h's cancels); never of a RELEASE. */
 bool mlfs_ops_interrupts(const struct fuse_buf *buf, const struct fuse_buf *req);
 /* Answers req EINTR unprocessed (fs/loop.h's cancel: it was never given to libfuse). */
 void mlfs_ops_answer_interrupted(struct fuse_session *se, const struct fuse_buf *req);

@@ -1025,13 +1025,19 @@ bool mlfs_ops_source_bound(const struct fuse_buf *buf)
 
 bool mlfs_ops_interrupts(const struct fuse_buf *buf, const struct fuse_buf *req)
 {
-	const struct fuse_in_header *in = buf->mem, *r = req->mem;
+	const struct fuse_in_header *in = buf->mem, *r = req ? req->mem : NULL;
 	const struct fuse_interrupt_in *ii = (const void *)(in + 1);
 
-	if ((buf->flags & FUSE_BUF_IS_FD) || (req->flags & FUSE_BUF_IS_FD) ||
-	    buf->size < sizeof(*in) + sizeof(*ii) || req->size < sizeof(*r))
+	if ((buf->flags & FUSE_BUF_IS_FD) || buf->size < sizeof(*in) + sizeof(*ii) ||
+	    in->opcode != FUSE_INTERRUPT)
 		return false;
-	return in->opcode == FUSE_INTERRUPT && ii->unique == r->unique;
+	if (!req)
+		return true;
+	/* Never a RELEASE: one answered unprocessed would leak its SOURCE descriptor (a
+	 * forced, synchronous RELEASE can be interrupted) */
+	return !(req->flags & FUSE_BUF_IS_FD) && req->size >= sizeof(*r) &&
+	       r->opcode != FUSE_RELEASE && r->opcode != FUSE_RELEASEDIR &&
+	       ii->unique == r->unique;
 }
 
 void mlfs_ops_answer_interrupted(struct fuse_session *se, const struct fuse_buf *req)

@@ -936,8 +936,10 @@ static int snapd_lease_check(struct snapd *sd, struct ctl_req *r)
 	return rc;
 }
 
-int snapd_lease_status(struct snapd *sd, int64_t *age_ns)
+int snapd_lease_status(struct snapd *sd, int64_t *age_ns, int64_t *refresh_ns)
 {
+	if (refresh_ns)
+		*refresh_ns = store_lease_refresh_ns(sd->st);
 	return store_lease_status(sd->st, age_ns);
 }
 

@@ -62,8 +62,9 @@ int snapd_finish(struct snapd *sd, const char *why, int deadline_s);
  * calls in a row are fine (the second takes only what changed after the first). */
 int snapd_finish_by(struct snapd *sd, const char *why, uint64_t deadline_ns);
 void snapd_free(struct snapd *sd);
-/* The store lease's state (store_lease_status): 0 fresh, -ENOLCK not refreshed. */
-int snapd_lease_status(struct snapd *sd, int64_t *age_ns);
+/* The store lease's state (store_lease_status): 0 fresh, -ENOLCK not refreshed or
+ * lapsed; *refresh_ns (may be NULL): how often it is refreshed (0 without a lease). */
+int snapd_lease_status(struct snapd *sd, int64_t *age_ns, int64_t *refresh_ns);
 
 /* Loads a BC_STORED block's bytes from the store into buf (b->len bytes), verified:
  * the block cache's loader for blocks that are only in the store. */

@@ -146,11 +146,15 @@ static int stats_collect(struct mlfs *m, struct stats_field *f, int max)
 	  atomic_load(&m->st.csum_errors) + ts.spill_csum_errors);
 	F("data_nodes", "MOUNT/data names the kernel holds", data_nodes(m->data));
 	if (m->snapd) {
-		int64_t age = 0;
-		int bad = snapd_lease_status(m->snapd, &age) != 0;
+		int64_t age = 0, every = 0;
+		/* a refresh overdue by a period is one the store holds up: not yet an error
+		 * (takes wait for such a store, pending), but not a fresh lease either */
+		int bad = snapd_lease_status(m->snapd, &age, &every) != 0 ||
+			  (every && age >= 2 * every);
 
 		F("store_lease_failed",
-		  "1 while the store lease is not refreshed, or lapsed: takes fail", bad);
+		  "1 while the store lease is not refreshed (or overdue), or lapsed: takes fail",
+		  bad);
 		F("store_lease_age_s", "seconds since the store lease was last refreshed",
 		  age / 1000000000);
 	}

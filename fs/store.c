@@ -774,6 +774,11 @@ const char *store_strerror(struct store *s, int rc)
 	       : strerror(-rc);
 }
 
+int64_t store_lease_refresh_ns(struct store *s)
+{
+	return s->lease ? lease_keeper_times(s->lease)->refresh_ns : 0;
+}
+
 int store_lease_status(struct store *s, int64_t *age_ns)
 {
 	if (!s->lease) {

@@ -150,6 +150,8 @@ int store_lease_refresh(struct store *s);
  * snapshots then. *age_ns (may be NULL): time since the last successful refresh. A
  * reader's handle has no lease: always 0. */
 int store_lease_status(struct store *s, int64_t *age_ns);
+/* How often the lease is refreshed (ns; 0 without one). */
+int64_t store_lease_refresh_ns(struct store *s);
 /* 1 while the lease is lapsed: snapshots stay refused until a refresh finds every
  * object the lease source names (fs/lease.h), or a remount. */
 int store_lease_lapsed(struct store *s);

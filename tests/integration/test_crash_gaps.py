@@ -593,13 +593,14 @@ def test_gc_frees_the_dead_blocks_of_a_pack_the_live_tree_reads_one_block_of(sna
 class injecting:
     """strace attached to the running daemon pid, the n-th call of each of syscalls
     (comma-separated) in each thread failing with err (or, with retval, not made and
-    returning retval), for the with block; only calls
+    returning retval; with delay_us, made that late), for the with block; only calls
     on path when given (-P). Then the list holds the trace's INJECTED lines (-y: each
     names its file)."""
 
-    def __init__(self, pid, trace, syscalls, err, n=1, path=None, retval=None):
+    def __init__(self, pid, trace, syscalls, err, n=1, path=None, retval=None, delay_us=None):
         self.pid, self.trace, self.hit = pid, trace, []
-        what = f"error={err}" if retval is None else f"retval={retval}"
+        what = (f"delay_enter={delay_us}" if delay_us else
+                f"error={err}" if retval is None else f"retval={retval}")
         self.argv = ["strace", "-f", "-qq", "-y", "-o", trace, "-p", str(pid),
                      "-e", f"trace={syscalls}", "-e", f"inject={syscalls}:{what}:when={n}"]
         if path:

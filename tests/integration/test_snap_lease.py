@@ -10,10 +10,13 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 import mlfs_util as U
 import snap_util as S
 from snap_util import snapenv  # noqa: F401  (fixture)
 from snap_util import write
+from test_crash_gaps import injecting
 
 MiB = 1 << 20
 
@@ -195,6 +198,49 @@ def test_a_lapse_that_lost_objects_stays_refused(snapenv, monkeypatch):
         raise AssertionError("a read of a file whose objects gc took succeeded")
     except OSError as e:
         assert e.errno == errno.EIO, e
+    env.unmount(d)
+
+
+def test_a_lease_slow_twice_is_a_lapse(snapenv, monkeypatch):
+    """Two refreshes of the lease held up by the store after their temporary was written
+    (the rename, 2.4 s each, under the stale time of 3 s; strace on the running
+    daemon): between them the file gc judges is stale, and a gc elsewhere collects what
+    the lazily restored tree reads. The daemon counts the lease's age from before its
+    write, as gc does from its mtime: it logs the lapse, names what is gone, and refuses
+    takes. Before, it counted from when the write returned, saw no lapse, and the tree's
+    blocks were lost silently: reads, takes and the final snapshot failed with EIO (an
+    outside tester)."""
+    monkeypatch.setenv("MLFS_LEASE_TIMES", "0.3,3,4")
+    env = snapenv()
+    rng = random.Random(f"{U.SEED}-lease-slow")
+    d = env.mount()
+    write(os.path.join(d.ckpt, "lost"), rng.randbytes(2 * MiB + 3))
+    S.snap_ok("take", env.mnt, "s1", "--wait")
+    env.unmount(d)
+    d = env.mount(opts="restore=s1", foreground=True)   # lazy: lost is only in the store
+    S.snap_ok("delete", "--store", env.store, "s1")
+    time.sleep(4.5)                                     # s1's objects past the grace time
+    removed = []
+    with injecting(d.pid, env.path("slow.tr"), "renameat", None, n="3..4",
+                   delay_us=2400000):
+        end = time.monotonic() + 8
+        while time.monotonic() < end and not removed:
+            r = S.snap("gc", "--store", env.store)
+            assert r.ok, repr(r)
+            if "removed 0 " not in r.out:
+                removed.append(r.out)
+            time.sleep(0.1)
+    if not removed:
+        pytest.fail("no gc ran while the lease was stale: the test tests nothing")
+    deadline = time.monotonic() + 30
+    while "gone from the store" not in d.output():
+        assert time.monotonic() < deadline, (removed, d.output())
+        U.mlfs_stat_json(env.mnt)
+        time.sleep(0.2)
+    assert "lapsed" in d.output(), d.output()
+    r = S.snap("take", env.mnt, "s2", "--wait")
+    S.assert_clean_failure(r, "take after a lapse that lost objects")
+    assert "lapsed" in r.err, repr(r)
     env.unmount(d)
 
 
