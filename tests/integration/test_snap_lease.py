@@ -201,6 +201,30 @@ def test_a_lapse_that_lost_objects_stays_refused(snapenv, monkeypatch):
     env.unmount(d)
 
 
+def test_a_refresh_held_up_shows_in_mlfs_stat(snapenv, monkeypatch):
+    """A refresh of the lease held up by the store (its rename, 4 s, strace on the
+    running daemon; refreshes every 0.3 s, stale after 30): mlfs-stat's
+    store_lease_failed is 1 while it is overdue, and 0 once refreshes go on. Before, it
+    stayed 0 until a call failed or the stale time passed (an outside tester: 0 for
+    53 s of a hung GlusterFS client)."""
+    monkeypatch.setenv("MLFS_LEASE_TIMES", "0.3,30,40")
+    env = snapenv()
+    d = env.mount(foreground=True)
+    seen = []
+    with injecting(d.pid, env.path("held.tr"), "renameat", None, n=3, delay_us=4000000):
+        end = time.monotonic() + 3.5
+        while time.monotonic() < end and not seen:
+            if U.mlfs_stat_json(env.mnt).get("store_lease_failed") == 1:
+                seen.append(1)
+            time.sleep(0.1)
+    assert seen, "store_lease_failed stayed 0 while a refresh was held up"
+    deadline = time.monotonic() + 30
+    while U.mlfs_stat_json(env.mnt).get("store_lease_failed") != 0:
+        assert time.monotonic() < deadline, d.output()
+        time.sleep(0.2)
+    env.unmount(d)
+
+
 def test_a_lease_slow_twice_is_a_lapse(snapenv, monkeypatch):
     """Two refreshes of the lease held up by the store after their temporary was written
     (the rename, 2.4 s each, under the stale time of 3 s; strace on the running
