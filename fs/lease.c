@@ -369,7 +369,8 @@ static int names_within(const struct lease_buf *a, const struct lease_buf *b)
  * refresh (last_ok) is stale_ns old (a refresh hung on the store, holding k->mu, has not
  * marked it yet). Logs each lapse once (by its last_ok), from whichever look sees it
  * first; never changes the mark, so a lapse just ended stays ended. The mark is read
- * before last_ok: the keeper stores the new last_ok before it clears the mark. */
+ * before last_ok and again after: the keeper stores the new last_ok before it clears
+ * the mark, and sets the mark before it stores the new last_ok. */
 static int keeper_lapsed(struct lease_keeper *k, int64_t *age_ns)
 {
 	int marked = atomic_load(&k->lapsed);
@@ -377,7 +378,7 @@ static int keeper_lapsed(struct lease_keeper *k, int64_t *age_ns)
 
 	if (age_ns)
 		*age_ns = age;
-	if (marked)
+	if (marked || atomic_load(&k->lapsed))
 		return 1;
 	if (!k->running || age < k->t.stale_ns)
 		return 0;
@@ -402,8 +403,14 @@ static void keeper_verify_locked(struct lease_keeper *k)
 	/* Only a lease fresh for a refresh period more ends it: one whose write took
 	 * most of the stale time (a store that stalls) is stale on arrival, or soon. */
 	if (!rc && (int64_t)mono_now_ns() - atomic_load(&k->last_ok) >=
-		   k->t.stale_ns - k->t.refresh_ns)
+		   k->t.stale_ns - k->t.refresh_ns) {
+		if (k->verify_said != -ETIMEDOUT)
+			log_warn("store: %s: lease leases/%s refreshed after it lapsed, but too "
+				 "slowly to end the lapse (the store still holds its writes up); "
+				 "the next refresh tries again", k->path, k->token);
+		k->verify_said = -ETIMEDOUT;
 		rc = -EAGAIN;
+	}
 	if (!rc) {
 		atomic_store(&k->lapsed, 0);
 		k->verify_said = 0;

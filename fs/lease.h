@@ -31,7 +31,9 @@
  * the store (a gc that moved an object away before the write is seen by the check; one
  * that moves it after reads the new lease in its second mark and puts it back: the
  * commit protocol's argument, fs/store.c invariant 3). Without a verify callback, or
- * while it finds something missing, the lapse lasts.
+ * while it finds something missing, or when the write itself took S - R or longer (the
+ * file is stale, or soon), the lapse lasts. Ages run from before each write, as gc's do
+ * from the file's mtime, which the write stamps.
  *
  * File format (text, rewritten whole via a temporary and rename):
  *     mlfs-lease 1\n

@@ -52,7 +52,8 @@ struct loop_worker {
 	int bound;		/* it processes a bound request (invariant 5) */
 };
 
-/* A bound request received while max others were in process (invariant 5): a copy. */
+/* A bound request received while hard - max others were in process (invariant 5): a
+ * copy. */
 struct loop_deferred {
 	struct loop_deferred *next;
 	struct fuse_buf buf;	/* mem: the bytes after this struct */
@@ -152,6 +153,13 @@ static int loop_rescue_slow_locked(struct loop *l)
 		log_warn("loop: all %u FUSE workers wait on slow requests (a hung SOURCE or "
 			 "store?); starting more, up to %u", l->max, l->hard);
 	return stuck;
+}
+
+/* Whether loop_rescue_slow_locked may start another worker soon: a request is stuck
+ * and there is room (else the caller's period goes back to LOOP_EXIT_CHECK_NS). */
+static int loop_may_rescue_locked(const struct loop *l, int stuck)
+{
+	return stuck && !l->end && l->max >= 2 && l->nthreads < l->hard;
 }
 
 static void loop_end_locked(struct loop *l, int error)
@@ -435,7 +443,7 @@ int loop_run(const struct loop_ops *ops, void *arg, unsigned max_threads, unsign
 			if (!sem_clockwait(&l.done, CLOCK_MONOTONIC, &ts))
 				break;
 			pthread_mutex_lock(&l.mu);
-			rescued = loop_rescue_slow_locked(&l);
+			rescued = loop_may_rescue_locked(&l, loop_rescue_slow_locked(&l));
 			pthread_mutex_unlock(&l.mu);
 		}
 	}
